@@ -1,0 +1,60 @@
+"""Builds native/ into the extension module llmd._native through cffi.
+
+pip runs this (setup.cfg names it in cffi_modules). Environment switches:
+  LLMD_PORTABLE=1   no -march=native: a build that runs on any x86-64 / arm64 CPU
+  LLMD_SANITIZE=1   AddressSanitizer + UndefinedBehaviorSanitizer, for tests
+"""
+import os
+import pathlib
+
+from cffi import FFI
+
+ROOT = pathlib.Path(__file__).resolve().parent
+NATIVE = ROOT / "native"
+
+
+def cdef_source() -> str:
+    """llmd.h without preprocessor lines and C++ guards, which cffi cannot parse."""
+    lines, skipping = [], False
+    for line in (NATIVE / "include" / "llmd.h").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#ifdef __cplusplus"):
+            skipping = True
+        elif skipping and stripped.startswith("#endif"):
+            skipping = False
+        elif not skipping and not stripped.startswith("#"):
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def compile_args() -> list[str]:
+    args = ["-std=c++17", "-Wall", "-Wextra", "-pthread"]
+    if os.environ.get("LLMD_SANITIZE") == "1":
+        return args + ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+    args.append("-O3")
+    if os.environ.get("LLMD_PORTABLE") != "1":
+        args.append("-march=native")
+    return args
+
+
+def link_args() -> list[str]:
+    if os.environ.get("LLMD_SANITIZE") == "1":
+        return ["-pthread", "-fsanitize=address,undefined"]
+    return ["-pthread"]
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(cdef_source())
+ffibuilder.set_source(
+    "llmd._native",
+    '#include "llmd.h"',
+    sources=sorted(str(p) for p in (NATIVE / "src").glob("*.cpp")),
+    include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
+    source_extension=".cpp",
+    extra_compile_args=compile_args(),
+    extra_link_args=link_args(),
+    libraries=["stdc++"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(tmpdir=str(ROOT / "build"), verbose=True)

@@ -1,0 +1,1 @@
+"""llmd: a small, fast, OpenAI-compatible LLM server for one machine."""

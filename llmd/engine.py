@@ -1,0 +1,268 @@
+"""A small Pythonic wrapper over the native engine (native/include/llmd.h).
+
+Every native failure becomes an EngineError carrying the native message; the
+subclasses name the failures callers handle differently. Calls release the GIL
+(cffi does so for every call into the library), so the event loop keeps running
+while the executor thread computes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmd._native import ffi, lib
+
+
+class EngineError(Exception):
+    """A native call failed; `status` is the llmd_status code."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class CapacityError(EngineError):
+    """No session slot left."""
+
+
+class ContextFullError(EngineError):
+    """The tokens do not fit the context."""
+
+
+class TokenError(EngineError):
+    """A token id outside the vocabulary."""
+
+
+_ERRORS = {
+    lib.LLMD_ERR_CAPACITY: CapacityError,
+    lib.LLMD_ERR_CONTEXT_FULL: ContextFullError,
+    lib.LLMD_ERR_TOKEN: TokenError,
+}
+
+
+def _check(status: int) -> None:
+    if status != lib.LLMD_OK:
+        message = ffi.string(lib.llmd_last_error()).decode("utf-8", "replace")
+        raise _ERRORS.get(status, EngineError)(status, message)
+
+
+def _string(ptr) -> str:
+    return ffi.string(ptr).decode("utf-8", "replace") if ptr != ffi.NULL else ""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    architecture: str
+    name: str
+    chat_template: str
+    tokenizer_pre: str
+    n_ctx_train: int
+    n_ctx: int
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_threads: int
+    bos_id: int
+    eos_id: int
+    add_bos: bool
+    eog_ids: tuple[int, ...]
+    weight_bytes: int
+    kv_bytes_per_token: int
+    bytes_per_session: int
+    max_sessions: int
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    piece: bytes  # raw bytes; may split a UTF-8 character; empty for control tokens
+    is_eos: bool
+    is_terminal: bool
+    stopped: bool
+
+
+def _token(t) -> Token:
+    piece = bytes(ffi.buffer(t.piece, t.piece_len)) if t.piece_len else b""
+    return Token(t.token_id, piece, bool(t.is_eos), bool(t.is_terminal), bool(t.stopped))
+
+
+class Engine:
+    """A loaded model. Close it (or use `with`) to free weights and sessions."""
+
+    def __init__(self, path: str, *, n_threads: int = 0, n_ctx: int = 0, max_sessions: int = 0,
+                 kv_budget_bytes: int = 0):
+        opts = ffi.new("llmd_engine_options *", {
+            "n_threads": n_threads, "n_ctx": n_ctx, "max_sessions": max_sessions,
+            "kv_budget_bytes": kv_budget_bytes})
+        out = ffi.new("llmd_engine **")
+        _check(lib.llmd_engine_open(str(path).encode(), opts, out))
+        self._handle = out[0]
+        self._sessions: set[Session] = set()
+        raw = ffi.new("llmd_engine_info *")
+        _check(lib.llmd_engine_get_info(self._handle, raw))
+        self.info = EngineInfo(
+            architecture=_string(raw.architecture), name=_string(raw.name),
+            chat_template=_string(raw.chat_template), tokenizer_pre=_string(raw.tokenizer_pre),
+            n_ctx_train=raw.n_ctx_train, n_ctx=raw.n_ctx, n_vocab=raw.n_vocab, n_embd=raw.n_embd,
+            n_layer=raw.n_layer, n_head=raw.n_head, n_head_kv=raw.n_head_kv,
+            n_threads=raw.n_threads, bos_id=raw.bos_id, eos_id=raw.eos_id,
+            add_bos=bool(raw.add_bos), eog_ids=tuple(raw.eog_ids[i] for i in range(raw.n_eog)),
+            weight_bytes=raw.weight_bytes, kv_bytes_per_token=raw.kv_bytes_per_token,
+            bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions)
+        self._token_out = ffi.new("llmd_token[]", 64)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            for s in self._sessions:
+                s._handle = None
+            self._sessions.clear()
+            lib.llmd_engine_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise EngineError(lib.LLMD_ERR_HANDLE, "the engine is closed")
+        return self._handle
+
+    def capacity(self, budget_bytes: int) -> tuple[int, int]:
+        """(max sessions, bytes per session) for a KV memory budget."""
+        n, per = ffi.new("int32_t *"), ffi.new("uint64_t *")
+        _check(lib.llmd_engine_capacity(self.handle, budget_bytes, n, per))
+        return n[0], per[0]
+
+    def tokenize(self, text: str | bytes, special: bool = False) -> list[int]:
+        """Token ids of text; with special, control-token text becomes control ids. No BOS."""
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+        out = ffi.new("int32_t[]", len(data) + 1)
+        n = ffi.new("size_t *")
+        _check(lib.llmd_tokenize(self.handle, data, len(data), int(special), out, len(data) + 1, n))
+        return list(ffi.unpack(out, n[0]))
+
+    def piece(self, token_id: int, special: bool = False) -> bytes:
+        data, size = ffi.new("const char **"), ffi.new("size_t *")
+        _check(lib.llmd_token_piece(self.handle, token_id, int(special), data, size))
+        return bytes(ffi.buffer(data[0], size[0])) if size[0] else b""
+
+    def detokenize(self, ids: list[int], special: bool = False) -> bytes:
+        return b"".join(self.piece(i, special) for i in ids)
+
+    def new_session(self) -> Session:
+        out = ffi.new("llmd_session **")
+        _check(lib.llmd_session_new(self.handle, out))
+        session = Session(self, out[0])
+        self._sessions.add(session)
+        return session
+
+    def decode_batch(self, sessions: list[Session]) -> list[Token]:
+        """One step for several sessions at once; equals decode_one on each."""
+        handles = ffi.new("llmd_session *[]", [s.handle for s in sessions])
+        out = self._token_out if len(sessions) <= 64 else ffi.new("llmd_token[]", len(sessions))
+        _check(lib.llmd_session_decode_batch(handles, len(sessions), out))
+        return [_token(out[i]) for i in range(len(sessions))]
+
+
+class Session:
+    """One conversation's KV cache and sampler; created by Engine.new_session()."""
+
+    def __init__(self, engine: Engine, handle):
+        self._engine = engine
+        self._handle = handle
+        self._token_out = ffi.new("llmd_token *")
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise EngineError(lib.LLMD_ERR_HANDLE, "the session is closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            lib.llmd_session_free(self._handle)
+            self._handle = None
+            self._engine._sessions.discard(self)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def position(self) -> int:
+        """Tokens in the KV cache (a pending sampled token is not counted)."""
+        pos = ffi.new("int32_t *")
+        _check(lib.llmd_session_position(self.handle, pos))
+        return pos[0]
+
+    def reset(self) -> None:
+        _check(lib.llmd_session_reset(self.handle))
+
+    def truncate(self, pos: int) -> None:
+        _check(lib.llmd_session_truncate(self.handle, pos))
+
+    def prefill(self, ids: list[int]) -> None:
+        _check(lib.llmd_session_prefill(self.handle, ffi.new("int32_t[]", ids), len(ids)))
+
+    def set_sampling(self, s: Sampling) -> None:
+        ids = ffi.new("int32_t[]", list(s.logit_bias.keys()))
+        values = ffi.new("float[]", list(s.logit_bias.values()))
+        raw = ffi.new("llmd_sampling *", {
+            "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+            "seed": s.seed & 0xFFFFFFFFFFFFFFFF, "repeat_penalty": s.repeat_penalty,
+            "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty, "n_logit_bias": len(s.logit_bias),
+            "logit_bias_ids": ids, "logit_bias_values": values})
+        _check(lib.llmd_session_set_sampling(self.handle, raw))
+
+    def decode_one(self) -> Token:
+        _check(lib.llmd_session_decode_one(self.handle, self._token_out))
+        return _token(self._token_out)
+
+    def stop(self) -> None:
+        """Thread-safe: the next decode step returns a stopped step."""
+        if self._handle is not None:
+            lib.llmd_session_stop(self._handle)
+
+    def logits(self) -> list[float]:
+        n = self._engine.info.n_vocab
+        out = ffi.new("float[]", n)
+        _check(lib.llmd_session_logits(self.handle, out, n))
+        return list(ffi.unpack(out, n))
+
+    def score(self, ids: list[int], first: int) -> list[float]:
+        """Prefill ids; log p(ids[i+1] | ids[..i]) for i in [first, len(ids) - 1)."""
+        out = ffi.new("float[]", max(0, len(ids) - 1 - first))
+        _check(lib.llmd_session_score(self.handle, ffi.new("int32_t[]", ids), len(ids), first, out))
+        return list(ffi.unpack(out, len(ids) - 1 - first))
+
+
+def kernel_matvec(type_id: int, weights: bytes, rows: int, cols: int, x: list[float],
+                  fast: bool) -> list[float]:
+    """Matrix-vector product by the scalar reference or the fast kernel (for tests)."""
+    y = ffi.new("float[]", rows)
+    _check(lib.llmd_kernel_matvec(type_id, weights, rows, cols, ffi.new("float[]", x), y, int(fast)))
+    return list(ffi.unpack(y, rows))

@@ -1,0 +1,173 @@
+/* llmd.h — the whole ABI between the Python control plane (llmd/) and the
+ * native engine (native/). cffi reads this file, so it stays plain C: opaque
+ * handles, sized integers, status codes. No C++ exception and no abort ever
+ * crosses it; every failure is a status plus llmd_last_error().
+ *
+ * Threading: one engine and its sessions are driven from one thread at a time
+ * (llmd's executor thread). llmd_session_stop() is the exception: any thread may
+ * call it, and it is honoured at the next token boundary.
+ */
+#ifndef LLMD_H
+#define LLMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    LLMD_OK = 0,
+    LLMD_ERR_INVALID_ARGUMENT = 1, /* null pointer, bad option, bad length */
+    LLMD_ERR_IO = 2,               /* cannot open / map the file */
+    LLMD_ERR_FORMAT = 3,           /* corrupt, truncated or hostile GGUF */
+    LLMD_ERR_UNSUPPORTED = 4,      /* architecture or tensor type not supported */
+    LLMD_ERR_OUT_OF_MEMORY = 5,
+    LLMD_ERR_CAPACITY = 6,         /* no session slot left */
+    LLMD_ERR_CONTEXT_FULL = 7,     /* the tokens do not fit in the context */
+    LLMD_ERR_TOKEN = 8,            /* token id out of range */
+    LLMD_ERR_HANDLE = 9,           /* freed or foreign session handle */
+    LLMD_ERR_STATE = 10,           /* call not valid now (e.g. decode before prefill) */
+    LLMD_ERR_INTERNAL = 11
+} llmd_status;
+
+/* Message for the last failed call on this thread ("" if none). */
+const char *llmd_last_error(void);
+
+typedef struct llmd_engine llmd_engine;
+typedef struct llmd_session llmd_session;
+
+/* ---- engine ------------------------------------------------------------ */
+
+typedef struct {
+    int32_t n_threads;      /* 0: one per core */
+    int32_t n_ctx;          /* 0: the model's trained context length */
+    int32_t max_sessions;   /* 0: as many as kv_budget_bytes allows */
+    uint64_t kv_budget_bytes; /* 0: a default share of physical memory */
+} llmd_engine_options;
+
+typedef struct {
+    const char *architecture;   /* strings are owned by the engine */
+    const char *name;
+    const char *chat_template;  /* "" if the model has none */
+    const char *tokenizer_pre;
+    int32_t n_ctx_train;
+    int32_t n_ctx;              /* context per session */
+    int32_t n_vocab;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t n_threads;
+    int32_t bos_id;             /* -1 if none */
+    int32_t eos_id;             /* -1 if none */
+    int32_t add_bos;            /* 1 if prompts start with BOS */
+    int32_t n_eog;              /* end-of-generation ids (EOS, EOT, ...) */
+    const int32_t *eog_ids;
+    uint64_t weight_bytes;      /* mapped tensor bytes */
+    uint64_t kv_bytes_per_token;
+    uint64_t bytes_per_session; /* KV cache + per-session buffers at n_ctx */
+    int32_t max_sessions;       /* serving capacity, scratch session included */
+} llmd_engine_info;
+
+llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
+                             llmd_engine **out);
+void llmd_engine_free(llmd_engine *engine); /* frees its sessions too */
+llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *out);
+
+/* How many sessions fit in budget_bytes of KV memory at the engine's context. */
+llmd_status llmd_engine_capacity(const llmd_engine *engine, uint64_t budget_bytes,
+                                 int32_t *max_sessions, uint64_t *bytes_per_session);
+
+/* Tokenize text (UTF-8, need not be NUL-terminated). With parse_special, control
+ * tokens written in the text (<|im_start|>) become their ids; without, they stay
+ * text. No BOS is added. Writes up to capacity ids; *n_out is the full count, and
+ * LLMD_ERR_INVALID_ARGUMENT is returned if capacity was too small. len + 1 ids
+ * always suffice. */
+llmd_status llmd_tokenize(const llmd_engine *engine, const char *text, size_t len,
+                          int32_t parse_special, int32_t *out, size_t capacity,
+                          size_t *n_out);
+
+/* The raw bytes of a token (may be part of a UTF-8 character). Control tokens
+ * give their text only when special is non-zero, else an empty piece. The
+ * pointer stays valid while the engine lives. */
+llmd_status llmd_token_piece(const llmd_engine *engine, int32_t id, int32_t special,
+                             const char **data, size_t *len);
+
+/* ---- sessions ---------------------------------------------------------- */
+
+typedef struct {
+    float temperature;        /* <= 0: greedy */
+    int32_t top_k;            /* <= 0: off */
+    float top_p;              /* >= 1: off */
+    float min_p;              /* <= 0: off */
+    uint64_t seed;
+    float repeat_penalty;     /* 1: off; applies to the last repeat_last_n ids */
+    int32_t repeat_last_n;
+    float presence_penalty;   /* 0: off; over the ids generated since set_sampling */
+    float frequency_penalty;  /* 0: off */
+    int32_t n_logit_bias;
+    const int32_t *logit_bias_ids;
+    const float *logit_bias_values; /* -inf bans a token */
+} llmd_sampling;
+
+typedef struct {
+    int32_t token_id;
+    const char *piece;   /* raw bytes, empty for control tokens; valid while the engine lives */
+    size_t piece_len;
+    int32_t is_eos;      /* the model's EOS id */
+    int32_t is_terminal; /* any end-of-generation id */
+    int32_t stopped;     /* stop() was honoured: token 0, empty piece, nothing advanced */
+} llmd_token;
+
+/* Fails with LLMD_ERR_CAPACITY once max_sessions are live. */
+llmd_status llmd_session_new(llmd_engine *engine, llmd_session **out);
+void llmd_session_free(llmd_session *session); /* a freed handle is refused later */
+
+/* Empty the KV cache and the pending token. */
+llmd_status llmd_session_reset(llmd_session *session);
+
+/* Append ids to the KV cache and compute the next-token logits. */
+llmd_status llmd_session_prefill(llmd_session *session, const int32_t *ids, size_t n);
+
+/* Set sampling parameters for the next decode steps, seed the RNG, clear the
+ * generated-id history used by presence/frequency penalties and clear stop(). */
+llmd_status llmd_session_set_sampling(llmd_session *session, const llmd_sampling *sampling);
+
+/* One generation step. The sampled token is pending: it enters the KV cache at
+ * the start of the next decode step (so the final token of a reply costs no
+ * forward pass). position() counts only tokens in the KV cache. */
+llmd_status llmd_session_decode_one(llmd_session *session, llmd_token *out);
+
+/* One generation step for n sessions at once (weights read once per step).
+ * Results equal n calls of decode_one. */
+llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
+                                      llmd_token *out);
+
+/* Keep the first pos tokens of the KV cache; drop the pending token and logits. */
+llmd_status llmd_session_truncate(llmd_session *session, int32_t pos);
+llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
+
+/* Thread-safe: the next decode step returns a stopped step instead. */
+void llmd_session_stop(llmd_session *session);
+
+/* Copy the current next-token logits (n_vocab floats). */
+llmd_status llmd_session_logits(const llmd_session *session, float *out, size_t n);
+
+/* Prefill ids and, for every i in [first, n - 1), write log p(ids[i+1] | ids[..i])
+ * to logprobs[i - first]. For perplexity. */
+llmd_status llmd_session_score(llmd_session *session, const int32_t *ids, size_t n,
+                               size_t first, float *logprobs);
+
+/* ---- kernels (for tests comparing fast paths with the scalar reference) -- */
+
+/* y[r] = dot(row r of a rows x cols matrix of ggml type `type`, x), computed by
+ * the scalar reference (fast == 0) or the fastest path for this machine. */
+llmd_status llmd_kernel_matvec(int32_t type, const void *weights, int32_t rows,
+                               int32_t cols, const float *x, float *y, int32_t fast);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

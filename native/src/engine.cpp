@@ -1,0 +1,522 @@
+// engine.cpp — the C ABI of llmd.h: the engine (weights, tokenizer, capacity) and
+// its sessions (KV cache, resident ids, sampler). Every entry point catches
+// everything, so no exception crosses the ABI; failures become a status and a
+// thread-local message.
+#include "llmd.h"
+
+#include "gguf.h"
+#include "model.h"
+#include "sampler.h"
+#include "vocab.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <unordered_set>
+#include <vector>
+
+using namespace llmd;
+
+struct llmd_engine {
+    std::unique_ptr<GGUFFile> file;
+    std::unique_ptr<Vocab> vocab;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<ThreadPool> pool;
+    Workspace ws;
+    std::string architecture, name, chat_template, tokenizer_pre;
+    std::vector<int32_t> eog_ids;
+    int32_t bos_id = -1, eos_id = -1;
+    bool add_bos = false;
+    int n_ctx = 0;
+    int max_sessions = 0;
+    std::vector<std::unique_ptr<llmd_session>> sessions;
+
+    uint64_t bytes_per_session() const {
+        return KVCache::bytes_per_token(model->hp) * static_cast<uint64_t>(n_ctx) +
+               static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
+    }
+    bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }
+};
+
+struct llmd_session {
+    llmd_engine *engine = nullptr;
+    KVCache kv;
+    std::vector<int32_t> tokens; // ids in the KV cache: tokens.size() == position
+    int32_t pending = -1;        // sampled, enters the cache at the next decode step
+    std::vector<float> logits;   // next-token logits after tokens (+ nothing pending)
+    bool logits_valid = false;
+    Sampler sampler;
+    std::atomic<bool> stop{false};
+};
+
+namespace {
+
+thread_local std::string g_error;
+
+// Handles of live sessions, so a freed or foreign handle is refused, not followed.
+std::mutex g_live_mutex;
+std::unordered_set<const llmd_session *> g_live;
+
+llmd_status fail(llmd_status status, std::string message) {
+    g_error = std::move(message);
+    return status;
+}
+
+template <typename F> llmd_status guarded(F &&body) {
+    try {
+        g_error.clear();
+        return body();
+    } catch (const std::bad_alloc &) {
+        return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory");
+    } catch (const std::exception &e) {
+        return fail(LLMD_ERR_INTERNAL, std::string("internal error: ") + e.what());
+    } catch (...) {
+        return fail(LLMD_ERR_INTERNAL, "internal error");
+    }
+}
+
+bool is_live(const llmd_session *s) {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    return s != nullptr && g_live.count(s) != 0;
+}
+
+llmd_status check_session(const llmd_session *s) {
+    if (!is_live(s)) return fail(LLMD_ERR_HANDLE, "session handle is freed or invalid");
+    return LLMD_OK;
+}
+
+llmd_status check_ids(const llmd_engine *e, const int32_t *ids, size_t n) {
+    if (n > 0 && ids == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "token ids are null");
+    for (size_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= e->model->hp.n_vocab)
+            return fail(LLMD_ERR_TOKEN, "token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                                            " is outside the vocabulary (0.." + std::to_string(e->model->hp.n_vocab - 1) + ")");
+    return LLMD_OK;
+}
+
+llmd_status build_vocab(llmd_engine *e) {
+    const GGUFFile &f = *e->file;
+    VocabData data;
+    std::string err;
+    std::string_view sv;
+    if (f.get_string("tokenizer.ggml.model", &sv, &err)) data.model = sv;
+    if (f.get_string("tokenizer.ggml.pre", &sv, &err)) data.pre = sv;
+    if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+    const GGUFKV *tokens = f.find("tokenizer.ggml.tokens");
+    if (tokens == nullptr || tokens->type != GGUF_ARRAY || tokens->arr_type != GGUF_STRING || tokens->arr_count == 0)
+        return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.tokens is missing or not a string array");
+    if (tokens->arr_count > (1u << 24)) return fail(LLMD_ERR_FORMAT, "GGUF: vocabulary is implausibly large");
+    for (const auto &t : tokens->arr_strings) data.tokens.emplace_back(t);
+    if (const GGUFKV *types = f.find("tokenizer.ggml.token_type")) {
+        if (types->type != GGUF_ARRAY || (types->arr_type != GGUF_I32 && types->arr_type != GGUF_U32) ||
+            types->arr_count != tokens->arr_count)
+            return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.token_type does not match the tokens");
+        data.types.resize(types->arr_count);
+        std::memcpy(data.types.data(), types->arr_data, types->arr_count * 4);
+    }
+    if (const GGUFKV *merges = f.find("tokenizer.ggml.merges")) {
+        if (merges->type != GGUF_ARRAY || merges->arr_type != GGUF_STRING)
+            return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.merges is not a string array");
+        for (const auto &m : merges->arr_strings) data.merges.emplace_back(m);
+    }
+    e->vocab = Vocab::create(std::move(data), &err);
+    if (!e->vocab) return fail(LLMD_ERR_UNSUPPORTED, "tokenizer: " + err);
+
+    auto token_id = [&](const char *key) -> int32_t {
+        int64_t v = -1;
+        std::string key_err;
+        if (!f.get_int(key, &v, &key_err) || v < 0 || v >= e->vocab->size()) return -1;
+        return static_cast<int32_t>(v);
+    };
+    e->bos_id = token_id("tokenizer.ggml.bos_token_id");
+    e->eos_id = token_id("tokenizer.ggml.eos_token_id");
+    bool add_bos = false;
+    f.get_bool("tokenizer.ggml.add_bos_token", &add_bos, &err);
+    e->add_bos = add_bos && e->bos_id >= 0;
+    // End of generation: EOS, the declared end-of-turn ids, and the control tokens
+    // that templates of this family use to end a turn.
+    for (const int32_t id : {e->eos_id, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id")})
+        if (id >= 0 && !e->is_eog(id)) e->eog_ids.push_back(id);
+    for (const char *text : {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
+                             "<end_of_turn>", "<|end|>", "</s>"}) {
+        const int32_t id = e->vocab->find(text);
+        if (id >= 0 && e->vocab->is_control(id) && !e->is_eog(id)) e->eog_ids.push_back(id);
+    }
+    return LLMD_OK;
+}
+
+uint64_t physical_memory() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : (1ull << 32);
+}
+
+int capacity_for(const llmd_engine *e, uint64_t budget) {
+    const uint64_t n = budget / std::max<uint64_t>(1, e->bytes_per_session());
+    return static_cast<int>(std::min<uint64_t>(n, 4096));
+}
+
+// One decode step for sessions that are live, distinct and of one engine.
+llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out) {
+    llmd_engine *e = sessions[0]->engine;
+    const HParams &hp = e->model->hp;
+    std::vector<BatchToken> batch;
+    std::vector<llmd_session *> fed;
+    std::vector<char> stopped(n); // decided once, so a stop() racing this step is seen next step
+    for (size_t i = 0; i < n; ++i) {
+        llmd_session *s = sessions[i];
+        out[i] = llmd_token{0, "", 0, 0, 0, 1};
+        stopped[i] = s->stop.load();
+        if (stopped[i]) continue;
+        if (s->pending >= 0) {
+            if (static_cast<int>(s->tokens.size()) >= e->n_ctx)
+                return fail(LLMD_ERR_CONTEXT_FULL, "the context is full (" + std::to_string(e->n_ctx) + " tokens)");
+            batch.push_back({&s->kv, s->pending, static_cast<int32_t>(s->tokens.size()), true});
+            fed.push_back(s);
+        } else if (!s->logits_valid) {
+            return fail(LLMD_ERR_STATE, "decode needs a prefill first");
+        }
+    }
+    if (!batch.empty()) {
+        std::vector<float> logits(batch.size() * static_cast<size_t>(hp.n_vocab));
+        for (size_t b = 0; b < batch.size(); b += kMaxBatch) {
+            const int m = static_cast<int>(std::min<size_t>(kMaxBatch, batch.size() - b));
+            forward(*e->model, batch.data() + b, m, e->ws, *e->pool, logits.data() + b * hp.n_vocab);
+        }
+        for (size_t j = 0; j < fed.size(); ++j) {
+            llmd_session *s = fed[j];
+            s->tokens.push_back(s->pending);
+            s->pending = -1;
+            std::copy_n(logits.data() + j * hp.n_vocab, hp.n_vocab, s->logits.data());
+            s->logits_valid = true;
+        }
+    }
+    std::vector<float> scratch(hp.n_vocab);
+    for (size_t i = 0; i < n; ++i) {
+        if (stopped[i]) continue;
+        llmd_session *s = sessions[i];
+        std::copy(s->logits.begin(), s->logits.end(), scratch.begin());
+        const int32_t id = s->sampler.sample(scratch.data(), hp.n_vocab, s->tokens);
+        s->pending = id;
+        const std::string_view piece = e->vocab->is_control(id) ? std::string_view() : e->vocab->piece(id);
+        out[i] = llmd_token{id, piece.data(), piece.size(), id == e->eos_id, e->is_eog(id), 0};
+    }
+    return LLMD_OK;
+}
+
+} // namespace
+
+extern "C" {
+
+const char *llmd_last_error(void) { return g_error.c_str(); }
+
+llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options, llmd_engine **out) {
+    return guarded([&]() -> llmd_status {
+        if (path == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "path and out must not be null");
+        *out = nullptr;
+        const llmd_engine_options opts = options ? *options : llmd_engine_options{};
+        if (opts.n_threads < 0 || opts.n_ctx < 0 || opts.max_sessions < 0)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "engine options must not be negative");
+        auto e = std::make_unique<llmd_engine>();
+        std::string err;
+        e->file = GGUFFile::open(path, &err);
+        if (!e->file) return fail(err.rfind("cannot", 0) == 0 ? LLMD_ERR_IO : LLMD_ERR_FORMAT, err);
+        if (const llmd_status st = build_vocab(e.get()); st != LLMD_OK) return st;
+        e->model = Model::load(*e->file, e->vocab->size(), &err);
+        if (!e->model) return fail(LLMD_ERR_UNSUPPORTED, err);
+
+        std::string_view sv;
+        e->architecture = "llama";
+        if (e->file->get_string("general.name", &sv, &err)) e->name = sv;
+        if (e->file->get_string("tokenizer.chat_template", &sv, &err)) e->chat_template = sv;
+        if (e->file->get_string("tokenizer.ggml.pre", &sv, &err)) e->tokenizer_pre = sv;
+
+        const HParams &hp = e->model->hp;
+        e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
+        if (e->n_ctx > (1 << 20)) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_ctx is too large");
+        const uint64_t budget = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : physical_memory() / 4;
+        e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
+        if (e->max_sessions < 1)
+            return fail(LLMD_ERR_CAPACITY, "the KV budget does not fit one session of " + std::to_string(e->n_ctx) + " tokens");
+        const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+        const int n_threads = opts.n_threads > 0 ? opts.n_threads : static_cast<int>(hw);
+        if (n_threads > 256) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large");
+        e->pool = std::make_unique<ThreadPool>(n_threads);
+        e->ws.reserve(hp, 1);
+        *out = e.release();
+        return LLMD_OK;
+    });
+}
+
+void llmd_engine_free(llmd_engine *engine) {
+    if (engine == nullptr) return;
+    {
+        std::lock_guard<std::mutex> lock(g_live_mutex);
+        for (const auto &s : engine->sessions) g_live.erase(s.get());
+    }
+    delete engine; // its unique_ptrs free sessions, pool, model and mapping
+}
+
+llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
+        const HParams &hp = e->model->hp;
+        *out = llmd_engine_info{};
+        out->architecture = e->architecture.c_str();
+        out->name = e->name.c_str();
+        out->chat_template = e->chat_template.c_str();
+        out->tokenizer_pre = e->tokenizer_pre.c_str();
+        out->n_ctx_train = hp.n_ctx_train;
+        out->n_ctx = e->n_ctx;
+        out->n_vocab = hp.n_vocab;
+        out->n_embd = hp.n_embd;
+        out->n_layer = hp.n_layer;
+        out->n_head = hp.n_head;
+        out->n_head_kv = hp.n_head_kv;
+        out->n_threads = e->pool->size();
+        out->bos_id = e->bos_id;
+        out->eos_id = e->eos_id;
+        out->add_bos = e->add_bos ? 1 : 0;
+        out->n_eog = static_cast<int32_t>(e->eog_ids.size());
+        out->eog_ids = e->eog_ids.data();
+        out->weight_bytes = e->model->weight_bytes;
+        out->kv_bytes_per_token = KVCache::bytes_per_token(hp);
+        out->bytes_per_session = e->bytes_per_session();
+        out->max_sessions = e->max_sessions;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_engine_capacity(const llmd_engine *e, uint64_t budget_bytes, int32_t *max_sessions,
+                                 uint64_t *bytes_per_session) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || max_sessions == nullptr || bytes_per_session == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        *max_sessions = capacity_for(e, budget_bytes);
+        *bytes_per_session = e->bytes_per_session();
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_tokenize(const llmd_engine *e, const char *text, size_t len, int32_t parse_special, int32_t *out,
+                          size_t capacity, size_t *n_out) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || n_out == nullptr || (text == nullptr && len > 0) || (out == nullptr && capacity > 0))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        std::vector<int32_t> ids;
+        if (!e->vocab->tokenize(std::string_view(text ? text : "", len), parse_special != 0, ids))
+            return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
+        *n_out = ids.size();
+        if (ids.size() > capacity) return fail(LLMD_ERR_INVALID_ARGUMENT, "token buffer too small");
+        std::copy(ids.begin(), ids.end(), out);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_token_piece(const llmd_engine *e, int32_t id, int32_t special, const char **data, size_t *len) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || data == nullptr || len == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (id < 0 || id >= e->vocab->size())
+            return fail(LLMD_ERR_TOKEN, "token id " + std::to_string(id) + " is outside the vocabulary");
+        const std::string_view piece = (!special && e->vocab->is_control(id)) ? std::string_view() : e->vocab->piece(id);
+        *data = piece.data();
+        *len = piece.size();
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        *out = nullptr;
+        if (static_cast<int>(e->sessions.size()) >= e->max_sessions)
+            return fail(LLMD_ERR_CAPACITY, "all " + std::to_string(e->max_sessions) + " session slots are in use");
+        auto s = std::make_unique<llmd_session>();
+        s->engine = e;
+        const HParams &hp = e->model->hp;
+        const size_t cells = static_cast<size_t>(hp.n_layer) * e->n_ctx * hp.kv_dim();
+        // Uninitialised on purpose: pages are touched only as positions fill.
+        s->kv.n_ctx = e->n_ctx;
+        s->kv.k.reset(new (std::nothrow) uint16_t[cells]);
+        s->kv.v.reset(new (std::nothrow) uint16_t[cells]);
+        if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
+        s->logits.resize(hp.n_vocab);
+        llmd_sampling greedy{};
+        greedy.repeat_penalty = 1.0f;
+        greedy.top_p = 1.0f;
+        std::string err;
+        s->sampler.configure(greedy, hp.n_vocab, &err);
+        {
+            std::lock_guard<std::mutex> lock(g_live_mutex);
+            g_live.insert(s.get());
+        }
+        *out = s.get();
+        e->sessions.push_back(std::move(s));
+        return LLMD_OK;
+    });
+}
+
+void llmd_session_free(llmd_session *s) {
+    {
+        std::lock_guard<std::mutex> lock(g_live_mutex);
+        if (s == nullptr || g_live.erase(s) == 0) return;
+    }
+    auto &list = s->engine->sessions;
+    list.erase(std::remove_if(list.begin(), list.end(), [&](const auto &p) { return p.get() == s; }), list.end());
+}
+
+llmd_status llmd_session_reset(llmd_session *s) { return llmd_session_truncate(s, 0); }
+
+llmd_status llmd_session_prefill(llmd_session *s, const int32_t *ids, size_t n) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        llmd_engine *e = s->engine;
+        if (n == 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "prefill needs at least one token");
+        if (const llmd_status st = check_ids(e, ids, n); st != LLMD_OK) return st;
+        const size_t pos = s->tokens.size();
+        if (n > static_cast<size_t>(e->n_ctx) - pos)
+            return fail(LLMD_ERR_CONTEXT_FULL, std::to_string(pos + n) + " tokens do not fit the context of " +
+                                                   std::to_string(e->n_ctx));
+        s->pending = -1; // a sampled token that was never fed is not part of the sequence
+        s->logits_valid = false;
+        std::vector<BatchToken> batch(std::min<size_t>(n, kMaxBatch));
+        for (size_t i = 0; i < n; i += kMaxBatch) {
+            const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
+            for (int j = 0; j < m; ++j)
+                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1};
+            forward(*e->model, batch.data(), m, e->ws, *e->pool, s->logits.data());
+            s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
+        }
+        s->logits_valid = true;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_set_sampling(llmd_session *s, const llmd_sampling *sampling) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (sampling == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "sampling must not be null");
+        std::string err;
+        if (!s->sampler.configure(*sampling, s->engine->model->hp.n_vocab, &err))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, err);
+        s->stop.store(false);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_decode_one(llmd_session *s, llmd_token *out) { return llmd_session_decode_batch(&s, 1, out); }
+
+llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n, llmd_token *out) {
+    return guarded([&]() -> llmd_status {
+        if (sessions == nullptr || out == nullptr || n == 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "empty batch");
+        for (size_t i = 0; i < n; ++i) {
+            if (const llmd_status st = check_session(sessions[i]); st != LLMD_OK) return st;
+            if (sessions[i]->engine != sessions[0]->engine)
+                return fail(LLMD_ERR_INVALID_ARGUMENT, "a batch must use sessions of one engine");
+            for (size_t j = 0; j < i; ++j)
+                if (sessions[j] == sessions[i]) return fail(LLMD_ERR_INVALID_ARGUMENT, "a session appears twice in a batch");
+        }
+        return decode_step(sessions, n, out);
+    });
+}
+
+llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (pos < 0 || static_cast<size_t>(pos) > s->tokens.size())
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "truncate position " + std::to_string(pos) + " is outside 0.." +
+                                                       std::to_string(s->tokens.size()));
+        s->tokens.resize(pos);
+        s->pending = -1;
+        s->logits_valid = false;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_position(const llmd_session *s, int32_t *pos) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (pos == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "pos must not be null");
+        *pos = static_cast<int32_t>(s->tokens.size());
+        return LLMD_OK;
+    });
+}
+
+void llmd_session_stop(llmd_session *s) {
+    if (is_live(s)) s->stop.store(true);
+}
+
+llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (out == nullptr || n != s->logits.size())
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "logits buffer must hold n_vocab floats");
+        if (!s->logits_valid || s->pending >= 0) return fail(LLMD_ERR_STATE, "no logits: prefill first");
+        std::copy(s->logits.begin(), s->logits.end(), out);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_score(llmd_session *s, const int32_t *ids, size_t n, size_t first, float *logprobs) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        llmd_engine *e = s->engine;
+        if (n < 2 || first >= n - 1 || logprobs == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "score needs n >= 2, first < n - 1 and an output buffer");
+        if (const llmd_status st = check_ids(e, ids, n); st != LLMD_OK) return st;
+        const size_t pos = s->tokens.size();
+        if (n > static_cast<size_t>(e->n_ctx) - pos) return fail(LLMD_ERR_CONTEXT_FULL, "the tokens do not fit the context");
+        const int n_vocab = e->model->hp.n_vocab;
+        constexpr int kChunk = 64; // bounds the logits buffer to kChunk × n_vocab floats
+        std::vector<float> logits(static_cast<size_t>(kChunk) * n_vocab);
+        std::vector<BatchToken> batch(kChunk);
+        s->pending = -1;
+        s->logits_valid = false;
+        for (size_t i = 0; i < n; i += kChunk) {
+            const int m = static_cast<int>(std::min<size_t>(kChunk, n - i));
+            for (int j = 0; j < m; ++j) {
+                const size_t t = i + j;
+                batch[j] = {&s->kv, ids[t], static_cast<int32_t>(pos + t), t >= first && t + 1 < n};
+            }
+            forward(*e->model, batch.data(), m, e->ws, *e->pool, logits.data());
+            s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
+            int row = 0;
+            for (int j = 0; j < m; ++j) {
+                if (!batch[j].logits) continue;
+                const float *l = logits.data() + static_cast<size_t>(row++) * n_vocab;
+                const float mx = *std::max_element(l, l + n_vocab);
+                double sum = 0.0;
+                for (int v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(l[v] - mx));
+                logprobs[i + j - first] = static_cast<float>(l[ids[i + j + 1]] - mx - std::log(sum));
+            }
+        }
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_matvec(int32_t type, const void *weights, int32_t rows, int32_t cols, const float *x, float *y,
+                               int32_t fast) {
+    return guarded([&]() -> llmd_status {
+        int64_t be = 0, bb = 0;
+        if (type < 0 || !ggml_type_layout(static_cast<uint32_t>(type), &be, &bb))
+            return fail(LLMD_ERR_UNSUPPORTED, "unsupported tensor type " + std::to_string(type));
+        if (weights == nullptr || x == nullptr || y == nullptr || rows < 1 || cols < 1 || cols % be != 0 ||
+            (type_uses_q8a(type) && cols % QK != 0))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad matrix arguments");
+        std::vector<BlockQ8A> xq(static_cast<size_t>(cols + QK - 1) / QK);
+        if (type_uses_q8a(type)) quantize_row_q8a(x, xq.data(), cols);
+        const size_t stride = row_bytes(type, cols);
+        for (int32_t r = 0; r < rows; ++r) {
+            const void *row = static_cast<const uint8_t *>(weights) + r * stride;
+            y[r] = fast ? vec_dot(type, row, x, xq.data(), cols) : vec_dot_ref(type, row, x, xq.data(), cols);
+        }
+        return LLMD_OK;
+    });
+}
+
+} // extern "C"

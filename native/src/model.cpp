@@ -1,0 +1,371 @@
+// model.cpp — see model.h. The forward pass reads straight down: embed, then per
+// layer attention and FFN with residuals, then the final norm and output head.
+#include "model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LLMD_F16C 1
+#endif
+
+namespace llmd {
+
+// ---- loading -----------------------------------------------------------
+
+namespace {
+
+struct Binder {
+    const GGUFFile &file;
+    std::string *error;
+
+    bool fail(const std::string &msg) {
+        if (error->empty()) *error = msg;
+        return false;
+    }
+    int get_int(const std::string &key, int fallback, bool required) {
+        int64_t v = fallback;
+        std::string err;
+        if (!file.get_int(key, &v, &err)) {
+            if (!err.empty()) fail(err);
+            else if (required) fail("model metadata lacks " + key);
+            return fallback;
+        }
+        if (v < 0 || v > (1 << 30)) {
+            fail("model metadata " + key + " = " + std::to_string(v) + " is out of range");
+            return fallback;
+        }
+        return static_cast<int>(v);
+    }
+    float get_float(const std::string &key, float fallback) {
+        double v = fallback;
+        std::string err;
+        if (!file.get_float(key, &v, &err) && !err.empty()) fail(err);
+        return static_cast<float>(v);
+    }
+    const GGUFTensor *find(const std::string &name, bool required) {
+        const GGUFTensor *t = file.tensor(name);
+        if (t == nullptr && required) fail("model lacks tensor " + name);
+        return t;
+    }
+    bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true) {
+        const GGUFTensor *t = find(name, required);
+        if (t == nullptr) return false;
+        if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
+            return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
+                        std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
+                        std::to_string(rows) + "]");
+        if (type_uses_q8a(t->type) && cols % QK != 0)
+            return fail("tensor " + name + " has rows that are not whole blocks");
+        m->type = t->type;
+        m->cols = cols;
+        m->rows = rows;
+        m->row_bytes = row_bytes(t->type, cols);
+        m->data = t->data;
+        return true;
+    }
+    const float *vector(const std::string &name, int64_t n) {
+        const GGUFTensor *t = find(name, true);
+        if (t == nullptr) return nullptr;
+        if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != n) {
+            fail("tensor " + name + " should be F32 of " + std::to_string(n) + " elements");
+            return nullptr;
+        }
+        if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+            fail("tensor " + name + " is misaligned");
+            return nullptr;
+        }
+        return reinterpret_cast<const float *>(t->data);
+    }
+};
+
+} // namespace
+
+std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::string *error) {
+    std::string_view arch;
+    std::string err;
+    if (!file.get_string("general.architecture", &arch, &err)) {
+        *error = err.empty() ? "model metadata lacks general.architecture" : err;
+        return nullptr;
+    }
+    if (arch != "llama") {
+        *error = "unsupported architecture '" + std::string(arch) + "' (llmd runs llama-family models)";
+        return nullptr;
+    }
+    auto model = std::make_unique<Model>();
+    Binder b{file, error};
+    HParams &hp = model->hp;
+    const std::string p = "llama.";
+    hp.n_vocab = n_vocab;
+    hp.n_ctx_train = b.get_int(p + "context_length", 0, true);
+    hp.n_embd = b.get_int(p + "embedding_length", 0, true);
+    hp.n_layer = b.get_int(p + "block_count", 0, true);
+    hp.n_head = b.get_int(p + "attention.head_count", 0, true);
+    hp.n_head_kv = b.get_int(p + "attention.head_count_kv", hp.n_head, false);
+    hp.n_ff = b.get_int(p + "feed_forward_length", 0, true);
+    hp.rope_base = b.get_float(p + "rope.freq_base", 10000.0f);
+    hp.norm_eps = b.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5f);
+    if (!error->empty()) return nullptr;
+    if (hp.n_ctx_train < 1 || hp.n_embd < 1 || hp.n_layer < 1 || hp.n_head < 1 || hp.n_ff < 1 ||
+        hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0 || hp.n_embd % hp.n_head != 0) {
+        *error = "model hyperparameters are inconsistent (heads, dims or layers)";
+        return nullptr;
+    }
+    hp.head_dim = b.get_int(p + "attention.key_length", hp.n_embd / hp.n_head, false);
+    hp.rope_dim = b.get_int(p + "rope.dimension_count", hp.head_dim, false);
+    if (hp.head_dim < 2 || hp.head_dim > 1024 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2 != 0 ||
+        b.get_int(p + "attention.value_length", hp.head_dim, false) != hp.head_dim) {
+        *error = "model head or RoPE dimensions are inconsistent";
+        return nullptr;
+    }
+    if (!(hp.rope_base > 0.0f) || !(hp.norm_eps > 0.0f) || !std::isfinite(hp.rope_base)) {
+        *error = "model RoPE base or norm epsilon is invalid";
+        return nullptr;
+    }
+    std::string_view scaling;
+    if (file.get_string(p + "rope.scaling.type", &scaling, &err) && scaling != "none") {
+        if (scaling != "linear") {
+            *error = "unsupported RoPE scaling '" + std::string(scaling) + "'";
+            return nullptr;
+        }
+        const float factor = b.get_float(p + "rope.scaling.factor", 1.0f);
+        if (!(factor > 0.0f)) {
+            *error = "model RoPE scaling factor is invalid";
+            return nullptr;
+        }
+        hp.rope_scale = 1.0f / factor;
+    }
+
+    const int dim = hp.n_embd;
+    if (!b.matrix("token_embd.weight", dim, n_vocab, &model->tok_embd)) return nullptr;
+    model->output_norm = b.vector("output_norm.weight", dim);
+    if (file.tensor("output.weight") != nullptr) {
+        if (!b.matrix("output.weight", dim, n_vocab, &model->output)) return nullptr;
+    } else {
+        model->output = model->tok_embd;
+    }
+    model->layers.resize(hp.n_layer);
+    for (int l = 0; l < hp.n_layer && error->empty(); ++l) {
+        const std::string blk = "blk." + std::to_string(l) + ".";
+        LayerWeights &L = model->layers[l];
+        L.attn_norm = b.vector(blk + "attn_norm.weight", dim);
+        L.ffn_norm = b.vector(blk + "ffn_norm.weight", dim);
+        b.matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
+        b.matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+        b.matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+        b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+        b.matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
+        b.matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
+        b.matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
+    }
+    if (!error->empty()) return nullptr;
+
+    // Llama-3.1-style models store per-pair frequency divisors.
+    const GGUFTensor *freqs = file.tensor("rope_freqs.weight");
+    if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->ne[0] != hp.rope_dim / 2)) {
+        *error = "tensor rope_freqs.weight has the wrong type or shape";
+        return nullptr;
+    }
+    model->inv_freq.resize(hp.rope_dim / 2);
+    for (int i = 0; i < hp.rope_dim / 2; ++i) {
+        double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
+        if (freqs != nullptr) {
+            float div;
+            std::memcpy(&div, freqs->data + 4 * i, 4);
+            if (!(div > 0.0f)) {
+                *error = "tensor rope_freqs.weight holds a non-positive factor";
+                return nullptr;
+            }
+            f /= div;
+        }
+        model->inv_freq[i] = static_cast<float>(f);
+    }
+    for (const auto &t : file.tensors()) model->weight_bytes += t.size;
+    return model;
+}
+
+// ---- kernels -------------------------------------------------------------
+
+void Workspace::reserve(const HParams &hp, int n_tokens) {
+    if (n_tokens <= capacity) return;
+    const size_t n = static_cast<size_t>(n_tokens);
+    x.resize(n * hp.n_embd);
+    xb.resize(n * hp.n_embd);
+    q.resize(n * hp.q_dim());
+    k.resize(n * hp.kv_dim());
+    v.resize(n * hp.kv_dim());
+    att.resize(n * hp.q_dim());
+    hb.resize(n * hp.n_ff);
+    hb2.resize(n * hp.n_ff);
+    logits_in.resize(n * hp.n_embd);
+    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff});
+    xq.resize(n * static_cast<size_t>((widest + QK - 1) / QK));
+    capacity = n_tokens;
+}
+
+void matmul(const Matrix &w, const float *x, int n, float *y, std::vector<BlockQ8A> &xq,
+            ThreadPool &pool) {
+    const int64_t cols = w.cols, rows = w.rows;
+    const bool quantized = type_uses_q8a(w.type);
+    const int64_t xq_stride = cols / QK;
+    if (quantized) {
+        for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq.data() + t * xq_stride, cols);
+    }
+    // Row chunks small enough to keep both cores busy, large enough to amortise a task.
+    const int64_t chunk = std::max<int64_t>(16, rows / (8 * pool.size()));
+    const int n_tasks = static_cast<int>((rows + chunk - 1) / chunk);
+    constexpr int kTokenTile = 16; // tokens sharing one pass over a chunk of rows
+    pool.run(n_tasks, [&](int task) {
+        const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
+        for (int t0 = 0; t0 < n; t0 += kTokenTile) {
+            const int t1 = std::min(n, t0 + kTokenTile);
+            for (int64_t r = r0; r < r1; ++r) {
+                const void *row = w.row(r);
+                for (int t = t0; t < t1; ++t)
+                    y[t * rows + r] = vec_dot(w.type, row, x + t * cols,
+                                              quantized ? xq.data() + t * xq_stride : nullptr, cols);
+            }
+        }
+    });
+}
+
+namespace {
+
+void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+// Rotates adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims of each head.
+void rope(float *x, int n_heads, const HParams &hp, const std::vector<float> &inv_freq, int pos) {
+    const float p = static_cast<float>(pos) * hp.rope_scale;
+    for (int i = 0; i < hp.rope_dim / 2; ++i) {
+        const float theta = p * inv_freq[i];
+        const float c = std::cos(theta), s = std::sin(theta);
+        for (int h = 0; h < n_heads; ++h) {
+            float *v = x + h * hp.head_dim + 2 * i;
+            const float a = v[0], b = v[1];
+            v[0] = a * c - b * s;
+            v[1] = a * s + b * c;
+        }
+    }
+}
+
+float dot_f16_f32(const uint16_t *a, const float *b, int n) {
+#ifdef LLMD_F16C
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 af = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(a + i)));
+        acc = _mm256_fmadd_ps(af, _mm256_loadu_ps(b + i), acc);
+    }
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    float sum = _mm_cvtss_f32(r);
+    for (; i < n; ++i) sum += fp16_to_fp32(a[i]) * b[i];
+    return sum;
+#else
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += fp16_to_fp32(a[i]) * b[i];
+    return sum;
+#endif
+}
+
+// y += a * x, x in f16
+void axpy_f16(float a, const uint16_t *x, float *y, int n) {
+    int i = 0;
+#ifdef LLMD_F16C
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xf, _mm256_loadu_ps(y + i)));
+    }
+#endif
+    for (; i < n; ++i) y[i] += a * fp16_to_fp32(x[i]);
+}
+
+void to_f16(const float *x, uint16_t *y, int n) {
+    for (int i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+// Causal attention of one query head over positions 0..pos of its session's cache.
+void attend(const float *q, const KVCache &kv, const HParams &hp, int layer, int kv_head, int pos,
+            float *out) {
+    thread_local std::vector<float> scores;
+    scores.resize(static_cast<size_t>(pos) + 1);
+    const int hd = hp.head_dim, kv_dim = hp.kv_dim();
+    const size_t base = static_cast<size_t>(layer) * kv.n_ctx * kv_dim + kv_head * hd;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float max_score = -INFINITY;
+    for (int p = 0; p <= pos; ++p) {
+        scores[p] = dot_f16_f32(&kv.k[base + static_cast<size_t>(p) * kv_dim], q, hd) * scale;
+        max_score = std::max(max_score, scores[p]);
+    }
+    float sum = 0.0f;
+    for (int p = 0; p <= pos; ++p) {
+        scores[p] = std::exp(scores[p] - max_score);
+        sum += scores[p];
+    }
+    std::fill(out, out + hd, 0.0f);
+    const float inv = 1.0f / sum;
+    for (int p = 0; p <= pos; ++p)
+        axpy_f16(scores[p] * inv, &kv.v[base + static_cast<size_t>(p) * kv_dim], out, hd);
+}
+
+} // namespace
+
+void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, ThreadPool &pool,
+             float *logits) {
+    const HParams &hp = model.hp;
+    const int dim = hp.n_embd, q_dim = hp.q_dim(), kv_dim = hp.kv_dim(), ff = hp.n_ff;
+    ws.reserve(hp, n);
+    float *x = ws.x.data(), *xb = ws.xb.data(), *q = ws.q.data(), *k = ws.k.data(),
+          *v = ws.v.data(), *att = ws.att.data(), *hb = ws.hb.data(), *hb2 = ws.hb2.data();
+
+    for (int t = 0; t < n; ++t)
+        dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
+
+    for (int l = 0; l < hp.n_layer; ++l) {
+        const LayerWeights &L = model.layers[l];
+        for (int t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, L.attn_norm, dim, hp.norm_eps);
+        matmul(L.wq, xb, n, q, ws.xq, pool);
+        matmul(L.wk, xb, n, k, ws.xq, pool);
+        matmul(L.wv, xb, n, v, ws.xq, pool);
+        for (int t = 0; t < n; ++t) {
+            rope(q + t * q_dim, hp.n_head, hp, model.inv_freq, batch[t].pos);
+            rope(k + t * kv_dim, hp.n_head_kv, hp, model.inv_freq, batch[t].pos);
+            KVCache &kv = *batch[t].kv;
+            const size_t at = (static_cast<size_t>(l) * kv.n_ctx + batch[t].pos) * kv_dim;
+            to_f16(k + t * kv_dim, &kv.k[at], kv_dim);
+            to_f16(v + t * kv_dim, &kv.v[at], kv_dim);
+        }
+        const int group = hp.n_head / hp.n_head_kv;
+        pool.run(n * hp.n_head, [&](int task) {
+            const int t = task / hp.n_head, h = task % hp.n_head;
+            attend(q + t * q_dim + h * hp.head_dim, *batch[t].kv, hp, l, h / group, batch[t].pos,
+                   att + t * q_dim + h * hp.head_dim);
+        });
+        matmul(L.wo, att, n, xb, ws.xq, pool);
+        for (int i = 0; i < n * dim; ++i) x[i] += xb[i];
+
+        for (int t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, L.ffn_norm, dim, hp.norm_eps);
+        matmul(L.w_gate, xb, n, hb, ws.xq, pool);
+        matmul(L.w_up, xb, n, hb2, ws.xq, pool);
+        for (int i = 0; i < n * ff; ++i) hb[i] = hb[i] / (1.0f + std::exp(-hb[i])) * hb2[i];
+        matmul(L.w_down, hb, n, xb, ws.xq, pool);
+        for (int i = 0; i < n * dim; ++i) x[i] += xb[i];
+    }
+
+    int n_out = 0;
+    for (int t = 0; t < n; ++t)
+        if (batch[t].logits)
+            rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
+    if (n_out > 0) matmul(model.output, ws.logits_in.data(), n_out, logits, ws.xq, pool);
+}
+
+} // namespace llmd

@@ -1,0 +1,200 @@
+"""Tests for llmd/chat.py: template recognition and native rendering.
+
+The golden file holds prompts rendered by Jinja2 from the real template strings
+(see its `_about`); these tests never import jinja.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmd.chat import (TEMPLATE_NAMES, ChatTemplate, Prompt, UnsupportedToolsError,
+                       detect_template, render_chat)
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "chat_golden.json").read_text("utf-8"))
+TEMPLATES = GOLDEN["templates"]
+SMOLLM2_DEFAULT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+QWEN_DEFAULT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+SMOLLM2 = ChatTemplate("chatml", SMOLLM2_DEFAULT)
+QWEN = ChatTemplate("chatml", QWEN_DEFAULT)
+LLAMA3 = ChatTemplate("llama3")
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda c: c["name"])
+def test_rendering_matches_jinja_output_of_the_real_template(case):
+    template = detect_template(TEMPLATES[case["template"]])
+    assert template is not None
+    prompt = render_chat(template, case["messages"], case["tools"], case["add_generation_prompt"])
+    assert prompt.text == case["expected"]
+
+
+def test_golden_file_covers_every_template_and_tool_cases():
+    used = {c["template"] for c in GOLDEN["cases"]}
+    assert used == set(TEMPLATES)
+    assert sum(1 for c in GOLDEN["cases"] if c["tools"]) >= 10
+
+
+@pytest.mark.parametrize("label, expected", [
+    ("smollm2", SMOLLM2),
+    ("qwen2.5", QWEN),
+    ("smollm2-hermes", SMOLLM2),
+    ("qwen2.5-gguf-doubled-braces", ChatTemplate("chatml", QWEN_DEFAULT, doubled_tool_braces=True)),
+    ("llama3", LLAMA3),
+])
+def test_detect_template_recognises_known_templates_by_markers(label, expected):
+    assert detect_template(TEMPLATES[label]) == expected
+
+
+def test_detect_template_tolerates_whitespace_and_wording_changes():
+    variant = TEMPLATES["smollm2"].replace("{{'<|im_start|>'", "{{ '<|im_start|>'").replace(
+        SMOLLM2_DEFAULT, "You are a pirate")
+    assert detect_template(variant) == ChatTemplate("chatml", "You are a pirate")
+
+
+def test_detect_template_finds_no_default_system_prompt_in_plain_chatml():
+    plain = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+             "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}")
+    assert detect_template(plain) == ChatTemplate("chatml", None)
+
+
+@pytest.mark.parametrize("text", [
+    None, "", "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}",
+    "{{- bos_token }}<|start_header_id|><|end_header_id|><|eot_id|>Cutting Knowledge Date: December 2023",
+])
+def test_detect_template_returns_none_for_unrecognised_templates(text):
+    assert detect_template(text) is None
+
+
+def test_template_names_are_exposed_and_unknown_names_are_refused():
+    assert TEMPLATE_NAMES == ("chatml", "llama3")
+    with pytest.raises(ValueError, match="chatml, llama3"):
+        ChatTemplate("vicuna")
+
+
+def test_default_system_prompt_inserted_when_first_message_is_not_system():
+    prompt = render_chat(SMOLLM2, [{"role": "user", "content": "Hi"}], add_generation_prompt=False)
+    assert prompt.text == (f"<|im_start|>system\n{SMOLLM2_DEFAULT}<|im_end|>\n"
+                           "<|im_start|>user\nHi<|im_end|>\n")
+
+
+def test_default_system_prompt_omitted_when_first_message_is_system():
+    prompt = render_chat(SMOLLM2, [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}])
+    assert SMOLLM2_DEFAULT not in prompt.text
+    assert prompt.text.startswith("<|im_start|>system\nS<|im_end|>\n")
+
+
+def test_developer_message_is_rendered_as_system():
+    prompt = render_chat(QWEN, [{"role": "developer", "content": "D"}, {"role": "user", "content": "Hi"}])
+    assert prompt.text.startswith("<|im_start|>system\nD<|im_end|>\n<|im_start|>user\nHi")
+
+
+def test_generation_prompt_appends_assistant_header_only_when_asked():
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert render_chat(QWEN, msgs, add_generation_prompt=True).text.endswith(
+        "<|im_end|>\n<|im_start|>assistant\n")
+    assert render_chat(QWEN, msgs, add_generation_prompt=False).text.endswith("Hi<|im_end|>\n")
+    assert render_chat(LLAMA3, msgs).text.endswith(
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_chatml_parts_separate_markers_from_content():
+    prompt = render_chat(ChatTemplate("chatml"), [{"role": "user", "content": "Hi"}])
+    assert prompt.parts == [("<|im_start|>", True), ("user\nHi", False), ("<|im_end|>", True),
+                            ("\n", False), ("<|im_start|>", True), ("assistant\n", False)]
+
+
+def test_llama3_parts_start_with_bos_marker_and_split_headers():
+    prompt = render_chat(LLAMA3, [{"role": "user", "content": " Hi "}], add_generation_prompt=False)
+    assert prompt.parts == [("<|begin_of_text|>", True), ("<|start_header_id|>", True), ("user", False),
+                            ("<|end_header_id|>", True), ("\n\nHi", False), ("<|eot_id|>", True)]
+
+
+def test_control_token_text_in_content_is_never_a_marker():
+    prompt = render_chat(QWEN, [{"role": "user", "content": "a<|im_end|>b<|im_start|>c"}])
+    markers = [text for text, is_marker in prompt.parts if is_marker]
+    assert markers == ["<|im_start|>", "<|im_end|>"] * 2 + ["<|im_start|>"]
+    assert ("user\na<|im_end|>b<|im_start|>c", False) in prompt.parts
+
+
+def test_parts_never_hold_empty_text_and_adjacent_text_is_merged():
+    prompt = render_chat(QWEN, [{"role": "user", "content": ""}, {"role": "tool", "content": "r"}])
+    assert all(text for text, _ in prompt.parts)
+    assert not any(not a[1] and not b[1] for a, b in zip(prompt.parts, prompt.parts[1:]))
+
+
+def test_prompt_text_joins_parts_in_order():
+    assert Prompt([("<|im_start|>", True), ("user\nx", False)]).text == "<|im_start|>user\nx"
+
+
+def test_tools_block_lists_each_tool_as_json_in_the_system_turn():
+    prompt = render_chat(SMOLLM2, [{"role": "user", "content": "Weather?"}], tools=[WEATHER])
+    system = prompt.text.split("<|im_end|>")[0]
+    assert system.startswith(f"<|im_start|>system\n{SMOLLM2_DEFAULT}\n\n# Tools\n\n")
+    assert "\n<tools>\n" + json.dumps(WEATHER) + "\n</tools>\n" in system
+    assert system.endswith('<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+def test_tools_block_without_default_system_prompt_starts_the_system_turn():
+    prompt = render_chat(ChatTemplate("chatml"), [{"role": "user", "content": "x"}], tools=[WEATHER])
+    assert prompt.text.startswith("<|im_start|>system\n# Tools\n\n")
+
+
+def test_assistant_tool_call_arguments_are_rendered_as_the_json_object():
+    call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Zürich"}'}}
+    prompt = render_chat(QWEN, [{"role": "assistant", "content": None, "tool_calls": [call]}],
+                         add_generation_prompt=False)
+    assert prompt.text.endswith('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", '
+                                '"arguments": {"city": "Zürich"}}\n</tool_call><|im_end|>\n')
+
+
+def test_unparseable_tool_call_arguments_are_rendered_as_a_json_string():
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}
+    prompt = render_chat(QWEN, [{"role": "assistant", "content": None, "tool_calls": [call]}])
+    assert '{"name": "f", "arguments": "not json"}' in prompt.text
+
+
+def test_consecutive_tool_results_share_one_user_turn():
+    msgs = [{"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}]
+    prompt = render_chat(QWEN, msgs, add_generation_prompt=False)
+    assert prompt.text.endswith("<|im_start|>user\n<tool_response>\na\n</tool_response>\n"
+                                "<tool_response>\nb\n</tool_response><|im_end|>\n")
+
+
+def test_llama3_trims_content_like_the_template():
+    prompt = render_chat(LLAMA3, [{"role": "user", "content": "\n  hi  \t"}], add_generation_prompt=False)
+    assert prompt.text == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+
+
+def test_llama3_with_tools_raises_unsupported_tools_error():
+    with pytest.raises(UnsupportedToolsError):
+        render_chat(LLAMA3, [{"role": "user", "content": "x"}], tools=[WEATHER])
+
+
+def test_llama3_with_assistant_tool_calls_raises_unsupported_tools_error():
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    with pytest.raises(UnsupportedToolsError):
+        render_chat(LLAMA3, [{"role": "assistant", "content": None, "tool_calls": [call]}])
+
+
+def test_unsupported_tools_error_is_a_value_error_for_the_400_mapping():
+    assert issubclass(UnsupportedToolsError, ValueError)
+
+
+def test_render_chat_does_not_modify_the_callers_messages():
+    msgs = [{"role": "developer", "content": [{"type": "text", "text": "x"}]}]
+    render_chat(QWEN, msgs)
+    assert msgs == [{"role": "developer", "content": [{"type": "text", "text": "x"}]}]
+
+
+def test_flat_records_from_request_validation_render_like_openai_dicts():
+    wire_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    flat_tool = {"name": "get_weather", "description": None, "parameters": {"type": "object"}}
+    wire_call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"a": 1}'}}
+    flat_call = {"id": "c1", "name": "get_weather", "arguments": '{"a": 1}'}
+    msgs = lambda c: [{"role": "user", "content": "x"},  # noqa: E731
+                      {"role": "assistant", "content": None, "name": None, "tool_calls": (c,),
+                       "tool_call_id": None}]
+    assert (render_chat(QWEN, msgs(flat_call), [flat_tool]).text
+            == render_chat(QWEN, msgs(wire_call), [wire_tool]).text)

@@ -1,0 +1,202 @@
+"""Tests for llmd/tools.py: Hermes tool-call parsing, whole and streamed."""
+
+import itertools
+import json
+import re
+
+import pytest
+
+from llmd.tools import (ContentDelta, ToolCallDelta, ToolCallStream, decode_call, new_call_id,
+                        parse_tool_calls, tool_names)
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+         {"type": "function", "function": {"name": "get_time"}}]
+PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOKYO = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Asia/Tokyo"}}\n</tool_call>'
+
+
+def ids():
+    counter = itertools.count()
+    return lambda: f"call_{next(counter)}"
+
+
+def call(i, name, arguments):
+    return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def stream(text, pieces, tools=TOOLS):
+    """Feed `text` cut into pieces of the given sizes (cycled); return all events."""
+    parser, events, pos = ToolCallStream(tools, ids()), [], 0
+    for size in itertools.cycle(pieces):
+        if pos >= len(text):
+            break
+        events += parser.feed(text[pos:pos + size])
+        pos += size
+    return events + parser.finish()
+
+
+def collapse(events):
+    """(content, calls) from events, as parse_tool_calls reports them."""
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    calls = [e.to_openai() for e in events if isinstance(e, ToolCallDelta)]
+    return (None if calls and not content else content), calls
+
+
+# --- whole-text parsing -------------------------------------------------------------
+
+def test_single_call_becomes_openai_tool_call_with_null_content():
+    content, calls = parse_tool_calls(PARIS, TOOLS, ids())
+    assert content is None
+    assert calls == [call(0, "get_weather", '{"city": "Paris"}')]
+
+
+def test_text_before_the_calls_is_content_without_the_separating_whitespace():
+    content, calls = parse_tool_calls("Let me check.\n" + PARIS + "\n" + TOKYO + "\n", TOOLS, ids())
+    assert content == "Let me check."
+    assert calls == [call(0, "get_weather", '{"city": "Paris"}'),
+                     call(1, "get_time", '{"tz": "Asia/Tokyo"}')]
+
+
+def test_compact_block_without_newlines_is_parsed():
+    content, calls = parse_tool_calls('<tool_call>{"name":"get_time","arguments":{}}</tool_call>',
+                                      TOOLS, ids())
+    assert (content, calls) == (None, [call(0, "get_time", "{}")])
+
+
+def test_text_without_calls_is_returned_unchanged():
+    text = "  Plain answer with <b>tags</b> and a trailing newline\n"
+    assert parse_tool_calls(text, TOOLS) == (text, [])
+
+
+def test_unknown_tool_name_degrades_to_plain_content():
+    text = '<tool_call>\n{"name": "launch_rocket", "arguments": {}}\n</tool_call>'
+    assert parse_tool_calls(text, TOOLS) == (text, [])
+
+
+@pytest.mark.parametrize("body", [
+    '{"name": "get_weather", "arguments": {"city": "Paris"}',   # truncated JSON
+    "get_weather(city='Paris')",
+    '["get_weather"]',
+    '{"name": "get_weather", "arguments": [1, 2]}',
+    '{"name": "get_weather", "arguments": "not json"}',
+    '{"name": ["get_weather"], "arguments": {}}',
+])
+def test_malformed_call_degrades_to_plain_content(body):
+    text = "Hi\n<tool_call>\n" + body + "\n</tool_call>"
+    assert parse_tool_calls(text, TOOLS) == (text, [])
+
+
+def test_invalid_block_stays_content_while_valid_block_becomes_a_call():
+    bad = '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+    content, calls = parse_tool_calls(bad + "\n" + PARIS, TOOLS, ids())
+    assert content == bad
+    assert calls == [call(0, "get_weather", '{"city": "Paris"}')]
+
+
+def test_unclosed_block_stays_content():
+    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    assert parse_tool_calls(text, TOOLS) == (text, [])
+
+
+def test_arguments_given_as_json_string_or_missing_are_normalised_to_object_json():
+    text = ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Zürich\\"}"}</tool_call>'
+            '<tool_call>{"name": "get_time"}</tool_call>')
+    _, calls = parse_tool_calls(text, TOOLS, ids())
+    assert [c["function"]["arguments"] for c in calls] == ['{"city": "Zürich"}', "{}"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Zürich"}
+
+
+def test_no_declared_tools_means_no_calls():
+    assert parse_tool_calls(PARIS, None) == (PARIS, [])
+    assert parse_tool_calls(PARIS, []) == (PARIS, [])
+
+
+def test_call_ids_are_unique_openai_style():
+    a, b = new_call_id(), new_call_id()
+    assert re.fullmatch(r"call_[0-9a-f]{24}", a) and a != b
+    _, calls = parse_tool_calls(PARIS + TOKYO, TOOLS)
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+def test_tool_names_and_decode_call_read_declared_functions():
+    assert tool_names(TOOLS) == {"get_weather", "get_time"}
+    assert decode_call(' {"name": "get_time", "arguments": {"tz": "UTC"}} ', tool_names(TOOLS)) == (
+        "get_time", '{"tz": "UTC"}')
+    assert decode_call('{"name": "get_time"', tool_names(TOOLS)) is None
+
+
+# --- streaming ------------------------------------------------------------------------
+
+def test_stream_releases_plain_text_at_once():
+    parser = ToolCallStream(TOOLS, ids())
+    assert parser.feed("Hello") == [ContentDelta("Hello")]
+    assert parser.feed(" world.") == [ContentDelta(" world.")]
+    assert parser.finish() == []
+
+
+def test_stream_holds_back_a_possible_start_of_the_open_tag():
+    parser = ToolCallStream(TOOLS, ids())
+    assert parser.feed("Checking <tool_") == [ContentDelta("Checking")]
+    assert parser.feed("call>") == []
+    assert parser.feed('{"name": "get_time", "arguments": {}}</tool_') == []
+    assert parser.feed("call>") == [ToolCallDelta(0, "call_0", "get_time", "{}")]
+    assert parser.finish() == []
+
+
+def test_stream_releases_held_text_that_did_not_become_a_tag():
+    parser = ToolCallStream(TOOLS, ids())
+    assert parser.feed("a <tool") == [ContentDelta("a")]
+    assert parser.feed("box> b ") == [ContentDelta(" <toolbox> b")]
+    assert parser.finish() == [ContentDelta(" ")]
+
+
+def test_stream_emits_invalid_block_as_content_when_it_closes():
+    parser = ToolCallStream(TOOLS, ids())
+    assert parser.feed('x\n<tool_call>{"name": "nope"}') == [ContentDelta("x")]
+    assert parser.feed("</tool_call>") == [ContentDelta('\n<tool_call>{"name": "nope"}</tool_call>')]
+
+
+def test_stream_finish_releases_an_unclosed_block_as_content():
+    parser = ToolCallStream(TOOLS, ids())
+    assert parser.feed('<tool_call>{"name": "get_time",') == []
+    assert parser.finish() == [ContentDelta('<tool_call>{"name": "get_time",')]
+
+
+def test_stream_tool_call_delta_has_openai_delta_shape():
+    (event,) = ToolCallStream(TOOLS, ids()).feed(PARIS)
+    assert event.to_openai_delta() == {"index": 0, "id": "call_0", "type": "function",
+                                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+def test_stream_counts_calls_and_indexes_them_in_order():
+    parser = ToolCallStream(TOOLS, ids())
+    events = parser.feed(PARIS + "\n" + TOKYO) + parser.finish()
+    assert [(e.index, e.name) for e in events] == [(0, "get_weather"), (1, "get_time")]
+    assert parser.calls == 2
+
+
+SAMPLES = [
+    "plain text, no calls at all\n",
+    "Let me check.\n" + PARIS + "\n" + TOKYO + "\n",
+    "  " + PARIS + "  trailing words ",
+    '<tool_call>{"name": "nope", "arguments": {}}</tool_call>\n' + PARIS,
+    "tag-like text <tool <tool_call <tool_call> never closed",
+    "x < y and a <tool_call>" + '{"name": "get_time", "arguments": {"tz": "</"}}' + "</tool_call>",
+]
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+@pytest.mark.parametrize("pieces", [[1], [2, 3], [5], [7, 1, 13], [10_000]])
+def test_stream_agrees_with_whole_text_parsing_for_any_chunking(text, pieces):
+    assert collapse(stream(text, pieces)) == parse_tool_calls(text, TOOLS, ids())
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_stream_never_releases_content_that_is_part_of_a_valid_call(text):
+    for event in stream(text, [1]):
+        if isinstance(event, ContentDelta):
+            assert '"get_weather"' not in event.text and '"get_time"' not in event.text
+
+
+def test_flat_tool_records_declare_names_too():
+    assert tool_names([{"name": "get_time", "description": None, "parameters": None}]) == {"get_time"}
