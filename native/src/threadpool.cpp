@@ -14,6 +14,8 @@ namespace {
 // About 50-100 µs of spinning: longer than the gap between two regions of one
 // decode step, far shorter than the gap between two requests.
 constexpr int kSpinIterations = 20000;
+
+uint64_t region_of(uint64_t state) { return state >> 32; }
 } // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -24,14 +26,23 @@ ThreadPool::~ThreadPool() {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         stop_ = true;
-        generation_.fetch_add(1);
+        state_.store((region_of(state_.load()) + 1) << 32);
     }
     wake_.notify_all();
     for (auto &t : workers_) t.join();
 }
 
-void ThreadPool::drain_tasks() {
-    for (int t = next_task_.fetch_add(1); t < n_tasks_; t = next_task_.fetch_add(1)) (*job_)(t);
+void ThreadPool::work(uint64_t region) {
+    uint64_t s = state_.load();
+    while (region_of(s) == region) {
+        const int next = static_cast<int>(s & 0xffff), n = static_cast<int>((s >> 16) & 0xffff);
+        if (next >= n) return;
+        if (!state_.compare_exchange_weak(s, s + 1)) continue; // s reloaded
+        // The claimed task keeps this region open, so job_ cannot change under us.
+        (*job_)(next);
+        done_.fetch_add(1);
+        s = state_.load();
+    }
 }
 
 void ThreadPool::run(int n_tasks, const std::function<void(int)> &fn) {
@@ -40,36 +51,34 @@ void ThreadPool::run(int n_tasks, const std::function<void(int)> &fn) {
         return;
     }
     job_ = &fn;
-    n_tasks_ = n_tasks;
-    next_task_.store(0);
-    busy_workers_.store(static_cast<int>(workers_.size()));
-    generation_.fetch_add(1);
+    done_.store(0);
+    const uint64_t region = region_of(state_.load()) + 1;
+    state_.store(region << 32 | static_cast<uint64_t>(n_tasks) << 16);
     if (sleepers_.load() > 0) {
         std::lock_guard<std::mutex> lock(mutex_);
         wake_.notify_all();
     }
-    drain_tasks();
-    while (busy_workers_.load() != 0) LLMD_PAUSE();
+    work(region);
+    while (done_.load() != n_tasks) LLMD_PAUSE();
 }
 
 void ThreadPool::worker_loop() {
     uint64_t seen = 0;
     for (;;) {
         int spins = 0;
-        while (generation_.load() == seen && spins < kSpinIterations) {
+        while (region_of(state_.load()) == seen && spins < kSpinIterations) {
             LLMD_PAUSE();
             ++spins;
         }
-        if (generation_.load() == seen) {
+        if (region_of(state_.load()) == seen) {
             std::unique_lock<std::mutex> lock(mutex_);
             sleepers_.fetch_add(1);
-            wake_.wait(lock, [&] { return generation_.load() != seen; });
+            wake_.wait(lock, [&] { return region_of(state_.load()) != seen; });
             sleepers_.fetch_sub(1);
         }
-        seen = generation_.load();
+        seen = region_of(state_.load());
         if (stop_.load()) return;
-        drain_tasks();
-        busy_workers_.fetch_sub(1);
+        work(seen);
     }
 }
 

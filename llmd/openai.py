@@ -1,0 +1,736 @@
+"""OpenAI request validation: raw body bytes in, a request dataclass or an ApiError out.
+
+Everything here runs before the first response byte, so every refusal is a plain
+HTTP 400 naming the offending parameter (`param`), e.g. "temperature",
+"messages[1].content", "messages[2].content[0].type", "tools[0].function.name".
+
+Theory of operation
+-------------------
+1. `parse_json_object` reads the body: strict UTF-8, standard JSON only. It refuses
+   NaN/Infinity literals, numbers that overflow a double (1e400), nesting deeper than
+   MAX_DEPTH (checked by a linear scan *before* parsing, so a hostile "[[[[..." never
+   reaches the recursive parser), duplicate object keys (RFC 8259 leaves their meaning
+   open; refusing closes the door on two layers reading different values), lone UTF-16
+   surrogates ("\\ud800" cannot be encoded for the tokenizer), and a non-object top level.
+2. `parse_*_request` checks each field's JSON type, then its range, and builds a frozen
+   dataclass. `null` means "not given" for every optional field, as in OpenAI.
+   Types are exact: `true` is not an integer, `1.0` is not an integer, `1` is a number.
+
+Field policy (the reasoned choice):
+- Known fields llmd honours are validated and used.
+- Known OpenAI fields with no effect on the generated output (`user`, `metadata`,
+  `store`, `service_tier`, `prompt_cache_key`, `safety_identifier`) are accepted and
+  ignored; only `user` is type-checked.
+- Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
+  ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
+  `reasoning_effort`, `verbosity`, n > 1, logprobs, response_format json_*, tool_choice
+  "required"/named, strict tools, echo, suffix, best_of > 1, image/audio/file content
+  parts) are refused with 400 `unsupported_parameter`, because the design says what
+  cannot be honoured is never silently ignored.
+- Top-level fields llmd does not know at all are refused with 400 `unknown_parameter`,
+  as OpenAI itself does ("Unrecognized request argument supplied"). A vendor knob from
+  another server (`n_predict`, `mirostat`, ...) would otherwise change nothing while the
+  client believes it took effect.
+- Inside a message, keys other than role/content/name/tool_calls/tool_call_id are
+  ignored: clients echo whole response messages back (`refusal`, `annotations`,
+  `reasoning_content`, ...) and those carry no generation knob. `audio` and
+  `function_call` on a message are refused when non-null.
+
+Other choices: text content parts are joined with "\\n" (as vLLM does); tool_choice
+"auto" with no tools normalises to "none"; max_tokens and max_completion_tokens may both
+be given only if equal; token ids are checked against the vocabulary later by
+`check_vocab(request, n_vocab)`, because the vocabulary size lives in the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, Sequence
+
+from llmd.errors import (
+    ApiError,
+    invalid_json,
+    invalid_request,
+    invalid_session_id,
+    invalid_type,
+    missing_parameter,
+    unknown_parameter,
+    unsupported_parameter,
+)
+
+MAX_DEPTH = 64           # JSON nesting; the top-level object is depth 1
+MAX_STOPS = 4            # as OpenAI
+INT32_MAX = 2**31 - 1    # bound for counts that reach the C ABI as int32
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+# --- records ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampler settings shared by chat and completions; defaults are OpenAI's."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                     # 0 = off (extension)
+    min_p: float = 0.0                 # 0 = off (extension)
+    seed: int | None = None            # int64 range; None = server picks
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0    # 1 = off (extension)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call an assistant message made earlier in the conversation."""
+    id: str
+    name: str
+    arguments: str                     # JSON text, as OpenAI sends it
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str                          # one of ROLES
+    content: str | None                # None only for an assistant with tool_calls
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None    # set for role "tool"
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str | None = None
+    parameters: dict | None = None     # JSON Schema, passed to the template as is
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[Message]
+    sampling: Sampling
+    max_tokens: int | None             # None = until the context is full
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    tools: list[Tool]
+    tool_choice: str                   # "none" | "auto"
+    parallel_tool_calls: bool
+    session_id: str | None             # validated later by the sessions layer
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str
+    prompt: str | list[int]            # text, or token ids (range-checked by check_vocab)
+    sampling: Sampling
+    max_tokens: int                    # default 16, as OpenAI
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    session_id: str | None
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    content: str
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+@dataclass(frozen=True)
+class DetokenizeRequest:
+    tokens: list[int]
+
+
+# --- JSON -------------------------------------------------------------------------
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r'[^\[\]{}]+')
+_MAYBE_SURROGATE = re.compile(r'\\u[dD][89a-fA-F]')
+
+
+def parse_json_object(body: bytes) -> dict:
+    """Parse `body` as one JSON object, or raise a 400 ApiError saying why not."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid_json(f"Request body is not valid UTF-8 (at byte {e.start}).") from None
+    _check_depth(text)
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                           object_pairs_hook=_object_without_duplicates)
+    except ApiError:
+        raise
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, int digit limit
+        raise invalid_json(f"Request body is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise invalid_request("Request body must be a JSON object.", None, "invalid_type")
+    if _MAYBE_SURROGATE.search(text):  # rare: only then walk the tree
+        _check_no_lone_surrogates(value)
+    return value
+
+
+def _check_depth(text: str) -> None:
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    # Brackets inside strings do not nest; drop strings, keep only brackets, then take
+    # the running maximum. Malformed JSON may miscount here, but json.loads refuses it.
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
+    if depth > MAX_DEPTH:
+        raise invalid_json(f"Request body nests deeper than {MAX_DEPTH} levels.")
+
+
+def _reject_constant(name: str) -> Any:
+    raise invalid_json(f"Request body is not valid JSON: '{name}' is not a JSON number.")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise invalid_json(f"Request body is not valid JSON: number {text[:40]} is out of range.")
+    return value
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise invalid_json(f"Request body has a duplicate key '{key[:64]}'.")
+            seen.add(key)
+    return obj
+
+
+def _check_no_lone_surrogates(value: Any) -> None:
+    stack = [value]
+    while stack:  # iterative: depth is bounded already, but no recursion is simpler
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid_json("Request body contains a lone UTF-16 surrogate.") from None
+
+
+# --- field checks -----------------------------------------------------------------
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _int(v: Any, param: str, lo: int, hi: int) -> int:
+    if not _is_int(v):
+        raise invalid_type(param, "an integer", v)
+    if not lo <= v <= hi:
+        raise invalid_request(
+            f"Invalid value for '{param}': expected an integer between {lo} and {hi}, "
+            f"got {_show(v)}.", param)
+    return v
+
+
+def _number(v: Any, param: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    if not _is_number(v):
+        raise invalid_type(param, "a number", v)
+    # Compare before float(): float(10**400) would raise OverflowError.
+    if not ((lo < v) if lo_open else (lo <= v)) or not v <= hi:
+        low = f"greater than {lo}" if lo_open else f"at least {lo}"
+        raise invalid_request(
+            f"Invalid value for '{param}': expected a number {low} and at most {hi}, "
+            f"got {_show(v)}.", param)
+    return float(v)
+
+
+def _bool(v: Any, param: str) -> bool:
+    if not isinstance(v, bool):
+        raise invalid_type(param, "a boolean", v)
+    return v
+
+
+def _str(v: Any, param: str) -> str:
+    if not isinstance(v, str):
+        raise invalid_type(param, "a string", v)
+    return v
+
+
+def _required(obj: dict, key: str, param: str) -> Any:
+    v = obj.get(key)
+    if v is None:
+        raise missing_parameter(param)
+    return v
+
+
+def _check_keys(body: dict, known: frozenset[str], unsupported: dict[str, str]) -> None:
+    for key, value in body.items():
+        if key in known:
+            continue
+        if key in unsupported:
+            if value is not None:
+                raise unsupported_parameter(key, unsupported[key])
+            continue
+        raise unknown_parameter(key)
+
+
+# --- shared fields ----------------------------------------------------------------
+
+_SAMPLING_KEYS = frozenset({
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias"})
+_NO_EFFECT_KEYS = frozenset({
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+_TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
+
+
+def _parse_sampling(body: dict) -> Sampling:
+    default = Sampling()
+
+    def number(key: str, lo: float, hi: float, lo_open: bool = False) -> float:
+        v = body.get(key)
+        return getattr(default, key) if v is None else _number(v, key, lo, hi, lo_open)
+
+    def integer(key: str, lo: int, hi: int) -> int | None:
+        v = body.get(key)
+        return getattr(default, key) if v is None else _int(v, key, lo, hi)
+
+    return Sampling(
+        temperature=number("temperature", 0, 2),
+        top_p=number("top_p", 0, 1),
+        top_k=integer("top_k", 0, INT32_MAX),
+        min_p=number("min_p", 0, 1),
+        seed=integer("seed", -2**63, 2**63 - 1),
+        presence_penalty=number("presence_penalty", -2, 2),
+        frequency_penalty=number("frequency_penalty", -2, 2),
+        # > 0 because it divides logits; 1e9 only keeps float() of a huge int away
+        repetition_penalty=number("repetition_penalty", 0, 1e9, lo_open=True),
+        logit_bias=_parse_logit_bias(body.get("logit_bias")),
+    )
+
+
+def _parse_logit_bias(v: Any) -> dict[int, float]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise invalid_type("logit_bias", "an object", v)
+    bias: dict[int, float] = {}
+    for key, value in v.items():
+        if not _TOKEN_KEY.fullmatch(key):
+            raise invalid_request(
+                f"Invalid value for 'logit_bias': key {_show(key)} is not a token id.",
+                "logit_bias")
+        bias[int(key)] = _number(value, f"logit_bias.{key}", -100, 100)
+    return bias
+
+
+def _parse_stop(v: Any) -> list[str]:
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list):
+        raise invalid_type("stop", "a string or an array of strings", v)
+    if len(stops) > MAX_STOPS:
+        raise invalid_request(f"Invalid value for 'stop': at most {MAX_STOPS} stop sequences "
+                              f"are allowed, got {len(stops)}.", "stop")
+    for i, s in enumerate(stops):
+        param = "stop" if isinstance(v, str) else f"stop[{i}]"
+        if not _str(s, param):
+            raise invalid_request(f"Invalid value for '{param}': a stop sequence must not "
+                                  "be empty.", param)
+    return list(stops)
+
+
+def _parse_stream(body: dict) -> tuple[bool, bool]:
+    """Return (stream, include_usage)."""
+    v = body.get("stream")
+    stream = False if v is None else _bool(v, "stream")
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not isinstance(opts, dict):
+        raise invalid_type("stream_options", "an object", opts)
+    for key in opts:
+        if key not in ("include_usage", "include_obfuscation"):
+            raise unknown_parameter(f"stream_options.{key}")
+    usage = opts.get("include_usage")
+    if opts.get("include_obfuscation") is not None:  # no effect: llmd never pads events
+        _bool(opts["include_obfuscation"], "stream_options.include_obfuscation")
+    return stream, False if usage is None else _bool(usage, "stream_options.include_usage")
+
+
+def _parse_max_tokens(v: Any, param: str) -> int | None:
+    return None if v is None else _int(v, param, 1, INT32_MAX)
+
+
+def _parse_n(v: Any) -> None:
+    if v is not None and _int(v, "n", 1, INT32_MAX) != 1:
+        raise unsupported_parameter("n", "Only n=1 is supported.")
+
+
+def _parse_common(body: dict) -> tuple[str, str | None]:
+    """Return (model, session_id); also type-checks `user`."""
+    model = _str(_required(body, "model", "model"), "model")
+    if body.get("user") is not None:
+        _str(body["user"], "user")
+    sid = body.get("session_id")
+    if sid is not None and not isinstance(sid, str):
+        raise invalid_session_id("Invalid type for 'session_id': expected a string.")
+    return model, sid
+
+
+# --- chat completions -------------------------------------------------------------
+
+_CHAT_KEYS = _SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls", "modalities", "session_id"})
+_CHAT_UNSUPPORTED = {
+    "audio": "Audio output is not supported: this server generates text only.",
+    "prediction": "Predicted outputs ('prediction') are not supported.",
+    "functions": "The legacy 'functions' parameter is not supported; use 'tools'.",
+    "function_call": "The legacy 'function_call' parameter is not supported; use 'tool_choice'.",
+    "web_search_options": "Web search is not supported.",
+    "reasoning_effort": "'reasoning_effort' is not supported by this server.",
+    "verbosity": "'verbosity' is not supported by this server.",
+}
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_UNSUPPORTED_PARTS = ("image_url", "input_audio", "file", "input_image", "input_file")
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """Validate a /v1/chat/completions body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _CHAT_KEYS, _CHAT_UNSUPPORTED)
+    model, session_id = _parse_common(obj)
+    messages = _parse_messages(_required(obj, "messages", "messages"))
+    stream, include_usage = _parse_stream(obj)
+
+    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens")
+    max_completion = _parse_max_tokens(obj.get("max_completion_tokens"), "max_completion_tokens")
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one.",
+                              "max_tokens")
+    _parse_n(obj.get("n"))
+
+    if obj.get("logprobs") is not None and _bool(obj["logprobs"], "logprobs"):
+        raise unsupported_parameter("logprobs", "'logprobs' is not supported yet.")
+    top_logprobs = obj.get("top_logprobs")
+    if top_logprobs is not None and _int(top_logprobs, "top_logprobs", 0, 20) > 0:
+        raise unsupported_parameter("top_logprobs", "'top_logprobs' is not supported yet.")
+    _parse_response_format(obj.get("response_format"))
+    _parse_modalities(obj.get("modalities"))
+
+    tools = _parse_tools(obj.get("tools"))
+    ptc = obj.get("parallel_tool_calls")
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        sampling=_parse_sampling(obj),
+        max_tokens=max_completion if max_completion is not None else max_tokens,
+        stop=_parse_stop(obj.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        tools=tools,
+        tool_choice=_parse_tool_choice(obj.get("tool_choice"), bool(tools)),
+        parallel_tool_calls=True if ptc is None else _bool(ptc, "parallel_tool_calls"),
+        session_id=session_id,
+    )
+
+
+def _parse_messages(v: Any) -> list[Message]:
+    if not isinstance(v, list):
+        raise invalid_type("messages", "an array", v)
+    if not v:
+        raise invalid_request("Invalid value for 'messages': at least one message is required.",
+                              "messages")
+    return [_parse_message(m, f"messages[{i}]") for i, m in enumerate(v)]
+
+
+def _parse_message(m: Any, p: str) -> Message:
+    if not isinstance(m, dict):
+        raise invalid_type(p, "an object", m)
+    role = _str(_required(m, "role", f"{p}.role"), f"{p}.role")
+    if role == "function":
+        raise unsupported_parameter(f"{p}.role", "Legacy 'function' messages are not supported; "
+                                    "use role 'tool'.")
+    if role not in ROLES:
+        raise invalid_request(f"Invalid value for '{p}.role': {_show(role)}; expected one of "
+                              f"{', '.join(ROLES)}.", f"{p}.role")
+    for key in ("audio", "function_call"):
+        if m.get(key) is not None:
+            raise unsupported_parameter(f"{p}.{key}")
+    name = None if m.get("name") is None else _str(m["name"], f"{p}.name")
+
+    tool_calls: tuple[ToolCall, ...] = ()
+    if role == "assistant":
+        tool_calls = _parse_tool_calls(m.get("tool_calls"), f"{p}.tool_calls")
+    elif m.get("tool_calls") is not None:
+        raise invalid_request(f"Invalid value for '{p}.tool_calls': only assistant messages "
+                              f"may have tool_calls.", f"{p}.tool_calls")
+
+    raw = m.get("content")
+    if raw is None and not (role == "assistant" and tool_calls):
+        raise missing_parameter(f"{p}.content")
+    content = None if raw is None else _parse_content(raw, f"{p}.content")
+
+    tool_call_id = None
+    if role == "tool":
+        tool_call_id = _str(_required(m, "tool_call_id", f"{p}.tool_call_id"), f"{p}.tool_call_id")
+    return Message(role, content, name, tool_calls, tool_call_id)
+
+
+def _parse_content(v: Any, p: str) -> str:
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        raise invalid_type(p, "a string or an array of content parts", v)
+    texts = []
+    for j, part in enumerate(v):
+        pp = f"{p}[{j}]"
+        if not isinstance(part, dict):
+            raise invalid_type(pp, "an object", part)
+        kind = _str(_required(part, "type", f"{pp}.type"), f"{pp}.type")
+        if kind in _UNSUPPORTED_PARTS:
+            raise unsupported_parameter(f"{pp}.type", f"Content parts of type '{kind}' are not "
+                                        "supported: the served model reads text only.")
+        if kind != "text":
+            raise invalid_request(f"Invalid value for '{pp}.type': {_show(kind)}; expected 'text'.",
+                                  f"{pp}.type")
+        texts.append(_str(_required(part, "text", f"{pp}.text"), f"{pp}.text"))
+    return "\n".join(texts)
+
+
+def _parse_tool_calls(v: Any, p: str) -> tuple[ToolCall, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise invalid_type(p, "an array", v)
+    calls = []
+    for i, c in enumerate(v):
+        cp = f"{p}[{i}]"
+        if not isinstance(c, dict):
+            raise invalid_type(cp, "an object", c)
+        kind = c.get("type")
+        if kind is not None and _str(kind, f"{cp}.type") != "function":
+            raise unsupported_parameter(f"{cp}.type", f"Tool calls of type {_show(kind)} "
+                                        "are not supported.")
+        fn = _required(c, "function", f"{cp}.function")
+        if not isinstance(fn, dict):
+            raise invalid_type(f"{cp}.function", "an object", fn)
+        calls.append(ToolCall(
+            id=_str(_required(c, "id", f"{cp}.id"), f"{cp}.id"),
+            name=_str(_required(fn, "name", f"{cp}.function.name"), f"{cp}.function.name"),
+            arguments=_str(_required(fn, "arguments", f"{cp}.function.arguments"),
+                           f"{cp}.function.arguments"),
+        ))
+    return tuple(calls)
+
+
+def _parse_tools(v: Any) -> list[Tool]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise invalid_type("tools", "an array", v)
+    tools: list[Tool] = []
+    names: set[str] = set()
+    for i, t in enumerate(v):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise invalid_type(p, "an object", t)
+        kind = _str(_required(t, "type", f"{p}.type"), f"{p}.type")
+        if kind != "function":
+            raise unsupported_parameter(f"{p}.type", f"Tools of type {_show(kind)} are not "
+                                        "supported; only 'function'.")
+        fn = _required(t, "function", f"{p}.function")
+        if not isinstance(fn, dict):
+            raise invalid_type(f"{p}.function", "an object", fn)
+        name = _str(_required(fn, "name", f"{p}.function.name"), f"{p}.function.name")
+        if not _TOOL_NAME.fullmatch(name):
+            raise invalid_request(f"Invalid value for '{p}.function.name': {_show(name)}; names "
+                                  "are 1-64 characters of a-z, A-Z, 0-9, '_' and '-'.",
+                                  f"{p}.function.name")
+        if name in names:
+            raise invalid_request(f"Invalid value for '{p}.function.name': duplicate tool name "
+                                  f"{_show(name)}.", f"{p}.function.name")
+        names.add(name)
+        desc = fn.get("description")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise invalid_type(f"{p}.function.parameters", "an object", params)
+        strict = fn.get("strict")
+        if strict is not None and _bool(strict, f"{p}.function.strict"):
+            raise unsupported_parameter(f"{p}.function.strict", "Strict tool schemas are not "
+                                        "supported: arguments are not constrained to the schema.")
+        tools.append(Tool(name, None if desc is None else _str(desc, f"{p}.function.description"),
+                          params))
+    return tools
+
+
+def _parse_tool_choice(v: Any, have_tools: bool) -> str:
+    if v is None or v == "auto":
+        return "auto" if have_tools else "none"
+    if v == "none":
+        return "none"
+    if v == "required":
+        raise unsupported_parameter("tool_choice", "tool_choice 'required' is not supported yet.")
+    if isinstance(v, dict):
+        if v.get("type") in ("function", "allowed_tools", "custom"):
+            raise unsupported_parameter("tool_choice",
+                                        "Forcing a specific tool is not supported yet.")
+        raise invalid_request("Invalid value for 'tool_choice'.", "tool_choice")
+    if isinstance(v, str):
+        raise invalid_request(f"Invalid value for 'tool_choice': {_show(v)}; expected 'none', "
+                              "'auto' or 'required'.", "tool_choice")
+    raise invalid_type("tool_choice", "a string or an object", v)
+
+
+def _parse_response_format(v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise invalid_type("response_format", "an object", v)
+    kind = _str(_required(v, "type", "response_format.type"), "response_format.type")
+    if kind in ("json_object", "json_schema"):
+        raise unsupported_parameter("response_format", f"response_format '{kind}' is not "
+                                    "supported yet; only 'text'.")
+    if kind != "text":
+        raise invalid_request(f"Invalid value for 'response_format.type': {_show(kind)}.",
+                              "response_format.type")
+
+
+def _parse_modalities(v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise invalid_type("modalities", "an array of strings", v)
+    if set(v) - {"text"}:
+        raise unsupported_parameter("modalities", "Only the 'text' modality is supported.")
+
+
+# --- completions ------------------------------------------------------------------
+
+_COMPLETION_KEYS = _SAMPLING_KEYS | frozenset({
+    "model", "prompt", "max_tokens", "stream", "stream_options", "stop", "n", "best_of",
+    "echo", "suffix", "logprobs", "user", "session_id"})
+
+
+def parse_completion_request(body: bytes) -> CompletionRequest:
+    """Validate a /v1/completions body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _COMPLETION_KEYS, {})
+    model, session_id = _parse_common(obj)
+    prompt = _parse_prompt(_required(obj, "prompt", "prompt"))
+    stream, include_usage = _parse_stream(obj)
+    _parse_n(obj.get("n"))
+    if obj.get("best_of") is not None and _int(obj["best_of"], "best_of", 1, INT32_MAX) != 1:
+        raise unsupported_parameter("best_of", "Only best_of=1 is supported.")
+    if obj.get("echo") is not None and _bool(obj["echo"], "echo"):
+        raise unsupported_parameter("echo", "'echo' is not supported.")
+    if obj.get("suffix") is not None and _str(obj["suffix"], "suffix"):
+        raise unsupported_parameter("suffix", "'suffix' (insertion) is not supported.")
+    if obj.get("logprobs") is not None:
+        _int(obj["logprobs"], "logprobs", 0, 5)
+        raise unsupported_parameter("logprobs", "'logprobs' is not supported yet.")
+    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens")
+    return CompletionRequest(
+        model=model,
+        prompt=prompt,
+        sampling=_parse_sampling(obj),
+        max_tokens=16 if max_tokens is None else max_tokens,
+        stop=_parse_stop(obj.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        session_id=session_id,
+    )
+
+
+def _parse_prompt(v: Any) -> str | list[int]:
+    # Accepted: "text", [ids...], ["text"], [[ids...]]. Several prompts are a batch.
+    if isinstance(v, list) and v and all(isinstance(x, (str, list)) for x in v):
+        if len(v) > 1:
+            raise unsupported_parameter("prompt", "Batched prompts are not supported; "
+                                        "send one prompt per request.")
+        return _parse_prompt_one(v[0], "prompt[0]")
+    return _parse_prompt_one(v, "prompt")
+
+
+def _parse_prompt_one(v: Any, p: str) -> str | list[int]:
+    if isinstance(v, str):
+        if not v:
+            raise invalid_request(f"Invalid value for '{p}': the prompt must not be empty.", p)
+        return v
+    if not isinstance(v, list):
+        raise invalid_type(p, "a string or an array of token ids", v)
+    if not v:
+        raise invalid_request(f"Invalid value for '{p}': the prompt must not be empty.", p)
+    return [_int(t, f"{p}[{i}]", 0, INT32_MAX) for i, t in enumerate(v)]
+
+
+# --- tokenize / detokenize (llama.cpp-style extensions) ------------------------------
+
+def parse_tokenize_request(body: bytes) -> TokenizeRequest:
+    """Validate a /tokenize body: {"content": str, "add_special"?: bool, "with_pieces"?: bool}."""
+    obj = parse_json_object(body)
+    _check_keys(obj, frozenset({"content", "add_special", "with_pieces", "model"}), {})
+    if obj.get("model") is not None:
+        _str(obj["model"], "model")
+    content = _str(_required(obj, "content", "content"), "content")
+    special, pieces = obj.get("add_special"), obj.get("with_pieces")
+    return TokenizeRequest(
+        content=content,
+        add_special=False if special is None else _bool(special, "add_special"),
+        with_pieces=False if pieces is None else _bool(pieces, "with_pieces"),
+    )
+
+
+def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
+    """Validate a /detokenize body: {"tokens": [int, ...]} (ids range-checked by check_vocab)."""
+    obj = parse_json_object(body)
+    _check_keys(obj, frozenset({"tokens", "model"}), {})
+    if obj.get("model") is not None:
+        _str(obj["model"], "model")
+    tokens = _required(obj, "tokens", "tokens")
+    if not isinstance(tokens, list):
+        raise invalid_type("tokens", "an array of integers", tokens)
+    return DetokenizeRequest([_int(t, f"tokens[{i}]", 0, INT32_MAX) for i, t in enumerate(tokens)])
+
+
+# --- vocabulary checks (need the engine's n_vocab) -------------------------------------
+
+def check_token_ids(ids: Sequence[int], n_vocab: int, param: str) -> None:
+    """Raise 400 naming `param[i]` for the first id outside [0, n_vocab)."""
+    for i, t in enumerate(ids):
+        if not 0 <= t < n_vocab:
+            raise invalid_request(f"Invalid value for '{param}[{i}]': token id {t} is out of "
+                                  f"range [0, {n_vocab}).", f"{param}[{i}]")
+
+
+def check_vocab(request: ChatRequest | CompletionRequest | DetokenizeRequest, n_vocab: int) -> None:
+    """Raise 400 if any token id in `request` (prompt ids, logit_bias keys, tokens) is
+    outside [0, n_vocab); the parse_* functions only check that ids are non-negative."""
+    if isinstance(request, DetokenizeRequest):
+        check_token_ids(request.tokens, n_vocab, "tokens")
+        return
+    if isinstance(request, CompletionRequest) and isinstance(request.prompt, list):
+        check_token_ids(request.prompt, n_vocab, "prompt")
+    for t in request.sampling.logit_bias:
+        if t >= n_vocab:
+            raise invalid_request(f"Invalid value for 'logit_bias': token id {t} is out of range "
+                                  f"[0, {n_vocab}).", "logit_bias")

@@ -1,0 +1,79 @@
+"""Warm-resume prefill planning: how much of a session's KV cache a new prompt reuses.
+
+A session's KV cache holds `resident` tokens. For the next request's `prompt`, the
+runtime keeps the first `keep` resident tokens (truncating the cache to `keep`) and
+prefills `prompt[keep:]`. `keep` is the longest common prefix of resident and prompt,
+capped at len(prompt) - 1: at least one prompt token must go through the model so that
+its logits (for the first generated token) exist.
+
+Rules, in order of precedence:
+
+    enabled is False              -> keep 0, reason "disabled"   (--no-warm-resume)
+    dirty is True                 -> keep 0, reason "dirty"      (cache not trustworthy)
+    resident empty                -> keep 0, reason "new"
+    lcp == 0                      -> keep 0, reason "mismatch"
+    lcp == len(resident) < len(prompt)
+                                  -> keep lcp, reason "exact_prefix" (append-only resume)
+    prompt == resident            -> keep len(prompt) - 1, reason "equal"
+    otherwise (0 < lcp, and the resident continues past lcp; this includes a prompt
+    that is a strict prefix of resident)
+                                  -> keep min(lcp, len(prompt) - 1), reason "common_prefix"
+
+The reason names the relation between resident and prompt, so for a one-token prompt
+"equal" and "common_prefix" may come with keep 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+REASONS = ("new", "exact_prefix", "common_prefix", "equal", "mismatch", "dirty", "disabled")
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    keep: int       # resident tokens reused (usage.prompt_tokens_details.cached_tokens)
+    prefill: int    # prompt tokens to run through the model: len(prompt) - keep, >= 1
+    discard: int    # resident tokens dropped by truncating the cache to `keep`
+    reason: str     # one of REASONS
+
+
+def plan_prefill(resident: Sequence[int], prompt: Sequence[int], dirty: bool,
+                 enabled: bool = True) -> PrefillPlan:
+    """Plan a warm resume by the rules in the module docstring.
+
+    Raises ValueError for an empty prompt (there would be nothing to compute logits from).
+    """
+    n_prompt, n_resident = len(prompt), len(resident)
+    if n_prompt == 0:
+        raise ValueError("plan_prefill: the prompt is empty")
+
+    def plan(keep: int, reason: str) -> PrefillPlan:
+        return PrefillPlan(keep, n_prompt - keep, n_resident - keep, reason)
+
+    if not enabled:
+        return plan(0, "disabled")
+    if dirty:
+        return plan(0, "dirty")
+    if n_resident == 0:
+        return plan(0, "new")
+    lcp = common_prefix_length(resident, prompt)
+    if lcp == 0:
+        return plan(0, "mismatch")
+    if lcp == n_resident < n_prompt:
+        return plan(lcp, "exact_prefix")
+    if lcp == n_resident == n_prompt:
+        return plan(n_prompt - 1, "equal")
+    return plan(min(lcp, n_prompt - 1), "common_prefix")
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual append-only case, compared at C speed
+        return n
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

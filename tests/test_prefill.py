@@ -1,0 +1,79 @@
+import pytest
+
+from llmd.prefill import PrefillPlan, common_prefix_length, plan_prefill
+
+
+def test_empty_resident_is_new_and_prefills_everything():
+    assert plan_prefill([], [1, 2, 3], dirty=False) == PrefillPlan(0, 3, 0, "new")
+
+
+def test_resident_strict_prefix_of_prompt_is_exact_prefix():
+    assert plan_prefill([1, 2, 3], [1, 2, 3, 4, 5], dirty=False) == PrefillPlan(3, 2, 0, "exact_prefix")
+
+
+def test_exact_prefix_one_token_longer_prefills_one():
+    assert plan_prefill([1, 2], [1, 2, 9], dirty=False) == PrefillPlan(2, 1, 0, "exact_prefix")
+
+
+def test_equal_prompt_keeps_all_but_the_last_token():
+    assert plan_prefill([1, 2, 3, 4], [1, 2, 3, 4], dirty=False) == PrefillPlan(3, 1, 1, "equal")
+
+
+def test_partial_overlap_is_common_prefix_and_truncates_the_rest():
+    assert plan_prefill([1, 2, 3, 4, 5], [1, 2, 9, 9], dirty=False) == PrefillPlan(2, 2, 3, "common_prefix")
+
+
+def test_prompt_that_is_a_prefix_of_resident_keeps_all_but_its_last_token():
+    # Regeneration: the client dropped the last answer and asks again.
+    assert plan_prefill([1, 2, 3, 4, 5], [1, 2, 3], dirty=False) == PrefillPlan(2, 1, 3, "common_prefix")
+
+
+def test_no_overlap_is_mismatch():
+    assert plan_prefill([7, 8, 9], [1, 2, 3], dirty=False) == PrefillPlan(0, 3, 3, "mismatch")
+
+
+def test_dirty_cache_is_never_reused():
+    assert plan_prefill([1, 2, 3], [1, 2, 3, 4], dirty=True) == PrefillPlan(0, 4, 3, "dirty")
+
+
+def test_disabled_never_reuses_and_takes_precedence_over_dirty():
+    assert plan_prefill([1, 2, 3], [1, 2, 3, 4], dirty=False, enabled=False) == PrefillPlan(0, 4, 3, "disabled")
+    assert plan_prefill([1, 2], [1, 2, 3], dirty=True, enabled=False).reason == "disabled"
+
+
+def test_dirty_takes_precedence_over_new():
+    assert plan_prefill([], [1], dirty=True) == PrefillPlan(0, 1, 0, "dirty")
+
+
+def test_one_token_prompt_always_prefills_that_token():
+    assert plan_prefill([5], [5], dirty=False) == PrefillPlan(0, 1, 1, "equal")
+    assert plan_prefill([5, 6], [5], dirty=False) == PrefillPlan(0, 1, 2, "common_prefix")
+    assert plan_prefill([6], [5], dirty=False) == PrefillPlan(0, 1, 1, "mismatch")
+
+
+def test_empty_prompt_is_a_value_error():
+    with pytest.raises(ValueError):
+        plan_prefill([1, 2], [], dirty=False)
+
+
+def test_accepts_any_sequences_including_mixed_kinds():
+    assert plan_prefill((1, 2, 3), [1, 2, 3, 4], dirty=False) == PrefillPlan(3, 1, 0, "exact_prefix")
+    assert plan_prefill(range(100), list(range(50)) + [0], dirty=False).keep == 50
+
+
+@pytest.mark.parametrize("resident, prompt", [
+    ([], [1]), ([1], [1]), ([1, 2], [1]), ([1, 2], [2, 1]), (list(range(10)), list(range(20))),
+    (list(range(20)), list(range(10))), ([1, 2, 3], [1, 2, 4, 5, 6]), ([3], [1, 2])])
+def test_plan_invariants(resident, prompt):
+    plan = plan_prefill(resident, prompt, dirty=False)
+    assert plan.keep + plan.prefill == len(prompt)
+    assert plan.keep + plan.discard == len(resident)
+    assert plan.prefill >= 1
+    assert list(resident[:plan.keep]) == list(prompt[:plan.keep])
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([], [1]) == 0
+    assert common_prefix_length([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([1, 2, 3], (1, 2, 3)) == 3
