@@ -216,7 +216,7 @@ std::unique_ptr<Vocab> Vocab::create(VocabData data, std::string *error) {
 
 bool Vocab::build(VocabData &d, std::string *error) {
     auto fail = [error](std::string msg) {
-        *error = "tokenizer: " + msg;
+        *error = std::move(msg);  // the caller says where it came from
         return false;
     };
     if (d.model != "gpt2") {

@@ -50,7 +50,8 @@ public:
     static std::unique_ptr<Vocab> create(VocabData data, std::string *error);
 
     // Appends the ids of `text` to `out` (no BOS). Thread-safe (const, no shared
-    // scratch). Returns false only if memory runs out; `out` is then restored.
+    // scratch). Returns false if memory runs out or text is 2 GiB or more;
+    // `out` is then left as it was.
     bool tokenize(std::string_view text, bool parse_special, std::vector<int32_t> &out) const;
 
     // The token's raw bytes (may be part of a UTF-8 character). Control, unknown
@@ -87,7 +88,7 @@ private:
     std::vector<std::string> pieces_;                       // raw bytes per id
     std::unordered_map<std::string_view, int32_t> by_text_; // views into tokens_
     std::unordered_map<uint64_t, Merge> merges_;            // (left id << 32 | right id) -> merge
-    int32_t byte_token_[256];                               // token of each byte, or -1
+    int32_t byte_token_[256] = {};                          // token of each byte, or -1
     std::vector<int32_t> specials_;                         // longest text first
 };
 
