@@ -1,0 +1,3 @@
+from llmd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""The runtime: one executor thread makes every engine call, and a scheduler
+runs generations in steps rather than whole requests.
+
+Theory of operation. A request's handler builds a Generation (its slot, prompt
+ids, sampling, token budget) and submits it. The scheduler loop, a task on the
+event loop, repeats: run one prefill chunk for one generation that is still
+prefilling (round robin), then one decode step for every generation that is
+decoding, batched into a single engine call so the weights are read once per
+step. Each step is one call on the executor thread; between steps the event loop
+is free, and a long prompt never holds up other streams longer than one chunk.
+Tokens go back to the handler through the generation's queue as events:
+("token", Token), ("end", finish_reason) or ("error", exception).
+
+Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
+each step, whether or not the generation was cancelled meanwhile, so the slot
+always knows exactly which ids its cache holds.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from llmd.engine import Engine, Sampling, Token
+from llmd.prefill import PrefillPlan, plan_prefill
+from llmd.sessions import Slot
+
+PREFILL_CHUNK = 256   # tokens per prefill step
+MAX_DECODE_BATCH = 64  # sessions per batched decode step
+
+
+@dataclass(eq=False)
+class Generation:
+    slot: Slot
+    prompt: list[int]
+    sampling: Sampling
+    max_tokens: int
+    reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
+    plan: PrefillPlan | None = None
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    next_prefill: int = 0          # index in prompt of the next token to prefill
+    decoding: bool = False
+    pending: int | None = None     # sampled, not yet in the KV cache
+    generated: int = 0
+    cancelled: bool = False
+    finished: bool = False
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_prefill_start: float = 0.0
+    t_prefill_end: float = 0.0
+    t_end: float = 0.0
+
+    def timings(self) -> dict[str, Any]:
+        """The llama.cpp-style `timings` extension of a response."""
+        end = self.t_end or time.perf_counter()
+        prompt_ms = (self.t_prefill_end - self.t_prefill_start) * 1000 if self.t_prefill_end else 0.0
+        predicted_ms = (end - self.t_prefill_end) * 1000 if self.t_prefill_end else 0.0
+        prompt_n = self.plan.prefill if self.plan else 0
+        return {
+            "prompt_n": prompt_n,
+            "cache_n": self.plan.keep if self.plan else 0,
+            "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_second": round(prompt_n / prompt_ms * 1000, 2) if prompt_ms > 0 else 0.0,
+            "predicted_n": self.generated,
+            "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_second": round(self.generated / predicted_ms * 1000, 2) if predicted_ms > 0 else 0.0,
+        }
+
+
+class Runtime:
+    """Owns the executor thread and schedules generations on it."""
+
+    def __init__(self, *, warm_resume: bool = True):
+        self.engine: Engine | None = None
+        self.warm_resume = warm_resume
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-engine")
+        self._active: list[Generation] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._turn = itertools.count()
+
+    async def call(self, fn: Callable, *args) -> Any:
+        """Run fn(*args) on the engine's executor thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def load(self, path: str, **options) -> Engine:
+        """Open the model on the executor thread and start scheduling."""
+        self.engine = await self.call(lambda: Engine(path, **options))
+        self._task = asyncio.create_task(self._schedule(), name="llmd-scheduler")
+        return self.engine
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for g in list(self._active):
+            self._finish(g, "error", RuntimeError("the server is shutting down"))
+        if self.engine is not None:
+            await self.call(self.engine.close)
+        self.executor.shutdown(wait=True)
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    def submit(self, g: Generation) -> None:
+        """Plan the prefill against the slot's cache and queue the generation."""
+        if g.reuse:
+            g.plan = plan_prefill(g.slot.resident, g.prompt, g.slot.dirty, enabled=self.warm_resume)
+        else:
+            g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
+        g.next_prefill = g.plan.keep
+        self._active.append(g)
+        self._wake.set()
+
+    def cancel(self, g: Generation) -> None:
+        """Stop g at the next step boundary (client gone, stop string found, ...)."""
+        g.cancelled = True
+        self._wake.set()
+
+    def _finish(self, g: Generation, kind: str, value: Any) -> None:
+        if not g.finished:
+            g.finished = True
+            g.t_end = time.perf_counter()
+            g.events.put_nowait((kind, value))
+        if g in self._active:
+            self._active.remove(g)
+
+    async def _schedule(self) -> None:
+        while True:
+            for g in [g for g in self._active if g.cancelled]:
+                self._finish(g, "end", "cancelled")
+            if not self._active:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            prefilling = [g for g in self._active if not g.decoding]
+            if prefilling:
+                await self._prefill_step(prefilling[next(self._turn) % len(prefilling)])
+            decoding = [g for g in self._active if g.decoding and not g.cancelled]
+            if decoding:
+                await self._decode_step(decoding[:MAX_DECODE_BATCH])
+                # Rotate so that more than MAX_DECODE_BATCH streams all advance.
+                for g in decoding[:MAX_DECODE_BATCH]:
+                    if g in self._active:
+                        self._active.remove(g)
+                        self._active.append(g)
+
+    async def _prefill_step(self, g: Generation) -> None:
+        slot, first = g.slot, g.next_prefill == g.plan.keep
+        chunk = g.prompt[g.next_prefill:g.next_prefill + PREFILL_CHUNK]
+
+        def run() -> None:
+            if first:
+                slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
+                slot.session.set_sampling(g.sampling)
+            slot.session.prefill(chunk)
+
+        if first:
+            g.t_prefill_start = time.perf_counter()
+            slot.resident = slot.resident[:g.plan.keep]
+        try:
+            await self.call(run)
+        except Exception as exc:
+            slot.dirty = True
+            self._finish(g, "error", exc)
+            return
+        slot.dirty = False
+        g.next_prefill += len(chunk)
+        slot.resident = g.prompt[:g.next_prefill]
+        if g.next_prefill == len(g.prompt):
+            g.decoding = True
+            g.t_prefill_end = time.perf_counter()
+
+    async def _decode_step(self, batch: list[Generation]) -> None:
+        try:
+            tokens: list[Token] = await self.call(self.engine.decode_batch, [g.slot.session for g in batch])
+        except Exception as exc:
+            for g in batch:
+                g.slot.dirty = True
+                self._finish(g, "error", exc)
+            return
+        for g, tok in zip(batch, tokens):
+            if tok.stopped:
+                self._finish(g, "end", "cancelled")
+                continue
+            if g.pending is not None:
+                g.slot.resident.append(g.pending)  # fed to the cache at the start of this step
+            g.pending = tok.id
+            if g.cancelled:
+                self._finish(g, "end", "cancelled")
+                continue
+            g.generated += 1
+            g.events.put_nowait(("token", tok))
+            if tok.is_terminal:
+                self._finish(g, "end", "stop")
+            elif g.generated >= g.max_tokens:
+                self._finish(g, "end", "length")
