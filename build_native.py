@@ -1,6 +1,7 @@
 """Builds native/ into the extension module llmd._native through cffi.
 
-pip runs this (setup.cfg names it in cffi_modules). Environment switches:
+pip runs this (setup.py names it in cffi_modules): `pip install -e .` rebuilds
+the engine. Environment switches:
   LLMD_PORTABLE=1   no -march=native: a build that runs on any x86-64 / arm64 CPU
   LLMD_SANITIZE=1   AddressSanitizer + UndefinedBehaviorSanitizer, for tests
 """
@@ -48,13 +49,11 @@ ffibuilder.cdef(cdef_source())
 ffibuilder.set_source(
     "llmd._native",
     '#include "llmd.h"',
-    sources=sorted(str(p) for p in (NATIVE / "src").glob("*.cpp")),
-    include_dirs=[str(NATIVE / "include"), str(NATIVE / "src")],
+    # setuptools wants paths relative to the project root, where pip runs us.
+    sources=sorted(str(p.relative_to(ROOT)) for p in (NATIVE / "src").glob("*.cpp")),
+    include_dirs=["native/include", "native/src"],
     source_extension=".cpp",
     extra_compile_args=compile_args(),
     extra_link_args=link_args(),
     libraries=["stdc++"],
 )
-
-if __name__ == "__main__":
-    ffibuilder.compile(tmpdir=str(ROOT / "build"), verbose=True)

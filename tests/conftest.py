@@ -1,0 +1,71 @@
+"""Shared pytest fixtures. Each block says who uses it; add yours in a block of its own."""
+from __future__ import annotations
+
+import pytest
+
+from tests.gguf_writer import TinyLlama, write_tiny_llama
+
+
+# ---- tiny GGUF models (engine-layer tests: test_gguf, test_engine) ----------------
+
+@pytest.fixture(scope="session")
+def tiny_llama_factory(tmp_path_factory):
+    """make(**write_tiny_llama options) -> TinyLlama; each distinct set of options is
+    written once per test session."""
+    cache: dict[tuple, TinyLlama] = {}
+
+    def make(**options) -> TinyLlama:
+        key = tuple(sorted(options.items()))
+        if key not in cache:
+            path = tmp_path_factory.mktemp("tiny_llama") / "model.gguf"
+            cache[key] = write_tiny_llama(path, **options)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_llama_factory) -> TinyLlama:
+    """The default tiny llama: F32 weights, 300 tokens, 64 dims, 2 layers, n_ctx 128."""
+    return tiny_llama_factory()
+
+
+# ---- a real llmd server on the default model (conformance suite, API tests) -------
+
+def start_llmd(*flags: str, timeout: float = 120.0):
+    """Start `python -m llmd --port 0 FLAGS` and return (process, base URL) once it is ready."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "llmd", "--port", "0", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if m := re.search(r"llmd ready on (http://\S+)", line):
+            return proc, m.group(1)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise RuntimeError(f"llmd did not start (exit code {proc.poll()})")
+
+
+@pytest.fixture(scope="session")
+def openai_server():
+    """llmd on the default model, exported as OPENAI_BASE_URL unless one is given."""
+    import os
+
+    if os.environ.get("OPENAI_BASE_URL"):
+        yield os.environ["OPENAI_BASE_URL"]
+        return
+    proc, url = start_llmd()
+    os.environ["OPENAI_BASE_URL"] = url + "/v1"
+    try:
+        yield os.environ["OPENAI_BASE_URL"]
+    finally:
+        del os.environ["OPENAI_BASE_URL"]
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,550 @@
+"""A small GGUF v3 writer for tests, standard library only.
+
+Layout written (little-endian), as native/src/gguf.cpp reads it:
+  magic "GGUF", u32 version, u64 n_tensors, u64 n_kv,
+  n_kv × { string key, u32 value type, value },
+  n_tensors × { string name, u32 n_dims, u64 ne[n_dims], u32 ggml type, u64 offset },
+  zero padding to `general.alignment` (32 if absent), then the data section, every
+  tensor's data starting at an aligned offset. The file ends right after the last
+  tensor's data, so any truncation loses bytes the reader needs.
+
+`GGUFWriter` holds metadata and tensors as editable lists, so a test can build a
+valid file and then break exactly one thing (drop a key, retype it, add a
+duplicate, misplace an offset) before calling `to_bytes()`; `layout` then records
+where every section and entry starts, for tests that cut or flip bytes.
+
+`write_tiny_llama()` writes a random-weight llama model with a real byte-level
+BPE vocabulary (the 256 GPT-2 byte characters, merges learned from a short
+English text, three ChatML control tokens), small enough to write and load in
+milliseconds.
+"""
+from __future__ import annotations
+
+import math
+import random
+import struct
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# ---- value and tensor types ------------------------------------------------
+
+# GGUF metadata value types.
+U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
+
+_SCALAR_FORMATS = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i",
+                   F32: "<f", BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}
+
+# ggml tensor types the engine computes with.
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0 = 0, 1, 2, 3, 8
+
+QK = 32  # elements per quantized block
+
+# (elements per block, bytes per block)
+TYPE_LAYOUT = {GGML_F32: (1, 4), GGML_F16: (1, 2), GGML_Q4_0: (QK, 18),
+               GGML_Q4_1: (QK, 20), GGML_Q8_0: (QK, 34)}
+
+TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_Q4_0: "Q4_0", GGML_Q4_1: "Q4_1",
+              GGML_Q8_0: "Q8_0"}
+
+
+def row_bytes(ggml_type: int, n: int) -> int:
+    """Bytes of a row of n elements (n a whole number of blocks)."""
+    elems, size = TYPE_LAYOUT[ggml_type]
+    assert n % elems == 0, (ggml_type, n)
+    return n // elems * size
+
+
+# ---- encoding ----------------------------------------------------------------
+
+def encode_string(s: str | bytes) -> bytes:
+    data = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(data)) + data
+
+
+def encode_value(vtype: int, value) -> bytes:
+    """One metadata value. An ARRAY value is (element type, items); items of an
+    array of arrays are themselves (element type, items) pairs."""
+    if vtype == STRING:
+        return encode_string(value)
+    if vtype == ARRAY:
+        elem_type, items = value
+        return encode_array_header(elem_type, len(items)) + b"".join(
+            encode_value(elem_type, item) for item in items)
+    return struct.pack(_SCALAR_FORMATS[vtype], value)
+
+
+def encode_array_header(elem_type: int, count: int) -> bytes:
+    return struct.pack("<IQ", elem_type, count)
+
+
+def encode_kv(key: str | bytes, vtype: int, value) -> bytes:
+    return encode_string(key) + struct.pack("<I", vtype) + encode_value(vtype, value)
+
+
+def encode_tensor_info(name: str | bytes, ne: list[int], ggml_type: int, offset: int) -> bytes:
+    out = encode_string(name) + struct.pack("<I", len(ne))
+    out += b"".join(struct.pack("<Q", n) for n in ne)
+    return out + struct.pack("<IQ", ggml_type, offset)
+
+
+def encode_header(n_tensors: int, n_kv: int, *, magic: bytes = b"GGUF", version: int = 3) -> bytes:
+    return magic + struct.pack("<IQQ", version, n_tensors, n_kv)
+
+
+# ---- the writer --------------------------------------------------------------
+
+@dataclass
+class KV:
+    key: str
+    vtype: int
+    value: object
+    raw: bytes | None = None  # when set, written instead of the encoded value
+
+
+@dataclass
+class Tensor:
+    name: str
+    ne: list[int]     # ne[0] is the contiguous (row) dimension
+    ggml_type: int
+    data: bytes
+    offset: int | None = None  # relative to the data section; None: next aligned offset
+
+
+@dataclass
+class Layout:
+    """Absolute byte offsets of what to_bytes() wrote."""
+    kv_offsets: list[int] = field(default_factory=list)
+    tensor_info_offsets: list[int] = field(default_factory=list)
+    infos_end: int = 0
+    data_start: int = 0
+    tensor_offsets: dict[str, int] = field(default_factory=dict)  # absolute data offsets
+    size: int = 0
+
+
+class GGUFWriter:
+    """Metadata and tensors as editable lists; to_bytes() lays them out."""
+
+    def __init__(self, *, version: int = 3, magic: bytes = b"GGUF"):
+        self.version = version
+        self.magic = magic
+        self.kvs: list[KV] = []
+        self.tensors: list[Tensor] = []
+        self.n_kv_override: int | None = None       # header counts, for hostile files
+        self.n_tensors_override: int | None = None
+        self.layout = Layout()
+
+    # metadata
+    def set(self, key: str, vtype: int, value) -> None:
+        """Adds key, or replaces its first occurrence in place."""
+        for kv in self.kvs:
+            if kv.key == key:
+                kv.vtype, kv.value, kv.raw = vtype, value, None
+                return
+        self.kvs.append(KV(key, vtype, value))
+
+    def append(self, key: str, vtype: int, value, raw: bytes | None = None) -> None:
+        """Adds key even if present (duplicate keys are for hostile files)."""
+        self.kvs.append(KV(key, vtype, value, raw))
+
+    def remove(self, key: str) -> None:
+        self.kvs = [kv for kv in self.kvs if kv.key != key]
+
+    def get(self, key: str) -> KV:
+        return next(kv for kv in self.kvs if kv.key == key)
+
+    # tensors
+    def add_tensor(self, name: str, ne: list[int], ggml_type: int, data: bytes,
+                   offset: int | None = None) -> None:
+        self.tensors.append(Tensor(name, list(ne), ggml_type, data, offset))
+
+    def remove_tensor(self, name: str) -> None:
+        self.tensors = [t for t in self.tensors if t.name != name]
+
+    def tensor(self, name: str) -> Tensor:
+        return next(t for t in self.tensors if t.name == name)
+
+    @property
+    def alignment(self) -> int:
+        """The alignment the data is laid out with: general.alignment when it is a
+        usable power of two, else the GGUF default of 32 (the file may still
+        declare a hostile value)."""
+        for kv in self.kvs:
+            if kv.key == "general.alignment" and kv.vtype in (U32, I32, U64) and kv.raw is None:
+                v = kv.value
+                if 0 < v <= 1 << 20 and v & (v - 1) == 0:
+                    return v
+        return 32
+
+    def to_bytes(self) -> bytes:
+        align = self.alignment
+        lay = Layout()
+        n_kv = len(self.kvs) if self.n_kv_override is None else self.n_kv_override
+        n_tensors = len(self.tensors) if self.n_tensors_override is None else self.n_tensors_override
+        out = bytearray(encode_header(n_tensors, n_kv, magic=self.magic, version=self.version))
+        for kv in self.kvs:
+            lay.kv_offsets.append(len(out))
+            if kv.raw is not None:
+                out += encode_string(kv.key) + struct.pack("<I", kv.vtype) + kv.raw
+            else:
+                out += encode_kv(kv.key, kv.vtype, kv.value)
+
+        # Data offsets first: the infos name them.
+        offsets, cursor = [], 0
+        for t in self.tensors:
+            cursor = (cursor + align - 1) // align * align
+            offsets.append(cursor if t.offset is None else t.offset)
+            cursor += len(t.data)
+        for t, off in zip(self.tensors, offsets):
+            lay.tensor_info_offsets.append(len(out))
+            out += encode_tensor_info(t.name, t.ne, t.ggml_type, off)
+        lay.infos_end = len(out)
+
+        lay.data_start = (len(out) + align - 1) // align * align
+        out += bytes(lay.data_start - len(out))
+        cursor = 0
+        for t in self.tensors:  # data always in list order at the computed places
+            cursor_aligned = (cursor + align - 1) // align * align
+            out += bytes(cursor_aligned - cursor)
+            lay.tensor_offsets[t.name] = lay.data_start + cursor_aligned
+            out += t.data
+            cursor = cursor_aligned + len(t.data)
+        lay.size = len(out)
+        self.layout = lay
+        return bytes(out)
+
+    def write(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_bytes(self.to_bytes())
+        return path
+
+
+# ---- f16 and block formats -----------------------------------------------------
+
+def f32(x: float) -> float:
+    """x rounded to float32, as C++ float arithmetic rounds each result."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def f16_bits(x: float) -> int:
+    """x rounded to half precision (nearest even); out-of-range values become ±inf."""
+    try:
+        return struct.unpack("<H", struct.pack("<e", x))[0]
+    except OverflowError:
+        return 0xFC00 if x < 0 else 0x7C00
+
+
+def f16_value(bits: int) -> float:
+    return struct.unpack("<e", struct.pack("<H", bits))[0]
+
+
+def _round_away(x: float) -> int:
+    """roundf: halves away from zero (ggml's quantizers use it)."""
+    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+
+
+def encode_f32(values) -> bytes:
+    return array("f", values).tobytes()
+
+
+def encode_f16(values) -> bytes:
+    return struct.pack(f"<{len(values)}H", *(f16_bits(v) for v in values))
+
+
+def quantize_q8_0(values) -> bytes:
+    """Blocks of f16 d + 32 int8: x = q * d, d = amax / 127 (ggml's reference)."""
+    out = bytearray()
+    for b in range(0, len(values), QK):
+        blk = values[b:b + QK]
+        amax = max(abs(v) for v in blk)
+        d = amax / 127.0
+        inv = 1.0 / d if d else 0.0
+        out += struct.pack("<H", f16_bits(d))
+        out += struct.pack("<32b", *(max(-128, min(127, _round_away(v * inv))) for v in blk))
+    return bytes(out)
+
+
+def quantize_q4_0(values) -> bytes:
+    """Blocks of f16 d + 16 nibble bytes: x = (q - 8) * d; low nibbles hold
+    elements 0..15, high nibbles 16..31 (ggml's reference: d = max / -8)."""
+    out = bytearray()
+    for b in range(0, len(values), QK):
+        blk = values[b:b + QK]
+        vmax = max(blk, key=abs)
+        d = vmax / -8.0
+        inv = 1.0 / d if d else 0.0
+        q = [min(15, int(v * inv + 8.5)) for v in blk]
+        out += struct.pack("<H", f16_bits(d))
+        out += bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+    return bytes(out)
+
+
+def quantize_q4_1(values) -> bytes:
+    """Blocks of f16 d, f16 m + 16 nibble bytes: x = q * d + m."""
+    out = bytearray()
+    for b in range(0, len(values), QK):
+        blk = values[b:b + QK]
+        lo, hi = min(blk), max(blk)
+        d = (hi - lo) / 15.0
+        inv = 1.0 / d if d else 0.0
+        q = [min(15, int((v - lo) * inv + 0.5)) for v in blk]
+        out += struct.pack("<HH", f16_bits(d), f16_bits(lo))
+        out += bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+    return bytes(out)
+
+
+def pack_q4_0(d_bits: int, q: list[int]) -> bytes:
+    """One Q4_0 block from a raw f16 scale and 32 nibbles (0..15)."""
+    return struct.pack("<H", d_bits) + bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+
+
+def pack_q4_1(d_bits: int, m_bits: int, q: list[int]) -> bytes:
+    return struct.pack("<HH", d_bits, m_bits) + bytes(q[j] | (q[j + 16] << 4) for j in range(16))
+
+
+def pack_q8_0(d_bits: int, q: list[int]) -> bytes:
+    return struct.pack("<H32b", d_bits, *q)
+
+
+def dequantize(ggml_type: int, data: bytes, n: int) -> list[float]:
+    """n values from a row (or rows) of blocks."""
+    if ggml_type == GGML_F32:
+        return list(array("f", data[:4 * n]))
+    if ggml_type == GGML_F16:
+        return [f16_value(h) for h in struct.unpack(f"<{n}H", data[:2 * n])]
+    out: list[float] = []
+    size = TYPE_LAYOUT[ggml_type][1]
+    for b in range(n // QK):
+        blk = data[b * size:(b + 1) * size]
+        if ggml_type == GGML_Q8_0:
+            d = f16_value(struct.unpack_from("<H", blk)[0])
+            out += [q * d for q in struct.unpack_from("<32b", blk, 2)]
+        elif ggml_type == GGML_Q4_0:
+            d = f16_value(struct.unpack_from("<H", blk)[0])
+            qs = blk[2:18]
+            out += [((qs[j] & 15) - 8) * d for j in range(16)]
+            out += [((qs[j] >> 4) - 8) * d for j in range(16)]
+        elif ggml_type == GGML_Q4_1:
+            d, m = (f16_value(h) for h in struct.unpack_from("<HH", blk))
+            qs = blk[4:20]
+            out += [(qs[j] & 15) * d + m for j in range(16)]
+            out += [(qs[j] >> 4) * d + m for j in range(16)]
+        else:
+            raise ValueError(f"unknown type {ggml_type}")
+    return out
+
+
+def encode_tensor(ggml_type: int, values) -> bytes:
+    """Row-major values (rows a whole number of blocks) in ggml_type."""
+    return {GGML_F32: encode_f32, GGML_F16: encode_f16, GGML_Q8_0: quantize_q8_0,
+            GGML_Q4_0: quantize_q4_0, GGML_Q4_1: quantize_q4_1}[ggml_type](values)
+
+
+# ---- a byte-level BPE vocabulary -------------------------------------------------
+
+def gpt2_byte_chars() -> list[str]:
+    """The GPT-2 printable character standing for each byte 0..255."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+_CORPUS = (
+    "the quick brown fox jumps over the lazy dog. hello world, hello there! "
+    "in the beginning the model reads the text and then it writes the answer. "
+    "tokens are pieces of words; the tokenizer merges the most frequent pairs first. "
+    "we test the engine with tiny models that load in milliseconds and never crash. "
+    "once upon a time there was a little server that answered every request quickly."
+)
+
+CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def bpe_vocab(n_merged: int) -> tuple[list[str], list[str]]:
+    """(tokens, merges): 256 byte characters then n_merged merged tokens, with
+    merges learned greedily (most frequent pair first) from a fixed English text."""
+    byte_chars = gpt2_byte_chars()
+    words = []
+    for i, w in enumerate(_CORPUS.split(" ")):
+        text = (" " + w if i else w).encode()
+        words.append([byte_chars[b] for b in text])
+    tokens = list(byte_chars)
+    known = set(tokens)
+    merges: list[str] = []
+    while len(tokens) < 256 + n_merged:
+        counts: dict[tuple[str, str], int] = {}
+        for w in words:
+            for pair in zip(w, w[1:]):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        pair = max(counts, key=lambda p: (counts[p], p))  # ties broken deterministically
+        joined = pair[0] + pair[1]
+        merges.append(f"{pair[0]} {pair[1]}")
+        if joined not in known:
+            known.add(joined)
+            tokens.append(joined)
+        for w in words:
+            i = 0
+            while i + 1 < len(w):
+                if (w[i], w[i + 1]) == pair:
+                    w[i:i + 2] = [joined]
+                i += 1
+    # Text ran out of pairs: join letters pairwise until the vocabulary is full.
+    letters = [byte_chars[b] for b in b"abcdefghijklmnopqrstuvwxyz"]
+    for a in letters:
+        for b in letters:
+            if len(tokens) >= 256 + n_merged:
+                return tokens, merges
+            if a + b not in known:
+                known.add(a + b)
+                tokens.append(a + b)
+                merges.append(f"{a} {b}")
+    return tokens, merges
+
+
+# ---- a tiny llama model -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class TinyLlama:
+    """What write_tiny_llama() wrote, for tests to check the engine against."""
+    path: Path
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_ctx: int
+    weight_type: int
+    tokens: tuple[str, ...]
+    endoftext_id: int
+    im_start_id: int
+    im_end_id: int
+    bos_id: int
+    eos_id: int
+    chat_template: str
+    name: str
+    pre: str
+    weight_bytes: int  # sum of tensor data sizes (padding excluded)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_embd // self.n_head * self.n_head_kv
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.n_layer * self.kv_dim * 2  # K and V, f16
+
+
+def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
+                     n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 128,
+                     weight_type: int = GGML_F32, seed: int = 1, tied: bool = True,
+                     pre: str = "smollm", name: str = "tiny-llama",
+                     chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
+                     extra_metadata: list[tuple[str, int, object]] = ()) -> GGUFWriter:
+    """A GGUFWriter holding a complete random-weight llama model (edit it, then write)."""
+    assert n_vocab >= 256 + len(CONTROL_TOKENS), "the 256 byte tokens and the controls must fit"
+    rng = random.Random(seed)
+    tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS))
+    tokens += list(CONTROL_TOKENS)
+    types = [1] * (len(tokens) - len(CONTROL_TOKENS)) + [3] * len(CONTROL_TOKENS)
+    ids = {t: tokens.index(t) for t in CONTROL_TOKENS}
+
+    w = GGUFWriter()
+    w.set("general.architecture", STRING, "llama")
+    w.set("general.name", STRING, name)
+    if alignment is not None:
+        w.set("general.alignment", U32, alignment)
+    w.set("general.file_type", U32, {GGML_F32: 0, GGML_F16: 1, GGML_Q4_0: 2, GGML_Q4_1: 3,
+                                     GGML_Q8_0: 7}[weight_type])
+    w.set("llama.vocab_size", U32, n_vocab)
+    w.set("llama.context_length", U32, n_ctx)
+    w.set("llama.embedding_length", U32, n_embd)
+    w.set("llama.block_count", U32, n_layer)
+    w.set("llama.feed_forward_length", U32, n_ff)
+    w.set("llama.attention.head_count", U32, n_head)
+    w.set("llama.attention.head_count_kv", U32, n_head_kv)
+    w.set("llama.rope.dimension_count", U32, n_embd // n_head)
+    w.set("llama.rope.freq_base", F32, 10000.0)
+    w.set("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    w.set("tokenizer.ggml.model", STRING, "gpt2")
+    w.set("tokenizer.ggml.pre", STRING, pre)
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    w.set("tokenizer.ggml.token_type", ARRAY, (I32, types))
+    w.set("tokenizer.ggml.merges", ARRAY, (STRING, merges))
+    w.set("tokenizer.ggml.bos_token_id", U32, ids["<|im_start|>"])
+    w.set("tokenizer.ggml.eos_token_id", U32, ids["<|im_end|>"])
+    w.set("tokenizer.ggml.padding_token_id", U32, ids["<|endoftext|>"])
+    w.set("tokenizer.ggml.add_bos_token", BOOL, False)
+    w.set("tokenizer.chat_template", STRING, chat_template)
+    for key, vtype, value in extra_metadata:
+        w.set(key, vtype, value)
+
+    head_dim = n_embd // n_head
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+
+    def matrix(name: str, cols: int, rows: int, std: float) -> None:
+        values = [rng.gauss(0.0, std) for _ in range(cols * rows)]
+        w.add_tensor(name, [cols, rows], weight_type, encode_tensor(weight_type, values))
+
+    def norm(name: str) -> None:
+        values = [1.0 + rng.uniform(-0.1, 0.1) for _ in range(n_embd)]
+        w.add_tensor(name, [n_embd], GGML_F32, encode_f32(values))
+
+    # Small embeddings and strong residual writes keep a tied model from simply
+    # repeating its input token: greedy output then varies from step to step.
+    matrix("token_embd.weight", n_embd, n_vocab, 0.3)
+    norm("output_norm.weight")
+    if not tied:
+        matrix("output.weight", n_embd, n_vocab, 0.3)
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        matrix(blk + "attn_q.weight", n_embd, q_dim, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
+        norm(blk + "ffn_norm.weight")
+        matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
+    return w
+
+
+def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2,
+                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 128,
+                     weight_type: int = GGML_F32, seed: int = 1, tied: bool = True,
+                     pre: str = "smollm", name: str = "tiny-llama",
+                     chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
+                     extra_metadata: list[tuple[str, int, object]] = ()) -> TinyLlama:
+    """Writes a random-weight llama GGUF with a valid byte-level BPE vocabulary:
+    ids 0..255 are the GPT-2 byte characters, then merged tokens, then
+    <|endoftext|>, <|im_start|>, <|im_end|> (token type 3). eos = <|im_end|>,
+    bos = <|im_start|> (not added to prompts)."""
+    w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                         n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type,
+                         seed=seed, tied=tied, pre=pre, name=name, chat_template=chat_template,
+                         alignment=alignment, extra_metadata=extra_metadata)
+    path = w.write(path)
+    tokens = tuple(w.get("tokenizer.ggml.tokens").value[1])
+    return TinyLlama(
+        path=path, n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type, tokens=tokens,
+        endoftext_id=tokens.index("<|endoftext|>"), im_start_id=tokens.index("<|im_start|>"),
+        im_end_id=tokens.index("<|im_end|>"), bos_id=tokens.index("<|im_start|>"),
+        eos_id=tokens.index("<|im_end|>"), chat_template=chat_template, name=name, pre=pre,
+        weight_bytes=sum(len(t.data) for t in w.tensors))
