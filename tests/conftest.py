@@ -69,3 +69,15 @@ def openai_server():
         del os.environ["OPENAI_BASE_URL"]
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ---- the default model in process (golden and real-model engine tests) -----------
+
+@pytest.fixture(scope="session")
+def default_engine():
+    """The default model, opened once; its absence is an error (run `python -m llmd pull`)."""
+    from llmd import models
+    from llmd.engine import Engine
+
+    with Engine(str(models.default_model(fetch=False)), n_ctx=2048, max_sessions=8) as engine:
+        yield engine
