@@ -28,8 +28,10 @@ PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 FINGERPRINT = "llmd-0.1.0"
 
 
-def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Response:
-    return Response(status, json.dumps(obj, ensure_ascii=False).encode(), headers or [])
+def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
+                  log: dict | None = None) -> Response:
+    return Response(status, json.dumps(obj, ensure_ascii=False).encode(), headers or [],
+                    log=log if log is not None else {})
 
 
 def error_response(err: ApiError) -> Response:
@@ -240,11 +242,13 @@ class Api:
         reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse)
         self.runtime.submit(g)
-        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage)
+        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid)
         if req.stream:
-            return StreamResponse(200, reply.stream(request))
+            response = StreamResponse(200, reply.stream(request))
+            reply.log = response.log
+            return response
         try:
-            return json_response(await reply.collect(request))
+            return json_response(await reply.collect(request), log=reply.log)
         finally:
             await reply.close()
 
@@ -252,9 +256,12 @@ class Api:
 class Reply:
     """One generation's response, streamed as SSE chunks or collected into one object."""
 
-    def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool):
+    def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool,
+                 session_id: str | None):
         self.api, self.kind, self.g, self.output = api, kind, g, output
         self.include_usage = include_usage
+        self.session_id = session_id
+        self.log: dict = {}  # access-log fields, shared with the HTTP response
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.id = prefix + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -273,6 +280,10 @@ class Reply:
             while not self.g.finished:
                 await self.g.events.get()
         await self.api.table.release(self.g.slot)
+        t = self.g.timings()
+        self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
+                        generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
+                        finish=self.finish_reason or "cancelled")
 
     async def _events(self, ping: bool) -> AsyncIterator[tuple[str, object]]:
         """The generation's events; ("ping", None) while nothing comes for a while."""
@@ -320,7 +331,7 @@ class Reply:
         finally:
             watcher.cancel()
         text = "".join(content)
-        finish = self._finish_reason(reason)
+        finish = self.finish_reason = self._finish_reason(reason)
         if self.kind == "chat":
             message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
             if calls:
@@ -378,7 +389,8 @@ class Reply:
                 else:
                     for chunk in self._render(self.output.finish()):
                         yield chunk
-                    yield self._delta_chunk({}, "", self._finish_reason(value))
+                    self.finish_reason = self._finish_reason(value)
+                    yield self._delta_chunk({}, "", self.finish_reason)
             if self.include_usage:
                 yield self._chunk(None, usage=self.usage(), **self._extensions())
             yield sse.DONE

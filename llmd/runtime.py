@@ -50,7 +50,12 @@ class Generation:
     t_submit: float = field(default_factory=time.perf_counter)
     t_prefill_start: float = 0.0
     t_prefill_end: float = 0.0
+    t_first_token: float = 0.0
     t_end: float = 0.0
+
+    def first_token_ms(self) -> float:
+        """Milliseconds from submission to the first generated token (0 if none)."""
+        return (self.t_first_token - self.t_submit) * 1000 if self.t_first_token else 0.0
 
     def timings(self) -> dict[str, Any]:
         """The llama.cpp-style `timings` extension of a response."""
@@ -193,6 +198,8 @@ class Runtime:
                 self._finish(g, "end", "cancelled")
                 continue
             g.generated += 1
+            if g.generated == 1:
+                g.t_first_token = time.perf_counter()
             g.events.put_nowait(("token", tok))
             if tok.is_terminal:
                 self._finish(g, "end", "stop")

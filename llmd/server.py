@@ -46,6 +46,7 @@ class Response:
     body: bytes = b""
     headers: list[tuple[str, str]] = field(default_factory=list)
     content_type: str = "application/json"
+    log: dict = field(default_factory=dict)  # extra access-log fields from the app
 
 
 @dataclass
@@ -54,6 +55,7 @@ class StreamResponse:
     chunks: AsyncIterator[bytes]
     headers: list[tuple[str, str]] = field(default_factory=list)
     content_type: str = "text/event-stream"
+    log: dict = field(default_factory=dict)  # filled by the app as the stream ends
 
 
 App = Callable[[HttpRequest], Awaitable[Union[Response, StreamResponse]]]
@@ -65,6 +67,12 @@ _FRAMING = {"content-length", "transfer-encoding", "connection"}  # only the glu
 _READ_SIZE = 65536
 _READ_AHEAD = 256 * 1024   # while busy, buffer at most this much of pipelined requests
 _LINGER = 1.0              # seconds to drain a rejected client before closing
+
+
+def _access_log(request: HttpRequest, response: Response | StreamResponse | None, seconds: float) -> None:
+    status = response.status if response is not None else 500
+    extra = "".join(f" {k}={v}" for k, v in response.log.items()) if response is not None else ""
+    log.info("%s %s %d %.1fms%s", request.method, request.path, status, seconds * 1000, extra)
 
 
 class _Disconnected(Exception):
@@ -139,6 +147,8 @@ class _Connection:
             request = HttpRequest(head.method, path, query, head.headers, body,
                                   client=self.client)
             watcher = asyncio.create_task(self._watch(request))
+            started = self.loop.time()
+            response = None
             try:
                 response = await self._call_app(request)
                 keep_alive = head.keep_alive and not self.server.closing
@@ -148,6 +158,7 @@ class _Connection:
             finally:
                 watcher.cancel()
                 await asyncio.wait({watcher})
+                _access_log(request, response, self.loop.time() - started)
         finally:
             self.busy = False
 
