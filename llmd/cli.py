@@ -1,4 +1,4 @@
-"""Command line: `python -m llmd [serve]`, `pull`, `tokenize`, `perplexity`.
+"""Command line: `python -m llmd [serve]`, `pull`, `tokenize`, `perplexity`, `bench`.
 
 Every flag can also be set through an environment variable LLMD_<FLAG> (dashes
 as underscores, e.g. LLMD_PORT=9000); a flag on the command line wins.
@@ -19,7 +19,7 @@ from llmd import models
 
 log = logging.getLogger("llmd")
 
-SUBCOMMANDS = ("serve", "pull", "tokenize", "perplexity")
+SUBCOMMANDS = ("serve", "pull", "tokenize", "perplexity", "bench")
 
 
 def _env(name: str, default, kind=str):
@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(ppl)
     ppl.set_defaults(ctx=512)
     ppl.add_argument("--file", required=True, help="UTF-8 text file")
+
+    bench = sub.add_parser("bench", help="engine and HTTP speed and memory figures", formatter_class=fmt)
+    bench.add_argument("--model", default=_env("model", None), help="GGUF model file (default: the default model)")
+    bench.add_argument("--threads", type=int, default=_env("threads", 0, int), help="engine threads (0 = one per core)")
+    bench.add_argument("--runs", type=int, default=5, help="runs per figure (the median is reported)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -109,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tokenize(args)
         if args.command == "perplexity":
             return cmd_perplexity(args)
+        if args.command == "bench":
+            from llmd import bench
+            return bench.run(args.model, args.threads, args.runs, args.json)
         return cmd_serve(args)
     except models.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

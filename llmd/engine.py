@@ -255,14 +255,25 @@ class Session:
 
     def score(self, ids: list[int], first: int) -> list[float]:
         """Prefill ids; log p(ids[i+1] | ids[..i]) for i in [first, len(ids) - 1)."""
+        if first < 0:  # cffi cannot pass a negative size_t; the engine checks the rest
+            raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "score needs first >= 0")
         out = ffi.new("float[]", max(0, len(ids) - 1 - first))
         _check(lib.llmd_session_score(self.handle, ffi.new("int32_t[]", ids), len(ids), first, out))
         return list(ffi.unpack(out, len(ids) - 1 - first))
 
 
+# (elements, bytes) per block of each tensor type, as GGUF numbers the types
+_LAYOUTS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34)}
+
+
 def kernel_matvec(type_id: int, weights: bytes, rows: int, cols: int, x: list[float],
                   fast: bool) -> list[float]:
     """Matrix-vector product by the scalar reference or the fast kernel (for tests)."""
+    # The engine checks type and shape; only here are the buffer lengths known.
+    elems, size = _LAYOUTS.get(type_id, (1, 0))
+    if rows > 0 and cols > 0 and cols % elems == 0 and (
+            len(x) != cols or len(weights) < rows * (cols // elems) * size):
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "weights or x do not match rows x cols")
     y = ffi.new("float[]", rows)
     _check(lib.llmd_kernel_matvec(type_id, weights, rows, cols, ffi.new("float[]", x), y, int(fast)))
     return list(ffi.unpack(y, rows))

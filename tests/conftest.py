@@ -12,10 +12,10 @@ from tests.gguf_writer import TinyLlama, write_tiny_llama
 def tiny_llama_factory(tmp_path_factory):
     """make(**write_tiny_llama options) -> TinyLlama; each distinct set of options is
     written once per test session."""
-    cache: dict[tuple, TinyLlama] = {}
+    cache: dict[str, TinyLlama] = {}
 
     def make(**options) -> TinyLlama:
-        key = tuple(sorted(options.items()))
+        key = repr(sorted(options.items()))
         if key not in cache:
             path = tmp_path_factory.mktemp("tiny_llama") / "model.gguf"
             cache[key] = write_tiny_llama(path, **options)

@@ -226,9 +226,13 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         std::string err;
         e->file = GGUFFile::open(path, &err);
         if (!e->file) return fail(err.rfind("cannot", 0) == 0 ? LLMD_ERR_IO : LLMD_ERR_FORMAT, err);
+        std::string_view arch;
+        if (e->file->get_string("general.architecture", &arch, &err) && arch != "llama")
+            return fail(LLMD_ERR_UNSUPPORTED, "unsupported architecture '" + std::string(arch) +
+                                                  "' (llmd runs llama-family models)");
         if (const llmd_status st = build_vocab(e.get()); st != LLMD_OK) return st;
         e->model = Model::load(*e->file, e->vocab->size(), &err);
-        if (!e->model) return fail(LLMD_ERR_UNSUPPORTED, err);
+        if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
         std::string_view sv;
         e->architecture = "llama";
@@ -448,7 +452,9 @@ llmd_status llmd_session_position(const llmd_session *s, int32_t *pos) {
 }
 
 void llmd_session_stop(llmd_session *s) {
-    if (is_live(s)) s->stop.store(true);
+    // Under the lock: a session cannot be freed between the check and the store.
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    if (s != nullptr && g_live.count(s) != 0) s->stop.store(true);
 }
 
 llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {

@@ -138,6 +138,12 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::strin
         hp.rope_scale = 1.0f / factor;
     }
 
+    // Nine tensors a layer: refuse an absurd block count before allocating for it.
+    if (static_cast<uint64_t>(hp.n_layer) * 9 > file.tensors().size()) {
+        *error = "llama.block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
+                 std::to_string(file.tensors().size()) + " tensors";
+        return nullptr;
+    }
     const int dim = hp.n_embd;
     if (!b.matrix("token_embd.weight", dim, n_vocab, &model->tok_embd)) return nullptr;
     model->output_norm = b.vector("output_norm.weight", dim);

@@ -1,6 +1,8 @@
 // threadpool.cpp — see threadpool.h.
 #include "threadpool.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define LLMD_PAUSE() _mm_pause()
@@ -48,6 +50,13 @@ void ThreadPool::work(uint64_t region) {
 void ThreadPool::run(int n_tasks, const std::function<void(int)> &fn) {
     if (workers_.empty() || n_tasks <= 1) {
         for (int t = 0; t < n_tasks; ++t) fn(t);
+        return;
+    }
+    if (n_tasks > kMaxTasks) { // the state word counts tasks in 16 bits: run in rounds
+        for (int base = 0; base < n_tasks; base += kMaxTasks) {
+            const std::function<void(int)> round = [&](int t) { fn(base + t); };
+            run(std::min(kMaxTasks, n_tasks - base), round);
+        }
         return;
     }
     job_ = &fn;

@@ -30,7 +30,7 @@ public:
     static constexpr int kMaxTasks = 0xffff;
 
     // Runs fn(task) for every task in [0, n_tasks) across the pool; returns when
-    // all are done. n_tasks must not exceed kMaxTasks.
+    // all are done. More than kMaxTasks tasks run in several rounds.
     void run(int n_tasks, const std::function<void(int)> &fn);
 
 private:

@@ -1,0 +1,170 @@
+"""`python -m llmd bench`: engine and HTTP figures, each the median of several runs.
+
+Engine: prompt processing (pp128, pp512) and generation (tg128) at short context
+and after a 2048-token context. HTTP (a real `python -m llmd` subprocess on a
+free port): first-token latency of a 252-token chat prompt, cold (fresh cache)
+and warm (same session, same prompt: warm resume), and streaming tok/s. Memory:
+resident set after load and growth per session with a filled 2048-token cache.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+from llmd.engine import Engine, Sampling
+
+FILLER = ("The quick brown fox jumps over the lazy dog while the farmer counts his sheep "
+          "and the river runs quietly past the old mill. ")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kb / 1024
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def engine_figures(path: str, threads: int, runs: int) -> dict:
+    rss_before = rss_mb()
+    with Engine(path, n_threads=threads, n_ctx=4096, max_sessions=6) as engine:
+        rss_load = rss_mb()
+        ids = engine.tokenize(FILLER * 200)
+        figures: dict = {"rss_after_load_mb": round(rss_load, 1),
+                         "weights_mb": round(engine.info.weight_bytes / 1e6, 1),
+                         "kv_bytes_per_session": engine.info.bytes_per_session,
+                         "kv_bytes_per_token": engine.info.kv_bytes_per_token,
+                         "threads": engine.info.n_threads}
+        with engine.new_session() as s:
+            for n in (128, 512):
+                times = []
+                for _ in range(runs):
+                    s.reset()
+                    t = time.perf_counter()
+                    s.prefill(ids[:n])
+                    times.append(time.perf_counter() - t)
+                figures[f"pp{n}_tok_s"] = round(n / statistics.median(times), 1)
+            for key, context in (("tg128_tok_s", 16), ("tg128_at_2k_tok_s", 2048)):
+                rates = []
+                for _ in range(runs):
+                    s.reset()
+                    s.prefill(ids[:context])
+                    s.set_sampling(Sampling(logit_bias={i: float("-inf") for i in engine.info.eog_ids}))
+                    t = time.perf_counter()
+                    for _ in range(128):
+                        s.decode_one()
+                    rates.append(128 / (time.perf_counter() - t))
+                figures[key] = round(statistics.median(rates), 1)
+        # Memory growth per session: each filled with 2048 tokens of context.
+        sessions, growth = [], []
+        for _ in range(4):
+            before = rss_mb()
+            sessions.append(engine.new_session())
+            sessions[-1].prefill(ids[:2048])
+            growth.append(rss_mb() - before)
+        figures["rss_per_session_2k_mb"] = round(statistics.median(growth), 1)
+        figures["kv_bytes_2k_tokens"] = 2048 * engine.info.kv_bytes_per_token
+        for s in sessions:
+            s.close()
+    figures["rss_before_load_mb"] = round(rss_before, 1)
+    return figures
+
+
+def _stream(port: int, body: dict, headers: dict) -> tuple[float, float, int]:
+    """(seconds to the first content delta, seconds in all, content deltas)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    start = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json", **headers})
+    resp = conn.getresponse()
+    first, deltas = 0.0, 0
+    for line in resp:
+        if not line.startswith(b"data: {"):
+            continue
+        choices = json.loads(line[6:]).get("choices") or [{}]
+        if choices[0].get("delta", {}).get("content"):
+            deltas += 1
+            first = first or time.perf_counter() - start
+    conn.close()
+    return first, time.perf_counter() - start, deltas
+
+
+def http_figures(path: str | None, threads: int, runs: int) -> dict:
+    cmd = [sys.executable, "-m", "llmd", "--port", "0", "--threads", str(threads), "--max-sessions", "8"]
+    if path:
+        cmd += ["--model", path]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = next(int(m.group(1)) for line in proc.stdout if (m := re.search(r"ready on http://[^:]+:(\d+)", line)))
+        model = json.loads(_get(port, "/v1/models"))["data"][0]["id"]
+        # Grow the user message until the rendered chat prompt has 252 tokens.
+        text, n = "", 0
+        words = FILLER.split()
+        while n < 252:
+            text += words[len(text.split()) % len(words)] + " "
+            n = _prompt_tokens(port, model, text)
+        body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
+                "temperature": 0, "max_tokens": 128}
+        cold, warm, rates = [], [], []
+        for _ in range(runs):
+            sid = uuid.uuid4().hex
+            first, total, deltas = _stream(port, body, {"X-Session-ID": sid})
+            cold.append(first)
+            rates.append((deltas - 1) / (total - first) if deltas > 1 else 0.0)
+            first, _, _ = _stream(port, body, {"X-Session-ID": sid})
+            warm.append(first)
+            _delete(port, sid)
+        return {"http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
+                "http_stream_tok_s": round(statistics.median(rates), 1), "http_prompt_tokens": n}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _prompt_tokens(port: int, model: str, text: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    n = json.loads(conn.getresponse().read())["usage"]["prompt_tokens"]
+    conn.close()
+    return n
+
+
+def _get(port: int, path: str) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", path)
+    data = conn.getresponse().read()
+    conn.close()
+    return data
+
+
+def _delete(port: int, sid: str) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("DELETE", f"/v1/sessions/{sid}")
+    conn.getresponse().read()
+    conn.close()
+
+
+def _default() -> str:
+    from llmd import models
+    return str(models.default_model())
+
+
+def run(path: str | None, threads: int, runs: int, as_json: bool) -> int:
+    model = path or _default()
+    figures = engine_figures(model, threads, runs)
+    figures.update(http_figures(path, threads, runs))
+    if as_json:
+        print(json.dumps(figures))
+        return 0
+    print(f"llmd bench: {model}, median of {runs} runs")
+    for key, value in figures.items():
+        print(f"  {key:<24} {value}")
+    return 0

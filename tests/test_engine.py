@@ -1,0 +1,513 @@
+"""Sessions, sampling and the tokenizer through llmd.engine, on tiny random models.
+
+The models are random, so the tests check the engine against itself: the same
+inputs give the same ids, a batched step equals single steps, a truncated
+session equals a fresh one, and every misuse is an exception with a message.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from llmd._native import ffi, lib
+from llmd.engine import (
+    CapacityError, ContextFullError, Engine, EngineError, Sampling, Session, TokenError,
+)
+from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0
+
+ALL_TYPES = [GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1]
+TYPE_IDS = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"]
+
+PROMPT = "once upon a time there was a little server"
+OTHER_PROMPT = "the quick brown fox jumps over the lazy dog. hello"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    with Engine(tiny_model.path, n_threads=2, max_sessions=16) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_llama_factory):
+    """weight type -> an open engine on the tiny model of that type (same seed)."""
+    opened = {t: Engine(tiny_llama_factory(weight_type=t).path, n_threads=2, max_sessions=8)
+              for t in ALL_TYPES}
+    yield opened
+    for e in opened.values():
+        e.close()
+
+
+@pytest.fixture
+def session(engine):
+    with engine.new_session() as s:
+        yield s
+
+
+def decode(session: Session, n: int) -> list[int]:
+    return [session.decode_one().id for _ in range(n)]
+
+
+def run(engine: Engine, prompt: list[int], n: int, sampling: Sampling | None = None) -> list[int]:
+    """Ids a fresh session generates after prompt."""
+    with engine.new_session() as s:
+        if sampling is not None:
+            s.set_sampling(sampling)
+        s.prefill(prompt)
+        return decode(s, n)
+
+
+def argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def log_softmax(logits: list[float], i: int) -> float:
+    top = max(logits)
+    return logits[i] - top - math.log(sum(math.exp(v - top) for v in logits))
+
+
+# ---- prefill and decode ------------------------------------------------------------------
+
+def test_prefill_yields_finite_logits_over_the_vocabulary(engine, session, tiny_model):
+    ids = engine.tokenize(PROMPT)
+    session.prefill(ids)
+    logits = session.logits()
+    assert len(logits) == tiny_model.n_vocab
+    assert all(math.isfinite(v) for v in logits)
+    assert max(logits) > min(logits)
+    assert session.position == len(ids)
+
+
+def test_decoded_tokens_carry_their_piece_and_end_flags(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    for _ in range(12):
+        tok = session.decode_one()
+        assert 0 <= tok.id < engine.info.n_vocab
+        assert tok.piece == engine.piece(tok.id)
+        assert (tok.is_eos, tok.is_terminal, tok.stopped) == (
+            tok.id == engine.info.eos_id, tok.id in engine.info.eog_ids, False)
+
+
+def test_greedy_first_token_is_the_argmax_of_the_logits(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    expected = argmax(session.logits())
+    assert session.decode_one().id == expected
+
+
+@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=TYPE_IDS)
+def test_greedy_decoding_is_deterministic(engines, weight_type):
+    e = engines[weight_type]
+    prompt = e.tokenize(PROMPT)
+    first = run(e, prompt, 24)
+    assert run(e, prompt, 24) == first
+    assert len(set(first)) > 1  # the tiny model does not just repeat one token
+
+
+def test_position_does_not_count_the_pending_token(engine, session):
+    ids = engine.tokenize(PROMPT)
+    session.prefill(ids)
+    assert session.position == len(ids)
+    for k in range(1, 6):
+        session.decode_one()
+        assert session.position == len(ids) + k - 1
+
+
+def test_logits_are_unavailable_while_a_token_is_pending(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    session.decode_one()
+    with pytest.raises(EngineError, match="no logits") as err:
+        session.logits()
+    assert err.value.status == lib.LLMD_ERR_STATE
+
+
+def test_prefill_after_decoding_drops_the_pending_token(engine, session):
+    a, b = engine.tokenize(PROMPT), engine.tokenize(" and")
+    session.prefill(a)
+    decode(session, 3)  # two tokens fed, one pending
+    session.prefill(b)
+    assert session.position == len(a) + 2 + len(b)
+
+
+# ---- sampling -------------------------------------------------------------------------------
+
+def test_seeded_sampling_is_reproducible(engine):
+    prompt = engine.tokenize(PROMPT)
+    sampling = Sampling(temperature=1.0, seed=1234)
+    first = run(engine, prompt, 32, sampling)
+    assert run(engine, prompt, 32, sampling) == first
+    assert first != run(engine, prompt, 32)  # not simply greedy
+
+
+def test_different_seeds_sample_different_tokens(engine):
+    prompt = engine.tokenize(PROMPT)
+    runs = {tuple(run(engine, prompt, 32, Sampling(temperature=1.0, seed=seed))) for seed in (1, 2, 3)}
+    assert len(runs) == 3
+
+
+def test_set_sampling_reseeds_the_generator(engine, session):
+    prompt = engine.tokenize(PROMPT)
+    sampling = Sampling(temperature=1.0, seed=99)
+    expected = run(engine, prompt, 10, sampling)
+    session.set_sampling(Sampling(temperature=1.0, seed=5))
+    session.prefill(prompt)
+    decode(session, 4)
+    session.reset()
+    session.set_sampling(sampling)
+    session.prefill(prompt)
+    assert decode(session, 10) == expected
+
+
+def test_banning_the_greedy_token_picks_the_runner_up(engine, session):
+    prompt = engine.tokenize(PROMPT)
+    session.prefill(prompt)
+    logits = session.logits()
+    best = argmax(logits)
+    runner_up = argmax([v if i != best else -math.inf for i, v in enumerate(logits)])
+    session.set_sampling(Sampling(logit_bias={best: -math.inf}))
+    tok = session.decode_one()
+    assert tok.id == runner_up != best
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bias_of_minus_inf_on_all_but_one_token_forces_it(engine, tiny_model, temperature):
+    forced = tiny_model.endoftext_id
+    bias = {i: -math.inf for i in range(tiny_model.n_vocab) if i != forced}
+    with engine.new_session() as s:
+        s.set_sampling(Sampling(temperature=temperature, seed=7, logit_bias=bias))
+        s.prefill(engine.tokenize(PROMPT))
+        for _ in range(5):
+            tok = s.decode_one()
+            # A control token: no piece, ends generation, but is not the EOS id.
+            assert (tok.id, tok.piece, tok.is_eos, tok.is_terminal) == (forced, b"", False, True)
+
+
+def test_forced_eos_is_flagged_as_eos(engine, tiny_model, session):
+    eos = tiny_model.im_end_id
+    session.set_sampling(Sampling(logit_bias={i: -math.inf for i in range(tiny_model.n_vocab) if i != eos}))
+    session.prefill(engine.tokenize(PROMPT))
+    tok = session.decode_one()
+    assert (tok.id, tok.piece, tok.is_eos, tok.is_terminal) == (eos, b"", True, True)
+
+
+@pytest.mark.parametrize("sampling, what", [
+    (Sampling(logit_bias={0: math.inf}), "logit_bias value"),
+    (Sampling(logit_bias={100000: -1.0}), "logit_bias token id out of range"),
+    (Sampling(temperature=math.nan), "temperature"),
+    (Sampling(top_p=-0.5), "top_p"),
+    (Sampling(min_p=2.0), "min_p"),
+    (Sampling(repeat_penalty=0.0), "repeat_penalty"),
+])
+def test_invalid_sampling_parameters_are_rejected(session, sampling, what):
+    with pytest.raises(EngineError, match=what) as err:
+        session.set_sampling(sampling)
+    assert err.value.status == lib.LLMD_ERR_INVALID_ARGUMENT
+
+
+# ---- isolation and batching -------------------------------------------------------------------
+
+@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=TYPE_IDS)
+def test_interleaved_sessions_decode_exactly_as_alone(engines, weight_type):
+    e = engines[weight_type]
+    pa, pb = e.tokenize(PROMPT), e.tokenize(OTHER_PROMPT)
+    sa, sb = Sampling(), Sampling(temperature=1.0, seed=42)
+    alone_a, alone_b = run(e, pa, 16, sa), run(e, pb, 16, sb)
+    with e.new_session() as a, e.new_session() as b:
+        a.set_sampling(sa)
+        b.set_sampling(sb)
+        a.prefill(pa)
+        got_a, got_b = [a.decode_one().id], []
+        b.prefill(pb)
+        for _ in range(15):
+            got_b.append(b.decode_one().id)
+            got_a.append(a.decode_one().id)
+        got_b.append(b.decode_one().id)
+    assert (got_a, got_b) == (alone_a, alone_b)
+
+
+@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=TYPE_IDS)
+def test_decode_batch_equals_decode_one_token_for_token(engines, weight_type):
+    e = engines[weight_type]
+    prompts = [e.tokenize(PROMPT), e.tokenize(OTHER_PROMPT), e.tokenize("hi"), e.tokenize(PROMPT)]
+    samplings = [Sampling(), Sampling(temperature=1.0, seed=3), Sampling(), Sampling(temperature=0.8, seed=4)]
+    alone = [run(e, p, 12, s) for p, s in zip(prompts, samplings)]
+    sessions = [e.new_session() for _ in prompts]
+    try:
+        for s, p, sampling in zip(sessions, prompts, samplings):
+            s.set_sampling(sampling)
+            s.prefill(p)
+        steps = [e.decode_batch(sessions) for _ in range(12)]
+    finally:
+        for s in sessions:
+            s.close()
+    batched = [[step[i].id for step in steps] for i in range(len(prompts))]
+    assert batched == alone
+
+
+def test_decode_batch_reports_a_stopped_session_and_advances_the_others(engine):
+    prompt = engine.tokenize(PROMPT)
+    expected = run(engine, prompt, 3)
+    with engine.new_session() as a, engine.new_session() as b:
+        a.prefill(prompt)
+        b.prefill(prompt)
+        engine.decode_batch([a, b])
+        b.stop()
+        step = engine.decode_batch([a, b])
+        assert step[0].id == expected[1]
+        assert (step[1].id, step[1].piece, step[1].stopped) == (0, b"", True)
+        assert (a.position, b.position) == (len(prompt) + 1, len(prompt))
+
+
+def test_decode_batch_rejects_bad_batches(engine, tiny_model):
+    with engine.new_session() as a:
+        a.prefill([1, 2])
+        with pytest.raises(EngineError, match="appears twice"):
+            engine.decode_batch([a, a])
+        with pytest.raises(EngineError, match="empty batch"):
+            engine.decode_batch([])
+        with Engine(tiny_model.path, n_threads=1, max_sessions=1) as other, other.new_session() as b:
+            b.prefill([1, 2])
+            with pytest.raises(EngineError, match="one engine"):
+                engine.decode_batch([a, b])
+
+
+# ---- truncate, reset, stop --------------------------------------------------------------------
+
+@pytest.mark.parametrize("keep", [0, 1, 5])
+def test_truncate_then_prefill_reproduces_a_fresh_session(engine, keep):
+    prompt = engine.tokenize(PROMPT)
+    with engine.new_session() as fresh:
+        fresh.prefill(prompt)
+        fresh_logits = fresh.logits()
+        fresh_ids = decode(fresh, 10)
+    with engine.new_session() as s:
+        s.prefill(prompt if keep else engine.tokenize(OTHER_PROMPT))
+        decode(s, 7)
+        s.truncate(keep)
+        assert s.position == keep
+        s.prefill(prompt[keep:])
+        assert s.logits() == fresh_logits
+        assert decode(s, 10) == fresh_ids
+
+
+def test_truncate_keeps_the_prefix_after_a_different_continuation(engine):
+    prompt, other = engine.tokenize(PROMPT), engine.tokenize(OTHER_PROMPT)
+    expected = run(engine, prompt + other, 8)
+    with engine.new_session() as s:
+        s.prefill(prompt + engine.tokenize(" something else entirely"))
+        s.truncate(len(prompt))
+        s.prefill(other)
+        assert decode(s, 8) == expected
+
+
+def test_reset_empties_the_session(engine, session):
+    prompt = engine.tokenize(PROMPT)
+    session.prefill(engine.tokenize(OTHER_PROMPT))
+    decode(session, 3)
+    session.reset()
+    assert session.position == 0
+    session.prefill(prompt)
+    assert decode(session, 8) == run(engine, prompt, 8)
+
+
+def test_stop_gives_stopped_steps_until_set_sampling(engine, session):
+    prompt = engine.tokenize(PROMPT)
+    expected = run(engine, prompt, 6)
+    session.prefill(prompt)
+    got = decode(session, 3)
+    position = session.position
+    session.stop()
+    for _ in range(2):
+        tok = session.decode_one()
+        assert (tok.id, tok.piece, tok.stopped, tok.is_eos, tok.is_terminal) == (0, b"", True, False, False)
+        assert session.position == position
+    session.set_sampling(Sampling())
+    got += decode(session, 3)
+    assert got == expected  # the stop left the sequence untouched
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+def test_token_id_out_of_range_is_a_token_error_and_changes_nothing(engine, session, tiny_model):
+    prompt = engine.tokenize(PROMPT)
+    session.prefill(prompt)
+    logits = session.logits()
+    for bad in (tiny_model.n_vocab, -1, 2**31 - 1):
+        with pytest.raises(TokenError, match=f"token id {bad} at index 1 is outside the vocabulary"):
+            session.prefill([5, bad])
+    assert session.position == len(prompt)
+    assert session.logits() == logits
+
+
+def test_prefill_past_n_ctx_is_context_full_and_changes_nothing(engine, session, tiny_model):
+    prompt = engine.tokenize(PROMPT)
+    session.prefill(prompt)
+    logits = session.logits()
+    with pytest.raises(ContextFullError, match=f"do not fit the context of {tiny_model.n_ctx}"):
+        session.prefill([7] * (tiny_model.n_ctx - len(prompt) + 1))
+    assert session.position == len(prompt)
+    assert session.logits() == logits
+    assert decode(session, 5) == run(engine, prompt, 5)
+
+
+def test_decoding_past_n_ctx_is_context_full(engine, session, tiny_model):
+    session.prefill([7] * (tiny_model.n_ctx - 1))
+    session.decode_one()  # samples; nothing fed yet
+    session.decode_one()  # feeds the pending token: the context is now full
+    assert session.position == tiny_model.n_ctx
+    with pytest.raises(ContextFullError, match="the context is full"):
+        session.decode_one()
+
+
+def test_decode_before_prefill_is_a_state_error(session):
+    with pytest.raises(EngineError, match="decode needs a prefill first") as err:
+        session.decode_one()
+    assert err.value.status == lib.LLMD_ERR_STATE
+
+
+def test_decode_after_truncate_needs_a_prefill(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    session.truncate(3)
+    with pytest.raises(EngineError, match="decode needs a prefill first"):
+        session.decode_one()
+
+
+def test_empty_prefill_is_an_invalid_argument(session):
+    with pytest.raises(EngineError, match="at least one token") as err:
+        session.prefill([])
+    assert err.value.status == lib.LLMD_ERR_INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("pos", [-1, 4])
+def test_truncate_out_of_range_is_rejected(session, pos):
+    session.prefill([1, 2, 3])
+    with pytest.raises(EngineError, match=rf"truncate position {pos} is outside 0\.\.3") as err:
+        session.truncate(pos)
+    assert err.value.status == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert session.position == 3
+
+
+def test_closed_session_raises_instead_of_crashing(engine):
+    s = engine.new_session()
+    s.prefill([1, 2])
+    s.close()
+    s.close()  # idempotent
+    for call in (lambda: s.prefill([1]), s.decode_one, lambda: s.position, s.reset, s.logits):
+        with pytest.raises(EngineError, match="the session is closed"):
+            call()
+    s.stop()  # a no-op, never a crash
+
+
+def test_freed_native_handle_is_refused_not_followed(engine):
+    s = engine.new_session()
+    handle = s.handle
+    s.close()
+    ids = ffi.new("int32_t[]", [1, 2])
+    assert lib.llmd_session_prefill(handle, ids, 2) == lib.LLMD_ERR_HANDLE
+    assert b"freed or invalid" in ffi.string(lib.llmd_last_error())
+    pos = ffi.new("int32_t *")
+    assert lib.llmd_session_position(handle, pos) == lib.LLMD_ERR_HANDLE
+    lib.llmd_session_free(handle)  # a second free is ignored
+    lib.llmd_session_stop(handle)
+
+
+def test_sessions_past_max_sessions_are_a_capacity_error(tiny_model):
+    with Engine(tiny_model.path, n_threads=1, max_sessions=2) as e:
+        a, b = e.new_session(), e.new_session()
+        with pytest.raises(CapacityError, match="all 2 session slots are in use"):
+            e.new_session()
+        a.close()
+        c = e.new_session()  # the freed slot is reusable
+        c.prefill([1])
+        b.close()
+        c.close()
+
+
+def test_closing_the_engine_frees_its_sessions(tiny_model):
+    e = Engine(tiny_model.path, n_threads=1, max_sessions=2)
+    s = e.new_session()
+    s.prefill([1, 2, 3])
+    e.close()
+    with pytest.raises(EngineError, match="closed"):
+        s.decode_one()
+    with pytest.raises(EngineError, match="the engine is closed"):
+        e.new_session()
+    with pytest.raises(EngineError, match="the engine is closed"):
+        e.tokenize("x")
+    s.close()
+    e.close()  # idempotent
+
+
+# ---- score ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("first", [0, 3])
+def test_score_gives_the_log_probs_the_logits_imply(engine, session, first):
+    ids = engine.tokenize(PROMPT)
+    scores = session.score(ids, first)
+    assert len(scores) == len(ids) - 1 - first
+    assert all(s <= 0.0 for s in scores)
+    assert session.position == len(ids)
+    for i in (first, len(ids) - 2):
+        with engine.new_session() as s:
+            s.prefill(ids[:i + 1])
+            expected = log_softmax(s.logits(), ids[i + 1])
+        assert scores[i - first] == pytest.approx(expected, abs=1e-4)
+
+
+def test_score_rejects_bad_ranges(session):
+    with pytest.raises(EngineError, match="score needs n >= 2"):
+        session.score([1, 2, 3], 2)
+    with pytest.raises(EngineError, match="score needs n >= 2"):
+        session.score([1], 0)
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+
+def test_control_token_text_is_parsed_only_with_special(engine, tiny_model):
+    text = "<|im_start|>user\nhi<|im_end|>"
+    with_special = engine.tokenize(text, special=True)
+    assert with_special[0] == tiny_model.im_start_id
+    assert with_special[-1] == tiny_model.im_end_id
+    without = engine.tokenize(text)
+    assert not {tiny_model.im_start_id, tiny_model.im_end_id} & set(without)
+    assert engine.detokenize(without) == text.encode()
+    assert engine.detokenize(with_special, special=True) == text.encode()
+    assert engine.detokenize(with_special) == b"user\nhi"
+
+
+def test_control_token_piece_is_empty_unless_special(engine, tiny_model):
+    for token_id, text in ((tiny_model.im_start_id, b"<|im_start|>"), (tiny_model.im_end_id, b"<|im_end|>"),
+                           (tiny_model.endoftext_id, b"<|endoftext|>")):
+        assert engine.piece(token_id) == b""
+        assert engine.piece(token_id, special=True) == text
+
+
+def test_piece_of_an_unknown_id_is_a_token_error(engine, tiny_model):
+    for bad in (-1, tiny_model.n_vocab):
+        with pytest.raises(TokenError, match="outside the vocabulary"):
+            engine.piece(bad)
+
+
+def test_merges_join_frequent_pairs(engine, tiny_model):
+    # " the" is the most frequent word of the writer's merge text: one token.
+    assert engine.tokenize(" the") == [tiny_model.tokens.index("Ġthe")]
+    assert engine.piece(tiny_model.tokens.index("Ġthe")) == b" the"
+
+
+def test_random_bytes_round_trip(engine):
+    rng = random.Random(7)
+    for n in range(1, 120, 3):
+        data = bytes(rng.randrange(256) for _ in range(n))
+        assert engine.detokenize(engine.tokenize(data)) == data
+        assert engine.detokenize(engine.tokenize(data, special=True), special=True) == data
+
+
+def test_unicode_text_round_trips(engine):
+    text = "héllo wörld — 日本語 🙂 12345 tabs\tand\nnewlines  "
+    assert engine.detokenize(engine.tokenize(text)).decode() == text
+
+
+def test_empty_text_has_no_tokens(engine):
+    assert engine.tokenize("") == []
+    assert engine.tokenize(b"", special=True) == []
