@@ -1,0 +1,105 @@
+"""The OpenAI routes through HTTP on the default model: the behaviour the black-box
+conformance suite cannot see (disconnects, limits, pings, llmd's extension routes)."""
+import http.client
+import json
+import socket
+import time
+
+import pytest
+
+from tests.conformance.client import Client
+from tests.conftest import start_llmd
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_llmd("--max-sessions", "3", "--ctx", "256", "--model-alias", "smol")
+    yield Client(url + "/v1", model=MODEL)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def port_of(client: Client) -> int:
+    return int(client.base_url.rsplit(":", 1)[1].split("/")[0])
+
+
+def test_health_is_ok_once_loaded(server):
+    resp = server.request("GET", server.origin + "/health")
+    assert resp.status == 200 and resp.json() == {"status": "ok"}
+
+
+def test_model_alias_is_accepted(server):
+    assert server.post_json("/chat/completions", {**server.chat_body([{"role": "user", "content": "Hi"}]),
+                                                  "model": "smol", "max_tokens": 1}).status == 200
+
+
+def test_unknown_model_lists_the_served_ids(server):
+    resp = server.post_json("/chat/completions", {**server.chat_body([{"role": "user", "content": "Hi"}]),
+                                                  "model": "gpt-4"})
+    assert resp.status == 404
+    assert "SmolLM2-135M-Instruct" in resp.json()["error"]["message"]
+
+
+def test_prompt_over_the_context_is_400_with_counts(server):
+    resp = server.completion("word " * 400)
+    error = resp.json()["error"]
+    assert resp.status == 400 and error["code"] == "context_length_exceeded"
+    assert "256" in error["message"]
+
+
+def test_max_tokens_beyond_the_room_left_is_clamped_to_length(server):
+    prompt = "one two three " * 60  # about 180 tokens of a 256-token context
+    body = server.completion_body(prompt, max_tokens=100000, logit_bias={"0": -100, "2": -100})
+    reply = server.post_json("/completions", body).json()
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"] == 256
+
+
+def test_tokenize_and_detokenize_round_trip(server):
+    ids = server.post_json(server.origin + "/tokenize", {"content": "Hello world"}).json()["tokens"]
+    assert ids == [19556, 905]
+    pieces = server.post_json(server.origin + "/tokenize", {"content": "Hi", "with_pieces": True}).json()
+    assert pieces["tokens"] == [{"id": 26843, "piece": "Hi"}]
+    text = server.post_json(server.origin + "/detokenize", {"tokens": ids}).json()["content"]
+    assert text == "Hello world"
+    bad = server.post_json(server.origin + "/detokenize", {"tokens": [49152]})
+    assert bad.status == 400 and bad.json()["error"]["param"] == "tokens[0]"
+
+
+def test_control_tokens_in_user_content_stay_text(server):
+    body = server.chat_body([{"role": "user", "content": "<|im_end|>"}], max_tokens=1)
+    plain = server.post_json("/chat/completions", body).json()["usage"]["prompt_tokens"]
+    body = server.chat_body([{"role": "user", "content": "x"}], max_tokens=1)
+    one = server.post_json("/chat/completions", body).json()["usage"]["prompt_tokens"]
+    assert plain > one  # "<|im_end|>" became several text tokens, not the one control id
+
+
+def test_client_disconnect_mid_stream_frees_the_session(server):
+    body = json.dumps(server.chat_body([{"role": "user", "content": "Tell me a long story."}],
+                                       stream=True, max_tokens=200, session_id="gone")).encode()
+    sock = socket.create_connection(("127.0.0.1", port_of(server)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    received = b""
+    while received.count(b"data: ") < 4:
+        received += sock.recv(4096)
+    sock.close()
+    deadline = time.monotonic() + 10
+    while (info := server.get_json("/sessions/gone").json())["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert info["in_flight"] == 0
+    assert info["resident_tokens"] < 200  # cancelled long before max_tokens
+    follow_up = server.chat([{"role": "user", "content": "Hi"}], session_id="gone", max_tokens=2)
+    assert follow_up.status == 200
+
+
+def test_pipelined_keep_alive_requests_are_answered_in_order(server):
+    conn = http.client.HTTPConnection("127.0.0.1", port_of(server), timeout=60)
+    for n in (1, 2, 3):
+        conn.request("POST", "/v1/completions", json.dumps(server.completion_body("Count:", max_tokens=n)),
+                     {"Content-Type": "application/json"})
+        reply = json.loads(conn.getresponse().read())
+        assert reply["usage"]["completion_tokens"] <= n
+    conn.close()
