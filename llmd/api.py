@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import AsyncIterator
 
 from llmd import chat, errors, openai, sse
-from llmd.engine import Engine, Sampling, Token
+from llmd.engine import Engine, Sampling
 from llmd.errors import ApiError, as_api_error, error_body
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse

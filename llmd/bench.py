@@ -5,6 +5,7 @@ and after a 2048-token context. HTTP (a real `python -m llmd` subprocess on a
 free port): first-token latency of a 252-token chat prompt, cold (fresh cache)
 and warm (same session, same prompt: warm resume), and streaming tok/s. Memory:
 resident set after load and growth per session with a filled 2048-token cache.
+With --conversation: a 10-turn chat through HTTP, with and without warm resume.
 """
 from __future__ import annotations
 
@@ -78,31 +79,28 @@ def engine_figures(path: str, threads: int, runs: int) -> dict:
     return figures
 
 
-def _stream(port: int, body: dict, headers: dict) -> tuple[float, float, int]:
-    """(seconds to the first content delta, seconds in all, content deltas)."""
+def _stream(port: int, body: dict, headers: dict) -> tuple[float, float, list[str], dict]:
+    """One streamed chat request: (seconds to the first content delta, seconds in all,
+    the content deltas, usage if the stream reported it)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     start = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json", **headers})
-    resp = conn.getresponse()
-    first, deltas = 0.0, 0
-    for line in resp:
+    first, deltas, usage = 0.0, [], {}
+    for line in conn.getresponse():
         if not line.startswith(b"data: {"):
             continue
-        choices = json.loads(line[6:]).get("choices") or [{}]
-        if choices[0].get("delta", {}).get("content"):
-            deltas += 1
+        chunk = json.loads(line[6:])
+        usage = chunk.get("usage") or usage
+        if chunk["choices"] and (piece := chunk["choices"][0].get("delta", {}).get("content")):
             first = first or time.perf_counter() - start
+            deltas.append(piece)
     conn.close()
-    return first, time.perf_counter() - start, deltas
+    return first, time.perf_counter() - start, deltas, usage
 
 
 def http_figures(path: str | None, threads: int, runs: int) -> dict:
-    cmd = [sys.executable, "-m", "llmd", "--port", "0", "--threads", str(threads), "--max-sessions", "8"]
-    if path:
-        cmd += ["--model", path]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc, port = _start(path, threads, "--max-sessions", "8")
     try:
-        port = next(int(m.group(1)) for line in proc.stdout if (m := re.search(r"ready on http://[^:]+:(\d+)", line)))
         model = json.loads(_get(port, "/v1/models"))["data"][0]["id"]
         # Grow the user message until the rendered chat prompt has 252 tokens.
         text, n = "", 0
@@ -115,10 +113,10 @@ def http_figures(path: str | None, threads: int, runs: int) -> dict:
         cold, warm, rates = [], [], []
         for _ in range(runs):
             sid = uuid.uuid4().hex
-            first, total, deltas = _stream(port, body, {"X-Session-ID": sid})
+            first, total, deltas, _ = _stream(port, body, {"X-Session-ID": sid})
             cold.append(first)
-            rates.append((deltas - 1) / (total - first) if deltas > 1 else 0.0)
-            first, _, _ = _stream(port, body, {"X-Session-ID": sid})
+            rates.append((len(deltas) - 1) / (total - first) if len(deltas) > 1 else 0.0)
+            first, _, _, _ = _stream(port, body, {"X-Session-ID": sid})
             warm.append(first)
             _delete(port, sid)
         return {"http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
@@ -126,6 +124,43 @@ def http_figures(path: str | None, threads: int, runs: int) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.", "Name a tool.",
+             "Name a river.", "Name a planet.", "Name a metal.", "Name a flower.", "Name a sport."]
+
+
+def _start(path: str | None, threads: int, *flags: str) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "llmd", "--port", "0", "--threads", str(threads), *flags]
+    if path:
+        cmd += ["--model", path]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    port = next(int(m.group(1)) for line in proc.stdout if (m := re.search(r"ready on http://[^:]+:(\d+)", line)))
+    return proc, port
+
+
+def conversation_figures(path: str | None, threads: int) -> list[dict]:
+    """A 10-turn chat in one named session, with and without warm resume: per turn the
+    prompt tokens, cached tokens and first-token latency."""
+    rows: list[dict] = [{"turn": t + 1} for t in range(len(QUESTIONS))]
+    for mode, flags in (("warm", ()), ("cold", ("--no-warm-resume",))):
+        proc, port = _start(path, threads, "--max-sessions", "2", *flags)
+        try:
+            model = json.loads(_get(port, "/v1/models"))["data"][0]["id"]
+            history: list[dict] = [{"role": "system", "content": FILLER * 4}]
+            for row, question in zip(rows, QUESTIONS):
+                history.append({"role": "user", "content": question})
+                body = {"model": model, "messages": history, "stream": True, "temperature": 0,
+                        "max_tokens": 24, "stream_options": {"include_usage": True}}
+                first, _, deltas, usage = _stream(port, body, {"X-Session-ID": "bench"})
+                history.append({"role": "assistant", "content": "".join(deltas)})
+                row["prompt_tokens"] = usage["prompt_tokens"]
+                row[f"{mode}_cached"] = usage["prompt_tokens_details"]["cached_tokens"]
+                row[f"{mode}_ttft_ms"] = round(first * 1000, 1)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return rows
 
 
 def _prompt_tokens(port: int, model: str, text: str) -> int:
@@ -157,7 +192,17 @@ def _default() -> str:
     return str(models.default_model())
 
 
-def run(path: str | None, threads: int, runs: int, as_json: bool) -> int:
+def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False) -> int:
+    if conversation:
+        rows = conversation_figures(path, threads)
+        if as_json:
+            print(json.dumps(rows))
+            return 0
+        print("turn  prompt  warm: cached  ttft_ms   cold (--no-warm-resume): cached  ttft_ms")
+        for r in rows:
+            print(f"{r['turn']:>4}  {r['prompt_tokens']:>6}  {r['warm_cached']:>12}  {r['warm_ttft_ms']:>7}"
+                  f"   {r['cold_cached']:>31}  {r['cold_ttft_ms']:>7}")
+        return 0
     model = path or _default()
     figures = engine_figures(model, threads, runs)
     figures.update(http_figures(path, threads, runs))

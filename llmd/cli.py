@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=_env("threads", 0, int), help="engine threads (0 = one per core)")
     bench.add_argument("--runs", type=int, default=5, help="runs per figure (the median is reported)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--conversation", action="store_true",
+                       help="instead: a 10-turn chat, first-token latency with and without warm resume")
     return parser
 
 
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_perplexity(args)
         if args.command == "bench":
             from llmd import bench
-            return bench.run(args.model, args.threads, args.runs, args.json)
+            return bench.run(args.model, args.threads, args.runs, args.json, args.conversation)
         return cmd_serve(args)
     except models.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

@@ -94,8 +94,8 @@ def default_model(fetch: bool = True, progress: bool = True) -> pathlib.Path:
     if cached.is_file():
         return cached
     if not fetch:
-        raise ModelError(f"the default model is not on this machine; run `python -m llmd pull` "
-                         f"or pass --model PATH.gguf")
+        raise ModelError("the default model is not on this machine; run `python -m llmd pull` "
+                         "or pass --model PATH.gguf")
     return fetch_default(progress)
 
 

@@ -67,3 +67,25 @@ def test_interleaved_sessions_decode_exactly_as_alone(default_engine):
         for s in sessions:
             s.close()
     assert got == expected
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+
+def test_a_session_costs_its_kv_cache_not_the_weights(default_engine):
+    ids = [c["prompt_ids"] for c in GREEDY_CASES][0] * 60  # a few hundred tokens
+    kv_bytes = len(ids) * default_engine.info.kv_bytes_per_token
+    sessions = []
+    try:
+        before = _rss_bytes()
+        for _ in range(4):
+            sessions.append(default_engine.new_session())
+            sessions[-1].prefill(ids)
+        per_session = (_rss_bytes() - before) / 4
+    finally:
+        for s in sessions:
+            s.close()
+    assert per_session < kv_bytes * 1.5 + (1 << 20)  # its KV cache and small buffers
+    assert per_session < default_engine.info.weight_bytes / 4  # never another copy of the weights
