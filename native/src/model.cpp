@@ -372,6 +372,7 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
         if (batch[t].logits)
             rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
     if (n_out > 0) matmul(model.output, ws.logits_in.data(), n_out, logits, ws.xq, pool);
+    pool.park();
 }
 
 } // namespace llmd

@@ -61,6 +61,7 @@ void ThreadPool::run(int n_tasks, const std::function<void(int)> &fn) {
     }
     job_ = &fn;
     done_.store(0);
+    parked_.store(false);
     const uint64_t region = region_of(state_.load()) + 1;
     state_.store(region << 32 | static_cast<uint64_t>(n_tasks) << 16);
     if (sleepers_.load() > 0) {
@@ -75,7 +76,7 @@ void ThreadPool::worker_loop() {
     uint64_t seen = 0;
     for (;;) {
         int spins = 0;
-        while (region_of(state_.load()) == seen && spins < kSpinIterations) {
+        while (region_of(state_.load()) == seen && spins < kSpinIterations && !parked_.load()) {
             LLMD_PAUSE();
             ++spins;
         }

@@ -33,6 +33,11 @@ public:
     // all are done. More than kMaxTasks tasks run in several rounds.
     void run(int n_tasks, const std::function<void(int)> &fn);
 
+    // Workers stop spinning and sleep until the next run(): called when a burst of
+    // regions ends (a forward pass), so idle spinning never competes with the
+    // threads that consume its result.
+    void park() { parked_.store(true); }
+
 private:
     void worker_loop();
     void work(uint64_t region);
@@ -43,6 +48,7 @@ private:
     std::atomic<int> done_{0};
     std::atomic<int> sleepers_{0};
     std::atomic<bool> stop_{false};
+    std::atomic<bool> parked_{false};
     std::mutex mutex_;
     std::condition_variable wake_;
 };
