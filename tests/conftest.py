@@ -1,6 +1,13 @@
 """Shared pytest fixtures. Each block says who uses it; add yours in a block of its own."""
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+
 import pytest
 
 from tests.gguf_writer import TinyLlama, write_tiny_llama
@@ -32,43 +39,41 @@ def tiny_model(tiny_llama_factory) -> TinyLlama:
 
 # ---- a real llmd server on the default model (conformance suite, API tests) -------
 
-def start_llmd(*flags: str, timeout: float = 120.0):
-    """Start `python -m llmd --port 0 FLAGS` and return (process, base URL) once it is ready."""
-    import os
-    import re
-    import subprocess
-    import sys
-    import time
-
+@contextlib.contextmanager
+def running_llmd(*flags: str, timeout: float = 120.0):
+    """Run `python -m llmd --port 0 FLAGS` for the block; yields its base URL once ready."""
     proc = subprocess.Popen([sys.executable, "-m", "llmd", "--port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + timeout
-    for line in proc.stdout:
-        if m := re.search(r"llmd ready on (http://\S+)", line):
-            return proc, m.group(1)
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise RuntimeError(f"llmd did not start (exit code {proc.poll()})")
+    try:
+        deadline = time.monotonic() + timeout
+        url = None
+        for line in proc.stdout:
+            if m := re.search(r"llmd ready on (http://\S+)", line):
+                url = m.group(1)
+                break
+            if time.monotonic() > deadline:
+                break
+        if url is None:
+            raise RuntimeError(f"llmd did not start (exit code {proc.poll()})")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
 def openai_server():
     """llmd on the default model, exported as OPENAI_BASE_URL unless one is given."""
-    import os
-
     if os.environ.get("OPENAI_BASE_URL"):
         yield os.environ["OPENAI_BASE_URL"]
         return
-    proc, url = start_llmd()
-    os.environ["OPENAI_BASE_URL"] = url + "/v1"
-    try:
-        yield os.environ["OPENAI_BASE_URL"]
-    finally:
-        del os.environ["OPENAI_BASE_URL"]
-        proc.terminate()
-        proc.wait(timeout=30)
+    with running_llmd() as url:
+        os.environ["OPENAI_BASE_URL"] = url + "/v1"
+        try:
+            yield os.environ["OPENAI_BASE_URL"]
+        finally:
+            del os.environ["OPENAI_BASE_URL"]
 
 
 # ---- the default model in process (golden and real-model engine tests) -----------

@@ -8,17 +8,15 @@ import time
 import pytest
 
 from tests.conformance.client import Client
-from tests.conftest import start_llmd
+from tests.conftest import running_llmd
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_llmd("--max-sessions", "3", "--ctx", "256", "--model-alias", "smol")
-    yield Client(url + "/v1", model=MODEL)
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_llmd("--max-sessions", "3", "--ctx", "256", "--model-alias", "smol") as url:
+        yield Client(url + "/v1", model=MODEL)
 
 
 def port_of(client: Client) -> int:

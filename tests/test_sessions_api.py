@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.conformance.client import Client
-from tests.conftest import start_llmd
+from tests.conftest import running_llmd
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -14,10 +14,8 @@ MODEL = "SmolLM2-135M-Instruct"
 @pytest.fixture(scope="module")
 def server():
     """3 named slots + scratch, strict table (no eviction)."""
-    proc, url = start_llmd("--max-sessions", "4", "--ctx", "2048", "--session-eviction", "none")
-    yield Client(url + "/v1", model=MODEL)
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_llmd("--max-sessions", "4", "--ctx", "2048", "--session-eviction", "none") as url:
+        yield Client(url + "/v1", model=MODEL)
 
 
 def chat(client: Client, content: str, headers: dict | None = None, history: list | None = None, **params):
@@ -149,38 +147,26 @@ def test_requests_for_one_session_run_in_arrival_order(server):
 
 
 def test_single_session_engine_refuses_named_sessions():
-    proc, url = start_llmd("--max-sessions", "1", "--ctx", "512")
-    try:
+    with running_llmd("--max-sessions", "1", "--ctx", "512") as url:
         client = Client(url + "/v1", model=MODEL)
         resp = chat(client, "Hi", {"X-Session-ID": "x"}, max_tokens=2)
         assert resp.status == 400 and resp.json()["error"]["code"] == "unsupported_session"
         assert chat(client, "Hi", max_tokens=2).status == 200
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_lru_eviction_takes_the_least_recently_used_idle_session():
-    proc, url = start_llmd("--max-sessions", "3", "--ctx", "512", "--session-eviction", "lru")
-    try:
+    with running_llmd("--max-sessions", "3", "--ctx", "512", "--session-eviction", "lru") as url:
         client = Client(url + "/v1", model=MODEL)
         for sid in ("old", "new"):
             assert chat(client, "Hi", {"X-Session-ID": sid}, max_tokens=2).status == 200
         assert chat(client, "Hi", {"X-Session-ID": "newest"}, max_tokens=2).status == 200
         assert session_ids(client) == {"new", "newest"}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_no_warm_resume_reports_disabled():
-    proc, url = start_llmd("--max-sessions", "2", "--ctx", "512", "--no-warm-resume")
-    try:
+    with running_llmd("--max-sessions", "2", "--ctx", "512", "--no-warm-resume") as url:
         client = Client(url + "/v1", model=MODEL)
         chat(client, "Hi", {"X-Session-ID": "cold"}, max_tokens=2)
         again = chat(client, "Hi", {"X-Session-ID": "cold"}, max_tokens=2).json()
         assert again["session_reset_reason"] == "disabled"
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
