@@ -59,8 +59,8 @@ class Output:
         return self._route(text, final=False), hit
 
     def finish(self) -> list[ContentDelta | ToolCallDelta]:
-        text = "" if self.stops.stopped else self.stops.feed(self.utf8.flush())[0]
-        if not self.stops.stopped:
+        text, hit = self.stops.feed(self.utf8.flush())  # ("", True) once a stop was hit
+        if not hit:
             text += self.stops.flush()
         return self._route(text, final=True)
 

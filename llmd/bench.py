@@ -101,7 +101,7 @@ def _stream(port: int, body: dict, headers: dict) -> tuple[float, float, list[st
 def http_figures(path: str | None, threads: int, runs: int) -> dict:
     proc, port = _start(path, threads, "--max-sessions", "8")
     try:
-        model = json.loads(_get(port, "/v1/models"))["data"][0]["id"]
+        model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
         # Grow the user message until the rendered chat prompt has 252 tokens.
         text, n = "", 0
         words = FILLER.split()
@@ -118,7 +118,7 @@ def http_figures(path: str | None, threads: int, runs: int) -> dict:
             rates.append((len(deltas) - 1) / (total - first) if len(deltas) > 1 else 0.0)
             first, _, _, _ = _stream(port, body, {"X-Session-ID": sid})
             warm.append(first)
-            _delete(port, sid)
+            _request(port, "DELETE", f"/v1/sessions/{sid}")
         return {"http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
                 "http_stream_tok_s": round(statistics.median(rates), 1), "http_prompt_tokens": n}
     finally:
@@ -146,7 +146,7 @@ def conversation_figures(path: str | None, threads: int) -> list[dict]:
     for mode, flags in (("warm", ()), ("cold", ("--no-warm-resume",))):
         proc, port = _start(path, threads, "--max-sessions", "2", *flags)
         try:
-            model = json.loads(_get(port, "/v1/models"))["data"][0]["id"]
+            model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
             history: list[dict] = [{"role": "system", "content": FILLER * 4}]
             for row, question in zip(rows, QUESTIONS):
                 history.append({"role": "user", "content": question})
@@ -163,28 +163,17 @@ def conversation_figures(path: str | None, threads: int) -> list[dict]:
     return rows
 
 
-def _prompt_tokens(port: int, model: str, text: str) -> int:
+def _request(port: int, method: str, path: str, body: dict | None = None) -> bytes:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-    n = json.loads(conn.getresponse().read())["usage"]["prompt_tokens"]
-    conn.close()
-    return n
-
-
-def _get(port: int, path: str) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", path)
+    conn.request(method, path, json.dumps(body) if body else None, {"Content-Type": "application/json"})
     data = conn.getresponse().read()
     conn.close()
     return data
 
 
-def _delete(port: int, sid: str) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("DELETE", f"/v1/sessions/{sid}")
-    conn.getresponse().read()
-    conn.close()
+def _prompt_tokens(port: int, model: str, text: str) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    return json.loads(_request(port, "POST", "/v1/chat/completions", body))["usage"]["prompt_tokens"]
 
 
 def _default() -> str:

@@ -227,7 +227,9 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->file = GGUFFile::open(path, &err);
         if (!e->file) return fail(err.rfind("cannot", 0) == 0 ? LLMD_ERR_IO : LLMD_ERR_FORMAT, err);
         std::string_view arch;
-        if (e->file->get_string("general.architecture", &arch, &err) && arch != "llama")
+        if (!e->file->get_string("general.architecture", &arch, &err))
+            return fail(LLMD_ERR_FORMAT, err.empty() ? "model metadata lacks general.architecture" : err);
+        if (arch != "llama")
             return fail(LLMD_ERR_UNSUPPORTED, "unsupported architecture '" + std::string(arch) +
                                                   "' (llmd runs llama-family models)");
         if (const llmd_status st = build_vocab(e.get()); st != LLMD_OK) return st;

@@ -84,16 +84,7 @@ struct Binder {
 } // namespace
 
 std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::string *error) {
-    std::string_view arch;
     std::string err;
-    if (!file.get_string("general.architecture", &arch, &err)) {
-        *error = err.empty() ? "model metadata lacks general.architecture" : err;
-        return nullptr;
-    }
-    if (arch != "llama") {
-        *error = "unsupported architecture '" + std::string(arch) + "' (llmd runs llama-family models)";
-        return nullptr;
-    }
     auto model = std::make_unique<Model>();
     Binder b{file, error};
     HParams &hp = model->hp;

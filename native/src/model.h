@@ -62,7 +62,8 @@ struct Model {
     std::vector<LayerWeights> layers;
     uint64_t weight_bytes = 0;
 
-    // Binds the weights of a `llama` GGUF; nullptr with *error on any mismatch.
+    // Binds the weights of a GGUF whose architecture the caller checked is `llama`;
+    // nullptr with *error on any mismatch.
     static std::unique_ptr<Model> load(const GGUFFile &file, int n_vocab, std::string *error);
 };
 
