@@ -11,15 +11,15 @@ import random
 import re
 import time
 import uuid
-from dataclasses import asdict, dataclass
-from typing import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import AsyncIterator, Mapping
 
 from llmd import chat, errors, openai, sse
-from llmd.engine import Engine, Sampling
+from llmd.engine import Engine, Sampling, Token
 from llmd.errors import ApiError, as_api_error, error_body
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.sessions import SessionTable, session_id_of
+from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream
@@ -44,15 +44,37 @@ class Options:
     scratch_reuse: bool = False
 
 
+@dataclass
+class PromptIds:
+    """A prompt as token ids, part by part. `replies` maps the index of a part that
+    holds an earlier assistant reply to that reply's fingerprint, so the ids the
+    session generated for it can stand in for the re-tokenized text."""
+
+    parts: list[list[int]]
+    bos: int | None = None  # prepended unless the prompt already starts with it
+    replies: dict[int, str] = field(default_factory=dict)
+
+    def ids(self, generated: Mapping[str, list[int]] | None = None) -> list[int]:
+        ids: list[int] = []
+        for i, part in enumerate(self.parts):
+            fingerprint = self.replies.get(i)
+            ids += generated[fingerprint] if generated and fingerprint in generated else part
+        if self.bos is not None and (not ids or ids[0] != self.bos):
+            ids.insert(0, self.bos)
+        return ids
+
+
 class Output:
     """Turns a generation's token pieces into response text: UTF-8 assembly,
-    stop-string hold-back, then (for chat with tools) tool-call extraction."""
+    stop-string hold-back, then (for chat with tools) tool-call extraction.
+    Keeps what it produced: `text` pieces and complete tool `calls`."""
 
     def __init__(self, stops: list[str], tools: list[dict] | None):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
         self.tools = ToolCallStream(tools) if tools else None
-        self.tool_calls = 0
+        self.text: list[str] = []
+        self.calls: list[ToolCallDelta] = []
 
     def feed(self, piece: bytes) -> tuple[list[ContentDelta | ToolCallDelta], bool]:
         text, hit = self.stops.feed(self.utf8.feed(piece))
@@ -66,11 +88,13 @@ class Output:
 
     def _route(self, text: str, final: bool) -> list[ContentDelta | ToolCallDelta]:
         if self.tools is None:
-            return [ContentDelta(text)] if text else []
-        out = self.tools.feed(text) if text else []
-        if final:
-            out += self.tools.finish()
-        self.tool_calls += sum(isinstance(d, ToolCallDelta) for d in out)
+            out = [ContentDelta(text)] if text else []
+        else:
+            out = self.tools.feed(text) if text else []
+            if final:
+                out += self.tools.finish()
+        for d in out:
+            (self.text.append(d.text) if isinstance(d, ContentDelta) else self.calls.append(d))
         return out
 
 
@@ -195,11 +219,14 @@ class Api:
                                          "or start llmd with --chat-template", "messages")
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
         try:
-            prompt = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
+            rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
-        ids = await self.runtime.call(self._tokenize_parts, prompt.parts)
-        return await self._generate(request, "chat", ids, req, sid, tools or None)
+        prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
+        for index, part in rendered.replies.items():
+            m = req.messages[index]
+            prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
+        return await self._generate(request, "chat", prompt, req, sid, tools or None)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
@@ -207,19 +234,15 @@ class Api:
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
         if isinstance(req.prompt, str):
-            ids = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
+            prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
-            ids = list(req.prompt)
-        return await self._generate(request, "text", ids, req, sid, None)
+            prompt = PromptIds([list(req.prompt)])
+        return await self._generate(request, "text", prompt, req, sid, None)
 
-    def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> list[int]:
+    def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
-        ids: list[int] = []
-        for text, is_marker in parts:
-            ids += self.engine.tokenize(text, special=is_marker)
-        if self.info.add_bos and (not ids or ids[0] != self.info.bos_id):
-            ids.insert(0, self.info.bos_id)
-        return ids
+        return PromptIds([self.engine.tokenize(text, special=is_marker) for text, is_marker in parts],
+                         self.info.bos_id if self.info.add_bos else None)
 
     def _sampling(self, s: openai.Sampling) -> Sampling:
         return Sampling(
@@ -228,18 +251,21 @@ class Api:
             repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
 
-    async def _generate(self, request: HttpRequest, kind: str, ids: list[int],
+    async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds,
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
                         tools: list[dict] | None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
+        ids = prompt.ids()
         if not ids:
             raise errors.invalid_request("the prompt is empty", "prompt")
         if len(ids) >= n_ctx:
             raise errors.context_length_exceeded(len(ids), n_ctx, "messages" if kind == "chat" else "prompt")
-        room = n_ctx - len(ids)
-        max_tokens = min(req.max_tokens or room, room)
         slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
         reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
+        if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
+            ids = spliced
+        room = n_ctx - len(ids)
+        max_tokens = min(req.max_tokens or room, room)
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse)
         self.runtime.submit(g)
         reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid)
@@ -267,6 +293,7 @@ class Reply:
         self.created = int(time.time())
         self.model = api.options.model_ids[0]
         self.finish_reason: str | None = None
+        self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
         self.closed = False
 
     async def close(self) -> None:
@@ -297,10 +324,24 @@ class Reply:
             if kind != "token":
                 return
 
-    def _finish_reason(self, reason: str) -> str:
-        if self.output.tool_calls:
-            return "tool_calls"
-        return "stop" if reason == "cancelled" else reason
+    def _feed(self, token: Token) -> list[ContentDelta | ToolCallDelta]:
+        if not token.is_terminal:
+            self.generated_ids.append(token.id)
+        deltas, hit = self.output.feed(token.piece)
+        if hit:
+            self.api.runtime.cancel(self.g)
+        return deltas
+
+    def _end(self, reason: str) -> list[ContentDelta | ToolCallDelta]:
+        """The last deltas; sets finish_reason and remembers a complete chat reply."""
+        deltas = self.output.finish()
+        self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
+        # A reply cut by a stop string ("cancelled") holds ids the client never saw.
+        if self.kind == "chat" and self.g.reuse and reason in ("stop", "length"):
+            content = "".join(self.output.text)
+            calls = [(c.name, c.arguments) for c in self.output.calls]
+            self.g.slot.remember_reply(reply_fingerprint(content, calls), self.generated_ids)
+        return deltas
 
     def usage(self) -> dict:
         prompt, done = len(self.g.prompt), self.g.generated
@@ -312,26 +353,19 @@ class Reply:
 
     async def collect(self, request: HttpRequest) -> dict:
         watcher = asyncio.create_task(self._cancel_on_disconnect(request))
-        content: list[str] = []
-        calls: list[dict] = []
-        reason = "stop"
         try:
             async for kind, value in self._events(ping=False):
                 if kind == "token":
-                    deltas, hit = self.output.feed(value.piece)
-                    if hit:
-                        self.api.runtime.cancel(self.g)
+                    self._feed(value)
                 elif kind == "error":
                     raise as_api_error(value)
                 else:
-                    reason = value
-                    deltas = self.output.finish()
-                for d in deltas:
-                    (content.append(d.text) if isinstance(d, ContentDelta) else calls.append(d.to_openai()))
+                    self._end(value)
         finally:
             watcher.cancel()
-        text = "".join(content)
-        finish = self.finish_reason = self._finish_reason(reason)
+        text = "".join(self.output.text)
+        calls = [c.to_openai() for c in self.output.calls]
+        finish = self.finish_reason
         if self.kind == "chat":
             message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
             if calls:
@@ -377,19 +411,15 @@ class Reply:
                 if kind == "ping":
                     yield sse.PING
                 elif kind == "token":
-                    deltas, hit = self.output.feed(value.piece)
-                    if hit:
-                        self.api.runtime.cancel(self.g)
-                    for chunk in self._render(deltas):
+                    for chunk in self._render(self._feed(value)):
                         yield chunk
                 elif kind == "error":
                     yield sse.event(json.dumps(error_body(as_api_error(value))))
                     yield sse.DONE
                     return
                 else:
-                    for chunk in self._render(self.output.finish()):
+                    for chunk in self._render(self._end(value)):
                         yield chunk
-                    self.finish_reason = self._finish_reason(value)
                     yield self._delta_chunk({}, "", self.finish_reason)
             if self.include_usage:
                 yield self._chunk(None, usage=self.usage(), **self._extensions())

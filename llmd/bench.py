@@ -4,7 +4,7 @@ Engine: prompt processing (pp128, pp512) and generation (tg128) at short context
 and after a 2048-token context. HTTP (a real `python -m llmd` subprocess on a
 free port): first-token latency of a 252-token chat prompt, cold (fresh cache)
 and warm (same session, same prompt: warm resume), and streaming tok/s. Memory:
-resident set after load and growth per session with a filled 2048-token cache.
+resident set after load and after each of 4 sessions with a full 2048-token cache.
 With --conversation: a 10-turn chat through HTTP, with and without warm resume.
 """
 from __future__ import annotations
@@ -25,25 +25,51 @@ FILLER = ("The quick brown fox jumps over the lazy dog while the farmer counts h
 
 
 def rss_mb() -> float:
+    """This process's resident set in MB (10^6 bytes, like the engine's byte counts)."""
     with open("/proc/self/status") as f:
-        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return kb / 1024
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib * 1024 / 1e6
 
 
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 3)
 
 
-def engine_figures(path: str, threads: int, runs: int) -> dict:
+MEMORY_CTX = 2048  # context of the sessions the memory figures fill
+
+
+def memory_figures(path: str, threads: int) -> dict:
+    """Resident set before and after load, after a first token (the mapped weights
+    are read in then), then after each of 4 sessions filled to MEMORY_CTX tokens,
+    next to the engine's own per-session estimate."""
     rss_before = rss_mb()
-    with Engine(path, n_threads=threads, n_ctx=4096, max_sessions=6) as engine:
+    with Engine(path, n_threads=threads, n_ctx=MEMORY_CTX, max_sessions=5) as engine:
         rss_load = rss_mb()
+        ids = engine.tokenize(FILLER * 200)[:MEMORY_CTX]
+        with engine.new_session() as warmup:
+            warmup.prefill(ids[:1])
+            warmup.decode_one()
+        rss_warm = rss_mb()
+        sessions, after = [], []
+        for _ in range(4):
+            sessions.append(engine.new_session())
+            sessions[-1].prefill(ids)
+            after.append(round(rss_mb(), 1))
+        for s in sessions:
+            s.close()
+        growth = [b - a for a, b in zip([rss_warm] + after, after)]
+        return {"rss_before_load_mb": round(rss_before, 1), "rss_after_load_mb": round(rss_load, 1),
+                "rss_after_first_token_mb": round(rss_warm, 1),
+                "weights_mb": round(engine.info.weight_bytes / 1e6, 1), "memory_ctx": MEMORY_CTX,
+                "rss_after_sessions_mb": after, "rss_per_session_mb": round(statistics.median(growth), 1),
+                "kv_bytes_per_session": engine.info.bytes_per_session,
+                "kv_bytes_per_token": engine.info.kv_bytes_per_token}
+
+
+def engine_figures(path: str, threads: int, runs: int) -> dict:
+    with Engine(path, n_threads=threads, n_ctx=4096, max_sessions=2) as engine:
         ids = engine.tokenize(FILLER * 200)
-        figures: dict = {"rss_after_load_mb": round(rss_load, 1),
-                         "weights_mb": round(engine.info.weight_bytes / 1e6, 1),
-                         "kv_bytes_per_session": engine.info.bytes_per_session,
-                         "kv_bytes_per_token": engine.info.kv_bytes_per_token,
-                         "threads": engine.info.n_threads}
+        figures: dict = {"threads": engine.info.n_threads}
         with engine.new_session() as s:
             for n in (128, 512):
                 times = []
@@ -64,18 +90,6 @@ def engine_figures(path: str, threads: int, runs: int) -> dict:
                         s.decode_one()
                     rates.append(128 / (time.perf_counter() - t))
                 figures[key] = round(statistics.median(rates), 1)
-        # Memory growth per session: each filled with 2048 tokens of context.
-        sessions, growth = [], []
-        for _ in range(4):
-            before = rss_mb()
-            sessions.append(engine.new_session())
-            sessions[-1].prefill(ids[:2048])
-            growth.append(rss_mb() - before)
-        figures["rss_per_session_2k_mb"] = round(statistics.median(growth), 1)
-        figures["kv_bytes_2k_tokens"] = 2048 * engine.info.kv_bytes_per_token
-        for s in sessions:
-            s.close()
-    figures["rss_before_load_mb"] = round(rss_before, 1)
     return figures
 
 
@@ -193,7 +207,8 @@ def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: 
                   f"   {r['cold_cached']:>31}  {r['cold_ttft_ms']:>7}")
         return 0
     model = path or _default()
-    figures = engine_figures(model, threads, runs)
+    figures = memory_figures(model, threads)
+    figures.update(engine_figures(model, threads, runs))
     figures.update(http_figures(path, threads, runs))
     if as_json:
         print(json.dumps(figures))

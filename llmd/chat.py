@@ -12,7 +12,10 @@ control token, while message content never may (a user who types `<|im_end|>` ge
 those characters, not an end of turn). Markers are exactly the special-token strings
 the template itself writes; everything else (role names, newlines, content, the
 tools block) is plain text. Adjacent plain text is merged so that the tokenizer sees
-the same runs it would see when splitting the full string at control tokens.
+the same runs it would see when splitting the full string at control tokens, with one
+exception: the text of an earlier assistant reply stands alone after its role header,
+as the model's own output did, so that a session can put back the exact ids the model
+generated for it (`Prompt.replies`) instead of re-tokenizing the text.
 
 Tools follow the Hermes convention as Qwen2.5's template writes it, for every ChatML
 model: a `# Tools` block in the system message, `<tool_call>` blocks for assistant
@@ -79,9 +82,12 @@ class ChatTemplate:
 @dataclass
 class Prompt:
     """A rendered prompt: `parts` are (text, is_marker) in order; markers are the
-    template's control-token strings, to be tokenized as control tokens."""
+    template's control-token strings, to be tokenized as control tokens. `replies`
+    maps the index of an assistant message to the index of the part holding its
+    reply (the text the model generated after the generation prompt)."""
 
     parts: list[tuple[str, bool]] = field(default_factory=list)
+    replies: dict[int, int] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
@@ -93,10 +99,17 @@ class Prompt:
     def _text(self, text: str) -> None:
         if not text:
             return
-        if self.parts and not self.parts[-1][1]:
-            self.parts[-1] = (self.parts[-1][0] + text, False)
+        last = len(self.parts) - 1
+        if last >= 0 and not self.parts[last][1] and last not in self.replies.values():
+            self.parts[last] = (self.parts[last][0] + text, False)
         else:
             self.parts.append((text, False))
+
+    def _reply(self, message_index: int, text: str) -> None:
+        """An assistant reply, in a part of its own (see the module docstring)."""
+        if text:
+            self.parts.append((text, False))
+            self.replies[message_index] = len(self.parts) - 1
 
 
 def detect_template(template_text: str | None) -> ChatTemplate | None:
@@ -169,11 +182,14 @@ def _render_chatml(p: Prompt, template: ChatTemplate, msgs: list[dict[str, Any]]
         role = msg["role"]
         if i == 0 and role == "system" and tools:
             continue  # already written with the tools block
-        if role == "assistant" and msg.get("tool_calls"):
+        if role == "assistant":
+            # Every tool-call block starts with a newline, so the template's
+            # "assistant" + ("\n" + content if content else "") + calls is always
+            # the generation prompt "assistant\n" followed by the reply.
+            calls = "".join(_render_tool_call(call) for call in msg.get("tool_calls") or ())
             p._marker(_IM_START)
-            p._text("assistant" + ("\n" + msg["content"] if msg["content"] else ""))
-            for call in msg["tool_calls"]:
-                p._text(_render_tool_call(call))
+            p._text("assistant\n")
+            p._reply(i, msg["content"] + calls if msg["content"] else calls[1:])
             p._marker(_IM_END)
             p._text("\n")
         elif role == "tool":
@@ -233,7 +249,12 @@ def _render_llama3(p: Prompt, msgs: list[dict[str, Any]],
         p._marker(_L3_HEAD)
         p._text(msg["role"])
         p._marker(_L3_HEAD_END)
-        p._text("\n\n" + msg["content"].strip())  # Jinja's `trim` is str.strip()
+        p._text("\n\n")
+        content = msg["content"].strip()  # Jinja's `trim` is str.strip()
+        if msg["role"] == "assistant":
+            p._reply(i, content)
+        else:
+            p._text(content)
         p._marker(_L3_EOT)
     if add_generation_prompt:
         p._marker(_L3_HEAD)

@@ -14,15 +14,19 @@ in arrival order (asyncio locks wake waiters first-in first-out).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
 from llmd.engine import Engine, Session
 
 SESSION_HEADERS = ("x-executorch-session-id", "session_id", "x-session-affinity", "x-session-id")
 MAX_SESSION_ID = 128
+MAX_REPLIES = 64  # assistant replies remembered per session (their generated ids)
 
 
 def session_id_of(body_id: str | None, headers) -> str | None:
@@ -38,6 +42,13 @@ def session_id_of(body_id: str | None, headers) -> str | None:
     return sid
 
 
+def reply_fingerprint(content: str | None, calls: Iterable[tuple[str, str]]) -> str:
+    """Identifies an assistant reply by what the client sees of it: its content and
+    its tool calls as (name, arguments JSON text)."""
+    text = json.dumps([content or "", [list(c) for c in calls]], ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 @dataclass(eq=False)
 class Slot:
     """One engine session and what we know of its KV cache."""
@@ -51,6 +62,15 @@ class Slot:
     users: int = 0                  # requests holding or waiting for the slot
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # reply_fingerprint -> the ids the model generated for that reply, so a resent
+    # reply is fed back exactly as the cache holds it (re-tokenizing may differ).
+    replies: OrderedDict[str, list[int]] = field(default_factory=OrderedDict)
+
+    def remember_reply(self, fingerprint: str, ids: list[int]) -> None:
+        self.replies[fingerprint] = ids
+        self.replies.move_to_end(fingerprint)
+        while len(self.replies) > MAX_REPLIES:
+            self.replies.popitem(last=False)
 
 
 class SessionTable:
@@ -162,6 +182,7 @@ class SessionTable:
         slot = self.named.get(session_id)
         if slot is None:
             return False
+        slot.replies.clear()
         if slot.users == 0:
             await self._call(slot.session.reset)
             slot.resident = []

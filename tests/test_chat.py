@@ -124,6 +124,22 @@ def test_parts_never_hold_empty_text_and_adjacent_text_is_merged():
     assert not any(not a[1] and not b[1] for a, b in zip(prompt.parts, prompt.parts[1:]))
 
 
+def test_assistant_replies_stand_alone_after_the_generation_prompt():
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Call f"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "content": "ok"}, {"role": "assistant", "content": ""}]
+    prompt = render_chat(QWEN, msgs, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert sorted(prompt.replies) == [1, 3]  # an empty reply has no part to stand in for
+    for index, reply in ((1, "Hello"), (3, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')):
+        at = prompt.replies[index]
+        assert prompt.parts[at - 2:at + 2] == [("<|im_start|>", True), ("assistant\n", False),
+                                               (reply, False), ("<|im_end|>", True)]
+    llama = render_chat(LLAMA3, msgs[:2])
+    at = llama.replies[1]
+    assert llama.parts[at - 1:at + 2] == [("\n\n", False), ("Hello", False), ("<|eot_id|>", True)]
+
+
 def test_prompt_text_joins_parts_in_order():
     assert Prompt([("<|im_start|>", True), ("user\nx", False)]).text == "<|im_start|>user\nx"
 

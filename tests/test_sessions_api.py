@@ -107,6 +107,50 @@ def test_warm_resume_reuses_the_previous_turns(server):
     assert second["session_reset_reason"] in ("exact_prefix", "common_prefix")
 
 
+A_ID = 81  # the token "a"; "aaaa" is one token when tokenized, four when forced like this
+
+
+def reply_text(resp) -> str:
+    """The assistant content of a JSON or streamed chat response."""
+    if hasattr(resp, "chunks"):
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in resp.chunks if c["choices"])
+    return resp.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_resent_reply_reuses_the_ids_the_model_generated(server, stream):
+    delete_all(server)
+    question = [{"role": "user", "content": "Say something."}]
+    body = server.chat_body(question, session_id="spliced", max_tokens=4, logit_bias={str(A_ID): 100},
+                            stream=stream, stream_options={"include_usage": True} if stream else None)
+    if not stream:
+        del body["stream"], body["stream_options"]
+    first = server.post_stream("/chat/completions", body) if stream else server.post_json("/chat/completions", body)
+    assert reply_text(first) == "aaaa"
+    prompt_tokens = (first.chunks[-1] if stream else first.json())["usage"]["prompt_tokens"]
+    history = question + [{"role": "assistant", "content": "aaaa"}]
+    second = chat(server, "Again.", history=history, max_tokens=2, session_id="spliced").json()
+    # Re-tokenized, "aaaa" would be one token and reuse would stop at the reply; spliced,
+    # the cache's four "a" ids (the last one was never fed) are reused as they are.
+    assert second["session_reset_reason"] == "exact_prefix"
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_tokens + 3
+
+
+def test_edited_or_stop_trimmed_replies_fall_back_to_their_text(server):
+    delete_all(server)
+    question = [{"role": "user", "content": "Count to five."}]
+    first = chat(server, "Count to five.", session_id="trim", max_tokens=16, stop=["3"]).json()
+    trimmed = first["choices"][0]["message"]["content"]
+    for reply in (trimmed, trimmed + " edited"):
+        history = question + [{"role": "assistant", "content": reply}]
+        resumed = chat(server, "Go on.", history=history, max_tokens=8, session_id="trim").json()
+        fresh = chat(server, "Go on.", history=history, max_tokens=8, session_id="fresh").json()
+        assert fresh["session_reset_reason"] == "new"
+        assert resumed["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
+        assert resumed["usage"]["prompt_tokens"] == fresh["usage"]["prompt_tokens"]
+        server.request("DELETE", "/sessions/fresh")
+
+
 def test_identical_request_is_equal_and_answers_the_same(server):
     delete_all(server)
     a = chat(server, "Count to five.", {"X-Session-ID": "same"}, max_tokens=8).json()
