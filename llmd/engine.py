@@ -55,6 +55,7 @@ class EngineInfo:
     name: str
     chat_template: str
     tokenizer_pre: str
+    kernels: str
     n_ctx_train: int
     n_ctx: int
     n_vocab: int
@@ -120,6 +121,7 @@ class Engine:
         self.info = EngineInfo(
             architecture=_string(raw.architecture), name=_string(raw.name),
             chat_template=_string(raw.chat_template), tokenizer_pre=_string(raw.tokenizer_pre),
+            kernels=_string(raw.kernels),
             n_ctx_train=raw.n_ctx_train, n_ctx=raw.n_ctx, n_vocab=raw.n_vocab, n_embd=raw.n_embd,
             n_layer=raw.n_layer, n_head=raw.n_head, n_head_kv=raw.n_head_kv,
             n_threads=raw.n_threads, bos_id=raw.bos_id, eos_id=raw.eos_id,
@@ -266,14 +268,17 @@ class Session:
 _LAYOUTS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34)}
 
 
-def kernel_matvec(type_id: int, weights: bytes, rows: int, cols: int, x: list[float],
-                  fast: bool) -> list[float]:
-    """Matrix-vector product by the scalar reference or the fast kernel (for tests)."""
+def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[list[float]],
+                  fast: bool) -> list[list[float]]:
+    """Each x in xs times the matrix, by the scalar reference or the engine's fast
+    kernels (for tests)."""
     # The engine checks type and shape; only here are the buffer lengths known.
     elems, size = _LAYOUTS.get(type_id, (1, 0))
     if rows > 0 and cols > 0 and cols % elems == 0 and (
-            len(x) != cols or len(weights) < rows * (cols // elems) * size):
+            any(len(x) != cols for x in xs) or len(weights) < rows * (cols // elems) * size):
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "weights or x do not match rows x cols")
-    y = ffi.new("float[]", rows)
-    _check(lib.llmd_kernel_matvec(type_id, weights, rows, cols, ffi.new("float[]", x), y, int(fast)))
-    return list(ffi.unpack(y, rows))
+    y = ffi.new("float[]", max(rows, 0) * len(xs))
+    x = ffi.new("float[]", [v for x in xs for v in x])
+    _check(lib.llmd_kernel_matmul(type_id, weights, rows, cols, x, len(xs), y, int(fast)))
+    flat = list(ffi.unpack(y, max(rows, 0) * len(xs)))
+    return [flat[t * rows:(t + 1) * rows] for t in range(len(xs))]

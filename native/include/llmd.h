@@ -52,6 +52,7 @@ typedef struct {
     const char *name;
     const char *chat_template;  /* "" if the model has none */
     const char *tokenizer_pre;
+    const char *kernels;        /* the matrix kernels this build runs, e.g. "avx512-vnni, repacked" */
     int32_t n_ctx_train;
     int32_t n_ctx;              /* context per session */
     int32_t n_vocab;
@@ -162,10 +163,11 @@ llmd_status llmd_session_score(llmd_session *session, const int32_t *ids, size_t
 
 /* ---- kernels (for tests comparing fast paths with the scalar reference) -- */
 
-/* y[r] = dot(row r of a rows x cols matrix of ggml type `type`, x), computed by
- * the scalar reference (fast == 0) or the fastest path for this machine. */
-llmd_status llmd_kernel_matvec(int32_t type, const void *weights, int32_t rows,
-                               int32_t cols, const float *x, float *y, int32_t fast);
+/* y[t * rows + r] = dot(row r of a rows x cols matrix of ggml type `type`,
+ * x[t * cols ...]) for n tokens, computed by the scalar reference (fast == 0) or
+ * the engine's own matrix kernels (repacked weights where this build has them). */
+llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
+                               int32_t cols, const float *x, int32_t n, float *y, int32_t fast);
 
 #ifdef __cplusplus
 }

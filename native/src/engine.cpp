@@ -277,6 +277,7 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->name = e->name.c_str();
         out->chat_template = e->chat_template.c_str();
         out->tokenizer_pre = e->tokenizer_pre.c_str();
+        out->kernels = kernel_path();
         out->n_ctx_train = hp.n_ctx_train;
         out->n_ctx = e->n_ctx;
         out->n_vocab = hp.n_vocab;
@@ -507,22 +508,33 @@ llmd_status llmd_session_score(llmd_session *s, const int32_t *ids, size_t n, si
     });
 }
 
-llmd_status llmd_kernel_matvec(int32_t type, const void *weights, int32_t rows, int32_t cols, const float *x, float *y,
-                               int32_t fast) {
+llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, int32_t cols, const float *x,
+                               int32_t n, float *y, int32_t fast) {
     return guarded([&]() -> llmd_status {
         int64_t be = 0, bb = 0;
         if (type < 0 || !ggml_type_layout(static_cast<uint32_t>(type), &be, &bb))
             return fail(LLMD_ERR_UNSUPPORTED, "unsupported tensor type " + std::to_string(type));
-        if (weights == nullptr || x == nullptr || y == nullptr || rows < 1 || cols < 1 || cols % be != 0 ||
-            (type_uses_q8a(type) && cols % QK != 0))
+        if (weights == nullptr || x == nullptr || y == nullptr || rows < 1 || cols < 1 || n < 1 ||
+            cols % be != 0 || (type_uses_q8a(type) && cols % QK != 0))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad matrix arguments");
-        std::vector<BlockQ8A> xq(static_cast<size_t>(cols + QK - 1) / QK);
-        if (type_uses_q8a(type)) quantize_row_q8a(x, xq.data(), cols);
-        const size_t stride = row_bytes(type, cols);
-        for (int32_t r = 0; r < rows; ++r) {
-            const void *row = static_cast<const uint8_t *>(weights) + r * stride;
-            y[r] = fast ? vec_dot(type, row, x, xq.data(), cols) : vec_dot_ref(type, row, x, xq.data(), cols);
+        const int64_t nb = (cols + QK - 1) / QK;
+        std::vector<BlockQ8A> xq(static_cast<size_t>(n * nb));
+        if (type_uses_q8a(type))
+            for (int32_t t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq.data() + t * nb, cols);
+        Matrix w{static_cast<uint32_t>(type), cols, rows, row_bytes(type, cols), static_cast<const uint8_t *>(weights)};
+        if (!fast) {
+            for (int32_t t = 0; t < n; ++t)
+                for (int32_t r = 0; r < rows; ++r)
+                    y[t * rows + r] = vec_dot_ref(w.type, w.row(r), x + t * cols, xq.data() + t * nb, cols);
+            return LLMD_OK;
         }
+        const size_t packed_size = packed_bytes(w.type, rows, cols);
+        AlignedBytes packed(packed_size);
+        if (packed_size > 0) {
+            pack_rows(w.type, weights, rows, cols, packed.data);
+            w.packed = packed.data;
+        }
+        matmul_rows({&w, x, xq.data(), y}, n, 0, rows);
         return LLMD_OK;
     });
 }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -180,7 +182,40 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::strin
         model->inv_freq[i] = static_cast<float>(f);
     }
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
+    model->pack();
     return model;
+}
+
+AlignedBytes::AlignedBytes(size_t n) : raw(new uint8_t[n + 63]) {
+    data = raw.get() + (-reinterpret_cast<uintptr_t>(raw.get()) & 63);
+}
+
+namespace {
+
+// Gives the mapped pages of a packed original back to the page cache: the engine
+// reads the packed copy from now on (a tied embedding's rows fault back in singly).
+void release_mapping(const Matrix &m) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(m.data) + page - 1) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(m.data) + m.rows * m.row_bytes) & ~(page - 1);
+    if (end > begin) madvise(reinterpret_cast<void *>(begin), end - begin, MADV_DONTNEED);
+}
+
+} // namespace
+
+void Model::pack() {
+    std::vector<Matrix *> matrices{&output};
+    for (LayerWeights &L : layers)
+        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matrices.push_back(m);
+    for (Matrix *m : matrices) {
+        const size_t n = packed_bytes(m->type, m->rows, m->cols);
+        if (n == 0) continue;
+        packed.emplace_back(n);
+        pack_rows(m->type, m->data, m->rows, m->cols, packed.back().data);
+        m->packed = packed.back().data;
+        weight_bytes += n - m->rows * m->row_bytes;
+        release_mapping(*m);
+    }
 }
 
 // ---- kernels -------------------------------------------------------------
@@ -202,33 +237,64 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     capacity = n_tokens;
 }
 
-void matmul(const Matrix &w, const float *x, int n, float *y, std::vector<BlockQ8A> &xq,
-            ThreadPool &pool) {
-    const int64_t cols = w.cols, rows = w.rows;
-    const bool quantized = type_uses_q8a(w.type);
-    const int64_t xq_stride = cols / QK;
-    if (quantized) {
-        for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq.data() + t * xq_stride, cols);
+void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
+    const Matrix &w = *job.w;
+    const int64_t cols = w.cols, rows = w.rows, nb = cols / QK;
+    if (w.packed != nullptr) {
+        matmul_packed(w.type, w.packed, rows, cols, r0 / kPanel, (r1 + kPanel - 1) / kPanel, job.xq, n, job.y,
+                      rows, job.add);
+        return;
     }
-    // Row chunks small enough to keep both cores busy, large enough to amortise a task.
-    const int64_t chunk = std::max<int64_t>(16, rows / (8 * pool.size()));
-    const int n_tasks = static_cast<int>((rows + chunk - 1) / chunk);
-    constexpr int kTokenTile = 16; // tokens sharing one pass over a chunk of rows
-    pool.run(n_tasks, [&](int task) {
-        const int64_t r0 = task * chunk, r1 = std::min(rows, r0 + chunk);
-        for (int t0 = 0; t0 < n; t0 += kTokenTile) {
-            const int t1 = std::min(n, t0 + kTokenTile);
-            for (int64_t r = r0; r < r1; ++r) {
-                const void *row = w.row(r);
-                for (int t = t0; t < t1; ++t)
-                    y[t * rows + r] = vec_dot(w.type, row, x + t * cols,
-                                              quantized ? xq.data() + t * xq_stride : nullptr, cols);
+    const bool quantized = type_uses_q8a(w.type);
+    constexpr int kTokenTile = 16; // tokens sharing one pass over the rows
+    for (int t0 = 0; t0 < n; t0 += kTokenTile) {
+        const int t1 = std::min(n, t0 + kTokenTile);
+        for (int64_t r = r0; r < r1; ++r) {
+            const void *row = w.row(r);
+            for (int t = t0; t < t1; ++t) {
+                const float v = vec_dot(w.type, row, job.x + t * cols, quantized ? job.xq + t * nb : nullptr, cols);
+                float &y = job.y[t * rows + r];
+                y = job.add ? y + v : v;
             }
         }
-    });
+    }
 }
 
 namespace {
+
+void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
+    for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq + t * (cols / QK), cols);
+}
+
+// Runs the jobs (which share one input) as one parallel region, split into row
+// chunks small enough to balance the threads and large enough to amortise a task.
+void run_matmuls(ThreadPool &pool, int n, std::initializer_list<MatJob> jobs) {
+    struct Task { const MatJob *job; int64_t r0, r1; };
+    Task tasks[256];
+    int n_tasks = 0;
+    int64_t total = 0;
+    for (const MatJob &j : jobs) total += j.w->rows;
+    const int64_t target = std::max<int64_t>(4 * kPanel, total / (8 * pool.size()));
+    for (const MatJob &j : jobs) {
+        const int64_t rows = j.w->rows;
+        const int64_t pieces = std::min<int64_t>((rows + target - 1) / target, 256 / jobs.size());
+        const int64_t chunk = ((rows + pieces - 1) / pieces + kPanel - 1) / kPanel * kPanel;
+        for (int64_t r0 = 0; r0 < rows; r0 += chunk) tasks[n_tasks++] = {&j, r0, std::min(rows, r0 + chunk)};
+    }
+    pool.run(n_tasks, [&](int i) {
+        const Task &task = tasks[i];
+        const MatJob &j = *task.job;
+        matmul_rows(j, n, task.r0, task.r1);
+        if (j.up == nullptr) return;
+        matmul_rows({j.up, j.x, j.xq, j.scratch}, n, task.r0, task.r1);
+        const int64_t rows = j.w->rows;
+        for (int t = 0; t < n; ++t)
+            for (int64_t r = task.r0; r < task.r1; ++r) {
+                float &g = j.y[t * rows + r];
+                g = g / (1.0f + std::exp(-g)) * j.scratch[t * rows + r];
+            }
+    });
+}
 
 void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0.0;
@@ -323,6 +389,7 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
     ws.reserve(hp, n);
     float *x = ws.x.data(), *xb = ws.xb.data(), *q = ws.q.data(), *k = ws.k.data(),
           *v = ws.v.data(), *att = ws.att.data(), *hb = ws.hb.data(), *hb2 = ws.hb2.data();
+    BlockQ8A *xq = ws.xq.data();
 
     for (int t = 0; t < n; ++t)
         dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
@@ -330,9 +397,8 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
     for (int l = 0; l < hp.n_layer; ++l) {
         const LayerWeights &L = model.layers[l];
         for (int t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, L.attn_norm, dim, hp.norm_eps);
-        matmul(L.wq, xb, n, q, ws.xq, pool);
-        matmul(L.wk, xb, n, k, ws.xq, pool);
-        matmul(L.wv, xb, n, v, ws.xq, pool);
+        quantize_rows(xb, n, dim, xq);
+        run_matmuls(pool, n, {{&L.wq, xb, xq, q}, {&L.wk, xb, xq, k}, {&L.wv, xb, xq, v}});
         for (int t = 0; t < n; ++t) {
             rope(q + t * q_dim, hp.n_head, hp, model.inv_freq, batch[t].pos);
             rope(k + t * kv_dim, hp.n_head_kv, hp, model.inv_freq, batch[t].pos);
@@ -347,22 +413,24 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
             attend(q + t * q_dim + h * hp.head_dim, *batch[t].kv, hp, l, h / group, batch[t].pos,
                    att + t * q_dim + h * hp.head_dim);
         });
-        matmul(L.wo, att, n, xb, ws.xq, pool);
-        for (int i = 0; i < n * dim; ++i) x[i] += xb[i];
+        quantize_rows(att, n, q_dim, xq);
+        run_matmuls(pool, n, {{&L.wo, att, xq, x, true}});
 
         for (int t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, L.ffn_norm, dim, hp.norm_eps);
-        matmul(L.w_gate, xb, n, hb, ws.xq, pool);
-        matmul(L.w_up, xb, n, hb2, ws.xq, pool);
-        for (int i = 0; i < n * ff; ++i) hb[i] = hb[i] / (1.0f + std::exp(-hb[i])) * hb2[i];
-        matmul(L.w_down, hb, n, xb, ws.xq, pool);
-        for (int i = 0; i < n * dim; ++i) x[i] += xb[i];
+        quantize_rows(xb, n, dim, xq);
+        run_matmuls(pool, n, {{&L.w_gate, xb, xq, hb, false, &L.w_up, hb2}});
+        quantize_rows(hb, n, ff, xq);
+        run_matmuls(pool, n, {{&L.w_down, hb, xq, x, true}});
     }
 
     int n_out = 0;
     for (int t = 0; t < n; ++t)
         if (batch[t].logits)
             rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
-    if (n_out > 0) matmul(model.output, ws.logits_in.data(), n_out, logits, ws.xq, pool);
+    if (n_out > 0) {
+        quantize_rows(ws.logits_in.data(), n_out, dim, xq);
+        run_matmuls(pool, n_out, {{&model.output, ws.logits_in.data(), xq, logits}});
+    }
     pool.park();
 }
 

@@ -14,14 +14,23 @@
 
 namespace llmd {
 
-// A weight matrix in GGUF layout: `rows` rows of `cols` contiguous elements.
+// A weight matrix in GGUF layout: `rows` rows of `cols` contiguous elements, and
+// its repacked form (quants.h) when this build has one for its type.
 struct Matrix {
     uint32_t type = 0;
     int64_t cols = 0; // ne[0], the input dimension
     int64_t rows = 0; // ne[1], the output dimension
     size_t row_bytes = 0;
     const uint8_t *data = nullptr;
+    const uint8_t *packed = nullptr;
     const void *row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+};
+
+// Heap bytes aligned to a cache line, so that packed panels never straddle lines.
+struct AlignedBytes {
+    std::unique_ptr<uint8_t[]> raw;
+    uint8_t *data = nullptr;
+    explicit AlignedBytes(size_t n);
 };
 
 struct HParams {
@@ -60,11 +69,15 @@ struct Model {
     Matrix output;               // (vocab, dim); token_embd when the model ties them
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair
     std::vector<LayerWeights> layers;
-    uint64_t weight_bytes = 0;
+    std::vector<AlignedBytes> packed; // storage of the matrices' packed forms
+    uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
 
     // Binds the weights of a GGUF whose architecture the caller checked is `llama`;
     // nullptr with *error on any mismatch.
     static std::unique_ptr<Model> load(const GGUFFile &file, int n_vocab, std::string *error);
+
+private:
+    void pack(); // repacks the matrices this build has kernels for (quants.h)
 };
 
 // One session's attention memory: keys and values as f16, (layer, n_ctx, kv_dim).
@@ -98,8 +111,19 @@ constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are c
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
              ThreadPool &pool, float *logits);
 
-// y (n × w.rows) = x (n × w.cols) · wᵀ, split across the pool. Exposed for tests.
-void matmul(const Matrix &w, const float *x, int n, float *y, std::vector<BlockQ8A> &xq,
-            ThreadPool &pool);
+// One matrix product of a parallel region: y (n, w.rows) = x (n, w.cols) · wᵀ, or
+// y += when `add`. Quantized weights read xq (x quantized per block), others read x.
+// With `up`, a SwiGLU: y = silu(x · wᵀ) * (x · upᵀ), `scratch` (n, up.rows) holding the latter.
+struct MatJob {
+    const Matrix *w;
+    const float *x;
+    const BlockQ8A *xq;
+    float *y;
+    bool add = false;
+    const Matrix *up = nullptr;
+    float *scratch = nullptr;
+};
 
+// Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
+void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
 } // namespace llmd

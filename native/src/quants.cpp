@@ -3,12 +3,16 @@
 
 #include "gguf.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LLMD_AVX2 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define LLMD_PACKED 1
 #endif
 
 namespace llmd {
@@ -74,6 +78,7 @@ void quantize_row_q8a(const float *x, BlockQ8A *y, int64_t n) {
             sum += q;
         }
         y[b].d = d;
+        y[b].sum = sum;
         y[b].s = d * static_cast<float>(sum);
     }
 }
@@ -274,7 +279,9 @@ float vec_dot(uint32_t type, const void *row, const float *x, const BlockQ8A *xq
 }
 
 const char *kernel_path() {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(LLMD_PACKED)
+    return "avx512-vnni, repacked";
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return "avx512-vnni";
 #else
     return "avx2";
@@ -290,5 +297,170 @@ float vec_dot(uint32_t type, const void *row, const float *x, const BlockQ8A *xq
 const char *kernel_path() { return "scalar"; }
 
 #endif
+
+} // namespace llmd
+
+// ---- repacked weights ----------------------------------------------------
+
+namespace llmd {
+
+namespace {
+
+bool is_q4(uint32_t type) { return type == GGML_Q4_0 || type == GGML_Q4_1; }
+
+// One panel-block's weights: 16 rows of 32 elements, 4 or 8 bits each.
+size_t weight_bytes_of(uint32_t type) { return is_q4(type) ? kPanel * QK / 2 : kPanel * QK; }
+
+// A panel: its blocks' weights, then each block's 16 d, then (Q4_1) each block's 16 m.
+size_t panel_bytes_of(uint32_t type, int64_t nb) {
+    const size_t scales = type == GGML_Q4_1 ? 2 : 1;
+    return static_cast<size_t>(nb) * (weight_bytes_of(type) + scales * kPanel * sizeof(uint16_t));
+}
+
+} // namespace
+
+size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols) {
+#ifdef LLMD_PACKED
+    if (!type_uses_q8a(type) || rows < 1 || cols < QK || cols % QK != 0) return 0;
+    return static_cast<size_t>((rows + kPanel - 1) / kPanel) * panel_bytes_of(type, cols / QK);
+#else
+    (void)type, (void)rows, (void)cols;
+    return 0;
+#endif
+}
+
+void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t *out) {
+    const int64_t nb = cols / QK, panels = (rows + kPanel - 1) / kPanel;
+    const size_t wbytes = weight_bytes_of(type), pbytes = panel_bytes_of(type, nb);
+    const size_t src_row = row_bytes(type, cols);
+    std::memset(out, 0, static_cast<size_t>(panels) * pbytes);
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t *row = static_cast<const uint8_t *>(w) + static_cast<size_t>(r) * src_row;
+        uint8_t *panel = out + static_cast<size_t>(r / kPanel) * pbytes;
+        auto *d = reinterpret_cast<uint16_t *>(panel + nb * wbytes); // (nb, 16)
+        uint16_t *m = d + nb * kPanel;                                // (nb, 16), Q4_1 only
+        const int64_t i = r % kPanel;
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t *blk = panel + b * wbytes;
+            if (type == GGML_Q8_0) {
+                const auto &src = reinterpret_cast<const BlockQ8_0 *>(row)[b];
+                for (int j = 0; j < 8; ++j)
+                    for (int k = 0; k < 4; ++k) blk[j * 64 + i * 4 + k] = static_cast<uint8_t>(src.qs[4 * j + k]) ^ 0x80;
+                d[b * kPanel + i] = src.d;
+                continue;
+            }
+            const uint8_t *qs;
+            if (type == GGML_Q4_0) {
+                const auto &src = reinterpret_cast<const BlockQ4_0 *>(row)[b];
+                qs = src.qs, d[b * kPanel + i] = src.d;
+            } else {
+                const auto &src = reinterpret_cast<const BlockQ4_1 *>(row)[b];
+                qs = src.qs, d[b * kPanel + i] = src.d, m[b * kPanel + i] = src.m;
+            }
+            for (int j = 0; j < 4; ++j)
+                for (int k = 0; k < 4; ++k) blk[j * 64 + i * 4 + k] = qs[4 * j + k];
+        }
+    }
+}
+
+#ifdef LLMD_PACKED
+namespace {
+
+// T tokens against one panel: the 16 rows' dot products for each token. Weight =
+// (u - 8) * d (Q4_0), (u - 128) * d (Q8_0, u = q + 128) or u * d + m (Q4_1); the
+// offsets of the first two are taken off in integers, exactly: sum(u x) - k sum(x).
+template <int T, uint32_t Type>
+void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid,
+                bool add) {
+    constexpr bool kQ4 = Type != GGML_Q8_0;
+    constexpr size_t kW = kQ4 ? kPanel * QK / 2 : kPanel * QK;
+    const auto *ds = reinterpret_cast<const __m256i *>(panel + nb * kW);
+    const auto *ms = ds + nb;
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *blk = panel + b * kW;
+        __m512i w[8]; // w[g]: rows × elements 4g..4g+3
+        if (kQ4) {
+            for (int j = 0; j < 4; ++j) {
+                const __m512i v = _mm512_load_si512(blk + 64 * j);
+                w[j] = _mm512_and_si512(v, low);
+                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
+        } else {
+            for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(blk + 64 * j);
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(ds + b));
+        for (int t = 0; t < T; ++t) {
+            const BlockQ8A &xb = x[t][b];
+            constexpr int32_t kOffset = Type == GGML_Q4_0 ? 8 : Type == GGML_Q8_0 ? 128 : 0;
+            // Two independent chains: a dpbusd's latency exceeds its issue interval.
+            __m512i even = _mm512_set1_epi32(-kOffset * xb.sum), odd = _mm512_setzero_si512();
+            for (int g = 0; g < 8; g += 2) {
+                int32_t a, c;
+                std::memcpy(&a, xb.qs + 4 * g, 4);
+                std::memcpy(&c, xb.qs + 4 * g + 4, 4);
+                even = _mm512_dpbusd_epi32(even, w[g], _mm512_set1_epi32(a));
+                odd = _mm512_dpbusd_epi32(odd, w[g + 1], _mm512_set1_epi32(c));
+            }
+            const __m512i sum = _mm512_add_epi32(even, odd);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sum), acc[t]);
+            if (Type == GGML_Q4_1)
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_load_si256(ms + b)), _mm512_set1_ps(xb.s), acc[t]);
+        }
+    }
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    for (int t = 0; t < T; ++t) {
+        __m512 out = acc[t];
+        if (add) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, y[t]));
+        _mm512_mask_storeu_ps(y[t], mask, out);
+    }
+}
+
+template <uint32_t Type>
+void panel_tokens(const uint8_t *panel, int64_t nb, const BlockQ8A *xq, int n, float *y, int64_t y_stride,
+                  int valid, bool add) {
+    constexpr int kTile = 4; // tokens sharing one unpacking of the panel's weights
+    const BlockQ8A *x[kTile];
+    float *out[kTile];
+    for (int t0 = 0; t0 < n; t0 += kTile) {
+        const int tn = std::min(kTile, n - t0);
+        for (int t = 0; t < tn; ++t) {
+            x[t] = xq + static_cast<int64_t>(t0 + t) * nb;
+            out[t] = y + static_cast<int64_t>(t0 + t) * y_stride;
+        }
+        switch (tn) {
+        case 4: panel_tile<4, Type>(panel, nb, x, out, valid, add); break;
+        case 3: panel_tile<3, Type>(panel, nb, x, out, valid, add); break;
+        case 2: panel_tile<2, Type>(panel, nb, x, out, valid, add); break;
+        default: panel_tile<1, Type>(panel, nb, x, out, valid, add); break;
+        }
+    }
+}
+
+} // namespace
+#endif
+
+void matmul_packed(uint32_t type, const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
+                   int64_t p1, const BlockQ8A *xq, int n, float *y, int64_t y_stride, bool add) {
+#ifdef LLMD_PACKED
+    const int64_t nb = cols / QK;
+    const size_t pbytes = panel_bytes_of(type, nb);
+    for (int64_t p = p0; p < p1; ++p) {
+        const uint8_t *panel = packed + static_cast<size_t>(p) * pbytes;
+        const int valid = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
+        float *out = y + p * kPanel;
+        switch (type) {
+        case GGML_Q4_0: panel_tokens<GGML_Q4_0>(panel, nb, xq, n, out, y_stride, valid, add); break;
+        case GGML_Q4_1: panel_tokens<GGML_Q4_1>(panel, nb, xq, n, out, y_stride, valid, add); break;
+        default: panel_tokens<GGML_Q8_0>(panel, nb, xq, n, out, y_stride, valid, add); break;
+        }
+    }
+#else
+    (void)type, (void)packed, (void)rows, (void)cols, (void)p0, (void)p1, (void)xq, (void)n, (void)y,
+        (void)y_stride, (void)add;
+#endif
+}
 
 } // namespace llmd

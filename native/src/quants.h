@@ -3,7 +3,7 @@
 // Weights stay in their GGUF block format. Activations are quantized per block
 // of 32 into BlockQ8A so quantized weights use integer dot products. Every dot
 // product has a portable scalar reference (`*_ref`) and a fast path for the
-// build machine; tests compare the two through llmd_kernel_matvec.
+// build machine; tests compare the two through llmd_kernel_matmul.
 #pragma once
 
 #include <cstddef>
@@ -21,8 +21,9 @@ struct BlockQ8_0 { uint16_t d; int8_t qs[QK]; };                // x = q * d
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34,
               "GGUF block sizes");
 
-// A quantized activation block: d is the scale, s = d * sum(qs) serves Q4_1's offset.
-struct BlockQ8A { float d; float s; int8_t qs[QK]; };
+// A quantized activation block: d is the scale, sum = sum(qs), s = d * sum serves
+// Q4_1's offset.
+struct BlockQ8A { float d; float s; int32_t sum; int8_t qs[QK]; };
 
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
@@ -43,5 +44,26 @@ size_t row_bytes(uint32_t type, int64_t n);
 
 // Name of the dot-product path this build uses ("avx512-vnni", "avx2", "scalar").
 const char *kernel_path();
+
+// ---- repacked weights (AVX-512 VNNI builds) -------------------------------
+//
+// Row dot products spend most of their instructions unpacking one row's blocks and
+// reducing one accumulator. Packed weights interleave kPanel rows block by block so
+// that one 512-bit VNNI instruction multiplies 16 rows by the same 4 activations.
+// A panel holds, per block, 8 (Q8_0) or 4 (4-bit kinds) loads of 64 bytes where
+// load j is rows 0..15 × elements 4j..4j+3 as unsigned bytes (a 4-bit byte also
+// carries elements 16 + 4j.. in its high nibble, as GGUF pairs them; Q8_0 stores
+// q + 128); then every block's 16 scales d as f16, then for Q4_1 its 16 offsets m.
+// Each type keeps its GGUF size. Rows past the end of the matrix are zero.
+constexpr int kPanel = 16;
+
+// Bytes of the packed form, or 0 when this build or type has none.
+size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols);
+// Packs a GGUF matrix of `rows` rows of `cols` columns into `out` (packed_bytes long).
+void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t *out);
+// For panels [p0, p1) of a packed matrix and n tokens whose activations are
+// xq + t * (cols / QK): y[t * y_stride + r] = dot (or += dot when `add`).
+void matmul_packed(uint32_t type, const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
+                   int64_t p1, const BlockQ8A *xq, int n, float *y, int64_t y_stride, bool add);
 
 } // namespace llmd
