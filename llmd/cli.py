@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="engine and HTTP speed and memory figures", formatter_class=fmt)
     bench.add_argument("--model", default=_env("model", None), help="GGUF model file (default: the default model)")
     bench.add_argument("--threads", type=int, default=_env("threads", 0, int), help="engine threads (0 = one per core)")
-    bench.add_argument("--runs", type=int, default=_env("runs", 5, int), help="runs per figure (the median is reported)")
+    bench.add_argument("--runs", type=int, default=_env("runs", 5, int),
+                       help="runs per figure (the median is reported)")
     bench.add_argument("--json", action="store_true", default=_env("json", False, bool), help="print one JSON object")
     bench.add_argument("--conversation", action="store_true", default=_env("conversation", False, bool),
                        help="instead: a 10-turn chat, first-token latency with and without warm resume")

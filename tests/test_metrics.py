@@ -97,11 +97,11 @@ def parse(text: str) -> tuple[dict[str, dict], dict[tuple, float]]:
         if not line.strip():
             continue
         if line.startswith("#"):
-            m = re.fullmatch(rf"# (HELP|TYPE) ({_NAME}) (.*)", line) if line.startswith(("# HELP ", "# TYPE ")) else None
-            if line.startswith(("# HELP ", "# TYPE ")) and not m:
-                raise FormatError(f"bad comment line {line!r}")
+            if not line.startswith(("# HELP ", "# TYPE ")):
+                continue  # a plain comment
+            m = re.fullmatch(rf"# (HELP|TYPE) ({_NAME}) (.*)", line)
             if not m:
-                continue
+                raise FormatError(f"bad comment line {line!r}")
             kind, name, rest = m.groups()
             family = families.setdefault(name, {"type": "untyped", "help": None, "samples": 0})
             if name in done or family["samples"]:
