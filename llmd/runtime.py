@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmd.engine import Engine, Sampling, Token
+from llmd.metrics import ServerMetrics
 from llmd.prefill import PrefillPlan, plan_prefill
 from llmd.sessions import Slot
 
@@ -51,6 +52,7 @@ class Generation:
     t_prefill_start: float = 0.0
     t_prefill_end: float = 0.0
     t_first_token: float = 0.0
+    t_last_token: float = 0.0
     t_end: float = 0.0
 
     def first_token_ms(self) -> float:
@@ -77,8 +79,9 @@ class Generation:
 class Runtime:
     """Owns the executor thread and schedules generations on it."""
 
-    def __init__(self, *, warm_resume: bool = True):
+    def __init__(self, metrics: ServerMetrics, *, warm_resume: bool = True):
         self.engine: Engine | None = None
+        self.metrics = metrics
         self.warm_resume = warm_resume
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-engine")
         self._active: list[Generation] = []
@@ -117,6 +120,8 @@ class Runtime:
         else:
             g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
         g.next_prefill = g.plan.keep
+        self.metrics.prompt_tokens.inc(len(g.prompt))
+        self.metrics.cached_tokens.inc(g.plan.keep)
         self._active.append(g)
         self._wake.set()
 
@@ -197,9 +202,15 @@ class Runtime:
             if g.cancelled:
                 self._finish(g, "end", "cancelled")
                 continue
+            now = time.perf_counter()
             g.generated += 1
+            self.metrics.generated_tokens.inc()
             if g.generated == 1:
-                g.t_first_token = time.perf_counter()
+                g.t_first_token = now
+                self.metrics.first_token.observe(now - g.t_submit)
+            else:
+                self.metrics.inter_token.observe(now - g.t_last_token)
+            g.t_last_token = now
             g.events.put_nowait(("token", tok))
             if tok.is_terminal:
                 self._finish(g, "end", "stop")

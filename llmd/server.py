@@ -27,6 +27,7 @@ from llmd.http import (CONTINUE, LAST_CHUNK, Body, EndOfMessage, Event, Headers,
                        ParseError, Request, RequestParser, render_chunk, render_head)
 
 log = logging.getLogger("llmd.server")
+access_log = logging.getLogger("llmd.access")
 
 
 @dataclass
@@ -70,9 +71,15 @@ _LINGER = 1.0              # seconds to drain a rejected client before closing
 
 
 def _access_log(request: HttpRequest, response: Response | StreamResponse | None, seconds: float) -> None:
-    status = response.status if response is not None else 500
-    extra = "".join(f" {k}={v}" for k, v in response.log.items()) if response is not None else ""
-    log.info("%s %s %d %.1fms%s", request.method, request.path, status, seconds * 1000, extra)
+    """One line per request; the app's fields (session, token counts, ...) follow the status."""
+    fields = {"method": request.method, "path": request.path,
+              "status": response.status if response is not None else 500, "ms": round(seconds * 1000, 1),
+              "client": request.client[0] if request.client else "-"}
+    extra = response.log if response is not None else {}
+    fields.update(extra)
+    access_log.info("%s %s %d %.1fms client=%s%s", request.method, request.path, fields["status"],
+                    fields["ms"], fields["client"], "".join(f" {k}={v}" for k, v in extra.items()),
+                    extra={"fields": fields})
 
 
 class _Disconnected(Exception):

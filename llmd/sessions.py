@@ -191,6 +191,24 @@ class SessionTable:
             slot.dirty = True  # the next request starts from an empty cache
         return True
 
+    @property
+    def in_use(self) -> int:
+        """Slots counted against capacity: named, temporary and being created."""
+        return self.capacity - 1 - self._free_slots()
+
+    def _lasting_slots(self) -> list[Slot]:
+        return [*self.named.values(), *([self.scratch] if self.scratch else [])]
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a session that an earlier request holds."""
+        return sum(s.users - s.lock.locked() for s in self._lasting_slots())
+
+    @property
+    def resident_tokens(self) -> int:
+        """Tokens held in the KV caches of named sessions and the scratch session."""
+        return sum(len(s.resident) for s in self._lasting_slots())
+
     def describe(self, slot: Slot) -> dict:
         return {
             "id": slot.id,

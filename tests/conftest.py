@@ -40,10 +40,11 @@ def tiny_model(tiny_llama_factory) -> TinyLlama:
 # ---- a real llmd server on the default model (conformance suite, API tests) -------
 
 @contextlib.contextmanager
-def running_llmd(*flags: str, timeout: float = 120.0):
-    """Run `python -m llmd --port 0 FLAGS` for the block; yields its base URL once ready."""
+def running_llmd(*flags: str, timeout: float = 120.0, stderr=subprocess.DEVNULL):
+    """Run `python -m llmd --port 0 FLAGS` for the block; yields its base URL once ready.
+    Its log goes to `stderr` (a file object), by default nowhere."""
     proc = subprocess.Popen([sys.executable, "-m", "llmd", "--port", "0", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=stderr, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + timeout

@@ -1,7 +1,14 @@
 """The checking commands of `python -m llmd` on the default model."""
 import json
+import os
+import re
+import shlex
+import socket
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import pytest
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -38,3 +45,91 @@ def test_help_lists_serve_flags_with_defaults():
                  "--session-eviction", "--no-warm-resume", "--scratch-reuse", "--model-alias"):
         assert flag in out
     assert "default: 8000" in out
+
+
+# ---- help, LLMD_* variables, the start-up banner, systemd notification ----------------
+
+def _serve_flags(help_text: str) -> list[str]:
+    usage = help_text.split("\n\n", 1)[0]
+    return [f for f in re.findall(r"\[(--[a-z-]+)", usage) if f != "--help"]
+
+
+def test_top_level_help_lists_every_serve_flag_with_its_default_and_variable():
+    out = run("--help").stdout
+    flags = _serve_flags(out)
+    assert len(flags) >= 15 and "--log-format" in flags
+    options = " ".join(out.split("options:", 1)[1].split())  # unwrap the help lines
+    for flag, following in zip(flags, flags[1:] + ["Other"]):
+        start = options.index(flag + " ")
+        entry = options[start:options.index(following + " ", start)]
+        assert "(default:" in entry, flag
+        assert f"[env LLMD_{flag[2:].upper().replace('-', '_')}]" in entry, flag
+    assert "pull, tokenize, perplexity, bench" in out
+
+
+def _other_value(default, choices: list[str]):
+    """An LLMD_* value different from a flag's default, and what it should parse to."""
+    if isinstance(default, bool):
+        return "1", True
+    if isinstance(default, int):
+        return str(default + 1), default + 1
+    if isinstance(default, list):
+        return "a,b", ["a", "b"]
+    if choices:
+        other = next(c for c in choices if c != default)
+        return other, other
+    return "x", "x"
+
+
+def test_every_serve_flag_reads_its_environment_variable(monkeypatch):
+    from llmd import cli
+
+    help_text = run("--help").stdout
+    defaults = vars(cli.build_parser().parse_args(["serve"]))
+    for flag in _serve_flags(help_text):
+        dest = flag[2:].replace("-", "_")
+        choices = re.search(re.escape(flag) + r" \{([a-z,]+)\}", help_text)
+        raw, expected = _other_value(defaults[dest], choices.group(1).split(",") if choices else [])
+        monkeypatch.setenv("LLMD_" + dest.upper(), raw)
+        assert getattr(cli.build_parser().parse_args(["serve"]), dest) == expected, flag
+        monkeypatch.delenv("LLMD_" + dest.upper())
+
+
+@pytest.mark.parametrize("variable, value", [("LLMD_PORT", "eighty"), ("LLMD_SESSION_EVICTION", "random"),
+                                             ("LLMD_KV_BUDGET", "-1G"), ("LLMD_NO_WARM_RESUME", "maybe")])
+def test_a_bad_environment_value_is_a_clear_error(variable, value):
+    result = subprocess.run([sys.executable, "-m", "llmd", "--help"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, variable: value})
+    assert result.returncode != 0
+    assert variable in result.stderr and "Traceback" not in result.stderr
+
+
+def test_banner_names_the_model_capacity_and_a_curl_that_works_when_pasted():
+    from llmd.cli import banner
+
+    info = SimpleNamespace(n_ctx=2048, max_sessions=5, bytes_per_session=47_000_000, n_threads=2)
+    text = banner("http://127.0.0.1:8000", "it's-a-model", "/m/it's.gguf", info, 1.25)
+    lines = text.splitlines()
+    assert lines[0] == "llmd ready on http://127.0.0.1:8000"
+    assert "it's-a-model" in lines[1] and "loaded in 1.2s" in lines[1]
+    assert "2048 tokens" in text and "4 named sessions" in text and "47 MB" in text
+    assert "threads   2" in text and "http://127.0.0.1:8000/metrics" in text
+    curl = shlex.split(lines[-1].split("try", 1)[1])
+    assert curl[:2] == ["curl", "http://127.0.0.1:8000/v1/chat/completions"]
+    assert json.loads(curl[curl.index("-d") + 1])["model"] == "it's-a-model"
+    single = banner("http://h:1", "m", "/m.gguf", SimpleNamespace(**{**vars(info), "max_sessions": 1}), 0.1)
+    assert "anonymous requests only" in single
+
+
+def test_notify_systemd_reaches_an_abstract_socket(monkeypatch):
+    from llmd.cli import notify_systemd
+
+    name = f"llmd-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        sock.settimeout(5)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+        notify_systemd("READY=1")
+        assert sock.recv(100) == b"READY=1"
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    notify_systemd("READY=1")  # not under systemd: nothing happens, nothing fails
