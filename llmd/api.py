@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import re
 import time
@@ -27,6 +28,8 @@ from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 FINGERPRINT = "llmd-0.1.0"
 
+log = logging.getLogger("llmd.api")
+
 
 def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
                   log: dict | None = None) -> Response:
@@ -42,17 +45,21 @@ def error_response(err: ApiError) -> Response:
 class Options:
     model_ids: list[str]          # served id first, then aliases
     scratch_reuse: bool = False
+    max_queue: int = 0            # generations waiting to start; more → 503 (0: no limit)
+    max_tokens_limit: int = 0     # cap on any request's max_tokens (0: the context)
+    log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
 
 
 class Output:
     """Turns a generation's token pieces into response text: UTF-8 assembly,
     stop-string hold-back, then (for chat with tools) tool-call extraction."""
 
-    def __init__(self, stops: list[str], tools: list[dict] | None):
+    def __init__(self, stops: list[str], tools: list[dict] | None, record: bool = False):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
         self.tools = ToolCallStream(tools) if tools else None
         self.tool_calls = 0
+        self.transcript: list[str] | None = [] if record else None  # the text, for --log-prompts
 
     def feed(self, piece: bytes) -> tuple[list[ContentDelta | ToolCallDelta], bool]:
         text, hit = self.stops.feed(self.utf8.feed(piece))
@@ -65,6 +72,8 @@ class Output:
         return self._route(text, final=True)
 
     def _route(self, text: str, final: bool) -> list[ContentDelta | ToolCallDelta]:
+        if self.transcript is not None and text:
+            self.transcript.append(text)
         if self.tools is None:
             return [ContentDelta(text)] if text else []
         out = self.tools.feed(text) if text else []
@@ -86,6 +95,7 @@ class Api:
         self.template = template
         self.options = options
         self.created = int(time.time())
+        self.waiting = 0  # generation requests waiting for their session's slot
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/health"), {"GET": self.health}),
             (re.compile(r"(?:/v1)?/models"), {"GET": self.models}),
@@ -199,7 +209,8 @@ class Api:
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
         ids = await self.runtime.call(self._tokenize_parts, prompt.parts)
-        return await self._generate(request, "chat", ids, req, sid, tools or None)
+        text = "".join(part for part, _ in prompt.parts)
+        return await self._generate(request, "chat", ids, text, req, sid, tools or None)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
@@ -210,7 +221,8 @@ class Api:
             ids = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             ids = list(req.prompt)
-        return await self._generate(request, "text", ids, req, sid, None)
+        text = req.prompt if isinstance(req.prompt, str) else json.dumps(req.prompt)
+        return await self._generate(request, "text", ids, text, req, sid, None)
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> list[int]:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -228,7 +240,15 @@ class Api:
             repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
 
-    async def _generate(self, request: HttpRequest, kind: str, ids: list[int],
+    def _admit(self) -> None:
+        """Refuse with 503 while max_queue generations wait to start (for their
+        session's slot, or for their first step)."""
+        queued = self.waiting + self.runtime.queued
+        if self.options.max_queue and queued >= self.options.max_queue:
+            raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
+                                     "limit; retry later", retry_after=1)
+
+    async def _generate(self, request: HttpRequest, kind: str, ids: list[int], prompt_text: str,
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
                         tools: list[dict] | None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
@@ -236,13 +256,21 @@ class Api:
             raise errors.invalid_request("the prompt is empty", "prompt")
         if len(ids) >= n_ctx:
             raise errors.context_length_exceeded(len(ids), n_ctx, "messages" if kind == "chat" else "prompt")
-        room = n_ctx - len(ids)
-        max_tokens = min(req.max_tokens or room, room)
-        slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+        # Like the room left in the context, the operator's cap clamps max_tokens;
+        # finish_reason "length" tells the client it was reached.
+        cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
+        max_tokens = min(req.max_tokens or cap, cap)
+        self._admit()
+        self.waiting += 1
+        try:
+            slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+        finally:
+            self.waiting -= 1
         reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse)
         self.runtime.submit(g)
-        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid)
+        output = Output(req.stop, tools, record=self.options.log_prompts)
+        reply = Reply(self, kind, g, output, req.include_usage, sid, prompt_text)
         if req.stream:
             response = StreamResponse(200, reply.stream(request))
             reply.log = response.log
@@ -257,10 +285,11 @@ class Reply:
     """One generation's response, streamed as SSE chunks or collected into one object."""
 
     def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool,
-                 session_id: str | None):
+                 session_id: str | None, prompt_text: str):
         self.api, self.kind, self.g, self.output = api, kind, g, output
         self.include_usage = include_usage
         self.session_id = session_id
+        self.prompt_text = prompt_text
         self.log: dict = {}  # access-log fields, shared with the HTTP response
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.id = prefix + uuid.uuid4().hex[:24]
@@ -284,12 +313,16 @@ class Reply:
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
+        if self.output.transcript is not None:
+            log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt_text, ensure_ascii=False),
+                     json.dumps("".join(self.output.transcript), ensure_ascii=False))
 
     async def _events(self, ping: bool) -> AsyncIterator[tuple[str, object]]:
         """The generation's events; ("ping", None) while nothing comes for a while."""
         while True:
             try:
-                kind, value = await asyncio.wait_for(self.g.events.get(), PING_SECONDS if ping else None)
+                kind, value = await asyncio.wait_for(self.api.runtime.next_event(self.g),
+                                                     PING_SECONDS if ping else None)
             except asyncio.TimeoutError:
                 yield "ping", None
                 continue
