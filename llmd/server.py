@@ -127,7 +127,8 @@ class _Connection:
 
     async def run(self) -> None:
         try:
-            while await self._exchange():
+            # Once the server is closing, a connection ends after its current response.
+            while await self._exchange() and not self.server.closing:
                 self.served += 1
                 self.pending.extend(self.parser.start_next())
         except OSError:  # reset, broken pipe, write timeout: the peer is gone or stuck
