@@ -55,6 +55,17 @@ def session(client: Client, sid: str) -> dict:
     return resp.json() if resp.status == 200 else {}
 
 
+def wait_paused(client: Client, sid: str) -> dict:
+    """The session's state once its stalled stream has stopped advancing."""
+    def paused() -> dict:
+        first = session(client, sid)
+        time.sleep(0.3)
+        second = session(client, sid)
+        return second if second.get("in_flight") == 1 and first == second else {}
+
+    return wait_for(paused, what=f"session {sid} to pause for its reader")
+
+
 def long_body(model, sid: str | None = None, max_tokens: int = 4000) -> dict:
     body = {"model": "model", "prompt": "hello", "max_tokens": max_tokens, "logit_bias": no_end(model)}
     return {**body, "session_id": sid} if sid else body
@@ -114,6 +125,23 @@ def test_generations_queue_up_to_the_limit_and_one_more_gets_503(long_model):
         assert client.post_json("/v1/completions", short).status == 200
 
 
+def test_a_deleted_session_holds_its_slot_until_its_request_ends(long_model):
+    flags = ("--model", str(long_model.path), "--max-sessions", "3", "--session-eviction", "none")
+    with llmd_process(*flags) as llmd:
+        client = Client(llmd.url)
+        holder = stalled_stream(llmd.url, long_body(long_model, "a"))
+        wait_paused(client, "a")  # its request lasts until the client leaves (or the write times out)
+        assert client.request("DELETE", "/v1/sessions/a").json()["deleted"] is True
+        short = {"model": "model", "prompt": "hi", "max_tokens": 1}
+        assert client.post_json("/v1/completions", {**short, "session_id": "b"}).status == 200
+        # Two named slots: b, and a's engine session, which lives until its stream ends.
+        full = client.post_json("/v1/completions", {**short, "session_id": "c"})
+        assert full.status == 429 and full.json()["error"]["code"] == "capacity_exhausted"
+        holder.close()
+        wait_for(lambda: client.post_json("/v1/completions", {**short, "session_id": "c"}).status == 200,
+                 what="a's slot to be freed")
+
+
 # ---- a client that stops reading ---------------------------------------------------
 
 def test_a_client_that_stops_reading_is_paused_then_cancelled_and_its_session_stays_usable(long_model):
@@ -121,15 +149,9 @@ def test_a_client_that_stops_reading_is_paused_then_cancelled_and_its_session_st
         client = Client(llmd.url)
         sock = stalled_stream(llmd.url, long_body(long_model, "stall"))
         try:
-            def paused() -> dict:
-                first = session(client, "stall")
-                time.sleep(0.3)
-                second = session(client, "stall")
-                return second if second.get("in_flight") == 1 and first == second else {}
-
             # Socket buffers full, the generation waits for its reader instead of
             # running on to its 4000 tokens (about 900 tokens of stream fit).
-            held = wait_for(paused, what="the generation to pause")
+            held = wait_paused(client, "stall")
             assert 0 < held["resident_tokens"] < 2000
             done = wait_for(lambda: (s := session(client, "stall")) and s["in_flight"] == 0 and s,
                             seconds=15, what="the write timeout to cancel the generation")
