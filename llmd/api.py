@@ -221,8 +221,7 @@ class Api:
             ids = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             ids = list(req.prompt)
-        text = req.prompt if isinstance(req.prompt, str) else json.dumps(req.prompt)
-        return await self._generate(request, "text", ids, text, req, sid, None)
+        return await self._generate(request, "text", ids, req.prompt, req, sid, None)
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> list[int]:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -248,7 +247,7 @@ class Api:
             raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
                                      "limit; retry later", retry_after=1)
 
-    async def _generate(self, request: HttpRequest, kind: str, ids: list[int], prompt_text: str,
+    async def _generate(self, request: HttpRequest, kind: str, ids: list[int], prompt: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
                         tools: list[dict] | None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
@@ -270,7 +269,7 @@ class Api:
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse)
         self.runtime.submit(g)
         output = Output(req.stop, tools, record=self.options.log_prompts)
-        reply = Reply(self, kind, g, output, req.include_usage, sid, prompt_text)
+        reply = Reply(self, kind, g, output, req.include_usage, sid, prompt)
         if req.stream:
             response = StreamResponse(200, reply.stream(request))
             reply.log = response.log
@@ -285,11 +284,11 @@ class Reply:
     """One generation's response, streamed as SSE chunks or collected into one object."""
 
     def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool,
-                 session_id: str | None, prompt_text: str):
+                 session_id: str | None, prompt: str | list[int]):
         self.api, self.kind, self.g, self.output = api, kind, g, output
         self.include_usage = include_usage
         self.session_id = session_id
-        self.prompt_text = prompt_text
+        self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
         self.log: dict = {}  # access-log fields, shared with the HTTP response
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.id = prefix + uuid.uuid4().hex[:24]
@@ -314,7 +313,7 @@ class Reply:
                         generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
         if self.output.transcript is not None:
-            log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt_text, ensure_ascii=False),
+            log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt, ensure_ascii=False),
                      json.dumps("".join(self.output.transcript), ensure_ascii=False))
 
     async def _events(self, ping: bool) -> AsyncIterator[tuple[str, object]]:

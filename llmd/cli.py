@@ -227,6 +227,7 @@ async def serve(args) -> None:
 
     def on_signal(signum: int) -> None:
         if stop.is_set():  # a second signal: the operator will not wait for the grace period
+            log.warning("second signal: exiting now")
             os._exit(128 + signum)
         stop.set()
 
