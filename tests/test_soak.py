@@ -171,7 +171,9 @@ def test_soak_keeps_statuses_sessions_descriptors_and_memory_in_bounds(tiny_llam
         assert len(lat) == THREADS * PER_THREAD
         assert not tally.unexpected, tally.unexpected[:10]
         assert set(tally.statuses) <= {200, 400, 401, 413, 429, 503}
-        assert tally.statuses[200] > len(lat) // 2
+        # Most refusals are by design (the mix asks for them); generations still get through.
+        assert tally.statuses[200] > len(lat) // 3
+        assert all(tally.by_kind[k][200] > 0 for k in ("chat_stream_named", "chat_anonymous", "completion_named"))
         assert fds_after == fds_before                      # no connection or descriptor left open
         assert rss_after - rss_before < 6 * 1024            # kB: flat, allowing allocator noise
 
