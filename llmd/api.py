@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.resources
 import json
+import logging
 import random
 import re
 import time
@@ -32,6 +33,8 @@ PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosni
                 ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
                                             "style-src 'unsafe-inline'; img-src data:")]
 
+log = logging.getLogger("llmd.api")
+
 
 def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
                   log: dict | None = None) -> Response:
@@ -52,6 +55,9 @@ def route_label(pattern: re.Pattern) -> str:
 class Options:
     model_ids: list[str]          # served id first, then aliases
     scratch_reuse: bool = False
+    max_queue: int = 0            # generations waiting to start; more → 503 (0: no limit)
+    max_tokens_limit: int = 0     # cap on any request's max_tokens (0: the context)
+    log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
 
 
 @dataclass
@@ -123,6 +129,7 @@ class Api:
         self.metrics.watch(runtime, table, self.info.kv_bytes_per_token)
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
+        self.waiting = 0  # generation requests waiting for their session's slot
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
@@ -256,7 +263,7 @@ class Api:
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, "chat", prompt, req, sid, tools or None)
+        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
@@ -267,7 +274,7 @@ class Api:
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
-        return await self._generate(request, "text", prompt, req, sid, None)
+        return await self._generate(request, "text", prompt, req.prompt, req, sid, None)
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -281,7 +288,15 @@ class Api:
             repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
 
-    async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds,
+    def _admit(self) -> None:
+        """Refuse with 503 while max_queue generations wait to start (for their
+        session's slot, or for their first step)."""
+        queued = self.waiting + self.runtime.queued
+        if self.options.max_queue and queued >= self.options.max_queue:
+            raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
+                                     "limit; retry later", retry_after=1)
+
+    async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
                         tools: list[dict] | None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
@@ -290,15 +305,22 @@ class Api:
             raise errors.invalid_request("the prompt is empty", "prompt")
         if len(ids) >= n_ctx:
             raise errors.context_length_exceeded(len(ids), n_ctx, "messages" if kind == "chat" else "prompt")
-        slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+        self._admit()
+        self.waiting += 1
+        try:
+            slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+        finally:
+            self.waiting -= 1
         reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
         if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
             ids = spliced
-        room = n_ctx - len(ids)
-        max_tokens = min(req.max_tokens or room, room)
+        # Like the room left in the context, the operator's cap clamps max_tokens;
+        # finish_reason "length" tells the client it was reached.
+        cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
+        max_tokens = min(req.max_tokens or cap, cap)
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse)
         self.runtime.submit(g)
-        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid)
+        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
         if req.stream:
             response = StreamResponse(200, reply.stream(request))
             reply.log = response.log
@@ -313,10 +335,11 @@ class Reply:
     """One generation's response, streamed as SSE chunks or collected into one object."""
 
     def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool,
-                 session_id: str | None):
+                 session_id: str | None, prompt: str | list[int]):
         self.api, self.kind, self.g, self.output = api, kind, g, output
         self.include_usage = include_usage
         self.session_id = session_id
+        self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
         self.log: dict = {}  # access-log fields, shared with the HTTP response
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.id = prefix + uuid.uuid4().hex[:24]
@@ -341,12 +364,18 @@ class Reply:
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
+        if self.api.options.log_prompts:
+            completion = "".join(self.output.text) + "".join(
+                f"<tool_call>{c.name}({c.arguments})</tool_call>" for c in self.output.calls)
+            log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt, ensure_ascii=False),
+                     json.dumps(completion, ensure_ascii=False))
 
     async def _events(self, ping: bool) -> AsyncIterator[tuple[str, object]]:
         """The generation's events; ("ping", None) while nothing comes for a while."""
         while True:
             try:
-                kind, value = await asyncio.wait_for(self.g.events.get(), PING_SECONDS if ping else None)
+                kind, value = await asyncio.wait_for(self.api.runtime.next_event(self.g),
+                                                     PING_SECONDS if ping else None)
             except asyncio.TimeoutError:
                 yield "ping", None
                 continue

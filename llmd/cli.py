@@ -73,6 +73,12 @@ def _size(text: str) -> int:
     return int(value * scale)
 
 
+def _api_key(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("an API key cannot be empty")
+    return text
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=_env("model", None),
                    help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once)")
@@ -113,6 +119,32 @@ def build_parser() -> argparse.ArgumentParser:
                        help="never reuse a session's KV cache (for A/B measurement)")
     serve.add_argument("--max-body-bytes", type=_size, default=_env("max_body_bytes", 16 << 20, _size),
                        help="largest request body")
+    # Read from LLMD_API_KEY only when serving, so that --help never prints a key.
+    serve.add_argument("--api-key", type=_api_key, action="append",
+                       help="require this key (Authorization: Bearer KEY or X-Api-Key) on every route "
+                            "but /health (repeatable; LLMD_API_KEY takes a comma-separated list)")
+    serve.add_argument("--cors-origin", action="append", default=_env("cors_origin", [], list),
+                       help="let pages from this origin call the API, e.g. https://app.example (repeatable; "
+                            "* for any)")
+    serve.add_argument("--log-prompts", action="store_true", default=_env("log_prompts", False, bool),
+                       help="log prompt and completion text (never logged otherwise)")
+    serve.add_argument("--max-connections", type=int, default=_env("max_connections", 256, int),
+                       help="open connections; more are answered 503 and closed")
+    serve.add_argument("--max-queue", type=int, default=_env("max_queue", 64, int),
+                       help="generations waiting to start; more are answered 503 (0: no limit)")
+    serve.add_argument("--max-tokens-limit", type=int, default=_env("max_tokens_limit", 0, int),
+                       help="cap on any request's max_tokens (0: the context)")
+    serve.add_argument("--header-timeout", type=float, default=_env("header_timeout", 10.0, float),
+                       help="seconds to receive a request's headers")
+    serve.add_argument("--body-timeout", type=float, default=_env("body_timeout", 60.0, float),
+                       help="seconds to receive a request's body")
+    serve.add_argument("--keepalive-timeout", type=float, default=_env("keepalive_timeout", 5.0, float),
+                       help="seconds an idle connection waits for its next request")
+    serve.add_argument("--write-timeout", type=float, default=_env("write_timeout", 60.0, float),
+                       help="seconds a response write waits for a client that does not read; then "
+                            "its generation is cancelled")
+    serve.add_argument("--shutdown-grace", type=float, default=_env("shutdown_grace", 10.0, float),
+                       help="on SIGTERM/SIGINT, seconds in-flight requests get to finish")
     levels = ("debug", "info", "warning", "error")
     serve.add_argument("--log-level", default=_env("log_level", "info", choices=levels), choices=levels,
                        help="log verbosity")
@@ -216,6 +248,7 @@ def cmd_serve(args) -> int:
 
 async def serve(args) -> None:
     from llmd import chat
+    from llmd.access import AccessPolicy, Guard, exposure_warning
     from llmd.api import Api, App, Options
     from llmd.engine import EngineError
     from llmd.http import Limits
@@ -225,14 +258,27 @@ async def serve(args) -> None:
     from llmd.sessions import SessionTable
 
     app = App()
-    server = HttpServer(app, Limits(max_body_bytes=args.max_body_bytes))
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
+                    header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                    keepalive_timeout=args.keepalive_timeout, write_timeout=args.write_timeout)
+    policy = AccessPolicy(tuple(args.api_key or _env("api_key", [], list)), tuple(args.cors_origin))
+    server = HttpServer(Guard(app, policy), limits)
     await server.start(args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():  # a second signal: the operator will not wait for the grace period
+            log.warning("second signal: exiting now")
+            os._exit(128 + signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     url = f"http://{f'[{args.host}]' if ':' in args.host else args.host}:{server.port}"
     log.info("listening on %s (loading the model)", url)
+    if warning := exposure_warning(args.host, policy):
+        log.warning(warning)
 
     runtime = Runtime(ServerMetrics(), warm_resume=not args.no_warm_resume)
     try:
@@ -263,7 +309,9 @@ async def serve(args) -> None:
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
                          scratch_reuse=args.scratch_reuse)
     await table.start()
-    app.api = Api(engine, runtime, table, template, Options([model_id, *args.model_alias], args.scratch_reuse))
+    app.api = Api(engine, runtime, table, template,
+                  Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,
+                          max_tokens_limit=args.max_tokens_limit, log_prompts=args.log_prompts))
     log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads",
              model_id, load_seconds, info.n_ctx, info.max_sessions, info.bytes_per_session / 1e6, info.n_threads,
              extra={"fields": {"event": "ready", "url": url, "model": model_id, "path": str(path),
@@ -272,9 +320,10 @@ async def serve(args) -> None:
     print(banner(url, model_id, str(path), info, load_seconds), flush=True)
     notify_systemd("READY=1")
     await stop.wait()
-    log.info("shutting down")
+    log.info("shutting down: %d generations in flight get up to %gs to finish", runtime.active,
+             args.shutdown_grace)
     notify_systemd("STOPPING=1")
-    await server.close()
+    await server.close(grace=args.shutdown_grace)
     await table.close()
     await runtime.close()
 

@@ -39,7 +39,8 @@ from typing import Iterator, Union
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on what one connection may send, and how slowly.
+    """Bounds on what one connection may send, and how slowly; and on how many
+    connections and how much unread response the server holds.
 
     Header bytes count every header line without its line ending (the request line
     is bounded separately by `max_request_line`, also without its ending); chunked
@@ -53,6 +54,8 @@ class Limits:
     body_timeout: float = 60.0          # end of headers → end of body
     keepalive_timeout: float = 5.0      # idle wait for the next request
     write_timeout: float = 60.0         # one write waiting for the peer to read
+    write_buffer: int = 64 * 1024       # unread response bytes held per socket and in asyncio
+    max_connections: int = 256          # open connections; more → 503 and close
 
 
 class Headers:

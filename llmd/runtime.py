@@ -9,7 +9,10 @@ decoding, batched into a single engine call so the weights are read once per
 step. Each step is one call on the executor thread; between steps the event loop
 is free, and a long prompt never holds up other streams longer than one chunk.
 Tokens go back to the handler through the generation's queue as events:
-("token", Token), ("end", finish_reason) or ("error", exception).
+("token", Token), ("end", finish_reason) or ("error", exception). A generation
+whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
+its stream) is not decoded until the reader takes events again through
+`next_event`, so a stalled client costs no compute while its write times out.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step, whether or not the generation was cancelled meanwhile, so the slot
@@ -31,6 +34,7 @@ from llmd.sessions import Slot
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
+READ_AHEAD = 64        # tokens a generation may run ahead of its reader
 
 
 @dataclass(eq=False)
@@ -113,6 +117,17 @@ class Runtime:
     def active(self) -> int:
         return len(self._active)
 
+    @property
+    def queued(self) -> int:
+        """Generations submitted whose first prefill step has not run yet."""
+        return sum(1 for g in self._active if not g.t_prefill_start)
+
+    async def next_event(self, g: Generation) -> tuple[str, Any]:
+        """g's next event; taking it lets g run again if it waited for its reader."""
+        event = await g.events.get()
+        self._wake.set()
+        return event
+
     def submit(self, g: Generation) -> None:
         """Plan the prefill against the slot's cache and queue the generation."""
         if g.reuse:
@@ -149,7 +164,12 @@ class Runtime:
             prefilling = [g for g in self._active if not g.decoding]
             if prefilling:
                 await self._prefill_step(prefilling[next(self._turn) % len(prefilling)])
-            decoding = [g for g in self._active if g.decoding and not g.cancelled]
+            decoding = [g for g in self._active
+                        if g.decoding and not g.cancelled and g.events.qsize() < READ_AHEAD]
+            if not prefilling and not decoding:  # every generation waits for its reader
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             if decoding:
                 await self._decode_step(decoding[:MAX_DECODE_BATCH])
                 # Rotate so that more than MAX_DECODE_BATCH streams all advance.

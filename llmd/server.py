@@ -7,9 +7,12 @@ client pipelined meanwhile. While the app runs, a watcher task keeps reading so 
 client that goes away (EOF or reset) is noticed at once: it sets
 `HttpRequest.disconnected`, and a stream in progress is stopped and its iterator
 closed. Every write waits for the socket to drain (bounded by `write_timeout`), so a
-slow reader slows its producer instead of growing our buffers. Parse errors and app
-failures are answered with an OpenAI-shaped JSON error; nothing that happens on one
-connection escapes its task.
+slow reader slows its producer instead of growing our buffers; the kernel's send
+buffer and asyncio's are both capped at `write_buffer` bytes, so a reader that stops
+reading is noticed after a bounded amount of stream, not after megabytes. Parse errors
+and app failures are answered with an OpenAI-shaped JSON error; nothing that happens
+on one connection escapes its task. Past `max_connections` open connections, a new
+one is answered 503 at once, without reading its request, and closed.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from collections import deque
 from dataclasses import dataclass, field
 from email.utils import formatdate
@@ -122,10 +126,16 @@ class _Connection:
         self.loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         self.client = (peer[0], peer[1]) if isinstance(peer, tuple) else None
+        sock = writer.get_extra_info("socket")
+        with contextlib.suppress(OSError):  # the peer may already be gone
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.write_buffer)
+        writer.transport.set_write_buffer_limits(high=self.limits.write_buffer)
 
     async def run(self) -> None:
         try:
-            while await self._exchange():
+            # Once the server is closing, a connection ends after its current response.
+            while await self._exchange() and not self.server.closing:
                 self.served += 1
                 self.pending.extend(self.parser.start_next())
         except OSError:  # reset, broken pipe, write timeout: the peer is gone or stuck
@@ -333,18 +343,32 @@ class _Connection:
         except StopAsyncIteration:
             return None
 
+    async def refuse(self, response: Response) -> None:
+        """Answer without reading any request, then close (the server is over a limit)."""
+        try:
+            await self._answer_and_close(response)
+        except OSError:
+            pass
+        finally:
+            self.writer.close()
+
     async def _reject(self, err: ParseError) -> bool:
         """Answer a request the parser refused, then close (its framing is lost)."""
         code = _PARSE_CODES.get(err.status, "bad_request")
-        await self._send("GET", "1.1", _error(err.status, err.message, code), False)
+        return await self._answer_and_close(_error(err.status, err.message, code))
+
+    async def _answer_and_close(self, response: Response) -> bool:
+        await self._send("GET", "1.1", response, False)
         # Closing with unread input makes the kernel send a reset, which can destroy
-        # the answer before the client reads it; so half-close and drain briefly first.
+        # the answer before the client reads it; so half-close and drain briefly first,
+        # discarding what arrives (never parsing or buffering it).
         with contextlib.suppress(Exception):
             if self.writer.can_write_eof():
                 self.writer.write_eof()
             deadline = self.loop.time() + _LINGER
-            while not self.eof:
-                await self._fill(deadline)
+            while not self.eof and await asyncio.wait_for(self.reader.read(_READ_SIZE),
+                                                          max(deadline - self.loop.time(), 0)):
+                pass
         return False
 
 
@@ -358,6 +382,7 @@ class HttpServer:
         self._server: asyncio.Server | None = None
         self._port = 0
         self._conns: dict[asyncio.Task, _Connection] = {}
+        self._refusing = 0              # connections being answered 503 (over the limit)
         self._closed = asyncio.Event()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -398,15 +423,36 @@ class HttpServer:
         if self.closing:
             writer.close()
             return
+        conn = _Connection(self, reader, writer)
+        if len(self._conns) >= self.limits.max_connections:
+            await self._refuse(conn)
+            return
         task = asyncio.current_task()
         assert task is not None
-        self._conns[task] = _Connection(self, reader, writer)
+        self._conns[task] = conn
         try:
             await self._conns[task].run()
         except asyncio.CancelledError:
             pass  # close() ended it; ending the task cancelled would make asyncio log it
         finally:
             self._conns.pop(task, None)
+
+
+    async def _refuse(self, conn: _Connection) -> None:
+        # Refusals linger briefly so the 503 arrives; under a flood of them even that
+        # would hold file descriptors, so past as many again they are just closed.
+        if self._refusing >= self.limits.max_connections:
+            conn.writer.close()
+            return
+        self._refusing += 1
+        try:
+            response = _error(503, f"the server is at its limit of {self.limits.max_connections} "
+                                   "connections; retry later", "too_many_connections",
+                              "unavailable_error")
+            response.headers.append(("Retry-After", "1"))
+            await conn.refuse(response)
+        finally:
+            self._refusing -= 1
 
 
 async def serve(app: App, host: str = "127.0.0.1", port: int = 8000,

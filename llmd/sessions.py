@@ -86,6 +86,7 @@ class SessionTable:
         self.named: dict[str, Slot] = {}
         self.temporary = 0
         self.creating = 0               # named slots being created (capacity reserved)
+        self.retiring = 0               # deleted slots whose engine session is still in use
         self.evictions = 0
         self.scratch: Slot | None = None
 
@@ -93,7 +94,7 @@ class SessionTable:
         self.scratch = Slot(None, await self._call(self.engine.new_session))
 
     def _free_slots(self) -> int:
-        return self.capacity - 1 - len(self.named) - self.temporary - self.creating
+        return self.capacity - 1 - len(self.named) - self.temporary - self.creating - self.retiring
 
     async def acquire(self, session_id: str | None) -> Slot:
         """The slot for a request, locked for it; release() it when done.
@@ -164,6 +165,8 @@ class SessionTable:
             session, slot.session = slot.session, None
             if slot.temporary:
                 self.temporary -= 1
+            else:
+                self.retiring -= 1
             await self._call(session.close)
 
     async def delete(self, session_id: str) -> bool:
@@ -172,6 +175,7 @@ class SessionTable:
         if slot is None:
             return False
         slot.deleted = True
+        self.retiring += 1  # until _retire closes its engine session
         if slot.users:
             slot.session.stop()  # its running generation ends at the next token
         await self._retire(slot)

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -39,13 +40,20 @@ def tiny_model(tiny_llama_factory) -> TinyLlama:
 
 # ---- a real llmd server on the default model (conformance suite, API tests) -------
 
+@dataclass
+class Llmd:
+    url: str                  # http://127.0.0.1:PORT
+    proc: subprocess.Popen    # for signals, exit codes and /proc/PID
+
+
 @contextlib.contextmanager
-def running_llmd(*flags: str, timeout: float = 120.0, stderr=subprocess.DEVNULL):
-    """Run `python -m llmd --port 0 FLAGS` for the block; yields its base URL once ready.
-    Its log goes to `stderr` (a file object), by default nowhere."""
+def llmd_process(*flags: str, timeout: float = 120.0, stderr=subprocess.DEVNULL,
+                 env: dict[str, str] | None = None):
+    """Run `python -m llmd --port 0 FLAGS` for the block; yields an Llmd once it is
+    ready. `stderr` takes a file to keep the log; `env` adds environment variables."""
     proc = subprocess.Popen([sys.executable, "-m", "llmd", "--port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:
         deadline = time.monotonic() + timeout
         url = None
@@ -57,10 +65,19 @@ def running_llmd(*flags: str, timeout: float = 120.0, stderr=subprocess.DEVNULL)
                 break
         if url is None:
             raise RuntimeError(f"llmd did not start (exit code {proc.poll()})")
-        yield url
+        yield Llmd(url, proc)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+@contextlib.contextmanager
+def running_llmd(*flags: str, timeout: float = 120.0, stderr=subprocess.DEVNULL):
+    """Run `python -m llmd --port 0 FLAGS` for the block; yields its base URL once ready.
+    Its log goes to `stderr` (a file object), by default nowhere."""
+    with llmd_process(*flags, timeout=timeout, stderr=stderr) as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

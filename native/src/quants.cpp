@@ -384,14 +384,14 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
         __m512i w[8]; // w[g]: rows × elements 4g..4g+3
         if (kQ4) {
             for (int j = 0; j < 4; ++j) {
-                const __m512i v = _mm512_load_si512(blk + 64 * j);
+                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
                 w[j] = _mm512_and_si512(v, low);
                 w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
             }
         } else {
-            for (int j = 0; j < 8; ++j) w[j] = _mm512_load_si512(blk + 64 * j);
+            for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 64 * j);
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(ds + b));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(ds + b));
         for (int t = 0; t < T; ++t) {
             const BlockQ8A &xb = x[t][b];
             constexpr int32_t kOffset = Type == GGML_Q4_0 ? 8 : Type == GGML_Q8_0 ? 128 : 0;
@@ -407,7 +407,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
             const __m512i sum = _mm512_add_epi32(even, odd);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sum), acc[t]);
             if (Type == GGML_Q4_1)
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_load_si256(ms + b)), _mm512_set1_ps(xb.s), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(ms + b)), _mm512_set1_ps(xb.s), acc[t]);
         }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);

@@ -1,0 +1,166 @@
+"""Faults: a native error in the middle of a generation (injected into the real stack,
+in process, on the tiny model), and shutdown by SIGTERM / SIGINT with streams in flight
+(a real server process)."""
+import asyncio
+import http.client
+import json
+import signal
+import socket
+import time
+
+import pytest
+import pytest_asyncio
+
+from llmd import chat
+from llmd._native import lib
+from llmd.api import Api, App, Options
+from llmd.engine import EngineError
+from llmd.metrics import ServerMetrics
+from llmd.runtime import Runtime
+from llmd.server import HttpServer
+from llmd.sessions import SessionTable
+from tests.conformance.client import Client
+from tests.conftest import llmd_process
+from tests.test_limits import address, long_body, stalled_stream
+
+# ---- a native error mid-generation ---------------------------------------------------
+
+
+class FailingDecode:
+    """Engine.decode_batch that raises a native error on the `fail_on`-th call from now."""
+
+    def __init__(self, engine):
+        self.real = engine.decode_batch
+        self.calls = 0
+        self.fail_on: int | None = None
+
+    def arm(self, fail_on: int) -> None:
+        self.calls, self.fail_on = 0, fail_on
+
+    def __call__(self, sessions):
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise EngineError(lib.LLMD_ERR_INTERNAL, "internal error: injected kernel failure")
+        return self.real(sessions)
+
+
+@pytest_asyncio.fixture
+async def stack(tiny_model):
+    """The real server stack in this process; yields (client, table, fault)."""
+    runtime = Runtime(ServerMetrics())
+    engine = await runtime.load(str(tiny_model.path), n_threads=1, max_sessions=4)
+    fault = FailingDecode(engine)
+    engine.decode_batch = fault
+    table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
+    await table.start()
+    app = App()
+    app.api = Api(engine, runtime, table, chat.detect_template(engine.info.chat_template), Options(["model"]))
+    server = HttpServer(app)
+    await server.start("127.0.0.1", 0)
+    yield Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, fault
+    await server.close(grace=1)
+    await table.close()
+    await runtime.close()
+
+
+def chat_body(client: Client, **extra) -> dict:
+    return client.chat_body([{"role": "user", "content": "hello there"}], max_tokens=8, **extra)
+
+
+@pytest.mark.asyncio
+async def test_native_error_mid_stream_is_an_error_event_and_the_session_is_reset_next_time(stack):
+    client, table, fault = stack
+    fault.arm(fail_on=3)
+    stream = await asyncio.to_thread(client.chat_stream, [{"role": "user", "content": "hello there"}],
+                                     session_id="victim", max_tokens=8)
+    assert stream.status == 200
+    tokens = [c for c in stream.chunks[1:] if "choices" in c]
+    assert len(tokens) == 2  # two steps went well, the third failed
+    error = stream.chunks[-1]["error"]
+    assert error["type"] == "server_error" and "injected kernel failure" in error["message"]
+    assert table.named["victim"].dirty
+
+    again = (await asyncio.to_thread(client.post_json, "/chat/completions",
+                                     chat_body(client, session_id="victim"))).json()
+    assert again["session_reset_reason"] == "dirty"
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["completion_tokens"] == 8 and not table.named["victim"].dirty
+
+
+@pytest.mark.asyncio
+async def test_native_error_without_stream_is_a_500_and_others_are_still_served(stack):
+    client, table, fault = stack
+    fault.arm(fail_on=2)
+    failed = await asyncio.to_thread(client.post_json, "/chat/completions", chat_body(client, session_id="v2"))
+    assert failed.status == 500
+    assert "injected kernel failure" in failed.json()["error"]["message"]
+    others = await asyncio.gather(*(asyncio.to_thread(client.post_json, "/chat/completions", chat_body(client, **sid))
+                                    for sid in ({}, {"session_id": "bystander"}, {"session_id": "v2"})))
+    assert [r.status for r in others] == [200, 200, 200]
+    assert [r.json()["usage"]["completion_tokens"] for r in others] == [8, 8, 8]
+
+
+# ---- shutdown --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def long_model(tiny_llama_factory):
+    return tiny_llama_factory(n_ctx=4096)
+
+
+def refused(url: str) -> bool:
+    try:
+        socket.create_connection(address(url), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(long_model):
+    with llmd_process("--model", str(long_model.path)) as llmd:
+        conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
+        body = {**long_body(long_model, max_tokens=300), "stream": True,
+                "stream_options": {"include_usage": True}}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        first = resp.readline()
+        assert first.startswith(b"data: ")
+        llmd.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not refused(llmd.url):  # new connections are no longer accepted
+            assert time.monotonic() < deadline, "still accepting after SIGTERM"
+            time.sleep(0.02)
+        rest = resp.read().decode()
+        assert rest.rstrip().endswith("data: [DONE]")
+        usage = [json.loads(line[6:]) for line in rest.splitlines() if '"usage"' in line][-1]["usage"]
+        assert usage["completion_tokens"] == 300  # finished, not cut
+        assert llmd.proc.wait(timeout=3) == 0  # at once: the kept-alive connection is not waited for
+
+
+def test_when_the_grace_period_ends_streams_are_cut_and_it_exits_0(long_model):
+    with llmd_process("--model", str(long_model.path), "--shutdown-grace", "0.5") as llmd:
+        sock = stalled_stream(llmd.url, long_body(long_model))  # would last forever
+        time.sleep(0.3)
+        start = time.monotonic()
+        llmd.proc.send_signal(signal.SIGTERM)
+        assert llmd.proc.wait(timeout=10) == 0
+        assert time.monotonic() - start < 4
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        sock.close()
+        assert received.startswith(b"HTTP/1.1 200 ") and b"data: " in received
+        assert b"[DONE]" not in received and not received.endswith(b"0\r\n\r\n")
+
+
+def test_a_second_signal_exits_at_once(long_model):
+    with llmd_process("--model", str(long_model.path), "--shutdown-grace", "60") as llmd:
+        sock = stalled_stream(llmd.url, long_body(long_model))
+        time.sleep(0.3)
+        llmd.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert llmd.proc.poll() is None  # still waiting for the stream
+        start = time.monotonic()
+        llmd.proc.send_signal(signal.SIGINT)
+        assert llmd.proc.wait(timeout=5) == 128 + signal.SIGINT
+        assert time.monotonic() - start < 2
+        sock.close()
