@@ -268,6 +268,19 @@ class Session:
 _LAYOUTS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34)}
 
 
+def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_dim: int,
+                     n_ranges: int, fast: bool) -> list[list[float]]:
+    """Attention of the query heads q over n_pos f16 key and value rows (k, v), the
+    rows split into n_ranges ranges, by the scalar reference or the fast kernel (for tests)."""
+    if any(len(h) != head_dim for h in q) or min(len(k), len(v)) < 2 * n_pos * head_dim:
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "q, k or v do not match n_pos x head_dim")
+    out = ffi.new("float[]", len(q) * head_dim)
+    _check(lib.llmd_kernel_attention(ffi.new("float[]", [x for h in q for x in h]), len(q), ffi.from_buffer("uint16_t[]", k),
+                                     ffi.from_buffer("uint16_t[]", v), n_pos, head_dim, n_ranges, out, int(fast)))
+    flat = list(ffi.unpack(out, len(q) * head_dim))
+    return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
+
+
 def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[list[float]],
                   fast: bool) -> list[list[float]]:
     """Each x in xs times the matrix, by the scalar reference or the engine's fast

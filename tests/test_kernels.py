@@ -24,7 +24,7 @@ import struct
 
 import pytest
 
-from llmd.engine import EngineError, kernel_matmul
+from llmd.engine import EngineError, kernel_attention, kernel_matmul
 from tests.gguf_writer import (
     GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, QK, TYPE_LAYOUT, TYPE_NAMES, dequantize,
     encode_f16, encode_f32, f16_bits, f16_value, f32, pack_q4_0, pack_q4_1, pack_q8_0, quantize_q4_0,
@@ -251,3 +251,42 @@ def test_bad_kernel_arguments_raise(ggml_type, rows, cols, match):
     weights = bytes(4096)  # large enough that a missed check could not read past it
     with pytest.raises(EngineError, match=match):
         kernel_matvec(ggml_type, weights, rows, cols, [1.0] * max(cols, 1), fast=True)
+
+
+# ---- attention ----------------------------------------------------------------------------
+
+def softmax_attention(q: list[float], keys: list[list[float]], values: list[list[float]]) -> list[float]:
+    """One query head's causal-attention output, in double precision."""
+    scores = [math.fsum(a * b for a, b in zip(q, k)) / math.sqrt(len(q)) for k in keys]
+    top = max(scores)
+    weights = [math.exp(sc - top) for sc in scores]
+    total = math.fsum(weights)
+    return [math.fsum(w * v[d] for w, v in zip(weights, values)) / total for d in range(len(q))]
+
+
+@pytest.mark.parametrize("n_pos, head_dim, spread", [(1, 64, 1.0), (63, 64, 1.0), (65, 64, 1.0), (300, 64, 8.0),
+                                                      (130, 32, 1.0), (40, 40, 1.0)])
+def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, spread):
+    """spread scales the scores: 8 makes softmax nearly one-hot, where a wrong running
+    max or rescaling shows at once. head_dim 40 takes the reference path."""
+    rng = random.Random(n_pos * 1000 + head_dim)
+    half = lambda x: f16_value(f16_bits(x))
+    keys = [[half(rng.gauss(0, 1)) for _ in range(head_dim)] for _ in range(n_pos)]
+    values = [[half(rng.gauss(0, 1)) for _ in range(head_dim)] for _ in range(n_pos)]
+    q = [[f32(rng.gauss(0, spread)) for _ in range(head_dim)] for _ in range(3)]
+    k = encode_f16([x for row in keys for x in row])
+    v = encode_f16([x for row in values for x in row])
+    expected = [softmax_attention(h, keys, values) for h in q]
+    for ranges in sorted({1, min(3, n_pos)}):
+        for fast in (False, True):
+            got = kernel_attention(q, k, v, n_pos, head_dim, ranges, fast)
+            diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+            assert diff < 2e-5, (ranges, fast, diff)
+
+
+def test_bad_attention_arguments_raise():
+    k = encode_f16([0.0] * 64)
+    with pytest.raises(EngineError, match="bad attention arguments"):
+        kernel_attention([[0.0] * 64], k, k, 1, 64, 2, True)  # more ranges than rows
+    with pytest.raises(EngineError, match="bad attention arguments"):
+        kernel_attention([[0.0] * 64], k, k, 1, 64, 0, True)

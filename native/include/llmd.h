@@ -169,6 +169,14 @@ llmd_status llmd_session_score(llmd_session *session, const int32_t *ids, size_t
 llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
                                int32_t cols, const float *x, int32_t n, float *y, int32_t fast);
 
+/* Attention of n_q query heads (q: n_q x head_dim floats) over n_pos cached rows
+ * (k, v: n_pos x head_dim f16 bits), the rows split into n_ranges ranges whose
+ * partial results are combined: out (n_q x head_dim), by the scalar reference
+ * (fast == 0) or the engine's fast kernel. */
+llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
+                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, float *out,
+                                  int32_t fast);
+
 #ifdef __cplusplus
 }
 #endif

@@ -539,4 +539,26 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
     });
 }
 
+llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
+                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, float *out, int32_t fast) {
+    return guarded([&]() -> llmd_status {
+        if (q == nullptr || k == nullptr || v == nullptr || out == nullptr || n_q < 1 || n_q > 1024 ||
+            n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad attention arguments");
+        const size_t hd = static_cast<size_t>(head_dim);
+        std::vector<float> outs(static_cast<size_t>(n_ranges) * n_q * hd);
+        std::vector<AttnPartial> parts(static_cast<size_t>(n_ranges) * n_q);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        for (int32_t r = 0; r < n_ranges; ++r) {
+            const int32_t p0 = static_cast<int32_t>(static_cast<int64_t>(n_pos) * r / n_ranges);
+            const int32_t p1 = static_cast<int32_t>(static_cast<int64_t>(n_pos) * (r + 1) / n_ranges);
+            (fast ? attend_range : attend_range_ref)(q, n_q, k + p0 * hd, v + p0 * hd, p1 - p0, head_dim, hd, scale,
+                                                     outs.data() + r * n_q * hd, parts.data() + r * n_q);
+        }
+        for (int32_t g = 0; g < n_q; ++g)
+            attend_combine(outs.data() + g * hd, n_q * hd, parts.data() + g, n_q, n_ranges, head_dim, out + g * hd);
+        return LLMD_OK;
+    });
+}
+
 } // extern "C"

@@ -2,16 +2,13 @@
 // layer attention and FFN with residuals, then the final norm and output head.
 #include "model.h"
 
+#include "attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define LLMD_F16C 1
-#endif
 
 namespace llmd {
 
@@ -318,66 +315,53 @@ void rope(float *x, int n_heads, const HParams &hp, const std::vector<float> &in
     }
 }
 
-float dot_f16_f32(const uint16_t *a, const float *b, int n) {
-#ifdef LLMD_F16C
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 af = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(a + i)));
-        acc = _mm256_fmadd_ps(af, _mm256_loadu_ps(b + i), acc);
-    }
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    float sum = _mm_cvtss_f32(r);
-    for (; i < n; ++i) sum += fp16_to_fp32(a[i]) * b[i];
-    return sum;
-#else
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += fp16_to_fp32(a[i]) * b[i];
-    return sum;
-#endif
-}
-
-// y += a * x, x in f16
-void axpy_f16(float a, const uint16_t *x, float *y, int n) {
-    int i = 0;
-#ifdef LLMD_F16C
-    const __m256 va = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8) {
-        const __m256 xf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x + i)));
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xf, _mm256_loadu_ps(y + i)));
-    }
-#endif
-    for (; i < n; ++i) y[i] += a * fp16_to_fp32(x[i]);
-}
-
 void to_f16(const float *x, uint16_t *y, int n) {
     for (int i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
-// Causal attention of one query head over positions 0..pos of its session's cache.
-void attend(const float *q, const KVCache &kv, const HParams &hp, int layer, int kv_head, int pos,
-            float *out) {
-    thread_local std::vector<float> scores;
-    scores.resize(static_cast<size_t>(pos) + 1);
-    const int hd = hp.head_dim, kv_dim = hp.kv_dim();
-    const size_t base = static_cast<size_t>(layer) * kv.n_ctx * kv_dim + kv_head * hd;
+// Each token's queries against its session's cache (which already holds this
+// layer's K/V for the token): a task per (token, KV head, range of positions), the
+// query heads of a group sharing each key and value row. Few tokens over a long
+// context are split into ranges so that every thread gets a share.
+void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
+    const HParams &hp = model.hp;
+    const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
+    const int kv_dim = hp.kv_dim();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    float max_score = -INFINITY;
-    for (int p = 0; p <= pos; ++p) {
-        scores[p] = dot_f16_f32(&kv.k[base + static_cast<size_t>(p) * kv_dim], q, hd) * scale;
-        max_score = std::max(max_score, scores[p]);
-    }
-    float sum = 0.0f;
-    for (int p = 0; p <= pos; ++p) {
-        scores[p] = std::exp(scores[p] - max_score);
-        sum += scores[p];
-    }
-    std::fill(out, out + hd, 0.0f);
-    const float inv = 1.0f / sum;
-    for (int p = 0; p <= pos; ++p)
-        axpy_f16(scores[p] * inv, &kv.v[base + static_cast<size_t>(p) * kv_dim], out, hd);
+    int longest = 0;
+    for (int t = 0; t < n; ++t) longest = std::max(longest, batch[t].pos + 1);
+    const int want = 4 * pool.size();
+    const int ranges = std::clamp((want + n * n_kv - 1) / (n * n_kv), 1, std::max(1, longest / 256));
+    if (ranges > 1) ws.att_parts.resize(static_cast<size_t>(n) * hp.n_head * ranges * hd);
+    ws.att_stats.resize(static_cast<size_t>(n) * hp.n_head * ranges);
+    const float *q = ws.q.data();
+    float *att = ws.att.data();
+    pool.run(n * n_kv * ranges, [&](int task) {
+        const int r = task % ranges, h = task / ranges % n_kv, t = task / (ranges * n_kv);
+        const KVCache &kv = *batch[t].kv;
+        const int len = batch[t].pos + 1, p0 = static_cast<int>(static_cast<int64_t>(len) * r / ranges),
+                  p1 = static_cast<int>(static_cast<int64_t>(len) * (r + 1) / ranges);
+        const size_t row = (static_cast<size_t>(layer) * kv.n_ctx + p0) * kv_dim + static_cast<size_t>(h) * hd;
+        const float *qg = q + t * q_dim + h * group * hd;
+        const size_t slot = (static_cast<size_t>(t) * n_kv + h) * ranges + r; // (token, kv head, range)
+        float *out = ranges > 1 ? ws.att_parts.data() + slot * group * hd : att + t * q_dim + h * group * hd;
+        AttnPartial *parts = ws.att_stats.data() + slot * group;
+        attend_range(qg, group, &kv.k[row], &kv.v[row], p1 - p0, hd, kv_dim, scale, out, parts);
+        if (ranges == 1)
+            for (int g = 0; g < group; ++g) {
+                const float inv = parts[g].sum > 0.0f ? 1.0f / parts[g].sum : 0.0f;
+                for (int d = 0; d < hd; ++d) out[g * hd + d] *= inv;
+            }
+    });
+    if (ranges == 1) return;
+    for (int t = 0; t < n; ++t)
+        for (int h = 0; h < n_kv; ++h)
+            for (int g = 0; g < group; ++g) {
+                const size_t first = (static_cast<size_t>(t) * n_kv + h) * ranges; // range 0's slot
+                attend_combine(ws.att_parts.data() + (first * group + g) * hd, static_cast<size_t>(group) * hd,
+                               ws.att_stats.data() + first * group + g, group, ranges, hd,
+                               att + t * q_dim + (h * group + g) * hd);
+            }
 }
 
 } // namespace
@@ -407,12 +391,7 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
             to_f16(k + t * kv_dim, &kv.k[at], kv_dim);
             to_f16(v + t * kv_dim, &kv.v[at], kv_dim);
         }
-        const int group = hp.n_head / hp.n_head_kv;
-        pool.run(n * hp.n_head, [&](int task) {
-            const int t = task / hp.n_head, h = task % hp.n_head;
-            attend(q + t * q_dim + h * hp.head_dim, *batch[t].kv, hp, l, h / group, batch[t].pos,
-                   att + t * q_dim + h * hp.head_dim);
-        });
+        attention(model, batch, n, l, ws, pool);
         quantize_rows(att, n, q_dim, xq);
         run_matmuls(pool, n, {{&L.wo, att, xq, x, true}});
 

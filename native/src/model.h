@@ -4,6 +4,7 @@
 // session's tokens; batched decode is one token from each of several sessions).
 #pragma once
 
+#include "attention.h"
 #include "gguf.h"
 #include "quants.h"
 #include "threadpool.h"
@@ -99,6 +100,8 @@ struct BatchToken {
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
+    std::vector<float> att_parts;       // attention partials of split contexts (attention.h)
+    std::vector<AttnPartial> att_stats;
     std::vector<BlockQ8A> xq;
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);

@@ -1,0 +1,148 @@
+// attention.cpp — see attention.h.
+#include "attention.h"
+
+#include "quants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define LLMD_ATTN_AVX512 1
+#endif
+
+namespace llmd {
+
+void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
+                      size_t stride, float scale, float *out, AttnPartial *part) {
+    std::vector<double> scores(static_cast<size_t>(n_pos));
+    for (int g = 0; g < n_q; ++g) {
+        const float *qg = q + g * hd;
+        double mx = -INFINITY;
+        for (int p = 0; p < n_pos; ++p) {
+            double s = 0.0;
+            for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * fp16_to_fp32(k[p * stride + d]);
+            scores[p] = s * scale;
+            mx = std::max(mx, scores[p]);
+        }
+        double sum = 0.0;
+        std::vector<double> acc(static_cast<size_t>(hd), 0.0);
+        for (int p = 0; p < n_pos; ++p) {
+            const double e = std::exp(scores[p] - mx);
+            sum += e;
+            for (int d = 0; d < hd; ++d) acc[d] += e * fp16_to_fp32(v[p * stride + d]);
+        }
+        for (int d = 0; d < hd; ++d) out[g * hd + d] = static_cast<float>(acc[d]);
+        part[g] = {static_cast<float>(mx), static_cast<float>(sum)};
+    }
+}
+
+#ifdef LLMD_ATTN_AVX512
+namespace {
+
+// e^x for x <= 0 (scores minus their max): 2^n * e^r with |r| <= ln2 / 2 and a
+// degree-7 Taylor polynomial (relative error below 1e-8 before rounding); 0 below -87.
+inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x); // ln 2, high bits
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);   // ln 2, the rest
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    return _mm512_scalef_ps(p, n);
+}
+
+constexpr int kBlock = 64; // positions scored before their values are summed
+
+} // namespace
+
+void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
+                  size_t stride, float scale, float *out, AttnPartial *part) {
+    if (hd % 16 != 0 || n_q > kMaxGroup) {
+        attend_range_ref(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+        return;
+    }
+    alignas(64) float scores[kMaxGroup][kBlock];
+    float mx[kMaxGroup], sum[kMaxGroup];
+    std::fill(mx, mx + n_q, -INFINITY);
+    std::fill(sum, sum + n_q, 0.0f);
+    std::fill(out, out + n_q * hd, 0.0f);
+    for (int p0 = 0; p0 < n_pos; p0 += kBlock) {
+        const int len = std::min(kBlock, n_pos - p0);
+        // Scores: each key row is converted once for all the group's queries.
+        for (int i = 0; i < len; ++i) {
+            const uint16_t *kr = k + (p0 + i) * stride;
+            __m512 acc[kMaxGroup];
+            for (int g = 0; g < n_q; ++g) acc[g] = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 16) {
+                const __m512 kf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(kr + d)));
+                for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + d), kf, acc[g]);
+            }
+            for (int g = 0; g < n_q; ++g) scores[g][i] = _mm512_reduce_add_ps(acc[g]) * scale;
+        }
+        for (int i = len; i < kBlock; ++i)
+            for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
+        // Softmax weights, rescaling what was summed so far when the max grows.
+        for (int g = 0; g < n_q; ++g) {
+            __m512 bm = _mm512_set1_ps(-INFINITY);
+            for (int i = 0; i < kBlock; i += 16) bm = _mm512_max_ps(bm, _mm512_load_ps(&scores[g][i]));
+            const float new_max = std::max(mx[g], _mm512_reduce_max_ps(bm));
+            if (new_max > mx[g]) {
+                const float shrink = std::exp(mx[g] - new_max); // 0 on the first block
+                sum[g] *= shrink;
+                for (int d = 0; d < hd; ++d) out[g * hd + d] *= shrink;
+                mx[g] = new_max;
+            }
+            __m512 s = _mm512_setzero_ps();
+            for (int i = 0; i < kBlock; i += 16) {
+                const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(&scores[g][i]), _mm512_set1_ps(new_max)));
+                _mm512_store_ps(&scores[g][i], e);
+                s = _mm512_add_ps(s, e);
+            }
+            sum[g] += _mm512_reduce_add_ps(s);
+        }
+        // Values: each value row is converted once for all the group's outputs.
+        for (int i = 0; i < len; ++i) {
+            const uint16_t *vr = v + (p0 + i) * stride;
+            for (int d = 0; d < hd; d += 16) {
+                const __m512 vf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(vr + d)));
+                for (int g = 0; g < n_q; ++g) {
+                    float *o = out + g * hd + d;
+                    _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(scores[g][i]), vf, _mm512_loadu_ps(o)));
+                }
+            }
+        }
+    }
+    for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
+}
+
+#else
+
+void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
+                  size_t stride, float scale, float *out, AttnPartial *part) {
+    attend_range_ref(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+}
+
+#endif
+
+void attend_combine(const float *outs, size_t out_stride, const AttnPartial *parts, size_t part_stride,
+                    int n_parts, int hd, float *y) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n_parts; ++i) mx = std::max(mx, parts[i * part_stride].max);
+    std::fill(y, y + hd, 0.0f);
+    float total = 0.0f;
+    for (int i = 0; i < n_parts; ++i) {
+        const AttnPartial &part = parts[i * part_stride];
+        if (part.sum == 0.0f) continue; // an empty range
+        const float w = std::exp(part.max - mx);
+        total += w * part.sum;
+        for (int d = 0; d < hd; ++d) y[d] += w * outs[i * out_stride + d];
+    }
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int d = 0; d < hd; ++d) y[d] *= inv;
+}
+
+} // namespace llmd

@@ -1,0 +1,35 @@
+// attention.h — causal attention for one token: the query heads that share a KV
+// head, over a range of its session's cached positions.
+//
+// A range yields a partial result (the streaming, "online" softmax): the running
+// max of its scores, the sum of exp(score - max), and the unnormalised output
+// sum of exp(score - max) * v. Partials of adjacent ranges combine exactly, so one
+// long context can be split across threads. Each kernel has a scalar reference
+// (`*_ref`); tests compare them through llmd_kernel_attention.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace llmd {
+
+constexpr int kMaxGroup = 16; // query heads per KV head of the fast kernel; wider groups use the reference
+
+struct AttnPartial {
+    float max; // largest score seen (-inf for an empty range)
+    float sum; // sum of exp(score - max)
+};
+
+// q: (n_q, hd) queries; k, v: n_pos rows of f16, row r at k + r * stride (first hd used).
+// Writes out (n_q, hd) = sum over rows of exp(scale * q·k - max) * v, and part (n_q).
+void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
+                  size_t stride, float scale, float *out, AttnPartial *part);
+void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
+                      size_t stride, float scale, float *out, AttnPartial *part);
+
+// y (hd) = the normalised attention output of n_parts partials of one query head,
+// the i-th at outs + i * out_stride and parts + i * part_stride.
+void attend_combine(const float *outs, size_t out_stride, const AttnPartial *parts, size_t part_stride,
+                    int n_parts, int hd, float *y);
+
+} // namespace llmd
