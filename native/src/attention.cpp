@@ -55,35 +55,61 @@ inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-constexpr int kBlock = 64; // positions scored before their values are summed
+constexpr int kBlock = 64;        // positions scored before their values are summed
+constexpr int kMaxHeadDim = 256;  // of the fast kernel; larger heads use the reference
+
+// Lane j of the result is the sum of v[j]'s 16 lanes: a transposing tree of
+// shuffles and adds, far cheaper than 16 separate horizontal sums.
+inline __m512 hsum16(const __m512 *v) {
+    __m512 w[8], x[4];
+    for (int k = 0; k < 8; ++k) // per 128-bit lane: v2k even, v2k+1 even, v2k odd, v2k+1 odd
+        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int m = 0; m < 4; ++m) { // per 128-bit lane: the lane's sums of v4m .. v4m+3
+        const __m512d a = _mm512_castps_pd(w[2 * m]), b = _mm512_castps_pd(w[2 * m + 1]);
+        x[m] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88), _mm512_shuffle_f32x4(x[0], x[1], 0xdd));
+    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88), _mm512_shuffle_f32x4(x[2], x[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
+}
 
 } // namespace
 
 void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
                   size_t stride, float scale, float *out, AttnPartial *part) {
-    if (hd % 16 != 0 || n_q > kMaxGroup) {
+    if (hd % 16 != 0 || hd > kMaxHeadDim || n_q > kMaxGroup) {
         attend_range_ref(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
         return;
     }
     alignas(64) float scores[kMaxGroup][kBlock];
+    alignas(64) float keys[16][kMaxHeadDim]; // 16 key rows as floats
     float mx[kMaxGroup], sum[kMaxGroup];
     std::fill(mx, mx + n_q, -INFINITY);
     std::fill(sum, sum + n_q, 0.0f);
     std::fill(out, out + n_q * hd, 0.0f);
     for (int p0 = 0; p0 < n_pos; p0 += kBlock) {
         const int len = std::min(kBlock, n_pos - p0);
-        // Scores: each key row is converted once for all the group's queries.
-        for (int i = 0; i < len; ++i) {
-            const uint16_t *kr = k + (p0 + i) * stride;
-            __m512 acc[kMaxGroup];
-            for (int g = 0; g < n_q; ++g) acc[g] = _mm512_setzero_ps();
-            for (int d = 0; d < hd; d += 16) {
-                const __m512 kf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(kr + d)));
-                for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + d), kf, acc[g]);
+        // Scores, 16 rows at a time: each key row is converted once for all the
+        // group's queries, and 16 dot products are summed across lanes together.
+        for (int i0 = 0; i0 < len; i0 += 16) {
+            const int rows = std::min(16, len - i0);
+            for (int i = 0; i < rows; ++i)
+                for (int d = 0; d < hd; d += 16)
+                    _mm512_store_ps(&keys[i][d], _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                     reinterpret_cast<const __m256i *>(k + (p0 + i0 + i) * stride + d))));
+            for (int g = 0; g < n_q; ++g) {
+                __m512 acc[16];
+                for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+                for (int d = 0; d < hd; d += 16) {
+                    const __m512 qd = _mm512_loadu_ps(q + g * hd + d);
+                    for (int i = 0; i < rows; ++i) acc[i] = _mm512_fmadd_ps(qd, _mm512_load_ps(&keys[i][d]), acc[i]);
+                }
+                const __m512 dots = _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
+                const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
+                _mm512_store_ps(&scores[g][i0], _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), dots));
             }
-            for (int g = 0; g < n_q; ++g) scores[g][i] = _mm512_reduce_add_ps(acc[g]) * scale;
         }
-        for (int i = len; i < kBlock; ++i)
+        for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
             for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
         // Softmax weights, rescaling what was summed so far when the max grows.
         for (int g = 0; g < n_q; ++g) {
