@@ -1,0 +1,93 @@
+"""The scheduler on the default model: generations advance in steps (a prefill chunk
+or one batched decode step), so streams share the executor fairly, a long prompt
+is prefilled between other streams' tokens, and a cancel takes effect at the next
+step. Assertions are on the order of events, never on times."""
+import asyncio
+
+import pytest_asyncio
+
+from llmd import models
+from llmd.engine import Sampling
+from llmd.metrics import ServerMetrics
+from llmd.runtime import PREFILL_CHUNK, Generation, Runtime
+from llmd.sessions import Slot
+
+FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
+
+
+@pytest_asyncio.fixture
+async def runtime():
+    rt = Runtime(ServerMetrics())
+    await rt.load(str(models.default_model(fetch=False)), n_ctx=2048, max_sessions=6, n_threads=2)
+    yield rt
+    await rt.close()
+
+
+async def start(rt: Runtime, name: str, prompt: str, max_tokens: int, log: list) -> tuple[Generation, asyncio.Task]:
+    """Submit a greedy generation that never ends by itself; a task logs its events."""
+    slot = Slot(name, await rt.call(rt.engine.new_session))
+    ids = await rt.call(rt.engine.tokenize, prompt)
+    never_end = Sampling(logit_bias={i: float("-inf") for i in rt.engine.info.eog_ids})
+    g = Generation(slot, ids, never_end, max_tokens)
+    rt.submit(g)
+
+    async def read() -> None:
+        while True:
+            kind, value = await rt.next_event(g)
+            log.append((name, kind, value if kind == "end" else None))
+            if kind != "token":
+                return
+
+    return g, asyncio.create_task(read())
+
+
+async def test_streams_get_a_token_each_per_decode_step(runtime):
+    log: list = []
+    readers = [(await start(runtime, name, f"{name}: " + FILLER, 24, log))[1] for name in "abc"]
+    await asyncio.gather(*readers)
+    tokens = [name for name, kind, _ in log if kind == "token"]
+    assert sorted(tokens) == sorted("abc" * 24)
+    # Once all three decode, every step gives each of them one token: counted from
+    # then on, no stream gets ahead of another by more than the step in progress.
+    begin = max(tokens.index(name) for name in "abc")
+    total = {name: tokens[:begin].count(name) for name in "abc"}
+    since = dict.fromkeys("abc", 0)
+    for name in tokens[begin:]:
+        total[name] += 1
+        since[name] += 1
+        if max(total.values()) == 24:
+            break  # the first stream is done; the others finish without it
+        assert max(since.values()) - min(since.values()) <= 1, since
+
+
+async def test_a_long_prompt_is_prefilled_between_other_streams_tokens(runtime):
+    log: list = []
+    running = [await start(runtime, name, FILLER, 400, log) for name in "ab"]
+    while sum(kind == "token" for _, kind, _ in log) < 4:
+        await asyncio.sleep(0.01)
+    long_prompt = FILLER * 60
+    chunks = -(-len(await runtime.call(runtime.engine.tokenize, long_prompt)) // PREFILL_CHUNK)
+    assert chunks >= 3
+    submitted = len(log)
+    newcomer, reader = await start(runtime, "long", long_prompt, 2, log)
+    await reader
+    first = next(i for i, (name, kind, _) in enumerate(log) if name == "long")
+    during = log[submitted:first]
+    # A decode step of the running streams follows every prefill chunk but the last.
+    for name in "ab":
+        assert sum(n == name and kind == "token" for n, kind, _ in during) >= chunks - 1
+        assert not any(n == name and kind == "end" for n, kind, _ in log)  # still streaming
+    for g, task in running:
+        runtime.cancel(g)
+        await task
+
+
+async def test_a_cancelled_generation_ends_at_the_next_step(runtime):
+    log: list = []
+    g, reader = await start(runtime, "c", FILLER, 1000, log)
+    while len(log) < 5:
+        await asyncio.sleep(0.005)
+    runtime.cancel(g)
+    await reader
+    assert log[-1] == ("c", "end", "cancelled")
+    assert len(log) <= 5 + 2  # at most the step in flight when cancel() was called
