@@ -13,6 +13,7 @@ import pytest
 
 from llmd.http import Body, EndOfMessage, Limits, ParseError, Request, RequestParser
 from tests.conftest import llmd_process
+from tests.test_http import merged
 from tests.test_limits import address
 
 PARSER_CASES = 3000
@@ -95,17 +96,6 @@ def parse_all(pieces: list[bytes]) -> list:
         while parser.done:
             events += parser.start_next()
     return events
-
-
-def merged(events: list) -> list:
-    """Events with adjacent Body pieces joined: how a body is cut depends on the feeds."""
-    out: list = []
-    for ev in events:
-        if isinstance(ev, Body) and out and isinstance(out[-1], Body):
-            out[-1] = Body(out[-1].data + ev.data)
-        else:
-            out.append(ev)
-    return out
 
 
 def random_split(data: bytes, rng: random.Random) -> list[bytes]:
