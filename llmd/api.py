@@ -14,7 +14,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import AsyncIterator
 
-from llmd import chat, errors, openai, sse
+from llmd import chat, constrain, errors, openai, sse
 from llmd.engine import Engine, Sampling
 from llmd.errors import ApiError, as_api_error, error_body
 from llmd.runtime import Generation, Runtime
@@ -22,7 +22,7 @@ from llmd.server import HttpRequest, Response, StreamResponse
 from llmd.sessions import SessionTable, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
-from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream
+from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
 
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 FINGERPRINT = "llmd-0.1.0"
@@ -70,7 +70,7 @@ class Output:
         out = self.tools.feed(text) if text else []
         if final:
             out += self.tools.finish()
-        self.tool_calls += sum(isinstance(d, ToolCallDelta) for d in out)
+        self.tool_calls += sum(isinstance(d, ToolCallDelta) and d.id is not None for d in out)
         return out
 
 
@@ -198,19 +198,21 @@ class Api:
             prompt = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         ids = await self.runtime.call(self._tokenize_parts, prompt.parts)
-        return await self._generate(request, "chat", ids, req, sid, tools or None)
+        return await self._generate(request, "chat", ids, req, sid, tools or None, grammar)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
+        grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
             ids = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             ids = list(req.prompt)
-        return await self._generate(request, "text", ids, req, sid, None)
+        return await self._generate(request, "text", ids, req, sid, None, grammar)
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> list[int]:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -230,7 +232,7 @@ class Api:
 
     async def _generate(self, request: HttpRequest, kind: str, ids: list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None) -> Response | StreamResponse:
+                        tools: list[dict] | None, grammar: str | None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         if not ids:
             raise errors.invalid_request("the prompt is empty", "prompt")
@@ -240,7 +242,7 @@ class Api:
         max_tokens = min(req.max_tokens or room, room)
         slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
         reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
-        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse)
+        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
         self.runtime.submit(g)
         reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid)
         if req.stream:
@@ -313,7 +315,7 @@ class Reply:
     async def collect(self, request: HttpRequest) -> dict:
         watcher = asyncio.create_task(self._cancel_on_disconnect(request))
         content: list[str] = []
-        calls: list[dict] = []
+        pieces: list[ToolCallDelta] = []
         reason = "stop"
         try:
             async for kind, value in self._events(ping=False):
@@ -327,10 +329,11 @@ class Reply:
                     reason = value
                     deltas = self.output.finish()
                 for d in deltas:
-                    (content.append(d.text) if isinstance(d, ContentDelta) else calls.append(d.to_openai()))
+                    (content.append(d.text) if isinstance(d, ContentDelta) else pieces.append(d))
         finally:
             watcher.cancel()
         text = "".join(content)
+        calls = merge_tool_calls(pieces)
         finish = self.finish_reason = self._finish_reason(reason)
         if self.kind == "chat":
             message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}

@@ -1,9 +1,10 @@
 """JSON as grammar expressions (llmd.grammar): any JSON value, and the values a JSON
 Schema admits, for constrained decoding.
 
-Layout. The JSON is written with at most one space after `{`, `[`, `,` and `:` and
-before `}` and `]`, and no newline: a small model left free to lay out JSON may
-emit whitespace forever. Numbers have at most 16 integer and 16 fraction digits
+Layout. After `{`, `[`, `,` and `:` and before `}` and `]` the JSON may have one
+space, or one newline and up to 16 spaces of indentation, and nothing else: a small
+model left free to lay out JSON may emit whitespace forever, and one that may not
+indent at all tends to close the object at once. Numbers have at most 16 integer and 16 fraction digits
 and a 3-digit exponent. Strings are not bounded here: the engine's token budget
 closes them in time (native/src/grammar.h). Strings are valid UTF-8 and escape
 what JSON requires.
