@@ -478,7 +478,7 @@ llmd_status llmd_session_set_grammar(llmd_session *s, const char *grammar, size_
         if (grammar == nullptr || token_budget < 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "grammar must not be null and token_budget not negative");
         std::string err;
-        std::shared_ptr<const Grammar> g = Grammar::parse(std::string_view(grammar, len), &err);
+        std::unique_ptr<const Grammar> g = Grammar::parse(std::string_view(grammar, len), &err);
         if (!g) return fail(LLMD_ERR_INVALID_ARGUMENT, "grammar: " + err);
         llmd_engine *e = s->engine;
         if (!e->trie) e->trie = std::make_unique<TokenTrie>(*e->vocab, e->eog_ids);
@@ -509,7 +509,7 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
         if (grammar == nullptr || result == nullptr || (text == nullptr && text_len > 0))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
         std::string err;
-        std::shared_ptr<const Grammar> g = Grammar::parse(std::string_view(grammar, grammar_len), &err);
+        std::unique_ptr<const Grammar> g = Grammar::parse(std::string_view(grammar, grammar_len), &err);
         if (!g) return fail(LLMD_ERR_INVALID_ARGUMENT, "grammar: " + err);
         GrammarMatcher m(std::move(g), nullptr, 0);
         const bool ok = m.accept_bytes(std::string_view(text ? text : "", text_len));

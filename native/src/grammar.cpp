@@ -58,8 +58,8 @@ constexpr uint64_t kFar = UINT64_MAX;
 
 // ---- Grammar ------------------------------------------------------------------
 
-std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, std::string *error) {
-    auto fail = [&](std::string why) -> std::shared_ptr<const Grammar> {
+std::unique_ptr<const Grammar> Grammar::parse(std::string_view text, std::string *error) {
+    auto fail = [&](std::string why) -> std::unique_ptr<const Grammar> {
         *error = std::move(why);
         return nullptr;
     };
@@ -70,7 +70,7 @@ std::shared_ptr<const Grammar> Grammar::parse(std::string_view text, std::string
     if (n == 0 || n > kMaxStates) return fail("the state count must be 1.." + std::to_string(kMaxStates));
     if (start >= n) return fail("the start state is out of range");
 
-    auto g = std::make_shared<Grammar>();
+    auto g = std::make_unique<Grammar>();
     g->start_ = start;
     g->states_.resize(n);
     for (uint32_t i = 0; i < n; ++i) {
@@ -325,7 +325,7 @@ TokenTrie::TokenTrie(const Vocab &vocab, const std::vector<int32_t> &eog_ids) {
 
 // ---- GrammarMatcher ----------------------------------------------------------------
 
-GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar, const TokenTrie *trie, int32_t token_budget)
+GrammarMatcher::GrammarMatcher(std::unique_ptr<const Grammar> grammar, const TokenTrie *trie, int32_t token_budget)
     : g_(std::move(grammar)), trie_(trie) {
     seen_.clear();
     closure({g_->start(), Grammar::kNone}, current_);

@@ -60,7 +60,7 @@ public:
     // the limits, a start state that cannot finish and left recursion (a call
     // cycle that reads no byte, which would grow the stack forever). Never throws
     // except std::bad_alloc.
-    static std::shared_ptr<const Grammar> parse(std::string_view text, std::string *error);
+    static std::unique_ptr<const Grammar> parse(std::string_view text, std::string *error);
 
     uint32_t start() const { return start_; }
     uint32_t size() const { return static_cast<uint32_t>(states_.size()); }
@@ -140,7 +140,7 @@ public:
     // token_budget > 0: tokens should leave room to finish within that many tokens.
     // 0: no budget. Without a trie only the byte-level methods (accept_bytes,
     // can_end, complete) work.
-    GrammarMatcher(std::shared_ptr<const Grammar> grammar, const TokenTrie *trie, int32_t token_budget);
+    GrammarMatcher(std::unique_ptr<const Grammar> grammar, const TokenTrie *trie, int32_t token_budget);
 
     // Bytes the grammar still needs after token id (0 for an end-of-generation id
     // where the grammar may end), or kRejected if id cannot come next.
@@ -185,7 +185,7 @@ private:
     std::string key(const StateSet &set) const;
     void fail(const char *why);
 
-    std::shared_ptr<const Grammar> g_;
+    std::unique_ptr<const Grammar> g_;
     const TokenTrie *trie_;
     bool budgeted_ = false;
     uint64_t remaining_ = 0; // tokens left, this step's included
