@@ -239,6 +239,38 @@ def _determinize(nfa: _Nfa, start: int, final: int, budget: int) -> list[_DState
     return states
 
 
+def _minimize(states: list[_DState]) -> list[_DState]:
+    """Merge states with the same future (Moore's partition refinement); state 0 stays first.
+
+    Thompson and subset construction leave many twins (the copies of a string inside
+    each property, say); merging them shrinks what the engine holds and walks."""
+    block = [int(st.accept) for st in states]
+    count = len(set(block))
+    while True:
+        signatures: dict[tuple, int] = {}
+        refined = []
+        for s, st in enumerate(states):
+            moves: dict[int, int] = {}
+            for target, mask in st.moves.items():
+                moves[block[target]] = moves.get(block[target], 0) | mask
+            key = (block[s], tuple(sorted(moves.items())), tuple(sorted((r, block[t]) for r, t in st.calls)))
+            refined.append(signatures.setdefault(key, len(signatures)))
+        block = refined
+        if len(signatures) == count:
+            break
+        count = len(signatures)
+    order = {b: i for i, b in enumerate(dict.fromkeys(block))}  # first seen first: state 0 keeps id 0
+    merged: list[_DState | None] = [None] * len(order)
+    for s, st in enumerate(states):
+        b = order[block[s]]
+        if merged[b] is None:
+            moves = {}
+            for target, mask in st.moves.items():
+                moves[order[block[target]]] = moves.get(order[block[target]], 0) | mask
+            merged[b] = _DState(st.accept, moves, [(r, order[block[t]]) for r, t in st.calls])
+    return merged
+
+
 def _runs(mask: int) -> list[tuple[int, int]]:
     """The byte ranges (lo, hi) making up mask."""
     runs, b = [], 0
@@ -319,7 +351,7 @@ def compile_grammar(rules: Mapping[str, Expr], root: str) -> str:
         nfa = _Nfa()
         start = nfa.node()
         final = nfa.build(rules[order[len(dfas)]], start)
-        dfa = _determinize(nfa, start, final, MAX_STATES - total)
+        dfa = _minimize(_determinize(nfa, start, final, MAX_STATES - total))
         for st in dfa:
             for rule, _ in st.calls:
                 if rule not in rules:

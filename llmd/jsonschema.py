@@ -31,7 +31,7 @@ import math
 from typing import Any
 
 from llmd.grammar import (
-    ANY_BYTE, EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star,
+    EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star,
 )
 
 ANNOTATIONS = frozenset({
@@ -65,7 +65,9 @@ class SchemaError(ValueError):
 
 # --- JSON text -------------------------------------------------------------------
 
-WS = opt(alt(lit(" "), seq(lit("\n"), repeat(lit(" "), 0, 16))))
+# Whitespace is a rule of its own: inlined, its 17 states would be copied at every slot.
+WS_RULE = "json:ws"
+WS = Ref(WS_RULE)
 COMMA = seq(lit(","), WS)
 DIGIT = byte_range(0x30, 0x39)
 NONZERO = byte_range(0x31, 0x39)
@@ -104,9 +106,10 @@ def _member(key: Expr, value: Expr) -> Expr:
     return seq(key, lit(":"), WS, value)
 
 
-# Any JSON value, and any JSON object, as rules (nesting is recursion).
+# Whitespace, any JSON value, and any JSON object, as rules (nesting is recursion).
 VALUE_RULE, OBJECT_RULE = "json:value", "json:object"
 JSON_RULES: dict[str, Expr] = {
+    WS_RULE: opt(alt(lit(" "), seq(lit("\n"), repeat(lit(" "), 0, 16)))),
     OBJECT_RULE: _object(_member(STRING, Ref(VALUE_RULE))),
     VALUE_RULE: alt(
         Ref(OBJECT_RULE),
@@ -255,6 +258,7 @@ class SchemaCompiler:
 
     def __init__(self, rules: dict[str, Expr], prefix: str):
         self.rules = rules
+        self.rules.update(JSON_RULES)  # compiled only if reached from the root
         self.prefix = prefix
         self.root: Any = None
 
@@ -264,11 +268,9 @@ class SchemaCompiler:
         return self._named("#", schema, "")
 
     def any_value(self) -> Expr:
-        self.rules.update(JSON_RULES)
         return Ref(VALUE_RULE)
 
     def any_object(self) -> Expr:
-        self.rules.update(JSON_RULES)
         return Ref(OBJECT_RULE)
 
     def _named(self, key: str, schema: Any, path: str) -> Ref:
@@ -452,7 +454,27 @@ class SchemaCompiler:
                        WS, lit("}"))
         compiled = [(_member(json_literal(name), self.compile(sub, f"{path}.properties.{name}")), req)
                     for name, sub, req in members]
-        return seq(lit("{"), WS, _ordered_members(compiled), WS, lit("}"))
+        return seq(lit("{"), WS, self._ordered_members(compiled), WS, lit("}"))
+
+    def _ordered_members(self, members: list[tuple[Expr, bool]]) -> Expr:
+        """Members in their declared order, optional ones skippable, commas between.
+
+        With a required member, the optional ones before it carry their comma after
+        them and the ones after it before them. Without one, the first member present
+        is chosen, and what may follow member k is the same whichever came first: a
+        rule per k, so the choices share it instead of copying it."""
+        first = next((i for i, (_, req) in enumerate(members) if req), None)
+        if first is not None:
+            parts = [opt(seq(m, COMMA)) for m, _ in members[:first]]
+            parts.append(members[first][0])
+            parts += [seq(COMMA, m) if req else opt(seq(COMMA, m)) for m, req in members[first + 1:]]
+            return seq(*parts)
+        rest: Expr = EMPTY  # what may follow the last member
+        choices = []
+        for m, _ in reversed(members):
+            choices.append(seq(m, rest))
+            rest = self._rule(seq(opt(seq(COMMA, m)), rest))
+        return opt(alt(*reversed(choices)))
 
     def _array(self, schema: dict, path: str, where: str) -> Expr:
         items = schema.get("items", True)
@@ -477,20 +499,3 @@ def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[fl
         return inclusive, False
     best = pick(inclusive, exclusive)
     return best, best == exclusive
-
-
-def _ordered_members(members: list[tuple[Expr, bool]]) -> Expr:
-    """Members in their declared order, optional ones skippable, commas between.
-
-    With a required member, the optional ones before it carry their comma after
-    them and the ones after it before them: linear. Without one, the first member
-    present is chosen, then each later one may follow: quadratic, but each member
-    is small (objects and arrays are calls)."""
-    first = next((i for i, (_, req) in enumerate(members) if req), None)
-    if first is not None:
-        parts = [opt(seq(m, COMMA)) for m, _ in members[:first]]
-        parts.append(members[first][0])
-        parts += [seq(COMMA, m) if req else opt(seq(COMMA, m)) for m, req in members[first + 1:]]
-        return seq(*parts)
-    return opt(alt(*(seq(m, *(opt(seq(COMMA, later)) for later, _ in members[k + 1:]))
-                     for k, (m, _) in enumerate(members))))

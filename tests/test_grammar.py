@@ -67,6 +67,13 @@ def test_random_strings_agree_with_a_python_regex():
         assert (match(text) >= MAY_END) == bool(pattern.fullmatch(text)), text
 
 
+def test_states_with_the_same_future_are_merged():
+    # "a" and "b" both lead to "x": start, after either letter, accepted: three states.
+    text = compile_grammar({"root": alt(seq(lit("a"), lit("x")), seq(lit("b"), lit("x")))}, "root")
+    assert text.splitlines()[0] == "llmd-grammar 1 3 0"
+    assert [grammar_match(text, t) for t in (b"ax", b"bx", b"x")] == [COMPLETE, COMPLETE, NO]
+
+
 def test_left_recursion_and_undefined_rules_are_refused_by_the_compiler():
     with pytest.raises(GrammarError, match="left-recursive"):
         compile_grammar({"root": alt(seq(Ref("root"), lit("a")), lit("b"))}, "root")

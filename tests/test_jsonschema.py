@@ -64,6 +64,15 @@ def test_all_optional_properties_allow_any_ordered_subset():
     assert not ok('{, "b": 1}') and not ok('{"b": 1, "a": 2}') and not ok('{"a": 1, "a": 2}')
 
 
+def test_optional_members_grow_the_grammar_linearly():
+    def states(n):
+        rules = {}
+        schema = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(n)}}
+        rules["root"] = SchemaCompiler(rules, "s:").compile_root(schema)
+        return int(compile_grammar(rules, "root").split()[2])
+    assert states(20) - states(10) == states(30) - states(20)  # a constant cost per member
+
+
 def test_additional_properties_shape_objects_without_properties():
     ints = grammar_of({"type": "object", "additionalProperties": {"type": "integer"}})
     assert ints('{"x": 1, "y": 2}') and not ints('{"x": "1"}')
