@@ -1,16 +1,19 @@
 """Acceptance of constrained decoding on the default model (SmolLM2-135M-Instruct): every
-json_object answer parses, every json_schema answer validates, every forced tool call is
-well formed. Greedy and short, against the engine directly with batched decoding (the
-HTTP path is covered by test_api.py)."""
+json_object answer parses and every json_schema answer validates (against the engine
+directly, batched), every required tool call is a well-formed call of a declared tool
+with finish_reason tool_calls (through HTTP, one named session per tool set so its tools
+block stays cached and the sessions decode together). Greedy and short."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from llmd import chat, constrain, openai
 from llmd.engine import Sampling
-from llmd.tools import parse_tool_calls
+from tests.conformance.client import Client
+from tests.conftest import running_llmd
 from tests.schema_validator import errors
 
 JSON_PROMPTS = [
@@ -111,7 +114,7 @@ TOOL_SETS = [
 class Batch:
     """Greedy constrained generations on up to len(sessions) sessions at once. Each session
     keeps its cache, so a prompt that shares a prefix with that session's last prompt
-    (the system turn, the tools block) prefills only the rest."""
+    (the default system turn) prefills only the rest."""
 
     def __init__(self, engine, n: int):
         self.engine = engine
@@ -123,15 +126,13 @@ class Batch:
         for s in self.sessions:
             s.close()
 
-    def prompt(self, body: dict) -> tuple[list[int], str | None, list[dict] | None]:
-        """(prompt ids, grammar, tools for the parser) of a chat request body."""
+    def prompt(self, body: dict) -> tuple[list[int], str | None]:
+        """(prompt ids, grammar) of a chat request body."""
         req = openai.parse_chat_request(json.dumps({"model": "m", **body}).encode())
-        tools = [{"name": t.name, "description": t.description, "parameters": t.parameters}
-                 for t in req.tools] or None
         ids = []
-        for text, marker in chat.render_chat(self.template, body["messages"], tools).parts:
+        for text, marker in chat.render_chat(self.template, body["messages"]).parts:
             ids += self.engine.tokenize(text, special=marker)
-        return ids, constrain.chat_grammar(req), tools
+        return ids, constrain.chat_grammar(req)
 
     def run(self, jobs: list[tuple[list[int], str]], max_tokens: int) -> list[tuple[str, bool]]:
         """jobs[i] runs on session i; returns (text, finished by the grammar or EOS) each."""
@@ -166,9 +167,8 @@ def batch(default_engine):
 def test_fifty_json_object_answers_all_parse(batch):
     results = []
     for k in range(0, len(JSON_PROMPTS), 8):
-        chunk = JSON_PROMPTS[k:k + 8]
         jobs = [batch.prompt({"messages": [{"role": "user", "content": p}],
-                              "response_format": {"type": "json_object"}})[:2] for p in chunk]
+                              "response_format": {"type": "json_object"}}) for p in JSON_PROMPTS[k:k + 8]]
         results += batch.run(jobs, 40)
     assert len(results) == 50
     for prompt, (text, done) in zip(JSON_PROMPTS, results):
@@ -180,7 +180,7 @@ def test_twenty_json_schema_answers_all_validate(batch):
     results = []
     for k in range(0, len(SCHEMAS), 8):
         jobs = [batch.prompt({"messages": [{"role": "user", "content": p}], "response_format": {
-            "type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}})[:2]
+            "type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}})
             for p, schema in SCHEMAS[k:k + 8]]
         results += batch.run(jobs, 64)
     assert len(results) == 20
@@ -189,20 +189,28 @@ def test_twenty_json_schema_answers_all_validate(batch):
         assert errors(json.loads(text), schema) == [], (prompt, text)
 
 
-def test_thirty_required_tool_calls_are_well_formed_calls_of_declared_tools(batch):
+def test_thirty_required_tool_calls_are_well_formed_calls_of_declared_tools():
+    with running_llmd("--ctx", "1024", "--max-sessions", "6") as url:
+        client = Client(url + "/v1", model="SmolLM2-135M-Instruct")
+
+        def ask(k: int) -> list[dict]:
+            tools, prompts = TOOL_SETS[k]
+            return [client.chat([{"role": "user", "content": p}], tools=tools, tool_choice="required",
+                                max_tokens=64, session_id=f"tools-{k}").json() for p in prompts]
+
+        with ThreadPoolExecutor(len(TOOL_SETS)) as pool:
+            replies = list(pool.map(ask, range(len(TOOL_SETS))))
     checked = 0
-    for round_ in range(6):  # session i always serves tool set i, so its tools block stays cached
-        requests = [batch.prompt({"messages": [{"role": "user", "content": prompts[round_]}], "tools": tools,
-                                  "tool_choice": "required"}) for tools, prompts in TOOL_SETS]
-        results = batch.run([(ids, grammar) for ids, grammar, _ in requests], 64)
-        for (tools, _), (_, _, parser_tools), (text, done) in zip(TOOL_SETS, requests, results):
-            assert done, text
-            content, calls = parse_tool_calls(text, parser_tools)
-            assert content is None and calls, text
-            for call in calls:
-                declared = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-                assert call["function"]["name"] in declared, text
+    for (tools, _), answers in zip(TOOL_SETS, replies):
+        declared = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+        for reply in answers:
+            choice = reply["choices"][0]
+            assert choice["finish_reason"] == "tool_calls", reply
+            assert choice["message"]["content"] is None and choice["message"]["tool_calls"], reply
+            for call in choice["message"]["tool_calls"]:
+                assert call["id"].startswith("call_") and call["type"] == "function", call
+                assert call["function"]["name"] in declared, call
                 arguments = json.loads(call["function"]["arguments"])
-                assert errors(arguments, declared[call["function"]["name"]]) == [], text
+                assert errors(arguments, declared[call["function"]["name"]]) == [], call
             checked += 1
     assert checked == 30
