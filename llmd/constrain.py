@@ -5,9 +5,10 @@ calls of chat (tool_choice "auto", "required" or a named function).
 Tool calls are written in the layout tools.py streams (OPEN_TAG CALL_HEAD name
 CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), the arguments following the tool's
 parameters schema. With parallel_tool_calls, more blocks may follow, each after
-CALL_SEPARATOR (which may also end the answer). "required" starts with a call; a named function allows only that
-function; "auto" lets the model first write text, any text without OPEN_TAG (the
-call, if any, starts at the tag), or the response format when one is given.
+CALL_SEPARATOR (which may also end the answer). "required" starts with a call; a
+named function allows only that function; "auto" lets the model first write text,
+any text without OPEN_TAG (the call, if any, starts at the tag), or the response
+format when one is given.
 
 Compiling a schema costs milliseconds, so grammars are cached by request content.
 A schema outside the supported subset (llmd/jsonschema.py) is a 400 naming the
@@ -21,7 +22,9 @@ import json
 from typing import Any
 
 from llmd import errors
-from llmd.grammar import ANY_BYTE, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, one_of, opt, seq, star
+from llmd.grammar import (
+    ANY_BYTE, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, one_of, opt, seq, star,
+)
 from llmd.jsonschema import SchemaCompiler, SchemaError
 from llmd.openai import ChatRequest, CompletionRequest, ResponseFormat
 from llmd.tools import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG
@@ -107,9 +110,10 @@ def _compile(key: str) -> str:
     try:
         return compile_grammar(rules, "root")
     except GrammarTooLarge as exc:
-        raise errors.unsupported_parameter(param, f"The schema is too large to constrain output to: {exc}.")
+        raise errors.unsupported_parameter(
+            param, f"The schema is too large to constrain output to: {exc}.") from None
     except GrammarError as exc:
-        raise errors.invalid_request(f"The schema cannot constrain output: {exc}.", param)
+        raise errors.invalid_request(f"The schema cannot constrain output: {exc}.", param) from None
 
 
 def _object_schema(parameters: dict | None) -> Any:

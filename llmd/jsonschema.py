@@ -131,7 +131,8 @@ def _two_digits(first: Expr, second: Expr = DIGIT) -> Expr:
 
 _DATE = seq(DIGIT, DIGIT, DIGIT, DIGIT, lit("-"),
             alt(_two_digits(lit("0"), NONZERO), _two_digits(lit("1"), one_of("012"))), lit("-"),
-            alt(_two_digits(lit("0"), NONZERO), _two_digits(one_of("12")), _two_digits(lit("3"), one_of("01"))))
+            alt(_two_digits(lit("0"), NONZERO), _two_digits(one_of("12")),
+                _two_digits(lit("3"), one_of("01"))))
 _HOUR = alt(_two_digits(one_of("01")), _two_digits(lit("2"), one_of("0123")))
 _MINUTE = _two_digits(byte_range(0x30, 0x35))
 _TIME = seq(_HOUR, lit(":"), _MINUTE, lit(":"), _MINUTE, opt(seq(lit("."), repeat(DIGIT, 1, 6))),
@@ -314,7 +315,8 @@ class SchemaCompiler:
         if types is None:  # inferred from the keywords; bounds alone mean a number
             types = [t for t, words in _TYPE_KEYWORDS.items() if words & keywords and t != "integer"]
             if len(types) > 1:
-                raise SchemaError(f"keywords of several types without 'type'{where} are not supported", "type")
+                raise SchemaError(f"keywords of several types without 'type'{where} are not supported",
+                                  "type")
         elif isinstance(types, str):
             types = [types]
         if not isinstance(types, list) or not all(t in _TYPE_KEYWORDS for t in types):
@@ -428,7 +430,8 @@ class SchemaCompiler:
             return int_range(lo_i, hi_i)
         if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_strict or hi_strict))):
             raise _bad(f"no number lies between the bounds{where}")
-        return number_range(None if lo is None else int(lo), lo_strict, None if hi is None else int(hi), hi_strict)
+        return number_range(None if lo is None else int(lo), lo_strict,
+                            None if hi is None else int(hi), hi_strict)
 
     def _object(self, schema: dict, path: str, where: str) -> Expr:
         props = schema.get("properties", {})
@@ -449,9 +452,7 @@ class SchemaCompiler:
         if not members:
             if extra is False:
                 return seq(lit("{"), WS, lit("}"))
-            value = self.compile(extra, f"{path}.additionalProperties")
-            return seq(lit("{"), WS, opt(seq(_member(STRING, value), star(seq(COMMA, _member(STRING, value))))),
-                       WS, lit("}"))
+            return _object(_member(STRING, self.compile(extra, f"{path}.additionalProperties")))
         compiled = [(_member(json_literal(name), self.compile(sub, f"{path}.properties.{name}")), req)
                     for name, sub, req in members]
         return seq(lit("{"), WS, self._ordered_members(compiled), WS, lit("}"))

@@ -109,7 +109,8 @@ def test_end_of_generation_is_allowed_only_where_the_grammar_may_end(engine, tin
         s.set_grammar(schema_grammar({"type": "integer"}))
         s.prefill(PROMPT)
         assert s.grammar_mask()[tiny_model.eos_id] == 0
-        s.set_sampling(Sampling(logit_bias={t: -100.0 for t in range(tiny_model.n_vocab) if t not in engine.tokenize("7")}))
+        seven = engine.tokenize("7")
+        s.set_sampling(Sampling(logit_bias={t: -100.0 for t in range(tiny_model.n_vocab) if t not in seven}))
         tok = s.decode_one()
         assert tok.piece == b"7" and not tok.is_terminal  # "7" may go on: "71"
         assert s.grammar_mask()[tiny_model.eos_id] == 2

@@ -144,7 +144,8 @@ def test_number_ranges_accept_only_values_inside(lo, lo_strict, hi, hi_strict):
     for _ in range(400):
         text = str(rng.randint(-8, 8)) if rng.random() < 0.3 else repr(round(rng.uniform(-8, 8), rng.randint(1, 3)))
         v = Fraction(text)
-        inside = (lo is None or (v > lo if lo_strict else v >= lo)) and (hi is None or (v < hi if hi_strict else v <= hi))
+        inside = ((lo is None or (v > lo if lo_strict else v >= lo))
+                  and (hi is None or (v < hi if hi_strict else v <= hi)))
         if ok(text):
             assert inside, text
         else:  # a value inside may be refused only for an unusual spelling
