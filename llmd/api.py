@@ -16,7 +16,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Mapping
 
-from llmd import chat, errors, metrics, openai, sse
+from llmd import chat, constrain, errors, metrics, openai, sse
 from llmd.engine import Engine, Sampling, Token
 from llmd.errors import ApiError, as_api_error, error_body
 from llmd.runtime import Generation, Runtime
@@ -24,7 +24,7 @@ from llmd.server import HttpRequest, Response, StreamResponse
 from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
-from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream
+from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
 
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 FINGERPRINT = "llmd-0.1.0"
@@ -83,7 +83,7 @@ class PromptIds:
 class Output:
     """Turns a generation's token pieces into response text: UTF-8 assembly,
     stop-string hold-back, then (for chat with tools) tool-call extraction.
-    Keeps what it produced: `text` pieces and complete tool `calls`."""
+    Keeps what it produced: `text` pieces and the tool `calls` pieces."""
 
     def __init__(self, stops: list[str], tools: list[dict] | None):
         self.utf8 = Utf8Stream()
@@ -259,22 +259,24 @@ class Api:
             rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None)
+        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
+        grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
-        return await self._generate(request, "text", prompt, req.prompt, req, sid, None)
+        return await self._generate(request, "text", prompt, req.prompt, req, sid, None, grammar)
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -298,7 +300,7 @@ class Api:
 
     async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None) -> Response | StreamResponse:
+                        tools: list[dict] | None, grammar: str | None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
@@ -318,7 +320,7 @@ class Api:
         # finish_reason "length" tells the client it was reached.
         cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
         max_tokens = min(req.max_tokens or cap, cap)
-        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse)
+        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
         self.runtime.submit(g)
         reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
         if req.stream:
@@ -366,7 +368,8 @@ class Reply:
                         finish=self.finish_reason or "cancelled")
         if self.api.options.log_prompts:
             completion = "".join(self.output.text) + "".join(
-                f"<tool_call>{c.name}({c.arguments})</tool_call>" for c in self.output.calls)
+                f"<tool_call>{json.dumps(c['function'], ensure_ascii=False)}</tool_call>"
+                for c in merge_tool_calls(self.output.calls))
             log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt, ensure_ascii=False),
                      json.dumps(completion, ensure_ascii=False))
 
@@ -398,7 +401,7 @@ class Reply:
         # A reply cut by a stop string ("cancelled") holds ids the client never saw.
         if self.kind == "chat" and self.g.reuse and reason in ("stop", "length"):
             content = "".join(self.output.text)
-            calls = [(c.name, c.arguments) for c in self.output.calls]
+            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in merge_tool_calls(self.output.calls)]
             self.g.slot.remember_reply(reply_fingerprint(content, calls), self.generated_ids)
         return deltas
 
@@ -423,7 +426,7 @@ class Reply:
         finally:
             watcher.cancel()
         text = "".join(self.output.text)
-        calls = [c.to_openai() for c in self.output.calls]
+        calls = merge_tool_calls(self.output.calls)
         finish = self.finish_reason
         if self.kind == "chat":
             message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}

@@ -95,13 +95,23 @@ class Token:
     id: int
     piece: bytes  # raw bytes; may split a UTF-8 character; empty for control tokens
     is_eos: bool
-    is_terminal: bool
+    is_terminal: bool  # an end-of-generation id, or the token that completed the grammar
     stopped: bool
+    forced: bool = False  # the grammar's token budget overruled the model's choice
 
 
 def _token(t) -> Token:
     piece = bytes(ffi.buffer(t.piece, t.piece_len)) if t.piece_len else b""
-    return Token(t.token_id, piece, bool(t.is_eos), bool(t.is_terminal), bool(t.stopped))
+    return Token(t.token_id, piece, bool(t.is_eos), bool(t.is_terminal), bool(t.stopped), bool(t.forced))
+
+
+def grammar_match(grammar: str, text: bytes) -> int:
+    """Run grammar text over bytes: 0 no prefix of a sentence, 1 a proper prefix,
+    2 a sentence that may go on, 3 a sentence nothing may follow."""
+    data = grammar.encode("ascii")
+    result = ffi.new("int32_t *")
+    _check(lib.llmd_grammar_match(data, len(data), text, len(text), result))
+    return result[0]
 
 
 class Engine:
@@ -239,6 +249,20 @@ class Session:
             "frequency_penalty": s.frequency_penalty, "n_logit_bias": len(s.logit_bias),
             "logit_bias_ids": ids, "logit_bias_values": values})
         _check(lib.llmd_session_set_sampling(self.handle, raw))
+
+    def set_grammar(self, grammar: str | None, token_budget: int = 0) -> None:
+        """Constrain the next decode steps to grammar text (llmd.grammar); None removes
+        it. token_budget > 0: always leave room to finish within that many tokens."""
+        data = (grammar or "").encode("ascii")
+        _check(lib.llmd_session_set_grammar(self.handle, data, len(data), token_budget))
+
+    def grammar_mask(self, fast: bool = True) -> bytes:
+        """Per token id: 0 rejected by the grammar, 1 allowed but over the budget, 2 allowed.
+        fast walks the vocabulary trie (the sampler's path), else each token alone."""
+        n = self._engine.info.n_vocab
+        out = ffi.new("uint8_t[]", n)
+        _check(lib.llmd_session_grammar_mask(self.handle, out, n, int(fast)))
+        return bytes(ffi.buffer(out, n))
 
     def decode_one(self) -> Token:
         _check(lib.llmd_session_decode_one(self.handle, self._token_out))

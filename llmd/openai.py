@@ -23,10 +23,12 @@ Field policy (the reasoned choice):
   ignored; only `user` is type-checked.
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
-  `reasoning_effort`, `verbosity`, n > 1, logprobs, response_format json_*, tool_choice
-  "required"/named, strict tools, echo, suffix, best_of > 1, image/audio/file content
-  parts) are refused with 400 `unsupported_parameter`, because the design says what
-  cannot be honoured is never silently ignored.
+  `reasoning_effort`, `verbosity`, n > 1, logprobs, tool_choice "allowed_tools"/custom,
+  echo, suffix, best_of > 1, image/audio/file content parts) are refused with 400
+  `unsupported_parameter`, because the design says what cannot be honoured is never
+  silently ignored. response_format json_object / json_schema and tool_choice
+  "required" / a named function are honoured by constrained decoding (constrain.py,
+  which also refuses schemas outside the supported subset).
 - Top-level fields llmd does not know at all are refused with 400 `unknown_parameter`,
   as OpenAI itself does ("Unrecognized request argument supplied"). A vendor knob from
   another server (`n_predict`, `mirostat`, ...) would otherwise change nothing while the
@@ -37,7 +39,8 @@ Field policy (the reasoned choice):
   `function_call` on a message are refused when non-null.
 
 Other choices: text content parts are joined with "\\n" (as vLLM does); tool_choice
-"auto" with no tools normalises to "none"; max_tokens and max_completion_tokens may both
+"auto" with no tools normalises to "none", a named function becomes "required" with
+`tool_name` set; max_tokens and max_completion_tokens may both
 be given only if equal; token ids are checked against the vocabulary later by
 `check_vocab(request, n_vocab)`, because the vocabulary size lives in the engine.
 """
@@ -108,6 +111,12 @@ class Tool:
 
 
 @dataclass(frozen=True)
+class ResponseFormat:
+    type: str                          # "text" | "json_object" | "json_schema"
+    schema: Any = None                 # json_schema: the JSON Schema ({} if not given)
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     messages: list[Message]
@@ -117,9 +126,11 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     tools: list[Tool]
-    tool_choice: str                   # "none" | "auto"
+    tool_choice: str                   # "none" | "auto" | "required"
     parallel_tool_calls: bool
     session_id: str | None             # validated later by the sessions layer
+    response_format: ResponseFormat | None = None
+    tool_name: str | None = None       # the function a named tool_choice forces
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     session_id: str | None
+    response_format: ResponseFormat | None = None
 
 
 @dataclass(frozen=True)
@@ -434,10 +446,11 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     top_logprobs = obj.get("top_logprobs")
     if top_logprobs is not None and _int(top_logprobs, "top_logprobs", 0, 20) > 0:
         raise unsupported_parameter("top_logprobs", "'top_logprobs' is not supported yet.")
-    _parse_response_format(obj.get("response_format"))
+    response_format = _parse_response_format(obj.get("response_format"))
     _parse_modalities(obj.get("modalities"))
 
     tools = _parse_tools(obj.get("tools"))
+    tool_choice, tool_name = _parse_tool_choice(obj.get("tool_choice"), tools)
     ptc = obj.get("parallel_tool_calls")
     return ChatRequest(
         model=model,
@@ -448,9 +461,11 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         tools=tools,
-        tool_choice=_parse_tool_choice(obj.get("tool_choice"), bool(tools)),
+        tool_choice=tool_choice,
         parallel_tool_calls=True if ptc is None else _bool(ptc, "parallel_tool_calls"),
         session_id=session_id,
+        response_format=response_format,
+        tool_name=tool_name,
     )
 
 
@@ -574,45 +589,82 @@ def _parse_tools(v: Any) -> list[Tool]:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise invalid_type(f"{p}.function.parameters", "an object", params)
-        strict = fn.get("strict")
-        if strict is not None and _bool(strict, f"{p}.function.strict"):
-            raise unsupported_parameter(f"{p}.function.strict", "Strict tool schemas are not "
-                                        "supported: arguments are not constrained to the schema.")
+        if fn.get("strict") is not None:  # arguments always follow the schema when constrained
+            _bool(fn["strict"], f"{p}.function.strict")
         tools.append(Tool(name, None if desc is None else _str(desc, f"{p}.function.description"),
                           params))
     return tools
 
 
-def _parse_tool_choice(v: Any, have_tools: bool) -> str:
+def _parse_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
+    """Return (tool_choice, the forced function's name or None)."""
     if v is None or v == "auto":
-        return "auto" if have_tools else "none"
+        return ("auto" if tools else "none"), None
     if v == "none":
-        return "none"
+        return "none", None
     if v == "required":
-        raise unsupported_parameter("tool_choice", "tool_choice 'required' is not supported yet.")
+        if not tools:
+            raise invalid_request("tool_choice 'required' needs at least one tool in 'tools'.",
+                                  "tool_choice")
+        return "required", None
     if isinstance(v, dict):
-        if v.get("type") in ("function", "allowed_tools", "custom"):
-            raise unsupported_parameter("tool_choice",
-                                        "Forcing a specific tool is not supported yet.")
-        raise invalid_request("Invalid value for 'tool_choice'.", "tool_choice")
+        kind = v.get("type")
+        if kind in ("allowed_tools", "custom"):
+            raise unsupported_parameter("tool_choice", f"tool_choice of type '{kind}' is not supported.")
+        if kind != "function":
+            raise invalid_request("Invalid value for 'tool_choice.type': expected 'function'.",
+                                  "tool_choice.type")
+        fn = _required(v, "function", "tool_choice.function")
+        if not isinstance(fn, dict):
+            raise invalid_type("tool_choice.function", "an object", fn)
+        name = _str(_required(fn, "name", "tool_choice.function.name"), "tool_choice.function.name")
+        if name not in {t.name for t in tools}:
+            raise invalid_request(f"Invalid value for 'tool_choice.function.name': {_show(name)} is "
+                                  "not one of the tools.", "tool_choice.function.name")
+        return "required", name
     if isinstance(v, str):
         raise invalid_request(f"Invalid value for 'tool_choice': {_show(v)}; expected 'none', "
                               "'auto' or 'required'.", "tool_choice")
     raise invalid_type("tool_choice", "a string or an object", v)
 
 
-def _parse_response_format(v: Any) -> None:
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _parse_response_format(v: Any) -> ResponseFormat | None:
     if v is None:
-        return
+        return None
     if not isinstance(v, dict):
         raise invalid_type("response_format", "an object", v)
     kind = _str(_required(v, "type", "response_format.type"), "response_format.type")
-    if kind in ("json_object", "json_schema"):
-        raise unsupported_parameter("response_format", f"response_format '{kind}' is not "
-                                    "supported yet; only 'text'.")
-    if kind != "text":
+    if kind not in ("text", "json_object", "json_schema"):
         raise invalid_request(f"Invalid value for 'response_format.type': {_show(kind)}.",
                               "response_format.type")
+    for key in v:
+        if key not in ("type", "json_schema") or (key == "json_schema" and kind != "json_schema"):
+            raise unknown_parameter(f"response_format.{key}")
+    if kind != "json_schema":
+        return ResponseFormat(kind)
+    spec = _required(v, "json_schema", "response_format.json_schema")
+    if not isinstance(spec, dict):
+        raise invalid_type("response_format.json_schema", "an object", spec)
+    for key in spec:
+        if key not in ("name", "description", "schema", "strict"):
+            raise unknown_parameter(f"response_format.json_schema.{key}")
+    name = _str(_required(spec, "name", "response_format.json_schema.name"),
+                "response_format.json_schema.name")
+    if not _SCHEMA_NAME.fullmatch(name):
+        raise invalid_request("Invalid value for 'response_format.json_schema.name': names are "
+                              "1-64 characters of a-z, A-Z, 0-9, '_' and '-'.",
+                              "response_format.json_schema.name")
+    if spec.get("description") is not None:
+        _str(spec["description"], "response_format.json_schema.description")
+    if spec.get("strict") is not None:  # the output always follows the schema
+        _bool(spec["strict"], "response_format.json_schema.strict")
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, (dict, bool)):
+        raise invalid_type("response_format.json_schema.schema", "an object", schema)
+    return ResponseFormat(kind, {} if schema is None else schema)
 
 
 def _parse_modalities(v: Any) -> None:
@@ -628,7 +680,7 @@ def _parse_modalities(v: Any) -> None:
 
 _COMPLETION_KEYS = _SAMPLING_KEYS | frozenset({
     "model", "prompt", "max_tokens", "stream", "stream_options", "stop", "n", "best_of",
-    "echo", "suffix", "logprobs", "user", "session_id"})
+    "echo", "suffix", "logprobs", "user", "session_id", "response_format"})
 
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
@@ -658,6 +710,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         stream=stream,
         include_usage=include_usage,
         session_id=session_id,
+        response_format=_parse_response_format(obj.get("response_format")),
     )
 
 

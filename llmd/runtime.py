@@ -44,12 +44,14 @@ class Generation:
     sampling: Sampling
     max_tokens: int
     reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
+    grammar: str | None = None     # constrained decoding (llmd.constrain), None: free
     plan: PrefillPlan | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     next_prefill: int = 0          # index in prompt of the next token to prefill
     decoding: bool = False
     pending: int | None = None     # sampled, not yet in the KV cache
     generated: int = 0
+    forced: bool = False           # the grammar closed the output early to fit max_tokens
     cancelled: bool = False
     finished: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
@@ -186,6 +188,7 @@ class Runtime:
             if first:
                 slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
                 slot.session.set_sampling(g.sampling)
+                slot.session.set_grammar(g.grammar, g.max_tokens)
             slot.session.prefill(chunk)
 
         if first:
@@ -231,8 +234,9 @@ class Runtime:
             else:
                 self.metrics.inter_token.observe(now - g.t_last_token)
             g.t_last_token = now
+            g.forced = g.forced or tok.forced
             g.events.put_nowait(("token", tok))
             if tok.is_terminal:
-                self._finish(g, "end", "stop")
+                self._finish(g, "end", "length" if g.forced else "stop")
             elif g.generated >= g.max_tokens:
                 self._finish(g, "end", "length")

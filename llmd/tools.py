@@ -13,9 +13,13 @@ Whitespace between content and a call block is layout, not content, and is dropp
 
 `ToolCallStream` works on text deltas for SSE: text outside blocks is released at
 once, except a tail that could still become a block (trailing whitespace, a partial
-`<tool_call>`); a block is held until its closing tag and then released as one tool
-call with its full arguments, or as content when invalid. `parse_tool_calls` runs
-the same machine over the whole text, so streamed and non-streamed answers agree.
+`<tool_call>`). A block written exactly in the layout that constrained decoding
+produces (CALL_HEAD, a declared name, CALL_ARGUMENTS, an object; llmd/constrain.py)
+is a call as soon as its name is known, and its arguments stream as they come: a
+small JSON scanner finds where the object ends, and the rest up to `</tool_call>`
+is layout. Any other block is held until its closing tag and then released as one
+tool call with its full arguments, or as content when invalid. `parse_tool_calls`
+runs the same machine over the whole text, so streamed and non-streamed answers agree.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+# The layout of a constrained call: OPEN_TAG CALL_HEAD name CALL_ARGUMENTS {...}
+# CALL_TAIL CLOSE_TAG, and CALL_SEPARATOR between parallel calls.
+CALL_HEAD = '\n{"name": "'
+CALL_ARGUMENTS = '", "arguments": '
+CALL_TAIL = "}\n"
+CALL_SEPARATOR = "\n"
 
 
 @dataclass(frozen=True)
@@ -37,24 +47,35 @@ class ContentDelta:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """One complete tool call; `arguments` is a JSON object as a string."""
+    """A piece of tool call `index`: the first piece carries the call's `id` and
+    `name` (later pieces None), every piece a part of the arguments JSON text."""
 
     index: int
-    id: str
-    name: str
+    id: str | None
+    name: str | None
     arguments: str
-
-    def to_openai(self) -> dict[str, Any]:
-        """The OpenAI `tool_calls` entry, without the streaming-only `index`."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
 
     def to_openai_delta(self) -> dict[str, Any]:
         """The entry for a streamed `delta.tool_calls` list."""
-        return {"index": self.index, **self.to_openai()}
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
 
 
 ToolEvent = Union[ContentDelta, ToolCallDelta]
+
+
+def merge_tool_calls(events: Iterable[ToolEvent]) -> list[dict[str, Any]]:
+    """The OpenAI `tool_calls` entries that the ToolCallDelta pieces add up to."""
+    calls: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if isinstance(e, ToolCallDelta):
+            if e.id is not None:
+                calls[e.index] = {"id": e.id, "type": "function",
+                                  "function": {"name": e.name, "arguments": ""}}
+            calls[e.index]["function"]["arguments"] += e.arguments
+    return list(calls.values())
 
 
 def new_call_id() -> str:
@@ -96,6 +117,36 @@ def _partial_open_len(text: str) -> int:
     return 0
 
 
+class _ObjectScanner:
+    """Finds where a JSON object ends in text fed piece by piece."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def feed(self, text: str) -> int:
+        """How much of text belongs to the object: len(text), or up to and
+        including the brace that closes it."""
+        for i, c in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return len(text)
+
+
 class ToolCallStream:
     """Incremental tool-call parser: `feed` text deltas, then `finish` once."""
 
@@ -103,11 +154,12 @@ class ToolCallStream:
                  new_id: Callable[[], str] = new_call_id) -> None:
         self._names = tool_names(tools)
         self._new_id = new_id
-        self._buf = ""          # outside: held-back tail; inside: block body so far
-        self._inside = False
+        self._buf = ""          # outside: held-back tail; inside: the block's unread text
+        self._mode = "outside"  # or, inside a block: head, arguments, tail, held
+        self._scanner = _ObjectScanner()
         self._lead_ws = ""      # whitespace before the open block, dropped if it is a call
         self._after_call = False
-        self.calls = 0          # tool calls emitted so far
+        self.calls = 0          # tool calls begun so far
 
     def feed(self, text: str) -> list[ToolEvent]:
         """Events that `text` makes certain; consecutive content is merged."""
@@ -115,8 +167,27 @@ class ToolCallStream:
         return self._drain(final=False)
 
     def finish(self) -> list[ToolEvent]:
-        """Release everything still held: an unclosed block becomes content."""
+        """Release everything still held: an unclosed block that did not start a
+        call becomes content; a call cut short keeps the arguments it streamed."""
         return self._drain(final=True)
+
+    def _head(self) -> str | None:
+        """For a block in the constrained layout, its tool name once the arguments
+        begin; "" while the text so far may still be one; None if it is not."""
+        buf, head = self._buf, CALL_HEAD
+        if not buf.startswith(head):
+            return "" if head.startswith(buf) else None
+        end = buf.find('"', len(head))
+        if end < 0:
+            name = buf[len(head):]
+            return "" if any(n.startswith(name) for n in self._names) else None
+        name, rest = buf[len(head):end], buf[end:]
+        if name not in self._names:
+            return None
+        opening = CALL_ARGUMENTS + "{"
+        if not rest.startswith(opening):
+            return "" if opening.startswith(rest) else None
+        return name
 
     def _drain(self, final: bool) -> list[ToolEvent]:
         events: list[ToolEvent] = []
@@ -130,15 +201,55 @@ class ToolCallStream:
                 events.append(ContentDelta(text))
 
         while True:
-            if self._inside:
+            if self._mode == "head":
+                name = self._head()
+                if name is None:
+                    self._mode = "held"
+                elif name:
+                    self._buf = self._buf[len(CALL_HEAD) + len(name) + len(CALL_ARGUMENTS):]
+                    self._scanner = _ObjectScanner()
+                    events.append(ToolCallDelta(self.calls, self._new_id(), name, ""))
+                    self.calls += 1
+                    self._mode = "arguments"
+                elif final:
+                    self._mode = "held"
+                else:
+                    return events
+                continue
+
+            if self._mode == "arguments":
+                n = self._scanner.feed(self._buf)
+                if n:
+                    events.append(ToolCallDelta(self.calls - 1, None, None, self._buf[:n]))
+                self._buf = self._buf[n:]
+                if self._scanner.depth > 0:
+                    if final:
+                        self._buf, self._mode = "", "outside"
+                    return events
+                self._mode = "tail"
+                continue
+
+            if self._mode == "tail":  # layout up to the closing tag
+                end = self._buf.find(CLOSE_TAG)
+                if end < 0:
+                    if final:
+                        self._buf, self._mode = "", "outside"
+                    else:
+                        self._buf = self._buf[max(0, len(self._buf) - len(CLOSE_TAG)):]
+                    return events
+                self._buf = self._buf[end + len(CLOSE_TAG):]
+                self._mode, self._after_call = "outside", True
+                continue
+
+            if self._mode == "held":
                 end = self._buf.find(CLOSE_TAG)
                 if end < 0:
                     if final:
                         content(self._lead_ws + OPEN_TAG + self._buf)
-                        self._buf, self._inside = "", False
+                        self._buf, self._mode = "", "outside"
                     return events
                 body, self._buf = self._buf[:end], self._buf[end + len(CLOSE_TAG):]
-                self._inside = False
+                self._mode = "outside"
                 call = decode_call(body, self._names)
                 if call is None:
                     content(self._lead_ws + OPEN_TAG + body + CLOSE_TAG)
@@ -162,7 +273,7 @@ class ToolCallStream:
                 kept = before.rstrip()
                 content(kept)
                 self._lead_ws = before[len(kept):]
-                self._buf, self._inside = self._buf[start + len(OPEN_TAG):], True
+                self._buf, self._mode = self._buf[start + len(OPEN_TAG):], "head"
                 continue
 
             if final:
@@ -188,7 +299,7 @@ def parse_tool_calls(text: str, tools: Iterable[dict[str, Any]] | None,
     stream = ToolCallStream(tools, new_id)
     events = stream.feed(text) + stream.finish()
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
-    calls = [e.to_openai() for e in events if isinstance(e, ToolCallDelta)]
+    calls = merge_tool_calls(events)
     if calls and not content:
         return None, calls
     return content, calls

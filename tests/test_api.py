@@ -101,3 +101,56 @@ def test_pipelined_keep_alive_requests_are_answered_in_order(server):
         reply = json.loads(conn.getresponse().read())
         assert reply["usage"]["completion_tokens"] <= n
     conn.close()
+
+
+# ---- constrained output (response_format, tool_choice) ------------------------------
+
+CITY_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+
+
+def test_json_object_answer_parses(server):
+    body = server.chat_body([{"role": "user", "content": "Describe a dog."}], max_tokens=40,
+                            response_format={"type": "json_object"})
+    reply = server.post_json("/chat/completions", body).json()
+    assert isinstance(json.loads(reply["choices"][0]["message"]["content"]), dict)
+    assert reply["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_json_schema_on_completions_is_followed(server):
+    schema = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 9}, "maxItems": 4}
+    body = server.completion_body("Numbers:", max_tokens=20, response_format={
+        "type": "json_schema", "json_schema": {"name": "numbers", "schema": schema}})
+    value = json.loads(server.post_json("/completions", body).json()["choices"][0]["text"])
+    assert len(value) <= 4 and all(isinstance(v, int) and 1 <= v <= 9 for v in value)
+
+
+def test_required_tool_choice_returns_a_call_with_schema_valid_arguments(server):
+    body = server.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=40,
+                            tools=[CITY_TOOL], tool_choice="required", parallel_tool_calls=False)
+    choice = server.post_json("/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    arguments = json.loads(call["function"]["arguments"])
+    assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 20
+
+
+def test_named_tool_call_streams_its_arguments_in_pieces(server):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    stream = server.chat_stream([{"role": "user", "content": "Weather in Rome?"}], max_tokens=40,
+                                tools=[CITY_TOOL], tool_choice=named, parallel_tool_calls=False)
+    assert stream.status == 200
+    parts = [p for c in stream.chunks if c.get("choices") for p in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert parts[0]["id"].startswith("call_") and parts[0]["function"]["name"] == "get_weather"
+    assert len(parts) > 2 and all("id" not in p and p["index"] == 0 for p in parts[1:])
+    assert "city" in json.loads("".join(p["function"]["arguments"] for p in parts))
+    assert stream.chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_schema_keyword_outside_the_subset_is_400_naming_it(server):
+    body = server.chat_body([{"role": "user", "content": "Hi"}], response_format={
+        "type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "string", "pattern": "^a"}}})
+    resp = server.post_json("/chat/completions", body)
+    error = resp.json()["error"]
+    assert resp.status == 400 and error["code"] == "unsupported_parameter" and "'pattern'" in error["message"]

@@ -9,6 +9,7 @@ from llmd.openai import (
     CompletionRequest,
     DetokenizeRequest,
     Message,
+    ResponseFormat,
     Sampling,
     Tool,
     ToolCall,
@@ -497,12 +498,35 @@ def test_top_logprobs_zero_is_accepted_positive_unsupported_out_of_range_invalid
     assert chat_refused(top_logprobs=21).code == "invalid_value"
 
 
-def test_response_format_text_only():
-    assert chat(response_format={"type": "text"}).model == "m"
-    assert chat_refused(response_format={"type": "json_object"}).code == "unsupported_parameter"
-    assert chat_refused(response_format={"type": "json_schema", "json_schema": {}}).code == "unsupported_parameter"
+def test_response_formats_are_parsed():
+    assert chat().response_format is None
+    assert chat(response_format={"type": "text"}).response_format == ResponseFormat("text")
+    assert chat(response_format={"type": "json_object"}).response_format == ResponseFormat("json_object")
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    spec = {"name": "answer", "schema": schema, "strict": True, "description": "An answer."}
+    rf = chat(response_format={"type": "json_schema", "json_schema": spec}).response_format
+    assert rf == ResponseFormat("json_schema", schema)
+    assert chat(response_format={"type": "json_schema", "json_schema": {"name": "a"}}).response_format.schema == {}
+    assert completion(response_format={"type": "json_object"}).response_format == ResponseFormat("json_object")
+
+
+def test_malformed_response_formats_name_the_field():
     assert chat_refused(response_format={"type": "xml"}).param == "response_format.type"
     assert chat_refused(response_format="text").code == "invalid_type"
+    err = chat_refused(response_format={"type": "json_schema"})
+    assert (err.param, err.code) == ("response_format.json_schema", "missing_required_parameter")
+    err = chat_refused(response_format={"type": "json_schema", "json_schema": {"schema": {}}})
+    assert err.param == "response_format.json_schema.name"
+    err = chat_refused(response_format={"type": "json_schema", "json_schema": {"name": "a b"}})
+    assert (err.param, err.code) == ("response_format.json_schema.name", "invalid_value")
+    err = chat_refused(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": 1}})
+    assert (err.param, err.code) == ("response_format.json_schema.schema", "invalid_type")
+    err = chat_refused(response_format={"type": "json_schema", "json_schema": {"name": "a", "strict": "yes"}})
+    assert err.param == "response_format.json_schema.strict"
+    err = chat_refused(response_format={"type": "json_object", "json_schema": {"name": "a"}})
+    assert (err.param, err.code) == ("response_format.json_schema", "unknown_parameter")
+    err = chat_refused(response_format={"type": "json_schema", "json_schema": {"name": "a", "regex": "x"}})
+    assert err.param == "response_format.json_schema.regex"
 
 
 # --- tools -----------------------------------------------------------------------------
@@ -523,16 +547,24 @@ def test_tool_choice_none_and_auto():
     assert chat(tool_choice="auto").tool_choice == "none"  # nothing to call
 
 
-def test_tool_choice_required_or_named_is_unsupported():
-    assert chat_refused(tools=[WEATHER], tool_choice="required").code == "unsupported_parameter"
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    err = chat_refused(tools=[WEATHER], tool_choice=named)
-    assert (err.param, err.code) == ("tool_choice", "unsupported_parameter")
+def test_tool_choice_required_and_named():
+    req = chat(tools=[WEATHER], tool_choice="required")
+    assert (req.tool_choice, req.tool_name) == ("required", None)
+    req = chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert (req.tool_choice, req.tool_name) == ("required", "get_weather")
 
 
 def test_tool_choice_invalid_values():
     assert chat_refused(tool_choice="sometimes").code == "invalid_value"
     assert chat_refused(tool_choice=1).code == "invalid_type"
+    assert chat_refused(tool_choice="required").param == "tool_choice"  # no tools to call
+    err = chat_refused(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert (err.param, err.code) == ("tool_choice.function.name", "invalid_value")
+    err = chat_refused(tools=[WEATHER], tool_choice={"type": "function"})
+    assert (err.param, err.code) == ("tool_choice.function", "missing_required_parameter")
+    assert chat_refused(tools=[WEATHER], tool_choice={"type": "web"}).param == "tool_choice.type"
+    err = chat_refused(tools=[WEATHER], tool_choice={"type": "allowed_tools", "allowed_tools": {}})
+    assert (err.param, err.code) == ("tool_choice", "unsupported_parameter")
 
 
 @pytest.mark.parametrize("name", ["", "a" * 65, "get weather", "get.weather", "wé"])
@@ -565,11 +597,11 @@ def test_non_function_tool_type_is_unsupported():
     assert (err.param, err.code) == ("tools[0].type", "unsupported_parameter")
 
 
-def test_strict_tool_is_unsupported():
+def test_strict_tool_is_accepted_since_arguments_are_constrained():
     tool = {"type": "function", "function": {"name": "f", "strict": True}}
-    assert chat_refused(tools=[tool]).param == "tools[0].function.strict"
-    tool["function"]["strict"] = False
     assert chat(tools=[tool]).tools == [Tool("f")]
+    tool["function"]["strict"] = "yes"
+    assert chat_refused(tools=[tool]).param == "tools[0].function.strict"
 
 
 def test_parallel_tool_calls_is_a_bool():

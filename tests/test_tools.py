@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from llmd.tools import (ContentDelta, ToolCallDelta, ToolCallStream, decode_call, new_call_id,
+from llmd.tools import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta,
+                        ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
                         parse_tool_calls, tool_names)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
@@ -38,7 +39,7 @@ def stream(text, pieces, tools=TOOLS):
 def collapse(events):
     """(content, calls) from events, as parse_tool_calls reports them."""
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
-    calls = [e.to_openai() for e in events if isinstance(e, ToolCallDelta)]
+    calls = merge_tool_calls(events)
     return (None if calls and not content else content), calls
 
 
@@ -74,7 +75,7 @@ def test_unknown_tool_name_degrades_to_plain_content():
 
 
 @pytest.mark.parametrize("body", [
-    '{"name": "get_weather", "arguments": {"city": "Paris"}',   # truncated JSON
+    '{"name":"get_weather","arguments":{"city":"Paris"}',   # truncated JSON
     "get_weather(city='Paris')",
     '["get_weather"]',
     '{"name": "get_weather", "arguments": [1, 2]}',
@@ -93,8 +94,8 @@ def test_invalid_block_stays_content_while_valid_block_becomes_a_call():
     assert calls == [call(0, "get_weather", '{"city": "Paris"}')]
 
 
-def test_unclosed_block_stays_content():
-    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+def test_unclosed_block_outside_the_constrained_layout_stays_content():
+    text = 'Sure.\n<tool_call>\n{"name":"get_weather","arguments":{"city":"Par'
     assert parse_tool_calls(text, TOOLS) == (text, [])
 
 
@@ -162,17 +163,49 @@ def test_stream_finish_releases_an_unclosed_block_as_content():
     assert parser.finish() == [ContentDelta('<tool_call>{"name": "get_time",')]
 
 
-def test_stream_tool_call_delta_has_openai_delta_shape():
-    (event,) = ToolCallStream(TOOLS, ids()).feed(PARIS)
-    assert event.to_openai_delta() == {"index": 0, "id": "call_0", "type": "function",
-                                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+def test_stream_tool_call_deltas_have_openai_delta_shape():
+    first, rest = ToolCallStream(TOOLS, ids()).feed(PARIS)
+    assert first.to_openai_delta() == {"index": 0, "id": "call_0", "type": "function",
+                                       "function": {"name": "get_weather", "arguments": ""}}
+    assert rest.to_openai_delta() == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
 
 
 def test_stream_counts_calls_and_indexes_them_in_order():
     parser = ToolCallStream(TOOLS, ids())
     events = parser.feed(PARIS + "\n" + TOKYO) + parser.finish()
-    assert [(e.index, e.name) for e in events] == [(0, "get_weather"), (1, "get_time")]
+    assert [(e.index, e.name) for e in events if e.id is not None] == [(0, "get_weather"), (1, "get_time")]
     assert parser.calls == 2
+
+
+def test_constrained_layout_streams_arguments_as_they_are_generated():
+    assert PARIS == OPEN_TAG + CALL_HEAD + "get_weather" + CALL_ARGUMENTS + '{"city": "Paris"}' + CALL_TAIL + CLOSE_TAG
+    parser = ToolCallStream(TOOLS, ids())
+    assert parser.feed(OPEN_TAG + CALL_HEAD + "get_wea") == []
+    assert parser.feed('ther", "arguments": {"ci') == [ToolCallDelta(0, "call_0", "get_weather", ""),
+                                                        ToolCallDelta(0, None, None, '{"ci')]
+    assert parser.feed('ty": "Par') == [ToolCallDelta(0, None, None, 'ty": "Par')]
+    assert parser.feed('is"}}\n</tool_') == [ToolCallDelta(0, None, None, 'is"}')]
+    assert parser.feed("call>") == []
+    assert parser.finish() == []
+
+
+def test_arguments_end_at_the_brace_that_closes_them_not_at_braces_in_strings():
+    text = OPEN_TAG + CALL_HEAD + "get_time" + CALL_ARGUMENTS + '{"tz": "}\\"{", "n": [{}]}' + CALL_TAIL + CLOSE_TAG
+    content, calls = collapse(stream(text, [1]))
+    assert content is None
+    assert calls == [call(0, "get_time", '{"tz": "}\\"{", "n": [{}]}')]
+
+
+def test_a_constrained_call_cut_short_keeps_the_arguments_it_streamed():
+    text = OPEN_TAG + CALL_HEAD + "get_time" + CALL_ARGUMENTS + '{"tz": "Eur'
+    assert collapse(stream(text, [3])) == (None, [call(0, "get_time", '{"tz": "Eur')])
+
+
+def test_an_undeclared_name_in_the_constrained_layout_is_held_and_stays_content():
+    text = "x" + OPEN_TAG + CALL_HEAD + "get_date" + CALL_ARGUMENTS + "{}" + CALL_TAIL + CLOSE_TAG
+    events = stream(text, [2])
+    assert not any(isinstance(e, ToolCallDelta) for e in events)
+    assert collapse(events) == (text, [])
 
 
 SAMPLES = [

@@ -118,8 +118,9 @@ typedef struct {
     const char *piece;   /* raw bytes, empty for control tokens; valid while the engine lives */
     size_t piece_len;
     int32_t is_eos;      /* the model's EOS id */
-    int32_t is_terminal; /* any end-of-generation id */
+    int32_t is_terminal; /* any end-of-generation id, or the token that completed the grammar */
     int32_t stopped;     /* stop() was honoured: token 0, empty piece, nothing advanced */
+    int32_t forced;      /* the grammar's token budget overruled the model's choice */
 } llmd_token;
 
 /* Fails with LLMD_ERR_CAPACITY once max_sessions are live. */
@@ -152,6 +153,28 @@ llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
 
 /* Thread-safe: the next decode step returns a stopped step instead. */
 void llmd_session_stop(llmd_session *session);
+
+/* Constrain the following decode steps to a grammar, in the text form that
+ * llmd/grammar.py writes (described in native/src/grammar.h): a step samples only
+ * a token whose bytes continue a sentence of the grammar, an end-of-generation id
+ * only where the grammar may end, and the step whose token completes the grammar
+ * is terminal. token_budget > 0 keeps room at every step to finish within that
+ * many tokens, closing the output early if it must (the step says `forced`); 0
+ * means no budget. len 0 removes the constraint. A malformed or hostile grammar
+ * is LLMD_ERR_INVALID_ARGUMENT with the reason. The constraint stays until the
+ * next call: prefill, truncate and set_sampling leave it alone. */
+llmd_status llmd_session_set_grammar(llmd_session *session, const char *grammar, size_t len,
+                                     int32_t token_budget);
+
+/* What the session's grammar allows next, for each of the n_vocab ids: 0 rejected,
+ * 1 allowed but over the token budget, 2 allowed. fast != 0 walks the vocabulary
+ * trie as the sampler does; fast == 0 checks each token on its own (the reference). */
+llmd_status llmd_session_grammar_mask(llmd_session *session, uint8_t *out, size_t n, int32_t fast);
+
+/* Runs a grammar over text. *result: 0 the text is no prefix of a sentence, 1 a
+ * proper prefix, 2 a sentence that may go on, 3 a sentence nothing may follow. */
+llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const char *text, size_t text_len,
+                               int32_t *result);
 
 /* Copy the current next-token logits (n_vocab floats). */
 llmd_status llmd_session_logits(const llmd_session *session, float *out, size_t n);

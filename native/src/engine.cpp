@@ -5,6 +5,7 @@
 #include "llmd.h"
 
 #include "gguf.h"
+#include "grammar.h"
 #include "model.h"
 #include "sampler.h"
 #include "vocab.h"
@@ -26,6 +27,7 @@ using namespace llmd;
 struct llmd_engine {
     std::unique_ptr<GGUFFile> file;
     std::unique_ptr<Vocab> vocab;
+    std::unique_ptr<TokenTrie> trie; // built by the first set_grammar
     std::unique_ptr<Model> model;
     std::unique_ptr<ThreadPool> pool;
     Workspace ws;
@@ -52,6 +54,7 @@ struct llmd_session {
     std::vector<float> logits;   // next-token logits after tokens (+ nothing pending)
     bool logits_valid = false;
     Sampler sampler;
+    std::unique_ptr<GrammarMatcher> grammar; // null: unconstrained
     std::atomic<bool> stop{false};
 };
 
@@ -170,7 +173,7 @@ llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out
     std::vector<char> stopped(n); // decided once, so a stop() racing this step is seen next step
     for (size_t i = 0; i < n; ++i) {
         llmd_session *s = sessions[i];
-        out[i] = llmd_token{0, "", 0, 0, 0, 1};
+        out[i] = llmd_token{0, "", 0, 0, 0, 1, 0};
         stopped[i] = s->stop.load();
         if (stopped[i]) continue;
         if (s->pending >= 0) {
@@ -201,10 +204,16 @@ llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out
         if (stopped[i]) continue;
         llmd_session *s = sessions[i];
         std::copy(s->logits.begin(), s->logits.end(), scratch.begin());
-        const int32_t id = s->sampler.sample(scratch.data(), hp.n_vocab, s->tokens);
+        bool forced = false;
+        const int32_t id = s->sampler.sample(scratch.data(), hp.n_vocab, s->tokens, s->grammar.get(), &forced);
+        if (s->grammar && (id < 0 || !s->grammar->error().empty()))
+            return fail(LLMD_ERR_STATE, "grammar: " + (id < 0 ? std::string("no token of the vocabulary can continue")
+                                                              : s->grammar->error()));
+        if (s->grammar) s->grammar->accept(id);
+        const bool completed = s->grammar && s->grammar->complete();
         s->pending = id;
         const std::string_view piece = e->vocab->is_control(id) ? std::string_view() : e->vocab->piece(id);
-        out[i] = llmd_token{id, piece.data(), piece.size(), id == e->eos_id, e->is_eog(id), 0};
+        out[i] = llmd_token{id, piece.data(), piece.size(), id == e->eos_id, e->is_eog(id) || completed, 0, forced};
     }
     return LLMD_OK;
 }
@@ -458,6 +467,57 @@ void llmd_session_stop(llmd_session *s) {
     // Under the lock: a session cannot be freed between the check and the store.
     std::lock_guard<std::mutex> lock(g_live_mutex);
     if (s != nullptr && g_live.count(s) != 0) s->stop.store(true);
+}
+
+llmd_status llmd_session_set_grammar(llmd_session *s, const char *grammar, size_t len, int32_t token_budget) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (len == 0) {
+            s->grammar.reset();
+            return LLMD_OK;
+        }
+        if (grammar == nullptr || token_budget < 0)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "grammar must not be null and token_budget not negative");
+        std::string err;
+        std::unique_ptr<const Grammar> g = Grammar::parse(std::string_view(grammar, len), &err);
+        if (!g) return fail(LLMD_ERR_INVALID_ARGUMENT, "grammar: " + err);
+        llmd_engine *e = s->engine;
+        if (!e->trie) e->trie = std::make_unique<TokenTrie>(*e->vocab, e->eog_ids);
+        s->grammar = std::make_unique<GrammarMatcher>(std::move(g), e->trie.get(), token_budget);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_grammar_mask(llmd_session *s, uint8_t *out, size_t n, int32_t fast) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (!s->grammar) return fail(LLMD_ERR_STATE, "the session has no grammar");
+        if (out == nullptr || n != static_cast<size_t>(s->engine->vocab->size()))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "the mask buffer must hold n_vocab bytes");
+        std::vector<uint32_t> reference;
+        if (!fast) s->grammar->token_costs_reference(reference);
+        const std::vector<uint32_t> &costs = fast ? s->grammar->token_costs() : reference;
+        if (!s->grammar->error().empty()) return fail(LLMD_ERR_STATE, "grammar: " + s->grammar->error());
+        for (size_t i = 0; i < n; ++i)
+            out[i] = costs[i] == GrammarMatcher::kRejected ? 0 : s->grammar->within_budget(costs[i]) ? 2 : 1;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const char *text, size_t text_len,
+                               int32_t *result) {
+    return guarded([&]() -> llmd_status {
+        if (grammar == nullptr || result == nullptr || (text == nullptr && text_len > 0))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        std::string err;
+        std::unique_ptr<const Grammar> g = Grammar::parse(std::string_view(grammar, grammar_len), &err);
+        if (!g) return fail(LLMD_ERR_INVALID_ARGUMENT, "grammar: " + err);
+        GrammarMatcher m(std::move(g), nullptr, 0);
+        const bool ok = m.accept_bytes(std::string_view(text ? text : "", text_len));
+        if (!m.error().empty()) return fail(LLMD_ERR_STATE, "grammar: " + m.error());
+        *result = !ok ? 0 : m.complete() ? 3 : m.can_end() ? 2 : 1;
+        return LLMD_OK;
+    });
 }
 
 llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {

@@ -1,0 +1,134 @@
+"""The grammar a request's output must follow, for constrained decoding: the
+response_format (json_object, json_schema) of chat and completions, and the tool
+calls of chat (tool_choice "auto", "required" or a named function).
+
+Tool calls are written in the layout tools.py streams (OPEN_TAG CALL_HEAD name
+CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), the arguments following the tool's
+parameters schema. With parallel_tool_calls, more blocks may follow, each after
+CALL_SEPARATOR (which may also end the answer). "required" starts with a call; a
+named function allows only that function; "auto" lets the model first write text,
+any text without OPEN_TAG (the call, if any, starts at the tag), or the response
+format when one is given.
+
+Compiling a schema costs milliseconds, so grammars are cached by request content.
+A schema outside the supported subset (llmd/jsonschema.py) is a 400 naming the
+keyword, before any response byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from llmd import errors
+from llmd.grammar import (
+    ANY_BYTE, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, one_of, opt, seq, star,
+)
+from llmd.jsonschema import SchemaCompiler, SchemaError
+from llmd.openai import ChatRequest, CompletionRequest, ResponseFormat
+from llmd.tools import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG
+
+
+def chat_grammar(req: ChatRequest) -> str | None:
+    """Grammar text for a chat request, or None when its output is free."""
+    tools = [[t.name, t.parameters] for t in req.tools] if req.tool_choice != "none" else []
+    if req.tool_name is not None:
+        tools = [t for t in tools if t[0] == req.tool_name]
+    fmt = _format_key(req.response_format)
+    if not tools and fmt is None:
+        return None
+    indexes = {t.name: i for i, t in enumerate(req.tools)}
+    key = {"format": fmt, "tools": tools, "indexes": [indexes[name] for name, _ in tools],
+           "required": req.tool_choice == "required", "parallel": req.parallel_tool_calls}
+    return _compile(json.dumps(key))
+
+
+def completion_grammar(req: CompletionRequest) -> str | None:
+    """Grammar text for a completion request, or None when its output is free."""
+    fmt = _format_key(req.response_format)
+    if fmt is None:
+        return None
+    return _compile(json.dumps({"format": fmt, "tools": [], "indexes": [], "required": False,
+                                "parallel": False}))
+
+
+def _format_key(rf: ResponseFormat | None) -> Any:
+    if rf is None or rf.type == "text":
+        return None
+    return {"object": True} if rf.type == "json_object" else {"schema": rf.schema}
+
+
+def _text_without(marker: bytes) -> Expr:
+    """Any bytes in which marker does not occur (its first byte must not recur in it).
+
+    Cut at each occurrence of the first byte: every piece after a cut must not
+    begin with the rest of the marker, so it is a proper prefix of the rest,
+    possibly followed by a byte that breaks the match and then anything else."""
+    first, rest = marker[:1], marker[1:]
+    assert first not in rest, "the construction needs a marker whose first byte does not recur"
+    free = ANY_BYTE - one_of(first)
+    piece = alt(*(seq(lit(rest[:k]), opt(seq(free - one_of(rest[k:k + 1]), star(free))))
+                  for k in range(len(rest))))
+    return seq(star(free), star(seq(lit(first), piece)))
+
+
+@functools.lru_cache(maxsize=64)
+def _compile(key: str) -> str:
+    spec = json.loads(key)
+    rules: dict[str, Expr] = {}
+    fmt = None
+    if spec["format"] is not None:
+        compiler = SchemaCompiler(rules, "format:")
+        if spec["format"].get("object"):
+            fmt = compiler.any_object()
+        else:
+            fmt = _schema(compiler, spec["format"]["schema"], "response_format.json_schema.schema")
+    calls = None
+    if spec["tools"]:
+        blocks = []
+        for (name, parameters), index in zip(spec["tools"], spec["indexes"]):
+            param = f"tools[{index}].function.parameters"
+            if parameters and parameters.get("type", "object") != "object":
+                raise errors.invalid_request("A tool's parameters must describe an object.", param)
+            args = _schema(SchemaCompiler(rules, f"tool{index}:"), _object_schema(parameters), param)
+            blocks.append(seq(lit(OPEN_TAG + CALL_HEAD + name + CALL_ARGUMENTS), args,
+                              lit(CALL_TAIL + CLOSE_TAG)))
+        block = alt(*blocks)
+        if spec["parallel"]:  # a separator may also end the answer: a newline is no promise of a call
+            calls = seq(block, star(seq(lit(CALL_SEPARATOR), block)), opt(lit(CALL_SEPARATOR)))
+        else:
+            calls = block
+    if calls is None:
+        rules["root"] = fmt
+    elif spec["required"]:
+        rules["root"] = calls
+    else:
+        free = fmt if fmt is not None else _text_without(OPEN_TAG.encode())
+        rules["root"] = alt(free, calls) if fmt is not None else seq(free, opt(calls))
+    param = "tools" if calls is not None else "response_format.json_schema.schema"
+    try:
+        return compile_grammar(rules, "root")
+    except GrammarTooLarge as exc:
+        raise errors.unsupported_parameter(
+            param, f"The schema is too large to constrain output to: {exc}.") from None
+    except GrammarError as exc:
+        raise errors.invalid_request(f"The schema cannot constrain output: {exc}.", param) from None
+
+
+def _object_schema(parameters: dict | None) -> Any:
+    """Tool parameters as a schema of an object: none means any object."""
+    if not parameters:
+        return {"type": "object"}
+    if "type" not in parameters and not {"$ref", "anyOf", "oneOf", "allOf"} & parameters.keys():
+        return {**parameters, "type": "object"}
+    return parameters
+
+
+def _schema(compiler: SchemaCompiler, schema: Any, param: str) -> Expr:
+    try:
+        return compiler.compile_root(schema)
+    except SchemaError as exc:
+        if exc.unsupported:
+            raise errors.unsupported_parameter(param, f"{exc} for constrained output.") from None
+        raise errors.invalid_request(f"Invalid schema: {exc}.", param) from None

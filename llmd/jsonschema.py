@@ -1,0 +1,502 @@
+"""JSON as grammar expressions (llmd.grammar): any JSON value, and the values a JSON
+Schema admits, for constrained decoding.
+
+Layout. After `{`, `[`, `,` and `:` and before `}` and `]` the JSON may have one
+space, or one newline and up to 16 spaces of indentation, and nothing else: a small
+model left free to lay out JSON may emit whitespace forever, and one that may not
+indent at all tends to close the object at once. Numbers have at most 16 integer
+and 16 fraction digits and a 3-digit exponent. Strings are not bounded here: the
+engine's token budget closes them in time (native/src/grammar.h). Strings are
+valid UTF-8 and escape what JSON requires.
+
+The JSON Schema subset (what tools and response formats use in practice):
+  type (one or a list), enum, const, anyOf, oneOf (read as anyOf: overlapping
+  branches are not excluded), allOf of one schema, $ref to "#", "#/$defs/NAME" or
+  "#/definitions/NAME" (recursion allowed);
+  object: properties (written in declared order), required, additionalProperties
+    (extra keys are written only by an object without properties: a schema for
+    their values, true or absent for any value, false for none);
+  string: minLength, maxLength, format date, time, date-time, uuid;
+  integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum;
+  number: the same bounds when they are whole numbers;
+  array: items, minItems, maxItems; boolean; null.
+Annotations (title, description, default, examples, ...) are ignored; any other
+keyword raises SchemaError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from llmd.grammar import (
+    EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star,
+)
+
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+    "writeOnly", "$schema", "$id", "$defs", "definitions"})
+_KEYWORDS = ANNOTATIONS | frozenset({
+    "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required",
+    "additionalProperties", "minLength", "maxLength", "format", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "items", "minItems", "maxItems"})
+_TYPE_KEYWORDS = {
+    "object": {"properties", "required", "additionalProperties"},
+    "string": {"minLength", "maxLength", "format"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    "array": {"items", "minItems", "maxItems"},
+    "boolean": set(),
+    "null": set(),
+}
+MAX_DIGITS = 16  # integer and fraction digits of a number
+
+
+class SchemaError(ValueError):
+    """A schema llmd cannot constrain output to: `unsupported` for a keyword or value
+    outside the subset (which `keyword` names), else a malformed schema."""
+
+    def __init__(self, message: str, keyword: str | None = None, unsupported: bool = True):
+        super().__init__(message)
+        self.keyword = keyword
+        self.unsupported = unsupported
+
+
+# --- JSON text -------------------------------------------------------------------
+
+# Whitespace is a rule of its own: inlined, its 17 states would be copied at every slot.
+WS_RULE = "json:ws"
+WS = Ref(WS_RULE)
+COMMA = seq(lit(","), WS)
+DIGIT = byte_range(0x30, 0x39)
+NONZERO = byte_range(0x31, 0x39)
+HEX = DIGIT | byte_range(0x41, 0x46) | byte_range(0x61, 0x66)
+_CONT = byte_range(0x80, 0xBF)
+_UTF8_MULTI = alt(
+    seq(byte_range(0xC2, 0xDF), _CONT),
+    seq(lit(b"\xe0"), byte_range(0xA0, 0xBF), _CONT),
+    seq(byte_range(0xE1, 0xEC) | byte_range(0xEE, 0xEF), _CONT, _CONT),
+    seq(lit(b"\xed"), byte_range(0x80, 0x9F), _CONT),
+    seq(lit(b"\xf0"), byte_range(0x90, 0xBF), _CONT, _CONT),
+    seq(byte_range(0xF1, 0xF3), _CONT, _CONT, _CONT),
+    seq(lit(b"\xf4"), byte_range(0x80, 0x8F), _CONT, _CONT),
+)
+# One character of a string: printable ASCII but '"' and '\', an escape, or a UTF-8 sequence.
+CHAR = alt(
+    byte_range(0x20, 0x7F) - one_of('"\\'),
+    seq(lit("\\"), alt(one_of('"\\/bfnrt'), seq(lit("u"), HEX, HEX, HEX, HEX))),
+    _UTF8_MULTI,
+)
+STRING = seq(lit('"'), star(CHAR), lit('"'))
+_UINT = alt(lit("0"), seq(NONZERO, repeat(DIGIT, 0, MAX_DIGITS - 1)))
+INTEGER = seq(opt(lit("-")), _UINT)
+_FRACTION = seq(lit("."), repeat(DIGIT, 1, MAX_DIGITS))
+NUMBER = seq(INTEGER, opt(_FRACTION), opt(seq(one_of("eE"), opt(one_of("+-")), repeat(DIGIT, 1, 3))))
+BOOLEAN = alt(lit("true"), lit("false"))
+NULL = lit("null")
+
+
+def _object(member: Expr) -> Expr:
+    """{ member, member, ... } with any number of members."""
+    return seq(lit("{"), WS, opt(seq(member, star(seq(COMMA, member)))), WS, lit("}"))
+
+
+def _member(key: Expr, value: Expr) -> Expr:
+    return seq(key, lit(":"), WS, value)
+
+
+# Whitespace, any JSON value, and any JSON object, as rules (nesting is recursion).
+VALUE_RULE, OBJECT_RULE = "json:value", "json:object"
+JSON_RULES: dict[str, Expr] = {
+    WS_RULE: opt(alt(lit(" "), seq(lit("\n"), repeat(lit(" "), 0, 16)))),
+    OBJECT_RULE: _object(_member(STRING, Ref(VALUE_RULE))),
+    VALUE_RULE: alt(
+        Ref(OBJECT_RULE),
+        seq(lit("["), WS, opt(seq(Ref(VALUE_RULE), star(seq(COMMA, Ref(VALUE_RULE))))), WS, lit("]")),
+        STRING, NUMBER, BOOLEAN, NULL),
+}
+
+
+def json_literal(value: Any) -> Expr:
+    """Exactly this JSON value, as the grammar's layout writes it."""
+    return lit(json.dumps(value, ensure_ascii=False, separators=(", ", ": ")))
+
+
+# --- string formats ----------------------------------------------------------------
+
+def _two_digits(first: Expr, second: Expr = DIGIT) -> Expr:
+    return seq(first, second)
+
+
+_DATE = seq(DIGIT, DIGIT, DIGIT, DIGIT, lit("-"),
+            alt(_two_digits(lit("0"), NONZERO), _two_digits(lit("1"), one_of("012"))), lit("-"),
+            alt(_two_digits(lit("0"), NONZERO), _two_digits(one_of("12")),
+                _two_digits(lit("3"), one_of("01"))))
+_HOUR = alt(_two_digits(one_of("01")), _two_digits(lit("2"), one_of("0123")))
+_MINUTE = _two_digits(byte_range(0x30, 0x35))
+_TIME = seq(_HOUR, lit(":"), _MINUTE, lit(":"), _MINUTE, opt(seq(lit("."), repeat(DIGIT, 1, 6))),
+            alt(lit("Z"), seq(one_of("+-"), _HOUR, lit(":"), _MINUTE)))
+FORMATS: dict[str, Expr] = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": seq(_DATE, lit("T"), _TIME),
+    "uuid": seq(*([HEX] * 8), lit("-"), *([HEX] * 4), lit("-"), *([HEX] * 4), lit("-"),
+                *([HEX] * 4), lit("-"), *([HEX] * 12)),
+}
+
+
+# --- integer and number ranges -------------------------------------------------------
+
+def _digits_between(low: str, high: str) -> Expr:
+    """Digit strings of one length from low to high (leading zeros as given).
+
+    A first digit whose every tail fits joins the middle range ("1000".."3999" is
+    [1-3] and three digits), which keeps the expression linear in the length."""
+    if not low:
+        return EMPTY
+    if low[0] == high[0]:
+        return seq(lit(low[0]), _digits_between(low[1:], high[1:]))
+    rest = len(low) - 1
+    low_full, high_full = low[1:] == "0" * rest, high[1:] == "9" * rest
+    parts = []
+    if not low_full:
+        parts.append(seq(lit(low[0]), _digits_between(low[1:], "9" * rest)))
+    first = ord(low[0]) if low_full else ord(low[0]) + 1
+    last = ord(high[0]) if high_full else ord(high[0]) - 1
+    if first <= last:
+        parts.append(seq(byte_range(first, last), *([DIGIT] * rest)))
+    if not high_full:
+        parts.append(seq(lit(high[0]), _digits_between("0" * rest, high[1:])))
+    return alt(*parts)
+
+
+def uint_range(lo: int, hi: int | None) -> Expr:
+    """Decimal integers lo..hi without sign or leading zeros (hi None: up to MAX_DIGITS digits)."""
+    top = 10 ** MAX_DIGITS - 1
+    hi = top if hi is None else min(hi, top)
+    if lo > hi:
+        return alt()
+    parts = []
+    for width in range(len(str(lo)), len(str(hi)) + 1):
+        first = max(lo, 10 ** (width - 1) if width > 1 else 0)
+        last = min(hi, 10 ** width - 1)
+        if first <= last:
+            parts.append(_digits_between(str(first), str(last)))
+    return alt(*parts)
+
+
+def int_range(lo: int | None, hi: int | None) -> Expr:
+    """Integers lo..hi (None: unbounded on that side)."""
+    parts = []
+    if lo is None or lo < 0:  # negatives: "-" and a magnitude
+        smallest = 1 if hi is None or hi >= 0 else -hi
+        parts.append(seq(lit("-"), uint_range(smallest, None if lo is None else -lo)))
+    if hi is None or hi >= 0:
+        parts.append(uint_range(max(lo or 0, 0), hi))
+    return alt(*parts)
+
+
+def _fraction(kind: str) -> Expr:
+    if kind == "any":
+        return opt(_FRACTION)
+    if kind == "zero":
+        return opt(seq(lit("."), repeat(lit("0"), 1, MAX_DIGITS)))
+    return seq(lit("."), repeat(DIGIT, 0, MAX_DIGITS - 1), NONZERO)  # "nonzero"
+
+
+def _magnitude(lo: int, lo_strict: bool, hi: int | None, hi_strict: bool) -> Expr:
+    """Unsigned decimals m with lo <= m <= hi (< or > where strict); lo >= 0, hi None: unbounded."""
+    if hi is not None and (hi < lo or (hi == lo and (lo_strict or hi_strict))):
+        return alt()
+    if hi is not None and hi == lo:
+        return seq(uint_range(lo, lo), _fraction("zero"))
+    parts = [seq(uint_range(lo, lo), _fraction("nonzero" if lo_strict else "any"))]
+    inner_hi = None if hi is None else hi - 1
+    if inner_hi is None or inner_hi >= lo + 1:
+        parts.append(seq(uint_range(lo + 1, inner_hi), _fraction("any")))
+    if hi is not None and not hi_strict:
+        parts.append(seq(uint_range(hi, hi), _fraction("zero")))
+    return alt(*parts)
+
+
+def number_range(lo: int | None, lo_strict: bool, hi: int | None, hi_strict: bool) -> Expr:
+    """Decimal numbers between whole-number bounds (None: unbounded), no exponent."""
+    parts = []
+    if lo is None or lo < 0:  # x = -m: x >= lo is m <= -lo, x <= hi < 0 is m >= -hi
+        m_lo, m_lo_strict = (0, False) if hi is None or hi >= 0 else (-hi, hi_strict)
+        parts.append(seq(lit("-"), _magnitude(m_lo, m_lo_strict, None if lo is None else -lo, lo_strict)))
+    if hi is None or hi >= 0:
+        low, low_strict = (0, False) if lo is None or lo < 0 else (lo, lo_strict)
+        parts.append(_magnitude(low, low_strict, hi, hi_strict))
+    return alt(*parts)
+
+
+# --- schemas ---------------------------------------------------------------------
+
+def _json_type(value: Any) -> set[str]:
+    if value is None:
+        return {"null"}
+    if isinstance(value, bool):
+        return {"boolean"}
+    if isinstance(value, int):
+        return {"integer", "number"}
+    if isinstance(value, float):
+        return {"integer", "number"} if value.is_integer() else {"number"}
+    if isinstance(value, str):
+        return {"string"}
+    return {"array"} if isinstance(value, list) else {"object"}
+
+
+def _bad(message: str) -> SchemaError:
+    return SchemaError(message, unsupported=False)
+
+
+class SchemaCompiler:
+    """Compiles JSON Schemas into rules of one grammar. Objects and arrays get a rule
+    each (their members are calls), so optional members do not copy big subtrees;
+    rule names start with `prefix`, so several schemas can share the grammar."""
+
+    def __init__(self, rules: dict[str, Expr], prefix: str):
+        self.rules = rules
+        self.rules.update(JSON_RULES)  # compiled only if reached from the root
+        self.prefix = prefix
+        self.root: Any = None
+
+    def compile_root(self, schema: Any) -> Expr:
+        """The expression for a whole schema document ($ref "#" points at it)."""
+        self.root = schema
+        return self._named("#", schema, "")
+
+    def any_value(self) -> Expr:
+        return Ref(VALUE_RULE)
+
+    def any_object(self) -> Expr:
+        return Ref(OBJECT_RULE)
+
+    def _named(self, key: str, schema: Any, path: str) -> Ref:
+        name = f"{self.prefix}{key}"
+        if name not in self.rules:
+            self.rules[name] = EMPTY  # placeholder: the schema may refer to itself
+            self.rules[name] = self.compile(schema, path)
+        return Ref(name)
+
+    def compile(self, schema: Any, path: str) -> Expr:
+        """The expression for schema found at path (for messages)."""
+        where = f" at {path.lstrip('.')}" if path else ""
+        if schema is True:
+            return self.any_value()
+        if schema is False:
+            raise _bad(f"the schema{where} is false, which no value satisfies")
+        if not isinstance(schema, dict):
+            raise _bad(f"the schema{where} must be an object or a boolean")
+        for key in schema:
+            if key not in _KEYWORDS:
+                raise SchemaError(f"JSON Schema keyword '{key}'{where} is not supported", key)
+        keywords = set(schema) - ANNOTATIONS
+        for combinator in ("$ref", "allOf", "anyOf", "oneOf"):
+            if combinator in keywords and keywords != {combinator}:
+                other = sorted(keywords - {combinator})[0]
+                raise SchemaError(f"JSON Schema keyword '{other}' next to '{combinator}'{where} is not "
+                                  "supported", other)
+        if "$ref" in schema:
+            return self._ref(schema["$ref"], where)
+        if "allOf" in schema:
+            branches = self._branches(schema, "allOf", where)
+            if len(branches) != 1:
+                raise SchemaError(f"'allOf' with more than one schema{where} is not supported", "allOf")
+            return self.compile(branches[0], f"{path}.allOf[0]")
+        for combinator in ("anyOf", "oneOf"):
+            if combinator in schema:
+                branches = self._branches(schema, combinator, where)
+                return alt(*(self.compile(b, f"{path}.{combinator}[{i}]") for i, b in enumerate(branches)))
+
+        types = schema.get("type")
+        if types is None:  # inferred from the keywords; bounds alone mean a number
+            types = [t for t, words in _TYPE_KEYWORDS.items() if words & keywords and t != "integer"]
+            if len(types) > 1:
+                raise SchemaError(f"keywords of several types without 'type'{where} are not supported",
+                                  "type")
+        elif isinstance(types, str):
+            types = [types]
+        if not isinstance(types, list) or not all(t in _TYPE_KEYWORDS for t in types):
+            raise _bad(f"'type'{where} must be one of {', '.join(_TYPE_KEYWORDS)} or a list of them")
+        if "const" in schema or "enum" in schema:
+            return self._enum(schema, types, where)
+        if not types:
+            return self.any_value()
+        return alt(*(self._typed(t, schema, path, where) for t in dict.fromkeys(types)))
+
+    def _branches(self, schema: dict, key: str, where: str) -> list:
+        branches = schema[key]
+        if not isinstance(branches, list) or not branches:
+            raise _bad(f"'{key}'{where} must be a non-empty array of schemas")
+        return branches
+
+    def _ref(self, target: Any, where: str) -> Expr:
+        if not isinstance(target, str):
+            raise _bad(f"'$ref'{where} must be a string")
+        if target == "#":
+            return Ref(f"{self.prefix}#")
+        for container in ("$defs", "definitions"):
+            head = f"#/{container}/"
+            if target.startswith(head) and "/" not in target[len(head):]:
+                key = target[len(head):].replace("~1", "/").replace("~0", "~")
+                defs = self.root.get(container) if isinstance(self.root, dict) else None
+                if not isinstance(defs, dict) or key not in defs:
+                    raise _bad(f"'$ref' {target!r}{where} points at nothing")
+                return self._named(target, defs[key], target[2:].replace("/", "."))
+        raise SchemaError(f"'$ref' {target!r}{where} is not supported: only '#', '#/$defs/NAME' and "
+                          "'#/definitions/NAME'", "$ref")
+
+    def _enum(self, schema: dict, types: list[str], where: str) -> Expr:
+        if "const" in schema:
+            values = [schema["const"]]
+        else:
+            values = schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise _bad(f"'enum'{where} must be a non-empty array")
+        if "const" in schema and "enum" in schema:
+            values = [v for v in values if v in schema["enum"]]
+        if types:
+            values = [v for v in values if _json_type(v) & set(types)]
+        if not values:
+            raise _bad(f"no value of 'enum'/'const'{where} fits the schema")
+        return alt(*(json_literal(v) for v in values))
+
+    def _typed(self, kind: str, schema: dict, path: str, where: str) -> Expr:
+        if kind == "string":
+            return self._string(schema, where)
+        if kind in ("integer", "number"):
+            return self._number(kind, schema, where)
+        if kind == "boolean":
+            return BOOLEAN
+        if kind == "null":
+            return NULL
+        if kind == "object":
+            return self._rule(self._object(schema, path, where))
+        return self._rule(self._array(schema, path, where))
+
+    def _rule(self, expr: Expr) -> Ref:
+        name = f"{self.prefix}{len(self.rules)}"
+        self.rules[name] = expr
+        return Ref(name)
+
+    def _count(self, schema: dict, key: str, where: str) -> int | None:
+        v = schema.get(key)
+        if v is None:
+            return None
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise _bad(f"'{key}'{where} must be a non-negative integer")
+        return v
+
+    def _string(self, schema: dict, where: str) -> Expr:
+        lo = self._count(schema, "minLength", where) or 0
+        hi = self._count(schema, "maxLength", where)
+        if hi is not None and hi < lo:
+            raise _bad(f"'maxLength' is below 'minLength'{where}")
+        fmt = schema.get("format")
+        if fmt is None:
+            return seq(lit('"'), repeat(CHAR, lo, hi), lit('"'))
+        if fmt not in FORMATS:
+            raise SchemaError(f"'format' {fmt!r}{where} is not supported: only "
+                              f"{', '.join(FORMATS)}", "format")
+        if "minLength" in schema or "maxLength" in schema:
+            raise SchemaError(f"'minLength'/'maxLength' with 'format'{where} are not supported", "maxLength")
+        return seq(lit('"'), FORMATS[fmt], lit('"'))
+
+    def _number(self, kind: str, schema: dict, where: str) -> Expr:
+        bounds = {}
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            v = schema.get(key)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise _bad(f"'{key}'{where} must be a number")
+            if kind == "number" and v != int(v):
+                raise SchemaError(f"'{key}' {v}{where}: bounds of a number must be whole numbers", key)
+            bounds[key] = v
+        if not bounds:
+            return INTEGER if kind == "integer" else NUMBER
+        lo, lo_strict = _tighter(bounds.get("minimum"), bounds.get("exclusiveMinimum"), max)
+        hi, hi_strict = _tighter(bounds.get("maximum"), bounds.get("exclusiveMaximum"), min)
+        if kind == "integer":
+            lo_i = None if lo is None else (math.floor(lo) + 1 if lo_strict else math.ceil(lo))
+            hi_i = None if hi is None else (math.ceil(hi) - 1 if hi_strict else math.floor(hi))
+            if lo_i is not None and hi_i is not None and lo_i > hi_i:
+                raise _bad(f"no integer lies between the bounds{where}")
+            return int_range(lo_i, hi_i)
+        if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_strict or hi_strict))):
+            raise _bad(f"no number lies between the bounds{where}")
+        return number_range(None if lo is None else int(lo), lo_strict,
+                            None if hi is None else int(hi), hi_strict)
+
+    def _object(self, schema: dict, path: str, where: str) -> Expr:
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise _bad(f"'properties'{where} must be an object")
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise _bad(f"'required'{where} must be an array of strings")
+        extra = schema.get("additionalProperties", True)
+        if not isinstance(extra, (bool, dict)):
+            raise _bad(f"'additionalProperties'{where} must be a boolean or a schema")
+        members = [(name, sub, name in required) for name, sub in props.items()]
+        for name in dict.fromkeys(required):
+            if name not in props:
+                if extra is False:
+                    raise _bad(f"required property {name!r}{where} is not allowed by 'additionalProperties'")
+                members.append((name, extra, True))
+        if not members:
+            if extra is False:
+                return seq(lit("{"), WS, lit("}"))
+            return _object(_member(STRING, self.compile(extra, f"{path}.additionalProperties")))
+        compiled = [(_member(json_literal(name), self.compile(sub, f"{path}.properties.{name}")), req)
+                    for name, sub, req in members]
+        return seq(lit("{"), WS, self._ordered_members(compiled), WS, lit("}"))
+
+    def _ordered_members(self, members: list[tuple[Expr, bool]]) -> Expr:
+        """Members in their declared order, optional ones skippable, commas between.
+
+        With a required member, the optional ones before it carry their comma after
+        them and the ones after it before them. Without one, the first member present
+        is chosen, and what may follow member k is the same whichever came first: a
+        rule per k, so the choices share it instead of copying it."""
+        first = next((i for i, (_, req) in enumerate(members) if req), None)
+        if first is not None:
+            parts = [opt(seq(m, COMMA)) for m, _ in members[:first]]
+            parts.append(members[first][0])
+            parts += [seq(COMMA, m) if req else opt(seq(COMMA, m)) for m, req in members[first + 1:]]
+            return seq(*parts)
+        rest: Expr = EMPTY  # what may follow the last member
+        choices = []
+        for m, _ in reversed(members):
+            choices.append(seq(m, rest))
+            rest = self._rule(seq(opt(seq(COMMA, m)), rest))
+        return opt(alt(*reversed(choices)))
+
+    def _array(self, schema: dict, path: str, where: str) -> Expr:
+        items = schema.get("items", True)
+        if not isinstance(items, (bool, dict)):
+            raise SchemaError(f"'items' as an array (tuple validation){where} is not supported", "items")
+        lo = self._count(schema, "minItems", where) or 0
+        hi = self._count(schema, "maxItems", where)
+        if hi is not None and hi < lo:
+            raise _bad(f"'maxItems' is below 'minItems'{where}")
+        if hi == 0:
+            return seq(lit("["), WS, lit("]"))
+        item = self.compile(items, f"{path}.items")
+        body = seq(item, repeat(seq(COMMA, item), max(lo - 1, 0), None if hi is None else hi - 1))
+        return seq(lit("["), WS, body if lo > 0 else opt(body), WS, lit("]"))
+
+
+def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[float | None, bool]:
+    """The binding bound of an inclusive and an exclusive one: (value, strict)."""
+    if inclusive is None:
+        return exclusive, exclusive is not None
+    if exclusive is None:
+        return inclusive, False
+    best = pick(inclusive, exclusive)
+    return best, best == exclusive

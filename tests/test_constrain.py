@@ -1,0 +1,146 @@
+"""llmd/constrain.py: the grammar of a request's output (response_format, tool calls),
+checked by running it over texts (llmd_grammar_match) and by the 400s it raises."""
+import json
+import random
+
+import pytest
+
+from llmd import constrain
+from llmd.engine import grammar_match
+from llmd.errors import ApiError
+from llmd.grammar import compile_grammar
+from llmd.openai import parse_chat_request, parse_completion_request
+from llmd.tools import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG, parse_tool_calls
+
+NO, PREFIX, MAY_END, COMPLETE = 0, 1, 2, 3
+USER = [{"role": "user", "content": "hi"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def chat_grammar(**fields):
+    return constrain.chat_grammar(parse_chat_request(json.dumps({"model": "m", "messages": USER, **fields}).encode()))
+
+
+def match(grammar, text):
+    return grammar_match(grammar, text.encode())
+
+
+def block(name, arguments):
+    return OPEN_TAG + CALL_HEAD + name + CALL_ARGUMENTS + arguments + CALL_TAIL + CLOSE_TAG
+
+
+def test_nothing_to_constrain_is_no_grammar():
+    assert chat_grammar() is None
+    assert chat_grammar(response_format={"type": "text"}) is None
+    assert chat_grammar(tools=[WEATHER], tool_choice="none") is None
+    body = {"model": "m", "prompt": "x"}
+    assert constrain.completion_grammar(parse_completion_request(json.dumps(body).encode())) is None
+
+
+def test_json_object_is_an_object_and_completes_with_its_brace():
+    g = chat_grammar(response_format={"type": "json_object"})
+    assert match(g, '{"a": [1, {"b": null}]}') == COMPLETE
+    assert match(g, '{"a": ') == PREFIX
+    assert match(g, "[1]") == NO and match(g, '"s"') == NO
+
+
+def test_json_schema_response_format_on_chat_and_completions():
+    rf = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+    g = chat_grammar(response_format=rf)
+    assert match(g, '{"n": 3}') == COMPLETE and match(g, '{"n": "3"}') == NO
+    body = {"model": "m", "prompt": "x", "response_format": rf}
+    assert constrain.completion_grammar(parse_completion_request(json.dumps(body).encode())) == g
+
+
+def test_required_tool_choice_starts_with_a_call_to_a_declared_tool():
+    g = chat_grammar(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
+    call = block("get_weather", '{"city": "Paris"}')
+    assert match(g, call) == COMPLETE  # one call only: nothing may follow
+    assert match(g, block("get_time", "{}")) == COMPLETE
+    assert match(g, block("get_time", '{"tz": [1]}')) == COMPLETE  # no parameters: any object
+    assert match(g, block("get_weather", "{}")) == NO  # city is required
+    assert match(g, block("get_date", "{}")) == NO
+    assert match(g, "Sure") == NO
+    content, calls = parse_tool_calls(call, [WEATHER, TIME])
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_parallel_calls_follow_a_separator_which_may_also_end_the_answer():
+    g = chat_grammar(tools=[WEATHER, TIME], tool_choice="required")
+    one, two = block("get_time", "{}"), block("get_weather", '{"city": "Oslo"}')
+    assert match(g, one) == MAY_END
+    assert match(g, one + CALL_SEPARATOR) == MAY_END
+    assert match(g, one + CALL_SEPARATOR + two) == MAY_END
+    assert match(g, one + CALL_SEPARATOR + "Done") == NO
+
+
+def test_a_named_function_is_the_only_call_allowed():
+    g = chat_grammar(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert match(g, block("get_time", "{}")) == MAY_END
+    assert match(g, block("get_weather", '{"city": "Oslo"}')) == NO
+
+
+def test_auto_allows_text_then_calls_starting_at_the_tag():
+    g = chat_grammar(tools=[WEATHER])
+    assert match(g, "") == MAY_END
+    assert match(g, "It is sunny <b>today</b> <tool_cal") == MAY_END
+    assert match(g, "Let me check.\n" + block("get_weather", '{"city": "Rome"}')) == MAY_END
+    assert match(g, "text <tool_call>not a call") == NO
+    assert match(g, block("get_weather", '{"city": "Rome"}') + " and more text") == NO
+
+
+def test_auto_with_a_response_format_is_that_json_or_calls():
+    g = chat_grammar(tools=[WEATHER], response_format={"type": "json_object"})
+    assert match(g, '{"answer": 1}') == COMPLETE
+    assert match(g, block("get_weather", '{"city": "Rome"}')) == MAY_END
+    assert match(g, "plain text") == NO
+
+
+def test_text_without_the_marker_is_exactly_the_texts_that_lack_it():
+    marker = b"<tool_call>"
+    check = compile_grammar({"root": constrain._text_without(marker)}, "root")
+    rng = random.Random(11)
+    for _ in range(400):
+        text = "".join(rng.choice(["<", "tool", "_call", ">", "<tool_call", "x", "\n"])
+                       for _ in range(rng.randint(0, 6))).encode()
+        assert (grammar_match(check, text) >= MAY_END) == (marker not in text), text
+
+
+def test_grammars_are_cached_by_content():
+    a = chat_grammar(tools=[WEATHER], tool_choice="required")
+    assert chat_grammar(tools=[WEATHER], tool_choice="required") is a
+
+
+def refused(**fields) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        chat_grammar(**fields)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_unsupported_schema_keywords_are_400_naming_the_keyword_and_parameter():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"}}}}}
+    err = refused(tools=[WEATHER, tool], tool_choice="required")
+    assert (err.param, err.code) == ("tools[1].function.parameters", "unsupported_parameter")
+    assert "'pattern'" in err.message
+    rf = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "array", "uniqueItems": True}}}
+    err = refused(response_format=rf)
+    assert (err.param, err.code) == ("response_format.json_schema.schema", "unsupported_parameter")
+    assert "'uniqueItems'" in err.message
+
+
+def test_malformed_schemas_and_non_object_parameters_are_invalid_values():
+    rf = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 3,
+                                                                         "maximum": 1}}}
+    err = refused(response_format=rf)
+    assert (err.param, err.code) == ("response_format.json_schema.schema", "invalid_value")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+    err = refused(tools=[tool])
+    assert (err.param, err.code) == ("tools[0].function.parameters", "invalid_value")
+    looping = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}
+    assert refused(response_format=looping).code == "invalid_value"
