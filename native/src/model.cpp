@@ -3,6 +3,7 @@
 #include "model.h"
 
 #include "attention.h"
+#include "simd.h"
 
 #include <algorithm>
 #include <cmath>
@@ -259,6 +260,19 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
 
 namespace {
 
+// gate[i] = silu(gate[i]) * up[i]
+void swiglu(float *gate, const float *up, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + i);
+        const __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(sig, _mm512_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
 void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
     for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq + t * (cols / QK), cols);
 }
@@ -286,10 +300,7 @@ void run_matmuls(ThreadPool &pool, int n, std::initializer_list<MatJob> jobs) {
         matmul_rows({j.up, j.x, j.xq, j.scratch}, n, task.r0, task.r1);
         const int64_t rows = j.w->rows;
         for (int t = 0; t < n; ++t)
-            for (int64_t r = task.r0; r < task.r1; ++r) {
-                float &g = j.y[t * rows + r];
-                g = g / (1.0f + std::exp(-g)) * j.scratch[t * rows + r];
-            }
+            swiglu(j.y + t * rows + task.r0, j.scratch + t * rows + task.r0, task.r1 - task.r0);
     });
 }
 
