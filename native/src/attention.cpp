@@ -116,16 +116,17 @@ void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v,
             }
             sum[g] += _mm512_reduce_add_ps(s);
         }
-        // Values: each value row is converted once for all the group's outputs.
-        for (int i = 0; i < len; ++i) {
-            const uint16_t *vr = v + (p0 + i) * stride;
-            for (int d = 0; d < hd; d += 16) {
-                const __m512 vf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(vr + d)));
-                for (int g = 0; g < n_q; ++g) {
-                    float *o = out + g * hd + d;
-                    _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(scores[g][i]), vf, _mm512_loadu_ps(o)));
-                }
+        // Values, 16 dimensions at a time: the group's outputs stay in registers while
+        // each value row's slice is converted once for all of them.
+        for (int d = 0; d < hd; d += 16) {
+            __m512 acc[kMaxGroup];
+            for (int g = 0; g < n_q; ++g) acc[g] = _mm512_loadu_ps(out + g * hd + d);
+            for (int i = 0; i < len; ++i) {
+                const __m512 vf = _mm512_cvtph_ps(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + (p0 + i) * stride + d)));
+                for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][i]), vf, acc[g]);
             }
+            for (int g = 0; g < n_q; ++g) _mm512_storeu_ps(out + g * hd + d, acc[g]);
         }
     }
     for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
