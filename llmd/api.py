@@ -92,6 +92,13 @@ class Output:
         self.text: list[str] = []
         self.calls: list[ToolCallDelta] = []
 
+    def content(self) -> str:
+        return "".join(self.text)
+
+    def tool_calls(self) -> list[dict]:
+        """The OpenAI `tool_calls` entries the pieces so far add up to."""
+        return merge_tool_calls(self.calls)
+
     def feed(self, piece: bytes) -> tuple[list[ContentDelta | ToolCallDelta], bool]:
         text, hit = self.stops.feed(self.utf8.feed(piece))
         return self._route(text, final=False), hit
@@ -367,9 +374,9 @@ class Reply:
                         generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
         if self.api.options.log_prompts:
-            completion = "".join(self.output.text) + "".join(
+            completion = self.output.content() + "".join(
                 f"<tool_call>{json.dumps(c['function'], ensure_ascii=False)}</tool_call>"
-                for c in merge_tool_calls(self.output.calls))
+                for c in self.output.tool_calls())
             log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt, ensure_ascii=False),
                      json.dumps(completion, ensure_ascii=False))
 
@@ -400,9 +407,8 @@ class Reply:
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
         # A reply cut by a stop string ("cancelled") holds ids the client never saw.
         if self.kind == "chat" and self.g.reuse and reason in ("stop", "length"):
-            content = "".join(self.output.text)
-            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in merge_tool_calls(self.output.calls)]
-            self.g.slot.remember_reply(reply_fingerprint(content, calls), self.generated_ids)
+            calls = [(c["function"]["name"], c["function"]["arguments"]) for c in self.output.tool_calls()]
+            self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
 
     def usage(self) -> dict:
@@ -425,8 +431,8 @@ class Reply:
                     self._end(value)
         finally:
             watcher.cancel()
-        text = "".join(self.output.text)
-        calls = merge_tool_calls(self.output.calls)
+        text = self.output.content()
+        calls = self.output.tool_calls()
         finish = self.finish_reason
         if self.kind == "chat":
             message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}

@@ -579,8 +579,7 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad matrix arguments");
         const int64_t nb = (cols + QK - 1) / QK;
         std::vector<BlockQ8A> xq(static_cast<size_t>(n * nb));
-        if (type_uses_q8a(type))
-            for (int32_t t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq.data() + t * nb, cols);
+        if (type_uses_q8a(type)) quantize_rows(x, n, cols, xq.data());
         Matrix w{static_cast<uint32_t>(type), cols, rows, row_bytes(type, cols), static_cast<const uint8_t *>(weights)};
         if (!fast) {
             for (int32_t t = 0; t < n; ++t)

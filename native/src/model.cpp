@@ -273,10 +273,6 @@ void swiglu(float *gate, const float *up, int64_t n) {
     for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
-    for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq + t * (cols / QK), cols);
-}
-
 // Runs the jobs (which share one input) as one parallel region, split into row
 // chunks small enough to balance the threads and large enough to amortise a task.
 void run_matmuls(ThreadPool &pool, int n, std::initializer_list<MatJob> jobs) {

@@ -65,6 +65,9 @@ bool type_uses_q8a(uint32_t type) {
     return type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q8_0;
 }
 
+namespace {
+
+// n floats (n a multiple of QK) into n / QK blocks.
 void quantize_row_q8a(const float *x, BlockQ8A *y, int64_t n) {
 #if defined(__AVX512F__)
     // The same arithmetic 16 lanes at a time: max |x| is exact, and the conversion
@@ -99,6 +102,12 @@ void quantize_row_q8a(const float *x, BlockQ8A *y, int64_t n) {
         y[b].s = d * static_cast<float>(sum);
     }
 #endif
+}
+
+} // namespace
+
+void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
+    for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq + t * (cols / QK), cols);
 }
 
 void dequantize_row(uint32_t type, const void *row, float *y, int64_t n) {

@@ -28,8 +28,9 @@ struct BlockQ8A { float d; float s; int32_t sum; int8_t qs[QK]; };
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 
-// Quantize n floats (n a multiple of QK) into n / QK blocks.
-void quantize_row_q8a(const float *x, BlockQ8A *y, int64_t n);
+// Quantize n rows of `cols` floats (cols a multiple of QK), row t into
+// xq + t * (cols / QK).
+void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq);
 
 // Dequantize row `row` of a weight matrix with n columns into y.
 void dequantize_row(uint32_t type, const void *row, float *y, int64_t n);
