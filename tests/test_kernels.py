@@ -264,16 +264,19 @@ def softmax_attention(q: list[float], keys: list[list[float]], values: list[list
     return [math.fsum(w * v[d] for w, v in zip(weights, values)) / total for d in range(len(q))]
 
 
-@pytest.mark.parametrize("n_pos, head_dim, spread", [(1, 64, 1.0), (63, 64, 1.0), (65, 64, 1.0), (300, 64, 8.0),
-                                                      (130, 32, 1.0), (40, 40, 1.0)])
-def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, spread):
+@pytest.mark.parametrize("n_pos, head_dim, spread, group", [
+    (1, 64, 1.0, 3), (63, 64, 1.0, 3), (65, 64, 1.0, 3), (300, 64, 8.0, 3), (130, 32, 1.0, 3), (40, 40, 1.0, 3),
+    (70, 64, 1.0, 1), (70, 64, 4.0, 8), (70, 64, 1.0, 5), (70, 32, 1.0, 16)])
+def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, spread, group):
     """spread scales the scores: 8 makes softmax nearly one-hot, where a wrong running
-    max or rescaling shows at once. head_dim 40 takes the reference path."""
-    rng = random.Random(n_pos * 1000 + head_dim)
+    max or rescaling shows at once. head_dim 40 takes the reference path. group is the
+    number of query heads sharing the keys: the fast kernel is compiled for common
+    sizes (1, 3, 8) and runs any other (5, 16) through its general form."""
+    rng = random.Random(n_pos * 1000 + head_dim + group)
     half = lambda x: f16_value(f16_bits(x))
     keys = [[half(rng.gauss(0, 1)) for _ in range(head_dim)] for _ in range(n_pos)]
     values = [[half(rng.gauss(0, 1)) for _ in range(head_dim)] for _ in range(n_pos)]
-    q = [[f32(rng.gauss(0, spread)) for _ in range(head_dim)] for _ in range(3)]
+    q = [[f32(rng.gauss(0, spread)) for _ in range(head_dim)] for _ in range(group)]
     k = encode_f16([x for row in keys for x in row])
     v = encode_f16([x for row in values for x in row])
     expected = [softmax_attention(h, keys, values) for h in q]

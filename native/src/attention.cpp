@@ -59,14 +59,12 @@ inline __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
 }
 
-} // namespace
-
-void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
-                  size_t stride, float scale, float *out, AttnPartial *part) {
-    if (hd % 16 != 0 || hd > kMaxHeadDim || n_q > kMaxGroup) {
-        attend_range_ref(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-        return;
-    }
+// G query heads, or n_q of them when G is 0: a fixed G keeps the group's value
+// sums in registers.
+template <int G>
+void attend(const float *q, int n_q_, const uint16_t *k, const uint16_t *v, int n_pos, int hd, size_t stride,
+            float scale, float *out, AttnPartial *part) {
+    const int n_q = G > 0 ? G : n_q_;
     alignas(64) float scores[kMaxGroup][kBlock];
     alignas(64) float keys[16][kMaxHeadDim]; // 16 key rows as floats
     float mx[kMaxGroup], sum[kMaxGroup];
@@ -130,6 +128,26 @@ void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v,
         }
     }
     for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
+}
+
+} // namespace
+
+void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
+                  size_t stride, float scale, float *out, AttnPartial *part) {
+    if (hd % 16 != 0 || hd > kMaxHeadDim || n_q > kMaxGroup) {
+        attend_range_ref(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+        return;
+    }
+    switch (n_q) { // the group sizes of common models
+    case 1: return attend<1>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    case 2: return attend<2>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    case 3: return attend<3>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    case 4: return attend<4>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    case 6: return attend<6>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    case 7: return attend<7>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    case 8: return attend<8>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    default: return attend<0>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    }
 }
 
 #else

@@ -333,12 +333,14 @@ void to_f16(const float *x, uint16_t *y, int n) {
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
-    const int kv_dim = hp.kv_dim();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     int longest = 0;
     for (int t = 0; t < n; ++t) longest = std::max(longest, batch[t].pos + 1);
-    const int want = 4 * pool.size();
-    const int ranges = std::clamp((want + n * n_kv - 1) / (n * n_kv), 1, std::max(1, longest / 256));
+    // At least 4 tasks a thread, and as many for each thread.
+    const int per_range = n * n_kv, threads = pool.size();
+    int ranges = (4 * threads + per_range - 1) / per_range;
+    while (per_range * ranges % threads != 0) ++ranges;
+    ranges = std::clamp(ranges, 1, std::max(1, longest / 256));
     if (ranges > 1) ws.att_parts.resize(static_cast<size_t>(n) * hp.n_head * ranges * hd);
     ws.att_stats.resize(static_cast<size_t>(n) * hp.n_head * ranges);
     const float *q = ws.q.data();
@@ -348,12 +350,12 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         const KVCache &kv = *batch[t].kv;
         const int len = batch[t].pos + 1, p0 = static_cast<int>(static_cast<int64_t>(len) * r / ranges),
                   p1 = static_cast<int>(static_cast<int64_t>(len) * (r + 1) / ranges);
-        const size_t row = (static_cast<size_t>(layer) * kv.n_ctx + p0) * kv_dim + static_cast<size_t>(h) * hd;
+        const size_t row = kv.row(hp, layer, h, p0);
         const float *qg = q + t * q_dim + h * group * hd;
         const size_t slot = (static_cast<size_t>(t) * n_kv + h) * ranges + r; // (token, kv head, range)
         float *out = ranges > 1 ? ws.att_parts.data() + slot * group * hd : att + t * q_dim + h * group * hd;
         AttnPartial *parts = ws.att_stats.data() + slot * group;
-        attend_range(qg, group, &kv.k[row], &kv.v[row], p1 - p0, hd, kv_dim, scale, out, parts);
+        attend_range(qg, group, &kv.k[row], &kv.v[row], p1 - p0, hd, hd, scale, out, parts);
         if (ranges == 1)
             for (int g = 0; g < group; ++g) {
                 const float inv = parts[g].sum > 0.0f ? 1.0f / parts[g].sum : 0.0f;
@@ -394,9 +396,11 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
             rope(q + t * q_dim, hp.n_head, hp, model.inv_freq, batch[t].pos);
             rope(k + t * kv_dim, hp.n_head_kv, hp, model.inv_freq, batch[t].pos);
             KVCache &kv = *batch[t].kv;
-            const size_t at = (static_cast<size_t>(l) * kv.n_ctx + batch[t].pos) * kv_dim;
-            to_f16(k + t * kv_dim, &kv.k[at], kv_dim);
-            to_f16(v + t * kv_dim, &kv.v[at], kv_dim);
+            for (int h = 0; h < hp.n_head_kv; ++h) {
+                const size_t at = kv.row(hp, l, h, batch[t].pos);
+                to_f16(k + t * kv_dim + h * hp.head_dim, &kv.k[at], hp.head_dim);
+                to_f16(v + t * kv_dim + h * hp.head_dim, &kv.v[at], hp.head_dim);
+            }
         }
         attention(model, batch, n, l, ws, pool);
         quantize_rows(att, n, q_dim, xq);

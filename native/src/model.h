@@ -81,11 +81,16 @@ private:
     void pack(); // repacks the matrices this build has kernels for (quants.h)
 };
 
-// One session's attention memory: keys and values as f16, (layer, n_ctx, kv_dim).
+// One session's attention memory: keys and values as f16, (layer, kv head, n_ctx,
+// head_dim), so that attending one KV head streams contiguous rows.
 struct KVCache {
     int n_ctx = 0;
     std::unique_ptr<uint16_t[]> k;
     std::unique_ptr<uint16_t[]> v;
+    // Offset of (layer, kv head, position)'s row.
+    size_t row(const HParams &hp, int layer, int head, int pos) const {
+        return ((static_cast<size_t>(layer) * hp.n_head_kv + head) * n_ctx + pos) * hp.head_dim;
+    }
     static uint64_t bytes_per_token(const HParams &hp) { return 2ull * hp.n_layer * hp.kv_dim() * sizeof(uint16_t); }
 };
 
