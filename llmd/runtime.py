@@ -4,10 +4,14 @@ runs generations in steps rather than whole requests.
 Theory of operation. A request's handler builds a Generation (its slot, prompt
 ids, sampling, token budget) and submits it. The scheduler loop, a task on the
 event loop, repeats: run one prefill chunk for one generation that is still
-prefilling (round robin), then one decode step for every generation that is
-decoding, batched into a single engine call so the weights are read once per
-step. Each step is one call on the executor thread; between steps the event loop
-is free, and a long prompt never holds up other streams longer than one chunk.
+prefilling (round robin), then decode steps for every generation that is
+decoding, each step batched into a single engine call so the weights are read
+once per step. A prefill chunk is one call on the executor thread; decode steps
+run back to back on it, up to BURST of them while no prompt waits, handing each
+step's tokens to the event loop without waiting for it, so the engine never idles
+on a thread handoff. A submit or cancel ends the burst after the step in flight,
+and while a prompt is being prefilled each burst is one step: a long prompt never
+holds up other streams longer than one chunk, nor they it longer than one step.
 Tokens go back to the handler through the generation's queue as events:
 ("token", Token), ("end", finish_reason) or ("error", exception). A generation
 whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
@@ -35,6 +39,7 @@ from llmd.sessions import Slot
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
 READ_AHEAD = 64        # tokens a generation may run ahead of its reader
+BURST = 16             # decode steps run back to back while nothing else waits
 
 
 @dataclass(eq=False)
@@ -92,6 +97,7 @@ class Runtime:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-engine")
         self._active: list[Generation] = []
         self._wake = asyncio.Event()
+        self._interrupt = False  # ends a decode burst: read on the executor thread
         self._task: asyncio.Task | None = None
         self._turn = itertools.count()
 
@@ -140,11 +146,13 @@ class Runtime:
         self.metrics.prompt_tokens.inc(len(g.prompt))
         self.metrics.cached_tokens.inc(g.plan.keep)
         self._active.append(g)
+        self._interrupt = True
         self._wake.set()
 
     def cancel(self, g: Generation) -> None:
         """Stop g at the next step boundary (client gone, stop string found, ...)."""
         g.cancelled = True
+        self._interrupt = True
         self._wake.set()
 
     def _finish(self, g: Generation, kind: str, value: Any) -> None:
@@ -173,7 +181,8 @@ class Runtime:
                 await self._wake.wait()
                 continue
             if decoding:
-                await self._decode_step(decoding[:MAX_DECODE_BATCH])
+                waiting = any(not g.decoding for g in self._active)
+                await self._decode_steps(decoding[:MAX_DECODE_BATCH], 1 if waiting else BURST)
                 # Rotate so that more than MAX_DECODE_BATCH streams all advance.
                 for g in decoding[:MAX_DECODE_BATCH]:
                     if g in self._active:
@@ -207,14 +216,31 @@ class Runtime:
             g.decoding = True
             g.t_prefill_end = time.perf_counter()
 
-    async def _decode_step(self, batch: list[Generation]) -> None:
+    async def _decode_steps(self, batch: list[Generation], most: int) -> None:
+        """Up to `most` decode steps for the batch, fewer when a generation would reach
+        its token budget or run READ_AHEAD ahead of its reader, or one ends."""
+        loop = asyncio.get_running_loop()
+        sessions = [g.slot.session for g in batch]
+        steps = min(most, *(min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize()) for g in batch))
+        self._interrupt = False
+
+        def run() -> None:
+            for _ in range(steps):
+                tokens = self.engine.decode_batch(sessions)
+                loop.call_soon_threadsafe(self._deliver, batch, tokens)
+                if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
+                    return
+
         try:
-            tokens: list[Token] = await self.call(self.engine.decode_batch, [g.slot.session for g in batch])
+            # Each step's _deliver is queued before the call's result, so it runs first.
+            await self.call(run)
         except Exception as exc:
             for g in batch:
                 g.slot.dirty = True
                 self._finish(g, "error", exc)
-            return
+
+    def _deliver(self, batch: list[Generation], tokens: list[Token]) -> None:
+        """One decode step's tokens, on the event loop."""
         for g, tok in zip(batch, tokens):
             if tok.stopped:
                 self._finish(g, "end", "cancelled")

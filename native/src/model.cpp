@@ -340,7 +340,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     const int per_range = n * n_kv, threads = pool.size();
     int ranges = (4 * threads + per_range - 1) / per_range;
     while (per_range * ranges % threads != 0) ++ranges;
-    ranges = std::clamp(ranges, 1, std::max(1, longest / 256));
+    ranges = std::clamp(ranges, 1, std::max(1, longest / 64));
     if (ranges > 1) ws.att_parts.resize(static_cast<size_t>(n) * hp.n_head * ranges * hd);
     ws.att_stats.resize(static_cast<size_t>(n) * hp.n_head * ranges);
     const float *q = ws.q.data();
@@ -421,7 +421,6 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
         quantize_rows(ws.logits_in.data(), n_out, dim, xq);
         run_matmuls(pool, n_out, {{&model.output, ws.logits_in.data(), xq, logits}});
     }
-    pool.park();
 }
 
 } // namespace llmd

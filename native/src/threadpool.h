@@ -33,11 +33,6 @@ public:
     // all are done. More than kMaxTasks tasks run in several rounds.
     void run(int n_tasks, const std::function<void(int)> &fn);
 
-    // Workers stop spinning and sleep until the next run(): called when a burst of
-    // regions ends (a forward pass), so idle spinning never competes with the
-    // threads that consume its result.
-    void park() { parked_.store(true); }
-
 private:
     void worker_loop();
     void work(uint64_t region);
@@ -48,7 +43,6 @@ private:
     std::atomic<int> done_{0};
     std::atomic<int> sleepers_{0};
     std::atomic<bool> stop_{false};
-    std::atomic<bool> parked_{false};
     std::mutex mutex_;
     std::condition_variable wake_;
 };
