@@ -333,16 +333,15 @@ namespace llmd {
 
 namespace {
 
-bool is_q4(uint32_t type) { return type == GGML_Q4_0 || type == GGML_Q4_1; }
-
 // One panel-block's weights: 16 rows of 32 elements, 4 or 8 bits each.
-size_t weight_bytes_of(uint32_t type) { return is_q4(type) ? kPanel * QK / 2 : kPanel * QK; }
+constexpr size_t weight_bytes_of(uint32_t type) { return type == GGML_Q8_0 ? kPanel * QK : kPanel * QK / 2; }
 
-// A panel: its blocks' weights, then each block's 16 d, then (Q4_1) each block's 16 m.
-size_t panel_bytes_of(uint32_t type, int64_t nb) {
-    const size_t scales = type == GGML_Q4_1 ? 2 : 1;
-    return static_cast<size_t>(nb) * (weight_bytes_of(type) + scales * kPanel * sizeof(uint16_t));
+// A panel-block: its weights, then its 16 d, then (Q4_1) its 16 m.
+constexpr size_t block_bytes_of(uint32_t type) {
+    return weight_bytes_of(type) + (type == GGML_Q4_1 ? 2 : 1) * kPanel * sizeof(uint16_t);
 }
+
+size_t panel_bytes_of(uint32_t type, int64_t nb) { return static_cast<size_t>(nb) * block_bytes_of(type); }
 
 } // namespace
 
@@ -358,31 +357,31 @@ size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols) {
 
 void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t *out) {
     const int64_t nb = cols / QK, panels = (rows + kPanel - 1) / kPanel;
-    const size_t wbytes = weight_bytes_of(type), pbytes = panel_bytes_of(type, nb);
+    const size_t wbytes = weight_bytes_of(type), bbytes = block_bytes_of(type), pbytes = panel_bytes_of(type, nb);
     const size_t src_row = row_bytes(type, cols);
     std::memset(out, 0, static_cast<size_t>(panels) * pbytes);
     for (int64_t r = 0; r < rows; ++r) {
         const uint8_t *row = static_cast<const uint8_t *>(w) + static_cast<size_t>(r) * src_row;
         uint8_t *panel = out + static_cast<size_t>(r / kPanel) * pbytes;
-        auto *d = reinterpret_cast<uint16_t *>(panel + nb * wbytes); // (nb, 16)
-        uint16_t *m = d + nb * kPanel;                                // (nb, 16), Q4_1 only
         const int64_t i = r % kPanel;
         for (int64_t b = 0; b < nb; ++b) {
-            uint8_t *blk = panel + b * wbytes;
+            uint8_t *blk = panel + b * bbytes;
+            auto *d = reinterpret_cast<uint16_t *>(blk + wbytes); // (16)
+            uint16_t *m = d + kPanel;                              // (16), Q4_1 only
             if (type == GGML_Q8_0) {
                 const auto &src = reinterpret_cast<const BlockQ8_0 *>(row)[b];
                 for (int j = 0; j < 8; ++j)
                     for (int k = 0; k < 4; ++k) blk[j * 64 + i * 4 + k] = static_cast<uint8_t>(src.qs[4 * j + k]) ^ 0x80;
-                d[b * kPanel + i] = src.d;
+                d[i] = src.d;
                 continue;
             }
             const uint8_t *qs;
             if (type == GGML_Q4_0) {
                 const auto &src = reinterpret_cast<const BlockQ4_0 *>(row)[b];
-                qs = src.qs, d[b * kPanel + i] = src.d;
+                qs = src.qs, d[i] = src.d;
             } else {
                 const auto &src = reinterpret_cast<const BlockQ4_1 *>(row)[b];
-                qs = src.qs, d[b * kPanel + i] = src.d, m[b * kPanel + i] = src.m;
+                qs = src.qs, d[i] = src.d, m[i] = src.m;
             }
             for (int j = 0; j < 4; ++j)
                 for (int k = 0; k < 4; ++k) blk[j * 64 + i * 4 + k] = qs[4 * j + k];
@@ -400,14 +399,13 @@ template <int T, uint32_t Type>
 void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid,
                 bool add) {
     constexpr bool kQ4 = Type != GGML_Q8_0;
-    constexpr size_t kW = kQ4 ? kPanel * QK / 2 : kPanel * QK;
-    const auto *ds = reinterpret_cast<const __m256i *>(panel + nb * kW);
-    const auto *ms = ds + nb;
+    constexpr size_t kW = weight_bytes_of(Type), kB = block_bytes_of(Type);
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = panel + b * kW;
+        const uint8_t *blk = panel + b * kB;
+        const auto *dm = reinterpret_cast<const __m256i *>(blk + kW); // d, then m
         __m512i w[8]; // w[g]: rows × elements 4g..4g+3
         if (kQ4) {
             for (int j = 0; j < 4; ++j) {
@@ -418,7 +416,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
         } else {
             for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 64 * j);
         }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(ds + b));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
         for (int t = 0; t < T; ++t) {
             const BlockQ8A &xb = x[t][b];
             constexpr int32_t kOffset = Type == GGML_Q4_0 ? 8 : Type == GGML_Q8_0 ? 128 : 0;
@@ -434,7 +432,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
             const __m512i sum = _mm512_add_epi32(even, odd);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sum), acc[t]);
             if (Type == GGML_Q4_1)
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(ms + b)), _mm512_set1_ps(xb.s), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(dm + 1)), _mm512_set1_ps(xb.s), acc[t]);
         }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);

@@ -54,8 +54,11 @@ const char *kernel_path();
 // A panel holds, per block, 8 (Q8_0) or 4 (4-bit kinds) loads of 64 bytes where
 // load j is rows 0..15 × elements 4j..4j+3 as unsigned bytes (a 4-bit byte also
 // carries elements 16 + 4j.. in its high nibble, as GGUF pairs them; Q8_0 stores
-// q + 128); then every block's 16 scales d as f16, then for Q4_1 its 16 offsets m.
-// Each type keeps its GGUF size. Rows past the end of the matrix are zero.
+// q + 128), followed by the block's 16 scales d as f16 and, for Q4_1, its 16
+// offsets m. Scales next to their weights make one sequential stream, which the
+// hardware prefetchers follow (scales gathered at the panel's end halved the rate
+// at which one core streams a matrix from memory). Each type keeps its GGUF size.
+// Rows past the end of the matrix are zero.
 constexpr int kPanel = 16;
 
 // Bytes of the packed form, or 0 when this build or type has none.
