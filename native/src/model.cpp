@@ -273,15 +273,17 @@ void swiglu(float *gate, const float *up, int64_t n) {
     for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-// Runs the jobs (which share one input) as one parallel region, split into row
-// chunks small enough to balance the threads and large enough to amortise a task.
+// Runs the jobs (which share one input) as one parallel region, split into about two
+// row chunks a thread: enough to balance the threads, and long enough that a decode
+// step's chunk is one long stream from memory (claiming a task and restarting a
+// stream cost more than a chunk of 64 rows took to read).
 void run_matmuls(ThreadPool &pool, int n, std::initializer_list<MatJob> jobs) {
     struct Task { const MatJob *job; int64_t r0, r1; };
     Task tasks[256];
     int n_tasks = 0;
     int64_t total = 0;
     for (const MatJob &j : jobs) total += j.w->rows;
-    const int64_t target = std::max<int64_t>(4 * kPanel, total / (8 * pool.size()));
+    const int64_t target = std::max<int64_t>(4 * kPanel, total / (2 * pool.size()));
     for (const MatJob &j : jobs) {
         const int64_t rows = j.w->rows;
         const int64_t pieces = std::min<int64_t>((rows + target - 1) / target, 256 / jobs.size());
