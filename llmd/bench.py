@@ -1,9 +1,11 @@
 """`python -m llmd bench`: engine and HTTP figures, each the median of several runs.
 
-Engine: prompt processing (pp128, pp512) and generation (tg128) at short context
-and after a 2048-token context. HTTP (a real `python -m llmd` subprocess on a
-free port): first-token latency of a 252-token chat prompt, cold (fresh cache)
-and warm (same session, same prompt: warm resume), and streaming tok/s. Memory:
+Engine: prompt processing (pp128, pp512) and generation (tg128) at short context,
+after the HTTP figures' 252-token prompt and after a 2048-token context. HTTP (a
+real `python -m llmd` subprocess on a free port): first-token latency of a
+252-token chat prompt, cold (fresh cache) and warm (same session, same prompt:
+warm resume), and streaming tok/s, also as a share of the engine's rate at short
+context and at the same context (what HTTP itself costs). Memory:
 resident set after load and after each of 4 sessions with a full 2048-token cache.
 With --conversation: a 10-turn chat through HTTP, with and without warm resume.
 """
@@ -36,6 +38,7 @@ def _median(values: list[float]) -> float:
 
 
 MEMORY_CTX = 2048  # context of the sessions the memory figures fill
+HTTP_PROMPT = 252  # tokens of the chat prompt the HTTP figures send
 
 
 def memory_figures(path: str, threads: int) -> dict:
@@ -79,7 +82,8 @@ def engine_figures(path: str, threads: int, runs: int) -> dict:
                     s.prefill(ids[:n])
                     times.append(time.perf_counter() - t)
                 figures[f"pp{n}_tok_s"] = round(n / statistics.median(times), 1)
-            for key, context in (("tg128_tok_s", 16), ("tg128_at_2k_tok_s", 2048)):
+            for key, context in (("tg128_tok_s", 16), (f"tg128_at_{HTTP_PROMPT}_tok_s", HTTP_PROMPT),
+                                 ("tg128_at_2k_tok_s", 2048)):
                 rates = []
                 for _ in range(runs):
                     s.reset()
@@ -112,24 +116,26 @@ def _stream(port: int, body: dict, headers: dict) -> tuple[float, float, list[st
     return first, time.perf_counter() - start, deltas, usage
 
 
-def http_figures(path: str | None, threads: int, runs: int) -> dict:
+def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, ...]) -> dict:
+    """Streams 128 tokens, end-of-generation ids banned as the engine figures ban them."""
     proc, port = _start(path, threads, "--max-sessions", "8")
     try:
         model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
-        # Grow the user message until the rendered chat prompt has 252 tokens.
+        # Grow the user message until the rendered chat prompt has HTTP_PROMPT tokens.
         text, n = "", 0
         words = FILLER.split()
-        while n < 252:
+        while n < HTTP_PROMPT:
             text += words[len(text.split()) % len(words)] + " "
             n = _prompt_tokens(port, model, text)
         body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
-                "temperature": 0, "max_tokens": 128}
+                "stream_options": {"include_usage": True}, "temperature": 0, "max_tokens": 128,
+                "logit_bias": {str(i): -100 for i in eog_ids}}
         cold, warm, rates = [], [], []
         for _ in range(runs):
             sid = uuid.uuid4().hex
-            first, total, deltas, _ = _stream(port, body, {"X-Session-ID": sid})
+            first, total, _, usage = _stream(port, body, {"X-Session-ID": sid})
             cold.append(first)
-            rates.append((len(deltas) - 1) / (total - first) if len(deltas) > 1 else 0.0)
+            rates.append((usage["completion_tokens"] - 1) / (total - first))
             first, _, _, _ = _stream(port, body, {"X-Session-ID": sid})
             warm.append(first)
             _request(port, "DELETE", f"/v1/sessions/{sid}")
@@ -209,11 +215,15 @@ def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: 
     model = path or _default()
     figures = memory_figures(model, threads)
     figures.update(engine_figures(model, threads, runs))
-    figures.update(http_figures(path, threads, runs))
+    with Engine(model, n_ctx=16) as engine:
+        eog_ids = engine.info.eog_ids
+    figures.update(http_figures(path, threads, runs, eog_ids))
+    for engine_key in ("tg128_tok_s", f"tg128_at_{HTTP_PROMPT}_tok_s"):
+        figures[f"http_stream_share_of_{engine_key[:-6]}"] = round(figures["http_stream_tok_s"] / figures[engine_key], 3)
     if as_json:
         print(json.dumps(figures))
         return 0
     print(f"llmd bench: {model}, median of {runs} runs")
     for key, value in figures.items():
-        print(f"  {key:<24} {value}")
+        print(f"  {key:<34} {value}")
     return 0
