@@ -273,32 +273,32 @@ void swiglu(float *gate, const float *up, int64_t n) {
     for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-// Runs the jobs (which share one input) as one parallel region, split into about two
-// row chunks a thread: enough to balance the threads, and long enough that a decode
-// step's chunk is one long stream from memory (claiming a task and restarting a
-// stream cost more than a chunk of 64 rows took to read).
+// Rows [r0, r1) of a job, with its SwiGLU when it has one.
+void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
+    matmul_rows(j, n, r0, r1);
+    if (j.up == nullptr) return;
+    matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
+    const int64_t rows = j.w->rows;
+    for (int t = 0; t < n; ++t) swiglu(j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
+}
+
+// Runs the jobs (which share one input) as one parallel region. Their panels, taken
+// as one sequence, are cut into two equal spans a thread: enough to balance the
+// threads, and long enough that a decode step's span is one long stream from memory
+// (claiming a task and restarting a stream cost more than 64 rows took to read).
 void run_matmuls(ThreadPool &pool, int n, std::initializer_list<MatJob> jobs) {
-    struct Task { const MatJob *job; int64_t r0, r1; };
-    Task tasks[256];
-    int n_tasks = 0;
-    int64_t total = 0;
-    for (const MatJob &j : jobs) total += j.w->rows;
-    const int64_t target = std::max<int64_t>(4 * kPanel, total / (2 * pool.size()));
-    for (const MatJob &j : jobs) {
-        const int64_t rows = j.w->rows;
-        const int64_t pieces = std::min<int64_t>((rows + target - 1) / target, 256 / jobs.size());
-        const int64_t chunk = ((rows + pieces - 1) / pieces + kPanel - 1) / kPanel * kPanel;
-        for (int64_t r0 = 0; r0 < rows; r0 += chunk) tasks[n_tasks++] = {&j, r0, std::min(rows, r0 + chunk)};
-    }
-    pool.run(n_tasks, [&](int i) {
-        const Task &task = tasks[i];
-        const MatJob &j = *task.job;
-        matmul_rows(j, n, task.r0, task.r1);
-        if (j.up == nullptr) return;
-        matmul_rows({j.up, j.x, j.xq, j.scratch}, n, task.r0, task.r1);
-        const int64_t rows = j.w->rows;
-        for (int t = 0; t < n; ++t)
-            swiglu(j.y + t * rows + task.r0, j.scratch + t * rows + task.r0, task.r1 - task.r0);
+    int64_t panels = 0;
+    for (const MatJob &j : jobs) panels += (j.w->rows + kPanel - 1) / kPanel;
+    const int n_tasks = static_cast<int>(std::min<int64_t>(panels, 2 * pool.size()));
+    pool.run(n_tasks, [&](int task) {
+        const int64_t p0 = panels * task / n_tasks, p1 = panels * (task + 1) / n_tasks;
+        int64_t first = 0; // the job's first panel in the sequence
+        for (const MatJob &j : jobs) {
+            const int64_t own = (j.w->rows + kPanel - 1) / kPanel;
+            const int64_t a = std::max(p0, first) - first, b = std::min(p1, first + own) - first;
+            if (a < b) run_job(j, n, a * kPanel, std::min(b * kPanel, j.w->rows));
+            first += own;
+        }
     });
 }
 
