@@ -9,9 +9,10 @@ decoding, each step batched into a single engine call so the weights are read
 once per step. A prefill chunk is one call on the executor thread; decode steps
 run back to back on it, up to BURST of them while no prompt waits, handing each
 step's tokens to the event loop without waiting for it, so the engine never idles
-on a thread handoff. A submit or cancel ends the burst after the step in flight,
-and while a prompt is being prefilled each burst is one step: a long prompt never
-holds up other streams longer than one chunk, nor they it longer than one step.
+on a thread handoff. A submit, a cancel or any other call for the executor (a new
+request's tokenization) ends the burst after the step in flight, and while a
+prompt is being prefilled each burst is one step: a long prompt never holds up
+other streams longer than one chunk, nor they it longer than one step.
 Tokens go back to the handler through the generation's queue as events:
 ("token", Token), ("end", finish_reason) or ("error", exception). A generation
 whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
@@ -102,7 +103,9 @@ class Runtime:
         self._turn = itertools.count()
 
     async def call(self, fn: Callable, *args) -> Any:
-        """Run fn(*args) on the engine's executor thread."""
+        """Run fn(*args) on the engine's executor thread; a decode burst running there
+        yields it after the step in flight."""
+        self._interrupt = True
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def load(self, path: str, **options) -> Engine:
@@ -233,7 +236,7 @@ class Runtime:
 
         try:
             # Each step's _deliver is queued before the call's result, so it runs first.
-            await self.call(run)
+            await loop.run_in_executor(self.executor, run)
         except Exception as exc:
             for g in batch:
                 g.slot.dirty = True

@@ -91,3 +91,20 @@ async def test_a_cancelled_generation_ends_at_the_next_step(runtime):
     await reader
     assert log[-1] == ("c", "end", "cancelled")
     assert len(log) <= 5 + 2  # at most the step in flight when cancel() was called
+
+
+async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime):
+    """Decode steps run in bursts on the executor; a call queued there (a new request's
+    tokenization) ends the burst, so it waits for the step in flight, not the burst."""
+    log: list = []
+    g, reader = await start(runtime, "d", FILLER, 1000, log)
+    while len(log) < 3:
+        await asyncio.sleep(0.005)
+    for _ in range(5):
+        before = g.generated
+        await runtime.call(lambda: None)
+        # The step in flight, and one finished whose tokens were not yet delivered.
+        assert g.generated - before <= 2
+        await asyncio.sleep(0.01)
+    runtime.cancel(g)
+    await reader
