@@ -230,6 +230,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     hb.resize(n * hp.n_ff);
     hb2.resize(n * hp.n_ff);
     logits_in.resize(n * hp.n_embd);
+    rope.resize(n * hp.rope_dim);
     const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff});
     xq.resize(n * static_cast<size_t>((widest + QK - 1) / QK));
     capacity = n_tokens;
@@ -304,17 +305,35 @@ void run_matmuls(ThreadPool &pool, int n, std::initializer_list<MatJob> jobs) {
 
 void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0.0;
-    for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    int i = 0;
+#if defined(__AVX512F__)
+    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()}; // two chains hide the add latency
+    for (; i + 16 <= n; i += 16)
+        for (int h = 0; h < 2; ++h) {
+            const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8 * h));
+            acc[h] = _mm512_fmadd_pd(v, v, acc[h]);
+        }
+    ss = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
+#endif
+    for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
     const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
-    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+    for (i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
-// Rotates adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims of each head.
-void rope(float *x, int n_heads, const HParams &hp, const std::vector<float> &inv_freq, int pos) {
+// cs (rope_dim): cos and sin of each rotated pair's angle at position pos.
+void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_freq, int pos) {
     const float p = static_cast<float>(pos) * hp.rope_scale;
     for (int i = 0; i < hp.rope_dim / 2; ++i) {
         const float theta = p * inv_freq[i];
-        const float c = std::cos(theta), s = std::sin(theta);
+        cs[2 * i] = std::cos(theta);
+        cs[2 * i + 1] = std::sin(theta);
+    }
+}
+
+// Rotates adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims of each head.
+void rope(float *x, int n_heads, const HParams &hp, const float *cs) {
+    for (int i = 0; i < hp.rope_dim / 2; ++i) {
+        const float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; ++h) {
             float *v = x + h * hp.head_dim + 2 * i;
             const float a = v[0], b = v[1];
@@ -325,7 +344,13 @@ void rope(float *x, int n_heads, const HParams &hp, const std::vector<float> &in
 }
 
 void to_f16(const float *x, uint16_t *y, int n) {
-    for (int i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+    int i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
 // Each token's queries against its session's cache (which already holds this
@@ -386,8 +411,11 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
           *v = ws.v.data(), *att = ws.att.data(), *hb = ws.hb.data(), *hb2 = ws.hb2.data();
     BlockQ8A *xq = ws.xq.data();
 
-    for (int t = 0; t < n; ++t)
+    float *angles = ws.rope.data(); // each token's RoPE angles, shared by every layer
+    for (int t = 0; t < n; ++t) {
         dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
+        rope_angles(angles + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos);
+    }
 
     for (int l = 0; l < hp.n_layer; ++l) {
         const LayerWeights &L = model.layers[l];
@@ -395,8 +423,8 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
         quantize_rows(xb, n, dim, xq);
         run_matmuls(pool, n, {{&L.wq, xb, xq, q}, {&L.wk, xb, xq, k}, {&L.wv, xb, xq, v}});
         for (int t = 0; t < n; ++t) {
-            rope(q + t * q_dim, hp.n_head, hp, model.inv_freq, batch[t].pos);
-            rope(k + t * kv_dim, hp.n_head_kv, hp, model.inv_freq, batch[t].pos);
+            rope(q + t * q_dim, hp.n_head, hp, angles + t * hp.rope_dim);
+            rope(k + t * kv_dim, hp.n_head_kv, hp, angles + t * hp.rope_dim);
             KVCache &kv = *batch[t].kv;
             for (int h = 0; h < hp.n_head_kv; ++h) {
                 const size_t at = kv.row(hp, l, h, batch[t].pos);

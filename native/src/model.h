@@ -105,6 +105,7 @@ struct BatchToken {
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
+    std::vector<float> rope;            // (n, rope_dim): cos and sin of each token's RoPE angles
     std::vector<float> att_parts;       // attention partials of split contexts (attention.h)
     std::vector<AttnPartial> att_stats;
     std::vector<BlockQ8A> xq;
