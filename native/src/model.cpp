@@ -184,8 +184,15 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::strin
     return model;
 }
 
-AlignedBytes::AlignedBytes(size_t n) : raw(new uint8_t[n + 63]) {
-    data = raw.get() + (-reinterpret_cast<uintptr_t>(raw.get()) & 63);
+AlignedBytes::AlignedBytes(size_t n, bool huge) {
+    const size_t align = huge ? size_t{2} << 20 : 64, size = (std::max<size_t>(n, 1) + align - 1) / align * align;
+    void *p = nullptr;
+    if (posix_memalign(&p, align, size) != 0) throw std::bad_alloc();
+    raw.reset(static_cast<uint8_t *>(p));
+    data = raw.get();
+    // A decode step streams every weight: with 4 KB pages that is a TLB miss every
+    // 4 KB. Where the kernel grants huge pages only on request, this requests them.
+    if (huge) madvise(p, size, MADV_HUGEPAGE);
 }
 
 namespace {
@@ -205,12 +212,18 @@ void Model::pack() {
     std::vector<Matrix *> matrices{&output};
     for (LayerWeights &L : layers)
         for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matrices.push_back(m);
+    const auto span = [](const Matrix *m) { return (packed_bytes(m->type, m->rows, m->cols) + 63) / 64 * 64; };
+    size_t total = 0;
+    for (const Matrix *m : matrices) total += span(m);
+    if (total == 0) return;
+    packed = std::make_unique<AlignedBytes>(total, true); // one block: few huge pages
+    uint8_t *at = packed->data;
     for (Matrix *m : matrices) {
         const size_t n = packed_bytes(m->type, m->rows, m->cols);
         if (n == 0) continue;
-        packed.emplace_back(n);
-        pack_rows(m->type, m->data, m->rows, m->cols, packed.back().data);
-        m->packed = packed.back().data;
+        pack_rows(m->type, m->data, m->rows, m->cols, at);
+        m->packed = at;
+        at += span(m);
         weight_bytes += n - m->rows * m->row_bytes;
         release_mapping(*m);
     }

@@ -9,6 +9,7 @@
 #include "quants.h"
 #include "threadpool.h"
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,11 +28,12 @@ struct Matrix {
     const void *row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 
-// Heap bytes aligned to a cache line, so that packed panels never straddle lines.
+// Heap bytes aligned to a cache line, so that packed panels never straddle lines;
+// with `huge`, aligned to 2 MB and offered to the kernel as transparent huge pages.
 struct AlignedBytes {
-    std::unique_ptr<uint8_t[]> raw;
+    std::unique_ptr<uint8_t, void (*)(void *)> raw{nullptr, std::free};
     uint8_t *data = nullptr;
-    explicit AlignedBytes(size_t n);
+    explicit AlignedBytes(size_t n, bool huge = false);
 };
 
 struct HParams {
@@ -70,7 +72,7 @@ struct Model {
     Matrix output;               // (vocab, dim); token_embd when the model ties them
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair
     std::vector<LayerWeights> layers;
-    std::vector<AlignedBytes> packed; // storage of the matrices' packed forms
+    std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
 
     // Binds the weights of a GGUF whose architecture the caller checked is `llama`;
