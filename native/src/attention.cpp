@@ -14,15 +14,15 @@
 
 namespace llmd {
 
-void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
-                      size_t stride, float scale, float *out, AttnPartial *part) {
+void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
+                      float *out, AttnPartial *part) {
     std::vector<double> scores(static_cast<size_t>(n_pos));
     for (int g = 0; g < n_q; ++g) {
         const float *qg = q + g * hd;
         double mx = -INFINITY;
         for (int p = 0; p < n_pos; ++p) {
             double s = 0.0;
-            for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * fp16_to_fp32(k[p * stride + d]);
+            for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * fp16_to_fp32(k[key_at(p, d, hd)]);
             scores[p] = s * scale;
             mx = std::max(mx, scores[p]);
         }
@@ -31,7 +31,7 @@ void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t
         for (int p = 0; p < n_pos; ++p) {
             const double e = std::exp(scores[p] - mx);
             sum += e;
-            for (int d = 0; d < hd; ++d) acc[d] += e * fp16_to_fp32(v[p * stride + d]);
+            for (int d = 0; d < hd; ++d) acc[d] += e * fp16_to_fp32(v[static_cast<size_t>(p) * hd + d]);
         }
         for (int d = 0; d < hd; ++d) out[g * hd + d] = static_cast<float>(acc[d]);
         part[g] = {static_cast<float>(mx), static_cast<float>(sum)};
@@ -42,54 +42,38 @@ void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t
 namespace {
 
 constexpr int kBlock = 64;        // positions scored before their values are summed
-constexpr int kMaxHeadDim = 256;  // of the fast kernel; larger heads use the reference
-
-// Lane j of the result is the sum of v[j]'s 16 lanes: a transposing tree of
-// shuffles and adds, far cheaper than 16 separate horizontal sums.
-inline __m512 hsum16(const __m512 *v) {
-    __m512 w[8], x[4];
-    for (int k = 0; k < 8; ++k) // per 128-bit lane: v2k even, v2k+1 even, v2k odd, v2k+1 odd
-        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-    for (int m = 0; m < 4; ++m) { // per 128-bit lane: the lane's sums of v4m .. v4m+3
-        const __m512d a = _mm512_castps_pd(w[2 * m]), b = _mm512_castps_pd(w[2 * m + 1]);
-        x[m] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88), _mm512_shuffle_f32x4(x[0], x[1], 0xdd));
-    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88), _mm512_shuffle_f32x4(x[2], x[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
-}
 
 // G query heads, or n_q of them when G is 0: a fixed G keeps the group's value
 // sums in registers.
 template <int G>
-void attend(const float *q, int n_q_, const uint16_t *k, const uint16_t *v, int n_pos, int hd, size_t stride,
-            float scale, float *out, AttnPartial *part) {
+void attend(const float *q, int n_q_, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
+            float *out, AttnPartial *part) {
     const int n_q = G > 0 ? G : n_q_;
     alignas(64) float scores[kMaxGroup][kBlock];
-    alignas(64) float keys[16][kMaxHeadDim]; // 16 key rows as floats
     float mx[kMaxGroup], sum[kMaxGroup];
     std::fill(mx, mx + n_q, -INFINITY);
     std::fill(sum, sum + n_q, 0.0f);
     std::fill(out, out + n_q * hd, 0.0f);
     for (int p0 = 0; p0 < n_pos; p0 += kBlock) {
         const int len = std::min(kBlock, n_pos - p0);
-        // Scores, 16 rows at a time: each key row is converted once for all the
-        // group's queries, and 16 dot products are summed across lanes together.
-        for (int i0 = 0; i0 < len; i0 += 16) {
-            const int rows = std::min(16, len - i0);
-            for (int i = 0; i < rows; ++i)
-                for (int d = 0; d < hd; d += 16)
-                    _mm512_store_ps(&keys[i][d], _mm512_cvtph_ps(_mm256_loadu_si256(
-                                                     reinterpret_cast<const __m256i *>(k + (p0 + i0 + i) * stride + d))));
-            for (int g = 0; g < n_q; ++g) {
-                __m512 acc[16];
-                for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-                for (int d = 0; d < hd; d += 16) {
-                    const __m512 qd = _mm512_loadu_ps(q + g * hd + d);
-                    for (int i = 0; i < rows; ++i) acc[i] = _mm512_fmadd_ps(qd, _mm512_load_ps(&keys[i][d]), acc[i]);
+        // Scores, a key block at a time: each load is one dimension of 16 keys, and
+        // every query of the group accumulates 16 scores from it (two chains each, as
+        // an FMA's latency exceeds its issue interval).
+        for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
+            const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
+            __m512 acc[kMaxGroup][2];
+            for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 2)
+                for (int h = 0; h < 2; ++h) {
+                    const __m512 kd = _mm512_cvtph_ps(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(kb + (d + h) * kKeyBlock)));
+                    for (int g = 0; g < n_q; ++g)
+                        acc[g][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d + h]), kd, acc[g][h]);
                 }
-                const __m512 dots = _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
-                const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
+            // Positions past the range (the block's unwritten rest) score -inf.
+            const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kKeyBlock, len - i0)) - 1);
+            for (int g = 0; g < n_q; ++g) {
+                const __m512 dots = _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_set1_ps(scale));
                 _mm512_store_ps(&scores[g][i0], _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), dots));
             }
         }
@@ -121,7 +105,7 @@ void attend(const float *q, int n_q_, const uint16_t *k, const uint16_t *v, int 
             for (int g = 0; g < n_q; ++g) acc[g] = _mm512_loadu_ps(out + g * hd + d);
             for (int i = 0; i < len; ++i) {
                 const __m512 vf = _mm512_cvtph_ps(
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + (p0 + i) * stride + d)));
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + static_cast<size_t>(p0 + i) * hd + d)));
                 for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][i]), vf, acc[g]);
             }
             for (int g = 0; g < n_q; ++g) _mm512_storeu_ps(out + g * hd + d, acc[g]);
@@ -132,29 +116,29 @@ void attend(const float *q, int n_q_, const uint16_t *k, const uint16_t *v, int 
 
 } // namespace
 
-void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
-                  size_t stride, float scale, float *out, AttnPartial *part) {
-    if (hd % 16 != 0 || hd > kMaxHeadDim || n_q > kMaxGroup) {
-        attend_range_ref(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
+                  float *out, AttnPartial *part) {
+    if (hd % 16 != 0 || n_q > kMaxGroup) {
+        attend_range_ref(q, n_q, k, v, n_pos, hd, scale, out, part);
         return;
     }
     switch (n_q) { // the group sizes of common models
-    case 1: return attend<1>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-    case 2: return attend<2>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-    case 3: return attend<3>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-    case 4: return attend<4>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-    case 6: return attend<6>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-    case 7: return attend<7>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-    case 8: return attend<8>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
-    default: return attend<0>(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+    case 1: return attend<1>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    case 2: return attend<2>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    case 3: return attend<3>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    case 4: return attend<4>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    case 6: return attend<6>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    case 7: return attend<7>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    case 8: return attend<8>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    default: return attend<0>(q, n_q, k, v, n_pos, hd, scale, out, part);
     }
 }
 
 #else
 
-void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd,
-                  size_t stride, float scale, float *out, AttnPartial *part) {
-    attend_range_ref(q, n_q, k, v, n_pos, hd, stride, scale, out, part);
+void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
+                  float *out, AttnPartial *part) {
+    attend_range_ref(q, n_q, k, v, n_pos, hd, scale, out, part);
 }
 
 #endif

@@ -355,9 +355,9 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         auto s = std::make_unique<llmd_session>();
         s->engine = e;
         const HParams &hp = e->model->hp;
-        const size_t cells = static_cast<size_t>(hp.n_layer) * e->n_ctx * hp.kv_dim();
+        s->kv.n_ctx = (e->n_ctx + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+        const size_t cells = static_cast<size_t>(hp.n_layer) * s->kv.n_ctx * hp.kv_dim();
         // Uninitialised on purpose: pages are touched only as positions fill.
-        s->kv.n_ctx = e->n_ctx;
         s->kv.k.reset(new (std::nothrow) uint16_t[cells]);
         s->kv.v.reset(new (std::nothrow) uint16_t[cells]);
         if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
@@ -605,14 +605,19 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
             n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad attention arguments");
         const size_t hd = static_cast<size_t>(head_dim);
+        // The caller's keys are rows; the kernels read them in blocks (attention.h).
+        const int32_t blocks = (n_pos + kKeyBlock - 1) / kKeyBlock;
+        std::vector<uint16_t> keys(static_cast<size_t>(blocks) * kKeyBlock * hd);
+        for (int32_t p = 0; p < n_pos; ++p)
+            for (int32_t d = 0; d < head_dim; ++d) keys[key_at(p, d, head_dim)] = k[p * hd + d];
         std::vector<float> outs(static_cast<size_t>(n_ranges) * n_q * hd);
         std::vector<AttnPartial> parts(static_cast<size_t>(n_ranges) * n_q);
         const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-        for (int32_t r = 0; r < n_ranges; ++r) {
-            const int32_t p0 = static_cast<int32_t>(static_cast<int64_t>(n_pos) * r / n_ranges);
-            const int32_t p1 = static_cast<int32_t>(static_cast<int64_t>(n_pos) * (r + 1) / n_ranges);
-            (fast ? attend_range : attend_range_ref)(q, n_q, k + p0 * hd, v + p0 * hd, p1 - p0, head_dim, hd, scale,
-                                                     outs.data() + r * n_q * hd, parts.data() + r * n_q);
+        for (int32_t r = 0; r < n_ranges; ++r) { // ranges of whole key blocks, some maybe empty
+            const int32_t p0 = std::min(n_pos, blocks * r / n_ranges * kKeyBlock);
+            const int32_t p1 = std::min(n_pos, blocks * (r + 1) / n_ranges * kKeyBlock);
+            (fast ? attend_range : attend_range_ref)(q, n_q, keys.data() + p0 * hd, v + p0 * hd, p1 - p0, head_dim,
+                                                     scale, outs.data() + r * n_q * hd, parts.data() + r * n_q);
         }
         for (int32_t g = 0; g < n_q; ++g)
             attend_combine(outs.data() + g * hd, n_q * hd, parts.data() + g, n_q, n_ranges, head_dim, out + g * hd);

@@ -388,14 +388,16 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     pool.run(n * n_kv * ranges, [&](int task) {
         const int r = task % ranges, h = task / ranges % n_kv, t = task / (ranges * n_kv);
         const KVCache &kv = *batch[t].kv;
-        const int len = batch[t].pos + 1, p0 = static_cast<int>(static_cast<int64_t>(len) * r / ranges),
-                  p1 = static_cast<int>(static_cast<int64_t>(len) * (r + 1) / ranges);
+        // Ranges of whole key blocks (attention.h).
+        const int len = batch[t].pos + 1, blocks = (len + kKeyBlock - 1) / kKeyBlock;
+        const int p0 = std::min(len, blocks * r / ranges * kKeyBlock),
+                  p1 = std::min(len, blocks * (r + 1) / ranges * kKeyBlock);
         const size_t row = kv.row(hp, layer, h, p0);
         const float *qg = q + t * q_dim + h * group * hd;
         const size_t slot = (static_cast<size_t>(t) * n_kv + h) * ranges + r; // (token, kv head, range)
         float *out = ranges > 1 ? ws.att_parts.data() + slot * group * hd : att + t * q_dim + h * group * hd;
         AttnPartial *parts = ws.att_stats.data() + slot * group;
-        attend_range(qg, group, &kv.k[row], &kv.v[row], p1 - p0, hd, hd, scale, out, parts);
+        attend_range(qg, group, &kv.k[row], &kv.v[row], p1 - p0, hd, scale, out, parts);
         if (ranges == 1)
             for (int g = 0; g < group; ++g) {
                 const float inv = parts[g].sum > 0.0f ? 1.0f / parts[g].sum : 0.0f;
@@ -439,10 +441,12 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
             rope(q + t * q_dim, hp.n_head, hp, angles + t * hp.rope_dim);
             rope(k + t * kv_dim, hp.n_head_kv, hp, angles + t * hp.rope_dim);
             KVCache &kv = *batch[t].kv;
+            const int pos = batch[t].pos;
             for (int h = 0; h < hp.n_head_kv; ++h) {
-                const size_t at = kv.row(hp, l, h, batch[t].pos);
-                to_f16(k + t * kv_dim + h * hp.head_dim, &kv.k[at], hp.head_dim);
-                to_f16(v + t * kv_dim + h * hp.head_dim, &kv.v[at], hp.head_dim);
+                const float *kh = k + t * kv_dim + h * hp.head_dim;
+                uint16_t *keys = &kv.k[kv.row(hp, l, h, 0)];
+                for (int d = 0; d < hp.head_dim; ++d) keys[key_at(pos, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
+                to_f16(v + t * kv_dim + h * hp.head_dim, &kv.v[kv.row(hp, l, h, pos)], hp.head_dim);
             }
         }
         attention(model, batch, n, l, ws, pool);

@@ -84,9 +84,10 @@ private:
 };
 
 // One session's attention memory: keys and values as f16, (layer, kv head, n_ctx,
-// head_dim), so that attending one KV head streams contiguous rows.
+// head_dim), so that attending one KV head streams contiguous memory; keys are in
+// blocks of positions inside that (attention.h: key_at).
 struct KVCache {
-    int n_ctx = 0;
+    int n_ctx = 0; // a whole number of key blocks
     std::unique_ptr<uint16_t[]> k;
     std::unique_ptr<uint16_t[]> v;
     // Offset of (layer, kv head, position)'s row.
