@@ -292,6 +292,7 @@ def test_page_sends_the_saved_api_key_as_a_bearer_token(browser):
         browser.evaluate("document.getElementById('api-key').value = 'sekret';"
                          "document.getElementById('settings').requestSubmit()")
         browser.wait_for("document.getElementById('model-name').textContent == 'fake-model'")
+        browser.wait_for("document.getElementById('error').hidden")  # once the sessions load too
         assert FakeServer.seen[0] == "" and FakeServer.seen[-1] == "Bearer sekret"
         assert browser.evaluate("localStorage.getItem('llmd.apiKey')") == "sekret"
         assert Elements(browser.dom()).by_id("error")["text"] == ""
