@@ -614,8 +614,8 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
         std::vector<AttnPartial> parts(static_cast<size_t>(n_ranges) * n_q);
         const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
         for (int32_t r = 0; r < n_ranges; ++r) { // ranges of whole key blocks, some maybe empty
-            const int32_t p0 = std::min(n_pos, blocks * r / n_ranges * kKeyBlock);
-            const int32_t p1 = std::min(n_pos, blocks * (r + 1) / n_ranges * kKeyBlock);
+            const auto p0 = static_cast<int32_t>(std::min<int64_t>(n_pos, int64_t{blocks} * r / n_ranges * kKeyBlock));
+            const auto p1 = static_cast<int32_t>(std::min<int64_t>(n_pos, int64_t{blocks} * (r + 1) / n_ranges * kKeyBlock));
             (fast ? attend_range : attend_range_ref)(q, n_q, keys.data() + p0 * hd, v + p0 * hd, p1 - p0, head_dim,
                                                      scale, outs.data() + r * n_q * hd, parts.data() + r * n_q);
         }

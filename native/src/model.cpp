@@ -390,8 +390,8 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         const KVCache &kv = *batch[t].kv;
         // Ranges of whole key blocks (attention.h).
         const int len = batch[t].pos + 1, blocks = (len + kKeyBlock - 1) / kKeyBlock;
-        const int p0 = std::min(len, blocks * r / ranges * kKeyBlock),
-                  p1 = std::min(len, blocks * (r + 1) / ranges * kKeyBlock);
+        const int p0 = static_cast<int>(std::min<int64_t>(len, int64_t{blocks} * r / ranges * kKeyBlock)),
+                  p1 = static_cast<int>(std::min<int64_t>(len, int64_t{blocks} * (r + 1) / ranges * kKeyBlock));
         const size_t row = kv.row(hp, layer, h, p0);
         const float *qg = q + t * q_dim + h * group * hd;
         const size_t slot = (static_cast<size_t>(t) * n_kv + h) * ranges + r; // (token, kv head, range)
