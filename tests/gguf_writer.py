@@ -548,3 +548,44 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
         im_end_id=tokens.index("<|im_end|>"), bos_id=tokens.index("<|im_start|>"),
         eos_id=tokens.index("<|im_end|>"), chat_template=chat_template, name=name, pre=pre,
         weight_bytes=sum(len(t.data) for t in w.tensors))
+
+
+# ---- a vocabulary that shows how a pre-tokenizer splits ----------------------------
+
+def build_split_vocab(texts: list[str], pre: str, *, max_len: int = 8) -> GGUFWriter:
+    """A vocab-only GGUF (no tensors) whose BPE output shows the pre-tokenizer's words.
+
+    Tokens: the 256 GPT-2 byte characters, then every substring of the texts' bytes
+    of 2..max_len bytes; merges: every split of each such substring into two
+    shorter ones. Any word of at most max_len bytes taken from the texts therefore
+    ends as one token, so the ids of a text spell out where `pre` cut it; longer
+    words end in a few tokens, the same in any correct BPE."""
+    byte_chars = gpt2_byte_chars()
+    tokens = list(byte_chars)
+    known = set(tokens)
+    merges: list[str] = []
+    for text in texts:
+        data = [byte_chars[b] for b in text.encode()]
+        for start in range(len(data)):
+            for end in range(start + 2, min(len(data), start + max_len) + 1):
+                joined = "".join(data[start:end])
+                if joined in known:
+                    continue
+                known.add(joined)
+                tokens.append(joined)
+                for cut in range(start + 1, end):
+                    merges.append("".join(data[start:cut]) + " " + "".join(data[cut:end]))
+    w = GGUFWriter()
+    w.set("general.architecture", STRING, "llama")
+    w.set("general.name", STRING, f"split-{pre}")
+    for key, value in (("context_length", 128), ("embedding_length", 64), ("block_count", 1),
+                       ("feed_forward_length", 128), ("attention.head_count", 4),
+                       ("attention.head_count_kv", 4)):
+        w.set(f"llama.{key}", U32, value)
+    w.set("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    w.set("tokenizer.ggml.model", STRING, "gpt2")
+    w.set("tokenizer.ggml.pre", STRING, pre)
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    w.set("tokenizer.ggml.token_type", ARRAY, (I32, [1] * len(tokens)))
+    w.set("tokenizer.ggml.merges", ARRAY, (STRING, merges))
+    return w

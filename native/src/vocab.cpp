@@ -81,11 +81,10 @@ struct Fragment {
     int32_t id;  // special token, or -1 for plain text
 };
 
-// The length SentencePiece gives the character starting with byte b: by its
-// lead bits alone, as llama.cpp splits (so a stray byte is never lost).
-uint32_t lead_length(uint8_t b) {
-    static const uint8_t k_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    return k_len[b >> 4];
+// Bytes of the character at text[off]: a valid UTF-8 sequence, else the one
+// byte (so a stray byte cannot swallow the U+2581 written for the next space).
+uint32_t char_length(std::string_view text, uint32_t off) {
+    return utf8_decode(text.data() + off, text.size() - off).len;
 }
 
 // The byte of a "<0xXX>" token, or -1.
@@ -175,7 +174,8 @@ struct Vocab::Scratch {
     std::vector<Symbol> syms;
     std::vector<Bigram> heap;
     std::vector<SpmBigram> spm_heap;
-    std::string text;  // escaped or byte-mapped copy
+    std::string text;      // escaped or byte-mapped copy
+    std::string replaced;  // the text with tokenless invalid bytes read as U+FFFD
 };
 
 Vocab::~Vocab() = default;
@@ -260,7 +260,7 @@ bool Vocab::build(VocabData &d, std::string *error) {
         }
     }
 
-    // The token each byte falls back to; a byte without one is dropped by tokenize().
+    // The token each byte falls back to (see no_byte_token_ for a byte without one).
     std::string text;
     for (int b = 0; b < 256; ++b) {
         if (algo_ == Algo::Bpe && !raw_utf8_) {
@@ -290,6 +290,12 @@ bool Vocab::build(VocabData &d, std::string *error) {
     }
 
     settle_specials(d);
+
+    // SentencePiece and Gemma 4 write a byte without a <0xXX> token as the
+    // unknown token. (Byte-level BPE drops it, as llama.cpp does: see encode().)
+    if (algo_ == Algo::Spm || raw_utf8_) {
+        if (const int32_t unk = settle_unknown(d); unk >= 0) no_byte_token_.push_back(unk);
+    }
 
     pieces_.reserve(tokens_.size());
     for (int32_t id = 0; id < n; ++id) {
@@ -329,6 +335,12 @@ bool Vocab::build(VocabData &d, std::string *error) {
         }
     }
     return true;
+}
+
+// The unknown token: the file's, else SentencePiece's default 0, else none.
+int32_t Vocab::settle_unknown(const VocabData &d) const {
+    if (d.unk && *d.unk < uint32_t(size())) return int32_t(*d.unk);
+    return algo_ == Algo::Spm ? 0 : -1;
 }
 
 // BOS, EOS and the end-of-generation set, in llama.cpp's order of decisions.
@@ -484,6 +496,24 @@ void Vocab::encode(std::string_view text, bool after_special, Scratch &s, std::v
         text = s.text;  // Gemma 4: BPE over the escaped text; s.text stays untouched below
     }
     pre_units(text, s.units);
+    if (!raw_utf8_) {
+        // An invalid byte the vocabulary has no token for is read as U+FFFD, as
+        // llama.cpp reads every invalid byte (a byte with a token stays itself).
+        auto tokenless = [&](const PreUnit &u) { return u.cpt == CPT_INVALID && byte_token_[uint8_t(text[u.off])] < 0; };
+        if (std::any_of(s.units.begin(), s.units.end(), tokenless)) {
+            s.replaced.clear();
+            for (size_t i = 0; i < s.units.size(); ++i) {
+                const size_t end = i + 1 < s.units.size() ? s.units[i + 1].off : text.size();
+                if (tokenless(s.units[i])) {
+                    s.replaced += "\xEF\xBF\xBD";
+                } else {
+                    s.replaced.append(text, s.units[i].off, end - s.units[i].off);
+                }
+            }
+            text = s.replaced;
+            pre_units(text, s.units);
+        }
+    }
     s.ends.clear();
     pre_->split(s.units, s.ends);
     size_t begin = 0;  // in bytes
@@ -498,8 +528,7 @@ void Vocab::encode(std::string_view text, bool after_special, Scratch &s, std::v
 // Gemma 4), then repeatedly merge the adjacent pair with the lowest merge rank.
 void Vocab::bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &out) const {
     if (!raw_utf8_ && word.size() == 1) {
-        const int32_t id = byte_token_[uint8_t(word[0])];
-        if (id >= 0) out.push_back(id);
+        byte_fallback(word, out);
         return;
     }
     const bool newlines = raw_utf8_ && word.find_first_not_of('\n') == word.npos;  // Gemma 4's rule
@@ -519,7 +548,7 @@ void Vocab::bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &ou
     }
     s.syms.clear();
     for (uint32_t off = 0; off < word.size();) {
-        const uint32_t len = raw_utf8_ ? std::min<uint32_t>(lead_length(uint8_t(word[off])), uint32_t(word.size()) - off) : 1;
+        const uint32_t len = raw_utf8_ ? char_length(word, off) : 1;
         const int32_t id = raw_utf8_ ? find(word.substr(off, len)) : byte_token_[uint8_t(word[off])];
         const int32_t i = int32_t(s.syms.size());
         s.syms.push_back({id, i - 1, off + len < word.size() ? i + 1 : -1, off, len});
@@ -570,7 +599,7 @@ void Vocab::bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &ou
 void Vocab::spm_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const {
     s.syms.clear();
     for (uint32_t off = 0; off < text.size();) {
-        const uint32_t len = std::min<uint32_t>(lead_length(uint8_t(text[off])), uint32_t(text.size()) - off);
+        const uint32_t len = char_length(text, off);
         const int32_t i = int32_t(s.syms.size());
         s.syms.push_back({0, i - 1, off + len < text.size() ? i + 1 : -1, off, len});
         off += len;
@@ -616,7 +645,11 @@ void Vocab::spm_text(std::string_view text, Scratch &s, std::vector<int32_t> &ou
 void Vocab::byte_fallback(std::string_view bytes, std::vector<int32_t> &out) const {
     for (const char c : bytes) {
         const int32_t id = byte_token_[uint8_t(c)];
-        if (id >= 0) out.push_back(id);
+        if (id >= 0) {
+            out.push_back(id);
+        } else {
+            out.insert(out.end(), no_byte_token_.begin(), no_byte_token_.end());
+        }
     }
 }
 

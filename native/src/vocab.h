@@ -18,9 +18,11 @@
 //        character, and adjacent pairs whose join is a token are merged
 //        highest score first;
 //   3. a symbol that is no token falls back to byte tokens (<0xXX>).
-// Every input byte lands in a token, so invalid UTF-8 round-trips: the pieces
-// of the output concatenate to the input (SentencePiece: after U+2581 is read
-// back as a space and a prefixed space dropped).
+// Every input byte lands in a token, so where the vocabulary has a token for
+// every byte, invalid UTF-8 round-trips: the pieces of the output concatenate
+// to the input (SentencePiece: after U+2581 is read back as a space and a
+// prefixed space dropped). llama.cpp instead reads an invalid byte as U+FFFD;
+// llmd does that only for an invalid byte the vocabulary has no token for.
 #pragma once
 
 #include <cstdint>
@@ -111,6 +113,7 @@ private:
     Vocab() = default;
     bool build(VocabData &data, std::string *error);
     void settle_specials(const VocabData &data);
+    int32_t settle_unknown(const VocabData &data) const;
     void encode(std::string_view text, bool after_special, Scratch &s, std::vector<int32_t> &out) const;
     void bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &out) const;
     void spm_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const;
@@ -128,6 +131,7 @@ private:
     std::unordered_map<std::string_view, int32_t> by_text_; // views into tokens_
     std::unordered_map<uint64_t, Merge> merges_;            // (left id << 32 | right id) -> merge
     int32_t byte_token_[256] = {};                          // token of each byte, or -1
+    std::vector<int32_t> no_byte_token_;                    // SPM: what a byte without a token becomes
     std::vector<int32_t> specials_;                         // longest text first
     int32_t bos_ = -1, eos_ = -1;
     bool add_bos_ = false, add_eos_ = false;
