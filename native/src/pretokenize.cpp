@@ -8,10 +8,6 @@ namespace llmd {
 
 namespace {
 
-// How the hand-written splitters see a character. K_END stands for "past the
-// end of the word": lookaheads like \s+(?!\S) stop at word boundaries.
-enum Kind : uint8_t { K_END, K_LETTER, K_NUMBER, K_SPACE, K_OTHER };
-
 // The words [begin, end) one pass runs over.
 struct Span {
     const PreUnit *u;
@@ -22,13 +18,10 @@ struct Span {
 };
 
 // Kind of unit i; with MARKS, combining marks count as letters (Qwen 3.5).
-template <bool MARKS> Kind kind(const Span &s, size_t i) {
-    if (i >= s.end) return K_END;
-    const uint8_t f = s.u[i].flags;
-    if (f & CPT_SPACE) return K_SPACE;
-    if (f & (MARKS ? CPT_LETTER | CPT_MARK : CPT_LETTER)) return K_LETTER;
-    if (f & CPT_NUMBER) return K_NUMBER;
-    return K_OTHER;  // punctuation, symbols, marks, controls, unassigned, invalid bytes
+template <bool MARKS> PreKind kind(const Span &s, size_t i) {
+    if (i >= s.end) return PRE_END;
+    const PreKind k = s.u[i].kind;
+    return MARKS && k == PRE_OTHER && (s.u[i].flags & CPT_MARK) ? PRE_LETTER : k;
 }
 
 uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c; }
@@ -47,7 +40,7 @@ size_t match_contraction(const Span &s, size_t i, bool any_case) {
 // its last space to the next word (" world").
 size_t match_spaces(const Span &s, size_t i) {
     size_t j = i;
-    while (kind<false>(s, j) == K_SPACE) ++j;
+    while (kind<false>(s, j) == PRE_SPACE) ++j;
     return (j - i > 1 && j < s.end) ? j - 1 : j;
 }
 
@@ -57,8 +50,8 @@ void split_gpt2(const Span &s, std::vector<size_t> &ends) {
         size_t j = match_contraction(s, i, false);
         if (j == i) {
             const size_t sp = s.cpt(i) == ' ';
-            const Kind k = kind<false>(s, i + sp);
-            if (k == K_LETTER || k == K_NUMBER || k == K_OTHER) {
+            const PreKind k = kind<false>(s, i + sp);
+            if (k == PRE_LETTER || k == PRE_NUMBER || k == PRE_OTHER) {
                 j = i + sp;
                 while (kind<false>(s, j) == k) ++j;
             } else {
@@ -76,23 +69,23 @@ void split_gpt2(const Span &s, std::vector<size_t> &ends) {
 template <size_t DIGITS, bool MARKS> void split_llama3(const Span &s, std::vector<size_t> &ends) {
     for (size_t i = s.begin; i < s.end;) {
         size_t j = match_contraction(s, i, true);
-        const Kind k = kind<MARKS>(s, i);
+        const PreKind k = kind<MARKS>(s, i);
         const size_t sp = s.cpt(i) == ' ';
         if (j > i) {
             // contraction
-        } else if (k == K_LETTER || (k != K_NUMBER && !s.newline(i) && kind<MARKS>(s, i + 1) == K_LETTER)) {
+        } else if (k == PRE_LETTER || (k != PRE_NUMBER && !s.newline(i) && kind<MARKS>(s, i + 1) == PRE_LETTER)) {
             j = i + 1;  // a letter, or the one non-letter allowed in front of letters
-            while (kind<MARKS>(s, j) == K_LETTER) ++j;
-        } else if (k == K_NUMBER) {
+            while (kind<MARKS>(s, j) == PRE_LETTER) ++j;
+        } else if (k == PRE_NUMBER) {
             j = i + 1;
-            while (j < i + DIGITS && kind<MARKS>(s, j) == K_NUMBER) ++j;
-        } else if (kind<MARKS>(s, i + sp) == K_OTHER) {
+            while (j < i + DIGITS && kind<MARKS>(s, j) == PRE_NUMBER) ++j;
+        } else if (kind<MARKS>(s, i + sp) == PRE_OTHER) {
             j = i + sp;
-            while (kind<MARKS>(s, j) == K_OTHER) ++j;
+            while (kind<MARKS>(s, j) == PRE_OTHER) ++j;
             while (s.newline(j)) ++j;
         } else {
             size_t after_newline = i;  // \s*[\r\n]+ ends after the run's last newline
-            for (j = i; kind<MARKS>(s, j) == K_SPACE; ++j) {
+            for (j = i; kind<MARKS>(s, j) == PRE_SPACE; ++j) {
                 if (s.newline(j)) after_newline = j + 1;
             }
             j = after_newline > i ? after_newline : match_spaces(s, i);
@@ -280,14 +273,22 @@ struct PreTokenizer::Pass {
 
 PreTokenizer::~PreTokenizer() = default;
 
-void pre_units(std::string_view text, std::vector<PreUnit> &out) {
+bool pre_units(std::string_view text, std::vector<PreUnit> &out) {
     static const uint8_t replacement_flags = cpt_flags(0xFFFD);
+    bool invalid = false;
     out.clear();
     for (size_t off = 0; off < text.size();) {
         const Utf8Char c = utf8_decode(text.data() + off, text.size() - off);
-        out.push_back({off, c.cpt, c.cpt == CPT_INVALID ? replacement_flags : cpt_flags(c.cpt)});
+        invalid |= c.cpt == CPT_INVALID;
+        const uint8_t f = c.cpt == CPT_INVALID ? replacement_flags : cpt_flags(c.cpt);
+        const PreKind k = (f & CPT_SPACE)    ? PRE_SPACE
+                          : (f & CPT_LETTER) ? PRE_LETTER
+                          : (f & CPT_NUMBER) ? PRE_NUMBER
+                                             : PRE_OTHER;  // punctuation, symbols, marks, controls, unassigned
+        out.push_back({off, c.cpt, f, k});
         off += c.len;
     }
+    return invalid;
 }
 
 std::unique_ptr<PreTokenizer> PreTokenizer::create(std::string_view name, std::string *error) {
@@ -363,8 +364,8 @@ void PreTokenizer::split(const std::vector<PreUnit> &units, std::vector<size_t> 
         }
         words.swap(next);
     }
-    if (units.empty()) return;
-    ends.insert(ends.end(), words.begin(), words.end());
+    if (units.empty()) words.clear();
+    ends.swap(words);
 }
 
 }  // namespace llmd

@@ -21,15 +21,22 @@
 
 namespace llmd {
 
+// How the hand-written splitters see a character (combining marks count as
+// other). PRE_END stands for "past the end of the word": lookaheads like
+// \s+(?!\S) stop at word boundaries.
+enum PreKind : uint8_t { PRE_END, PRE_LETTER, PRE_NUMBER, PRE_SPACE, PRE_OTHER };
+
 // One character of the text being split.
 struct PreUnit {
     size_t off;     // byte offset of the character in the text
     uint32_t cpt;   // code point, or CPT_INVALID for a byte that is not UTF-8
     uint8_t flags;  // cpt_flags(); an invalid byte has those of U+FFFD, as llama.cpp sees it
+    PreKind kind;   // from flags
 };
 
-// The characters of text (every byte lands in exactly one unit).
-void pre_units(std::string_view text, std::vector<PreUnit> &out);
+// The characters of text (every byte lands in exactly one unit). Returns
+// whether any byte is not UTF-8.
+bool pre_units(std::string_view text, std::vector<PreUnit> &out);
 
 enum PreOption : uint8_t {
     PRE_IGNORE_MERGES = 1,  // a word that is a whole token is that token, without BPE
@@ -45,7 +52,7 @@ public:
     // listing the supported names.
     static std::unique_ptr<PreTokenizer> create(std::string_view name, std::string *error);
 
-    // Appends the end (a unit index) of each word of units[0, n).
+    // Sets ends to the end (a unit index) of each word of units, in order.
     void split(const std::vector<PreUnit> &units, std::vector<size_t> &ends) const;
 
     uint8_t options() const { return options_; }

@@ -168,6 +168,33 @@ const char *const k_eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|ret
 
 }  // namespace
 
+void Vocab::MergeTable::reserve(size_t n) {
+    size_t cap = 16;
+    shift_ = 60;
+    while (cap < 2 * n) cap *= 2, --shift_;  // at most half full
+    slots_.assign(cap, Merge{kEmpty, 0, 0});
+}
+
+void Vocab::MergeTable::add(int32_t left, int32_t right, int32_t rank, int32_t id) {
+    const uint64_t key = pair_key(left, right);
+    for (size_t i = slot(key);; i = (i + 1) & (slots_.size() - 1)) {
+        if (slots_[i].key == key) return;
+        if (slots_[i].key == kEmpty) {
+            slots_[i] = Merge{key, rank, id};
+            return;
+        }
+    }
+}
+
+const Vocab::MergeTable::Merge *Vocab::MergeTable::find(int32_t left, int32_t right) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t key = pair_key(left, right);
+    for (size_t i = slot(key);; i = (i + 1) & (slots_.size() - 1)) {
+        if (slots_[i].key == key) return &slots_[i];
+        if (slots_[i].key == kEmpty) return nullptr;
+    }
+}
+
 struct Vocab::Scratch {
     std::vector<PreUnit> units;
     std::vector<size_t> ends;
@@ -286,7 +313,7 @@ bool Vocab::build(VocabData &d, std::string *error) {
             return fail("merge " + std::to_string(rank) + " " + quote(m) +
                         " is not two known tokens whose join is a token");
         }
-        merges_.emplace(pair_key(left, right), Merge{int32_t(rank), merged});  // a repeat keeps the first rank
+        merges_.add(left, right, int32_t(rank), merged);
     }
 
     settle_specials(d);
@@ -495,8 +522,7 @@ void Vocab::encode(std::string_view text, bool after_special, Scratch &s, std::v
         }
         text = s.text;  // Gemma 4: BPE over the escaped text; s.text stays untouched below
     }
-    pre_units(text, s.units);
-    if (!raw_utf8_) {
+    if (pre_units(text, s.units) && !raw_utf8_) {
         // An invalid byte the vocabulary has no token for is read as U+FFFD, as
         // llama.cpp reads every invalid byte (a byte with a token stays itself).
         auto tokenless = [&](const PreUnit &u) { return u.cpt == CPT_INVALID && byte_token_[uint8_t(text[u.off])] < 0; };
@@ -514,7 +540,6 @@ void Vocab::encode(std::string_view text, bool after_special, Scratch &s, std::v
             pre_units(text, s.units);
         }
     }
-    s.ends.clear();
     pre_->split(s.units, s.ends);
     size_t begin = 0;  // in bytes
     for (const size_t end_unit : s.ends) {
@@ -560,9 +585,9 @@ void Vocab::bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &ou
         if (right < 0) return;
         const int32_t l = s.syms[left].id, r = s.syms[right].id;
         if (l < 0 || r < 0) return;
-        const auto it = merges_.find(pair_key(l, r));
-        if (it == merges_.end()) return;
-        s.heap.push_back({it->second.rank, left, l, r, it->second.id});
+        const MergeTable::Merge *m = merges_.find(l, r);
+        if (m == nullptr) return;
+        s.heap.push_back({m->rank, left, l, r, m->id});
         std::push_heap(s.heap.begin(), s.heap.end(), bigram_after);
     };
     for (int32_t i = 0; i + 1 < int32_t(s.syms.size()); ++i) add_bigram(i);

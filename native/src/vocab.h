@@ -104,9 +104,24 @@ public:
 
 private:
     enum class Algo { Bpe, Spm };
-    struct Merge {
-        int32_t rank;
-        int32_t id;  // token of the merged pair
+    // Merges by pair: an open-addressing table (the lookup is BPE's hot spot).
+    class MergeTable {
+    public:
+        struct Merge {
+            uint64_t key;  // (left id << 32 | right id); kEmpty for a free slot
+            int32_t rank;
+            int32_t id;    // token of the merged pair
+        };
+        static constexpr uint64_t kEmpty = ~uint64_t(0);  // no pair of valid ids has it
+        void reserve(size_t n);
+        // Adds the merge unless the pair is already there (a repeat keeps the first rank).
+        void add(int32_t left, int32_t right, int32_t rank, int32_t id);
+        const Merge *find(int32_t left, int32_t right) const;
+
+    private:
+        size_t slot(uint64_t key) const { return size_t((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+        std::vector<Merge> slots_;
+        int shift_ = 64;
     };
     struct Scratch;
 
@@ -129,7 +144,7 @@ private:
     std::vector<float> scores_;
     std::vector<std::string> pieces_;                       // raw bytes per id
     std::unordered_map<std::string_view, int32_t> by_text_; // views into tokens_
-    std::unordered_map<uint64_t, Merge> merges_;            // (left id << 32 | right id) -> merge
+    MergeTable merges_;
     int32_t byte_token_[256] = {};                          // token of each byte, or -1
     std::vector<int32_t> no_byte_token_;                    // SPM: what a byte without a token becomes
     std::vector<int32_t> specials_;                         // longest text first
