@@ -232,7 +232,11 @@ class Api:
 
     async def list_sessions(self, request: HttpRequest) -> Response:
         data = [self.table.describe(s) for s in self.table.named.values()]
-        return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1})
+        # The engine's own count next to the table's: they differ only while frees
+        # or opens are queued on the executor, so lasting disagreement is a leak.
+        return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1,
+                              "engine_sessions": self.engine.live_sessions(),
+                              "table_sessions": self.table.engine_sessions})
 
     def _named(self, sid: str) -> str:
         return session_id_of(sid, {})
@@ -244,11 +248,11 @@ class Api:
         return json_response(self.table.describe(slot))
 
     async def delete_session(self, request: HttpRequest, sid: str) -> Response:
-        deleted = await self.table.delete(self._named(sid))
+        deleted = self.table.delete(self._named(sid))
         return json_response({"id": sid, "object": "session.deleted", "deleted": deleted})
 
     async def reset_session(self, request: HttpRequest, sid: str) -> Response:
-        reset = await self.table.reset(self._named(sid))
+        reset = self.table.reset(self._named(sid))
         return json_response({"id": sid, "object": "session.reset", "reset": reset})
 
     # ---- generation ------------------------------------------------------------
@@ -317,9 +321,10 @@ class Api:
         self._admit()
         self.waiting += 1
         try:
-            slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+            lease = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
         finally:
             self.waiting -= 1
+        slot = lease.slot
         reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
         if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
             ids = spliced
@@ -327,17 +332,18 @@ class Api:
         # finish_reason "length" tells the client it was reached.
         cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
         max_tokens = min(req.max_tokens or cap, cap)
-        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
-        self.runtime.submit(g)
+        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
+                       lease=lease)
+        self.runtime.submit(g)  # from here the generation releases the lease when it ends
         reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
         if req.stream:
-            response = StreamResponse(200, reply.stream(request))
+            response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log
             return response
         try:
             return json_response(await reply.collect(request), log=reply.log)
         finally:
-            await reply.close()
+            reply.close()
 
 
 class Reply:
@@ -356,19 +362,18 @@ class Reply:
         self.model = api.options.model_ids[0]
         self.finish_reason: str | None = None
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
+        self.stop_hit = False  # a stop string ended the reply (the generation is cancelled)
         self.closed = False
 
-    async def close(self) -> None:
-        """Cancel the generation if it still runs, wait until the scheduler let go of
-        it, and release the session slot."""
+    def close(self) -> None:
+        """Cancel the generation if it still runs (it releases its session as it ends)
+        and fill in the access-log fields. Never waits, so no interruption of the
+        handler can leave the session held."""
         if self.closed:
             return
         self.closed = True
         if not self.g.finished:
             self.api.runtime.cancel(self.g)
-            while not self.g.finished:
-                await self.g.events.get()
-        await self.api.table.release(self.g.slot)
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
@@ -398,11 +403,16 @@ class Reply:
             self.generated_ids.append(token.id)
         deltas, hit = self.output.feed(token.piece)
         if hit:
+            self.stop_hit = True
             self.api.runtime.cancel(self.g)
         return deltas
 
     def _end(self, reason: str) -> list[ContentDelta | ToolCallDelta]:
-        """The last deltas; sets finish_reason and remembers a complete chat reply."""
+        """The last deltas; sets finish_reason and remembers a complete chat reply.
+        A generation cancelled for any reason but a stop string was cut short: that is
+        an error, never a normal finish."""
+        if reason == "cancelled" and not self.stop_hit:
+            raise errors.unavailable("the generation was cancelled before it finished")
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
         # A reply cut by a stop string ("cancelled") holds ids the client never saw.
@@ -481,19 +491,45 @@ class Reply:
                 elif kind == "token":
                     for chunk in self._render(self._feed(value)):
                         yield chunk
-                elif kind == "error":
-                    yield sse.event(json.dumps(error_body(as_api_error(value))))
-                    yield sse.DONE
-                    return
                 else:
-                    for chunk in self._render(self._end(value)):
+                    try:
+                        if kind == "error":
+                            raise as_api_error(value)
+                        chunks = self._render(self._end(value))
+                    except ApiError as err:
+                        yield sse.event(json.dumps(error_body(err)))
+                        yield sse.DONE
+                        return
+                    for chunk in chunks:
                         yield chunk
                     yield self._delta_chunk({}, "", self.finish_reason)
             if self.include_usage:
                 yield self._chunk(None, usage=self.usage(), **self._extensions())
             yield sse.DONE
         finally:
-            await self.close()
+            self.close()
+
+
+class ReplyStream:
+    """A Reply's SSE chunks for the HTTP layer. Closing it closes the reply even if the
+    stream never started (a client that reset before the response head), which a
+    bare async generator would not do."""
+
+    def __init__(self, reply: Reply, request: HttpRequest):
+        self.reply = reply
+        self.chunks = reply.stream(request)
+
+    def __aiter__(self) -> ReplyStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self.chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self.chunks.aclose()
+        finally:
+            self.reply.close()
 
 
 class App:

@@ -125,6 +125,16 @@ def authentication(message: str = "Invalid or missing API key.") -> ApiError:
                     {"WWW-Authenticate": "Bearer"})
 
 
+def forbidden(message: str, code: str) -> ApiError:
+    """403 permission_error: the request may not be served to where it came from."""
+    return ApiError(403, message, "permission_error", None, code)
+
+
+def unsupported_media_type(message: str) -> ApiError:
+    """415 with code unsupported_media_type: the body is not declared as JSON."""
+    return ApiError(415, message, "invalid_request_error", None, "unsupported_media_type")
+
+
 def not_found(message: str, code: str = "not_found", param: str | None = None) -> ApiError:
     """404 not_found_error; codes used: not_found, model_not_found, session_not_found."""
     return ApiError(404, message, "not_found_error", param, code)

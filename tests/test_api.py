@@ -78,7 +78,7 @@ def test_client_disconnect_mid_stream_frees_the_session(server):
     body = json.dumps(server.chat_body([{"role": "user", "content": "Tell me a long story."}],
                                        stream=True, max_tokens=200, session_id="gone")).encode()
     sock = socket.create_connection(("127.0.0.1", port_of(server)))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     received = b""
     while received.count(b"data: ") < 4:

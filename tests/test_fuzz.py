@@ -133,7 +133,8 @@ def test_parser_survives_mutated_requests_in_any_split():
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("fuzz") / "llmd.log"
-    flags = ("--model", str(tiny_model.path), "--max-tokens-limit", "2", "--max-body-bytes", "16K")
+    flags = ("--model", str(tiny_model.path), "--max-tokens-limit", "2", "--max-body-bytes", "16K",
+             "--allowed-host", "llmd")
     with open(log_path, "w") as log, llmd_process(*flags, stderr=log) as llmd:
         yield llmd
         assert llmd.proc.poll() is None, "the server died"
