@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Callable, Mapping, TypeVar
 
 from llmd import chat, constrain, errors, metrics, openai, sse
 from llmd.engine import Engine, Sampling, Token
@@ -27,6 +27,8 @@ from llmd.text import Utf8Stream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
 
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
+PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
+DETOKENIZE_CHUNK = 4096  # ids turned into text per executor call, so other streams step in between
 FINGERPRINT = "llmd-0.1.0"
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
 PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
@@ -34,6 +36,7 @@ PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosni
                                             "style-src 'unsafe-inline'; img-src data:")]
 
 log = logging.getLogger("llmd.api")
+T = TypeVar("T")
 
 
 def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
@@ -44,6 +47,14 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
 
 def error_response(err: ApiError) -> Response:
     return json_response(error_body(err), err.status, list(err.headers.items()))
+
+
+async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
+    """parser(body); a big body is parsed on a worker thread, so that validating a
+    million-element array does not hold up every stream on the event loop."""
+    if len(body) <= PARSE_INLINE_BYTES:
+        return parser(body)
+    return await asyncio.to_thread(parser, body)
 
 
 def route_label(pattern: re.Pattern) -> str:
@@ -137,6 +148,11 @@ class Api:
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
+        # No token covers more text than the longest piece, so text longer than the
+        # context times that cannot fit: it is refused before the executor spends
+        # seconds tokenizing it while every stream waits.
+        longest = max((len(self.engine.piece(i, special=True)) for i in range(self.info.n_vocab)), default=1)
+        self.max_text_bytes = self.info.n_ctx * max(longest, 1)
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
@@ -206,13 +222,27 @@ class Api:
 
     # ---- tokenizer -----------------------------------------------------------
 
+    def _check_text(self, text: str, param: str) -> None:
+        """Refuse text too long to fit the context whatever its tokens (see __init__)."""
+        if len(text) * 4 > self.max_text_bytes:  # else it fits: no need to encode it
+            n_bytes = len(text.encode("utf-8", "surrogatepass"))
+            if n_bytes > self.max_text_bytes:
+                raise errors.text_too_long(n_bytes, self.max_text_bytes, self.info.n_ctx, param)
+
     async def tokenize(self, request: HttpRequest) -> Response:
-        req = openai.parse_tokenize_request(request.body)
+        req = await parse(openai.parse_tokenize_request, request.body)
+        self._check_text(req.content, "content")
         ids = await self.runtime.call(self.engine.tokenize, req.content, True)
         if req.add_special and self.info.add_bos:
             ids = [self.info.bos_id] + ids
         if not req.with_pieces:
             return json_response({"tokens": ids})
+        pieces = []
+        for i in range(0, len(ids), DETOKENIZE_CHUNK):
+            pieces += await self.runtime.call(self._pieces, ids[i:i + DETOKENIZE_CHUNK])
+        return json_response({"tokens": pieces})
+
+    def _pieces(self, ids: list[int]) -> list[dict]:
         pieces = []
         for i in ids:
             raw = self.engine.piece(i, special=True)
@@ -220,12 +250,13 @@ class Api:
                 pieces.append({"id": i, "piece": raw.decode("utf-8")})
             except UnicodeDecodeError:
                 pieces.append({"id": i, "piece": list(raw)})
-        return json_response({"tokens": pieces})
+        return pieces
 
     async def detokenize(self, request: HttpRequest) -> Response:
-        req = openai.parse_detokenize_request(request.body)
+        req = await parse(openai.parse_detokenize_request, request.body)
         openai.check_vocab(req, self.info.n_vocab)
-        data = await self.runtime.call(self.engine.detokenize, req.tokens, True)
+        data = b"".join([await self.runtime.call(self.engine.detokenize, req.tokens[i:i + DETOKENIZE_CHUNK], True)
+                         for i in range(0, len(req.tokens), DETOKENIZE_CHUNK)])
         return json_response({"content": data.decode("utf-8", "replace")})
 
     # ---- sessions ----------------------------------------------------------
@@ -258,7 +289,7 @@ class Api:
     # ---- generation ------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = openai.parse_chat_request(request.body)
+        req = await parse(openai.parse_chat_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
@@ -270,6 +301,7 @@ class Api:
             rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        self._check_text(rendered.text, "messages")
         grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
@@ -278,12 +310,13 @@ class Api:
         return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = openai.parse_completion_request(request.body)
+        req = await parse(openai.parse_completion_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
+            self._check_text(req.prompt, "prompt")
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])

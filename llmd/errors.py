@@ -106,6 +106,14 @@ def context_length_exceeded(n_prompt: int, n_ctx: int, param: str | None = "mess
         param, "context_length_exceeded")
 
 
+def text_too_long(n_bytes: int, limit: int, n_ctx: int, param: str) -> ApiError:
+    """400 context_length_exceeded for text refused by its size, before tokenizing."""
+    return invalid_request(
+        f"The {param} text is {n_bytes} bytes; this model's context of {n_ctx} tokens holds at most "
+        f"{limit} bytes of text, so it cannot fit. Please shorten the input.",
+        param, "context_length_exceeded")
+
+
 def invalid_session_id(message: str, param: str | None = "session_id") -> ApiError:
     """400 with code invalid_session_id."""
     return invalid_request(message, param, "invalid_session_id")
