@@ -358,7 +358,7 @@ def _parse_request_line(line: bytes) -> tuple[str, str, str]:
         raise _Reject(400, "invalid request target")
     if not target.startswith(b"/") and target != b"*":
         try:  # absolute-form, as sent to proxies: it must parse as a URL
-            urlsplit(target.decode("ascii"))
+            urlsplit(target.decode("ascii")).port  # .port checks the port too
         except ValueError:
             raise _Reject(400, "invalid request target")
     m = _VERSION.fullmatch(version)
