@@ -357,17 +357,21 @@ class Api:
             lease = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
         finally:
             self.waiting -= 1
-        slot = lease.slot
-        reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
-        if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
-            ids = spliced
-        # Like the room left in the context, the operator's cap clamps max_tokens;
-        # finish_reason "length" tells the client it was reached.
-        cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
-        max_tokens = min(req.max_tokens or cap, cap)
-        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
-                       lease=lease)
-        self.runtime.submit(g)  # from here the generation releases the lease when it ends
+        try:
+            slot = lease.slot
+            reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
+            if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
+                ids = spliced
+            # Like the room left in the context, the operator's cap clamps max_tokens;
+            # finish_reason "length" tells the client it was reached.
+            cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
+            max_tokens = min(req.max_tokens or cap, cap)
+            g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
+                           lease=lease)
+            self.runtime.submit(g)  # from here the generation releases the lease when it ends
+        except BaseException:
+            lease.release()
+            raise
         reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
         if req.stream:
             response = StreamResponse(200, ReplyStream(reply, request))

@@ -21,14 +21,12 @@ import os
 import random
 import re
 import socket
-import struct
 import time
 from collections import Counter
 
-import pytest
-
 from tests.conftest import llmd_process
 from tests.test_limits import address
+from tests.test_sessions import read_all, read_until, reset
 
 SEED = int(os.environ.get("LLMD_CHAOS_SEED", "14"))
 ROUNDS = int(os.environ.get("LLMD_CHAOS_ROUNDS", "6"))
@@ -76,31 +74,6 @@ class Server:
         with open(f"/proc/{pid}/status") as f:
             rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
         return rss, len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def read_all(sock: socket.socket) -> bytes:
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    return received
-
-
-def read_until(sock: socket.socket, marker: bytes) -> bytes:
-    received = b""
-    while marker not in received:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        received += chunk
-    return received
-
-
-def reset(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
 
 
 def dechunk(data: bytes, complete: bool = True) -> bytes:

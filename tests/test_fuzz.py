@@ -15,6 +15,7 @@ from llmd.http import Body, EndOfMessage, Limits, ParseError, Request, RequestPa
 from tests.conftest import llmd_process
 from tests.test_http import merged
 from tests.test_limits import address
+from tests.test_sessions import read_all
 
 PARSER_CASES = 3000
 RAW_CASES = 2000
@@ -153,13 +154,7 @@ def exchange(url: str, data: bytes) -> bytes:
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):  # refused early: read the answer
             pass
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-    return received
+        return read_all(sock)
 
 
 def answered_request(data: bytes) -> bool:
