@@ -25,8 +25,9 @@ moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
 wait for the end, so a handler interrupted at any await cannot leave a session held.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
-each step, whether or not the generation was cancelled meanwhile, so the slot
-always knows exactly which ids its cache holds.
+each step until the generation ends, whether or not it was cancelled meanwhile, so
+`resident` is always a prefix of what the cache holds (the next prefill truncates
+the cache to what it reuses of it).
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ and a stream in progress is stopped and its iterator closed. An end of input (EO
 is not a departure: a client may half-close its sending side once the request is
 out (shutdown(SHUT_WR)) and still read the whole answer, so the request runs on and
 the connection closes after its response. A client that closed both sides is
-noticed when a write to it fails (a stream writes at least its keep-alive pings). Every write waits for the socket to drain (bounded by `write_timeout`), so a
+noticed when a write to it fails (a stream writes at least its keep-alive pings).
+Every write waits for the socket to drain (bounded by `write_timeout`), so a
 slow reader slows its producer instead of growing our buffers; the kernel's send
 buffer and asyncio's are both capped at `write_buffer` bytes, so a reader that stops
 reading is noticed after a bounded amount of stream, not after megabytes. Parse errors
