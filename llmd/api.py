@@ -253,11 +253,15 @@ class Api:
         return pieces
 
     async def detokenize(self, request: HttpRequest) -> Response:
-        req = await parse(openai.parse_detokenize_request, request.body)
-        openai.check_vocab(req, self.info.n_vocab)
+        req = await parse(self._parse_detokenize, request.body)
         data = b"".join([await self.runtime.call(self.engine.detokenize, req.tokens[i:i + DETOKENIZE_CHUNK], True)
                          for i in range(0, len(req.tokens), DETOKENIZE_CHUNK)])
         return json_response({"content": data.decode("utf-8", "replace")})
+
+    def _parse_detokenize(self, body: bytes) -> openai.DetokenizeRequest:
+        req = openai.parse_detokenize_request(body)
+        openai.check_vocab(req, self.info.n_vocab)  # a pass over every id: with the parse
+        return req
 
     # ---- sessions ----------------------------------------------------------
 
