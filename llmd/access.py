@@ -11,8 +11,8 @@ nor its length shows in the time an answer takes.
 
 Browsers. A web page the user visits can make the browser send requests to llmd,
 so without an API key three checks keep pages from using it: the Host header must
-name this server (the bound address, localhost, a loopback or other IP literal, or
-an `--allowed-host`), which defeats DNS rebinding, where a page's own name is made
+name this server (the bound address, localhost, an IP literal, or one of the
+allowed hosts: the machine's name and each `--allowed-host`), which defeats DNS rebinding, where a page's own name is made
 to resolve to 127.0.0.1 (an IP literal cannot be rebound); a POST, DELETE, PUT or
 PATCH from a browser page (an Origin header) must come from this server's own
 origin or a configured CORS origin; and a request body must be declared

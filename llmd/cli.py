@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let pages from this origin call the API, e.g. https://app.example (repeatable; "
                             "* for any)")
     serve.add_argument("--allowed-host", action="append", default=_env("allowed_host", [], list),
-                       help="a Host name to serve besides the bound address, localhost and IP addresses, "
-                            "when there is no API key, e.g. llmd.lan (repeatable)")
+                       help="a Host name to serve besides the bound address, localhost, this machine's "
+                            "name and IP addresses, when there is no API key, e.g. llmd.lan (repeatable)")
     serve.add_argument("--log-prompts", action="store_true", default=_env("log_prompts", False, bool),
                        help="log prompt and completion text (never logged otherwise)")
     serve.add_argument("--max-connections", type=int, default=_env("max_connections", 256, int),
@@ -264,8 +264,9 @@ async def serve(args) -> None:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
                     header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                     keepalive_timeout=args.keepalive_timeout, write_timeout=args.write_timeout)
+    # This machine's own name cannot be rebound by a web page's DNS: it is served too.
     policy = AccessPolicy(tuple(args.api_key or _env("api_key", [], list)), tuple(args.cors_origin),
-                          args.host, tuple(args.allowed_host))
+                          args.host, (*args.allowed_host, socket.gethostname()))
     server = HttpServer(Guard(app, policy), limits)
     try:
         await server.start(args.host, args.port)

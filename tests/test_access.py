@@ -2,6 +2,7 @@
 with no key, a wrong key and the right key; CORS preflight and response headers; the
 bind-address warning; and that prompt text reaches the log only with --log-prompts."""
 import json
+import socket
 
 import pytest
 
@@ -199,6 +200,10 @@ def test_a_foreign_host_name_is_refused_without_a_key(keyless):
                                   "192.168.1.20:8000", "[fe80::1]"])
 def test_this_servers_own_names_and_ip_addresses_are_served(keyless, host):
     assert keyless.request("GET", "/v1/sessions", headers={"Host": host}).status == 200
+
+
+def test_this_machines_own_name_is_served(keyless):
+    assert keyless.request("GET", "/v1/sessions", headers={"Host": f"{socket.gethostname()}:8000"}).status == 200
 
 
 def test_a_foreign_host_is_served_with_a_key(server):
