@@ -20,7 +20,7 @@ import pytest
 
 from llmd._native import lib
 from llmd.engine import Engine, EngineError
-from tests.gguf_writer import build_split_vocab
+from tests.gguf_writer import build_spm_vocab, build_split_vocab
 from tests.reference_data import require
 
 GOLDENS = json.loads((Path(__file__).parent / "data" / "tokenizer_goldens.json").read_text())
@@ -135,6 +135,18 @@ def test_pre_tokenizer_splits_words_as_llama_cpp_does(pre, tmp_path):
     assert got == GOLDENS["split_vocabs"][pre]["ids"]
 
 
+@pytest.mark.parametrize("prefix", [False, True])
+def test_sentencepiece_in_gemma_shape_matches_llama_cpp(prefix, tmp_path):
+    # Scores, byte fallback (emoji outside the vocabulary), add_space_prefix as the file says.
+    golden = GOLDENS["spm_vocabs"][f"add_space_prefix={prefix}"]
+    path = build_spm_vocab(list(CASES.values()), add_space_prefix=prefix).write(tmp_path / "spm.gguf")
+    with Engine(str(path)) as e:
+        assert {case: e.tokenize(text) for case, text in CASES.items()} == golden["ids"]
+        assert e.tokenize(CASES["control_text"], special=True) == golden["ids_parse_special"]
+        assert (e.info.bos_id, e.info.eos_id, e.info.add_bos) == (golden["bos"], golden["eos"], golden["add_bos"])
+        assert list(e.info.eog_ids) == golden["eog"]
+
+
 def test_split_vocabulary_tells_pre_tokenizers_apart():
     # The split test means something only if different splits give different ids.
     splits = GOLDENS["split_vocabs"]
@@ -218,7 +230,7 @@ def test_sentencepiece_puts_a_space_before_text_only_at_the_start_and_after_spec
 def test_long_whitespace_runs_tokenize_quickly_and_completely():
     for name in ("qwen2", "llama-bpe", "llama-spm", "deepseek-llm", "gemma-4"):
         e = engine(name)
-        text = " " * 20000 + "x" + "\n" * 20000 + "\t" * 5000
+        text = " " * 20000 + "x" + "\n" * 20000 + "\t" * 5000 + " " * 20000 + "\U0001F600"
         ids = e.tokenize(text)
         out = b"".join(e.piece(i) for i in ids)
         assert out.lstrip(b" ") == text.encode().lstrip(b" ")

@@ -118,6 +118,16 @@ void split_newlines(const Span &s, std::vector<size_t> &ends) {
     }
 }
 
+// \s+$: the whitespace that ends a word is a word of its own. (Written out
+// because a backtracking search for it is quadratic in a long run of spaces
+// followed by anything else.)
+void split_trailing_spaces(const Span &s, std::vector<size_t> &ends) {
+    size_t start = s.end;
+    while (start > s.begin && (s.u[start - 1].flags & CPT_SPACE)) --start;
+    if (start > s.begin) ends.push_back(start);
+    ends.push_back(s.end);
+}
+
 using Splitter = void (*)(const Span &, std::vector<size_t> &);
 
 // Patterns, spelled as llama.cpp spells them (the hand-written splitters are
@@ -132,6 +142,7 @@ const char *const QWEN35 =
     CONTRACTIONS R"(|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 const char *const NUMBERS = R"(\p{N})";
 const char *const NEWLINES = R"([^\n]+|[\n]+)";
+const char *const TRAILING_SPACES = R"(\s+$)";
 const char *const BLOOM = R"( ?[^(\s|.,!?…。，、।۔،)]+)";
 const char *const CJK = R"([一-龥ࠀ-一가-퟿]+)";
 // Tekken and GPT-4o separate case runs with lookaheads (so, as in llama.cpp,
@@ -153,6 +164,7 @@ const struct {
     {QWEN35, split_llama3<1, true>},
     {NUMBERS, split_numbers},
     {NEWLINES, split_newlines},
+    {TRAILING_SPACES, split_trailing_spaces},
 };
 
 struct Row {
@@ -198,7 +210,7 @@ const Row k_rows[] = {
       "\xEF\xBD\x9A\xF0\x90\x90\x80-\xF0\x90\x91\x8F\xF0\x90\x92\xB0-\xF0\x90\x93\x93\xF0\x90\x93\x98-"
       "\xF0\x90\x93\xBB\xF0\x90\xB2\x80-\xF0\x90\xB2\xB2\xF0\x90\xB3\x80-"
       "\xF0\x90\xB3\xB2\xF0\x91\xA2\xA0-\xF0\x91\xA3\x9F\xF0\x9E\xA4\x80-\xF0\x9E\xA5\x83]+",
-      R"(\s?[!-/:-~！-／：-～‘-‟　-。]+)", R"(\s+$)", CJK, R"(\p{N}+)"}},
+      R"(\s?[!-/:-~！-／：-～‘-‟　-。]+)", TRAILING_SPACES, CJK, R"(\p{N}+)"}},
     {"deepseek-coder", 0, {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", CJK, NUMBERS}},
     {"deepseek-v3 hunyuan-dense joyai-llm hy_v4", 0,
      {R"(\p{N}{1,3})", R"([一-龥぀-ゟ゠-ヿ]+)",

@@ -10,7 +10,8 @@ control tokens as text), the ids of the control-token case with parse_special
 here, call llama_tokenize), and BOS, EOS, add_bos and the end-of-generation ids
 from llama-tokenize's log. Pre-tokenizers
 without a vocab file of their own run on a vocabulary built by
-tests.gguf_writer.build_split_vocab, whose ids show where the words were cut.
+tests.gguf_writer.build_split_vocab, whose ids show where the words were cut;
+SentencePiece in Gemma's shape (no space prefix) runs on build_spm_vocab.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.gguf_writer import build_split_vocab
+from tests.gguf_writer import build_spm_vocab, build_split_vocab
 from tests.reference_data import reference_dir
 
 LLAMA = Path(os.environ.get("LLAMA", "/work/ref/llama_cpp_python-0.3.36/vendor/llama.cpp"))
@@ -141,7 +142,7 @@ def main() -> None:
     models = reference_dir() / "models"
     out = {"reference": "llama.cpp of llama-cpp-python 0.3.36: test-tokenizer-0 for ids, llama-tokenize "
                         "--parse-special for control_text, llama-tokenize -v for the special ids",
-           "cases": CASES, "vocabs": {}, "split_vocabs": {}}
+           "cases": CASES, "vocabs": {}, "split_vocabs": {}, "spm_vocabs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tool = parse_special_tool(Path(tmp))
         for name in VOCABS:
@@ -151,6 +152,9 @@ def main() -> None:
         for pre in SPLIT_PRES:
             path = build_split_vocab(list(CASES.values()), pre).write(Path(tmp) / f"split-{pre}.gguf")
             out["split_vocabs"][pre] = {"ids": tokenizer0(path)}
+        for prefix in (False, True):
+            path = build_spm_vocab(list(CASES.values()), add_space_prefix=prefix).write(Path(tmp) / "spm.gguf")
+            out["spm_vocabs"][f"add_space_prefix={prefix}"] = record(path, tool)
     OUT.write_text(json.dumps(out, ensure_ascii=False, indent=None, separators=(",", ":")) + "\n")
 
 
