@@ -245,3 +245,16 @@ def test_a_vocab_only_engine_tokenizes_and_refuses_to_generate():
     assert exc.value.status == lib.LLMD_ERR_UNSUPPORTED
     with pytest.raises(EngineError, match="holds only a vocabulary"):
         e.capacity(1 << 30)
+
+
+def test_add_bos_and_add_eos_keys_override_the_defaults(tmp_path):
+    from tests.gguf_writer import BOOL, U32
+    w = build_split_vocab(["x"], "llama-bpe")  # llama-bpe adds BOS by default
+    w.set("tokenizer.ggml.bos_token_id", U32, 5)
+    w.set("tokenizer.ggml.eos_token_id", U32, 6)
+    with Engine(str(w.write(tmp_path / "a.gguf"))) as e:
+        assert (e.info.bos_id, e.info.add_bos, e.info.eos_id, e.info.add_eos) == (5, True, 6, False)
+    w.set("tokenizer.ggml.add_bos_token", BOOL, False)
+    w.set("tokenizer.ggml.add_eos_token", BOOL, True)
+    with Engine(str(w.write(tmp_path / "b.gguf"))) as e:
+        assert (e.info.add_bos, e.info.add_eos) == (False, True)

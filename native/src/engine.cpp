@@ -175,7 +175,8 @@ llmd_status build_vocab(llmd_engine *e) {
 
 // A vocab-only engine (a GGUF without tensors) tokenizes; it has nothing to run.
 llmd_status check_weights(const llmd_engine *e) {
-    if (!e->model) return fail(LLMD_ERR_UNSUPPORTED, "this GGUF holds only a vocabulary: it can tokenize, not generate");
+    if (!e->model)
+        return fail(LLMD_ERR_UNSUPPORTED, "this GGUF holds only a vocabulary: it can tokenize, not generate");
     return LLMD_OK;
 }
 
@@ -374,7 +375,8 @@ llmd_status llmd_tokenize(const llmd_engine *e, const char *text, size_t len, in
     return guarded([&]() -> llmd_status {
         if (e == nullptr || n_out == nullptr || (text == nullptr && len > 0) || (out == nullptr && capacity > 0))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
-        if (len >= kMaxTokenizeBytes) return fail(LLMD_ERR_INVALID_ARGUMENT, "text is too long to tokenize (512 MiB or more)");
+        if (len >= kMaxTokenizeBytes)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "text is too long to tokenize (512 MiB or more)");
         std::vector<int32_t> ids;
         if (!e->vocab->tokenize(std::string_view(text ? text : "", len), parse_special != 0, ids))
             return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");

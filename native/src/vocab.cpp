@@ -90,7 +90,9 @@ uint32_t char_length(std::string_view text, uint32_t off) {
 // The byte of a "<0xXX>" token, or -1.
 int hex_byte(std::string_view text) {
     auto digit = [](char c) {
-        return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
     };
     if (text.size() != 6 || text.substr(0, 3) != "<0x" || text[5] != '>') return -1;
     const int hi = digit(text[3]), lo = digit(text[4]);
@@ -525,7 +527,9 @@ void Vocab::encode(std::string_view text, bool after_special, Scratch &s, std::v
     if (pre_units(text, s.units) && !raw_utf8_) {
         // An invalid byte the vocabulary has no token for is read as U+FFFD, as
         // llama.cpp reads every invalid byte (a byte with a token stays itself).
-        auto tokenless = [&](const PreUnit &u) { return u.cpt == CPT_INVALID && byte_token_[uint8_t(text[u.off])] < 0; };
+        auto tokenless = [&](const PreUnit &u) {
+            return u.cpt == CPT_INVALID && byte_token_[uint8_t(text[u.off])] < 0;
+        };
         if (std::any_of(s.units.begin(), s.units.end(), tokenless)) {
             s.replaced.clear();
             for (size_t i = 0; i < s.units.size(); ++i) {
