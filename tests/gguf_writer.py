@@ -418,7 +418,7 @@ def bpe_vocab(n_merged: int) -> tuple[list[str], list[str]]:
 
 # ---- a tiny llama model -----------------------------------------------------------
 
-ARCHS = ("llama", "qwen2", "qwen3", "smollm3")  # the families build_tiny_llama writes
+ARCHS = ("llama", "phi3", "qwen2", "qwen3", "smollm3")  # the families build_tiny_llama writes
 
 
 @dataclass(frozen=True)
@@ -468,7 +468,8 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
       llama    with `attn_bias`, q/k/v/output projections carry biases;
       qwen2    q/k/v biases;
       qwen3    RMS norms over each query and key head (attn_q_norm, attn_k_norm);
-      smollm3  the llama layout (the engine skips RoPE on every 4th layer).
+      smollm3  the llama layout (the engine skips RoPE on every 4th layer);
+      phi3     fused attn_qkv and ffn_up (gate rows first), RoPE over 3/4 of each head.
     `head_dim` sets attention.key_length (default n_embd // n_head)."""
     assert arch in ARCHS, arch
     assert n_vocab >= 256 + len(CONTROL_TOKENS), "the 256 byte tokens and the controls must fit"
@@ -496,7 +497,8 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     if head_dim != n_embd // n_head:
         w.set(f"{arch}.attention.key_length", U32, head_dim)
         w.set(f"{arch}.attention.value_length", U32, head_dim)
-    w.set(f"{arch}.rope.dimension_count", U32, head_dim)
+    # Phi-3 rotates only part of each head (Phi-4-mini: 3/4 of it).
+    w.set(f"{arch}.rope.dimension_count", U32, head_dim * 3 // 8 * 2 if arch == "phi3" else head_dim)
     w.set(f"{arch}.rope.freq_base", F32, 10000.0)
     w.set(f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-5)
     w.set("tokenizer.ggml.model", STRING, "gpt2")
@@ -537,9 +539,12 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     for layer in range(n_layer):
         blk = f"blk.{layer}."
         norm(blk + "attn_norm.weight")
-        matrix(blk + "attn_q.weight", n_embd, q_dim, 1.0 / math.sqrt(n_embd))
-        matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
-        matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+        if arch == "phi3":  # q, k, v rows in one matrix
+            matrix(blk + "attn_qkv.weight", n_embd, q_dim + 2 * kv_dim, 1.0 / math.sqrt(n_embd))
+        else:
+            matrix(blk + "attn_q.weight", n_embd, q_dim, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
         if attn_bias or arch == "qwen2":
             bias(blk + "attn_q.bias", q_dim)
@@ -551,8 +556,11 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
             head_norm(blk + "attn_q_norm.weight")
             head_norm(blk + "attn_k_norm.weight")
         norm(blk + "ffn_norm.weight")
-        matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
-        matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        if arch == "phi3":  # gate rows, then up rows
+            matrix(blk + "ffn_up.weight", n_embd, 2 * n_ff, 1.0 / math.sqrt(n_embd))
+        else:
+            matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
     return w
 

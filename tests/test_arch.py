@@ -56,6 +56,13 @@ CONFIGS = {
     "qwen2": dict(arch="qwen2"),
     "qwen3": dict(arch="qwen3", head_dim=128),
     "smollm3": dict(arch="smollm3"),
+    # + LongRoPE factor sets (see build()); llama.cpp picks the long set when the
+    # context exceeds original_context_length, as llmd must (llama.cpp pads the
+    # context to 256, so the short set needs an original context of 256 there).
+    "phi3_short": dict(arch="phi3", extra_metadata=[("phi3.rope.scaling.original_context_length", U32, 256),
+                                                    ("phi3.rope.scaling.attn_factor", F32, 1.19)]),
+    "phi3_long": dict(arch="phi3", extra_metadata=[("phi3.rope.scaling.original_context_length", U32, 32),
+                                                   ("phi3.rope.scaling.attn_factor", F32, 1.19)]),
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -87,6 +94,12 @@ GOLDEN = {
     "smollm3": (5430.0311,
                 [198, 251, 251, 251, 158, 42, 274, 274, 274, 274, 274, 274],
                 [0.351, 0.139, 1.681, 0.736, 1.482, 0.46, 0.61, 0.82, 0.845, 0.449, 0.74, 1.531]),
+    "phi3_short": (4762.3273,
+                   [182, 288, 147, 198, 182, 259, 292, 202, 202, 202, 86, 183],
+                   [0.199, 0.182, 0.721, 1.816, 1.573, 0.528, 0.345, 0.957, 1.098, 0.182, 1.078, 0.259]),
+    "phi3_long": (4657.3319,
+                  [108, 131, 8, 224, 198, 108, 108, 147, 215, 109, 65, 274],
+                  [0.064, 0.261, 0.522, 1.415, 0.197, 1.101, 0.921, 0.755, 0.187, 1.158, 0.17, 0.663]),
 }
 
 
@@ -94,6 +107,9 @@ def build(name: str) -> GGUFWriter:
     w = build_tiny_llama(n_layer=4, n_ctx=N_CTX, **CONFIGS[name])
     if name == "llama_rope_freqs":  # low frequencies slowed down, as Llama 3.1 does
         w.add_tensor("rope_freqs.weight", [8], GGML_F32, encode_f32([1, 1, 1, 2, 4, 8, 8, 8]))
+    if name.startswith("phi3"):  # 6 rotated pairs (12 of 16 dims)
+        w.add_tensor("rope_factors_short.weight", [6], GGML_F32, encode_f32([1, 1.1, 1.3, 1.6, 2, 2.5]))
+        w.add_tensor("rope_factors_long.weight", [6], GGML_F32, encode_f32([1, 2, 4, 8, 16, 32]))
     return w
 
 
@@ -169,7 +185,7 @@ def test_each_llama_bias_on_its_own_changes_the_logits(tmp_path, bias):
 
 # ---- sessions through HTTP on every family ------------------------------------------------
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen3", "smollm3"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen3", "smollm3", "phi3_long"])
 def family_server(request, golden_models):
     """llmd serving the tiny model of one family: 3 named slots + scratch."""
     with running_llmd("--model", str(golden_models[request.param]), "--max-sessions", "4", "--ctx", "128",

@@ -72,6 +72,22 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
     return true;
 }
 
+bool Binder::split_matrix(const std::string &name, int64_t cols,
+                          std::initializer_list<std::pair<Matrix *, int64_t>> parts) {
+    int64_t rows = 0;
+    for (const auto &part : parts) rows += part.second;
+    Matrix fused;
+    if (!matrix(name, cols, rows, &fused)) return false;
+    int64_t r0 = 0;
+    for (const auto &[m, n] : parts) {
+        *m = fused;
+        m->rows = n;
+        m->data = fused.data + static_cast<size_t>(r0) * fused.row_bytes;
+        r0 += n;
+    }
+    return true;
+}
+
 const float *Binder::vector(const std::string &name, int64_t n, bool required) {
     const GGUFTensor *t = find(name, required);
     if (t == nullptr) return nullptr;
@@ -110,7 +126,7 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kQwen2, &kQwen3, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kPhi3, &kQwen2, &kQwen3, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -141,22 +157,25 @@ bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
         rs->factor = 1.0f; // a factor is meaningless without scaling
     } else if (type == "linear") {
         rs->kind = factor == 1.0f ? RopeScaling::none : RopeScaling::linear;
+    } else if (type == "longrope") { // its factors are tensors (rope_frequencies); a factor here is linear
+        rs->kind = factor == 1.0f ? RopeScaling::none : RopeScaling::linear;
     } else if (type == "yarn") {
         rs->kind = RopeScaling::yarn;
     } else {
-        return b.fail("unsupported RoPE scaling '" + std::string(type) + "' (llmd runs none, linear, yarn)");
+        return b.fail("unsupported RoPE scaling '" + std::string(type) + "' (llmd runs none, linear, yarn, longrope)");
     }
     return true;
 }
 
-// m.inv_freq (rope_dim / 2) and hp.rope_mscale: each pair's base frequency,
-// divided by the file's rope_freqs factors (Llama 3.1+) and scaled as it says.
-bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
-    HParams &hp = m.hp;
+// out (rope_dim / 2): each pair's frequency, divided by the factors of tensor
+// `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets),
+// then scaled as the file says.
+bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::string &factors,
+                std::vector<float> *out) {
     const int half = hp.rope_dim / 2;
-    const GGUFTensor *freqs = b.find("rope_freqs.weight", false);
+    const GGUFTensor *freqs = b.find(factors, false);
     if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != half))
-        return b.fail("tensor rope_freqs.weight has the wrong type or shape");
+        return b.fail("tensor " + factors + " has the wrong type or shape");
     // YaRN keeps the pairs that turn many times over the original context (below
     // `low`) extrapolated, interpolates those that turn less than once (above
     // `high`), and ramps between; beta_fast 32 and beta_slow 1 as the files assume.
@@ -165,13 +184,13 @@ bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
     };
     const double low = std::max(0.0, std::floor(corr_dim(32.0))),
                  high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(1.0)));
-    m.inv_freq.resize(half);
+    out->resize(half);
     for (int i = 0; i < half; ++i) {
         double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
         if (freqs != nullptr) {
             float div;
             std::memcpy(&div, freqs->data + 4 * i, 4);
-            if (!(div > 0.0f)) return b.fail("tensor rope_freqs.weight holds a non-positive factor");
+            if (!(div > 0.0f)) return b.fail("tensor " + factors + " holds a non-positive factor");
             f /= div;
         }
         if (rs.kind == RopeScaling::linear) f /= rs.factor;
@@ -179,10 +198,24 @@ bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
             const double extrapolated = 1.0 - std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0);
             f *= (1.0 - extrapolated) / rs.factor + extrapolated;
         }
-        m.inv_freq[i] = static_cast<float>(f);
+        (*out)[i] = static_cast<float>(f);
     }
-    hp.rope_mscale = rs.attn_factor;
-    if (rs.kind == RopeScaling::yarn && rs.factor > 1.0f) hp.rope_mscale *= 1.0f + 0.1f * std::log(rs.factor);
+    return true;
+}
+
+// m.inv_freq (and m.inv_freq_long for LongRoPE files) and hp.rope_mscale.
+bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
+    HParams &hp = m.hp;
+    const bool longrope = b.file.tensor("rope_factors_short.weight") != nullptr ||
+                          b.file.tensor("rope_factors_long.weight") != nullptr;
+    if (longrope && b.file.tensor("rope_freqs.weight") != nullptr)
+        return b.fail("model has both rope_freqs and LongRoPE factors");
+    if (!longrope) return rope_table(b, rs, hp, "rope_freqs.weight", &m.inv_freq);
+    // LongRoPE (Phi-3): short factors up to the original context, long ones past it.
+    if (!rope_table(b, rs, hp, "rope_factors_short.weight", &m.inv_freq) ||
+        !rope_table(b, rs, hp, "rope_factors_long.weight", &m.inv_freq_long))
+        return false;
+    m.rope_ctx_orig = rs.n_ctx_orig;
     return true;
 }
 
@@ -263,6 +296,8 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     if (!error->empty()) return nullptr;
 
     if (!rope_frequencies(b, scaling, *model)) return nullptr;
+    hp.rope_mscale = scaling.attn_factor;
+    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) hp.rope_mscale *= 1.0f + 0.1f * std::log(scaling.factor);
 
     // A tensor nobody bound is a part of the model llmd would not compute.
     for (size_t i = 0; i < b.used.size(); ++i)
@@ -274,6 +309,10 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
     model->pack();
     return model;
+}
+
+void Model::use_context(int n_ctx) {
+    if (!inv_freq_long.empty() && n_ctx > rope_ctx_orig) inv_freq = inv_freq_long;
 }
 
 AlignedBytes::AlignedBytes(size_t n, bool huge) {

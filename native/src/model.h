@@ -88,6 +88,8 @@ struct Model {
     Matrix output;               // (vocab, dim); token_embd when the model ties them
     const float *output_b = nullptr; // (vocab) optional bias of the output head
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair, scaling included
+    std::vector<float> inv_freq_long; // LongRoPE: the frequencies past rope_ctx_orig, else empty
+    int rope_ctx_orig = 0;
     std::vector<LayerWeights> layers;
     std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
@@ -95,6 +97,9 @@ struct Model {
     // Binds the weights of a GGUF as `arch` lays them out; nullptr with *error on any
     // mismatch, including a tensor of the file that the architecture did not bind.
     static std::unique_ptr<Model> load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error);
+    // Picks what depends on the context the engine runs at: LongRoPE's long
+    // frequencies when n_ctx exceeds the original context (as llama.cpp does).
+    void use_context(int n_ctx);
 
 private:
     void pack(); // repacks the matrices this build has kernels for (quants.h)
@@ -115,6 +120,8 @@ struct Binder {
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
+    // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
+    bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
     const float *vector(const std::string &name, int64_t n, bool required = true);
 
     // The tensors of block l that most families name alike: "blk.<l>.attn_norm",
