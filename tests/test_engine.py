@@ -30,11 +30,20 @@ def engine(tiny_model):
         yield e
 
 
+# One tiny model of each architecture besides llama (4 layers: SmolLM3's 4th has no RoPE).
+FAMILIES = {"qwen2": dict(arch="qwen2"), "qwen3": dict(arch="qwen3", head_dim=32),
+            "smollm3": dict(arch="smollm3", n_layer=4), "phi3": dict(arch="phi3")}
+# Session behaviour must hold for every weight type and every architecture.
+MODELS = [*ALL_TYPES, *FAMILIES]
+MODEL_IDS = [*TYPE_IDS, *FAMILIES]
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_llama_factory):
-    """weight type -> an open engine on the tiny model of that type (same seed)."""
-    opened = {t: Engine(tiny_llama_factory(weight_type=t).path, n_threads=2, max_sessions=8)
-              for t in ALL_TYPES}
+    """weight type or family name -> an open engine on the tiny model of that type
+    (llama) or family (F32), all of the same seed."""
+    options = {**{t: dict(weight_type=t) for t in ALL_TYPES}, **FAMILIES}
+    opened = {key: Engine(tiny_llama_factory(**o).path, n_threads=2, max_sessions=8) for key, o in options.items()}
     yield opened
     for e in opened.values():
         e.close()
@@ -207,9 +216,9 @@ def test_invalid_sampling_parameters_are_rejected(session, sampling, what):
 
 # ---- isolation and batching -------------------------------------------------------------------
 
-@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=TYPE_IDS)
-def test_interleaved_sessions_decode_exactly_as_alone(engines, weight_type):
-    e = engines[weight_type]
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_interleaved_sessions_decode_exactly_as_alone(engines, model):
+    e = engines[model]
     pa, pb = e.tokenize(PROMPT), e.tokenize(OTHER_PROMPT)
     sa, sb = Sampling(), Sampling(temperature=1.0, seed=42)
     alone_a, alone_b = run(e, pa, 16, sa), run(e, pb, 16, sb)
@@ -226,9 +235,9 @@ def test_interleaved_sessions_decode_exactly_as_alone(engines, weight_type):
     assert (got_a, got_b) == (alone_a, alone_b)
 
 
-@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=TYPE_IDS)
-def test_decode_batch_equals_decode_one_token_for_token(engines, weight_type):
-    e = engines[weight_type]
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_decode_batch_equals_decode_one_token_for_token(engines, model):
+    e = engines[model]
     prompts = [e.tokenize(PROMPT), e.tokenize(OTHER_PROMPT), e.tokenize("hi"), e.tokenize(PROMPT)]
     samplings = [Sampling(), Sampling(temperature=1.0, seed=3), Sampling(), Sampling(temperature=0.8, seed=4)]
     alone = [run(e, p, 12, s) for p, s in zip(prompts, samplings)]
@@ -274,8 +283,10 @@ def test_decode_batch_rejects_bad_batches(engine, tiny_model):
 
 # ---- truncate, reset, stop --------------------------------------------------------------------
 
+@pytest.mark.parametrize("model", [GGML_F32, *FAMILIES], ids=["llama", *FAMILIES])
 @pytest.mark.parametrize("keep", [0, 1, 5])
-def test_truncate_then_prefill_reproduces_a_fresh_session(engine, keep):
+def test_truncate_then_prefill_reproduces_a_fresh_session(engines, model, keep):
+    engine = engines[model]
     prompt = engine.tokenize(PROMPT)
     with engine.new_session() as fresh:
         fresh.prefill(prompt)
