@@ -12,13 +12,14 @@ import logging
 import random
 import re
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Mapping, Protocol
 
 from llmd import chat, constrain, errors, metrics, openai, sse
+from llmd.chat_completions import ChatCompletionFormat
+from llmd.completions import CompletionFormat
 from llmd.engine import Engine, Sampling, Token
-from llmd.errors import ApiError, as_api_error, error_body
+from llmd.errors import ApiError, as_api_error, error_body, refusal_log
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
 from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
@@ -27,7 +28,6 @@ from llmd.text import Utf8Stream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
 
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
-FINGERPRINT = "llmd-0.1.0"
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
 PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
                 ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
@@ -42,8 +42,9 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
                     log=log if log is not None else {})
 
 
-def error_response(err: ApiError) -> Response:
-    return json_response(error_body(err), err.status, list(err.headers.items()))
+def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
+    """The JSON error answer for err, its access-log line saying why."""
+    return json_response(error_body(err, shape), err.status, list(err.headers.items()), log=refusal_log(err))
 
 
 def route_label(pattern: re.Pattern) -> str:
@@ -271,7 +272,8 @@ class Api:
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar)
+        return await self._generate(request, prompt, rendered.text, req, sid, tools or None, grammar,
+                                    ChatCompletionFormat(req.include_usage))
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
@@ -283,7 +285,8 @@ class Api:
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
-        return await self._generate(request, "text", prompt, req.prompt, req, sid, None, grammar)
+        return await self._generate(request, prompt, req.prompt, req, sid, None, grammar,
+                                    CompletionFormat(req.include_usage))
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -305,15 +308,15 @@ class Api:
             raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
                                      "limit; retry later", retry_after=1)
 
-    async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds, prompt_text: str | list[int],
+    async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None, grammar: str | None) -> Response | StreamResponse:
+                        tools: list[dict] | None, grammar: str | None, fmt: Format) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
             raise errors.invalid_request("the prompt is empty", "prompt")
         if len(ids) >= n_ctx:
-            raise errors.context_length_exceeded(len(ids), n_ctx, "messages" if kind == "chat" else "prompt")
+            raise errors.context_length_exceeded(len(ids), n_ctx, fmt.prompt_param)
         self._admit()
         self.waiting += 1
         try:
@@ -329,7 +332,7 @@ class Api:
         max_tokens = min(req.max_tokens or cap, cap)
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
         self.runtime.submit(g)
-        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
+        reply = Reply(self, fmt, g, Output(req.stop, tools), sid, prompt_text)
         if req.stream:
             response = StreamResponse(200, reply.stream(request))
             reply.log = response.log
@@ -340,18 +343,32 @@ class Api:
             await reply.close()
 
 
-class Reply:
-    """One generation's response, streamed as SSE chunks or collected into one object."""
+class Format(Protocol):
+    """How one API surface (chat_completions, completions, responses, messages) shapes
+    a reply: one object when collected, SSE frames when streamed."""
 
-    def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool,
+    id: str
+    prompt_param: str          # the parameter a prompt over the context is blamed on
+    remembers_replies: bool    # the client sends the reply back: keep its generated ids
+
+    def body(self, reply: Reply) -> dict: ...
+    def start(self, reply: Reply) -> list[bytes]: ...
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]: ...
+    def end(self, reply: Reply) -> list[bytes]: ...
+    def error(self, reply: Reply, err: ApiError) -> list[bytes]: ...
+
+
+class Reply:
+    """One generation's response, streamed as SSE chunks or collected into one object;
+    its format builds the surface's objects and frames."""
+
+    def __init__(self, api: Api, fmt: Format, g: Generation, output: Output,
                  session_id: str | None, prompt: str | list[int]):
-        self.api, self.kind, self.g, self.output = api, kind, g, output
-        self.include_usage = include_usage
+        self.api, self.fmt, self.g, self.output = api, fmt, g, output
         self.session_id = session_id
         self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
         self.log: dict = {}  # access-log fields, shared with the HTTP response
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        self.id = prefix + uuid.uuid4().hex[:24]
+        self.id = fmt.id
         self.created = int(time.time())
         self.model = api.options.model_ids[0]
         self.finish_reason: str | None = None
@@ -406,7 +423,7 @@ class Reply:
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
         # A reply cut by a stop string ("cancelled") holds ids the client never saw.
-        if self.kind == "chat" and self.g.reuse and reason in ("stop", "length"):
+        if self.fmt.remembers_replies and self.g.reuse and reason in ("stop", "length"):
             calls = [(c["function"]["name"], c["function"]["arguments"]) for c in self.output.tool_calls()]
             self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
@@ -416,7 +433,7 @@ class Reply:
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
                 "prompt_tokens_details": {"cached_tokens": self.g.plan.keep}}
 
-    def _extensions(self) -> dict:
+    def extensions(self) -> dict:
         return {"timings": self.g.timings(), "session_reset_reason": self.g.plan.reason}
 
     async def collect(self, request: HttpRequest) -> dict:
@@ -431,67 +448,31 @@ class Reply:
                     self._end(value)
         finally:
             watcher.cancel()
-        text = self.output.content()
-        calls = self.output.tool_calls()
-        finish = self.finish_reason
-        if self.kind == "chat":
-            message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
-            if calls:
-                message["tool_calls"] = calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT, "choices": [choice], "usage": self.usage(),
-                **self._extensions()}
+        return self.fmt.body(self)
 
     async def _cancel_on_disconnect(self, request: HttpRequest) -> None:
         await request.disconnected.wait()
         self.api.runtime.cancel(self.g)
 
-    def _chunk(self, choice: dict | None, **extra) -> bytes:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT, "choices": [choice] if choice else [], **extra}
-        return sse.event(json.dumps(body, ensure_ascii=False))
-
-    def _delta_chunk(self, delta: dict | None, text: str | None, finish: str | None) -> bytes:
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish})
-        return self._chunk({"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish})
-
-    def _render(self, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
-        out = []
-        for d in deltas:
-            if isinstance(d, ContentDelta):
-                out.append(self._delta_chunk({"content": d.text}, d.text, None))
-            else:
-                out.append(self._delta_chunk({"tool_calls": [d.to_openai_delta()]}, None, None))
-        return out
-
     async def stream(self, request: HttpRequest) -> AsyncIterator[bytes]:
         try:
-            if self.kind == "chat":
-                yield self._delta_chunk({"role": "assistant", "content": ""}, None, None)
+            for frame in self.fmt.start(self):
+                yield frame
             async for kind, value in self._events(ping=True):
                 if kind == "ping":
                     yield sse.PING
                 elif kind == "token":
-                    for chunk in self._render(self._feed(value)):
-                        yield chunk
+                    for frame in self.fmt.deltas(self, self._feed(value)):
+                        yield frame
                 elif kind == "error":
-                    yield sse.event(json.dumps(error_body(as_api_error(value))))
-                    yield sse.DONE
+                    for frame in self.fmt.error(self, as_api_error(value)):
+                        yield frame
                     return
                 else:
-                    for chunk in self._render(self._end(value)):
-                        yield chunk
-                    yield self._delta_chunk({}, "", self.finish_reason)
-            if self.include_usage:
-                yield self._chunk(None, usage=self.usage(), **self._extensions())
-            yield sse.DONE
+                    for frame in self.fmt.deltas(self, self._end(value)):
+                        yield frame
+            for frame in self.fmt.end(self):
+                yield frame
         finally:
             await self.close()
 

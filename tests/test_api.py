@@ -154,3 +154,13 @@ def test_schema_keyword_outside_the_subset_is_400_naming_it(server):
     resp = server.post_json("/chat/completions", body)
     error = resp.json()["error"]
     assert resp.status == 400 and error["code"] == "unsupported_parameter" and "'pattern'" in error["message"]
+
+
+def test_refused_request_access_log_says_why(tmp_path):
+    with open(tmp_path / "log", "w") as log, running_llmd("--ctx", "256", stderr=log) as url:
+        client = Client(url + "/v1", model=MODEL)
+        resp = client.post_json("/chat/completions", {**client.chat_body([{"role": "user", "content": "Hi"}]),
+                                                      "temperature": 9})
+        assert resp.status == 400
+    line = next(x for x in (tmp_path / "log").read_text().splitlines() if "/v1/chat/completions 400" in x)
+    assert "error=invalid_value param=temperature reason=\"Invalid value for 'temperature'" in line
