@@ -6,6 +6,8 @@ followed by [DONE].
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import importlib.resources
 import json
 import logging
@@ -15,14 +17,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Mapping, Protocol
 
-from llmd import chat, constrain, errors, metrics, openai, sse
+from llmd import chat, constrain, errors, messages, metrics, openai, sse
 from llmd.chat_completions import ChatCompletionFormat
 from llmd.completions import CompletionFormat
 from llmd.engine import Engine, Sampling, Token
+from llmd.logprobs import TokenLogprob
 from llmd.errors import ApiError, as_api_error, error_body, refusal_log
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
+from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse
+from llmd.sessions import SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
@@ -45,6 +49,16 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
 def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
     """The JSON error answer for err, its access-log line saying why."""
     return json_response(error_body(err, shape), err.status, list(err.headers.items()), log=refusal_log(err))
+
+
+def key_scope(request: HttpRequest) -> str:
+    """Whose stored state a request may see: a digest of the API key it presented
+    (the access guard has checked it), "" without one."""
+    presented = request.headers.get("x-api-key")
+    if presented is None:
+        scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    return hashlib.sha256(presented.encode("latin-1")).hexdigest() if presented else ""
 
 
 def route_label(pattern: re.Pattern) -> str:
@@ -146,6 +160,9 @@ class Api:
             (re.compile(r"(?:/v1)?/models/(?P<model>[^/]+)"), {"GET": self.model}),
             (re.compile(r"(?:/v1)?/chat/completions"), {"POST": self.chat_completions}),
             (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
+            (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
+            (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
+            (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
             (re.compile(r"/tokenize"), {"POST": self.tokenize}),
             (re.compile(r"/detokenize"), {"POST": self.detokenize}),
             (re.compile(r"/v1/sessions"), {"GET": self.list_sessions}),
@@ -153,9 +170,11 @@ class Api:
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": self.reset_session}),
         ]
         self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
+        self.responses = ResponseStore()
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
         route, response = "unmatched", None
+        shape = errors.ANTHROPIC if request.path.startswith(messages.PATHS) else errors.OPENAI
         try:
             for pattern, methods in self.routes:
                 if (m := pattern.fullmatch(request.path)) is None:
@@ -169,7 +188,7 @@ class Api:
                 return response
             raise errors.not_found(f"no route for {request.path}")
         except ApiError as err:
-            response = error_response(err)
+            response = error_response(err, shape)
             return response
         finally:  # a handler's unexpected exception becomes a 500 in the HTTP layer
             self.metrics.requests.inc(route=route, status=str(response.status if response else 500))
@@ -256,9 +275,55 @@ class Api:
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_chat_request(request.body)
+        fmt = ChatCompletionFormat(req.include_usage, req.logprobs is not None, req.timings_per_token)
+        return await self._chat(request, req, self._session_of(req, request), fmt)
+
+    async def create_response(self, request: HttpRequest) -> Response | StreamResponse:
+        req = openai.parse_responses_request(request.body)
+        scope, chat_req, previous = key_scope(request), req.chat, None
+        if req.previous_response_id is not None:
+            previous = self.responses.get(scope, req.previous_response_id)
+            if previous is None:
+                raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
+                                             "found.", "previous_response_id", "previous_response_not_found")
+            # Instructions do not carry over: each request's own come first.
+            system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
+            chat_req = dataclasses.replace(chat_req, messages=system + previous.history + req.input)
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
+        history = (previous.history if previous else []) + req.input
+
+        def store(response_id: str, reply: openai.Message) -> None:
+            self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
+
+        return await self._chat(request, chat_req, sid, ResponsesFormat(req, store if req.store else None))
+
+    async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
+        req = messages.parse_request(request.body)
+        return await self._chat(request, req, self._session_of(req, request), messages.MessagesFormat())
+
+    async def count_message_tokens(self, request: HttpRequest) -> Response:
+        req = messages.parse_request(request.body, counting=True)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
-        sid = session_id_of(req.session_id, request.headers)
+        prompt, _, _ = await self._chat_prompt(req)
+        return json_response({"input_tokens": len(prompt.ids())})
+
+    def _session_of(self, req: openai.ChatRequest | openai.CompletionRequest, request: HttpRequest) -> str | None:
+        """The body's session_id, else a session header, else the prompt_cache_key's session."""
+        return session_id_of(req.session_id, request.headers) or cache_key_session(req.prompt_cache_key)
+
+    async def _chat(self, request: HttpRequest, req: openai.ChatRequest, sid: str | None,
+                    fmt: Format) -> Response | StreamResponse:
+        """Generate the assistant's reply to a conversation, shaped by fmt."""
+        self._check_model(req.model)
+        openai.check_vocab(req, self.info.n_vocab)
+        prompt, text, tools = await self._chat_prompt(req)
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
+        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt)
+
+    async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
+        """The conversation rendered by the chat template: its ids, its text and the
+        tools it offers (None when tool_choice is "none")."""
         if self.template is None:
             raise errors.invalid_request("this model has no chat template; use /v1/completions "
                                          "or start llmd with --chat-template", "messages")
@@ -267,26 +332,30 @@ class Api:
             rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
-        grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, prompt, rendered.text, req, sid, tools or None, grammar,
-                                    ChatCompletionFormat(req.include_usage))
+        return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
-        sid = session_id_of(req.session_id, request.headers)
+        sid = self._session_of(req, request)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
+        if req.echo and not isinstance(req.prompt, str):
+            echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
+        else:
+            echoed = req.prompt if req.echo else ""
         return await self._generate(request, prompt, req.prompt, req, sid, None, grammar,
-                                    CompletionFormat(req.include_usage))
+                                    CompletionFormat(req.include_usage, echoed, req.logprobs is not None,
+                                                     req.timings_per_token),
+                                    prompt_logprobs=req.logprobs if req.echo else None)
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -310,7 +379,8 @@ class Api:
 
     async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None, grammar: str | None, fmt: Format) -> Response | StreamResponse:
+                        tools: list[dict] | None, grammar: str | None, fmt: Format,
+                        prompt_logprobs: int | None = None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
@@ -329,8 +399,9 @@ class Api:
         # Like the room left in the context, the operator's cap clamps max_tokens;
         # finish_reason "length" tells the client it was reached.
         cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
-        max_tokens = min(req.max_tokens or cap, cap)
-        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
+        max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
+        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
+                       logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
         self.runtime.submit(g)
         reply = Reply(self, fmt, g, Output(req.stop, tools), sid, prompt_text)
         if req.stream:
@@ -373,6 +444,8 @@ class Reply:
         self.model = api.options.model_ids[0]
         self.finish_reason: str | None = None
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
+        self.logprobs: list[TokenLogprob] = []  # of the reply's tokens, when asked for
+        self._logprobs_taken = 0
         self.closed = False
 
     async def close(self) -> None:
@@ -410,9 +483,21 @@ class Reply:
             if kind != "token":
                 return
 
+    def piece(self, token_id: int) -> bytes:
+        """A token's bytes as logprobs show them (control tokens by name)."""
+        return self.api.engine.piece(token_id, special=True)
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The logprobs of tokens fed since the last call."""
+        new = self.logprobs[self._logprobs_taken:]
+        self._logprobs_taken = len(self.logprobs)
+        return new
+
     def _feed(self, token: Token) -> list[ContentDelta | ToolCallDelta]:
         if not token.is_terminal:
             self.generated_ids.append(token.id)
+        if token.logprob is not None and token.piece:  # an end-of-turn token is no text
+            self.logprobs.append(TokenLogprob(token.id, token.logprob, token.top))
         deltas, hit = self.output.feed(token.piece)
         if hit:
             self.api.runtime.cancel(self.g)

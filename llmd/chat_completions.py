@@ -11,7 +11,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING
 
-from llmd import sse
+from llmd import logprobs, sse
 from llmd.errors import ApiError, error_body
 from llmd.tools import ContentDelta, ToolCallDelta
 
@@ -27,16 +27,25 @@ class ChatCompletionFormat:
     prompt_param = "messages"  # what a prompt over the context is blamed on
     remembers_replies = True   # the client sends this reply back in its next request
 
-    def __init__(self, include_usage: bool) -> None:
+    def __init__(self, include_usage: bool, logprobs: bool = False, timings_per_token: bool = False) -> None:
         self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.timings_per_token = timings_per_token
+
+    def _logprobs(self, reply: Reply) -> dict | None:
+        if not self.logprobs:
+            return None
+        return {"content": logprobs.chat_content(reply.take_logprobs(), reply.piece), "refusal": None}
 
     def body(self, reply: Reply) -> dict:
         text, calls = reply.output.content(), reply.output.tool_calls()
-        message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
+        message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None,
+                   "annotations": []}
         if calls:
             message["tool_calls"] = calls
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": self._logprobs(reply),
+                  "finish_reason": reply.finish_reason}
         return {"id": self.id, "object": "chat.completion", "created": reply.created, "model": reply.model,
                 "system_fingerprint": FINGERPRINT, "choices": [choice], "usage": reply.usage(),
                 **reply.extensions()}
@@ -45,10 +54,15 @@ class ChatCompletionFormat:
         body = {"id": self.id, "object": "chat.completion.chunk", "created": reply.created,
                 "model": reply.model, "system_fingerprint": FINGERPRINT,
                 "choices": [choice] if choice else [], **extra}
+        if self.timings_per_token and choice:
+            body["timings"] = reply.g.timings()
         return sse.event(json.dumps(body, ensure_ascii=False))
 
     def _delta(self, reply: Reply, delta: dict, finish: str | None = None) -> bytes:
-        return self._chunk(reply, {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
+        # A chunk's logprobs are those of the tokens fed since the previous chunk.
+        lp = self._logprobs(reply)
+        return self._chunk(reply, {"index": 0, "delta": delta, "logprobs": lp if lp and lp["content"] else None,
+                                   "finish_reason": finish})
 
     def start(self, reply: Reply) -> list[bytes]:
         return [self._delta(reply, {"role": "assistant", "content": ""})]

@@ -164,3 +164,74 @@ def test_refused_request_access_log_says_why(tmp_path):
         assert resp.status == 400
     line = next(x for x in (tmp_path / "log").read_text().splitlines() if "/v1/chat/completions 400" in x)
     assert "error=invalid_value param=temperature reason=\"Invalid value for 'temperature'" in line
+
+
+# ---- log-probabilities ----------------------------------------------------------------
+
+PPL_TEXT = ("The old lighthouse keeper climbed the spiral stairs every evening to light the lamp. "
+            "Ships passing in the night relied on its steady beam to avoid the rocks below. "
+            "One stormy night the power failed, and he lit the oil lamps by hand, one by one, "
+            "until the whole tower glowed again. In the morning the fishermen came to thank him, "
+            "bringing bread, cheese and a basket of apples from the village on the hill. ") * 2
+
+
+def test_echoed_prompt_logprobs_reproduce_the_perplexity_command(server, tmp_path):
+    import math
+    import subprocess
+    import sys
+    ctx = 64
+    (tmp_path / "text.txt").write_text(PPL_TEXT)
+    run = subprocess.run([sys.executable, "-m", "llmd", "perplexity", "--ctx", str(ctx), "--file",
+                          str(tmp_path / "text.txt")], capture_output=True, text=True, timeout=300)
+    expected = json.loads(run.stdout)["ppl"]
+    ids = [t for t in server.request("POST", server.origin + "/tokenize", {"content": PPL_TEXT}).json()["tokens"]]
+    total, n = 0.0, 0
+    for w in range(len(ids) // ctx):
+        window = ids[w * ctx:(w + 1) * ctx]
+        resp = server.post_json("/completions", {"model": MODEL, "prompt": window, "max_tokens": 0,
+                                                 "echo": True, "logprobs": 0})
+        assert resp.status == 200, resp.body
+        lp = resp.json()["choices"][0]["logprobs"]
+        assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) == ctx
+        scored = lp["token_logprobs"][ctx // 2 + 1:]
+        total -= sum(scored)
+        n += len(scored)
+    assert math.exp(total / n) == pytest.approx(expected, rel=1e-3, abs=1e-3)
+
+
+def test_echo_stream_gives_the_prompt_and_its_logprobs_first(server):
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2, "echo": True,
+            "logprobs": 2, "temperature": 0}
+    whole = server.post_json("/completions", body).json()["choices"][0]
+    chunks = server.post_stream("/completions", {**body, "stream": True}).chunks
+    first = chunks[0]["choices"][0]
+    assert first["text"] == "The capital of France is"
+    streamed = [c["choices"][0] for c in chunks]
+    assert "".join(c["text"] for c in streamed) == whole["text"]
+    tokens = [t for c in streamed if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    offsets = [o for c in streamed if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+    assert tokens == whole["logprobs"]["tokens"] and offsets == whole["logprobs"]["text_offset"]
+    assert whole["logprobs"]["top_logprobs"][0] is None and len(whole["logprobs"]["top_logprobs"][1]) == 2
+
+
+def test_greedy_chat_tokens_are_their_steps_top_logprob(server):
+    body = {**server.chat_body([{"role": "user", "content": "Name a colour."}]), "max_tokens": 5,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    choice = server.post_json("/chat/completions", body).json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == choice["message"]["content"]
+    for e in content:
+        assert [t["token"] for t in e["top_logprobs"]][0] == e["token"]
+        assert e["logprob"] == e["top_logprobs"][0]["logprob"] <= 0
+        assert [t["logprob"] for t in e["top_logprobs"]] == sorted((t["logprob"] for t in e["top_logprobs"]),
+                                                                  reverse=True)
+    chunks = server.post_stream("/chat/completions", {**body, "stream": True}).chunks
+    streamed = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+                for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == content
+
+
+def test_n_probs_gives_top_logprobs_on_completions(server):
+    choice = server.post_json("/completions", {"model": MODEL, "prompt": "One, two,", "max_tokens": 2,
+                                               "n_probs": 4}).json()["choices"][0]
+    assert [len(t) for t in choice["logprobs"]["top_logprobs"]] == [4, 4]

@@ -462,6 +462,57 @@ def test_score_rejects_bad_ranges(session):
         session.score([1], 0)
 
 
+def top_of(logits: list[float], n: int) -> list[tuple[int, float]]:
+    """The n most likely ids (lower id first on ties) with their log-probabilities."""
+    order = sorted(range(len(logits)), key=lambda v: (-logits[v], v))[:n]
+    return [(v, log_softmax(logits, v)) for v in order]
+
+
+def test_score_top_lists_each_positions_most_likely_tokens(engine, session):
+    ids = engine.tokenize(PROMPT)
+    scored = session.score_top(ids, 1, 5)
+    assert [lp for lp, _ in scored] == session_scores(engine, ids, 1)
+    for i in (1, len(ids) - 2):
+        with engine.new_session() as s:
+            s.prefill(ids[:i + 1])
+            expected = top_of(s.logits(), 5)
+        top = scored[i - 1][1]
+        assert [v for v, _ in top] == [v for v, _ in expected]
+        assert [lp for _, lp in top] == pytest.approx([lp for _, lp in expected], abs=1e-4)
+
+
+def session_scores(engine, ids, first):
+    with engine.new_session() as s:
+        return s.score(ids, first)
+
+
+def test_token_logprobs_are_of_the_raw_logits_whatever_the_sampling(engine, session):
+    ids = engine.tokenize(PROMPT)
+    session.prefill(ids)
+    logits = session.logits()
+    session.set_sampling(Sampling(temperature=0.7, top_k=3, seed=5, logit_bias={argmax(logits): -5.0}))
+    [tok] = engine.decode_batch([session], [3])
+    assert tok.logprob == pytest.approx(log_softmax(logits, tok.id), abs=1e-4)
+    assert [v for v, _ in tok.top] == [v for v, _ in top_of(logits, 3)]
+    assert [lp for _, lp in tok.top] == pytest.approx([lp for _, lp in top_of(logits, 3)], abs=1e-4)
+    [plain] = engine.decode_batch([session])
+    assert plain.logprob is None and plain.top == ()
+
+
+def test_top_logprobs_count_is_bounded(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    session.decode_one()
+    with pytest.raises(EngineError, match="n_top must be 0..20"):
+        session.token_logprobs(21)
+    assert session.token_logprobs(20)[1][0][1] >= session.token_logprobs(20)[1][19][1]
+
+
+def test_token_logprobs_need_a_sampled_token(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    with pytest.raises(EngineError, match="decode first"):
+        session.token_logprobs(0)
+
+
 # ---- tokenizer --------------------------------------------------------------------------------
 
 def test_control_token_text_is_parsed_only_with_special(engine, tiny_model):

@@ -486,16 +486,40 @@ def test_stream_options_are_validated():
     assert chat(stream=True, stream_options={"include_obfuscation": False}).stream is True
 
 
-def test_logprobs_false_is_accepted_and_true_unsupported():
-    assert chat(logprobs=False).model == "m"
-    assert chat_refused(logprobs=True).code == "unsupported_parameter"
+def test_chat_logprobs_give_the_top_count_or_none():
+    assert chat(logprobs=False).logprobs is None and chat().logprobs is None
+    assert chat(logprobs=True).logprobs == 0
+    assert chat(logprobs=True, top_logprobs=20).logprobs == 20
     assert chat_refused(logprobs=1).code == "invalid_type"
 
 
-def test_top_logprobs_zero_is_accepted_positive_unsupported_out_of_range_invalid():
-    assert chat(top_logprobs=0).model == "m"
-    assert chat_refused(top_logprobs=1).code == "unsupported_parameter"
-    assert chat_refused(top_logprobs=21).code == "invalid_value"
+def test_top_logprobs_needs_logprobs_and_at_most_20():
+    assert chat_refused(top_logprobs=1).param == "top_logprobs"
+    assert chat_refused(logprobs=True, top_logprobs=21).code == "invalid_value"
+
+
+def test_llama_cpp_n_probs_are_top_logprobs():
+    assert chat(n_probs=3).logprobs == 3 and chat(n_probs=0).logprobs is None
+    assert completion(n_probs=5).logprobs == 5
+    assert chat_refused(n_probs=21).code == "invalid_value"
+
+
+def test_llama_cpp_fields_that_cost_nothing_are_accepted():
+    req = chat(cache_prompt=True, id_slot=-1, timings_per_token=True, return_progress=False)
+    assert req.timings_per_token is True
+    assert chat_refused(cache_prompt="yes").code == "invalid_type"
+
+
+def test_id_slot_is_refused_pointing_to_session_id():
+    err = chat_refused(id_slot=2)
+    assert err.param == "id_slot" and "session_id" in err.message
+    assert completion_refused(return_progress=True).code == "unsupported_parameter"
+
+
+def test_prompt_cache_retention_values_are_validated():
+    assert chat(prompt_cache_retention="24h").model == "m"
+    assert completion(prompt_cache_retention="in_memory").model == "m"
+    assert chat_refused(prompt_cache_retention="long").param == "prompt_cache_retention"
 
 
 def test_response_formats_are_parsed():
@@ -664,11 +688,15 @@ def test_completion_prompt_is_required():
 
 
 def test_completion_refuses_what_it_cannot_honour():
-    assert completion_refused(echo=True).param == "echo"
     assert completion_refused(suffix="end").param == "suffix"
     assert completion_refused(best_of=2).param == "best_of"
-    assert completion_refused(logprobs=0).code == "unsupported_parameter"
     assert completion_refused(n=3).code == "unsupported_parameter"
+
+
+def test_completion_echo_and_logprobs_are_read():
+    req = completion(echo=True, logprobs=5, max_tokens=0)
+    assert (req.echo, req.logprobs, req.max_tokens) == (True, 5, 0)
+    assert completion_refused(max_tokens=0).param == "max_tokens"
 
 
 def test_completion_accepts_the_neutral_values():
@@ -680,7 +708,7 @@ def test_completion_wrong_types():
     assert completion_refused(echo=0).code == "invalid_type"
     assert completion_refused(best_of=1.0).code == "invalid_type"
     assert completion_refused(logprobs=True).code == "invalid_type"
-    assert completion_refused(logprobs=6).code == "invalid_value"
+    assert completion_refused(logprobs=21).code == "invalid_value"
 
 
 def test_completion_does_not_accept_chat_only_fields():
