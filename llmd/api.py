@@ -15,7 +15,7 @@ import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Mapping, Protocol
+from typing import AsyncIterator, Callable, Mapping, Protocol
 
 from llmd import chat, constrain, errors, messages, metrics, openai, sse
 from llmd.chat_completions import ChatCompletionFormat
@@ -400,10 +400,18 @@ class Api:
         # finish_reason "length" tells the client it was reached.
         cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
         max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
-        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
-                       logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
+        sampling = self._sampling(req.sampling)
+
+        def generation(index: int) -> Generation:
+            """Choice `index`: its own seed; after the first, the prompt is in the slot's cache."""
+            return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
+                              max_tokens, reuse=reuse or index > 0, grammar=grammar, logprobs=req.logprobs,
+                              prompt_logprobs=prompt_logprobs if index == 0 else None)
+
+        g = generation(0)
         self.runtime.submit(g)
-        reply = Reply(self, fmt, g, Output(req.stop, tools), sid, prompt_text)
+        reply = Reply(self, fmt, g, Output(req.stop, tools), sid, prompt_text,
+                      Choices(req.n, generation, lambda: Output(req.stop, tools)))
         if req.stream:
             response = StreamResponse(200, reply.stream(request))
             reply.log = response.log
@@ -425,17 +433,42 @@ class Format(Protocol):
     def body(self, reply: Reply) -> dict: ...
     def start(self, reply: Reply) -> list[bytes]: ...
     def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]: ...
-    def end(self, reply: Reply) -> list[bytes]: ...
+    def end(self, reply: Reply) -> list[bytes]: ...  # after each choice; the last also closes
     def error(self, reply: Reply, err: ApiError) -> list[bytes]: ...
+
+
+@dataclass
+class Choice:
+    """One choice of a reply: its generation, output, finish reason and logprobs."""
+    index: int
+    g: Generation
+    output: Output
+    finish_reason: str | None
+    logprobs: list[TokenLogprob]
+
+
+@dataclass
+class Choices:
+    """How many choices a reply has (n), and how the next one starts: its generation
+    on the same slot (the prompt is prefilled once) and a fresh output."""
+    n: int
+    generation: Callable[[int], Generation]
+    output: Callable[[], Output]
 
 
 class Reply:
     """One generation's response, streamed as SSE chunks or collected into one object;
-    its format builds the surface's objects and frames."""
+    its format builds the surface's objects and frames. With n > 1 the choices run
+    one after another on the reply's slot; `g`, `output`, `finish_reason` and the
+    logprobs are the current choice's, `done` holds the finished ones."""
 
     def __init__(self, api: Api, fmt: Format, g: Generation, output: Output,
-                 session_id: str | None, prompt: str | list[int]):
+                 session_id: str | None, prompt: str | list[int], choices: Choices | None = None):
         self.api, self.fmt, self.g, self.output = api, fmt, g, output
+        self.more = choices
+        self.n = choices.n if choices else 1
+        self.index = 0                   # the current choice
+        self.done: list[Choice] = []
         self.session_id = session_id
         self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
         self.log: dict = {}  # access-log fields, shared with the HTTP response
@@ -461,7 +494,7 @@ class Reply:
         await self.api.table.release(self.g.slot)
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
-                        generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
+                        generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
         if self.api.options.log_prompts:
             completion = self.output.content() + "".join(
@@ -513,24 +546,50 @@ class Reply:
             self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
 
+    @property
+    def last(self) -> bool:
+        """The current choice is the reply's last."""
+        return self.index == self.n - 1
+
+    def choices(self) -> list[Choice]:
+        """The finished choices and the current one, in order."""
+        return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs)]
+
+    def _next_choice(self) -> None:
+        self.done = self.choices()
+        self.index += 1
+        self.g, self.output = self.more.generation(self.index), self.more.output()
+        self.finish_reason, self.generated_ids, self.logprobs, self._logprobs_taken = None, [], [], 0
+        self.api.runtime.submit(self.g)
+
+    @property
+    def first(self) -> Generation:
+        """The first choice's generation: it prefilled (and scored) the prompt."""
+        return self.done[0].g if self.done else self.g
+
     def usage(self) -> dict:
-        prompt, done = len(self.g.prompt), self.g.generated
+        prompt, done = len(self.g.prompt), sum(c.g.generated for c in self.choices())
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-                "prompt_tokens_details": {"cached_tokens": self.g.plan.keep}}
+                "prompt_tokens_details": {"cached_tokens": self.first.plan.keep}}
 
     def extensions(self) -> dict:
-        return {"timings": self.g.timings(), "session_reset_reason": self.g.plan.reason}
+        return {"timings": self.first.timings(), "session_reset_reason": self.first.plan.reason}
 
     async def collect(self, request: HttpRequest) -> dict:
         watcher = asyncio.create_task(self._cancel_on_disconnect(request))
         try:
-            async for kind, value in self._events(ping=False):
-                if kind == "token":
-                    self._feed(value)
-                elif kind == "error":
-                    raise as_api_error(value)
-                else:
-                    self._end(value)
+            for i in range(self.n):
+                if i:
+                    if request.disconnected.is_set():
+                        break
+                    self._next_choice()
+                async for kind, value in self._events(ping=False):
+                    if kind == "token":
+                        self._feed(value)
+                    elif kind == "error":
+                        raise as_api_error(value)
+                    else:
+                        self._end(value)
         finally:
             watcher.cancel()
         return self.fmt.body(self)
@@ -541,23 +600,26 @@ class Reply:
 
     async def stream(self, request: HttpRequest) -> AsyncIterator[bytes]:
         try:
-            for frame in self.fmt.start(self):
-                yield frame
-            async for kind, value in self._events(ping=True):
-                if kind == "ping":
-                    yield sse.PING
-                elif kind == "token":
-                    for frame in self.fmt.deltas(self, self._feed(value)):
-                        yield frame
-                elif kind == "error":
-                    for frame in self.fmt.error(self, as_api_error(value)):
-                        yield frame
-                    return
-                else:
-                    for frame in self.fmt.deltas(self, self._end(value)):
-                        yield frame
-            for frame in self.fmt.end(self):
-                yield frame
+            for i in range(self.n):
+                if i:
+                    self._next_choice()
+                for frame in self.fmt.start(self):
+                    yield frame
+                async for kind, value in self._events(ping=True):
+                    if kind == "ping":
+                        yield sse.PING
+                    elif kind == "token":
+                        for frame in self.fmt.deltas(self, self._feed(value)):
+                            yield frame
+                    elif kind == "error":
+                        for frame in self.fmt.error(self, as_api_error(value)):
+                            yield frame
+                        return
+                    else:
+                        for frame in self.fmt.deltas(self, self._end(value)):
+                            yield frame
+                for frame in self.fmt.end(self):
+                    yield frame
         finally:
             await self.close()
 

@@ -33,11 +33,12 @@ from llmd.openai import (
     _number,
     _parse_logit_bias,
     _parse_tool_choice,
-    _parse_tools,
     _required,
     _show,
     _str,
+    parse_flat_tools,
     parse_json_object,
+    text_parts,
 )
 from llmd.tools import ContentDelta, ToolCallDelta
 
@@ -84,7 +85,8 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
         raise invalid_request("Invalid value for 'messages': at least one message is required.", "messages")
     msgs = ([Message("system", system)] if system is not None else []) + \
         [m for i, turn in enumerate(turns) for m in _parse_turn(turn, f"messages[{i}]")]
-    tools = _parse_anthropic_tools(obj.get("tools"))
+    tools = parse_flat_tools(obj.get("tools"), (None, "custom"), "input_schema",
+                             "only client tools with an input_schema")
     tool_choice, tool_name, parallel = _parse_anthropic_tool_choice(obj.get("tool_choice"), tools)
     stream = obj.get("stream")
     sid = obj.get("session_id")
@@ -130,21 +132,7 @@ def _parse_system(v: Any) -> str | None:
 
 
 def _text_blocks(v: Any, p: str) -> str:
-    if not isinstance(v, list):
-        raise invalid_type(p, "a string or an array of text blocks", v)
-    texts = []
-    for j, block in enumerate(v):
-        bp = f"{p}[{j}]"
-        if not isinstance(block, dict):
-            raise invalid_type(bp, "an object", block)
-        kind = _str(_required(block, "type", f"{bp}.type"), f"{bp}.type")
-        if kind in _UNSUPPORTED_BLOCKS:
-            raise unsupported_parameter(f"{bp}.type", f"Content blocks of type '{kind}' are not supported: "
-                                        "the served model reads text only.")
-        if kind != "text":
-            raise invalid_request(f"Invalid value for '{bp}.type': {_show(kind)}; expected 'text'.", f"{bp}.type")
-        texts.append(_str(_required(block, "text", f"{bp}.text"), f"{bp}.text"))
-    return "\n".join(texts)
+    return text_parts(v, p, {"text": "text"}, _UNSUPPORTED_BLOCKS, "blocks")
 
 
 def _parse_turn(turn: Any, p: str) -> list[Message]:
@@ -193,25 +181,6 @@ def _parse_turn(turn: Any, p: str) -> list[Message]:
     if role == "assistant":
         return [Message("assistant", text or (None if calls else ""), None, tuple(calls))]
     return results + ([Message("user", text)] if texts or not results else [])
-
-
-def _parse_anthropic_tools(v: Any):
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise invalid_type("tools", "an array", v)
-    nested = []
-    for i, t in enumerate(v):
-        if not isinstance(t, dict):
-            raise invalid_type(f"tools[{i}]", "an object", t)
-        kind = t.get("type")
-        if kind not in (None, "custom"):
-            raise unsupported_parameter(f"tools[{i}].type", f"Tools of type {_show(kind)} are not supported; "
-                                        "only client tools with an input_schema.")
-        fn = {"name": t.get("name"), "description": t.get("description"),
-              "parameters": _required(t, "input_schema", f"tools[{i}].input_schema")}
-        nested.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
-    return _parse_tools(nested)
 
 
 def _parse_anthropic_tool_choice(v: Any, tools) -> tuple[str, str | None, bool]:

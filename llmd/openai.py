@@ -25,7 +25,7 @@ Field policy (the reasoned choice):
   only), `n_probs` (top logprobs) and `timings_per_token` are accepted too.
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
-  `reasoning_effort`, `verbosity`, n > 1, tool_choice "allowed_tools"/custom,
+  `reasoning_effort`, `verbosity`, tool_choice "allowed_tools"/custom,
   suffix, best_of > 1, image/audio/file content parts, `return_progress`) are refused with 400
   `unsupported_parameter`, because the design says what cannot be honoured is never
   silently ignored. response_format json_object / json_schema and tool_choice
@@ -136,6 +136,7 @@ class ChatRequest:
     logprobs: int | None = None        # None: off; else how many top logprobs per token
     timings_per_token: bool = False    # every stream chunk carries `timings` (llama.cpp)
     prompt_cache_key: str | None = None  # names a session when nothing else does
+    n: int = 1                         # choices, each with its own seed stream
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class CompletionRequest:
     echo: bool = False                 # the prompt (and its logprobs) before the completion
     timings_per_token: bool = False
     prompt_cache_key: str | None = None
+    n: int = 1
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,7 @@ _NO_EFFECT_KEYS = frozenset({
 # timings_per_token; return_progress (prompt progress events) is refused when true.
 _LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
 MAX_TOP_LOGPROBS = 20                  # the engine's bound (LLMD_MAX_TOP_LOGPROBS)
+MAX_CHOICES = 16                       # n: choices run one after another, so few
 _CACHE_RETENTION = ("in_memory", "24h")
 _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
@@ -423,9 +426,8 @@ def _parse_n_probs(body: dict) -> int | None:
     return None if v is None or _int(v, "n_probs", 0, MAX_TOP_LOGPROBS) == 0 else v
 
 
-def _parse_n(v: Any) -> None:
-    if v is not None and _int(v, "n", 1, INT32_MAX) != 1:
-        raise unsupported_parameter("n", "Only n=1 is supported.")
+def _parse_n(v: Any) -> int:
+    return 1 if v is None else _int(v, "n", 1, MAX_CHOICES)
 
 
 def _parse_common(body: dict) -> tuple[str, str | None]:
@@ -485,7 +487,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one.",
                               "max_tokens")
-    _parse_n(obj.get("n"))
+    n = _parse_n(obj.get("n"))
 
     logprobs = obj.get("logprobs") is not None and _bool(obj["logprobs"], "logprobs")
     top_logprobs = obj.get("top_logprobs")
@@ -517,6 +519,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         logprobs=(top_logprobs or 0) if logprobs else n_probs,
         timings_per_token=_parse_timings_per_token(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
+        n=n,
     )
 
 
@@ -565,21 +568,28 @@ def _parse_message(m: Any, p: str) -> Message:
 def _parse_content(v: Any, p: str) -> str:
     if isinstance(v, str):
         return v
+    return text_parts(v, p, {"text": "text"}, _UNSUPPORTED_PARTS)
+
+
+def text_parts(v: Any, p: str, kinds: dict[str, str], unsupported: Sequence[str], noun: str = "parts") -> str:
+    """The text of an array of content parts joined with "\n". `kinds` maps each text
+    part type to the key that holds its text; `unsupported` types (images, files) are
+    refused as the served model reads text only; any other type is invalid."""
     if not isinstance(v, list):
-        raise invalid_type(p, "a string or an array of content parts", v)
+        raise invalid_type(p, f"a string or an array of content {noun}", v)
     texts = []
     for j, part in enumerate(v):
         pp = f"{p}[{j}]"
         if not isinstance(part, dict):
             raise invalid_type(pp, "an object", part)
         kind = _str(_required(part, "type", f"{pp}.type"), f"{pp}.type")
-        if kind in _UNSUPPORTED_PARTS:
-            raise unsupported_parameter(f"{pp}.type", f"Content parts of type '{kind}' are not "
+        if kind in unsupported:
+            raise unsupported_parameter(f"{pp}.type", f"Content {noun} of type '{kind}' are not "
                                         "supported: the served model reads text only.")
-        if kind != "text":
-            raise invalid_request(f"Invalid value for '{pp}.type': {_show(kind)}; expected 'text'.",
-                                  f"{pp}.type")
-        texts.append(_str(_required(part, "text", f"{pp}.text"), f"{pp}.text"))
+        if kind not in kinds:
+            raise invalid_request(f"Invalid value for '{pp}.type': {_show(kind)}; expected "
+                                  f"{' or '.join(repr(k) for k in kinds)}.", f"{pp}.type")
+        texts.append(_str(_required(part, kinds[kind], f"{pp}.{kinds[kind]}"), f"{pp}.{kinds[kind]}"))
     return "\n".join(texts)
 
 
@@ -742,7 +752,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     model, session_id = _parse_common(obj)
     prompt = _parse_prompt(_required(obj, "prompt", "prompt"))
     stream, include_usage = _parse_stream(obj)
-    _parse_n(obj.get("n"))
+    n = _parse_n(obj.get("n"))
     if obj.get("best_of") is not None and _int(obj["best_of"], "best_of", 1, INT32_MAX) != 1:
         raise unsupported_parameter("best_of", "Only best_of=1 is supported.")
     echo = obj.get("echo") is not None and _bool(obj["echo"], "echo")
@@ -765,6 +775,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         echo=echo,
         timings_per_token=_parse_timings_per_token(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
+        n=n,
     )
 
 
@@ -869,7 +880,7 @@ _RESPONSES_UNSUPPORTED = {
                     "'previous_response_id'.",
     "prompt": "Prompt templates ('prompt') are not supported.",
 }
-_OUTPUT_TEXT_PARTS = ("input_text", "output_text", "text")
+_RESPONSE_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 
 
 def parse_responses_request(body: bytes) -> ResponsesRequest:
@@ -894,7 +905,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
     items = _parse_input(_required(obj, "input", "input"))
     stream, _ = _parse_stream(obj)
-    tools = _parse_response_tools(obj.get("tools"))
+    tools = parse_flat_tools(obj.get("tools"), ("function",), "parameters", "only 'function'")
     tool_choice, tool_name = _parse_response_tool_choice(obj.get("tool_choice"), tools)
     text = obj.get("text")
     if text is not None and not isinstance(text, dict):
@@ -1034,30 +1045,14 @@ def _parse_input_message(item: dict, p: str) -> Message:
 
 
 def _parse_output_parts(v: Any, p: str) -> str:
-    """Text parts (input_text, output_text) joined with "\\n"; images and files refused."""
-    if not isinstance(v, list):
-        raise invalid_type(p, "a string or an array of content parts", v)
-    texts = []
-    for j, part in enumerate(v):
-        pp = f"{p}[{j}]"
-        if not isinstance(part, dict):
-            raise invalid_type(pp, "an object", part)
-        kind = _str(_required(part, "type", f"{pp}.type"), f"{pp}.type")
-        if kind in _UNSUPPORTED_PARTS:
-            raise unsupported_parameter(f"{pp}.type", f"Content parts of type '{kind}' are not "
-                                        "supported: the served model reads text only.")
-        if kind == "refusal":
-            texts.append(_str(_required(part, "refusal", f"{pp}.refusal"), f"{pp}.refusal"))
-        elif kind in _OUTPUT_TEXT_PARTS:
-            texts.append(_str(_required(part, "text", f"{pp}.text"), f"{pp}.text"))
-        else:
-            raise invalid_request(f"Invalid value for '{pp}.type': {_show(kind)}; expected 'input_text' "
-                                  "or 'output_text'.", f"{pp}.type")
-    return "\n".join(texts)
+    """Input and output text parts (and refusals an assistant turn may carry)."""
+    return text_parts(v, p, _RESPONSE_PARTS, _UNSUPPORTED_PARTS)
 
 
-def _parse_response_tools(v: Any) -> list[Tool]:
-    """Responses tools are flat ({type, name, parameters}); as chat tools they nest."""
+def parse_flat_tools(v: Any, kinds: Sequence[str | None], schema_key: str, why: str) -> list[Tool]:
+    """Tools written flat ({type, name, description, <schema_key>}), as the Responses
+    and Anthropic APIs write them, checked as chat tools; a type outside `kinds` is
+    refused with `why`."""
     if v is None:
         return []
     if not isinstance(v, list):
@@ -1066,12 +1061,12 @@ def _parse_response_tools(v: Any) -> list[Tool]:
     for i, t in enumerate(v):
         if not isinstance(t, dict):
             raise invalid_type(f"tools[{i}]", "an object", t)
-        kind = _str(_required(t, "type", f"tools[{i}].type"), f"tools[{i}].type")
-        if kind != "function":
-            raise unsupported_parameter(f"tools[{i}].type", f"Tools of type {_show(kind)} are not "
-                                        "supported; only 'function'.")
-        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if k in t}
-        nested.append({"type": "function", "function": fn})
+        kind = t.get("type")
+        if kind not in kinds:
+            raise unsupported_parameter(f"tools[{i}].type", f"Tools of type {_show(kind)} are not supported; {why}.")
+        fn = {"name": t.get("name"), "description": t.get("description"), "parameters": t.get(schema_key),
+              "strict": t.get("strict")}
+        nested.append({"type": "function", "function": {k: x for k, x in fn.items() if x is not None}})
     return _parse_tools(nested)
 
 

@@ -235,3 +235,65 @@ def test_n_probs_gives_top_logprobs_on_completions(server):
     choice = server.post_json("/completions", {"model": MODEL, "prompt": "One, two,", "max_tokens": 2,
                                                "n_probs": 4}).json()["choices"][0]
     assert [len(t) for t in choice["logprobs"]["top_logprobs"]] == [4, 4]
+
+
+# ---- n > 1 --------------------------------------------------------------------------
+
+def test_n_choices_each_sample_with_their_own_seed_and_share_the_prompt(server):
+    body = {**server.chat_body([{"role": "user", "content": "Tell me a word."}]), "max_tokens": 6,
+            "temperature": 1.0, "seed": 11, "n": 3}
+    resp = server.post_json("/chat/completions", body).json()
+    choices = resp["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    # choice i is what a single request with seed 11 + i gives
+    for c in choices:
+        alone = server.post_json("/chat/completions", {**body, "n": 1, "seed": 11 + c["index"]}).json()
+        assert alone["choices"][0]["message"]["content"] == c["message"]["content"]
+    assert len({c["message"]["content"] for c in choices}) > 1
+    assert resp["usage"]["completion_tokens"] == sum(
+        server.post_json("/chat/completions", {**body, "n": 1, "seed": 11 + i}).json()["usage"]["completion_tokens"]
+        for i in range(3))
+    assert resp["timings"]["prompt_n"] == resp["usage"]["prompt_tokens"] - resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_n_choices_stream_one_after_another_with_their_index(server):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 2,
+            "stream_options": {"include_usage": True}}
+    whole = server.post_json("/completions", body).json()
+    chunks = server.post_stream("/completions", {**body, "stream": True}).chunks
+    texts = ["".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
+             for i in range(2)]
+    assert texts == [c["text"] for c in whole["choices"]]
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == [0, 1] and chunks[-1]["usage"] == whole["usage"]
+
+
+# ---- fields real clients send ----------------------------------------------------------
+
+def test_prompt_cache_key_routes_to_a_session_so_the_next_turn_is_warm(server):
+    body = {**server.chat_body([{"role": "user", "content": "Remember the number 7."}]), "max_tokens": 2,
+            "prompt_cache_key": "user-42 conversation"}
+    server.post_json("/chat/completions", body)
+    again = server.post_json("/chat/completions", body).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    sessions = server.request("GET", server.origin + "/v1/sessions").json()["data"]
+    assert any(s["id"].startswith("pck-") for s in sessions)
+
+
+def test_timings_per_token_puts_timings_on_every_chunk(server):
+    chunks = server.post_stream("/chat/completions", {**server.chat_body([{"role": "user", "content": "Hi"}]),
+                                                      "max_tokens": 3, "stream": True,
+                                                      "timings_per_token": True}).chunks
+    assert chunks and all("timings" in c for c in chunks)
+    assert chunks[-1]["timings"]["predicted_n"] >= 1
+
+
+def test_id_slot_is_refused_pointing_to_session_id(server):
+    resp = server.post_json("/completions", {"model": MODEL, "prompt": "x", "id_slot": 1})
+    assert resp.status == 400 and resp.json()["error"]["param"] == "id_slot"
+    assert "session_id" in resp.json()["error"]["message"]
+
+
+def test_anthropic_routes_answer_unknown_routes_and_methods_in_their_shape(server):
+    resp = server.request("GET", server.origin + "/v1/messages")
+    assert resp.status == 405 and resp.json()["type"] == "error"

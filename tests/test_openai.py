@@ -459,9 +459,9 @@ def test_stop_of_wrong_type_is_refused():
     assert (err.param, err.code) == ("stop[1]", "invalid_type")
 
 
-def test_n_one_is_accepted_and_more_unsupported():
-    assert chat(n=1).model == "m"
-    assert chat_refused(n=2).code == "unsupported_parameter"
+def test_n_is_read_up_to_16_choices():
+    assert chat().n == 1 and chat(n=4).n == 4 and completion(n=16).n == 16
+    assert chat_refused(n=17).code == "invalid_value"
     assert chat_refused(n=0).code == "invalid_value"
 
 
@@ -690,7 +690,6 @@ def test_completion_prompt_is_required():
 def test_completion_refuses_what_it_cannot_honour():
     assert completion_refused(suffix="end").param == "suffix"
     assert completion_refused(best_of=2).param == "best_of"
-    assert completion_refused(n=3).code == "unsupported_parameter"
 
 
 def test_completion_echo_and_logprobs_are_read():
