@@ -23,7 +23,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from llmd import errors
-from llmd.api import error_response
+from llmd.api import error_response, error_shape
 from llmd.server import App, HttpRequest, Response, StreamResponse
 
 OPEN_PATHS = ("/health", "/")
@@ -55,7 +55,7 @@ class Guard:
                 and "access-control-request-method" in request.headers):
             return Response(204, headers=self._preflight_headers(origin, request))
         if self._keys and not self._is_open(request) and not self._authorized(request):
-            response: Response | StreamResponse = error_response(errors.authentication())
+            response: Response | StreamResponse = error_response(errors.authentication(), error_shape(request.path))
         else:
             response = await self.app(request)
         if origin is not None:

@@ -25,7 +25,7 @@ from llmd.logprobs import TokenLogprob
 from llmd.errors import ApiError, as_api_error, error_body, refusal_log
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse
+from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conversation_session
 from llmd.sessions import SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
@@ -44,6 +44,11 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
                   log: dict | None = None) -> Response:
     return Response(status, json.dumps(obj, ensure_ascii=False).encode(), headers or [],
                     log=log if log is not None else {})
+
+
+def error_shape(path: str) -> str:
+    """The error shape a route answers in: Anthropic's on the Messages routes."""
+    return errors.ANTHROPIC if path.startswith(messages.PATHS) else errors.OPENAI
 
 
 def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
@@ -163,6 +168,7 @@ class Api:
             (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
             (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
             (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
+            (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
             (re.compile(r"/tokenize"), {"POST": self.tokenize}),
             (re.compile(r"/detokenize"), {"POST": self.detokenize}),
             (re.compile(r"/v1/sessions"), {"GET": self.list_sessions}),
@@ -171,10 +177,11 @@ class Api:
         ]
         self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
         self.responses = ResponseStore()
+        self.pooling = engine.pooling_type()  # 0: the model makes no embeddings
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
         route, response = "unmatched", None
-        shape = errors.ANTHROPIC if request.path.startswith(messages.PATHS) else errors.OPENAI
+        shape = error_shape(request.path)
         try:
             for pattern, methods in self.routes:
                 if (m := pattern.fullmatch(request.path)) is None:
@@ -289,13 +296,19 @@ class Api:
             # Instructions do not carry over: each request's own come first.
             system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
             chat_req = dataclasses.replace(chat_req, messages=system + previous.history + req.input)
-        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
         history = (previous.history if previous else []) + req.input
+        fmt = ResponsesFormat(req, None)
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
+        if sid is None and req.store and self.table.eviction == "lru":
+            # A stored conversation gets a session of its own, so its continuation is warm;
+            # an idle one is evicted when the table is full (its cache only, never the store).
+            sid = conversation_session(scope, fmt.id)
 
         def store(response_id: str, reply: openai.Message) -> None:
             self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
 
-        return await self._chat(request, chat_req, sid, ResponsesFormat(req, store if req.store else None))
+        fmt.on_done = store if req.store else None
+        return await self._chat(request, chat_req, sid, fmt)
 
     async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
         req = messages.parse_request(request.body)
@@ -307,6 +320,16 @@ class Api:
         openai.check_vocab(req, self.info.n_vocab)
         prompt, _, _ = await self._chat_prompt(req)
         return json_response({"input_tokens": len(prompt.ids())})
+
+    async def embeddings(self, request: HttpRequest) -> Response:
+        req = openai.parse_embeddings_request(request.body)
+        self._check_model(req.model)
+        if self.pooling == 0:
+            raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
+                                         "makes no embeddings. Serve an embedding model.", "model",
+                                         "model_has_no_pooling")
+        raise errors.unsupported_parameter("model", "This model declares pooling, but llmd does not compute "
+                                           "embeddings yet.")
 
     def _session_of(self, req: openai.ChatRequest | openai.CompletionRequest, request: HttpRequest) -> str | None:
         """The body's session_id, else a session header, else the prompt_cache_key's session."""

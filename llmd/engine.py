@@ -163,6 +163,12 @@ class Engine:
             raise EngineError(lib.LLMD_ERR_HANDLE, "the engine is closed")
         return self._handle
 
+    def pooling_type(self) -> int:
+        """The embedding pooling the file declares: 0 none, 1 mean, 2 cls, 3 last, 4 rank."""
+        out = ffi.new("int32_t *")
+        _check(lib.llmd_engine_pooling_type(self.handle, out))
+        return out[0]
+
     def capacity(self, budget_bytes: int) -> tuple[int, int]:
         """(max sessions, bytes per session) for a KV memory budget."""
         n, per = ffi.new("int32_t *"), ffi.new("uint64_t *")

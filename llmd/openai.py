@@ -893,10 +893,9 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         v = obj.get(key)
         if v is not None and v is not False:
             raise unsupported_parameter(key, why)
-    if obj.get("top_logprobs") is not None and _int(obj["top_logprobs"], "top_logprobs", 0, MAX_TOP_LOGPROBS):
-        raise unsupported_parameter("top_logprobs", "'top_logprobs' is not supported on /v1/responses; "
-                                    "use /v1/chat/completions.")
-    _parse_include(obj.get("include"))
+    top_logprobs = obj.get("top_logprobs")
+    top_logprobs = 0 if top_logprobs is None else _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    with_logprobs = _parse_include(obj.get("include")) or top_logprobs > 0
     _parse_reasoning(obj.get("reasoning"))
     truncation = obj.get("truncation")
     if truncation is not None and _str(truncation, "truncation") != "disabled":
@@ -935,6 +934,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         response_format=response_format,
         tool_name=tool_name,
         prompt_cache_key=_parse_prompt_cache_key(obj),
+        logprobs=top_logprobs if with_logprobs else None,
     )
     echo = {
         "instructions": instructions,
@@ -946,7 +946,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         "top_p": chat.sampling.top_p,
         "presence_penalty": chat.sampling.presence_penalty,
         "frequency_penalty": chat.sampling.frequency_penalty,
-        "top_logprobs": 0,
+        "top_logprobs": top_logprobs,
         "text": {"format": text_format or {"type": "text"}},
         "tool_choice": obj.get("tool_choice") or ("auto" if tools else "none"),
         "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
@@ -968,15 +968,17 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     )
 
 
-def _parse_include(v: Any) -> None:
+def _parse_include(v: Any) -> bool:
+    """Whether `include` asks for the output text's logprobs."""
     if v is None:
-        return
+        return False
     if not isinstance(v, list):
         raise invalid_type("include", "an array of strings", v)
     for i, item in enumerate(v):
         # Encrypted reasoning is empty for a model without reasoning: nothing to add.
-        if _str(item, f"include[{i}]") != "reasoning.encrypted_content":
+        if _str(item, f"include[{i}]") not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
             raise unsupported_parameter(f"include[{i}]", f"include {_show(item)} is not supported.")
+    return "message.output_text.logprobs" in v
 
 
 def _parse_reasoning(v: Any) -> None:
@@ -1090,3 +1092,34 @@ def _parse_text_format(v: Any) -> ResponseFormat | None:
         if key not in ("type", "name", "description", "schema", "strict"):
             raise unknown_parameter(f"text.format.{key}")
     return _parse_response_format({"type": "json_schema", "json_schema": spec})
+
+
+# --- embeddings ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    model: str
+    inputs: list[str | list[int]]      # one entry per embedding asked for
+    encoding_format: str               # "float" | "base64"
+
+
+def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
+    """Validate a /v1/embeddings body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, frozenset({"model", "input", "encoding_format", "dimensions", "user"}), {})
+    model, _ = _parse_common(obj)
+    v = _required(obj, "input", "input")
+    if isinstance(v, str) or (isinstance(v, list) and v and all(_is_int(x) for x in v)):
+        inputs = [_parse_prompt_one(v, "input")]
+    elif isinstance(v, list) and v:
+        inputs = [_parse_prompt_one(x, f"input[{i}]") for i, x in enumerate(v)]
+    else:
+        raise invalid_type("input", "a string, an array of strings or an array of token ids", v)
+    fmt = obj.get("encoding_format")
+    if fmt is not None and _str(fmt, "encoding_format") not in ("float", "base64"):
+        raise invalid_request(f"Invalid value for 'encoding_format': {_show(fmt)}; expected 'float' or "
+                              "'base64'.", "encoding_format")
+    if obj.get("dimensions") is not None:
+        _int(obj["dimensions"], "dimensions", 1, INT32_MAX)
+        raise unsupported_parameter("dimensions", "'dimensions' (shortened embeddings) is not supported.")
+    return EmbeddingsRequest(model, inputs, fmt or "float")

@@ -11,6 +11,7 @@ its `type` and a `sequence_number`, and is sent as a named SSE event.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -18,13 +19,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from llmd import sse
+from llmd import logprobs, sse
 from llmd.errors import ApiError
 from llmd.openai import Message, ResponsesRequest, ToolCall
 from llmd.tools import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
     from llmd.api import Reply
+    from llmd.logprobs import TokenLogprob
 
 MAX_STORED = 256  # responses kept for previous_response_id, per server (oldest dropped first)
 
@@ -53,6 +55,12 @@ class ResponseStore:
         self._items.move_to_end((scope, response_id))
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
+
+
+def conversation_session(scope: str, first_response_id: str) -> str:
+    """The session a stored conversation runs in, named after its first response and
+    the API key, so no other caller can name it by accident."""
+    return "resp-" + hashlib.sha256(f"{scope}/{first_response_id}".encode()).hexdigest()[:32]
 
 
 def _item_id(prefix: str) -> str:
@@ -104,22 +112,26 @@ class ResponsesFormat:
         if self.on_done is not None:
             self.on_done(self.id, Message("assistant", text or (None if calls else ""), None, calls))
 
+    def _logprobs(self, reply: Reply, tokens: list[TokenLogprob]) -> list[dict]:
+        """Logprob entries of the output text (empty unless asked for), as chat shows them."""
+        return logprobs.chat_content(tokens, reply.piece) if self.req.chat.logprobs is not None else []
+
     def body(self, reply: Reply) -> dict:
         output = []
         text = reply.output.content()
         if text or not reply.output.calls:
-            output.append(self._message_item(text, "completed"))
+            output.append(self._message_item(text, "completed", lp=self._logprobs(reply, reply.logprobs)))
         output += [self._call_item(c["id"], c["function"]["name"], c["function"]["arguments"], "completed")
                    for c in reply.output.tool_calls()]
         self._finish(reply)
         return self._response(reply, self._status(reply), output)
 
     @staticmethod
-    def _text_part(text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def _text_part(text: str, lp: list[dict] | None = None) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": lp or []}
 
-    def _message_item(self, text: str, status: str, item_id: str | None = None) -> dict:
-        content = [self._text_part(text)] if status == "completed" else []
+    def _message_item(self, text: str, status: str, item_id: str | None = None, lp: list[dict] | None = None) -> dict:
+        content = [self._text_part(text, lp)] if status == "completed" else []
         return {"type": "message", "id": item_id or _item_id("msg"), "status": status, "role": "assistant",
                 "content": content}
 
@@ -140,7 +152,7 @@ class ResponsesFormat:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
-    def _close(self) -> list[bytes]:
+    def _close(self, reply: Reply) -> list[bytes]:
         """Events that finish the open item, if any."""
         item, self.open = self.open, None
         if item is None:
@@ -148,10 +160,11 @@ class ResponsesFormat:
         index = len(self.items) - 1
         if item["type"] == "message":
             text = item.pop("_text")
-            part = self._text_part(text)
+            lp = self._logprobs(reply, reply.logprobs)
+            part = self._text_part(text, lp)
             item.update(status="completed", content=[part])
             return [self._event("response.output_text.done", item_id=item["id"], output_index=index,
-                                content_index=0, text=text, logprobs=[]),
+                                content_index=0, text=text, logprobs=lp),
                     self._event("response.content_part.done", item_id=item["id"], output_index=index,
                                 content_index=0, part=part),
                     self._event("response.output_item.done", output_index=index, item=item)]
@@ -160,8 +173,8 @@ class ResponsesFormat:
                             name=item["name"], arguments=item["arguments"]),
                 self._event("response.output_item.done", output_index=index, item=item)]
 
-    def _add(self, item: dict) -> list[bytes]:
-        out = self._close()
+    def _add(self, reply: Reply, item: dict) -> list[bytes]:
+        out = self._close(reply)
         self.items.append(item)
         self.open = item
         shown = {k: v for k, v in item.items() if not k.startswith("_")}
@@ -174,19 +187,19 @@ class ResponsesFormat:
                 if self.open is None or self.open["type"] != "message":
                     item = self._message_item("", "in_progress")
                     item["_text"] = ""
-                    out += self._add(item)
+                    out += self._add(reply, item)
                     out.append(self._event("response.content_part.added", item_id=item["id"],
                                            output_index=len(self.items) - 1, content_index=0,
                                            part=self._text_part("")))
                 self.open["_text"] += d.text
                 out.append(self._event("response.output_text.delta", item_id=self.open["id"],
                                        output_index=len(self.items) - 1, content_index=0, delta=d.text,
-                                       logprobs=[]))
+                                       logprobs=self._logprobs(reply, reply.take_logprobs())))
             else:
                 if d.id is not None:
                     item = self._call_item(d.id, d.name or "", "", "in_progress")
                     self.calls[d.index] = item
-                    out += self._add(item)
+                    out += self._add(reply, item)
                 item = self.calls[d.index]
                 item["arguments"] += d.arguments
                 if d.arguments:
@@ -195,9 +208,9 @@ class ResponsesFormat:
         return out
 
     def end(self, reply: Reply) -> list[bytes]:
-        out = self._close()
+        out = self._close(reply)
         if not self.items:  # an empty reply is still one (empty) message
-            out += self.deltas(reply, [ContentDelta("")]) + self._close()
+            out += self.deltas(reply, [ContentDelta("")]) + self._close(reply)
         self._finish(reply)
         status = self._status(reply)
         done = self._response(reply, status, self.items)

@@ -297,3 +297,45 @@ def test_id_slot_is_refused_pointing_to_session_id(server):
 def test_anthropic_routes_answer_unknown_routes_and_methods_in_their_shape(server):
     resp = server.request("GET", server.origin + "/v1/messages")
     assert resp.status == 405 and resp.json()["type"] == "error"
+
+
+def test_embeddings_on_a_model_without_pooling_is_400_saying_so(server):
+    resp = server.post_json("/embeddings", {"model": MODEL, "input": ["a", "b"]})
+    assert resp.status == 400
+    err = resp.json()["error"]
+    assert err["code"] == "model_has_no_pooling" and "no pooling" in err["message"] and err["param"] == "model"
+    assert server.post_json("/embeddings", {"model": MODEL, "input": "a", "encoding_format": "hex"}).json()[
+        "error"]["param"] == "encoding_format"
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+def test_a_stored_response_is_continued_warm_from_its_own_session(server):
+    body = {"model": MODEL, "input": "My name is Alice.", "max_output_tokens": 5, "temperature": 0}
+    first = server.post_json("/responses", body).json()
+    second = server.post_json("/responses", {**body, "input": "What is my name?",
+                                             "previous_response_id": first["id"]}).json()
+    reused = second["usage"]["input_tokens_details"]["cached_tokens"]
+    assert reused >= first["usage"]["input_tokens"] + first["usage"]["output_tokens"] - 2
+    sessions = server.request("GET", server.origin + "/v1/sessions").json()["data"]
+    assert any(s["id"].startswith("resp-") for s in sessions)
+
+
+def test_an_unstored_response_cannot_be_continued(server):
+    first = server.post_json("/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 2,
+                                            "store": False}).json()
+    assert first["store"] is False
+    resp = server.post_json("/responses", {"model": MODEL, "input": "Again", "max_output_tokens": 2,
+                                           "previous_response_id": first["id"]})
+    assert resp.status == 400 and resp.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_responses_output_text_logprobs_streamed_and_not(server):
+    body = {"model": MODEL, "input": "Say hi.", "max_output_tokens": 4, "temperature": 0, "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"]}
+    part = server.post_json("/responses", body).json()["output"][0]["content"][0]
+    assert "".join(e["token"] for e in part["logprobs"]) == part["text"]
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in part["logprobs"])
+    events = server.post_events("/responses", {**body, "stream": True}).chunks
+    streamed = [e for name, ev in events if name == "response.output_text.delta" for e in ev["logprobs"]]
+    assert streamed == part["logprobs"]

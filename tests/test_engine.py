@@ -15,7 +15,7 @@ from llmd._native import ffi, lib
 from llmd.engine import (
     CapacityError, ContextFullError, Engine, EngineError, Sampling, Session, TokenError,
 )
-from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0
+from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, U32
 
 ALL_TYPES = [GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1]
 TYPE_IDS = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"]
@@ -562,3 +562,19 @@ def test_unicode_text_round_trips(engine):
 def test_empty_text_has_no_tokens(engine):
     assert engine.tokenize("") == []
     assert engine.tokenize(b"", special=True) == []
+
+
+# ---- model metadata -------------------------------------------------------------------
+
+@pytest.mark.parametrize("declared, expected", [(None, 0), (1, 1), (3, 3)])
+def test_pooling_type_is_what_the_file_declares(tiny_llama_factory, declared, expected):
+    extra = [] if declared is None else [("llama.pooling_type", U32, declared)]
+    with Engine(str(tiny_llama_factory(extra_metadata=tuple(extra)).path), n_ctx=64, max_sessions=1) as e:
+        assert e.pooling_type() == expected
+
+
+def test_unknown_pooling_type_is_a_format_error(tiny_llama_factory):
+    with Engine(str(tiny_llama_factory(extra_metadata=(("llama.pooling_type", U32, 9),)).path), n_ctx=64,
+                max_sessions=1) as e:
+        with pytest.raises(EngineError, match="pooling_type 9 is unknown"):
+            e.pooling_type()

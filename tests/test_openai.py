@@ -777,3 +777,18 @@ def test_check_vocab_covers_prompt_ids_logit_bias_and_detokenize():
 
 def test_check_vocab_ignores_text_prompts():
     check_vocab(completion(prompt="text"), 1)
+
+
+def test_embeddings_inputs_are_one_or_many_texts_or_id_lists():
+    from llmd.openai import parse_embeddings_request
+    parse = lambda **f: parse_embeddings_request(json.dumps({"model": "m", **f}).encode())
+    assert parse(input="a").inputs == ["a"]
+    assert parse(input=["a", "b"]).inputs == ["a", "b"]
+    assert parse(input=[1, 2]).inputs == [[1, 2]]
+    assert parse(input=[[1], [2, 3]], encoding_format="base64").encoding_format == "base64"
+    with pytest.raises(ApiError) as info:
+        parse(input=[])
+    assert info.value.param == "input"
+    with pytest.raises(ApiError) as info:
+        parse(input="a", dimensions=8)
+    assert info.value.code == "unsupported_parameter"

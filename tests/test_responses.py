@@ -71,7 +71,7 @@ def test_sampling_and_token_limit_are_read():
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "conversation": "conv_1"}, "conversation"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include[0]"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include[0]"),
     ({"input": ""}, "input"),
     ({"input": "x", "previous_response_id": 5}, "previous_response_id"),
 ])
@@ -92,3 +92,10 @@ def test_the_store_keeps_the_newest_and_answers_only_the_same_key():
         store.put("key1", rid, item)
     assert store.get("key1", "a") is None and store.get("key1", "c") is item
     assert store.get("key2", "c") is None
+
+
+def test_output_text_logprobs_are_asked_for_through_include_or_top_logprobs():
+    assert parse(input="x").chat.logprobs is None
+    assert parse(input="x", include=["message.output_text.logprobs"]).chat.logprobs == 0
+    req = parse(input="x", top_logprobs=3)
+    assert req.chat.logprobs == 3 and req.echo["top_logprobs"] == 3

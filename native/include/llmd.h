@@ -77,6 +77,10 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
 void llmd_engine_free(llmd_engine *engine); /* frees its sessions too */
 llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *out);
 
+/* The pooling the model file declares for embeddings (`<arch>.pooling_type`, as
+ * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
+llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
+
 /* How many sessions fit in budget_bytes of KV memory at the engine's context. */
 llmd_status llmd_engine_capacity(const llmd_engine *engine, uint64_t budget_bytes,
                                  int32_t *max_sessions, uint64_t *bytes_per_session);

@@ -546,6 +546,23 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
     });
 }
 
+llmd_status llmd_engine_pooling_type(const llmd_engine *e, int32_t *pooling_type) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || pooling_type == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
+        std::string err;
+        std::string_view arch;
+        int64_t value = 0;
+        if (!e->file->get_string("general.architecture", &arch, &err) ||
+            !e->file->get_int(std::string(arch) + ".pooling_type", &value, &err)) {
+            if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+            value = 0;
+        }
+        if (value < 0 || value > 4) return fail(LLMD_ERR_FORMAT, "GGUF: pooling_type " + std::to_string(value) + " is unknown");
+        *pooling_type = static_cast<int32_t>(value);
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
