@@ -21,8 +21,8 @@ from llmd import chat, constrain, errors, messages, metrics, openai, sse
 from llmd.chat_completions import ChatCompletionFormat
 from llmd.completions import CompletionFormat
 from llmd.engine import Engine, Sampling, Token
-from llmd.logprobs import TokenLogprob
 from llmd.errors import ApiError, as_api_error, error_body, refusal_log
+from llmd.logprobs import TokenLogprob
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
 from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conversation_session
