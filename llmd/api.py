@@ -15,7 +15,7 @@ import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Callable, Mapping, Protocol
+from typing import AsyncIterator, Callable, Mapping, Protocol, TypeVar
 
 from llmd import chat, constrain, errors, messages, metrics, openai, sse
 from llmd.chat_completions import ChatCompletionFormat
@@ -26,18 +26,21 @@ from llmd.logprobs import TokenLogprob
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
 from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conversation_session
-from llmd.sessions import SessionTable, cache_key_session, reply_fingerprint, session_id_of
+from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
 
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
+PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
+DETOKENIZE_CHUNK = 4096  # ids turned into text per executor call, so other streams step in between
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
 PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
                 ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
                                             "style-src 'unsafe-inline'; img-src data:")]
 
 log = logging.getLogger("llmd.api")
+T = TypeVar("T")
 
 
 def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
@@ -64,6 +67,14 @@ def key_scope(request: HttpRequest) -> str:
         scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
         presented = token.strip() if scheme.lower() == "bearer" else ""
     return hashlib.sha256(presented.encode("latin-1")).hexdigest() if presented else ""
+
+
+async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
+    """parser(body); a big body is parsed on a worker thread, so that validating a
+    million-element array does not hold up every stream on the event loop."""
+    if len(body) <= PARSE_INLINE_BYTES:
+        return parser(body)
+    return await asyncio.to_thread(parser, body)
 
 
 def route_label(pattern: re.Pattern) -> str:
@@ -157,6 +168,11 @@ class Api:
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
+        # No token covers more text than the longest piece, so text longer than the
+        # context times that cannot fit: it is refused before the executor spends
+        # seconds tokenizing it while every stream waits.
+        longest = max((len(self.engine.piece(i, special=True)) for i in range(self.info.n_vocab)), default=1)
+        self.max_text_bytes = self.info.n_ctx * max(longest, 1)
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
@@ -233,13 +249,27 @@ class Api:
 
     # ---- tokenizer -----------------------------------------------------------
 
+    def _check_text(self, text: str, param: str) -> None:
+        """Refuse text too long to fit the context whatever its tokens (see __init__)."""
+        if len(text) * 4 > self.max_text_bytes:  # else it fits: no need to encode it
+            n_bytes = len(text.encode("utf-8", "surrogatepass"))
+            if n_bytes > self.max_text_bytes:
+                raise errors.text_too_long(n_bytes, self.max_text_bytes, self.info.n_ctx, param)
+
     async def tokenize(self, request: HttpRequest) -> Response:
-        req = openai.parse_tokenize_request(request.body)
+        req = await parse(openai.parse_tokenize_request, request.body)
+        self._check_text(req.content, "content")
         ids = await self.runtime.call(self.engine.tokenize, req.content, True)
         if req.add_special and self.info.add_bos:
             ids = [self.info.bos_id] + ids
         if not req.with_pieces:
             return json_response({"tokens": ids})
+        pieces = []
+        for i in range(0, len(ids), DETOKENIZE_CHUNK):
+            pieces += await self.runtime.call(self._pieces, ids[i:i + DETOKENIZE_CHUNK])
+        return json_response({"tokens": pieces})
+
+    def _pieces(self, ids: list[int]) -> list[dict]:
         pieces = []
         for i in ids:
             raw = self.engine.piece(i, special=True)
@@ -247,19 +277,28 @@ class Api:
                 pieces.append({"id": i, "piece": raw.decode("utf-8")})
             except UnicodeDecodeError:
                 pieces.append({"id": i, "piece": list(raw)})
-        return json_response({"tokens": pieces})
+        return pieces
 
     async def detokenize(self, request: HttpRequest) -> Response:
-        req = openai.parse_detokenize_request(request.body)
-        openai.check_vocab(req, self.info.n_vocab)
-        data = await self.runtime.call(self.engine.detokenize, req.tokens, True)
+        req = await parse(self._parse_detokenize, request.body)
+        data = b"".join([await self.runtime.call(self.engine.detokenize, req.tokens[i:i + DETOKENIZE_CHUNK], True)
+                         for i in range(0, len(req.tokens), DETOKENIZE_CHUNK)])
         return json_response({"content": data.decode("utf-8", "replace")})
+
+    def _parse_detokenize(self, body: bytes) -> openai.DetokenizeRequest:
+        req = openai.parse_detokenize_request(body)
+        openai.check_vocab(req, self.info.n_vocab)  # a pass over every id: with the parse
+        return req
 
     # ---- sessions ----------------------------------------------------------
 
     async def list_sessions(self, request: HttpRequest) -> Response:
         data = [self.table.describe(s) for s in self.table.named.values()]
-        return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1})
+        # The engine's own count next to the table's: they differ only while frees
+        # or opens are queued on the executor, so lasting disagreement is a leak.
+        return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1,
+                              "engine_sessions": self.engine.live_sessions(),
+                              "table_sessions": self.table.engine_sessions})
 
     def _named(self, sid: str) -> str:
         return session_id_of(sid, {})
@@ -271,22 +310,22 @@ class Api:
         return json_response(self.table.describe(slot))
 
     async def delete_session(self, request: HttpRequest, sid: str) -> Response:
-        deleted = await self.table.delete(self._named(sid))
+        deleted = self.table.delete(self._named(sid))
         return json_response({"id": sid, "object": "session.deleted", "deleted": deleted})
 
     async def reset_session(self, request: HttpRequest, sid: str) -> Response:
-        reset = await self.table.reset(self._named(sid))
+        reset = self.table.reset(self._named(sid))
         return json_response({"id": sid, "object": "session.reset", "reset": reset})
 
     # ---- generation ------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = openai.parse_chat_request(request.body)
+        req = await parse(openai.parse_chat_request, request.body)
         fmt = ChatCompletionFormat(req.include_usage, req.logprobs is not None, req.timings_per_token)
         return await self._chat(request, req, self._session_of(req, request), fmt)
 
     async def create_response(self, request: HttpRequest) -> Response | StreamResponse:
-        req = openai.parse_responses_request(request.body)
+        req = await parse(openai.parse_responses_request, request.body)
         scope, chat_req, previous = key_scope(request), req.chat, None
         if req.previous_response_id is not None:
             previous = self.responses.get(scope, req.previous_response_id)
@@ -311,18 +350,18 @@ class Api:
         return await self._chat(request, chat_req, sid, fmt)
 
     async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
-        req = messages.parse_request(request.body)
+        req = await parse(messages.parse_request, request.body)
         return await self._chat(request, req, self._session_of(req, request), messages.MessagesFormat())
 
     async def count_message_tokens(self, request: HttpRequest) -> Response:
-        req = messages.parse_request(request.body, counting=True)
+        req = await parse(messages.parse_count_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         prompt, _, _ = await self._chat_prompt(req)
         return json_response({"input_tokens": len(prompt.ids())})
 
     async def embeddings(self, request: HttpRequest) -> Response:
-        req = openai.parse_embeddings_request(request.body)
+        req = await parse(openai.parse_embeddings_request, request.body)
         self._check_model(req.model)
         if self.pooling == 0:
             raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
@@ -355,6 +394,7 @@ class Api:
             rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        self._check_text(rendered.text, "messages")
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
             m = req.messages[index]
@@ -362,12 +402,13 @@ class Api:
         return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = openai.parse_completion_request(request.body)
+        req = await parse(openai.parse_completion_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = self._session_of(req, request)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
+            self._check_text(req.prompt, "prompt")
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
@@ -413,36 +454,44 @@ class Api:
         self._admit()
         self.waiting += 1
         try:
-            slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+            lease = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
         finally:
             self.waiting -= 1
-        reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
-        if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
-            ids = spliced
-        # Like the room left in the context, the operator's cap clamps max_tokens;
-        # finish_reason "length" tells the client it was reached.
-        cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
-        max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
-        sampling = self._sampling(req.sampling)
+        try:
+            slot = lease.slot
+            reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
+            if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
+                ids = spliced
+            # Like the room left in the context, the operator's cap clamps max_tokens;
+            # finish_reason "length" tells the client it was reached.
+            cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
+            max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
+            sampling = self._sampling(req.sampling)
 
-        def generation(index: int) -> Generation:
-            """Choice `index`: its own seed; after the first, the prompt is in the slot's cache."""
-            return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
-                              max_tokens, reuse=reuse or index > 0, grammar=grammar, logprobs=req.logprobs,
-                              prompt_logprobs=prompt_logprobs if index == 0 else None)
+            def generation(index: int) -> Generation:
+                """Choice `index`: its own seed; after the first, the prompt is in the slot's
+                cache. The last choice holds the lease (Reply.close hands it on if the
+                reply ends sooner)."""
+                return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
+                                  max_tokens, reuse=reuse or index > 0, grammar=grammar, logprobs=req.logprobs,
+                                  prompt_logprobs=prompt_logprobs if index == 0 else None,
+                                  lease=lease if index == req.n - 1 else None)
 
-        g = generation(0)
-        self.runtime.submit(g)
+            g = generation(0)
+            self.runtime.submit(g)  # from here a generation releases the lease when it ends
+        except BaseException:
+            lease.release()
+            raise
         reply = Reply(self, fmt, g, Output(req.stop, tools), sid, prompt_text,
-                      Choices(req.n, generation, lambda: Output(req.stop, tools)))
+                      Choices(req.n, generation, lambda: Output(req.stop, tools), lease))
         if req.stream:
-            response = StreamResponse(200, reply.stream(request))
+            response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log
             return response
         try:
             return json_response(await reply.collect(request), log=reply.log)
         finally:
-            await reply.close()
+            reply.close()
 
 
 class Format(Protocol):
@@ -477,6 +526,7 @@ class Choices:
     n: int
     generation: Callable[[int], Generation]
     output: Callable[[], Output]
+    lease: Lease                   # the reply's hold on the slot, given to its last choice
 
 
 class Reply:
@@ -502,19 +552,23 @@ class Reply:
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
         self.logprobs: list[TokenLogprob] = []  # of the reply's tokens, when asked for
         self._logprobs_taken = 0
+        self.stop_hit = False  # a stop string ended the reply (the generation is cancelled)
         self.closed = False
 
-    async def close(self) -> None:
-        """Cancel the generation if it still runs, wait until the scheduler let go of
-        it, and release the session slot."""
+    def close(self) -> None:
+        """Cancel the generation if it still runs (it releases its session as it ends)
+        and fill in the access-log fields. Never waits, so no interruption of the
+        handler can leave the session held."""
         if self.closed:
             return
         self.closed = True
+        lease = self.more.lease if self.more else None
         if not self.g.finished:
             self.api.runtime.cancel(self.g)
-            while not self.g.finished:
-                await self.g.events.get()
-        await self.api.table.release(self.g.slot)
+            if lease is not None and self.g.lease is None:  # a choice before the last: it
+                self.g.lease = lease                         # gives the slot back as it ends
+        elif lease is not None:
+            lease.release()
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),
@@ -556,11 +610,16 @@ class Reply:
             self.logprobs.append(TokenLogprob(token.id, token.logprob, token.top))
         deltas, hit = self.output.feed(token.piece)
         if hit:
+            self.stop_hit = True
             self.api.runtime.cancel(self.g)
         return deltas
 
     def _end(self, reason: str) -> list[ContentDelta | ToolCallDelta]:
-        """The last deltas; sets finish_reason and remembers a complete chat reply."""
+        """The last deltas; sets finish_reason and remembers a complete chat reply.
+        A generation cancelled for any reason but a stop string was cut short: that is
+        an error, never a normal finish."""
+        if reason == "cancelled" and not self.stop_hit:
+            raise errors.unavailable("the generation was cancelled before it finished")
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
         # A reply cut by a stop string ("cancelled") holds ids the client never saw.
@@ -583,6 +642,7 @@ class Reply:
         self.index += 1
         self.g, self.output = self.more.generation(self.index), self.more.output()
         self.finish_reason, self.generated_ids, self.logprobs, self._logprobs_taken = None, [], [], 0
+        self.stop_hit = False
         self.api.runtime.submit(self.g)
 
     @property
@@ -634,17 +694,43 @@ class Reply:
                     elif kind == "token":
                         for frame in self.fmt.deltas(self, self._feed(value)):
                             yield frame
-                    elif kind == "error":
-                        for frame in self.fmt.error(self, as_api_error(value)):
-                            yield frame
-                        return
                     else:
-                        for frame in self.fmt.deltas(self, self._end(value)):
+                        try:
+                            if kind == "error":
+                                raise as_api_error(value)
+                            frames = self.fmt.deltas(self, self._end(value))
+                        except ApiError as err:
+                            for frame in self.fmt.error(self, err):
+                                yield frame
+                            return
+                        for frame in frames:
                             yield frame
                 for frame in self.fmt.end(self):
                     yield frame
         finally:
-            await self.close()
+            self.close()
+
+
+class ReplyStream:
+    """A Reply's SSE chunks for the HTTP layer. Closing it closes the reply even if the
+    stream never started (a client that reset before the response head), which a
+    bare async generator would not do."""
+
+    def __init__(self, reply: Reply, request: HttpRequest):
+        self.reply = reply
+        self.chunks = reply.stream(request)
+
+    def __aiter__(self) -> ReplyStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self.chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self.chunks.aclose()
+        finally:
+            self.reply.close()
 
 
 class App:

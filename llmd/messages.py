@@ -110,6 +110,11 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
     )
 
 
+def parse_count_request(body: bytes) -> ChatRequest:
+    """Validate a count_tokens body: a Messages body without max_tokens."""
+    return parse_request(body, counting=True)
+
+
 def _parse_sampling(obj: dict) -> Sampling:
     """Anthropic's temperature runs 0..1 (default 1); top_p, top_k as in OpenAI."""
     def get(key: str, default, parse):

@@ -78,7 +78,7 @@ def test_client_disconnect_mid_stream_frees_the_session(server):
     body = json.dumps(server.chat_body([{"role": "user", "content": "Tell me a long story."}],
                                        stream=True, max_tokens=200, session_id="gone")).encode()
     sock = socket.create_connection(("127.0.0.1", port_of(server)))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     received = b""
     while received.count(b"data: ") < 4:
@@ -339,3 +339,51 @@ def test_responses_output_text_logprobs_streamed_and_not(server):
     events = server.post_events("/responses", {**body, "stream": True}).chunks
     streamed = [e for name, ev in events if name == "response.output_text.delta" for e in ev["logprobs"]]
     assert streamed == part["logprobs"]
+
+
+# ---- big inputs never hold the engine thread for long ---------------------------------
+
+def test_text_too_long_for_the_context_is_refused_by_its_size_before_tokenizing(server):
+    text = "word " * 5000  # 25000 bytes: more than 256 tokens of at most 81 bytes can hold
+    for path, body, param in [
+            (server.origin + "/tokenize", {"content": text}, "content"),
+            ("/completions", server.completion_body(text), "prompt"),
+            ("/chat/completions", server.chat_body([{"role": "user", "content": text}]), "messages")]:
+        resp = server.post_json(path, body)
+        error = resp.json()["error"]
+        assert resp.status == 400 and error["code"] == "context_length_exceeded", (path, error)
+        assert error["param"] == param and "at most 20736 bytes" in error["message"]
+        assert ("25000 bytes" if param != "messages" else "bytes") in error["message"]
+    fits = server.post_json(server.origin + "/tokenize", {"content": "word " * 4000}).json()["tokens"]
+    assert len(fits) > 256  # under the size bound, text longer than the context still tokenizes
+
+
+def test_detokenize_of_many_ids_is_done_in_pieces_and_equals_the_whole(server):
+    ids = server.post_json(server.origin + "/tokenize", {"content": "Hello world, again. " * 1000}).json()["tokens"]
+    assert len(ids) > 4096  # more than one piece of work for the engine thread
+    text = server.post_json(server.origin + "/detokenize", {"tokens": ids}).json()["content"]
+    assert text == "Hello world, again. " * 1000
+    pieces = server.post_json(server.origin + "/tokenize", {"content": "Hello world, again. " * 1000,
+                                                           "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == text
+
+
+def test_n_choices_hold_their_session_until_the_last_and_free_it_when_the_client_leaves(server):
+    done = server.chat([{"role": "user", "content": "Hi"}], session_id="several", max_tokens=3, n=3,
+                       temperature=1.0)
+    assert done.status == 200 and len(done.json()["choices"]) == 3
+    assert server.get_json("/sessions/several").json()["in_flight"] == 0
+    body = json.dumps(server.chat_body([{"role": "user", "content": "Tell me a long story."}], stream=True,
+                                       max_tokens=200, n=3, session_id="left")).encode()
+    sock = socket.create_connection(("127.0.0.1", port_of(server)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    received = b""
+    while received.count(b"data: ") < 4:  # inside the first of three choices
+        received += sock.recv(4096)
+    sock.close()
+    deadline = time.monotonic() + 10
+    while (info := server.get_json("/sessions/left").json())["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert info["in_flight"] == 0 and info["resident_tokens"] < 200
+    assert server.chat([{"role": "user", "content": "Hi"}], session_id="left", max_tokens=2).status == 200

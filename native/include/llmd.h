@@ -81,6 +81,10 @@ llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *ou
  * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
 llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
 
+/* Sessions of this engine not yet freed. Any thread may call it (it is how a server
+ * checks that its own bookkeeping agrees with the engine). */
+llmd_status llmd_engine_live_sessions(const llmd_engine *engine, int32_t *n);
+
 /* How many sessions fit in budget_bytes of KV memory at the engine's context. */
 llmd_status llmd_engine_capacity(const llmd_engine *engine, uint64_t budget_bytes,
                                  int32_t *max_sessions, uint64_t *bytes_per_session);
