@@ -594,7 +594,21 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
         weight_bytes=sum(len(t.data) for t in w.tensors), arch=arch, head_dim=head_dim or 0)
 
 
-# ---- a vocabulary that shows how a pre-tokenizer splits ----------------------------
+# ---- vocabularies without weights ------------------------------------------------
+
+def _vocab_only_writer(name: str) -> GGUFWriter:
+    """A GGUF with the llama hyperparameters llama.cpp reads even for a vocabulary
+    alone, and no tensors; the caller adds the tokenizer."""
+    w = GGUFWriter()
+    w.set("general.architecture", STRING, "llama")
+    w.set("general.name", STRING, name)
+    for key, value in (("context_length", 128), ("embedding_length", 64), ("block_count", 1),
+                       ("feed_forward_length", 128), ("attention.head_count", 4),
+                       ("attention.head_count_kv", 4)):
+        w.set(f"llama.{key}", U32, value)
+    w.set("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    return w
+
 
 def build_split_vocab(texts: list[str], pre: str, *, max_len: int = 8) -> GGUFWriter:
     """A vocab-only GGUF (no tensors) whose BPE output shows the pre-tokenizer's words.
@@ -619,14 +633,7 @@ def build_split_vocab(texts: list[str], pre: str, *, max_len: int = 8) -> GGUFWr
                 tokens.append(joined)
                 for cut in range(start + 1, end):
                     merges.append("".join(data[start:cut]) + " " + "".join(data[cut:end]))
-    w = GGUFWriter()
-    w.set("general.architecture", STRING, "llama")
-    w.set("general.name", STRING, f"split-{pre}")
-    for key, value in (("context_length", 128), ("embedding_length", 64), ("block_count", 1),
-                       ("feed_forward_length", 128), ("attention.head_count", 4),
-                       ("attention.head_count_kv", 4)):
-        w.set(f"llama.{key}", U32, value)
-    w.set("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    w = _vocab_only_writer(f"split-{pre}")
     w.set("tokenizer.ggml.model", STRING, "gpt2")
     w.set("tokenizer.ggml.pre", STRING, pre)
     w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
@@ -660,14 +667,7 @@ def build_spm_vocab(texts: list[str], *, add_space_prefix: bool, max_len: int = 
     scores = [0.0] * len(tokens) + [len(p) - 1e-4 * i for i, p in enumerate(pieces)]
     tokens += pieces
     types += [1] * len(pieces)
-    w = GGUFWriter()
-    w.set("general.architecture", STRING, "llama")
-    w.set("general.name", STRING, "spm-test")
-    for key, value in (("context_length", 128), ("embedding_length", 64), ("block_count", 1),
-                       ("feed_forward_length", 128), ("attention.head_count", 4),
-                       ("attention.head_count_kv", 4)):
-        w.set(f"llama.{key}", U32, value)
-    w.set("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    w = _vocab_only_writer("spm-test")
     w.set("tokenizer.ggml.model", STRING, "llama")
     w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
     w.set("tokenizer.ggml.scores", ARRAY, (F32, scores))
