@@ -125,7 +125,7 @@ class Api:
     """Routes requests to handlers. Built once the model is loaded."""
 
     def __init__(self, engine: Engine, runtime: Runtime, table: SessionTable,
-                 template: chat.ChatTemplate | None, options: Options):
+                 template: chat.ChatTemplate | chat.JinjaTemplate | chat.Unavailable, options: Options):
         self.engine = engine
         self.info = engine.info
         self.runtime = runtime
@@ -147,6 +147,8 @@ class Api:
             (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
             (re.compile(r"/tokenize"), {"POST": self.tokenize}),
             (re.compile(r"/detokenize"), {"POST": self.detokenize}),
+            (re.compile(r"/apply-template"), {"POST": self.apply_template}),
+            (re.compile(r"/props"), {"GET": self.props}),
             (re.compile(r"/v1/sessions"), {"GET": self.list_sessions}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"), {"GET": self.get_session, "DELETE": self.delete_session}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": self.reset_session}),
@@ -204,6 +206,32 @@ class Api:
                                        f"{', '.join(self.options.model_ids)}.",
                                   "not_found_error", "model", "model_not_found")
 
+    # ---- chat template (as llama.cpp's server shows it) ------------------------
+
+    async def apply_template(self, request: HttpRequest) -> Response:
+        """The exact prompt text a chat request with this body would be given."""
+        req = openai.parse_apply_template_request(request.body)
+        tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
+        return json_response({"prompt": self._render(req.messages, tools, req.add_generation_prompt).text})
+
+    async def props(self, request: HttpRequest) -> Response:
+        """Model and server properties in the shape of llama.cpp's GET /props."""
+        bos, eos = await self.runtime.call(lambda: tuple(
+            self.engine.piece(i, special=True).decode("utf-8", "replace") if i >= 0 else ""
+            for i in (self.info.bos_id, self.info.eos_id)))
+        template = self.template
+        return json_response({
+            "default_generation_settings": {"n_ctx": self.info.n_ctx},
+            "total_slots": self.table.capacity,
+            "model_alias": self.options.model_ids[0],
+            "modalities": {"vision": False, "audio": False},
+            "chat_template": template.source if not isinstance(template, chat.Unavailable) else "",
+            "bos_token": bos,
+            "eos_token": eos,
+            "build_info": "llmd",
+            "chat_template_renderer": chat.renderer_name(template),
+        })
+
     # ---- tokenizer -----------------------------------------------------------
 
     async def tokenize(self, request: HttpRequest) -> Response:
@@ -258,14 +286,8 @@ class Api:
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
-        if self.template is None:
-            raise errors.invalid_request("this model has no chat template; use /v1/completions "
-                                         "or start llmd with --chat-template", "messages")
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
-        try:
-            rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
-        except chat.ChatTemplateError as exc:
-            raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        rendered = self._render(req.messages, tools)
         grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
@@ -284,6 +306,19 @@ class Api:
         else:
             prompt = PromptIds([list(req.prompt)])
         return await self._generate(request, "text", prompt, req.prompt, req, sid, None, grammar)
+
+    def _render(self, messages: list[openai.Message], tools: list[dict],
+                add_generation_prompt: bool = True) -> chat.Prompt:
+        """The chat prompt; 400 when there is no usable template or it refuses the input."""
+        if isinstance(self.template, chat.Unavailable):
+            raise errors.invalid_request(self.template.reason, "messages")
+        try:
+            return chat.render_chat(self.template, [asdict(m) for m in messages], tools or None,
+                                    add_generation_prompt)
+        except chat.UnsupportedToolsError as exc:
+            raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        except chat.ChatTemplateError as exc:
+            raise errors.invalid_request(str(exc), "messages")
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""

@@ -16,11 +16,12 @@ the read-only methods of str/dict/list listed below, and template objects' own f
 the only callables are those methods, macros and the listed globals. Work is bounded:
 output size, loop iterations, call depth and `range` length all have limits.
 
-Provenance. Strings that come from the caller's data (`render(..., data=...)` wraps
-them) are `Text`: a str that knows which of its characters are data. Concatenation,
-slicing, strip, split, join and output keep that knowledge exactly; every other
-operation that reads data marks its whole result as data. `render_parts` then returns
-the output as (text, is_data) runs, so a caller can treat control-token strings the
+Provenance. Strings that come from the caller's data (`render_parts(..., data)` wraps
+them) are `Text`: a str that knows which of its characters are data, each range with a
+source tag (0, or the tag the caller gave with `data_text`). Concatenation, slicing,
+strip, split, join and output keep that knowledge exactly; every other operation that
+reads data marks its whole result as untagged data. `render_parts` then returns the
+output as runs with their source, so a caller can treat control-token strings the
 template wrote as markers while the same characters typed by a user stay text.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import codecs
 import datetime as _dt
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -63,24 +65,24 @@ class TemplateRaised(TemplateRuntimeError):
 # --- provenance ---------------------------------------------------------------------
 
 class Text(str):
-    """A string whose characters in `spans` ((start, end) pairs, sorted, disjoint) came
-    from the caller's data, and, when `safe`, one marked by `|safe` or `|escape` (Jinja's
+    """A string whose characters in `spans` ((start, end, tag) triples, sorted, disjoint)
+    came from the caller's data, and, when `safe`, one marked by `|safe` or `|escape` (Jinja's
     Markup: `+` and `%` HTML-escape the plain strings combined with it). Build with
     `_text`; a plain str has no data and is not safe."""
 
-    spans: tuple[tuple[int, int], ...] = ()
+    spans: tuple[tuple[int, int, int], ...] = ()
     safe: bool = False
 
 
-def _text(value: str, spans: Iterable[tuple[int, int]], safe: bool = False) -> str:
-    merged: list[tuple[int, int]] = []
-    for start, end in spans:
+def _text(value: str, spans: Iterable[tuple[int, int, int]], safe: bool = False) -> str:
+    merged: list[tuple[int, int, int]] = []
+    for start, end, tag in spans:
         if start >= end:
             continue
-        if merged and merged[-1][1] >= start:
-            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        if merged and merged[-1][1] >= start and merged[-1][2] == tag:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]), tag)
         else:
-            merged.append((start, end))
+            merged.append((start, end, tag))
     if not merged and not safe:
         return str(value)
     out = Text(value)
@@ -106,7 +108,7 @@ def _html_escape(value: Any) -> str:
     return _mark_safe(_taint(out, s))
 
 
-def _spans(value: Any) -> tuple[tuple[int, int], ...]:
+def _spans(value: Any) -> tuple[tuple[int, int, int], ...]:
     return value.spans if isinstance(value, Text) else ()
 
 
@@ -123,27 +125,35 @@ def _has_data(value: Any) -> bool:
 def _taint(result: Any, *sources: Any) -> Any:
     """A string computed from `sources` is all data if any source holds data."""
     if isinstance(result, str) and result and any(_has_data(s) for s in sources):
-        return _text(result, [(0, len(result))])
+        return _text(result, [(0, len(result), 0)])
     return result
 
 
 def _join(pieces: list[str]) -> str:
     spans, at = [], 0
     for piece in pieces:
-        spans.extend((at + s, at + e) for s, e in _spans(piece))
+        spans.extend((at + s, at + e, tag) for s, e, tag in _spans(piece))
         at += len(piece)
     return _text("".join(pieces), spans)
 
 
 def _slice(value: str, start: int, end: int) -> str:
-    return _text(value[start:end], [(max(s, start) - start, min(e, end) - start)
-                                     for s, e in _spans(value)])
+    return _text(value[start:end], [(max(s, start) - start, min(e, end) - start, tag)
+                                     for s, e, tag in _spans(value)])
+
+
+def data_text(value: str, tag: int) -> str:
+    """`value` as the caller's data with source `tag` (> 0), for `render_parts` to report."""
+    return _text(value, [(0, len(value), tag)])
 
 
 def as_data(value: Any) -> Any:
-    """Mark every string in a JSON-like value (keys too) as the caller's data."""
+    """Mark every string in a JSON-like value (keys too) as the caller's data; strings
+    already marked (data_text) keep their tags."""
+    if isinstance(value, Text):
+        return value
     if isinstance(value, str):
-        return _text(value, [(0, len(value))])
+        return _text(value, [(0, len(value), 0)])
     if isinstance(value, dict):
         return {as_data(k): as_data(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -155,7 +165,7 @@ def as_data(value: Any) -> Any:
 
 class Undefined:
     """A missing value: prints as nothing, iterates as empty, is false; any other use
-    is an error naming it (or, for an unsafe attribute, the refusal)."""
+    is an error whose message (`hint`) says what was missing or refused."""
 
     __slots__ = ("hint", "unsafe")
 
@@ -163,7 +173,7 @@ class Undefined:
         self.hint, self.unsafe = hint, unsafe
 
     def fail(self, line: int | None = None) -> TemplateRuntimeError:
-        return TemplateRuntimeError(self.hint if self.unsafe else f"{self.hint} is undefined", line)
+        return TemplateRuntimeError(self.hint, line)
 
     def __str__(self) -> str:
         return ""
@@ -381,7 +391,7 @@ def get_item(obj: Any, key: Any, from_attr: bool = False) -> Any:
     if isinstance(obj, Undefined):
         raise obj.fail()
     if isinstance(key, Undefined):
-        return Undefined(f"{_type_name(obj)} has no element Undefined")
+        return Undefined(f"'{_type_name(obj)} object' has no attribute Undefined")
     if isinstance(obj, dict):
         try:
             if key in obj:
@@ -399,7 +409,7 @@ def get_item(obj: Any, key: Any, from_attr: bool = False) -> Any:
         method = _method(obj, key) if not key.startswith("_") else None
         if method is not None:
             return method
-    return Undefined(f"{_type_name(obj)} object has no element {key!r}")
+    return Undefined(f"'{_type_name(obj)} object' has no attribute {key!r}")
 
 
 def _slice_value(obj: Any, key: slice) -> Any:
@@ -710,7 +720,7 @@ class _Cond(_Node):
     def ev(self, ctx: _Ctx) -> Any:
         if self.test.ev(ctx):
             return self.then.ev(ctx)
-        return self.other.ev(ctx) if self.other is not None else Undefined("the missing else branch")
+        return self.other.ev(ctx) if self.other is not None else Undefined("an if-expression without else had a false condition: its value is undefined")
 
 
 class _Filter(_Node):
@@ -1213,13 +1223,7 @@ class _Transparent(_Node):
 
 def _mentions(body: Any, name: str) -> bool:
     """Whether a name is read anywhere in a tree (for `caller` and macros' extra args)."""
-    if isinstance(body, _Name):
-        return body.name == name
-    if isinstance(body, (list, tuple)):
-        return any(_mentions(x, name) for x in body)
-    if isinstance(body, _Node):
-        return any(_mentions(v, name) for v in vars(body).values() if isinstance(v, (list, tuple, _Node)))
-    return False
+    return any(isinstance(node, _Name) and node.name == name for node in _nodes(body))
 
 
 _END_TAGS = {"if": ("elif", "else", "endif"), "for": ("else", "endfor")}
@@ -1420,7 +1424,7 @@ class _Ctx:
         for frame in reversed(self.frames):
             if name in frame:
                 return frame[name]
-        return Undefined(repr(name))
+        return Undefined(f"{name!r} is undefined")
 
     def set(self, name: str, value: Any) -> None:
         self.frames[-1][name] = value
@@ -1493,6 +1497,8 @@ class _Ctx:
         if isinstance(fn, _Builtin):
             try:
                 return fn.fn(*args, **kwargs)
+            except TemplateRaised:
+                raise  # the template's own words, as Jinja gives them
             except TemplateError as exc:
                 if exc.line is None:
                     raise type(exc)(str(exc), line) from None
@@ -1535,7 +1541,7 @@ class _Ctx:
         self.frames = base + [local]
         for name, default in macro.params:
             if name not in local:
-                local[name] = default.ev(self) if default is not None else Undefined(repr(name))
+                local[name] = default.ev(self) if default is not None else Undefined(f"{name!r} is undefined")
         self.out = []
         self.depth += 1
         try:
@@ -1553,29 +1559,40 @@ class Template:
 
     def __init__(self, source: str):
         self.source = source
+        toks = _lex(source)
+        # Same tokens, same program: escapes and spacing inside tags do not change it.
+        self.fingerprint = hashlib.sha256(repr([(t.kind, t.value) for t in toks]).encode()).hexdigest()
         try:
-            self.body = _StatementParser(_lex(source)).template()
+            self.body = _StatementParser(toks).template()
         except RecursionError:
             raise TemplateSyntaxError("the template nests expressions too deeply") from None
+
+    def unsupported(self) -> list[str]:
+        """Filters and tests the template names that this interpreter does not have
+        (an error only when reached, as in Jinja), each with its line."""
+        return [f"{kind} {node.name!r} (template line {node.line})" for node in _nodes(self.body)
+                for kind, table in (("filter", FILTERS), ("test", TESTS))
+                if type(node) is {"filter": _Filter, "test": _Test}[kind] and node.name not in table]
 
     def render(self, variables: dict[str, Any], clock: Callable[[], _dt.datetime] | None = None) -> str:
         """The rendering as a plain string; `clock` is what strftime_now reads (default: now)."""
         return str(self._render(variables, clock))
 
     def render_parts(self, variables: dict[str, Any], data: dict[str, Any],
-                     clock: Callable[[], _dt.datetime] | None = None) -> list[tuple[str, bool]]:
+                     clock: Callable[[], _dt.datetime] | None = None) -> list[tuple[str, int | None]]:
         """Render with `variables` (trusted, such as bos_token) and `data` (marked as the
-        caller's data, such as messages); the output as (text, is_data) runs in order."""
+        caller's data, such as messages); the output as (text, source) runs in order,
+        source None for the template's own text, else the data's tag (0 if untagged)."""
         out = self._render({**variables, **{k: as_data(v) for k, v in data.items()}}, clock)
-        runs: list[tuple[str, bool]] = []
+        runs: list[tuple[str, int | None]] = []
         at = 0
-        for start, end in _spans(out):
+        for start, end, tag in _spans(out):
             if start > at:
-                runs.append((str(out[at:start]), False))
-            runs.append((str(out[start:end]), True))
+                runs.append((str(out[at:start]), None))
+            runs.append((str(out[start:end]), tag))
             at = end
         if at < len(out):
-            runs.append((str(out[at:]), False))
+            runs.append((str(out[at:]), None))
         return runs
 
     def _render(self, variables: dict[str, Any], now: Callable[[], _dt.datetime] | None) -> str:
@@ -1596,22 +1613,20 @@ class Template:
 
     def literals(self) -> list[str]:
         """Every string the template itself can write: its text and string constants."""
-        found: list[str] = []
+        return [node.text if isinstance(node, _Data) else node.value for node in _nodes(self.body)
+                if isinstance(node, _Data) or (isinstance(node, _Const) and isinstance(node.value, str))]
 
-        def walk(node: Any) -> None:
-            if isinstance(node, _Data):
-                found.append(node.text)
-            elif isinstance(node, _Const) and isinstance(node.value, str):
-                found.append(node.value)
-            if isinstance(node, (list, tuple)):
-                for x in node:
-                    walk(x)
-            elif isinstance(node, _Node):
-                for v in vars(node).values():
-                    if isinstance(v, (list, tuple, _Node)):
-                        walk(v)
-        walk(self.body)
-        return found
+
+def _nodes(tree: Any) -> Iterable[_Node]:
+    """Every node of a parsed body, depth first."""
+    if isinstance(tree, (list, tuple)):
+        for x in tree:
+            yield from _nodes(x)
+    elif isinstance(tree, _Node):
+        yield tree
+        for v in vars(tree).values():
+            if isinstance(v, (list, tuple, _Node)):
+                yield from _nodes(v)
 
 
 def _range(*args: Any) -> list[int]:

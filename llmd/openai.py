@@ -158,6 +158,14 @@ class DetokenizeRequest:
     tokens: list[int]
 
 
+@dataclass(frozen=True)
+class ApplyTemplateRequest:
+    messages: list[Message]
+    tools: list[Tool]
+    tool_choice: str
+    add_generation_prompt: bool = True
+
+
 # --- JSON -------------------------------------------------------------------------
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -763,6 +771,22 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
     if not isinstance(tokens, list):
         raise invalid_type("tokens", "an array of integers", tokens)
     return DetokenizeRequest([_int(t, f"tokens[{i}]", 0, INT32_MAX) for i, t in enumerate(tokens)])
+
+
+def parse_apply_template_request(body: bytes) -> ApplyTemplateRequest:
+    """Validate a /apply-template body: a chat completions body (model optional; the
+    generation fields are checked and unused, as llama.cpp's server takes the same body)
+    plus `add_generation_prompt` (default true)."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _CHAT_KEYS | {"add_generation_prompt"}, _CHAT_UNSUPPORTED)
+    if obj.get("model") is not None:
+        _str(obj["model"], "model")
+    messages = _parse_messages(_required(obj, "messages", "messages"))
+    tools = _parse_tools(obj.get("tools"))
+    tool_choice, _ = _parse_tool_choice(obj.get("tool_choice"), tools)
+    generation_prompt = obj.get("add_generation_prompt")
+    return ApplyTemplateRequest(messages, tools, tool_choice, True if generation_prompt is None
+                                else _bool(generation_prompt, "add_generation_prompt"))
 
 
 # --- vocabulary checks (need the engine's n_vocab) -------------------------------------

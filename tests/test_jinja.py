@@ -218,9 +218,9 @@ def test_render_parts_marks_every_character_from_data():
     t = Template("{{ '<|im_start|>' + m.role + '\\n' + m.content | trim + '<|im_end|>' }}"
                  "{% for w in m.content.split(' ') %}[{{ w }}]{% endfor %}{{ m.content | tojson }}")
     parts = t.render_parts({}, {"m": {"role": "user", "content": " a<|im_end|> b "}})
-    assert parts == [("<|im_start|>", False), ("user", True), ("\n", False), ("a<|im_end|> b", True),
-                     ("<|im_end|>[][", False), ("a<|im_end|>", True), ("][", False), ("b", True),
-                     ("][]", False), ('" a<|im_end|> b "', True)]
+    assert parts == [("<|im_start|>", None), ("user", 0), ("\n", None), ("a<|im_end|> b", 0),
+                     ("<|im_end|>[][", None), ("a<|im_end|>", 0), ("][", None), ("b", 0),
+                     ("][]", None), ('" a<|im_end|> b "', 0)]
 
 
 def test_render_parts_keeps_data_through_macros_namespaces_and_filters():
@@ -230,8 +230,15 @@ def test_render_parts_keeps_data_through_macros_namespaces_and_filters():
     parts = t.render_parts({}, {"messages": ["<eot>", "x"]})
     text = "".join(t for t, _ in parts)
     assert text == "[[EOT>>[X>|<eot><sep>x|<eot>!"
-    flagged = {t for t, d in parts if d}
-    assert "<eot>" in "".join(flagged) and "<sep>" in "".join(t for t, d in parts if not d)
+    data = "".join(t for t, source in parts if source is not None)
+    template = "".join(t for t, source in parts if source is None)
+    assert "<eot>" in data and "EOT" in data and "<sep>" in template and "<eot>" not in template
+
+
+def test_tagged_data_keeps_its_tag_through_slices_and_loses_it_when_transformed():
+    t = Template("{{ a }}|{{ a[1:] }}|{{ a | upper }}|{{ b }}")
+    parts = t.render_parts({}, {"a": jinja.data_text("xyz", 7), "b": "q"})
+    assert parts == [("xyz", 7), ("|", None), ("yz", 7), ("|", None), ("XYZ", 0), ("|", None), ("q", 0)]
 
 
 @pytest.fixture(scope="module")
