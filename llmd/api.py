@@ -212,7 +212,8 @@ class Api:
         """The exact prompt text a chat request with this body would be given."""
         req = openai.parse_apply_template_request(request.body)
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
-        return json_response({"prompt": self._render(req.messages, tools, req.add_generation_prompt).text})
+        prompt = self._render(req.messages, tools, req.add_generation_prompt, req.template_kwargs)
+        return json_response({"prompt": prompt.text})
 
     async def props(self, request: HttpRequest) -> Response:
         """Model and server properties in the shape of llama.cpp's GET /props."""
@@ -287,7 +288,7 @@ class Api:
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
-        rendered = self._render(req.messages, tools)
+        rendered = self._render(req.messages, tools, template_kwargs=req.template_kwargs)
         grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
@@ -307,16 +308,19 @@ class Api:
             prompt = PromptIds([list(req.prompt)])
         return await self._generate(request, "text", prompt, req.prompt, req, sid, None, grammar)
 
-    def _render(self, messages: list[openai.Message], tools: list[dict],
-                add_generation_prompt: bool = True) -> chat.Prompt:
+    def _render(self, messages: list[openai.Message], tools: list[dict], add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None) -> chat.Prompt:
         """The chat prompt; 400 when there is no usable template or it refuses the input."""
         if isinstance(self.template, chat.Unavailable):
             raise errors.invalid_request(self.template.reason, "messages")
         try:
             return chat.render_chat(self.template, [asdict(m) for m in messages], tools or None,
-                                    add_generation_prompt)
+                                    add_generation_prompt, template_kwargs)
         except chat.UnsupportedToolsError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        except chat.UnusedVariableError as exc:
+            raise errors.unsupported_parameter(
+                "reasoning_effort" if exc.name == "reasoning_effort" else f"chat_template_kwargs.{exc.name}", str(exc))
         except chat.ChatTemplateError as exc:
             raise errors.invalid_request(str(exc), "messages")
 

@@ -64,6 +64,19 @@ class UnsupportedToolsError(ChatTemplateError):
     """Tools, or assistant tool calls, were given to a template without a tool format."""
 
 
+class UnusedVariableError(ChatTemplateError):
+    """A template variable the caller set (chat_template_kwargs, reasoning_effort) that
+    the template never reads, or one it may not set; `name` is the variable."""
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(message)
+
+
+# Variables llmd itself gives every template; a caller's kwargs may not replace them.
+_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A built-in renderer (`name` in TEMPLATE_NAMES) and, for ChatML, the system prompt
@@ -233,19 +246,22 @@ def load_template(model_template: str | None, override: str | None, engine: Any)
 
 def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None = None,
-                add_generation_prompt: bool = True) -> Prompt:
+                add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> Prompt:
     """Render validated messages (and OpenAI function tools) as `template` would.
 
     Messages and tools are OpenAI-shaped dicts; the flat records of llmd.openai
     (`dataclasses.asdict` of Message, ToolCall, Tool) are accepted as well.
-    `developer` messages are system messages. Raises UnsupportedToolsError when a
-    built-in template has no tool format and tools or tool calls are present, and
+    `developer` messages are system messages. `template_kwargs` are extra variables
+    (such as enable_thinking) for a Jinja template that reads them. Raises
+    UnsupportedToolsError when a built-in template has no tool format and tools or tool
+    calls are present, UnusedVariableError for a kwarg the template does not read, and
     ChatTemplateError when a Jinja template refuses the conversation or fails on it.
     """
     msgs = [_normalise(m) for m in messages]
     prompt = Prompt()
+    _check_kwargs(template, template_kwargs or {})
     if isinstance(template, JinjaTemplate):
-        _render_jinja(prompt, template, msgs, tools, add_generation_prompt)
+        _render_jinja(prompt, template, msgs, tools, add_generation_prompt, template_kwargs or {})
     elif template.name == "llama3":
         _render_llama3(prompt, msgs, tools, add_generation_prompt)
     else:
@@ -253,8 +269,19 @@ def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str,
     return prompt
 
 
+def _check_kwargs(template: ChatTemplate | JinjaTemplate, kwargs: dict[str, Any]) -> None:
+    read = template.template.variables() if isinstance(template, JinjaTemplate) else set()
+    for name in kwargs:
+        if name in _RESERVED:
+            raise UnusedVariableError(name, f"the template variable {name!r} is set by llmd and cannot be given")
+        if name not in read:
+            raise UnusedVariableError(name, f"this model's chat template does not use {name!r}, so it would "
+                                            "have no effect")
+
+
 def _render_jinja(p: Prompt, template: JinjaTemplate, msgs: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> None:
+                  tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                  kwargs: dict[str, Any]) -> None:
     """Run the template over the conversation, then cut its output into parts: the
     template's own text split at markers, the conversation's text as plain text, and
     an assistant's content, when written unchanged, as that reply's part."""
@@ -270,7 +297,7 @@ def _render_jinja(p: Prompt, template: JinjaTemplate, msgs: list[dict[str, Any]]
             if msg.get(key) is not None:
                 out[key] = msg[key]
         messages.append(out)
-    data = {"messages": messages, "tools": [_openai_tool(t) for t in tools] if tools else None}
+    data = {**kwargs, "messages": messages, "tools": [_openai_tool(t) for t in tools] if tools else None}
     variables = {"bos_token": template.bos_token, "eos_token": template.eos_token,
                  "add_generation_prompt": add_generation_prompt, "documents": None}
     try:

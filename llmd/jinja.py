@@ -1567,6 +1567,13 @@ class Template:
         except RecursionError:
             raise TemplateSyntaxError("the template nests expressions too deeply") from None
 
+    def variables(self) -> set[str]:
+        """The names the template reads (assignment and loop targets aside): what a
+        caller's extra variables must be among to have any effect."""
+        targets = {id(n) for node in _nodes(self.body) if isinstance(node, (_Set, _For))
+                   for n in _nodes(node.target)}
+        return {node.name for node in _nodes(self.body) if isinstance(node, _Name) and id(node) not in targets}
+
     def unsupported(self) -> list[str]:
         """Filters and tests the template names that this interpreter does not have
         (an error only when reached, as in Jinja), each with its line."""

@@ -229,3 +229,14 @@ def test_a_template_refusing_the_conversation_is_400_with_its_message(tiny_llama
         assert reply.json()["error"]["message"].endswith("refused this conversation: a system message must come first")
         ok = client.post_json(url + "/apply-template", {"messages": [{"role": "system", "content": "s"}]})
         assert ok.json() == {"prompt": "ok"}
+
+
+def test_template_kwargs_the_template_does_not_read_are_refused_by_name(server):
+    body = server.chat_body([{"role": "user", "content": "x"}], max_tokens=1,
+                            chat_template_kwargs={"enable_thinking": False})
+    reply = server.post_json("/chat/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "chat_template_kwargs.enable_thinking"
+    effort = server.post_json(server.origin + "/apply-template",
+                              {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"})
+    assert (effort.status, effort.json()["error"]["param"]) == (400, "reasoning_effort")

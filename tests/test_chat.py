@@ -11,7 +11,8 @@ import pytest
 
 from llmd import jinja
 from llmd.chat import (TEMPLATE_NAMES, ChatTemplate, ChatTemplateError, JinjaTemplate, Prompt,
-                       UnsupportedToolsError, detect_template, load_template, render_chat, template_markers)
+                       UnsupportedToolsError, UnusedVariableError, detect_template, load_template, render_chat,
+                       template_markers)
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "chat_golden.json").read_text("utf-8"))
 TEMPLATES = GOLDEN["templates"]
@@ -372,3 +373,24 @@ def test_tiny_models_template_is_interpreted_with_markers_from_its_vocab(tiny_mo
     assert ids.count(tiny_model.im_end_id) == 1  # the template's, not the one the user typed
     assert ids.count(tiny_model.im_start_id) == 2
     assert prompt.text == "<|im_start|>user\na<|im_end|>b<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_template_kwargs_reach_templates_that_read_them_and_are_refused_elsewhere():
+    qwen3 = _interpreted("{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+                         "{% endif %}{{ reasoning_effort | default('') }}", ())
+    user = [{"role": "user", "content": "x"}]
+    assert render_chat(qwen3, user, template_kwargs={"enable_thinking": False}).text == "<think>\n\n</think>\n\n"
+    assert render_chat(qwen3, user, template_kwargs={"enable_thinking": True}).text == ""
+    assert render_chat(qwen3, user, template_kwargs={"reasoning_effort": "low"}).text == "low"
+    with pytest.raises(UnusedVariableError, match="does not use 'verbose'") as info:
+        render_chat(qwen3, user, template_kwargs={"verbose": True})
+    assert info.value.name == "verbose"
+    with pytest.raises(UnusedVariableError, match="set by llmd"):
+        render_chat(qwen3, user, template_kwargs={"messages": []})
+    with pytest.raises(UnusedVariableError, match="does not use 'enable_thinking'"):
+        render_chat(SMOLLM2, user, template_kwargs={"enable_thinking": False})
+
+
+def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
+    template = jinja.Template("{% set a = b %}{% for c in d %}{{ c ~ e.f }}{% endfor %}{{ g(h=i) }}")
+    assert template.variables() == {"b", "d", "c", "e", "g", "i"}
