@@ -23,6 +23,7 @@ from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
 from llmd.engine import Engine, Session
+from llmd.tools import canonical_arguments
 
 SESSION_HEADERS = ("x-executorch-session-id", "session_id", "x-session-affinity", "x-session-id")
 MAX_SESSION_ID = 128
@@ -44,8 +45,10 @@ def session_id_of(body_id: str | None, headers) -> str | None:
 
 def reply_fingerprint(content: str | None, calls: Iterable[tuple[str, str]]) -> str:
     """Identifies an assistant reply by what the client sees of it: its content and
-    its tool calls as (name, arguments JSON text)."""
-    text = json.dumps([content or "", [list(c) for c in calls]], ensure_ascii=False)
+    its tool calls as (name, arguments JSON text), the arguments in canonical form so
+    that a client's re-serialisation still matches."""
+    text = json.dumps([content or "", [[name, canonical_arguments(args)] for name, args in calls]],
+                      ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -83,6 +83,17 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+def canonical_arguments(arguments: str) -> str:
+    """Tool-call arguments in one form: compact JSON, keys in their order, non-ASCII as
+    is. Clients re-serialise the arguments they send back (JSON.stringify, indent=2);
+    comparing in this form recognises them as the call the model made. Text that is
+    not JSON is its own form."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        return arguments
+
+
 def tool_names(tools: Iterable[dict[str, Any]] | None) -> frozenset[str]:
     """Names of the declared function tools, OpenAI-shaped or flat {name, ...} records."""
     return frozenset(t.get("function", t)["name"] for t in tools or ())

@@ -240,3 +240,38 @@ def test_template_kwargs_the_template_does_not_read_are_refused_by_name(server):
     effort = server.post_json(server.origin + "/apply-template",
                               {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"})
     assert (effort.status, effort.json()["error"]["param"]) == (400, "reasoning_effort")
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}
+
+
+@pytest.fixture(scope="module")
+def roomy_server():
+    """The default model with room for a tools block."""
+    with running_llmd("--max-sessions", "5", "--ctx", "1024") as url:
+        yield Client(url + "/v1", model="SmolLM2-135M-Instruct")
+
+
+@pytest.mark.parametrize("reserialise", [
+    lambda a: a,
+    lambda a: json.dumps(json.loads(a), separators=(",", ":")),  # JSON.stringify
+    lambda a: json.dumps(json.loads(a), indent=2),
+])
+def test_tool_call_arguments_sent_back_in_any_json_form_keep_the_session_warm(roomy_server, reserialise):
+    server = roomy_server
+    sid = f"canonical-{id(reserialise)}"
+    user = {"role": "user", "content": "What is the weather in Paris for 3 days?"}
+    first = server.post_json("/chat/completions", server.chat_body(
+        [user], tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60, session_id=sid)).json()
+    call = first["choices"][0]["message"]["tool_calls"][0]
+    sent_back = {**call, "function": {**call["function"], "arguments": reserialise(call["function"]["arguments"])}}
+    second = server.post_json("/chat/completions", server.chat_body(
+        [user, {"role": "assistant", "content": None, "tool_calls": [sent_back]},
+         {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}],
+        tools=[WEATHER_TOOL], max_tokens=1, session_id=sid)).json()
+    assert "usage" in second, second
+    resident = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
+    # everything the first request left in the cache is reused, up to the end-of-turn token
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= resident - 1

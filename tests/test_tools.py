@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from llmd.tools import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta,
+from llmd.tools import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta, canonical_arguments,
                         ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
                         parse_tool_calls, tool_names)
 
@@ -233,3 +233,20 @@ def test_stream_never_releases_content_that_is_part_of_a_valid_call(text):
 
 def test_flat_tool_records_declare_names_too():
     assert tool_names([{"name": "get_time", "description": None, "parameters": None}]) == {"get_time"}
+
+
+@pytest.mark.parametrize("text, canonical", [
+    ('{"city": "Paris", "days": 3}', '{"city":"Paris","days":3}'),
+    ('{\n  "city": "Zürich",\n  "n": [1, 2]\n}', '{"city":"Zürich","n":[1,2]}'),
+    ('{"b":1,"a":2}', '{"b":1,"a":2}'),  # key order is the model's, kept
+    ('not json', 'not json'),
+])
+def test_canonical_arguments_is_one_compact_form(text, canonical):
+    assert canonical_arguments(text) == canonical
+
+
+def test_reply_fingerprint_matches_re_serialised_arguments():
+    from llmd.sessions import reply_fingerprint
+    spaced = reply_fingerprint(None, [("f", '{"a": 1, "b": "é"}')])
+    assert reply_fingerprint("", [("f", '{"a":1,"b":"\\u00e9"}')]) == spaced
+    assert reply_fingerprint("", [("f", '{"a": 2}')]) != spaced
