@@ -24,8 +24,10 @@ from llmd.server import HttpRequest, Response, StreamResponse
 from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
+from llmd.reasoning import ReasoningDelta, ReasoningStream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
 
+Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 FINGERPRINT = "llmd-0.1.0"
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
@@ -82,14 +84,19 @@ class PromptIds:
 
 class Output:
     """Turns a generation's token pieces into response text: UTF-8 assembly,
-    stop-string hold-back, then (for chat with tools) tool-call extraction.
-    Keeps what it produced: `text` pieces and the tool `calls` pieces."""
+    stop-string hold-back, then (for a reasoning model's chat) the reasoning block
+    split off, then (for chat with tools) tool-call extraction from the content.
+    Keeps what it produced: `text`, `reasoning` and the tool `calls` pieces.
+    `reasoning` None means the output has no reasoning block; True or False says
+    whether it starts inside one."""
 
-    def __init__(self, stops: list[str], tools: list[dict] | None):
+    def __init__(self, stops: list[str], tools: list[dict] | None, reasoning: bool | None = None):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
+        self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
         self.tools = ToolCallStream(tools) if tools else None
         self.text: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[ToolCallDelta] = []
 
     def content(self) -> str:
@@ -99,26 +106,41 @@ class Output:
         """The OpenAI `tool_calls` entries the pieces so far add up to."""
         return merge_tool_calls(self.calls)
 
-    def feed(self, piece: bytes) -> tuple[list[ContentDelta | ToolCallDelta], bool]:
+    def feed(self, piece: bytes) -> tuple[list[Delta], bool]:
         text, hit = self.stops.feed(self.utf8.feed(piece))
         return self._route(text, final=False), hit
 
-    def finish(self) -> list[ContentDelta | ToolCallDelta]:
+    def finish(self) -> list[Delta]:
         text, hit = self.stops.feed(self.utf8.flush())  # ("", True) once a stop was hit
         if not hit:
             text += self.stops.flush()
         return self._route(text, final=True)
 
-    def _route(self, text: str, final: bool) -> list[ContentDelta | ToolCallDelta]:
-        if self.tools is None:
-            out = [ContentDelta(text)] if text else []
-        else:
-            out = self.tools.feed(text) if text else []
-            if final:
-                out += self.tools.finish()
+    def _route(self, text: str, final: bool) -> list[Delta]:
+        out: list[Delta] = []
+        if self.thinking is not None:
+            pieces = (self.thinking.feed(text) if text else []) + (self.thinking.finish() if final else [])
+            text = ""
+            for kind, piece in pieces:
+                if kind == "reasoning":
+                    self.reasoning.append(piece)
+                    out.append(ReasoningDelta(piece))
+                else:
+                    out += self._content(piece)
+        out += self._content(text)
+        if final and self.tools is not None:
+            out += self.tools.finish()
         for d in out:
-            (self.text.append(d.text) if isinstance(d, ContentDelta) else self.calls.append(d))
+            if isinstance(d, ContentDelta):
+                self.text.append(d.text)
+            elif isinstance(d, ToolCallDelta):
+                self.calls.append(d)
         return out
+
+    def _content(self, text: str) -> list[ContentDelta | ToolCallDelta]:
+        if not text:
+            return []
+        return self.tools.feed(text) if self.tools is not None else [ContentDelta(text)]
 
 
 class Api:
@@ -289,12 +311,14 @@ class Api:
         sid = session_id_of(req.session_id, request.headers)
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
         rendered = self._render(req.messages, tools, template_kwargs=req.template_kwargs)
+        reasoning = chat.reasoning_start(self.template, rendered.text)
         grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar)
+        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar,
+                                    reasoning)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
@@ -346,7 +370,8 @@ class Api:
 
     async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None, grammar: str | None) -> Response | StreamResponse:
+                        tools: list[dict] | None, grammar: str | None,
+                        reasoning: bool | None = None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
@@ -368,7 +393,7 @@ class Api:
         max_tokens = min(req.max_tokens or cap, cap)
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
         self.runtime.submit(g)
-        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
+        reply = Reply(self, kind, g, Output(req.stop, tools, reasoning), req.include_usage, sid, prompt_text)
         if req.stream:
             response = StreamResponse(200, reply.stream(request))
             reply.log = response.log
@@ -432,7 +457,7 @@ class Reply:
             if kind != "token":
                 return
 
-    def _feed(self, token: Token) -> list[ContentDelta | ToolCallDelta]:
+    def _feed(self, token: Token) -> list[Delta]:
         if not token.is_terminal:
             self.generated_ids.append(token.id)
         deltas, hit = self.output.feed(token.piece)
@@ -440,12 +465,13 @@ class Reply:
             self.api.runtime.cancel(self.g)
         return deltas
 
-    def _end(self, reason: str) -> list[ContentDelta | ToolCallDelta]:
+    def _end(self, reason: str) -> list[Delta]:
         """The last deltas; sets finish_reason and remembers a complete chat reply."""
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
-        # A reply cut by a stop string ("cancelled") holds ids the client never saw.
-        if self.kind == "chat" and self.g.reuse and reason in ("stop", "length"):
+        # A reply cut by a stop string ("cancelled") holds ids the client never saw, and
+        # one with reasoning holds ids of text the client does not send back.
+        if self.kind == "chat" and self.g.reuse and reason in ("stop", "length") and not self.output.reasoning:
             calls = [(c["function"]["name"], c["function"]["arguments"]) for c in self.output.tool_calls()]
             self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
@@ -475,6 +501,8 @@ class Reply:
         finish = self.finish_reason
         if self.kind == "chat":
             message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
+            if self.output.reasoning:
+                message["reasoning_content"] = "".join(self.output.reasoning)
             if calls:
                 message["tool_calls"] = calls
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
@@ -501,11 +529,13 @@ class Reply:
             return self._chunk({"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish})
         return self._chunk({"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish})
 
-    def _render(self, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
+    def _render(self, deltas: list[Delta]) -> list[bytes]:
         out = []
         for d in deltas:
             if isinstance(d, ContentDelta):
                 out.append(self._delta_chunk({"content": d.text}, d.text, None))
+            elif isinstance(d, ReasoningDelta):
+                out.append(self._delta_chunk({"reasoning_content": d.text}, None, None))
             else:
                 out.append(self._delta_chunk({"tool_calls": [d.to_openai_delta()]}, None, None))
         return out

@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmd import jinja
+from llmd import jinja, reasoning
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -168,6 +168,8 @@ class JinjaTemplate:
                  markers: tuple[str, ...] = ()):
         self.template, self.bos_token, self.eos_token = template, bos_token, eos_token
         self.source = template.source
+        # A template that writes </think> is a reasoning model's: its output is split.
+        self.thinks = any(reasoning.CLOSE in literal for literal in template.literals())
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self._marker_re = re.compile("|".join(map(re.escape, self.markers))) if self.markers else None
 
@@ -191,6 +193,15 @@ def renderer_name(template: ChatTemplate | JinjaTemplate | Unavailable) -> str:
     if isinstance(template, Unavailable):
         return "unavailable"
     return "jinja" if isinstance(template, JinjaTemplate) else f"builtin:{template.name}"
+
+
+def reasoning_start(template: ChatTemplate | JinjaTemplate, prompt_text: str) -> bool | None:
+    """None when the template has no `<think>` reasoning block (its output is all
+    content); else whether the prompt leaves the block open, so the output starts
+    inside it (DeepSeek-R1 distills end their generation prompt with `<think>\n`)."""
+    if not isinstance(template, JinjaTemplate) or not template.thinks:
+        return None
+    return prompt_text.rstrip().endswith(reasoning.OPEN)
 
 
 def template_markers(template: jinja.Template, extra: tuple[str, ...],
