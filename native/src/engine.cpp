@@ -4,6 +4,7 @@
 // thread-local message.
 #include "llmd.h"
 
+#include "arch/arch.h"
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
@@ -238,15 +239,16 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         std::string_view arch;
         if (!e->file->get_string("general.architecture", &arch, &err))
             return fail(LLMD_ERR_FORMAT, err.empty() ? "model metadata lacks general.architecture" : err);
-        if (arch != "llama")
+        const Arch *family = find_arch(arch);
+        if (family == nullptr)
             return fail(LLMD_ERR_UNSUPPORTED, "unsupported architecture '" + std::string(arch) +
-                                                  "' (llmd runs llama-family models)");
+                                                  "' (llmd runs " + arch_names() + ")");
         if (const llmd_status st = build_vocab(e.get()); st != LLMD_OK) return st;
-        e->model = Model::load(*e->file, e->vocab->size(), &err);
+        e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
         if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
         std::string_view sv;
-        e->architecture = "llama";
+        e->architecture = family->name;
         if (e->file->get_string("general.name", &sv, &err)) e->name = sv;
         if (e->file->get_string("tokenizer.chat_template", &sv, &err)) e->chat_template = sv;
         if (e->file->get_string("tokenizer.ggml.pre", &sv, &err)) e->tokenizer_pre = sv;
