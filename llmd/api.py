@@ -25,7 +25,7 @@ from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
 from llmd.reasoning import ReasoningDelta, ReasoningStream
-from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
+from llmd.tools import ContentDelta, JsonReplyCallStream, ToolCallDelta, ToolCallStream, merge_tool_calls
 
 Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
@@ -88,13 +88,15 @@ class Output:
     split off, then (for chat with tools) tool-call extraction from the content.
     Keeps what it produced: `text`, `reasoning` and the tool `calls` pieces.
     `reasoning` None means the output has no reasoning block; True or False says
-    whether it starts inside one."""
+    whether it starts inside one. `tool_format` is chat.tool_format's."""
 
-    def __init__(self, stops: list[str], tools: list[dict] | None, reasoning: bool | None = None):
+    def __init__(self, stops: list[str], tools: list[dict] | None, reasoning: bool | None = None,
+                 tool_format: str = "hermes"):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
         self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
-        self.tools = ToolCallStream(tools) if tools else None
+        parser = JsonReplyCallStream if tool_format == "llama3_json" else ToolCallStream
+        self.tools = parser(tools) if tools else None
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCallDelta] = []
@@ -312,13 +314,13 @@ class Api:
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
         rendered = self._render(req.messages, tools, template_kwargs=req.template_kwargs)
         reasoning = chat.reasoning_start(self.template, rendered.text)
+        output = Output(req.stop, tools or None, reasoning, chat.tool_format(self.template))
         grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar,
-                                    reasoning)
+        return await self._generate(request, "chat", prompt, rendered.text, req, sid, grammar, output)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = openai.parse_completion_request(request.body)
@@ -330,7 +332,7 @@ class Api:
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
-        return await self._generate(request, "text", prompt, req.prompt, req, sid, None, grammar)
+        return await self._generate(request, "text", prompt, req.prompt, req, sid, grammar, Output(req.stop, None))
 
     def _render(self, messages: list[openai.Message], tools: list[dict], add_generation_prompt: bool = True,
                 template_kwargs: dict | None = None) -> chat.Prompt:
@@ -370,8 +372,7 @@ class Api:
 
     async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None, grammar: str | None,
-                        reasoning: bool | None = None) -> Response | StreamResponse:
+                        grammar: str | None, output: Output) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
@@ -393,7 +394,7 @@ class Api:
         max_tokens = min(req.max_tokens or cap, cap)
         g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
         self.runtime.submit(g)
-        reply = Reply(self, kind, g, Output(req.stop, tools, reasoning), req.include_usage, sid, prompt_text)
+        reply = Reply(self, kind, g, output, req.include_usage, sid, prompt_text)
         if req.stream:
             response = StreamResponse(200, reply.stream(request))
             reply.log = response.log

@@ -170,6 +170,7 @@ class JinjaTemplate:
         self.source = template.source
         # A template that writes </think> is a reasoning model's: its output is split.
         self.thinks = any(reasoning.CLOSE in literal for literal in template.literals())
+        self.llama3_json_calls = any(_LLAMA3_JSON_CALLS in literal for literal in template.literals())
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self._marker_re = re.compile("|".join(map(re.escape, self.markers))) if self.markers else None
 
@@ -193,6 +194,18 @@ def renderer_name(template: ChatTemplate | JinjaTemplate | Unavailable) -> str:
     if isinstance(template, Unavailable):
         return "unavailable"
     return "jinja" if isinstance(template, JinjaTemplate) else f"builtin:{template.name}"
+
+
+# The instruction Llama 3.1-3.3 templates give with tools; their models answer in it.
+_LLAMA3_JSON_CALLS = '"parameters": dictionary of argument name and its value'
+
+
+def tool_format(template: ChatTemplate | JinjaTemplate) -> str:
+    """How the model writes tool calls: "llama3_json" (a JSON object reply) for Llama
+    3.1-3.3 templates, else "hermes" (`<tool_call>` blocks)."""
+    if isinstance(template, JinjaTemplate) and template.llama3_json_calls:
+        return "llama3_json"
+    return "hermes"
 
 
 def reasoning_start(template: ChatTemplate | JinjaTemplate, prompt_text: str) -> bool | None:

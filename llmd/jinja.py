@@ -424,6 +424,8 @@ def _slice_value(obj: Any, key: slice) -> Any:
 # --- lexer --------------------------------------------------------------------------
 
 _TAG_START = re.compile(r"\{([{%#])([-+]?)")
+_RAW_BEGIN = re.compile(r"\{%[-+]?\s*raw\s*(?:-%\}\s*|%\})")
+_RAW_END = re.compile(r"(.*?)\{%([-+]?)\s*endraw\s*(?:\+%\}|-%\}\s*|%\}\n?)", re.S)
 _COMMENT_END = re.compile(r"(.*?)(\+#\}|-#\}\s*|#\}\n?)", re.S)
 _BLOCK_END = re.compile(r"\+%\}|-%\}\s*|%\}\n?")
 _VAR_END = re.compile(r"-\}\}\s*|\}\}")
@@ -443,6 +445,18 @@ class _Tok:
     line: int
 
 
+def _strip_before_tag(text: str, sign: str, lstrip: bool, line_starting: bool) -> str:
+    """Text before a tag after whitespace control: `-` strips all trailing whitespace;
+    otherwise, for block tags and comments (lstrip), spaces from the line's start."""
+    if sign == "-":
+        return text.rstrip()
+    if sign != "+" and lstrip:
+        l_pos = text.rfind("\n") + 1
+        if (l_pos > 0 or line_starting) and _SPACE.fullmatch(text, l_pos):
+            return text[:l_pos]
+    return text
+
+
 def _lex(source: str) -> list[_Tok]:
     lines = re.split(r"\r\n|\r|\n", source)
     if lines[-1] == "":
@@ -457,14 +471,22 @@ def _lex(source: str) -> list[_Tok]:
             toks.append(_Tok("data", text, line))
             break
         kind, sign = m.group(1), m.group(2)
-        if sign == "-":
-            text = text.rstrip()
-        elif sign != "+" and kind != "{":
-            l_pos = text.rfind("\n") + 1
-            if (l_pos > 0 or line_starting) and _SPACE.fullmatch(text, l_pos):
-                text = text[:l_pos]
+        text = _strip_before_tag(text, sign, kind != "{", line_starting)
         if text:
             toks.append(_Tok("data", text, line))
+        if kind == "%" and (raw := _RAW_BEGIN.match(source, m.start())):
+            # {% raw %}...{% endraw %}: the text between is data, tags and all
+            end = _RAW_END.match(source, raw.end())
+            if not end:
+                raise TemplateSyntaxError("{% raw %} is not closed with {% endraw %}", line)
+            body = _strip_before_tag(end.group(1), end.group(2), True, raw.group(0).endswith("\n"))
+            line += source.count("\n", pos, raw.end())
+            if body:
+                toks.append(_Tok("data", body, line))
+            line += source.count("\n", raw.end(), end.end())
+            pos = end.end()
+            line_starting = end.group(0).endswith("\n")
+            continue
         line += source.count("\n", pos, m.end())
         pos = m.end()
         if kind == "#":
@@ -1211,6 +1233,23 @@ class _FilterBlock(_Node):
         ctx.write(_to_str(value))
 
 
+class _With(_Node):
+    """`{% with a = x %}...{% endwith %}`: names that exist only inside the block."""
+
+    def __init__(self, assignments: list[tuple[_Node, _Node]], body: list):
+        self.assignments, self.body = assignments, body
+
+    def run(self, ctx: _Ctx) -> None:
+        values = [(target, value.ev(ctx)) for target, value in self.assignments]
+        saved = ctx.push()
+        try:
+            for target, value in values:
+                ctx.assign(target, value, self.line)
+            ctx.run(self.body)
+        finally:
+            ctx.pop(saved)
+
+
 class _Transparent(_Node):
     """`{% generation %}`: transformers marks assistant text with it; it renders its body."""
 
@@ -1392,6 +1431,20 @@ class _StatementParser(_Parser):
         self.next()
         self.end_tag()
         return _FilterBlock(filters, body)
+
+    def stmt_with(self) -> _Node:
+        assignments: list[tuple[_Node, _Node]] = []
+        while self.cur.kind != "block_end":
+            if assignments:
+                self.expect_op(",")
+            target = self.set_target()
+            self.expect_op("=")
+            assignments.append((target, self.expr()))
+        self.end_tag()
+        body = self.body(("endwith",))
+        self.next()
+        self.end_tag()
+        return _With(assignments, body)
 
     def stmt_generation(self) -> _Node:
         self.end_tag()

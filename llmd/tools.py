@@ -105,11 +105,17 @@ def decode_call(body: str, names: frozenset[str]) -> tuple[str, str] | None:
         call = json.loads(body)
     except ValueError:
         return None
+    return _call_of(call, names)
+
+
+def _call_of(call: Any, names: frozenset[str]) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a decoded call object naming a declared tool, with its
+    arguments under "arguments" (Hermes) or "parameters" (Llama 3.x), else None."""
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
     if call["name"] not in names:
         return None
-    arguments = call.get("arguments", {})
+    arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -297,6 +303,64 @@ class ToolCallStream:
             content(self._buf[:cut])
             self._buf = self._buf[cut:]
             return events
+
+
+class JsonReplyCallStream:
+    """Llama 3.x's tool format: a reply that is a JSON object {"name": <tool>,
+    "parameters": {...}} (or several, separated by ';') is tool calls, as the Llama
+    3.1-3.3 templates ask. A reply starting with '{' is held to its end, then becomes
+    calls when every object is a call of a declared tool, else content as written. Any
+    other reply goes through the Hermes parser, which also reads the `<tool_call>`
+    blocks constrained decoding writes."""
+
+    def __init__(self, tools: Iterable[dict[str, Any]] | None,
+                 new_id: Callable[[], str] = new_call_id) -> None:
+        self._names = tool_names(tools)
+        self._new_id = new_id
+        self._hermes = ToolCallStream(tools, new_id)
+        self._held = ""
+        self._mode = "start"  # start, json (held), hermes
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        if self._mode == "hermes":
+            return self._hermes.feed(text)
+        self._held += text
+        if self._mode == "start":
+            head = self._held.lstrip()
+            if not head:
+                return []
+            if not head.startswith("{"):
+                self._mode, held, self._held = "hermes", self._held, ""
+                return self._hermes.feed(held)
+            self._mode = "json"
+        return []
+
+    def finish(self) -> list[ToolEvent]:
+        if self._mode == "hermes":
+            return self._hermes.finish()
+        held, self._held = self._held, ""
+        calls = _json_calls(held, self._names)
+        if calls is None:
+            return [ContentDelta(held)] if held else []
+        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments) in enumerate(calls)]
+
+
+def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
+    """The calls a reply of JSON call objects (separated by whitespace or ';') makes."""
+    decoder, calls, pos = json.JSONDecoder(), [], 0
+    text = text.strip()
+    while pos < len(text):
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return None
+        call = _call_of(obj, names)
+        if call is None:
+            return None
+        calls.append(call)
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+            pos += 1
+    return calls or None
 
 
 def parse_tool_calls(text: str, tools: Iterable[dict[str, Any]] | None,

@@ -12,7 +12,7 @@ import pytest
 from llmd import jinja
 from llmd.chat import (TEMPLATE_NAMES, ChatTemplate, ChatTemplateError, JinjaTemplate, Prompt,
                        UnsupportedToolsError, UnusedVariableError, detect_template, load_template, render_chat,
-                       template_markers)
+                       template_markers, tool_format)
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "chat_golden.json").read_text("utf-8"))
 TEMPLATES = GOLDEN["templates"]
@@ -394,3 +394,16 @@ def test_template_kwargs_reach_templates_that_read_them_and_are_refused_elsewher
 def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
     template = jinja.Template("{% set a = b %}{% for c in d %}{{ c ~ e.f }}{% endfor %}{{ g(h=i) }}")
     assert template.variables() == {"b", "d", "c", "e", "g", "i"}
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3_json"),
+    ("meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3_json"),
+    ("Qwen-Qwen3-0.6B.jinja", "hermes"),
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
+])
+def test_tool_format_follows_the_templates_instructions(name, expected):
+    from tests.reference_data import require
+    template = JinjaTemplate(jinja.Template(require(f"models/templates/{name}").read_text("utf-8")))
+    assert tool_format(template) == expected
+    assert tool_format(SMOLLM2) == "hermes"

@@ -96,6 +96,8 @@ RENDERINGS = [
     ("call_block_with_arguments", "{% macro each(xs) %}{% for x in xs %}{{ caller(x) }}{% endfor %}{% endmacro %}"
      "{% call(v) each([1, 2]) %}<{{ v }}>{% endcall %}", {}, "<1><2>"),
     ("filter_block", "{% filter upper %}abc{% endfilter %}", {}, "ABC"),
+    ("raw_block_is_text", "a\n  {% raw %}{{ x }}{% if %}\n{%- endraw %}\nb", {}, "a\n{{ x }}{% if %}b"),
+    ("with_block_scopes_its_names", "{% with y = 2, z = x %}{{ y ~ z }}{% endwith %}[{{ y }}]", {"x": 1}, "21[]"),
     ("generation_block_is_transparent", "{% generation %}ab{% endgeneration %}", {}, "ab"),
     ("tojson_like_transformers", "{{ {'a': 'é<', 'b': [1, none, true]} | tojson }}|{{ 'x' | tojson(indent=2) }}"
      "|{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}|{{ [1, 2] | tojson(separators=(',', ':')) }}"

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from llmd.tools import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta, canonical_arguments,
-                        ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
-                        parse_tool_calls, tool_names)
+from llmd.tools import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta,
+                        JsonReplyCallStream, ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
+                        canonical_arguments, parse_tool_calls, tool_names)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time"}}]
@@ -250,3 +250,46 @@ def test_reply_fingerprint_matches_re_serialised_arguments():
     spaced = reply_fingerprint(None, [("f", '{"a": 1, "b": "é"}')])
     assert reply_fingerprint("", [("f", '{"a":1,"b":"\\u00e9"}')]) == spaced
     assert reply_fingerprint("", [("f", '{"a": 2}')]) != spaced
+
+
+LLAMA_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+               {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+
+
+def _json_reply(text: str, step: int = 0) -> list:
+    ids = iter(f"call_{i}" for i in range(10))
+    stream = JsonReplyCallStream(LLAMA_TOOLS, lambda: next(ids))
+    pieces = [text] if not step else [text[i:i + step] for i in range(0, len(text), step)]
+    return [e for p in pieces for e in stream.feed(p)] + stream.finish()
+
+
+@pytest.mark.parametrize("step", [0, 1, 4])
+def test_llama3_json_reply_is_a_tool_call(step):
+    events = _json_reply('{"name": "get_weather", "parameters": {"city": "Paris"}}', step)
+    assert events == [ToolCallDelta(0, "call_0", "get_weather", '{"city": "Paris"}')]
+
+
+def test_llama3_json_replies_separated_by_semicolons_are_parallel_calls():
+    events = _json_reply(' {"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                         '{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}\n')
+    assert [(e.index, e.name, e.arguments) for e in events] == [
+        (0, "get_weather", '{"city": "Paris"}'), (1, "search", '{"q": "x"}')]
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "unknown", "parameters": {}}',           # not a declared tool
+    '{"name": "get_weather", "parameters": [1]}',      # arguments not an object
+    '{"name": "get_weather", "parameters": {}} and more',
+    '{"name": "get_weather", "param',                  # cut short
+    '{"answer": 42}',
+])
+def test_llama3_json_reply_that_is_not_all_calls_is_content_as_written(text):
+    assert _json_reply(text, 3) == [ContentDelta(text)]
+
+
+def test_llama3_reply_not_starting_with_an_object_streams_and_reads_hermes_blocks():
+    stream = JsonReplyCallStream(LLAMA_TOOLS, lambda: "c")
+    assert stream.feed("Sure: ") == [ContentDelta("Sure:")]
+    events = stream.feed('<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>') + stream.finish()
+    assert merge_tool_calls(events) == [{"id": "c", "type": "function",
+                                         "function": {"name": "search", "arguments": '{"q": "x"}'}}]
