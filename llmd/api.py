@@ -25,7 +25,8 @@ from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
 from llmd.reasoning import ReasoningDelta, ReasoningStream
-from llmd.tools import ContentDelta, JsonReplyCallStream, ToolCallDelta, ToolCallStream, merge_tool_calls
+from llmd.tools import (ContentDelta, JsonReplyCallStream, ToolCallDelta, ToolCallStream, merge_tool_calls,
+                        new_mistral_call_id)
 
 Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
@@ -95,8 +96,10 @@ class Output:
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
         self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
-        parser = JsonReplyCallStream if tool_format == "llama3_json" else ToolCallStream
-        self.tools = parser(tools) if tools else None
+        self.tools = None if not tools else (
+            JsonReplyCallStream(tools) if tool_format == "llama3_json" else
+            JsonReplyCallStream(tools, new_mistral_call_id, "{[") if tool_format == "mistral_json" else
+            ToolCallStream(tools))
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCallDelta] = []

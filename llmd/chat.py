@@ -169,8 +169,10 @@ class JinjaTemplate:
         self.template, self.bos_token, self.eos_token = template, bos_token, eos_token
         self.source = template.source
         # A template that writes </think> is a reasoning model's: its output is split.
-        self.thinks = any(reasoning.CLOSE in literal for literal in template.literals())
-        self.llama3_json_calls = any(_LLAMA3_JSON_CALLS in literal for literal in template.literals())
+        literals = template.literals()
+        self.thinks = any(reasoning.CLOSE in literal for literal in literals)
+        self.tool_format = ("llama3_json" if any(_LLAMA3_JSON_CALLS in lit for lit in literals) else
+                            "mistral_json" if any(_MISTRAL_JSON_CALLS in lit for lit in literals) else "hermes")
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self._marker_re = re.compile("|".join(map(re.escape, self.markers))) if self.markers else None
 
@@ -198,13 +200,16 @@ def renderer_name(template: ChatTemplate | JinjaTemplate | Unavailable) -> str:
 
 # The instruction Llama 3.1-3.3 templates give with tools; their models answer in it.
 _LLAMA3_JSON_CALLS = '"parameters": dictionary of argument name and its value'
+# How Mistral Nemo's template writes earlier calls: [TOOL_CALLS] then a JSON array.
+_MISTRAL_JSON_CALLS = "[TOOL_CALLS]["
 
 
 def tool_format(template: ChatTemplate | JinjaTemplate) -> str:
     """How the model writes tool calls: "llama3_json" (a JSON object reply) for Llama
-    3.1-3.3 templates, else "hermes" (`<tool_call>` blocks)."""
-    if isinstance(template, JinjaTemplate) and template.llama3_json_calls:
-        return "llama3_json"
+    3.1-3.3 templates, "mistral_json" (a JSON array after [TOOL_CALLS]) for Mistral
+    Nemo's, else "hermes" (`<tool_call>` blocks)."""
+    if isinstance(template, JinjaTemplate):
+        return template.tool_format
     return "hermes"
 
 

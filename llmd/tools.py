@@ -83,6 +83,14 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def new_mistral_call_id() -> str:
+    """A call id Mistral's templates accept when it is sent back: 9 letters and digits."""
+    return "".join(secrets.choice(_ALNUM) for _ in range(9))
+
+
 def canonical_arguments(arguments: str) -> str:
     """Tool-call arguments in one form: compact JSON, keys in their order, non-ASCII as
     is. Clients re-serialise the arguments they send back (JSON.stringify, indent=2);
@@ -306,17 +314,20 @@ class ToolCallStream:
 
 
 class JsonReplyCallStream:
-    """Llama 3.x's tool format: a reply that is a JSON object {"name": <tool>,
-    "parameters": {...}} (or several, separated by ';') is tool calls, as the Llama
-    3.1-3.3 templates ask. A reply starting with '{' is held to its end, then becomes
-    calls when every object is a call of a declared tool, else content as written. Any
-    other reply goes through the Hermes parser, which also reads the `<tool_call>`
-    blocks constrained decoding writes."""
+    """Tool calls written as a JSON reply. Llama 3.x: an object {"name": <tool>,
+    "parameters": {...}} (or several, separated by ';'), as the Llama 3.1-3.3 templates
+    ask. Mistral (Nemo's format; `openers="{["`): a JSON array of {"name", "arguments"}
+    objects, after a [TOOL_CALLS] control token that never reaches the text. A reply
+    starting with one of `openers` is held to its end, then becomes calls when every
+    object is a call of a declared tool, else content as written. Any other reply goes
+    through the Hermes parser, which also reads the `<tool_call>` blocks constrained
+    decoding writes."""
 
     def __init__(self, tools: Iterable[dict[str, Any]] | None,
-                 new_id: Callable[[], str] = new_call_id) -> None:
+                 new_id: Callable[[], str] = new_call_id, openers: str = "{") -> None:
         self._names = tool_names(tools)
         self._new_id = new_id
+        self._openers = tuple(openers)
         self._hermes = ToolCallStream(tools, new_id)
         self._held = ""
         self._mode = "start"  # start, json (held), hermes
@@ -329,7 +340,7 @@ class JsonReplyCallStream:
             head = self._held.lstrip()
             if not head:
                 return []
-            if not head.startswith("{"):
+            if not head.startswith(self._openers):
                 self._mode, held, self._held = "hermes", self._held, ""
                 return self._hermes.feed(held)
             self._mode = "json"
@@ -346,7 +357,8 @@ class JsonReplyCallStream:
 
 
 def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
-    """The calls a reply of JSON call objects (separated by whitespace or ';') makes."""
+    """The calls a reply of JSON call objects or arrays of them (separated by whitespace
+    or ';') makes; None unless all of it is calls."""
     decoder, calls, pos = json.JSONDecoder(), [], 0
     text = text.strip()
     while pos < len(text):
@@ -354,10 +366,11 @@ def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | Non
             obj, pos = decoder.raw_decode(text, pos)
         except ValueError:
             return None
-        call = _call_of(obj, names)
-        if call is None:
-            return None
-        calls.append(call)
+        for item in obj if isinstance(obj, list) and obj else [obj]:
+            call = _call_of(item, names)
+            if call is None:
+                return None
+            calls.append(call)
         while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
             pos += 1
     return calls or None

@@ -275,3 +275,33 @@ def test_tool_call_arguments_sent_back_in_any_json_form_keep_the_session_warm(ro
     resident = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
     # everything the first request left in the cache is reused, up to the end-of-turn token
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= resident - 1
+
+
+def test_llama3_family_json_reply_comes_back_as_a_tool_call_end_to_end(tiny_llama_factory):
+    """A random-weight model with Llama 3.1's real template; the reply is forced by a JSON
+    schema into the Llama 3.x call shape, and the server returns it as a tool call."""
+    from tests.reference_data import require
+    source = require("models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja").read_text("utf-8")
+    model = tiny_llama_factory(chat_template=source, n_ctx=4096)
+    call_shape = {"type": "object", "required": ["name", "parameters"], "additionalProperties": False,
+                  "properties": {"name": {"const": "get_weather"},
+                                 "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                                                "properties": {"city": {"const": "Paris"}}}}}
+    with running_llmd("--model", str(model.path), "--ctx", "4096") as url:
+        client = Client(url + "/v1", model="model")
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        prompt = client.post_json(url + "/apply-template", {"messages": messages, "tools": [WEATHER_TOOL]})
+        # the template writes bos_token first: the tiny vocab's is <|im_start|>
+        assert prompt.json()["prompt"].startswith("<|im_start|><|start_header_id|>system<|end_header_id|>\n\n")
+        assert "Cutting Knowledge Date: December 2023" in prompt.json()["prompt"]
+        assert '"name": "get_weather"' in prompt.json()["prompt"]
+        reply = client.post_json("/chat/completions", {
+            "model": "model", "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 200,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": call_shape}}})
+        body = reply.json()
+        assert reply.status == 200, body
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["content"] is None
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris"})

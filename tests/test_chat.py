@@ -399,6 +399,7 @@ def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
 @pytest.mark.parametrize("name, expected", [
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3_json"),
     ("meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3_json"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral_json"),
     ("Qwen-Qwen3-0.6B.jinja", "hermes"),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
 ])
@@ -407,3 +408,16 @@ def test_tool_format_follows_the_templates_instructions(name, expected):
     template = JinjaTemplate(jinja.Template(require(f"models/templates/{name}").read_text("utf-8")))
     assert tool_format(template) == expected
     assert tool_format(SMOLLM2) == "hermes"
+
+
+def test_mistral_template_accepts_the_call_ids_llmd_generates_for_it():
+    from llmd.tools import new_mistral_call_id
+    from tests.reference_data import require
+    template = JinjaTemplate(jinja.Template(
+        require("models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text("utf-8")))
+    call_id = new_mistral_call_id()
+    call = {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "content": "sunny"}]
+    text = render_chat(template, msgs, tools=[{"name": "get_weather", "parameters": {"type": "object"}}]).text
+    assert f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {{"city": "Paris"}}, "id": "{call_id}"}}]' in text

@@ -293,3 +293,19 @@ def test_llama3_reply_not_starting_with_an_object_streams_and_reads_hermes_block
     events = stream.feed('<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>') + stream.finish()
     assert merge_tool_calls(events) == [{"id": "c", "type": "function",
                                          "function": {"name": "search", "arguments": '{"q": "x"}'}}]
+
+
+def test_mistral_json_array_reply_is_parallel_tool_calls():
+    ids = iter(["a", "b"])
+    stream = JsonReplyCallStream(LLAMA_TOOLS, lambda: next(ids), openers="{[")
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "search", "arguments": {}}]'
+    events = [e for i in range(0, len(text), 6) for e in stream.feed(text[i:i + 6])] + stream.finish()
+    assert [(e.index, e.id, e.name, e.arguments) for e in events] == [
+        (0, "a", "get_weather", '{"city": "Paris"}'), (1, "b", "search", "{}")]
+    assert _json_reply("[1, 2]") == [ContentDelta("[1, 2]")]  # Llama's stream: '[' is not an opener
+
+
+def test_mistral_call_ids_are_nine_letters_and_digits():
+    from llmd.tools import new_mistral_call_id
+    ids = {new_mistral_call_id() for _ in range(50)}
+    assert len(ids) == 50 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)
