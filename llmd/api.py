@@ -255,7 +255,8 @@ class Api:
         """The exact prompt text a chat request with this body would be given."""
         req = await parse(openai.parse_apply_template_request, request.body)
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
-        prompt = self._render(req.messages, tools, req.add_generation_prompt, req.template_kwargs)
+        prompt = await asyncio.to_thread(self._render, req.messages, tools, req.add_generation_prompt,
+                                         req.template_kwargs)
         return json_response({"prompt": prompt.text})
 
     async def props(self, request: HttpRequest) -> Response:
@@ -354,7 +355,8 @@ class Api:
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
-        rendered = self._render(req.messages, tools, template_kwargs=req.template_kwargs)
+        # a Jinja template over a long conversation takes milliseconds: off the event loop
+        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, req.template_kwargs)
         self._check_text(rendered.text, "messages")
         reasoning = chat.reasoning_start(self.template, rendered.text)
         output = Output(req.stop, tools or None, reasoning, chat.tool_format(self.template))

@@ -298,7 +298,8 @@ def _str_method(name: str) -> Callable[..., Any] | None:
 
     special = {"strip": strip_like("b"), "lstrip": strip_like("l"), "rstrip": strip_like("r"),
                "split": split_like("split"), "rsplit": split_like("rsplit"),
-               "format": lambda s, *a, **k: _taint(str.format(s, *a, **k), s, list(a), dict(k)),
+               "format": lambda s, *a, **k: _check_format(s, _FORMAT_WIDTH) or _taint(
+                   str.format(s, *a, **k), s, list(a), dict(k)),
                "join": lambda s, items: _join_with(s, [_to_str(x) for x in items])}
     if name in special:
         return special[name]
@@ -307,11 +308,33 @@ def _str_method(name: str) -> Callable[..., Any] | None:
     method = getattr(str, name)
 
     def generic(s: str, *args: Any, **kwargs: Any) -> Any:
+        if name in ("center", "ljust", "rjust", "zfill", "expandtabs") and args:
+            _check_width(args[0])
         result = method(str(s), *args, **kwargs)
         if isinstance(result, (list, tuple)):
             return [_taint(r, s, list(args)) for r in result]
         return _taint(result, s, list(args))
     return generic
+
+
+# Field widths in printf-style and str.format formats; beyond the output limit they
+# would only build a huge string before the limit could refuse it.
+_PERCENT_WIDTH = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d+)?(?:\.(\d+))?")
+_FORMAT_WIDTH = re.compile(r"\{[^{}]*:[^{}]*?(\d+)[^{}]*\}")
+
+
+def _check_width(width: Any) -> None:
+    if isinstance(width, int) and width > MAX_OUTPUT:
+        raise TemplateRuntimeError(f"a field width of {width} is beyond the output limit")
+
+
+def _check_format(fmt: str, pattern: re.Pattern) -> None:
+    for m in pattern.finditer(fmt):
+        for digits in m.groups():
+            if digits and len(digits) > 7:
+                raise TemplateRuntimeError("a field width in a format string is beyond the output limit")
+            if digits:
+                _check_width(int(digits))
 
 
 def _join_with(sep: str, items: list[str]) -> str:
@@ -667,7 +690,7 @@ class _Binary(_Node):
             if _is_safe(a) or _is_safe(b):
                 return _mark_safe(_join([_html_escape(a), _html_escape(b)]))
             result = _join([a, b])
-        elif op == "%" and _is_safe(a):
+        elif op == "%" and isinstance(a, str) and (_check_format(a, _PERCENT_WIDTH) or _is_safe(a)):
             args = tuple(_html_escape(x) if isinstance(x, str) else x for x in b) if isinstance(b, tuple) \
                 else (_html_escape(b) if isinstance(b, str) else b)
             return _mark_safe(_taint(a % args, a, b))
@@ -1520,7 +1543,11 @@ class _Ctx:
         for node in body:
             try:
                 node.run(self)
-            except (TemplateError, _LoopControl):
+            except (TemplateRaised, _LoopControl):
+                raise
+            except TemplateError as exc:
+                if exc.line is None:  # raised below any node that knew its line
+                    raise type(exc)(str(exc), node.line) from None
                 raise
             except RecursionError:
                 raise TemplateRuntimeError("the template nests too deeply", node.line) from None
@@ -1643,7 +1670,11 @@ class Template:
         """Render with `variables` (trusted, such as bos_token) and `data` (marked as the
         caller's data, such as messages); the output as (text, source) runs in order,
         source None for the template's own text, else the data's tag (0 if untagged)."""
-        out = self._render({**variables, **{k: as_data(v) for k, v in data.items()}}, clock)
+        try:
+            marked = {k: as_data(v) for k, v in data.items()}
+        except RecursionError:
+            raise TemplateRuntimeError("the input nests too deeply") from None
+        out = self._render({**variables, **marked}, clock)
         runs: list[tuple[str, int | None]] = []
         at = 0
         for start, end, tag in _spans(out):
@@ -1902,6 +1933,7 @@ def _title(ctx: _Ctx, value: Any) -> str:
 
 def _indent(ctx: _Ctx, value: Any, width: Any = 4, first: bool = False, blank: bool = False) -> str:
     s = _to_str(value)
+    _check_width(width)
     indention = width if isinstance(width, str) else " " * width
     lines = (s + "\n").splitlines()
     if blank:
@@ -1943,6 +1975,7 @@ def _format(ctx: _Ctx, value: Any, *args: Any, **kwargs: Any) -> str:
     if args and kwargs:
         raise TemplateRuntimeError("can't handle positional and keyword arguments at the same time")
     s = _to_str(value)
+    _check_format(s, _PERCENT_WIDTH)
     return _taint(s % (kwargs or args), s, list(args), kwargs)
 
 
@@ -1965,7 +1998,7 @@ FILTERS: dict[str, Callable[..., Any]] = {
     "attr": lambda ctx, v, name: get_attr(v, name),
     "batch": _batch,
     "capitalize": _capitalize,
-    "center": lambda ctx, v, width=80: _taint(_to_str(v).center(width), v),
+    "center": lambda ctx, v, width=80: _check_width(width) or _taint(_to_str(v).center(width), v),
     "count": _length,
     "d": _default,
     "default": _default,

@@ -216,6 +216,31 @@ def test_range_and_recursion_are_bounded():
         render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
 
 
+@pytest.mark.parametrize("source", [
+    "{{ '%099999999d' % 1 }}", "{{ '%.99999999f' | format(1.0) }}", "{{ '{:>99999999}'.format(1) }}",
+    "{{ 'a'.center(10 ** 9) }}", "{{ 'a\\tb'.expandtabs(10 ** 9) }}", "{{ 'x' | indent(10 ** 9, true) }}",
+    "{{ 'x' | center(10 ** 9) }}", "{{ '%(a)099999999d' % {'a': 1} }}",
+])
+def test_field_widths_beyond_the_output_limit_are_refused_before_building_the_string(source):
+    with pytest.raises(TemplateRuntimeError, match="beyond the output limit") as info:
+        render(source)
+    assert info.value.line == 1
+
+
+def test_ordinary_field_widths_format_as_python():
+    assert render("{{ '%5d|%-3s|%.2f' % (42, 'a', 3.14159) }}{{ '{:>4}'.format(7) }}{{ 'a'.center(5) }}") == \
+        "   42|a  |3.14   7  a  "
+
+
+def test_data_nested_too_deeply_is_an_error_not_a_crash():
+    deep = node = {}
+    for _ in range(5000):
+        node["a"] = {}
+        node = node["a"]
+    with pytest.raises(TemplateRuntimeError, match="nests too deeply"):
+        Template("{{ m }}").render_parts({}, {"m": deep})
+
+
 def test_render_parts_marks_every_character_from_data():
     t = Template("{{ '<|im_start|>' + m.role + '\\n' + m.content | trim + '<|im_end|>' }}"
                  "{% for w in m.content.split(' ') %}[{{ w }}]{% endfor %}{{ m.content | tojson }}")
