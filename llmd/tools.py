@@ -8,7 +8,7 @@ Theory of operation. The model answers with text in which each call is a block
 
 A block is a call when its body is a JSON object whose `name` is one of the declared
 tools and whose `arguments` is an object (or a JSON string holding one; missing means
-{}). Any other block, and a block never closed, stays in the content as written.
+{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values). Any other block, and a block never closed, stays in the content as written.
 Whitespace between content and a call block is layout, not content, and is dropped.
 
 `ToolCallStream` works on text deltas for SSE: text outside blocks is released at
@@ -25,6 +25,7 @@ runs the same machine over the whole text, so streamed and non-streamed answers 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
@@ -107,13 +108,52 @@ def tool_names(tools: Iterable[dict[str, Any]] | None) -> frozenset[str]:
     return frozenset(t.get("function", t)["name"] for t in tools or ())
 
 
-def decode_call(body: str, names: frozenset[str]) -> tuple[str, str] | None:
-    """(name, arguments JSON) for a valid block body, else None."""
+def string_params(tools: Iterable[dict[str, Any]] | None) -> frozenset[tuple[str, str]]:
+    """(tool, parameter) pairs whose schema type is "string": an XML call's value for
+    them stays text even when it looks like JSON ("01234")."""
+    pairs = set()
+    for tool in tools or ():
+        function = tool.get("function", tool)
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        pairs.update((function["name"], p) for p, schema in properties.items()
+                     if isinstance(schema, dict) and schema.get("type") == "string")
+    return frozenset(pairs)
+
+
+def decode_call(body: str, names: frozenset[str],
+                strings: frozenset[tuple[str, str]] = frozenset()) -> tuple[str, str] | None:
+    """(name, arguments JSON) for a valid block body, else None. The body is a JSON
+    object, or Qwen3-Coder's XML: <function=NAME> then <parameter=P>VALUE</parameter>
+    each, then </function>, a VALUE read as JSON unless `strings` says it is text."""
     try:
         call = json.loads(body)
     except ValueError:
-        return None
+        call = _xml_call(body, strings)
     return _call_of(call, names)
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
+_XML_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.S)
+
+
+def _xml_call(body: str, strings: frozenset[tuple[str, str]]) -> dict[str, Any] | None:
+    function = _XML_FUNCTION.fullmatch(body)
+    if function is None:
+        return None
+    name, rest, arguments, pos = function.group(1), function.group(2), {}, 0
+    while pos < len(rest):
+        parameter = _XML_PARAMETER.match(rest, pos)
+        if parameter is None:
+            return None if rest[pos:].strip() else {"name": name, "arguments": arguments}
+        key, value = parameter.group(1), parameter.group(2)
+        if (name, key) not in strings:
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        arguments[key] = value
+        pos = parameter.end()
+    return {"name": name, "arguments": arguments}
 
 
 def _call_of(call: Any, names: frozenset[str]) -> tuple[str, str] | None:
@@ -178,6 +218,7 @@ class ToolCallStream:
     def __init__(self, tools: Iterable[dict[str, Any]] | None,
                  new_id: Callable[[], str] = new_call_id) -> None:
         self._names = tool_names(tools)
+        self._strings = string_params(tools)
         self._new_id = new_id
         self._buf = ""          # outside: held-back tail; inside: the block's unread text
         self._mode = "outside"  # or, inside a block: head, arguments, tail, held
@@ -275,7 +316,7 @@ class ToolCallStream:
                     return events
                 body, self._buf = self._buf[:end], self._buf[end + len(CLOSE_TAG):]
                 self._mode = "outside"
-                call = decode_call(body, self._names)
+                call = decode_call(body, self._names, self._strings)
                 if call is None:
                     content(self._lead_ws + OPEN_TAG + body + CLOSE_TAG)
                     self._after_call = False

@@ -309,3 +309,27 @@ def test_mistral_call_ids_are_nine_letters_and_digits():
     from llmd.tools import new_mistral_call_id
     ids = {new_mistral_call_id() for _ in range(50)}
     assert len(ids) == 50 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)
+
+
+CODER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "zip": {"type": "string"}, "days": {"type": "integer"}, "opts": {"type": "object"}}}}}]
+
+
+def test_qwen3_coder_xml_block_is_a_call_with_typed_arguments():
+    text = ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+            "<parameter=zip>\n01234\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+            '<parameter=opts>\n{"metric": true}\n</parameter>\n</function>\n</tool_call>')
+    content, calls = parse_tool_calls(text, CODER_TOOLS, new_id=lambda: "c")
+    assert content == "Checking."
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "city": "San Francisco", "zip": "01234", "days": 3, "opts": {"metric": True}}
+
+
+@pytest.mark.parametrize("body", [
+    "<function=unknown>\n</function>",
+    "<function=get_weather>\n<parameter=city>\nParis\n</function>",   # parameter never closed
+    "<function=get_weather>\nstray text\n</function>",
+])
+def test_xml_block_that_is_not_a_declared_call_stays_content(body):
+    text = f"<tool_call>\n{body}\n</tool_call>"
+    assert parse_tool_calls(text, CODER_TOOLS) == (text, [])
