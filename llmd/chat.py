@@ -2,8 +2,8 @@
 
 Theory of operation. A GGUF carries its chat format as a Jinja program
 (`tokenizer.chat_template`). llmd runs it with its own interpreter (llmd.jinja) as a
-`JinjaTemplate`. Two programs it knows exactly (SmolLM2's and Qwen2.5's ChatML, and
-Llama 3.0's) also have a built-in renderer, `ChatTemplate`, which writes the same
+`JinjaTemplate`. The few programs it knows exactly (SmolLM2's and Qwen2.5's ChatML
+variants, Llama 3.0's) also have a built-in renderer, `ChatTemplate`, which writes the same
 bytes natively (tests/test_chat.py proves it against the interpreter and against
 Jinja output in tests/data/chat_golden.json) and knows where each earlier reply,
 tool calls included, sits in the prompt; `detect_template` picks it only for those
@@ -24,6 +24,10 @@ For a Jinja template the interpreter reports which output characters came from t
 conversation; markers are the control-token strings (found through the model's vocab
 at start-up, `template_markers`) in the template's own text only. A reply part is an
 assistant message's content when the template wrote it unchanged.
+
+What a template writes also says how the model answers: `tool_format` (Hermes blocks,
+Llama 3.x's JSON reply, Mistral's [TOOL_CALLS] array) and `reasoning_start` (whether
+replies carry a <think> block, and whether the prompt already opened it).
 
 The built-in ChatML renderer writes tools as Qwen2.5's template does: a `# Tools`
 block in the system message, `<tool_call>` blocks for assistant calls, and

@@ -212,16 +212,17 @@ class Namespace:
 
 @dataclass
 class _Loop:
+    """`loop` inside a for body (loops are never recursive here, so depth is 1)."""
+
     items: list
     index0: int = 0
-    depth0: int = 0
 
     def field(self, name: str) -> Any:
         n, i = len(self.items), self.index0
         fields = {
             "index0": i, "index": i + 1, "revindex0": n - i - 1, "revindex": n - i,
             "first": i == 0, "last": i == n - 1, "length": n,
-            "depth0": self.depth0, "depth": self.depth0 + 1,
+            "depth0": 0, "depth": 1,
         }
         if name in fields:
             return fields[name]
@@ -1149,15 +1150,12 @@ class _Control(_Node):
 
 
 class _For(_Node):
-    def __init__(self, target: _Node, iterable: _Node, condition: _Node | None, body: list, other: list,
-                 recursive: bool):
+    def __init__(self, target: _Node, iterable: _Node, condition: _Node | None, body: list, other: list):
         self.target, self.iterable, self.condition = target, iterable, condition
-        self.body, self.other, self.recursive = body, other, recursive
+        self.body, self.other = body, other
 
     def run(self, ctx: _Ctx) -> None:
-        self.loop(ctx, self.iterable.ev(ctx), 0)
-
-    def loop(self, ctx: _Ctx, iterable: Any, depth: int) -> str:
+        iterable = self.iterable.ev(ctx)
         if isinstance(iterable, Undefined) and iterable.unsafe:
             raise iterable.fail(self.line)
         if isinstance(iterable, dict):
@@ -1171,6 +1169,7 @@ class _For(_Node):
         if self.condition is not None:
             kept = []
             for item in items:
+                ctx.tick(self.line)
                 frame = ctx.push()
                 ctx.assign(self.target, item, self.line)
                 if self.condition.ev(ctx):
@@ -1179,8 +1178,8 @@ class _For(_Node):
             items = kept
         if not items:
             ctx.run(self.other)
-            return ""
-        loop = _Loop(items, depth0=depth)
+            return
+        loop = _Loop(items)
         for index, item in enumerate(items):
             ctx.tick(self.line)
             frame = ctx.push()
@@ -1194,7 +1193,6 @@ class _For(_Node):
                     ctx.pop(frame)
                     break
             ctx.pop(frame)
-        return ""
 
 
 class _Set(_Node):
@@ -1368,8 +1366,7 @@ class _StatementParser(_Parser):
         self.expect_name("in")
         iterable = self.tuple_(with_cond=False)
         condition = self.expr() if self.skip_name("if") else None
-        recursive = self.skip_name("recursive")
-        if recursive:
+        if self.skip_name("recursive"):
             raise TemplateSyntaxError("recursive for loops are not supported", self.cur.line)
         self.end_tag()
         body = self.body(_END_TAGS["for"])
@@ -1379,7 +1376,7 @@ class _StatementParser(_Parser):
             other = self.body(("endfor",))
             self.next()
         self.end_tag()
-        return _For(target, iterable, condition, body, other, recursive)
+        return _For(target, iterable, condition, body, other)
 
     def stmt_set(self) -> _Node:
         line = self.cur.line
@@ -1488,13 +1485,15 @@ class _StatementParser(_Parser):
 # --- rendering ----------------------------------------------------------------------
 
 class _Ctx:
-    def __init__(self, frames: list[dict], now: Callable[[], _dt.datetime]):
+    """One rendering's state: the scope frames (innermost last), the output being
+    written, and the counters the limits are checked against."""
+
+    def __init__(self, frames: list[dict]):
         self.frames = frames
         self.out: list[str] = []
         self.size = 0
         self.iterations = 0
         self.depth = 0
-        self.now = now
 
     def lookup(self, name: str) -> Any:
         for frame in reversed(self.frames):
@@ -1695,7 +1694,7 @@ class Template:
             "raise_exception": _Builtin("raise_exception", _raise),
             "strftime_now": _Builtin("strftime_now", lambda fmt: clock().strftime(str(fmt))),
         }
-        ctx = _Ctx([globals_, dict(variables)], clock)
+        ctx = _Ctx([globals_, dict(variables)])
         try:
             ctx.run(self.body)
         except _LoopControl:

@@ -296,7 +296,7 @@ def test_llama3_family_json_reply_comes_back_as_a_tool_call_end_to_end(tiny_llam
         assert "Cutting Knowledge Date: December 2023" in prompt.json()["prompt"]
         assert '"name": "get_weather"' in prompt.json()["prompt"]
         reply = client.post_json("/chat/completions", {
-            "model": "model", "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 200,
+            "model": "model", "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 400, "temperature": 0,
             "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": call_shape}}})
         body = reply.json()
         assert reply.status == 200, body
