@@ -330,9 +330,11 @@ def _render_jinja(p: Prompt, template: JinjaTemplate, msgs: list[dict[str, Any]]
             if msg.get(key) is not None:
                 out[key] = msg[key]
         messages.append(out)
-    data = {**kwargs, "messages": messages, "tools": [_openai_tool(t) for t in tools] if tools else None}
+    # Without tools, `tools` is left undefined, as llama.cpp does (transformers passes
+    # None, which templates such as Hermes-2-Pro's cannot iterate).
+    data = {**kwargs, "messages": messages, **({"tools": [_openai_tool(t) for t in tools]} if tools else {})}
     variables = {"bos_token": template.bos_token, "eos_token": template.eos_token,
-                 "add_generation_prompt": add_generation_prompt, "documents": None}
+                 "add_generation_prompt": add_generation_prompt}
     try:
         runs = template.template.render_parts(variables, data)
     except jinja.TemplateRaised as exc:

@@ -421,3 +421,14 @@ def test_mistral_template_accepts_the_call_ids_llmd_generates_for_it():
             {"role": "tool", "tool_call_id": call_id, "content": "sunny"}]
     text = render_chat(template, msgs, tools=[{"name": "get_weather", "parameters": {"type": "object"}}]).text
     assert f'[TOOL_CALLS][{{"name": "get_weather", "arguments": {{"city": "Paris"}}, "id": "{call_id}"}}]' in text
+
+
+def test_without_tools_the_tools_variable_is_undefined_as_llama_cpp_leaves_it():
+    from tests.reference_data import require
+    probe = _interpreted("{{ tools is defined }}|{{ documents is defined }}", ())
+    assert render_chat(probe, [{"role": "user", "content": "x"}]).text == "False|False"
+    assert render_chat(probe, [{"role": "user", "content": "x"}], tools=[WEATHER]).text == "True|False"
+    # Hermes-2-Pro's tool_use template iterates `tools` when it is not undefined
+    hermes = _interpreted(require("models/templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja")
+                          .read_text("utf-8"), ())
+    assert render_chat(hermes, [{"role": "user", "content": "Hi"}]).text.endswith("<|im_start|>assistant\n")
