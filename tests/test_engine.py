@@ -15,7 +15,7 @@ from llmd._native import ffi, lib
 from llmd.engine import (
     CapacityError, ContextFullError, Engine, EngineError, Sampling, Session, TokenError,
 )
-from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0
+from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, U32
 
 ALL_TYPES = [GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1]
 TYPE_IDS = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"]
@@ -474,6 +474,57 @@ def test_score_rejects_bad_ranges(session):
         session.score([1], 0)
 
 
+def top_of(logits: list[float], n: int) -> list[tuple[int, float]]:
+    """The n most likely ids (lower id first on ties) with their log-probabilities."""
+    order = sorted(range(len(logits)), key=lambda v: (-logits[v], v))[:n]
+    return [(v, log_softmax(logits, v)) for v in order]
+
+
+def test_score_top_lists_each_positions_most_likely_tokens(engine, session):
+    ids = engine.tokenize(PROMPT)
+    scored = session.score_top(ids, 1, 5)
+    assert [lp for lp, _ in scored] == session_scores(engine, ids, 1)
+    for i in (1, len(ids) - 2):
+        with engine.new_session() as s:
+            s.prefill(ids[:i + 1])
+            expected = top_of(s.logits(), 5)
+        top = scored[i - 1][1]
+        assert [v for v, _ in top] == [v for v, _ in expected]
+        assert [lp for _, lp in top] == pytest.approx([lp for _, lp in expected], abs=1e-4)
+
+
+def session_scores(engine, ids, first):
+    with engine.new_session() as s:
+        return s.score(ids, first)
+
+
+def test_token_logprobs_are_of_the_raw_logits_whatever_the_sampling(engine, session):
+    ids = engine.tokenize(PROMPT)
+    session.prefill(ids)
+    logits = session.logits()
+    session.set_sampling(Sampling(temperature=0.7, top_k=3, seed=5, logit_bias={argmax(logits): -5.0}))
+    [tok] = engine.decode_batch([session], [3])
+    assert tok.logprob == pytest.approx(log_softmax(logits, tok.id), abs=1e-4)
+    assert [v for v, _ in tok.top] == [v for v, _ in top_of(logits, 3)]
+    assert [lp for _, lp in tok.top] == pytest.approx([lp for _, lp in top_of(logits, 3)], abs=1e-4)
+    [plain] = engine.decode_batch([session])
+    assert plain.logprob is None and plain.top == ()
+
+
+def test_top_logprobs_count_is_bounded(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    session.decode_one()
+    with pytest.raises(EngineError, match="n_top must be 0..20"):
+        session.token_logprobs(21)
+    assert session.token_logprobs(20)[1][0][1] >= session.token_logprobs(20)[1][19][1]
+
+
+def test_token_logprobs_need_a_sampled_token(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    with pytest.raises(EngineError, match="decode first"):
+        session.token_logprobs(0)
+
+
 # ---- tokenizer --------------------------------------------------------------------------------
 
 def test_control_token_text_is_parsed_only_with_special(engine, tiny_model):
@@ -539,3 +590,19 @@ def test_live_sessions_counts_the_engines_own_sessions_until_freed(tiny_model):
         assert engine.live_sessions() == 0
     n = ffi.new("int32_t *")
     assert lib.llmd_engine_live_sessions(ffi.NULL, n) == lib.LLMD_ERR_INVALID_ARGUMENT
+
+
+# ---- model metadata -------------------------------------------------------------------
+
+@pytest.mark.parametrize("declared, expected", [(None, 0), (1, 1), (3, 3)])
+def test_pooling_type_is_what_the_file_declares(tiny_llama_factory, declared, expected):
+    extra = [] if declared is None else [("llama.pooling_type", U32, declared)]
+    with Engine(str(tiny_llama_factory(extra_metadata=tuple(extra)).path), n_ctx=64, max_sessions=1) as e:
+        assert e.pooling_type() == expected
+
+
+def test_unknown_pooling_type_is_a_format_error(tiny_llama_factory):
+    with Engine(str(tiny_llama_factory(extra_metadata=(("llama.pooling_type", U32, 9),)).path), n_ctx=64,
+                max_sessions=1) as e:
+        with pytest.raises(EngineError, match="pooling_type 9 is unknown"):
+            e.pooling_type()
