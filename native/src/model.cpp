@@ -721,7 +721,6 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
             rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
     if (n_out > 0) {
         const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
-
         matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
     }
 }
