@@ -311,6 +311,18 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
     });
 }
 
+llmd_status llmd_engine_live_sessions(const llmd_engine *e, int32_t *n) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || n == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        // Counted from the live-handle set under its lock, not from e->sessions, which
+        // only the engine's own thread may read.
+        std::lock_guard<std::mutex> lock(g_live_mutex);
+        *n = static_cast<int32_t>(std::count_if(g_live.begin(), g_live.end(),
+                                                [&](const llmd_session *s) { return s->engine == e; }));
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_engine_capacity(const llmd_engine *e, uint64_t budget_bytes, int32_t *max_sessions,
                                  uint64_t *bytes_per_session) {
     return guarded([&]() -> llmd_status {
