@@ -631,3 +631,63 @@ def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_
         matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
         norm(blk + "post_ffw_norm.weight")
     return w
+
+
+# ---- a tiny phi3 model ------------------------------------------------------------
+
+def build_tiny_phi3(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
+                    rope_dim: int = 12, n_ff: int = 128, n_ctx: int = 128, window: int = 0,
+                    n_ctx_orig: int | None = 32, attn_factor: float = 1.19, fused_qkv: bool = True,
+                    weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight phi3 model laid out as llama.cpp's
+    converter writes one, with build_tiny_llama's tokenizer: Q/K/V fused in attn_qkv
+    (unless not `fused_qkv`), gate and up fused in ffn_up, RoPE over the first
+    rope_dim dims of each head, and with `n_ctx_orig` LongRoPE (rope_factors_short /
+    _long, rope.scaling.attn_factor). `window` is attention.sliding_window (0 as
+    Phi-4 files write it)."""
+    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-p")  # llama.cpp special-cases names with "phi3"
+    w.set("general.architecture", STRING, "phi3")
+    for kv in w.kvs:
+        if kv.key.startswith("llama."):
+            kv.key = "phi3." + kv.key[len("llama."):]
+    head_dim = n_embd // n_head
+    w.set("phi3.block_count", U32, n_layer)
+    w.set("phi3.feed_forward_length", U32, n_ff)
+    w.set("phi3.attention.head_count", U32, n_head)
+    w.set("phi3.attention.head_count_kv", U32, n_head_kv)
+    w.set("phi3.rope.dimension_count", U32, rope_dim)
+    w.set("phi3.attention.sliding_window", U32, window)
+    rng = random.Random(seed)
+    n_vocab = w.get("phi3.vocab_size").value
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    w.tensors = []
+
+    def matrix(name: str, cols: int, rows: int, std: float) -> None:
+        values = [rng.gauss(0.0, std) for _ in range(cols * rows)]
+        w.add_tensor(name, [cols, rows], weight_type, encode_tensor(weight_type, values))
+
+    def vector(name: str, values: list[float]) -> None:
+        w.add_tensor(name, [len(values)], GGML_F32, encode_f32(values))
+
+    if n_ctx_orig is not None:
+        w.set("phi3.rope.scaling.original_context_length", U32, n_ctx_orig)
+        w.set("phi3.rope.scaling.attn_factor", F32, attn_factor)
+        vector("rope_factors_long.weight", [1.0 + 3.0 * i for i in range(rope_dim // 2)])
+        vector("rope_factors_short.weight", [1.0 + 0.2 * i for i in range(rope_dim // 2)])
+    matrix("token_embd.weight", n_embd, n_vocab, 0.3)
+    vector("output_norm.weight", [1.0 + rng.uniform(-0.1, 0.1) for _ in range(n_embd)])
+    matrix("output.weight", n_embd, n_vocab, 0.3)
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        vector(blk + "attn_norm.weight", [1.0 + rng.uniform(-0.1, 0.1) for _ in range(n_embd)])
+        if fused_qkv:
+            matrix(blk + "attn_qkv.weight", n_embd, q_dim + 2 * kv_dim, 1.0 / math.sqrt(n_embd))
+        else:
+            matrix(blk + "attn_q.weight", n_embd, q_dim, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
+        vector(blk + "ffn_norm.weight", [1.0 + rng.uniform(-0.1, 0.1) for _ in range(n_embd)])
+        matrix(blk + "ffn_up.weight", n_embd, 2 * n_ff, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
+    return w

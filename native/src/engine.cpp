@@ -256,6 +256,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         const HParams &hp = e->model->hp;
         e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
         if (e->n_ctx > (1 << 20)) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_ctx is too large");
+        e->model->set_context(e->n_ctx);
         const uint64_t budget = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : physical_memory() / 4;
         e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
         if (e->max_sessions < 1)

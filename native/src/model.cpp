@@ -86,9 +86,31 @@ const float *Binder::vector(const std::string &name, int64_t n, bool required) {
     return reinterpret_cast<const float *>(t->data);
 }
 
+bool Binder::fused(const std::string &name, int64_t cols, std::initializer_list<std::pair<int64_t, Matrix *>> parts) {
+    int64_t rows = 0;
+    for (const auto &part : parts) rows += part.first;
+    Matrix whole;
+    if (!matrix(name, cols, rows, &whole)) return false;
+    int64_t first = 0;
+    for (const auto &[n, m] : parts) {
+        *m = whole;
+        m->rows = n;
+        m->data = static_cast<const uint8_t *>(whole.row(first));
+        first += n;
+    }
+    return true;
+}
+
+void Model::set_context(int n_ctx) {
+    if (rope_long == nullptr) return;
+    const float *factors = n_ctx > hp.n_ctx_orig ? rope_long : rope_short;
+    for (int i = 0; i < hp.rope_dim / 2; ++i)
+        inv_freq[i] = static_cast<float>(std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim) / factors[i]);
+}
+
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3};
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3};
 
 } // namespace
 
@@ -419,8 +441,8 @@ void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_fre
     const float p = static_cast<float>(pos) * hp.rope_scale;
     for (int i = 0; i < hp.rope_dim / 2; ++i) {
         const float theta = p * inv_freq[i];
-        cs[2 * i] = std::cos(theta);
-        cs[2 * i + 1] = std::sin(theta);
+        cs[2 * i] = std::cos(theta) * hp.rope_mscale;
+        cs[2 * i + 1] = std::sin(theta) * hp.rope_mscale;
     }
 }
 

@@ -50,6 +50,8 @@ struct HParams {
     int rope_dim = 0;  // leading dims of each head that RoPE rotates
     float rope_base = 10000.0f;
     float rope_scale = 1.0f; // position multiplier (linear scaling)
+    float rope_mscale = 1.0f; // multiplies cos and sin (attn_factor of LongRoPE)
+    int n_ctx_orig = 0;       // LongRoPE: the context past which the long factors apply
     float norm_eps = 1e-5f;
     float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if their own
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
@@ -95,6 +97,8 @@ struct Model {
     Matrix output;               // (vocab, dim); token_embd when the model ties them
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair
     std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own base
+    const float *rope_short = nullptr; // (rope_dim / 2) LongRoPE divisors up to n_ctx_orig
+    const float *rope_long = nullptr;  // (rope_dim / 2) LongRoPE divisors beyond it
     std::vector<LayerWeights> layers;
     std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
@@ -102,6 +106,10 @@ struct Model {
     // Binds the weights of a GGUF as `arch` lays them out; nullptr with *error on any
     // mismatch, including a tensor of the file that the architecture did not bind.
     static std::unique_ptr<Model> load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error);
+
+    // Fits the RoPE frequencies to a context of n_ctx: LongRoPE models divide them
+    // by their short factors up to n_ctx_orig and by their long ones past it.
+    void set_context(int n_ctx);
 
 private:
     void pack(); // repacks the matrices this build has kernels for (quants.h)
@@ -123,6 +131,9 @@ struct Binder {
     const GGUFTensor *find(const std::string &name, bool required);
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
     const float *vector(const std::string &name, int64_t n, bool required = true);
+    // A matrix of fused projections (Phi-3's attn_qkv, ffn_up): its rows are the
+    // parts' rows in order, each part a view of them.
+    bool fused(const std::string &name, int64_t cols, std::initializer_list<std::pair<int64_t, Matrix *>> parts);
 };
 
 // One session's attention memory: per layer, keys and values as f16, (kv head,
