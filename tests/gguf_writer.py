@@ -691,3 +691,65 @@ def build_tiny_phi3(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_he
         matrix(blk + "ffn_up.weight", n_embd, 2 * n_ff, 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
     return w
+
+
+# ---- a tiny qwen3moe model --------------------------------------------------------
+
+def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
+                        head_dim: int = 32, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
+                        n_ctx: int = 128, norm: bool | None = None, scale: float | None = None,
+                        weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight qwen3moe model laid out as llama.cpp's
+    converter writes one, with build_tiny_llama's tokenizer: q/k head norms, a router
+    (ffn_gate_inp) over n_expert experts stored as 3-d tensors, n_expert_used per
+    token; expert_weights_norm and expert_weights_scale only when given."""
+    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen3moe")
+    w.set("general.architecture", STRING, "qwen3moe")
+    for kv in w.kvs:
+        if kv.key.startswith("llama."):
+            kv.key = "qwen3moe." + kv.key[len("llama."):]
+    w.set("qwen3moe.block_count", U32, n_layer)
+    w.set("qwen3moe.feed_forward_length", U32, n_ff_exp * n_expert_used)
+    w.set("qwen3moe.expert_feed_forward_length", U32, n_ff_exp)
+    w.set("qwen3moe.expert_count", U32, n_expert)
+    w.set("qwen3moe.expert_used_count", U32, n_expert_used)
+    w.set("qwen3moe.attention.head_count", U32, n_head)
+    w.set("qwen3moe.attention.head_count_kv", U32, n_head_kv)
+    w.set("qwen3moe.attention.key_length", U32, head_dim)
+    w.set("qwen3moe.attention.value_length", U32, head_dim)
+    w.set("qwen3moe.rope.dimension_count", U32, head_dim)
+    if norm is not None:
+        w.set("qwen3moe.expert_weights_norm", BOOL, norm)
+    if scale is not None:
+        w.set("qwen3moe.expert_weights_scale", F32, scale)
+    rng = random.Random(seed)
+    n_vocab = w.get("qwen3moe.vocab_size").value
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    w.tensors = []
+
+    def matrix(name: str, ne: list[int], std: float) -> None:
+        values = [rng.gauss(0.0, std) for _ in range(math.prod(ne))]
+        w.add_tensor(name, ne, weight_type, encode_tensor(weight_type, values))
+
+    def norm_vector(name: str, n: int = n_embd) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+
+    matrix("token_embd.weight", [n_embd, n_vocab], 0.3)
+    norm_vector("output_norm.weight")
+    matrix("output.weight", [n_embd, n_vocab], 0.3)
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        norm_vector(blk + "attn_norm.weight")
+        matrix(blk + "attn_q.weight", [n_embd, q_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_k.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_v.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_output.weight", [q_dim, n_embd], 2.0 / math.sqrt(q_dim))
+        norm_vector(blk + "attn_q_norm.weight", head_dim)
+        norm_vector(blk + "attn_k_norm.weight", head_dim)
+        norm_vector(blk + "ffn_norm.weight")
+        w.add_tensor(blk + "ffn_gate_inp.weight", [n_embd, n_expert], GGML_F32,
+                     encode_f32([rng.gauss(0.0, 1.0) for _ in range(n_embd * n_expert)]))
+        matrix(blk + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down_exps.weight", [n_ff_exp, n_embd, n_expert], 2.0 / math.sqrt(n_ff_exp))
+    return w

@@ -86,6 +86,18 @@ const float *Binder::vector(const std::string &name, int64_t n, bool required) {
     return reinterpret_cast<const float *>(t->data);
 }
 
+bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out) {
+    const GGUFTensor *t = find(name, true);
+    if (t == nullptr) return false;
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n)
+        return fail("tensor " + name + " has the wrong shape for " + std::to_string(n) + " experts of [" +
+                    std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    if (type_uses_q8a(t->type) && cols % QK != 0) return fail("tensor " + name + " has rows that are not whole blocks");
+    out->assign(n, Matrix{t->type, cols, rows, row_bytes(t->type, cols), nullptr});
+    for (int e = 0; e < n; ++e) (*out)[e].data = t->data + static_cast<size_t>(e) * rows * (*out)[e].row_bytes;
+    return true;
+}
+
 bool Binder::fused(const std::string &name, int64_t cols, std::initializer_list<std::pair<int64_t, Matrix *>> parts) {
     int64_t rows = 0;
     for (const auto &part : parts) rows += part.first;
@@ -110,7 +122,7 @@ void Model::set_context(int n_ctx) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3};
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3, &kQwen3Moe};
 
 } // namespace
 
@@ -255,8 +267,11 @@ void release_mapping(const Matrix &m) {
 void Model::pack() {
     std::vector<Matrix *> matrices{&output};
     for (LayerWeights &L : layers)
-        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router})
             if (m->data != nullptr) matrices.push_back(m);
+    for (LayerWeights &L : layers)
+        for (std::vector<Matrix> *experts : {&L.gate_exps, &L.up_exps, &L.down_exps})
+            for (Matrix &m : *experts) matrices.push_back(&m);
     const auto span = [](const Matrix *m) { return (packed_bytes(m->type, m->rows, m->cols) + 63) / 64 * 64; };
     size_t total = 0;
     for (const Matrix *m : matrices) total += span(m);
@@ -330,7 +345,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
-    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff});
+    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp});
     xq.resize(n * static_cast<size_t>((widest + QK - 1) / QK));
     capacity = n_tokens;
 }
@@ -601,6 +616,61 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) 
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight) {
     const int dim = p.hp.n_embd;
     for (int t = 0; t < p.n; ++t) rmsnorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
+}
+
+void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
+    const HParams &hp = p.hp;
+    const int n = p.n, dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
+    Workspace &ws = p.ws;
+    ws.router.resize(static_cast<size_t>(n) * n_exp);
+    matmuls(p, xb, {project(L.router, ws.router.data())});
+    // Per token: softmax over the experts, the top k (ties to the lower index), and
+    // their weights; chosen (n, n_expert) holds a token's weight for each chosen expert.
+    std::vector<float> &chosen = ws.moe_weights;
+    chosen.assign(static_cast<size_t>(n) * n_exp, 0.0f);
+    std::vector<int> order(n_exp);
+    for (int t = 0; t < n; ++t) {
+        float *prob = ws.router.data() + static_cast<size_t>(t) * n_exp;
+        const float mx = *std::max_element(prob, prob + n_exp);
+        float sum = 0.0f;
+        for (int e = 0; e < n_exp; ++e) sum += prob[e] = std::exp(prob[e] - mx);
+        for (int e = 0; e < n_exp; ++e) prob[e] /= sum;
+        for (int e = 0; e < n_exp; ++e) order[e] = e;
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int a, int b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
+        float total = 0.0f;
+        for (int i = 0; i < k; ++i) total += prob[order[i]];
+        for (int i = 0; i < k; ++i) {
+            const float w = hp.expert_norm ? prob[order[i]] / total : prob[order[i]];
+            chosen[static_cast<size_t>(t) * n_exp + order[i]] = w * hp.expert_scale;
+        }
+    }
+    const size_t ff = static_cast<size_t>(hp.n_ff_exp);
+    ws.moe_in.resize(static_cast<size_t>(n) * dim);
+    ws.moe_out.resize(static_cast<size_t>(n) * dim);
+    ws.moe_h.resize(n * ff);
+    ws.moe_h2.resize(n * ff);
+    ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
+    for (int e = 0; e < n_exp; ++e) {
+        ws.moe_tokens.clear();
+        for (int t = 0; t < n; ++t)
+            if (chosen[static_cast<size_t>(t) * n_exp + e] != 0.0f) ws.moe_tokens.push_back(t);
+        const int m = static_cast<int>(ws.moe_tokens.size());
+        if (m == 0) continue;
+        for (int i = 0; i < m; ++i)
+            std::copy_n(xb + static_cast<size_t>(ws.moe_tokens[i]) * dim, dim, ws.moe_in.data() + static_cast<size_t>(i) * dim);
+        const Pass sub{p.model, hp, p.batch, m, ws, p.pool}; // the expert's tokens only
+        matmuls(sub, ws.moe_in.data(), {swiglu(L.gate_exps[e], L.up_exps[e], ws.moe_h.data(), ws.moe_h2.data())});
+        matmuls(sub, ws.moe_h.data(), {project(L.down_exps[e], ws.moe_out.data())});
+        for (int i = 0; i < m; ++i) {
+            const int t = ws.moe_tokens[i];
+            const float w = chosen[static_cast<size_t>(t) * n_exp + e];
+            float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
+            const float *y = ws.moe_out.data() + static_cast<size_t>(i) * dim;
+            for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
+        }
+    }
+    add_rows(p, x, ws.moe_acc.data());
 }
 
 void add_rows(const Pass &p, float *x, const float *y) {

@@ -58,6 +58,11 @@ struct HParams {
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
     std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
+    int n_expert = 0;           // MoE: experts per layer,
+    int n_expert_used = 0;      // experts each token is routed to,
+    int n_ff_exp = 0;           // hidden dim of one expert
+    bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
+    float expert_scale = 1.0f;  // then multiplied by this
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
 };
@@ -85,6 +90,10 @@ struct LayerWeights {
     const float *b_up = nullptr;      // (ff)
     const float *b_down = nullptr;    // (dim)
     const float *ffn_post_norm = nullptr; // (dim) norm of the FFN output (Gemma)
+    Matrix router;                    // (n_expert, dim) MoE: expert scores of a token
+    std::vector<Matrix> gate_exps;    // n_expert × (n_ff_exp, dim)
+    std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
+    std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
 };
 
 struct Arch; // arch/arch.h
@@ -133,6 +142,8 @@ struct Binder {
     const float *vector(const std::string &name, int64_t n, bool required = true);
     // A matrix of fused projections (Phi-3's attn_qkv, ffn_up): its rows are the
     // parts' rows in order, each part a view of them.
+    // A 3-d tensor of n experts' matrices, (n, rows, cols): one view per expert.
+    bool experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out);
     bool fused(const std::string &name, int64_t cols, std::initializer_list<std::pair<int64_t, Matrix *>> parts);
 };
 
@@ -207,6 +218,10 @@ struct Workspace {
     std::vector<AttnPartial> att_stats;
     std::vector<BlockQ8A> xq;
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
+    std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
+    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // one expert's tokens and results
+    std::vector<int> moe_tokens;        // the tokens routed to one expert
+    std::vector<float> moe_weights;     // and their weights
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -244,6 +259,12 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
 
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
+// x (n, dim) += the mixture of experts over xb (n, dim): each token's top
+// n_expert_used experts by softmax of its router scores, weighted by those
+// probabilities (renormalised if hp.expert_norm). Each expert runs once over the
+// tokens routed to it, so its weights are read once per batch; each token sums its
+// experts in expert order, whatever else is in the batch.
+void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x);
 // x (n, dim) += y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y);
 // x (n, n_heads * head_dim): each head of each token RMS-normalised in place and

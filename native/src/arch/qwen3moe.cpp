@@ -1,0 +1,81 @@
+// arch/qwen3moe.cpp — Qwen3 MoE: Qwen3's attention (an RMS norm over each query and
+// key head before NEOX RoPE) and, in place of the dense FFN, a mixture of experts:
+// the router's softmax picks expert_used_count of expert_count SwiGLU experts per
+// token, their weights renormalised (unless expert_weights_norm is false) and scaled
+// by expert_weights_scale when the file sets one.
+#include "arch/arch.h"
+
+#include <cmath>
+
+namespace llmd {
+namespace {
+
+void load_hparams(Binder &b, HParams &hp) {
+    const std::string &p = b.prefix;
+    hp.n_expert = b.get_int(p + "expert_count", 0, true);
+    hp.n_expert_used = b.get_int(p + "expert_used_count", 0, true);
+    if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert) {
+        b.fail("model expert counts are inconsistent (" + std::to_string(hp.n_expert_used) + " of " +
+               std::to_string(hp.n_expert) + ")");
+        return;
+    }
+    hp.n_ff_exp = b.get_int(p + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+    std::string err;
+    bool norm = true;
+    if (!b.file.get_bool(p + "expert_weights_norm", &norm, &err) && !err.empty()) b.fail(err);
+    hp.expert_norm = norm;
+    const float scale = b.get_float(p + "expert_weights_scale", 0.0f);
+    hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
+    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_scale)) b.fail("model expert FFN length or weight scale is invalid");
+}
+
+void bind(Binder &b, Model &m) {
+    const HParams &hp = m.hp;
+    const int dim = hp.n_embd;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        const std::string blk = "blk." + std::to_string(l) + ".";
+        LayerWeights &L = m.layers[l];
+        L.attn_norm = b.vector(blk + "attn_norm.weight", dim);
+        b.matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
+        b.matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+        b.matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+        b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+        L.q_norm = b.vector(blk + "attn_q_norm.weight", hp.head_dim);
+        L.k_norm = b.vector(blk + "attn_k_norm.weight", hp.head_dim);
+        L.ffn_norm = b.vector(blk + "ffn_norm.weight", dim);
+        b.matrix(blk + "ffn_gate_inp.weight", dim, hp.n_expert, &L.router);
+        b.experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
+        b.experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+        b.experts(blk + "ffn_down_exps.weight", hp.n_ff_exp, dim, hp.n_expert, &L.down_exps);
+    }
+}
+
+void layer(const Pass &p, const LayerWeights &L, int l) {
+    Workspace &ws = p.ws;
+    float *x = ws.x.data();     // (n, dim) residual stream
+    float *xb = ws.xb.data();   // (n, dim) normed input of a sublayer
+    float *q = ws.q.data();     // (n, n_head * head_dim)
+    float *k = ws.k.data();     // (n, n_head_kv * head_dim)
+    float *v = ws.v.data();     // (n, n_head_kv * head_dim)
+    float *att = ws.att.data(); // (n, n_head * head_dim)
+
+    // attention
+    rmsnorm_rows(p, xb, x, L.attn_norm);
+    matmuls(p, xb, {project(L.wq, q), project(L.wk, k), project(L.wv, v)});
+    rmsnorm_heads(p, q, p.hp.n_head, L.q_norm); // each head to unit RMS, then scaled
+    rmsnorm_heads(p, k, p.hp.n_head_kv, L.k_norm);
+    rope(p, q, p.hp.n_head, Rope::neox);
+    rope(p, k, p.hp.n_head_kv, Rope::neox);
+    attend(p, l);                               // att = softmax(q kᵀ / √hd) v
+    matmuls(p, att, {residual(L.wo, x)});       // x += att woᵀ
+
+    // mixture of experts
+    rmsnorm_rows(p, xb, x, L.ffn_norm);
+    moe(p, L, xb, x);                           // x += Σ weight · swiglu expert(xb)
+}
+
+} // namespace
+
+const Arch kQwen3Moe{"qwen3moe", load_hparams, bind, layer};
+
+} // namespace llmd
