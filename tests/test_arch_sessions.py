@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from llmd.engine import Engine
-from tests.gguf_writer import build_tiny_gemma3, build_tiny_phi3, build_tiny_qwen3moe
+from tests.gguf_writer import build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
 from tests.test_arch_gemma3 import TEXT
 
 N_CTX = 384
 FAMILIES = {
     "gemma3": lambda: build_tiny_gemma3(n_ctx=N_CTX, window=32),
-    "phi3": lambda: build_tiny_phi3(n_ctx=N_CTX, window=48),
+    "phi3": lambda: build_tiny_llama(n_ctx=N_CTX, arch="phi3"),
     "qwen3moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX),
 }
 

@@ -70,45 +70,34 @@ void bind(Binder &b, Model &m) {
         b.matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
         L.ffn_post_norm = b.vector(blk + "post_ffw_norm.weight", dim);
     }
-    // The local layers' RoPE: their own base and no context scaling. rope_angles
-    // multiplies positions by rope_scale (the global layers' linear scaling), which
-    // the frequencies here undo.
+    // The local layers' RoPE: their own base and no context scaling (the file's
+    // scaling is for the global layers: Model::load folds it into inv_freq).
     m.inv_freq_local.resize(hp.rope_dim / 2);
     for (int i = 0; i < hp.rope_dim / 2; ++i)
-        m.inv_freq_local[i] = static_cast<float>(
-            std::pow(static_cast<double>(hp.rope_base_local), -2.0 * i / hp.rope_dim) / hp.rope_scale);
+        m.inv_freq_local[i] =
+            static_cast<float>(std::pow(static_cast<double>(hp.rope_base_local), -2.0 * i / hp.rope_dim));
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
-    Workspace &ws = p.ws;
-    float *x = ws.x.data();     // (n, dim) residual stream
-    float *xb = ws.xb.data();   // (n, dim) normed input of a sublayer, then its output
-    float *q = ws.q.data();     // (n, n_head * head_dim)
-    float *k = ws.k.data();     // (n, n_head_kv * head_dim)
-    float *v = ws.v.data();     // (n, n_head_kv * head_dim)
-    float *att = ws.att.data(); // (n, n_head * head_dim)
-    float *hb = ws.hb.data();   // (n, ff)
-    float *hb2 = ws.hb2.data(); // (n, ff) scratch of the gated FFN
     const bool local = p.hp.window[l] > 0;
 
     // attention
-    rmsnorm_rows(p, xb, x, L.attn_norm);
-    matmuls(p, xb, {project(L.wq, q), project(L.wk, k), project(L.wv, v)});
-    rmsnorm_heads(p, q, p.hp.n_head, L.q_norm);
-    rmsnorm_heads(p, k, p.hp.n_head_kv, L.k_norm);
-    rope(p, q, p.hp.n_head, Rope::neox, local);
-    rope(p, k, p.hp.n_head_kv, Rope::neox, local);
-    attend(p, l);                          // att = softmax(q kᵀ · attn_scale) v over the window
-    matmuls(p, att, {project(L.wo, xb)});  // xb = att woᵀ
-    rmsnorm_rows(p, xb, xb, L.attn_post_norm);
-    add_rows(p, x, xb);                    // x += norm(att woᵀ)
+    project_qkv(p, L); // q, k, v of rmsnorm(x)
+    rmsnorm_heads(p, p.q, p.hp.n_head, L.q_norm);
+    rmsnorm_heads(p, p.k, p.hp.n_head_kv, L.k_norm);
+    rope(p, p.q, p.hp.n_head, Rope::neox, local);
+    rope(p, p.k, p.hp.n_head_kv, Rope::neox, local);
+    attend(p, l);                              // att = softmax(q kᵀ · attn_scale) v over the window
+    matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ
+    rmsnorm_rows(p, p.xb, p.xb, L.attn_post_norm);
+    add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
 
     // feed-forward
-    rmsnorm_rows(p, xb, x, L.ffn_norm);
-    matmuls(p, xb, {geglu(L.w_gate, L.w_up, hb, hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
-    matmuls(p, hb, {project(L.w_down, xb)}); // xb = hb downᵀ
-    rmsnorm_rows(p, xb, xb, L.ffn_post_norm);
-    add_rows(p, x, xb);                      // x += norm(hb downᵀ)
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    matmuls(p, p.xb, {geglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
+    matmuls(p, p.hb, {project(L.w_down, p.xb)});               // xb = hb downᵀ
+    rmsnorm_rows(p, p.xb, p.xb, L.ffn_post_norm);
+    add_rows(p, p.x, p.xb);                                    // x += norm(hb downᵀ)
 }
 
 } // namespace

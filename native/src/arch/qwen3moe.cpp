@@ -35,11 +35,7 @@ void bind(Binder &b, Model &m) {
     for (int l = 0; l < hp.n_layer; ++l) {
         const std::string blk = "blk." + std::to_string(l) + ".";
         LayerWeights &L = m.layers[l];
-        L.attn_norm = b.vector(blk + "attn_norm.weight", dim);
-        b.matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
-        b.matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-        b.matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
-        b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+        b.attention(hp, l, L); // with optional q/k/v biases
         L.q_norm = b.vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = b.vector(blk + "attn_k_norm.weight", hp.head_dim);
         L.ffn_norm = b.vector(blk + "ffn_norm.weight", dim);
@@ -51,27 +47,16 @@ void bind(Binder &b, Model &m) {
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
-    Workspace &ws = p.ws;
-    float *x = ws.x.data();     // (n, dim) residual stream
-    float *xb = ws.xb.data();   // (n, dim) normed input of a sublayer
-    float *q = ws.q.data();     // (n, n_head * head_dim)
-    float *k = ws.k.data();     // (n, n_head_kv * head_dim)
-    float *v = ws.v.data();     // (n, n_head_kv * head_dim)
-    float *att = ws.att.data(); // (n, n_head * head_dim)
+    project_qkv(p, L); // q, k, v of rmsnorm(x)
+    rmsnorm_heads(p, p.q, p.hp.n_head, L.q_norm); // each head to unit RMS, then scaled
+    rmsnorm_heads(p, p.k, p.hp.n_head_kv, L.k_norm);
+    rope(p, p.q, p.hp.n_head, Rope::neox);
+    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
+    attend(p, l);                             // att = softmax(q kᵀ / √hd) v
+    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
 
-    // attention
-    rmsnorm_rows(p, xb, x, L.attn_norm);
-    matmuls(p, xb, {project(L.wq, q), project(L.wk, k), project(L.wv, v)});
-    rmsnorm_heads(p, q, p.hp.n_head, L.q_norm); // each head to unit RMS, then scaled
-    rmsnorm_heads(p, k, p.hp.n_head_kv, L.k_norm);
-    rope(p, q, p.hp.n_head, Rope::neox);
-    rope(p, k, p.hp.n_head_kv, Rope::neox);
-    attend(p, l);                               // att = softmax(q kᵀ / √hd) v
-    matmuls(p, att, {residual(L.wo, x)});       // x += att woᵀ
-
-    // mixture of experts
-    rmsnorm_rows(p, xb, x, L.ffn_norm);
-    moe(p, L, xb, x);                           // x += Σ weight · swiglu expert(xb)
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    moe(p, L, p.xb, p.x);                     // x += Σ weight · swiglu expert(xb)
 }
 
 } // namespace
