@@ -9,14 +9,13 @@ Perplexity must agree within PPL_TOLERANCE; greedy ids until the first near-tie.
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from llmd.engine import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import GGML_Q8_0, build_tiny_gemma3
+from tests.llama_cpp_golden import assert_greedy_matches, perplexity
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his "
         "father had taught him: one hundred and twelve, no more and no less. At the top he trimmed the wick, "
@@ -33,7 +32,6 @@ N_CTX = 384          # one llama-perplexity chunk (it needs 2 × N_CTX tokens); 
 WINDOW = 32
 PROMPT_TOKENS = 350  # greedy continuations start after TEXT's first 350 tokens
 GREEDY_STEPS = 12
-NEAR_TIE = 0.05
 PPL_TOLERANCE = 0.005
 
 CONFIGS = {
@@ -89,28 +87,13 @@ def ids(engine):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_perplexity_matches_llama_cpp(models, name):
-    expected = GOLDEN[name][0]
-    with Engine(str(models[name]), n_threads=2, n_ctx=N_CTX, max_sessions=2) as engine:
-        ids = engine.tokenize(TEXT)
-        log_probs = []
-        for start in range(0, len(ids) - N_CTX + 1, N_CTX):  # llama-perplexity's chunks
-            with engine.new_session() as s:
-                log_probs += s.score(ids[start:start + N_CTX], N_CTX // 2)
-    ppl = math.exp(-sum(log_probs) / len(log_probs))
-    assert ppl == pytest.approx(expected, rel=PPL_TOLERANCE)
+    assert perplexity(models[name], TEXT, N_CTX) == pytest.approx(GOLDEN[name][0], rel=PPL_TOLERANCE)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(models, name):
     _, expected, margins = GOLDEN[name]
-    with Engine(str(models[name]), n_threads=2, n_ctx=N_CTX, max_sessions=2) as engine, \
-            engine.new_session() as s:
-        s.prefill(engine.tokenize(TEXT)[:PROMPT_TOKENS])
-        got = [s.decode_one().id for _ in range(GREEDY_STEPS)]
-    for step, (a, b, margin) in enumerate(zip(got, expected, margins)):
-        if margin < NEAR_TIE:
-            break
-        assert a == b, f"step {step}: llmd {got}, llama.cpp {expected}"
+    assert_greedy_matches(models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
 
 
 def test_sliding_window_layers_keep_a_ring_and_capacity_counts_it(engine):

@@ -11,18 +11,16 @@ models build() writes, with the llama.cpp of the llama-cpp-python 0.3.36 sdist.
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from llmd.engine import Engine
 from tests.gguf_writer import GGML_Q8_0, build_tiny_qwen3moe
+from tests.llama_cpp_golden import assert_greedy_matches, perplexity
 from tests.test_arch_gemma3 import TEXT
 
 N_CTX = 128
 PROMPT_TOKENS = 60
 GREEDY_STEPS = 12
-NEAR_TIE = 0.05
 PPL_TOLERANCE = 0.005
 
 CONFIGS = {
@@ -58,28 +56,13 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_perplexity_matches_llama_cpp(models, name):
-    expected = GOLDEN[name][0]
-    with Engine(str(models[name]), n_threads=2, n_ctx=N_CTX, max_sessions=2) as engine:
-        ids = engine.tokenize(TEXT)
-        log_probs = []
-        for start in range(0, len(ids) - N_CTX + 1, N_CTX):  # llama-perplexity's chunks
-            with engine.new_session() as s:
-                log_probs += s.score(ids[start:start + N_CTX], N_CTX // 2)
-    ppl = math.exp(-sum(log_probs) / len(log_probs))
-    assert ppl == pytest.approx(expected, rel=PPL_TOLERANCE)
+    assert perplexity(models[name], TEXT, N_CTX) == pytest.approx(GOLDEN[name][0], rel=PPL_TOLERANCE)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(models, name):
     _, expected, margins = GOLDEN[name]
-    with Engine(str(models[name]), n_threads=2, n_ctx=N_CTX, max_sessions=2) as engine, \
-            engine.new_session() as s:
-        s.prefill(engine.tokenize(TEXT)[:PROMPT_TOKENS])
-        got = [s.decode_one().id for _ in range(GREEDY_STEPS)]
-    for step, (a, b, margin) in enumerate(zip(got, expected, margins)):
-        if margin < NEAR_TIE:
-            break
-        assert a == b, f"step {step}: llmd {got}, llama.cpp {expected}"
+    assert_greedy_matches(models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
 
 
 def last_logits(path, ids):

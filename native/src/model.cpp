@@ -796,6 +796,16 @@ void project_qkv(const Pass &p, const LayerWeights &L) {
     matmuls(p, p.xb, {project(L.wq, p.q, L.bq), project(L.wk, p.k, L.bk), project(L.wv, p.v, L.bv)});
 }
 
+void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer) {
+    project_qkv(p, L);
+    rmsnorm_heads(p, p.q, p.hp.n_head, L.q_norm); // each head to unit RMS, then scaled
+    rmsnorm_heads(p, p.k, p.hp.n_head_kv, L.k_norm);
+    rope(p, p.q, p.hp.n_head, Rope::neox);
+    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
+    attend(p, layer);                         // att = softmax(q kᵀ / √hd) v
+    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
+}
+
 void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
     matmuls(p, p.xb, {swiglu(L.w_gate, L.w_up, p.hb, p.hb2, L.b_gate, L.b_up)});

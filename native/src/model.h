@@ -295,6 +295,10 @@ void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false);
 // q, k, v = xb · wq/wk/wvᵀ (+ biases where L has them) in one parallel region.
 void project_qkv(const Pass &p, const LayerWeights &L);
 
+// The attention sublayer of the Qwen3 families: project_qkv, each query and key
+// head RMS-normed, NEOX RoPE, attention, and x += att · woᵀ.
+void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer);
+
 // The pre-norm SwiGLU feed-forward sublayer most families share:
 // x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them.
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
