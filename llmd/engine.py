@@ -70,7 +70,8 @@ class EngineInfo:
     add_bos: bool
     eog_ids: tuple[int, ...]
     weight_bytes: int
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # of the layers that attend every position
+    kv_ring_bytes: int       # fixed bytes of the sliding-window layers' rings
     bytes_per_session: int
     max_sessions: int
     add_eos: bool = False
@@ -142,6 +143,7 @@ class Engine:
             n_threads=raw.n_threads, bos_id=raw.bos_id, eos_id=raw.eos_id,
             add_bos=bool(raw.add_bos), eog_ids=tuple(raw.eog_ids[i] for i in range(raw.n_eog)),
             weight_bytes=raw.weight_bytes, kv_bytes_per_token=raw.kv_bytes_per_token,
+            kv_ring_bytes=raw.kv_ring_bytes,
             bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions,
             add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only))
         self._token_out = ffi.new("llmd_token[]", 64)
@@ -265,6 +267,14 @@ class Session:
 
     def truncate(self, pos: int) -> None:
         _check(lib.llmd_session_truncate(self.handle, pos))
+
+    @property
+    def resume_floor(self) -> int:
+        """The smallest position > 0 that truncate() accepts (0: any): below it a
+        sliding-window layer's ring no longer holds what the next token attends."""
+        pos = ffi.new("int32_t *")
+        _check(lib.llmd_session_resume_floor(self.handle, pos))
+        return pos[0]
 
     def prefill(self, ids: list[int]) -> None:
         _check(lib.llmd_session_prefill(self.handle, ffi.new("int32_t[]", ids), len(ids)))

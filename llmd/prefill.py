@@ -18,6 +18,11 @@ Rules, in order of precedence:
     otherwise (0 < lcp, and the resident continues past lcp; this includes a prompt
     that is a strict prefix of resident)
                                   -> keep min(lcp, len(prompt) - 1), reason "common_prefix"
+    and then, if 0 < keep < floor -> keep 0, reason "window"
+
+`floor` is the session's resume floor (Session.resume_floor): a model with
+sliding-window layers keeps only their recent positions in a ring, so once the ring
+has wrapped, the cache can be cut back to 0 or to `floor` and later, never between.
 
 The reason names the relation between resident and prompt, so for a one-token prompt
 "equal" and "common_prefix" may come with keep 0.
@@ -28,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-REASONS = ("new", "exact_prefix", "common_prefix", "equal", "mismatch", "dirty", "disabled")
+REASONS = ("new", "exact_prefix", "common_prefix", "equal", "mismatch", "dirty", "disabled", "window")
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ class PrefillPlan:
 
 
 def plan_prefill(resident: Sequence[int], prompt: Sequence[int], dirty: bool,
-                 enabled: bool = True) -> PrefillPlan:
+                 enabled: bool = True, floor: int = 0) -> PrefillPlan:
     """Plan a warm resume by the rules in the module docstring.
 
     Raises ValueError for an empty prompt (there would be nothing to compute logits from).
@@ -50,6 +55,8 @@ def plan_prefill(resident: Sequence[int], prompt: Sequence[int], dirty: bool,
         raise ValueError("plan_prefill: the prompt is empty")
 
     def plan(keep: int, reason: str) -> PrefillPlan:
+        if 0 < keep < floor:
+            keep, reason = 0, "window"
         return PrefillPlan(keep, n_prompt - keep, n_resident - keep, reason)
 
     if not enabled:

@@ -160,7 +160,8 @@ class Runtime:
     def submit(self, g: Generation) -> None:
         """Plan the prefill against the slot's cache and queue the generation."""
         if g.reuse and g.prompt_logprobs is None:
-            g.plan = plan_prefill(g.slot.resident, g.prompt, g.slot.dirty, enabled=self.warm_resume)
+            g.plan = plan_prefill(g.slot.resident, g.prompt, g.slot.dirty, enabled=self.warm_resume,
+                                  floor=g.slot.session.resume_floor)
         else:
             g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
         g.next_prefill = g.plan.keep

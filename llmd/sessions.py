@@ -315,7 +315,8 @@ class SessionTable:
             "id": slot.id,
             "object": "session",
             "resident_tokens": len(slot.resident),
-            "kv_bytes": len(slot.resident) * self.engine.info.kv_bytes_per_token,
+            "kv_bytes": len(slot.resident) * self.engine.info.kv_bytes_per_token
+                        + (self.engine.info.kv_ring_bytes if slot.resident else 0),
             "idle_seconds": round(time.monotonic() - slot.last_used, 3) if slot.users == 0 else 0.0,
             "in_flight": slot.users,
         }

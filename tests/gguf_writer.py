@@ -612,6 +612,140 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
         weight_bytes=sum(len(t.data) for t in w.tensors), arch=arch, head_dim=head_dim or 0)
 
 
+# ---- a tiny gemma3 model ----------------------------------------------------------
+
+def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_head_kv: int = 1,
+                      head_dim: int = 256, n_ff: int = 128, n_ctx: int = 512, window: int = 32,
+                      pattern: int | list[bool] | None = None, rope_base_local: float | None = None,
+                      softcap: float = 0.0, weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight gemma3 model laid out as llama.cpp's
+    converter writes one, with build_tiny_llama's tokenizer: heads of head_dim (256
+    as Gemma 3's), sliding-window layers by `pattern` (a period, or a bool per layer;
+    None leaves the key out: period 6) over `window` positions (0: no window key),
+    rope.freq_base_swa only when given, final_logit_softcapping when > 0. Norm
+    weights are stored as the converter stores them, with Gemma's 1 + w folded in."""
+    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-gemma3")
+    w.set("general.architecture", STRING, "gemma3")
+    for kv in w.kvs:
+        if kv.key.startswith("llama."):
+            kv.key = "gemma3." + kv.key[len("llama."):]
+    w.set("gemma3.block_count", U32, n_layer)
+    w.set("gemma3.feed_forward_length", U32, n_ff)
+    w.set("gemma3.attention.head_count", U32, n_head)
+    w.set("gemma3.attention.head_count_kv", U32, n_head_kv)
+    w.set("gemma3.attention.key_length", U32, head_dim)
+    w.set("gemma3.attention.value_length", U32, head_dim)
+    w.set("gemma3.rope.dimension_count", U32, head_dim)
+    w.set("gemma3.rope.freq_base", F32, 1000000.0)
+    w.set("gemma3.attention.layer_norm_rms_epsilon", F32, 1e-6)
+    if window:
+        w.set("gemma3.attention.sliding_window", U32, window)
+    if isinstance(pattern, int):
+        w.set("gemma3.attention.sliding_window_pattern", U32, pattern)
+    elif pattern is not None:
+        w.set("gemma3.attention.sliding_window_pattern", ARRAY, (BOOL, pattern))
+    if rope_base_local is not None:
+        w.set("gemma3.rope.freq_base_swa", F32, rope_base_local)
+    if softcap:
+        w.set("gemma3.final_logit_softcapping", F32, softcap)
+
+    rng = random.Random(seed)
+    n_vocab = w.get("gemma3.vocab_size").value
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    w.tensors = []
+
+    def matrix(name: str, cols: int, rows: int, std: float) -> None:
+        values = [rng.gauss(0.0, std) for _ in range(cols * rows)]
+        w.add_tensor(name, [cols, rows], weight_type, encode_tensor(weight_type, values))
+
+    def norm(name: str, n: int = n_embd) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+
+    # Embeddings are scaled by √n_embd on the way in: small ones enter at about the
+    # scale of the norms' output, and a separate output head keeps the logits varied.
+    matrix("token_embd.weight", n_embd, n_vocab, 1.0 / math.sqrt(n_embd))
+    norm("output_norm.weight")
+    matrix("output.weight", n_embd, n_vocab, 0.3)
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        matrix(blk + "attn_q.weight", n_embd, q_dim, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
+        norm(blk + "attn_q_norm.weight", head_dim)
+        norm(blk + "attn_k_norm.weight", head_dim)
+        norm(blk + "post_attention_norm.weight")
+        norm(blk + "ffn_norm.weight")
+        matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
+        norm(blk + "post_ffw_norm.weight")
+    return w
+
+
+# ---- a tiny qwen3moe model --------------------------------------------------------
+
+def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
+                        head_dim: int = 32, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
+                        n_ctx: int = 128, norm: bool | None = None, scale: float | None = None,
+                        weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight qwen3moe model laid out as llama.cpp's
+    converter writes one, with build_tiny_llama's tokenizer: q/k head norms, a router
+    (ffn_gate_inp) over n_expert experts stored as 3-d tensors, n_expert_used per
+    token; expert_weights_norm and expert_weights_scale only when given."""
+    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen3moe")
+    w.set("general.architecture", STRING, "qwen3moe")
+    for kv in w.kvs:
+        if kv.key.startswith("llama."):
+            kv.key = "qwen3moe." + kv.key[len("llama."):]
+    w.set("qwen3moe.block_count", U32, n_layer)
+    w.set("qwen3moe.feed_forward_length", U32, n_ff_exp * n_expert_used)
+    w.set("qwen3moe.expert_feed_forward_length", U32, n_ff_exp)
+    w.set("qwen3moe.expert_count", U32, n_expert)
+    w.set("qwen3moe.expert_used_count", U32, n_expert_used)
+    w.set("qwen3moe.attention.head_count", U32, n_head)
+    w.set("qwen3moe.attention.head_count_kv", U32, n_head_kv)
+    w.set("qwen3moe.attention.key_length", U32, head_dim)
+    w.set("qwen3moe.attention.value_length", U32, head_dim)
+    w.set("qwen3moe.rope.dimension_count", U32, head_dim)
+    if norm is not None:
+        w.set("qwen3moe.expert_weights_norm", BOOL, norm)
+    if scale is not None:
+        w.set("qwen3moe.expert_weights_scale", F32, scale)
+    rng = random.Random(seed)
+    n_vocab = w.get("qwen3moe.vocab_size").value
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    w.tensors = []
+
+    def matrix(name: str, ne: list[int], std: float) -> None:
+        values = [rng.gauss(0.0, std) for _ in range(math.prod(ne))]
+        w.add_tensor(name, ne, weight_type, encode_tensor(weight_type, values))
+
+    def norm_vector(name: str, n: int = n_embd) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+
+    matrix("token_embd.weight", [n_embd, n_vocab], 0.3)
+    norm_vector("output_norm.weight")
+    matrix("output.weight", [n_embd, n_vocab], 0.3)
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        norm_vector(blk + "attn_norm.weight")
+        matrix(blk + "attn_q.weight", [n_embd, q_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_k.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_v.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_output.weight", [q_dim, n_embd], 2.0 / math.sqrt(q_dim))
+        norm_vector(blk + "attn_q_norm.weight", head_dim)
+        norm_vector(blk + "attn_k_norm.weight", head_dim)
+        norm_vector(blk + "ffn_norm.weight")
+        w.add_tensor(blk + "ffn_gate_inp.weight", [n_embd, n_expert], GGML_F32,
+                     encode_f32([rng.gauss(0.0, 1.0) for _ in range(n_embd * n_expert)]))
+        matrix(blk + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down_exps.weight", [n_ff_exp, n_embd, n_expert], 2.0 / math.sqrt(n_ff_exp))
+    return w
+
+
 # ---- vocabularies without weights ------------------------------------------------
 
 def _vocab_only_writer(name: str) -> GGUFWriter:

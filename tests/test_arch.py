@@ -17,7 +17,6 @@ session tests over one model per family too).
 from __future__ import annotations
 
 import concurrent.futures
-import math
 
 import pytest
 
@@ -27,6 +26,7 @@ from tests.conftest import running_llmd
 from tests.gguf_writer import (
     F32, GGML_F32, GGML_Q8_0, STRING, U32, GGUFWriter, build_tiny_llama, encode_f32,
 )
+from tests.llama_cpp_golden import assert_greedy_matches, perplexity
 
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "
@@ -133,29 +133,15 @@ def golden_models(tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_perplexity_matches_llama_cpp(golden_models, name):
-    expected = GOLDEN[name][0]
-    with Engine(str(golden_models[name]), n_threads=2, n_ctx=N_CTX, max_sessions=2) as engine:
-        ids = engine.tokenize(TEXT)
-        log_probs = []
-        for start in range(0, len(ids) - N_CTX + 1, N_CTX):  # llama-perplexity's chunks
-            with engine.new_session() as s:
-                log_probs += s.score(ids[start:start + N_CTX], N_CTX // 2)
-    ppl = math.exp(-sum(log_probs) / len(log_probs))
+    ppl = perplexity(golden_models[name], TEXT, N_CTX)
     quantized = CONFIGS[name].get("weight_type", GGML_F32) != GGML_F32
-    assert ppl == pytest.approx(expected, rel=QUANTIZED_TOLERANCE if quantized else PPL_TOLERANCE)
+    assert ppl == pytest.approx(GOLDEN[name][0], rel=QUANTIZED_TOLERANCE if quantized else PPL_TOLERANCE)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(golden_models, name):
     _, expected, margins = GOLDEN[name]
-    with Engine(str(golden_models[name]), n_threads=2, n_ctx=N_CTX, max_sessions=2) as engine, \
-            engine.new_session() as s:
-        s.prefill(engine.tokenize(TEXT)[:PROMPT_TOKENS])
-        got = [s.decode_one().id for _ in range(GREEDY_STEPS)]
-    for step, (a, b, margin) in enumerate(zip(got, expected, margins)):
-        if margin < NEAR_TIE:
-            break
-        assert a == b, f"step {step}: llmd {got}, llama.cpp {expected}"
+    assert_greedy_matches(golden_models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
 
 PROMPT = "once upon a time there was a little server"
 

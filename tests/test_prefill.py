@@ -51,6 +51,24 @@ def test_one_token_prompt_always_prefills_that_token():
     assert plan_prefill([6], [5], dirty=False) == PrefillPlan(0, 1, 1, "mismatch")
 
 
+def test_keep_below_a_sliding_window_floor_reprefills_everything():
+    # The rings no longer hold the window that position 2 would attend.
+    assert plan_prefill([1, 2, 3, 4, 5], [1, 2, 9, 9], dirty=False, floor=3) == PrefillPlan(0, 4, 5, "window")
+
+
+def test_keep_at_the_floor_is_reused():
+    assert plan_prefill([1, 2, 3, 4, 5], [1, 2, 3, 9], dirty=False, floor=3) == PrefillPlan(3, 1, 2, "common_prefix")
+
+
+def test_append_only_resume_is_never_below_the_floor():
+    # The floor never passes the resident length, so appending always reuses it all.
+    assert plan_prefill([1, 2, 3], [1, 2, 3, 4], dirty=False, floor=3) == PrefillPlan(3, 1, 0, "exact_prefix")
+
+
+def test_a_floor_leaves_keep_zero_plans_alone():
+    assert plan_prefill([1, 2, 3], [7, 8], dirty=False, floor=2) == PrefillPlan(0, 2, 3, "mismatch")
+
+
 def test_empty_prompt_is_a_value_error():
     with pytest.raises(ValueError):
         plan_prefill([1, 2], [], dirty=False)

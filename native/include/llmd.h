@@ -67,7 +67,8 @@ typedef struct {
     int32_t n_eog;              /* end-of-generation ids (EOS, EOT, ...) */
     const int32_t *eog_ids;
     uint64_t weight_bytes;      /* mapped tensor bytes */
-    uint64_t kv_bytes_per_token;
+    uint64_t kv_bytes_per_token; /* of the layers that attend every position */
+    uint64_t kv_ring_bytes;     /* fixed bytes of the sliding-window layers' rings at n_ctx */
     uint64_t bytes_per_session; /* KV cache + per-session buffers at n_ctx */
     int32_t max_sessions;       /* serving capacity, scratch session included */
     int32_t add_eos;            /* 1 if prompts end with EOS */
@@ -159,8 +160,13 @@ llmd_status llmd_session_decode_one(llmd_session *session, llmd_token *out);
 llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
                                       llmd_token *out);
 
-/* Keep the first pos tokens of the KV cache; drop the pending token and logits. */
+/* Keep the first pos tokens of the KV cache; drop the pending token and logits.
+ * A sliding-window layer keeps a ring of recent positions, so once it has wrapped,
+ * pos must be 0 or at least resume_floor (else LLMD_ERR_INVALID_ARGUMENT and the
+ * session is unchanged). */
 llmd_status llmd_session_truncate(llmd_session *session, int32_t pos);
+/* The smallest pos > 0 that truncate accepts now (0 when every one is). */
+llmd_status llmd_session_resume_floor(const llmd_session *session, int32_t *pos);
 llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
 
 /* Thread-safe: the next decode step returns a stopped step instead. */

@@ -44,7 +44,7 @@ struct llmd_engine {
 
     uint64_t bytes_per_session() const {
         return KVCache::bytes_per_token(model->hp) * static_cast<uint64_t>(n_ctx) +
-               static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
+               KVCache::ring_bytes(model->hp, n_ctx) + static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
     }
     bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }
 };
@@ -367,6 +367,7 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->n_threads = e->pool->size();
         out->weight_bytes = e->model->weight_bytes;
         out->kv_bytes_per_token = KVCache::bytes_per_token(hp);
+        out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;
         return LLMD_OK;
@@ -436,8 +437,8 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         auto s = std::make_unique<llmd_session>();
         s->engine = e;
         const HParams &hp = e->model->hp;
-        s->kv.n_ctx = (e->n_ctx + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-        const size_t cells = static_cast<size_t>(hp.n_layer) * s->kv.n_ctx * hp.kv_dim();
+        size_t cells = 0;
+        s->kv.layers = KVCache::layout(hp, e->n_ctx, &cells);
         // Uninitialised on purpose: pages are touched only as positions fill.
         s->kv.k.reset(new (std::nothrow) uint16_t[cells]);
         s->kv.v.reset(new (std::nothrow) uint16_t[cells]);
@@ -528,9 +529,24 @@ llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
         if (pos < 0 || static_cast<size_t>(pos) > s->tokens.size())
             return fail(LLMD_ERR_INVALID_ARGUMENT, "truncate position " + std::to_string(pos) + " is outside 0.." +
                                                        std::to_string(s->tokens.size()));
+        const int floor = s->kv.resume_floor();
+        if (pos > 0 && pos < floor)
+            return fail(LLMD_ERR_INVALID_ARGUMENT,
+                        "truncate position " + std::to_string(pos) + " is before " + std::to_string(floor) +
+                            ": the sliding-window layers no longer hold the positions it attends (truncate to 0)");
+        if (pos == 0) s->kv.high = -1;
         s->tokens.resize(pos);
         s->pending = -1;
         s->logits_valid = false;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_resume_floor(const llmd_session *s, int32_t *pos) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (pos == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "pos must not be null");
+        *pos = s->kv.resume_floor();
         return LLMD_OK;
     });
 }

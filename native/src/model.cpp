@@ -146,7 +146,7 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kPhi3, &kQwen2, &kQwen3, &kQwen3Moe, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3, &kQwen2, &kQwen3, &kQwen3Moe, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -293,6 +293,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     }
     RopeScaling scaling;
     if (!read_rope_scaling(b, hp, &scaling)) return nullptr;
+    hp.window.assign(hp.n_layer, 0);
     arch.load_hparams(b, hp);
     if (!error->empty()) return nullptr;
 
@@ -384,6 +385,46 @@ void Model::pack() {
     }
 }
 
+// ---- attention memory ----------------------------------------------------
+
+std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t *elements) {
+    const auto blocks = [](int64_t n) { return static_cast<int>((n + kKeyBlock - 1) / kKeyBlock * kKeyBlock); };
+    std::vector<Layer> layers(hp.n_layer);
+    size_t offset = 0;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        // A forward batch writes all its positions before any of them attends, so a
+        // ring holds its window behind the batch's first position plus the batch.
+        const int full = blocks(n_ctx), w = hp.window[l];
+        const int slots = w > 0 ? std::min(full, blocks(int64_t{w} + kMaxBatch - 1)) : full;
+        layers[l] = {offset, slots, w};
+        offset += static_cast<size_t>(slots) * hp.kv_dim();
+    }
+    *elements = offset;
+    return layers;
+}
+
+uint64_t KVCache::bytes_per_token(const HParams &hp) {
+    const auto full = std::count(hp.window.begin(), hp.window.end(), 0);
+    return 2ull * static_cast<uint64_t>(full) * hp.kv_dim() * sizeof(uint16_t);
+}
+
+uint64_t KVCache::ring_bytes(const HParams &hp, int n_ctx) {
+    size_t elements = 0;
+    uint64_t rows = 0;
+    for (const Layer &L : layout(hp, n_ctx, &elements))
+        if (L.window > 0) rows += static_cast<uint64_t>(L.slots);
+    return 2ull * rows * hp.kv_dim() * sizeof(uint16_t);
+}
+
+int KVCache::resume_floor() const {
+    int floor = 0;
+    for (const Layer &L : layers) {
+        const int lost = high - L.slots + 1; // positions below this one were overwritten
+        if (L.window > 0 && lost > 0) floor = std::max(floor, lost + L.window - 1);
+    }
+    return floor;
+}
+
 // ---- kernels -------------------------------------------------------------
 
 void Workspace::reserve(const HParams &hp, int n_tokens) {
@@ -395,15 +436,12 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     k.resize(n * hp.kv_dim());
     v.resize(n * hp.kv_dim());
     att.resize(n * hp.q_dim());
-    const int ff = std::max(hp.n_ff, hp.n_ff_exp);
-    hb.resize(n * ff);
-    hb2.resize(n * ff);
-    moe_logits.resize(n * hp.n_expert);
-    moe_in.resize(hp.n_expert > 0 ? n * hp.n_embd : 0);
-    moe_out.resize(hp.n_expert > 0 ? n * hp.n_embd : 0);
+    hb.resize(n * hp.n_ff);
+    hb2.resize(n * hp.n_ff);
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
-    const int widest = std::max({hp.n_embd, hp.q_dim(), ff});
+    rope_local.resize(n * hp.rope_dim);
+    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp});
     xq.resize(n * static_cast<size_t>((widest + QK - 1) / QK));
     capacity = n_tokens;
 }
@@ -446,6 +484,15 @@ void silu_mul(float *gate, const float *up, int64_t n) {
     for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+// gate[i] = gelu(gate[i]) * up[i], GELU's tanh approximation
+void gelu_mul(float *gate, const float *up, int64_t n) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + 0.044715f * g * g))) * up[i];
+    }
+}
+
 // y[t * rows + r] += bias[r] for rows [r0, r1) of n tokens.
 void add_bias(float *y, const float *bias, int n, int64_t rows, int64_t r0, int64_t r1) {
     for (int t = 0; t < n; ++t)
@@ -460,7 +507,7 @@ void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     if (j.up == nullptr) return;
     matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
     if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, n, rows, r0, r1);
-    for (int t = 0; t < n; ++t) silu_mul(j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
+    for (int t = 0; t < n; ++t) (j.gelu ? gelu_mul : silu_mul)(j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
 }
 
 // Runs the jobs (which share one input) as one parallel region. Their panels, taken
@@ -520,16 +567,78 @@ void to_f16(const float *x, uint16_t *y, int n) {
     for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+// out/part (n_q queries) += the partial result o2/p2 of a later range of positions:
+// the streaming softmax's combination, rescaled to the larger max.
+void merge_partial(float *out, AttnPartial *part, const float *o2, const AttnPartial *p2, int n_q, int hd) {
+    for (int g = 0; g < n_q; ++g) {
+        const float mx = std::max(part[g].max, p2[g].max);
+        if (mx == -INFINITY) continue; // both empty
+        const float a = std::exp(part[g].max - mx), b = std::exp(p2[g].max - mx);
+        for (int d = 0; d < hd; ++d) out[g * hd + d] = out[g * hd + d] * a + o2[g * hd + d] * b;
+        part[g] = {mx, part[g].sum * a + p2[g].sum * b};
+    }
+}
+
+// Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
+// cache into out/part (attend_range's partial). The kernels read whole key blocks
+// from a block start: a span that starts inside a block (a sliding window's first
+// positions) has that block's part copied into a block of its own, and a span that
+// wraps around a ring is read as two. Either way the pieces are fixed by the
+// positions alone, never by the batch.
+void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
+                 int n_q, float scale, float *out, AttnPartial *part) {
+    const int hd = hp.head_dim, slots = kv.layers[layer].slots;
+    const size_t base = kv.row(hp, layer, head, 0);
+    const int head_end = std::min(p1, (p0 + kKeyBlock - 1) / kKeyBlock * kKeyBlock); // end of the unaligned part
+    const int first_slot = head_end % slots;
+    if (head_end == p0 && (p1 - p0 == 0 || first_slot + (p1 - p0) <= slots)) { // one aligned, unwrapped piece
+        const size_t row = base + static_cast<size_t>(first_slot) * hd;
+        attend_range(q, n_q, &kv.k[row], &kv.v[row], p1 - p0, hd, scale, out, part);
+        return;
+    }
+    thread_local std::vector<uint16_t> keys, values;
+    thread_local std::vector<float> piece;
+    thread_local std::vector<AttnPartial> piece_part;
+    piece.resize(static_cast<size_t>(n_q) * hd);
+    piece_part.resize(n_q);
+    bool started = false;
+    const auto add = [&](const uint16_t *k, const uint16_t *v, int n_pos) {
+        attend_range(q, n_q, k, v, n_pos, hd, scale, started ? piece.data() : out, started ? piece_part.data() : part);
+        if (started) merge_partial(out, part, piece.data(), piece_part.data(), n_q, hd);
+        started = true;
+    };
+    if (head_end > p0) {
+        keys.assign(static_cast<size_t>(kKeyBlock) * hd, 0);
+        values.resize(static_cast<size_t>(kKeyBlock) * hd);
+        for (int p = p0; p < head_end; ++p) {
+            const int slot = p % slots, i = p - p0;
+            for (int d = 0; d < hd; ++d) keys[key_at(i, d, hd)] = kv.k[base + key_at(slot, d, hd)];
+            std::copy_n(&kv.v[base + static_cast<size_t>(slot) * hd], hd, &values[static_cast<size_t>(i) * hd]);
+        }
+        add(keys.data(), values.data(), head_end - p0);
+    }
+    for (int p = head_end; p < p1;) { // whole blocks, up to the end of the ring at a time
+        const int slot = p % slots, n_pos = std::min(p1 - p, slots - slot);
+        const size_t row = base + static_cast<size_t>(slot) * hd;
+        add(&kv.k[row], &kv.v[row], n_pos);
+        p += n_pos;
+    }
+}
+
 // Each token's queries against its session's cache (which already holds this
 // layer's K/V for the token): a task per (token, KV head, range of positions), the
 // query heads of a group sharing each key and value row. Few tokens over a long
-// context are split into ranges so that every thread gets a share.
+// context are split into ranges so that every thread gets a share. A sliding-window
+// layer attends the last `window` positions, ranges cut from the block holding the
+// first of them.
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+    const int window = hp.window[layer];
+    const auto first_attended = [&](int t) { return window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0; };
     int longest = 0;
-    for (int t = 0; t < n; ++t) longest = std::max(longest, batch[t].pos + 1);
+    for (int t = 0; t < n; ++t) longest = std::max(longest, batch[t].pos + 1 - first_attended(t));
     // At least 4 tasks a thread, and as many for each thread.
     const int per_range = n * n_kv, threads = pool.size();
     int ranges = (4 * threads + per_range - 1) / per_range;
@@ -542,16 +651,16 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     pool.run(n * n_kv * ranges, [&](int task) {
         const int r = task % ranges, h = task / ranges % n_kv, t = task / (ranges * n_kv);
         const KVCache &kv = *batch[t].kv;
-        // Ranges of whole key blocks (attention.h).
-        const int len = batch[t].pos + 1, blocks = (len + kKeyBlock - 1) / kKeyBlock;
-        const int p0 = static_cast<int>(std::min<int64_t>(len, int64_t{blocks} * r / ranges * kKeyBlock)),
-                  p1 = static_cast<int>(std::min<int64_t>(len, int64_t{blocks} * (r + 1) / ranges * kKeyBlock));
-        const size_t row = kv.row(hp, layer, h, p0);
+        // Ranges of whole key blocks (attention.h), from the block of the first position.
+        const int len = batch[t].pos + 1, first = first_attended(t), b0 = first / kKeyBlock;
+        const int blocks = (len + kKeyBlock - 1) / kKeyBlock - b0;
+        const int p1 = static_cast<int>(std::min<int64_t>(len, (b0 + int64_t{blocks} * (r + 1) / ranges) * kKeyBlock));
+        const int p0 = std::min(p1, std::max(first, static_cast<int>((b0 + int64_t{blocks} * r / ranges) * kKeyBlock)));
         const float *qg = q + t * q_dim + h * group * hd;
         const size_t slot = (static_cast<size_t>(t) * n_kv + h) * ranges + r; // (token, kv head, range)
         float *out = ranges > 1 ? ws.att_parts.data() + slot * group * hd : att + t * q_dim + h * group * hd;
         AttnPartial *parts = ws.att_stats.data() + slot * group;
-        attend_range(qg, group, &kv.k[row], &kv.v[row], p1 - p0, hd, scale, out, parts);
+        attend_span(hp, kv, layer, h, p0, p1, qg, group, scale, out, parts);
         if (ranges == 1)
             for (int g = 0; g < group; ++g) {
                 const float inv = parts[g].sum > 0.0f ? 1.0f / parts[g].sum : 0.0f;
@@ -582,6 +691,12 @@ MatJob swiglu(const Matrix &gate, const Matrix &up, float *y, float *scratch, co
     return {&gate, nullptr, nullptr, y, false, gate_bias, &up, up_bias, scratch};
 }
 
+MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch) {
+    MatJob job = swiglu(gate, up, y, scratch);
+    job.gelu = true;
+    return job;
+}
+
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) {
     BlockQ8A *xq = p.ws.xq.data();
     quantize_rows(x, p.n, jobs.begin()->w->cols, xq);
@@ -599,18 +714,78 @@ void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight
     for (int t = 0; t < p.n; ++t) rmsnorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
 }
 
+void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
+    const HParams &hp = p.hp;
+    const int n = p.n, dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
+    Workspace &ws = p.ws;
+    ws.router.resize(static_cast<size_t>(n) * n_exp);
+    matmuls(p, xb, {project(L.router, ws.router.data())});
+    // Per token: softmax over the experts, the top k (ties to the lower index), and
+    // their weights; chosen (n, n_expert) holds a token's weight for each chosen expert.
+    std::vector<float> &chosen = ws.moe_weights;
+    chosen.assign(static_cast<size_t>(n) * n_exp, 0.0f);
+    std::vector<int> order(n_exp);
+    for (int t = 0; t < n; ++t) {
+        float *prob = ws.router.data() + static_cast<size_t>(t) * n_exp;
+        const float mx = *std::max_element(prob, prob + n_exp);
+        float sum = 0.0f;
+        for (int e = 0; e < n_exp; ++e) sum += prob[e] = std::exp(prob[e] - mx);
+        for (int e = 0; e < n_exp; ++e) prob[e] /= sum;
+        for (int e = 0; e < n_exp; ++e) order[e] = e;
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int a, int b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
+        float total = 0.0f;
+        for (int i = 0; i < k; ++i) total += prob[order[i]];
+        for (int i = 0; i < k; ++i) {
+            const float w = hp.expert_norm ? prob[order[i]] / total : prob[order[i]];
+            chosen[static_cast<size_t>(t) * n_exp + order[i]] = w * hp.expert_scale;
+        }
+    }
+    const size_t ff = static_cast<size_t>(hp.n_ff_exp);
+    ws.moe_in.resize(static_cast<size_t>(n) * dim);
+    ws.moe_out.resize(static_cast<size_t>(n) * dim);
+    ws.moe_h.resize(n * ff);
+    ws.moe_h2.resize(n * ff);
+    ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
+    for (int e = 0; e < n_exp; ++e) {
+        ws.moe_tokens.clear();
+        for (int t = 0; t < n; ++t)
+            if (chosen[static_cast<size_t>(t) * n_exp + e] != 0.0f) ws.moe_tokens.push_back(t);
+        const int m = static_cast<int>(ws.moe_tokens.size());
+        if (m == 0) continue;
+        for (int i = 0; i < m; ++i)
+            std::copy_n(xb + static_cast<size_t>(ws.moe_tokens[i]) * dim, dim, ws.moe_in.data() + static_cast<size_t>(i) * dim);
+        const Pass sub{p.model, hp, p.batch, m, ws, p.pool}; // the expert's tokens only
+        matmuls(sub, ws.moe_in.data(), {swiglu(L.gate_exps[e], L.up_exps[e], ws.moe_h.data(), ws.moe_h2.data())});
+        matmuls(sub, ws.moe_h.data(), {project(L.down_exps[e], ws.moe_out.data())});
+        for (int i = 0; i < m; ++i) {
+            const int t = ws.moe_tokens[i];
+            const float w = chosen[static_cast<size_t>(t) * n_exp + e];
+            float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
+            const float *y = ws.moe_out.data() + static_cast<size_t>(i) * dim;
+            for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
+        }
+    }
+    add_rows(p, x, ws.moe_acc.data());
+}
+
+void add_rows(const Pass &p, float *x, const float *y) {
+    const size_t n = static_cast<size_t>(p.n) * p.hp.n_embd;
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
 void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight) {
     const int hd = p.hp.head_dim;
     for (int i = 0; i < p.n * n_heads; ++i) rmsnorm(x + i * hd, x + i * hd, weight, hd, p.hp.norm_eps);
 }
 
-void rope(const Pass &p, float *x, int n_heads, Rope style) {
+void rope(const Pass &p, float *x, int n_heads, Rope style, bool local) {
     const HParams &hp = p.hp;
     const int half = hp.rope_dim / 2;
     // Pair i of a head: dims (2i, 2i + 1) adjacent, (i, i + half) NEOX.
     const int first = style == Rope::adjacent ? 2 : 1, second = style == Rope::adjacent ? 1 : half;
     for (int t = 0; t < p.n; ++t) {
-        const float *cs = p.ws.rope.data() + t * hp.rope_dim;
+        const float *cs = (local ? p.ws.rope_local : p.ws.rope).data() + t * hp.rope_dim;
         float *xt = x + static_cast<size_t>(t) * n_heads * hp.head_dim;
         for (int i = 0; i < half; ++i) {
             const float c = cs[2 * i], s = cs[2 * i + 1];
@@ -629,57 +804,20 @@ void project_qkv(const Pass &p, const LayerWeights &L) {
     matmuls(p, p.xb, {project(L.wq, p.q, L.bq), project(L.wk, p.k, L.bk), project(L.wv, p.v, L.bv)});
 }
 
+void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer) {
+    project_qkv(p, L);
+    rmsnorm_heads(p, p.q, p.hp.n_head, L.q_norm); // each head to unit RMS, then scaled
+    rmsnorm_heads(p, p.k, p.hp.n_head_kv, L.k_norm);
+    rope(p, p.q, p.hp.n_head, Rope::neox);
+    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
+    attend(p, layer);                         // att = softmax(q kᵀ / √hd) v
+    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
+}
+
 void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
     matmuls(p, p.xb, {swiglu(L.w_gate, L.w_up, p.hb, p.hb2, L.b_gate, L.b_up)});
     matmuls(p, p.hb, {residual(L.w_down, p.x, L.b_down)});
-}
-
-void moe_ffn(const Pass &p, const LayerWeights &L) {
-    const HParams &hp = p.hp;
-    const int dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
-    Workspace &ws = p.ws;
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    float *logits = ws.moe_logits.data(); // (n, n_expert)
-    matmuls(p, p.xb, {project(L.router, logits)});
-
-    // Each token's experts and weights: softmax, top k (lower index first on a tie),
-    // weights renormalised over the chosen ones.
-    std::vector<std::vector<std::pair<int, float>>> routed(n_exp); // expert -> (token, weight)
-    std::vector<int> order(n_exp);
-    for (int t = 0; t < p.n; ++t) {
-        const float *lt = logits + static_cast<size_t>(t) * n_exp;
-        for (int e = 0; e < n_exp; ++e) order[e] = e;
-        std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&](int a, int b) { return lt[a] > lt[b] || (lt[a] == lt[b] && a < b); });
-        const float top = lt[order[0]];
-        double all = 0.0, chosen = 0.0;
-        for (int e = 0; e < n_exp; ++e) all += std::exp(static_cast<double>(lt[e] - top));
-        for (int i = 0; i < k; ++i) chosen += std::exp(static_cast<double>(lt[order[i]] - top)) / all;
-        const double norm = std::max(chosen, 6.103515625e-5); // llama.cpp's floor of the sum
-        const double scale = hp.expert_weights_scale != 0.0f ? hp.expert_weights_scale : 1.0;
-        for (int i = 0; i < k; ++i) {
-            const double prob = std::exp(static_cast<double>(lt[order[i]] - top)) / all;
-            routed[order[i]].push_back({t, static_cast<float>(prob / norm * scale)});
-        }
-    }
-
-    // Each expert over the tokens routed to it; outputs added in expert order.
-    for (int e = 0; e < n_exp; ++e) {
-        const auto &tokens = routed[e];
-        if (tokens.empty()) continue;
-        const int m = static_cast<int>(tokens.size());
-        for (int i = 0; i < m; ++i)
-            std::copy_n(p.xb + static_cast<size_t>(tokens[i].first) * dim, dim, ws.moe_in.data() + static_cast<size_t>(i) * dim);
-        const Pass group{p.model, hp, p.batch, m, ws, p.pool};
-        matmuls(group, ws.moe_in.data(), {swiglu(L.gate_exps[e], L.up_exps[e], p.hb, p.hb2)}); // hb (m, ff_exp)
-        matmuls(group, p.hb, {project(L.down_exps[e], ws.moe_out.data())});                     // (m, dim)
-        for (int i = 0; i < m; ++i) {
-            float *xt = p.x + static_cast<size_t>(tokens[i].first) * dim;
-            const float *y = ws.moe_out.data() + static_cast<size_t>(i) * dim;
-            for (int d = 0; d < dim; ++d) xt[d] += tokens[i].second * y[d];
-        }
-    }
 }
 
 void attend(const Pass &p, int layer) {
@@ -687,11 +825,12 @@ void attend(const Pass &p, int layer) {
     const int kv_dim = hp.kv_dim();
     for (int t = 0; t < p.n; ++t) {
         KVCache &kv = *p.batch[t].kv;
-        const int pos = p.batch[t].pos;
+        const int pos = p.batch[t].pos, slot = pos % kv.layers[layer].slots;
+        kv.high = std::max(kv.high, pos);
         for (int h = 0; h < hp.n_head_kv; ++h) {
             const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
             uint16_t *keys = &kv.k[kv.row(hp, layer, h, 0)];
-            for (int d = 0; d < hp.head_dim; ++d) keys[key_at(pos, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
+            for (int d = 0; d < hp.head_dim; ++d) keys[key_at(slot, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
             to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, &kv.v[kv.row(hp, layer, h, pos)], hp.head_dim);
         }
     }
@@ -710,7 +849,11 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
     float *x = pass.x;
     for (int t = 0; t < n; ++t) {
         dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
+        if (hp.embd_scale != 1.0f)
+            for (int i = 0; i < dim; ++i) x[t * dim + i] *= hp.embd_scale;
         rope_angles(ws.rope.data() + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos); // shared by every layer
+        if (!model.inv_freq_local.empty())
+            rope_angles(ws.rope_local.data() + t * hp.rope_dim, hp, model.inv_freq_local, batch[t].pos);
     }
 
     for (int l = 0; l < hp.n_layer; ++l) model.arch->layer(pass, model.layers[l], l);
@@ -722,6 +865,9 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
     if (n_out > 0) {
         const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
         matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
+        if (hp.logit_softcap > 0.0f)
+            for (size_t i = 0; i < static_cast<size_t>(n_out) * hp.n_vocab; ++i)
+                logits[i] = hp.logit_softcap * std::tanh(logits[i] / hp.logit_softcap);
     }
 }
 

@@ -51,10 +51,16 @@ struct HParams {
     float rope_base = 10000.0f;
     float rope_mscale = 1.0f; // multiplies cos and sin (YaRN's magnitude correction, attn_factor)
     float norm_eps = 1e-5f;
-    int n_expert = 0;      // MoE: experts per layer (0: a dense FFN)
-    int n_expert_used = 0; // MoE: experts each token is routed to
-    int n_ff_exp = 0;      // MoE: hidden dim of one expert
-    float expert_weights_scale = 0.0f; // MoE: routing weights multiplied by it (0: not at all)
+    float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if their own
+    float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
+    float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
+    float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
+    std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
+    int n_expert = 0;           // MoE: experts per layer,
+    int n_expert_used = 0;      // experts each token is routed to,
+    int n_ff_exp = 0;           // hidden dim of one expert
+    bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
+    float expert_scale = 1.0f;  // then multiplied by this
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
 };
@@ -73,6 +79,7 @@ struct LayerWeights {
     const float *bo = nullptr;        // (dim)
     const float *q_norm = nullptr;    // (head_dim) RMS norm of each query head
     const float *k_norm = nullptr;    // (head_dim) RMS norm of each key head
+    const float *attn_post_norm = nullptr; // (dim) norm of the attention output (Gemma)
     const float *ffn_norm = nullptr;  // (dim)
     Matrix w_gate;                    // (ff, dim)
     Matrix w_up;                      // (ff, dim)
@@ -80,10 +87,11 @@ struct LayerWeights {
     const float *b_gate = nullptr;    // (ff) FFN biases
     const float *b_up = nullptr;      // (ff)
     const float *b_down = nullptr;    // (dim)
-    Matrix router;                    // (n_expert, dim) MoE: each expert's routing logit
-    std::vector<Matrix> gate_exps;    // n_expert × (ff_exp, dim)
-    std::vector<Matrix> up_exps;      // n_expert × (ff_exp, dim)
-    std::vector<Matrix> down_exps;    // n_expert × (dim, ff_exp)
+    const float *ffn_post_norm = nullptr; // (dim) norm of the FFN output (Gemma)
+    Matrix router;                    // (n_expert, dim) MoE: expert scores of a token
+    std::vector<Matrix> gate_exps;    // n_expert × (n_ff_exp, dim)
+    std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
+    std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
 };
 
 struct Arch; // arch/arch.h
@@ -98,6 +106,7 @@ struct Model {
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair, scaling included
     std::vector<float> inv_freq_long; // LongRoPE: the frequencies past rope_ctx_orig, else empty
     int rope_ctx_orig = 0;
+    std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own base
     std::vector<LayerWeights> layers;
     std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
@@ -141,18 +150,37 @@ struct Binder {
     void gated_ffn(const HParams &hp, int l, LayerWeights &L);
 };
 
-// One session's attention memory: keys and values as f16, (layer, kv head, n_ctx,
-// head_dim), so that attending one KV head streams contiguous memory; keys are in
-// blocks of positions inside that (attention.h: key_at).
+// One session's attention memory: per layer, keys and values as f16, (kv head,
+// slots, head_dim), so that attending one KV head streams contiguous memory; keys
+// are in blocks of positions inside that (attention.h: key_at). A layer that attends
+// every position keeps n_ctx slots; a sliding-window layer keeps a ring, position p
+// in slot p % slots, just large enough for its window and one forward batch.
 struct KVCache {
-    int n_ctx = 0; // a whole number of key blocks
+    struct Layer {
+        size_t offset = 0; // element offset of the layer's first row
+        int slots = 0;     // a whole number of key blocks
+        int window = 0;    // positions attended, its own included; 0: all
+    };
+    std::vector<Layer> layers;
+    int high = -1; // highest position written since the cache was last emptied
     std::unique_ptr<uint16_t[]> k;
     std::unique_ptr<uint16_t[]> v;
+
+    // The layers' slots for a context of n_ctx and the elements of k (and of v).
+    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *elements);
+    // Bytes of keys and values per position of the layers that attend every
+    // position, and the fixed bytes of the sliding-window layers at n_ctx.
+    static uint64_t bytes_per_token(const HParams &hp);
+    static uint64_t ring_bytes(const HParams &hp, int n_ctx);
     // Offset of (layer, kv head, position)'s row.
     size_t row(const HParams &hp, int layer, int head, int pos) const {
-        return ((static_cast<size_t>(layer) * hp.n_head_kv + head) * n_ctx + pos) * hp.head_dim;
+        const Layer &L = layers[layer];
+        return L.offset + (static_cast<size_t>(head) * L.slots + pos % L.slots) * hp.head_dim;
     }
-    static uint64_t bytes_per_token(const HParams &hp) { return 2ull * hp.n_layer * hp.kv_dim() * sizeof(uint16_t); }
+    // Positions written at or below `high` that a ring has overwritten are gone: the
+    // cache can be cut back to 0 or to any position from resume_floor() on, where
+    // every ring still holds the window the next position attends.
+    int resume_floor() const;
 };
 
 // One token of a forward batch.
@@ -178,6 +206,7 @@ struct MatJob {
     const Matrix *up = nullptr;
     const float *up_bias = nullptr;
     float *scratch = nullptr;
+    bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
 };
 
 // Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
@@ -187,12 +216,15 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
 struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
     std::vector<float> rope;            // (n, rope_dim): cos and sin of each token's RoPE angles
+    std::vector<float> rope_local;      // (n, rope_dim): the same for Model::inv_freq_local
     std::vector<float> att_parts;       // attention partials of split contexts (attention.h)
     std::vector<AttnPartial> att_stats;
     std::vector<BlockQ8A> xq;
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
-    std::vector<float> moe_logits;      // (n, n_expert) router logits
-    std::vector<float> moe_in, moe_out; // (n, dim) the tokens routed to one expert, and its output
+    std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
+    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // one expert's tokens and results
+    std::vector<int> moe_tokens;        // the tokens routed to one expert
+    std::vector<float> moe_weights;     // and their weights
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -232,11 +264,21 @@ MatJob residual(const Matrix &w, float *y, const float *bias = nullptr);
 // y = silu(x · gateᵀ + gate_bias) * (x · upᵀ + up_bias); scratch (n, up.rows).
 MatJob swiglu(const Matrix &gate, const Matrix &up, float *y, float *scratch, const float *gate_bias = nullptr,
               const float *up_bias = nullptr);
+// y = gelu(x · gateᵀ) * (x · upᵀ), GELU's tanh approximation; scratch (n, up.rows).
+MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch);
 // Runs the jobs, all reading x (n, cols of their weights), as one parallel region.
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
 
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
+// x (n, dim) += the mixture of experts over xb (n, dim): each token's top
+// n_expert_used experts by softmax of its router scores, weighted by those
+// probabilities (renormalised if hp.expert_norm). Each expert runs once over the
+// tokens routed to it, so its weights are read once per batch; each token sums its
+// experts in expert order, whatever else is in the batch.
+void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x);
+// x (n, dim) += y (n, dim)
+void add_rows(const Pass &p, float *x, const float *y);
 // x (n, n_heads * head_dim): each head of each token RMS-normalised in place and
 // scaled by weight (head_dim).
 void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight);
@@ -245,26 +287,24 @@ void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight);
 // Llama, or NEOX halves (x[i], x[i + rope_dim/2]).
 enum class Rope { adjacent, neox };
 // x (n, n_heads * head_dim): the first rope_dim dims of each head rotated by each
-// token's angles (forward() computes them once for all layers).
-void rope(const Pass &p, float *x, int n_heads, Rope style);
+// token's angles (forward() computes them once for all layers); with `local`, the
+// angles of Model::inv_freq_local.
+void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false);
 
 // The pre-norm attention input most families share: xb = rmsnorm(x), then
 // q, k, v = xb · wq/wk/wvᵀ (+ biases where L has them) in one parallel region.
 void project_qkv(const Pass &p, const LayerWeights &L);
 
+// The attention sublayer of the Qwen3 families: project_qkv, each query and key
+// head RMS-normed, NEOX RoPE, attention, and x += att · woᵀ.
+void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer);
+
 // The pre-norm SwiGLU feed-forward sublayer most families share:
 // x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them.
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
 
-// The pre-norm mixture-of-experts FFN (Qwen3-MoE): xb = rmsnorm(x); each token's
-// router softmax picks its n_expert_used best experts, whose weights are
-// renormalised to sum to 1 (and scaled by expert_weights_scale if set); x += the
-// weighted sum of those experts' SwiGLU FFNs. Tokens are grouped per expert, so a
-// prefill reads each expert once; each token's sum runs in expert order, so its
-// result does not depend on the batch it came in.
-void moe_ffn(const Pass &p, const LayerWeights &L);
-
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
-// then ws.att (n, q_dim) = causal attention of ws.q over the token's session.
+// then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
+// last hp.window[layer] positions of it for a sliding-window layer).
 void attend(const Pass &p, int layer);
 } // namespace llmd

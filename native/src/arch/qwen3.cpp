@@ -21,13 +21,7 @@ void bind(Binder &b, Model &m) {
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
-    project_qkv(p, L); // q, k, v of rmsnorm(x)
-    rmsnorm_heads(p, p.q, p.hp.n_head, L.q_norm); // each head to unit RMS, then scaled
-    rmsnorm_heads(p, p.k, p.hp.n_head_kv, L.k_norm);
-    rope(p, p.q, p.hp.n_head, Rope::neox);
-    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
-    attend(p, l);                             // att = softmax(q kᵀ / √hd) v
-    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
+    qk_norm_attention(p, L, l);
     swiglu_ffn(p, L);
 }
 

@@ -1,6 +1,8 @@
-// arch/qwen3moe.cpp — Qwen3-MoE (30B-A3B, 235B-A22B): Qwen3's attention (q/k head
-// norms, NEOX RoPE) with a mixture-of-experts FFN: a router picks
-// expert_used_count of expert_count SwiGLU experts per token (model.h: moe_ffn).
+// arch/qwen3moe.cpp — Qwen3 MoE: Qwen3's attention (an RMS norm over each query and
+// key head before NEOX RoPE) and, in place of the dense FFN, a mixture of experts:
+// the router's softmax picks expert_used_count of expert_count SwiGLU experts per
+// token, their weights renormalised (unless expert_weights_norm is false) and scaled
+// by expert_weights_scale when the file sets one.
 #include "arch/arch.h"
 
 #include <cmath>
@@ -12,13 +14,19 @@ void load_hparams(Binder &b, HParams &hp) {
     const std::string &p = b.prefix;
     hp.n_expert = b.get_int(p + "expert_count", 0, true);
     hp.n_expert_used = b.get_int(p + "expert_used_count", 0, true);
-    hp.n_ff_exp = b.get_int(p + "expert_feed_forward_length", 0, false);
-    hp.expert_weights_scale = b.get_float(p + "expert_weights_scale", 0.0f);
-    if (!b.error->empty()) return;
-    if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert)
-        b.fail("model expert counts are inconsistent");
-    if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff / hp.n_expert_used; // as llama.cpp assumes without the key
-    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_weights_scale)) b.fail("model expert sizes are inconsistent");
+    if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert) {
+        b.fail("model expert counts are inconsistent (" + std::to_string(hp.n_expert_used) + " of " +
+               std::to_string(hp.n_expert) + ")");
+        return;
+    }
+    hp.n_ff_exp = b.get_int(p + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+    std::string err;
+    bool norm = true;
+    if (!b.file.get_bool(p + "expert_weights_norm", &norm, &err) && !err.empty()) b.fail(err);
+    hp.expert_norm = norm;
+    const float scale = b.get_float(p + "expert_weights_scale", 0.0f);
+    hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
+    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_scale)) b.fail("model expert FFN length or weight scale is invalid");
 }
 
 void bind(Binder &b, Model &m) {
@@ -27,7 +35,7 @@ void bind(Binder &b, Model &m) {
     for (int l = 0; l < hp.n_layer; ++l) {
         const std::string blk = "blk." + std::to_string(l) + ".";
         LayerWeights &L = m.layers[l];
-        b.attention(hp, l, L);
+        b.attention(hp, l, L); // with optional q/k/v biases
         L.q_norm = b.vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = b.vector(blk + "attn_k_norm.weight", hp.head_dim);
         L.ffn_norm = b.vector(blk + "ffn_norm.weight", dim);
@@ -39,14 +47,9 @@ void bind(Binder &b, Model &m) {
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
-    project_qkv(p, L); // q, k, v of rmsnorm(x)
-    rmsnorm_heads(p, p.q, p.hp.n_head, L.q_norm);
-    rmsnorm_heads(p, p.k, p.hp.n_head_kv, L.k_norm);
-    rope(p, p.q, p.hp.n_head, Rope::neox);
-    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
-    attend(p, l);                             // att = softmax(q kᵀ / √hd) v
-    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
-    moe_ffn(p, L);                            // x += Σ weight · expert(rmsnorm(x))
+    qk_norm_attention(p, L, l);
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    moe(p, L, p.xb, p.x); // x += Σ weight · swiglu expert(xb)
 }
 
 } // namespace
