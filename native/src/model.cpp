@@ -57,8 +57,9 @@ struct Binder {
             return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
                         std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
                         std::to_string(rows) + "]");
-        if (type_uses_q8a(t->type) && cols % QK != 0)
-            return fail("tensor " + name + " has rows that are not whole blocks");
+        if (!type_runs(t->type, cols))
+            return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
+                        type_name(t->type) + " kernels cannot run");
         m->type = t->type;
         m->cols = cols;
         m->rows = rows;
@@ -82,6 +83,23 @@ struct Binder {
 };
 
 } // namespace
+
+std::string unsupported_tensors(const GGUFFile &file) {
+    std::vector<std::pair<uint32_t, std::vector<std::string_view>>> by_type; // in order of first use
+    for (const auto &t : file.tensors()) {
+        if (type_traits(t.type)->activation != Activation::None) continue;
+        auto it = std::find_if(by_type.begin(), by_type.end(), [&](const auto &e) { return e.first == t.type; });
+        if (it == by_type.end()) it = by_type.insert(by_type.end(), {t.type, {}});
+        it->second.push_back(t.name);
+    }
+    std::string out;
+    for (const auto &[type, names] : by_type) {
+        out += (out.empty() ? "" : ", ") + std::string(type_name(type)) + " (" + std::string(names[0]);
+        if (names.size() > 1) out += " and " + std::to_string(names.size() - 1) + " more";
+        out += ")";
+    }
+    return out.empty() ? out : "the engine has no kernels for tensor type " + out;
+}
 
 std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::string *error) {
     std::string err;
@@ -257,14 +275,15 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
                       rows, job.add);
         return;
     }
-    const bool quantized = type_uses_q8a(w.type);
+    const TypeTraits &traits = *type_traits(w.type);
+    const bool quantized = traits.activation == Activation::Q8A;
     constexpr int kTokenTile = 16; // tokens sharing one pass over the rows
     for (int t0 = 0; t0 < n; t0 += kTokenTile) {
         const int t1 = std::min(n, t0 + kTokenTile);
         for (int64_t r = r0; r < r1; ++r) {
-            const void *row = w.row(r);
+            const uint8_t *row = w.row(r);
             for (int t = t0; t < t1; ++t) {
-                const float v = vec_dot(w.type, row, job.x + t * cols, quantized ? job.xq + t * nb : nullptr, cols);
+                const float v = traits.dot(row, job.x + t * cols, quantized ? job.xq + t * nb : nullptr, cols);
                 float &y = job.y[t * rows + r];
                 y = job.add ? y + v : v;
             }
@@ -428,7 +447,7 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
 
     float *angles = ws.rope.data(); // each token's RoPE angles, shared by every layer
     for (int t = 0; t < n; ++t) {
-        dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
+        type_traits(model.tok_embd.type)->to_float(model.tok_embd.row(batch[t].token), x + t * dim, dim);
         rope_angles(angles + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos);
     }
 
