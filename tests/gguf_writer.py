@@ -605,13 +605,18 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
                      weight_type: int = GGML_F32, seed: int = 1, tied: bool = True,
                      pre: str = "smollm", name: str = "tiny-llama",
                      chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
-                     extra_metadata: list[tuple[str, int, object]] = ()) -> GGUFWriter:
-    """A GGUFWriter holding a complete random-weight llama model (edit it, then write)."""
-    assert n_vocab >= 256 + len(CONTROL_TOKENS), "the 256 byte tokens and the controls must fit"
+                     extra_metadata: list[tuple[str, int, object]] = (), reserved: int = 0,
+                     random_matrix=None) -> GGUFWriter:
+    """A GGUFWriter holding a complete random-weight llama model (edit it, then write).
+    `reserved` control tokens <|reserved_N|> pad the vocabulary (as Llama 3's do) past
+    what the BPE merges fill; random_matrix(cols, rows, std, rng) -> bytes of
+    weight_type replaces the writer's Gaussian weights (for big models)."""
+    assert n_vocab >= 256 + len(CONTROL_TOKENS) + reserved, "the 256 byte tokens and the controls must fit"
     rng = random.Random(seed)
-    tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS))
-    tokens += list(CONTROL_TOKENS)
-    types = [1] * (len(tokens) - len(CONTROL_TOKENS)) + [3] * len(CONTROL_TOKENS)
+    tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS) - reserved)
+    controls = list(CONTROL_TOKENS) + [f"<|reserved_{i}|>" for i in range(reserved)]
+    tokens += controls
+    types = [1] * (len(tokens) - len(controls)) + [3] * len(controls)
     ids = {t: tokens.index(t) for t in CONTROL_TOKENS}
 
     w = GGUFWriter()
@@ -647,7 +652,9 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
 
     def matrix(name: str, cols: int, rows: int, std: float) -> None:
-        if weight_type in (GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0):
+        if random_matrix is not None:
+            data = random_matrix(cols, rows, std, rng)
+        elif weight_type in (GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0):
             data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
         else:  # the writer has no quantizer for the type: random blocks of the same spread
             data = random_blocks(weight_type, cols * rows, rng, std)
