@@ -5,8 +5,9 @@ reference dequantization against the Python decoders through kernel_dequantize.
 
 The Python model (tests/gguf_writer.py: `pieces`, `dequantize`) decodes every block
 format from its definition, independently of the engine's C++. For integer types
-the engine first quantizes x per block of 32 to int8 (d = amax / 127 in float32,
-q = round-to-nearest-even of x / d); the model does exactly that, dequantizes the
+the engine first quantizes x to int8 (d = amax / 127 in float32 per block of 32,
+or per 256 for the K-quants as llama.cpp's Q8_K does; q = round-to-nearest-even of
+x / d); the model does exactly that, dequantizes the
 weights and takes the dot product in double precision.
 
 Tolerances, relative to S = sum |w_i * x_i| + sum |min_i * x_i| over the row (the
@@ -129,11 +130,12 @@ def random_x(cols: int, rng: random.Random) -> list[float]:
 
 # ---- the Python model --------------------------------------------------------------------
 
-def quantize_x(x: list[float]) -> list[float]:
-    """x as the engine's int8 activation blocks see it: d * q, d and q as C computes them."""
+def quantize_x(x: list[float], group: int = QK) -> list[float]:
+    """x as the engine's int8 activation blocks see it: d * q, d and q as C computes
+    them, one d per group of elements (32, or 256 for the K-quants, as llama.cpp's Q8_K)."""
     out = []
-    for b in range(0, len(x), QK):
-        block = x[b:b + QK]
+    for b in range(0, len(x), group):
+        block = x[b:b + group]
         d = f32(max(abs(v) for v in block) / 127.0)
         inv = f32(1.0 / d) if d != 0.0 else 0.0
         out += [d * round(f32(v * inv)) for v in block]  # round(): nearest, ties to even
@@ -162,7 +164,7 @@ class Matrix:
 
     def apply(self, x: list[float]) -> tuple[list[float], list[float]]:
         """(y, S per row) for x as the kernels see it."""
-        xs = quantize_x(x) if self.type in QUANTIZED else x
+        xs = quantize_x(x, 256 if self.type in K_TYPES else QK) if self.type in QUANTIZED else x
         y = [math.fsum(w * v for w, v in zip(row, xs)) for row in self.rows]
         scale = [math.fsum(abs(w * v) for w, v in zip(row, xs)) + math.fsum(abs(m * v) for m, v in zip(mins, xs))
                  for row, mins in zip(self.rows, self.mins)]

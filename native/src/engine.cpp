@@ -601,15 +601,15 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
                                                   (traits != nullptr ? std::string(traits->name) : std::to_string(type)));
         if (weights == nullptr || x == nullptr || y == nullptr || rows < 1 || n < 1 || !type_runs(type, cols))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad matrix arguments");
-        const bool quantized = traits->activation == Activation::Q8A;
-        const int64_t nb = quantized ? cols / QK : 0;
-        std::vector<BlockQ8A> xq(static_cast<size_t>(n * nb));
+        const bool quantized = traits->activation != Activation::F32;
+        std::vector<BlockQ8A> xq(quantized ? quantized_blocks(n, cols) : 0);
         if (quantized) quantize_rows(x, n, cols, xq.data());
         Matrix w{static_cast<uint32_t>(type), cols, rows, row_bytes(type, cols), static_cast<const uint8_t *>(weights)};
         if (!fast) {
+            const BlockQ8A *xa = quantized ? activations_of(*traits, xq.data(), n, cols) : nullptr;
             for (int32_t t = 0; t < n; ++t)
                 for (int32_t r = 0; r < rows; ++r)
-                    y[t * rows + r] = traits->dot_ref(w.row(r), x + t * cols, xq.data() + t * nb, cols);
+                    y[t * rows + r] = traits->dot_ref(w.row(r), x + t * cols, xa != nullptr ? xa + t * cols / QK : nullptr, cols);
             return LLMD_OK;
         }
         const size_t packed_size = fast == 2 ? 0 : packed_bytes(w.type, rows, cols);

@@ -263,27 +263,27 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
     const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff});
-    xq.resize(n * static_cast<size_t>((widest + QK - 1) / QK));
+    xq.resize(quantized_blocks(n_tokens, (widest + QK - 1) / QK * QK));
     capacity = n_tokens;
 }
 
 void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
     const Matrix &w = *job.w;
     const int64_t cols = w.cols, rows = w.rows, nb = cols / QK;
+    const TypeTraits &traits = *type_traits(w.type);
+    const BlockQ8A *xq = traits.activation == Activation::F32 ? nullptr : activations_of(traits, job.xq, n, cols);
     if (w.packed != nullptr) {
-        matmul_packed(w.type, w.packed, rows, cols, r0 / kPanel, (r1 + kPanel - 1) / kPanel, job.xq, n, job.y,
-                      rows, job.add);
+        matmul_packed(w.type, w.packed, rows, cols, r0 / kPanel, (r1 + kPanel - 1) / kPanel, xq, n, job.y, rows,
+                      job.add);
         return;
     }
-    const TypeTraits &traits = *type_traits(w.type);
-    const bool quantized = traits.activation == Activation::Q8A;
     constexpr int kTokenTile = 16; // tokens sharing one pass over the rows
     for (int t0 = 0; t0 < n; t0 += kTokenTile) {
         const int t1 = std::min(n, t0 + kTokenTile);
         for (int64_t r = r0; r < r1; ++r) {
             const uint8_t *row = w.row(r);
             for (int t = t0; t < t1; ++t) {
-                const float v = traits.dot(row, job.x + t * cols, quantized ? job.xq + t * nb : nullptr, cols);
+                const float v = traits.dot(row, job.x + t * cols, xq != nullptr ? xq + t * nb : nullptr, cols);
                 float &y = job.y[t * rows + r];
                 y = job.add ? y + v : v;
             }

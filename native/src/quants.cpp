@@ -288,45 +288,50 @@ template <ToFloatFn ToFloat, int kBytes> float dot_ref_float(const uint8_t *row,
     return static_cast<float>(acc);
 }
 
-// n floats (n a multiple of QK) into n / QK blocks.
-void quantize_row_q8a(const float *x, BlockQ8A *y, int64_t n) {
+// One block of 32 with a given scale d (and its inverse id).
+void quantize_block(const float *x, float d, float id, BlockQ8A *y) {
 #if defined(__AVX512F__)
-    // The same arithmetic 16 lanes at a time: max |x| is exact, and the conversion
-    // rounds to nearest even like nearbyint, so the blocks are bit for bit the same.
-    for (int64_t b = 0; b < n / QK; ++b, x += QK) {
-        const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-        const float d = amax / 127.0f;
-        const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-        const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(y[b].qs), _mm512_cvtsepi32_epi8(qlo));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(y[b].qs + 16), _mm512_cvtsepi32_epi8(qhi));
-        const int sum_lo = _mm512_reduce_add_epi32(qlo);
-        const int sum = sum_lo + _mm512_reduce_add_epi32(qhi);
-        y[b].d = d;
-        y[b].sum = sum;
-        y[b].sum_lo = sum_lo;
-        y[b].s = d * static_cast<float>(sum);
-    }
+    // The scalar arithmetic 16 lanes at a time: the conversion rounds to nearest
+    // even like nearbyint, so the blocks are bit for bit the same.
+    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(id)));
+    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_set1_ps(id)));
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(y->qs), _mm512_cvtsepi32_epi8(qlo));
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(y->qs + 16), _mm512_cvtsepi32_epi8(qhi));
+    y->sum_lo = _mm512_reduce_add_epi32(qlo);
+    y->sum = y->sum_lo + _mm512_reduce_add_epi32(qhi);
 #else
-    for (int64_t b = 0; b < n / QK; ++b, x += QK) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0, sum_lo = 0;
-        for (int j = 0; j < QK; ++j) {
-            const int q = static_cast<int>(std::nearbyint(x[j] * id));
-            y[b].qs[j] = static_cast<int8_t>(q);
-            sum += q;
-            if (j < 16) sum_lo += q;
-        }
-        y[b].d = d;
-        y[b].sum = sum;
-        y[b].sum_lo = sum_lo;
-        y[b].s = d * static_cast<float>(sum);
+    y->sum = y->sum_lo = 0;
+    for (int j = 0; j < QK; ++j) {
+        const int q = static_cast<int>(std::nearbyint(x[j] * id));
+        y->qs[j] = static_cast<int8_t>(q);
+        y->sum += q;
+        if (j < 16) y->sum_lo += q;
     }
 #endif
+    y->d = d;
+    y->s = d * static_cast<float>(y->sum);
+}
+
+float max_abs(const float *x, int64_t n) {
+    float amax = 0.0f;
+#if defined(__AVX512F__)
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    amax = _mm512_reduce_max_ps(m); // max is exact in any order
+#else
+    for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+#endif
+    return amax;
+}
+
+// n floats (n a multiple of group) into n / QK blocks, one scale d = max |x| / 127
+// per group of `group` elements.
+void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
+    for (int64_t g = 0; g < n; g += group) {
+        const float d = max_abs(x + g, group) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t b = g / QK; b < (g + group) / QK; ++b) quantize_block(x + b * QK, d, id, y + b);
+    }
 }
 
 // ---- the traits table ---------------------------------------------------------
@@ -349,7 +354,8 @@ constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, false, kIQ4NL};
 // A type the engine computes with, dotted against BlockQ8A.
 template <DecodeFn Decode, const PanelLayout &Panel, DotFn Fast = fast_dot_pieces<Decode>>
 constexpr TypeTraits quantized(const char *name, int64_t elems, int64_t bytes) {
-    return {name, elems, bytes, Activation::Q8A, Decode, to_float_pieces<Decode>, dot_ref_pieces<Decode>,
+    // Super-block types take activations quantized like llama.cpp's Q8_K for them.
+    return {name, elems, bytes, elems == QK_K ? Activation::Q8K : Activation::Q8A, Decode, to_float_pieces<Decode>, dot_ref_pieces<Decode>,
             Fast != nullptr ? Fast : dot_ref_pieces<Decode>, Panel, panel_kernel<Panel>()};
 }
 // A float type, dotted against the float activations.
@@ -427,7 +433,7 @@ const char *type_name(uint32_t type) {
 bool type_runs(uint32_t type, int64_t cols) {
     const TypeTraits *t = type_traits(type);
     return t != nullptr && t->activation != Activation::None && cols > 0 && cols % t->block_elems == 0 &&
-           (t->activation != Activation::Q8A || cols % QK == 0);
+           (t->activation == Activation::F32 || cols % QK == 0);
 }
 
 size_t row_bytes(uint32_t type, int64_t n) {
@@ -436,7 +442,10 @@ size_t row_bytes(uint32_t type, int64_t n) {
 }
 
 void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
-    for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq + t * (cols / QK), cols);
+    const int64_t nb = cols / QK;
+    for (int t = 0; t < n; ++t) quantize_row(x + t * cols, xq + t * nb, cols, QK);
+    if (cols % QK_K == 0)
+        for (int t = 0; t < n; ++t) quantize_row(x + t * cols, xq + (n + t) * nb, cols, QK_K);
 }
 
 const char *kernel_path() {

@@ -51,7 +51,9 @@ struct Piece {
 enum class Activation : uint8_t {
     None, // the engine has no kernels for the type: binding refuses it
     F32,  // the float activations themselves
-    Q8A,  // BlockQ8A blocks of 32
+    Q8A,  // BlockQ8A blocks of 32, each with its own scale
+    Q8K,  // BlockQ8A blocks of 32 sharing one scale per 256 elements, as llama.cpp's
+          // Q8_K quantizes for the K-quants (so that results match its numerics)
 };
 
 // How a type is repacked into panels of kPanel rows for the AVX-512 VNNI kernels
@@ -98,9 +100,16 @@ bool type_runs(uint32_t type, int64_t cols);
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 
-// Quantize n rows of `cols` floats (cols a multiple of QK), row t into
-// xq + t * (cols / QK).
+// Quantize n rows of `cols` floats (cols a multiple of QK) for every integer
+// kernel: row t's Q8A blocks into xq + t * (cols / QK), then, when cols is a whole
+// number of 256-element groups, its Q8K blocks into xq + (n + t) * (cols / QK).
+// xq holds quantized_blocks(n, cols).
 void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq);
+inline size_t quantized_blocks(int n, int64_t cols) { return 2 * static_cast<size_t>(n) * static_cast<size_t>(cols / QK); }
+// The blocks a type's kernels read from what quantize_rows wrote for n rows.
+inline const BlockQ8A *activations_of(const TypeTraits &t, const BlockQ8A *xq, int n, int64_t cols) {
+    return t.activation == Activation::Q8K ? xq + static_cast<size_t>(n) * static_cast<size_t>(cols / QK) : xq;
+}
 
 // Bytes of a row of n elements (n a whole number of blocks).
 size_t row_bytes(uint32_t type, int64_t n);
