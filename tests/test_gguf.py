@@ -507,9 +507,11 @@ def test_k_quant_model_loads_and_counts_its_packed_bytes(tmp_path):
     with Engine(w.write(tmp_path / "q4k.gguf"), n_threads=1, max_sessions=1) as engine:
         expected = sum(len(t.data) for t in w.tensors)
         if "repacked" in engine.info.kernels:
-            # Packed forms replace the originals: a Q4_K panel-block is 16 rows x 32
-            # nibbles plus each row's f32 scale and min (384 bytes), rows padded to 16.
-            expected += sum(-(-t.ne[1] // 16) * t.ne[0] // 32 * 384 - len(t.data)
+            # Packed forms replace the originals, rows padded to 16: per 16 rows and 256
+            # columns, each row's f16 d and m (64 bytes), then 8 panel-blocks of 16 x 32
+            # nibbles and each row's int8 scale and min (288 bytes): 2368 for the
+            # file's 16 x 144.
+            expected += sum(-(-t.ne[1] // 16) * t.ne[0] // 256 * 2368 - len(t.data)
                             for t in w.tensors if len(t.ne) == 2)
         assert engine.info.weight_bytes == expected
 

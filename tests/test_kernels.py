@@ -283,10 +283,10 @@ def test_block_layout_matches_the_writer(ggml_type):
     assert any(expected)
     for k in range(elems):
         x = [0.0] * elems
-        x[k] = 1.0  # quantizes to q = 127, d = 1/127: x reads back as 1 within float rounding
+        x[k] = 127 / 128  # quantizes exactly: q = 127, d = 1/128 (exact in f16 too)
         for fast in (0, 1, 2):
             [y] = kernel_matvec(ggml_type, block, 1, elems, x, fast=fast)
-            assert y == pytest.approx(expected[k], rel=1e-6, abs=1e-30), (k, fast)
+            assert y == pytest.approx(expected[k] * 127 / 128, rel=1e-6, abs=1e-30), (k, fast)
 
 
 def test_f16_kernel_reads_halves_as_the_writer_writes_them():

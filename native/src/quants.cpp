@@ -63,11 +63,12 @@ float half_at(const uint8_t *p) { return fp16_to_fp32(load<uint16_t>(p)); }
 constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 constexpr int8_t kFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-// A piece with one scale and one min for all 32 elements.
-void uniform(Piece *o, float d, int32_t scale, float min) {
+// A piece with one scale and one min (m * mscale) for all 32 elements.
+void uniform(Piece *o, float d, int32_t scale, float m = 0.0f, int32_t mscale = 0) {
     o->d = d;
     o->scale[0] = o->scale[1] = scale;
-    o->min[0] = o->min[1] = min;
+    o->m = m;
+    o->mscale[0] = o->mscale[1] = mscale;
 }
 
 // 16 bytes of nibbles: element j is the low nibble of byte j, element 16 + j its high one.
@@ -96,44 +97,44 @@ void nibbles_qh(const uint8_t *qs, uint32_t qh, int8_t bias, Piece *o) {
 // Q4_0 (18 bytes): f16 d, 16 nibble bytes. x = d * (q - 8).
 void decode_q4_0(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k * 18;
-    uniform(o, half_at(b), 1, 0.0f);
+    uniform(o, half_at(b), 1);
     nibbles(b + 2, -8, o);
 }
 // Q4_1 (20): f16 d, f16 m, 16 nibble bytes. x = d * q + m.
 void decode_q4_1(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k * 20;
-    uniform(o, half_at(b), 1, half_at(b + 2));
+    uniform(o, half_at(b), 1, half_at(b + 2), 1);
     nibbles(b + 4, 0, o);
 }
 // Q5_0 (22): f16 d, u32 fifth bits, 16 nibble bytes. x = d * (q - 16).
 void decode_q5_0(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k * 22;
-    uniform(o, half_at(b), 1, 0.0f);
+    uniform(o, half_at(b), 1);
     nibbles_qh(b + 6, load<uint32_t>(b + 2), -16, o);
 }
 // Q5_1 (24): f16 d, f16 m, u32 fifth bits, 16 nibble bytes. x = d * q + m.
 void decode_q5_1(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k * 24;
-    uniform(o, half_at(b), 1, half_at(b + 2));
+    uniform(o, half_at(b), 1, half_at(b + 2), 1);
     nibbles_qh(b + 8, load<uint32_t>(b + 4), 0, o);
 }
 // Q8_0 (34): f16 d, 32 int8. x = d * q.
 void decode_q8_0(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k * 34;
-    uniform(o, half_at(b), 1, 0.0f);
+    uniform(o, half_at(b), 1);
     std::memcpy(o->q, b + 2, QK);
 }
 // IQ4_NL (18): f16 d, 16 bytes of 4-bit codes into kIQ4NL. x = d * kIQ4NL[code].
 void decode_iq4_nl(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k * 18;
-    uniform(o, half_at(b), 1, 0.0f);
+    uniform(o, half_at(b), 1);
     nibble_codes(b + 2, kIQ4NL, o);
 }
 // MXFP4 (17): e8m0 exponent e, 16 bytes of e2m1 codes. x = 2^(e - 127) * e2m1 value,
 // that is 2^(e - 128) * kFP4[code].
 void decode_mxfp4(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k * 17;
-    uniform(o, std::ldexp(1.0f, static_cast<int>(b[0]) - 128), 1, 0.0f);
+    uniform(o, std::ldexp(1.0f, static_cast<int>(b[0]) - 128), 1);
     nibble_codes(b + 1, kFP4, o);
 }
 
@@ -161,7 +162,7 @@ void decode_q4_k(const uint8_t *row, int64_t k, Piece *o) {
     const int j = static_cast<int>(k % 8);
     int scale, min;
     scale_min_k4(b + 4, j, &scale, &min);
-    uniform(o, half_at(b), scale, -half_at(b + 2) * static_cast<float>(min));
+    uniform(o, half_at(b), scale, -half_at(b + 2), min);
     const uint8_t *qs = b + 16 + 32 * (j / 2);
     for (int l = 0; l < 32; ++l) o->q[l] = static_cast<int8_t>((qs[l] >> 4 * (j % 2)) & 15);
 }
@@ -172,7 +173,7 @@ void decode_q5_k(const uint8_t *row, int64_t k, Piece *o) {
     const int j = static_cast<int>(k % 8);
     int scale, min;
     scale_min_k4(b + 4, j, &scale, &min);
-    uniform(o, half_at(b), scale, -half_at(b + 2) * static_cast<float>(min));
+    uniform(o, half_at(b), scale, -half_at(b + 2), min);
     const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (j / 2);
     for (int l = 0; l < 32; ++l)
         o->q[l] = static_cast<int8_t>(((qs[l] >> 4 * (j % 2)) & 15) | ((qh[l] >> j) & 1) << 4);
@@ -187,7 +188,8 @@ void decode_q6_k(const uint8_t *row, int64_t k, Piece *o) {
     o->d = half_at(b + 208);
     o->scale[0] = scales[2 * j];
     o->scale[1] = scales[2 * j + 1];
-    o->min[0] = o->min[1] = 0.0f;
+    o->m = 0.0f;
+    o->mscale[0] = o->mscale[1] = 0;
     const uint8_t *ql = b + 64 * h + 32 * (t % 2), *qh = b + 128 + 32 * h;
     for (int l = 0; l < 32; ++l)
         o->q[l] = static_cast<int8_t>((((ql[l] >> 4 * (t / 2)) & 15) | ((qh[l] >> 2 * t) & 3) << 4) - 32);
@@ -202,10 +204,11 @@ void decode_q3_k(const uint8_t *row, int64_t k, Piece *o) {
     const int j = static_cast<int>(k % 8), h = j / 4, t = j % 4;
     const uint8_t *hmask = b, *qs = b + 32 + 32 * h, *sc = b + 96;
     o->d = half_at(b + 108);
+    o->m = 0.0f;
     for (int s = 0; s < 2; ++s) {
         const int i = 2 * j + s;
         o->scale[s] = (((sc[i % 8] >> 4 * (i / 8)) & 15) | ((sc[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32;
-        o->min[s] = 0.0f;
+        o->mscale[s] = 0;
     }
     for (int l = 0; l < 32; ++l)
         o->q[l] = static_cast<int8_t>(((qs[l] >> 2 * t) & 3) - ((hmask[l] >> (4 * h + t)) & 1 ? 0 : 4));
@@ -216,11 +219,11 @@ void decode_q3_k(const uint8_t *row, int64_t k, Piece *o) {
 void decode_q2_k(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k / 8 * 84;
     const int j = static_cast<int>(k % 8), h = j / 4, t = j % 4;
-    const float dmin = half_at(b + 82);
     o->d = half_at(b + 80);
+    o->m = -half_at(b + 82);
     for (int s = 0; s < 2; ++s) {
         o->scale[s] = b[2 * j + s] & 15;
-        o->min[s] = -dmin * static_cast<float>(b[2 * j + s] >> 4);
+        o->mscale[s] = b[2 * j + s] >> 4;
     }
     const uint8_t *qs = b + 16 + 32 * h;
     for (int l = 0; l < 32; ++l) o->q[l] = static_cast<int8_t>((qs[l] >> 2 * t) & 3);
@@ -232,7 +235,7 @@ void decode_iq4_xs(const uint8_t *row, int64_t k, Piece *o) {
     const uint8_t *b = row + k / 8 * 136;
     const int j = static_cast<int>(k % 8);
     const int scale = (((b[4 + j / 2] >> 4 * (j % 2)) & 15) | ((load<uint16_t>(b + 2) >> 2 * j) & 3) << 4) - 32;
-    uniform(o, half_at(b), scale, 0.0f);
+    uniform(o, half_at(b), scale);
     nibble_codes(b + 8 + 16 * j, kIQ4NL, o);
 }
 
@@ -242,7 +245,7 @@ template <DecodeFn Decode> void to_float_pieces(const uint8_t *row, float *y, in
     Piece p;
     for (int64_t k = 0; k < n / QK; ++k, y += QK) {
         Decode(row, k, &p);
-        for (int i = 0; i < QK; ++i) y[i] = p.d * static_cast<float>(p.scale[i / 16]) * p.q[i] + p.min[i / 16];
+        for (int i = 0; i < QK; ++i) y[i] = p.d * static_cast<float>(p.scale[i / 16]) * p.q[i] + p.min(i / 16);
     }
 }
 
@@ -258,7 +261,7 @@ template <DecodeFn Decode> float dot_ref_pieces(const uint8_t *row, const float 
         for (int i = 0; i < QK; ++i) dot[i / 16] += p.q[i] * x.qs[i];
         const double xd = x.d;
         acc += static_cast<double>(p.d) * xd * (static_cast<double>(p.scale[0]) * dot[0] + static_cast<double>(p.scale[1]) * dot[1]);
-        acc += xd * (static_cast<double>(p.min[0]) * x.sum_lo + static_cast<double>(p.min[1]) * (x.sum - x.sum_lo));
+        acc += xd * (static_cast<double>(p.min(0)) * x.sum_lo + static_cast<double>(p.min(1)) * (x.sum - x.sum_lo));
     }
     return static_cast<float>(acc);
 }
@@ -336,20 +339,20 @@ void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
 
 // ---- the traits table ---------------------------------------------------------
 
-// Panel layouts: {bits, offset, split, mins, f16, lut}.
-constexpr PanelLayout kPanelQ4_0{4, 8, false, false, true, nullptr};
-constexpr PanelLayout kPanelQ4_1{4, 0, false, true, true, nullptr};
-constexpr PanelLayout kPanelQ5_0{8, 16, false, false, true, nullptr};
-constexpr PanelLayout kPanelQ5_1{8, 0, false, true, true, nullptr};
-constexpr PanelLayout kPanelQ8_0{8, 128, false, false, true, nullptr};
-constexpr PanelLayout kPanelIQ4NL{4, 128, false, false, true, kIQ4NL};
-constexpr PanelLayout kPanelMXFP4{4, 128, false, false, false, kFP4};
-constexpr PanelLayout kPanelQ2_K{8, 0, true, true, false, nullptr};
-constexpr PanelLayout kPanelQ3_K{8, 4, true, false, false, nullptr};
-constexpr PanelLayout kPanelQ4_K{4, 0, false, true, false, nullptr};
-constexpr PanelLayout kPanelQ5_K{8, 0, false, true, false, nullptr};
-constexpr PanelLayout kPanelQ6_K{8, 32, true, false, false, nullptr};
-constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, false, kIQ4NL};
+// Panel layouts: {bits, offset, split, mins, f16, lut, k_scales}.
+constexpr PanelLayout kPanelQ4_0{4, 8, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelQ4_1{4, 0, false, true, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_0{8, 16, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_1{8, 0, false, true, true, nullptr, false};
+constexpr PanelLayout kPanelQ8_0{8, 128, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelIQ4NL{4, 128, false, false, true, kIQ4NL, false};
+constexpr PanelLayout kPanelMXFP4{4, 128, false, false, false, kFP4, false};
+constexpr PanelLayout kPanelQ2_K{8, 0, true, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ3_K{8, 4, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelQ4_K{4, 0, false, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ5_K{8, 0, false, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ6_K{8, 32, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, true, kIQ4NL, true};
 
 // A type the engine computes with, dotted against BlockQ8A.
 template <DecodeFn Decode, const PanelLayout &Panel, DotFn Fast = fast_dot_pieces<Decode>>

@@ -11,7 +11,7 @@
 // Weights stay in their GGUF block format. Activations are quantized per block of
 // 32 into BlockQ8A, and every integer type is described by how it decodes one
 // 32-element piece of a row (`Piece`): element i is d * scale[i / 16] * q[i] +
-// min[i / 16] with q an int8. The scalar references are that definition summed in
+// m * mscale[i / 16] with q an int8. The scalar references are that definition summed in
 // double; the fast kernels (quants_avx2.cpp, quants_packed.cpp) are tested
 // against them through llmd_kernel_matmul.
 #pragma once
@@ -39,12 +39,15 @@ constexpr int QK_K = 256; // elements per K-quant super-block
 struct BlockQ8A { float d; float s; int32_t sum; int32_t sum_lo; int8_t qs[QK]; };
 
 // One 32-element piece of a quantized row, decoded:
-// element i = d * scale[i / 16] * q[i] + min[i / 16].
+// element i = d * scale[i / 16] * q[i] + m * mscale[i / 16], d and m f16 values
+// (or MXFP4's power of two), the scales small integers.
 struct Piece {
     float d;
     int32_t scale[2];
-    float min[2];
+    float m;
+    int32_t mscale[2];
     int8_t q[QK];
+    float min(int half) const { return m * static_cast<float>(mscale[half]); }
 };
 
 // What a type's kernels take as the other operand.
@@ -57,10 +60,13 @@ enum class Activation : uint8_t {
 };
 
 // How a type is repacked into panels of kPanel rows for the AVX-512 VNNI kernels
-// (quants_packed.cpp). Every panel-block is 16 rows × 32 elements: the weights as
+// (quants_packed.h). Every panel-block is 16 rows × 32 elements: the weights as
 // unsigned bytes u = q + offset (or nibbles, pairs of elements as GGUF pairs them:
 // i and 16 + i), then the rows' scales d * scale (one set, or two when the scale
 // changes every 16 elements), then their mins likewise when the type has them.
+// K-quants keep their two-level scales (`k_scales`): per panel-block the rows'
+// integer scales (and min scales) as int8, and before every 8 panel-blocks (256
+// elements) each row's d (and m) as f16, as compact as the file's own.
 struct PanelLayout {
     uint8_t bits = 0;            // 4 or 8; 0: no packed form
     int16_t offset = 0;          // u = q + offset
@@ -68,6 +74,7 @@ struct PanelLayout {
     bool mins = false;           // the type has additive mins
     bool f16 = false;            // scales and mins stored as f16 (they are f16 in the file)
     const int8_t *lut = nullptr; // 4-bit codes index this table of q (IQ4_NL, IQ4_XS, MXFP4)
+    bool k_scales = false;       // two-level scales, as above
 };
 
 using DecodeFn = void (*)(const uint8_t *row, int64_t piece, Piece *out);
@@ -129,9 +136,26 @@ const char *kernel_path();
 // one core streams a matrix from memory). Rows past the end of the matrix are zero.
 constexpr int kPanel = 16;
 
-// Bytes of one panel-block (16 rows × 32 elements) in a layout.
+// Bytes of one panel-block (16 rows × 32 elements) in a layout: weights, then
+// scales and mins.
 constexpr size_t panel_piece_bytes(const PanelLayout &l) {
-    return (l.bits == 4 ? 256 : 512) + (l.split ? 2 : 1) * (l.mins ? 2 : 1) * kPanel * (l.f16 ? 2 : 4);
+    const size_t sets = (l.split ? 2 : 1) * (l.mins ? 2 : 1);
+    return (l.bits == 4 ? 256 : 512) + sets * kPanel * (l.k_scales ? 1 : l.f16 ? 2 : 4);
+}
+// Bytes before every 8 panel-blocks of a k_scales layout: each row's d (and m) as f16.
+constexpr size_t panel_header_bytes(const PanelLayout &l) {
+    return l.k_scales ? (l.mins ? 2 : 1) * kPanel * 2 : 0;
+}
+// Offset of panel-block b within its panel.
+constexpr size_t panel_piece_offset(const PanelLayout &l, int64_t b) {
+    if (!l.k_scales) return static_cast<size_t>(b) * panel_piece_bytes(l);
+    return static_cast<size_t>(b / 8) * (panel_header_bytes(l) + 8 * panel_piece_bytes(l)) + panel_header_bytes(l) +
+           static_cast<size_t>(b % 8) * panel_piece_bytes(l);
+}
+// Bytes of one panel of nb panel-blocks.
+constexpr size_t panel_bytes(const PanelLayout &l, int64_t nb) {
+    return l.k_scales ? static_cast<size_t>(nb / 8) * (panel_header_bytes(l) + 8 * panel_piece_bytes(l))
+                      : static_cast<size_t>(nb) * panel_piece_bytes(l);
 }
 
 // Bytes of the packed form, or 0 when this build or type has none.

@@ -103,7 +103,7 @@ template <DecodeFn Decode> float dot_pieces_avx2(const uint8_t *row, const float
                                                 _mm_set1_epi16(static_cast<int16_t>(p.scale[0])));
         const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, scales));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(p.d * x[k].d), sum, acc);
-        mins += x[k].d * (p.min[0] * static_cast<float>(x[k].sum_lo) + p.min[1] * static_cast<float>(x[k].sum - x[k].sum_lo));
+        mins += x[k].d * (p.min(0) * static_cast<float>(x[k].sum_lo) + p.min(1) * static_cast<float>(x[k].sum - x[k].sum_lo));
     }
     return hsum(acc) + mins;
 }

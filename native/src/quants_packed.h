@@ -39,16 +39,21 @@ template <const PanelLayout &L> inline __m512i code_table() {
 }
 
 // T tokens against one panel: the 16 rows' dot products for each token.
+// 16 rows' int8 scales of a k_scales layout, as floats.
+inline __m512 int8_floats(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
+}
+
 template <const PanelLayout &L, int T>
 void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid, bool add) {
-    constexpr size_t kW = L.bits == 4 ? 256 : 512, kSet = kPanel * (L.f16 ? 2 : 4);
-    constexpr size_t kPiece = panel_piece_bytes(L);
+    constexpr size_t kW = L.bits == 4 ? 256 : 512, kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
     constexpr int kSets = L.split ? 2 : 1;
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0f), table = code_table<L>();
+    __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = panel + b * kPiece;
+        const uint8_t *blk = panel + panel_piece_offset(L, b);
         __m512i w[8]; // w[g]: rows × elements 4g..4g+3
         if constexpr (L.bits == 4) {
             for (int j = 0; j < 4; ++j) {
@@ -64,9 +69,22 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
             for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 64 * j);
         }
         __m512 scale[2], min[2];
-        for (int h = 0; h < kSets; ++h) {
-            scale[h] = panel_floats<L>(blk + kW, h);
-            if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
+        if constexpr (L.k_scales) {
+            if (b % 8 == 0) {
+                const uint8_t *header = blk - panel_header_bytes(L);
+                d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header)));
+                if constexpr (L.mins)
+                    m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header + 2 * kPanel)));
+            }
+            for (int h = 0; h < kSets; ++h) { // f16 times a small integer: exact
+                scale[h] = _mm512_mul_ps(d, int8_floats(blk + kW + h * kSet));
+                if constexpr (L.mins) min[h] = _mm512_mul_ps(m, int8_floats(blk + kW + (kSets + h) * kSet));
+            }
+        } else {
+            for (int h = 0; h < kSets; ++h) {
+                scale[h] = panel_floats<L>(blk + kW, h);
+                if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
+            }
         }
         for (int t = 0; t < T; ++t) {
             const BlockQ8A &xb = x[t][b];
@@ -108,7 +126,7 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
                   int n, float *y, int64_t y_stride, bool add) {
     constexpr int kTile = 4; // tokens sharing one unpacking of the panel's weights
     const int64_t nb = cols / QK;
-    const size_t pbytes = static_cast<size_t>(nb) * panel_piece_bytes(L);
+    const size_t pbytes = panel_bytes(L, nb);
     for (int64_t p = p0; p < p1; ++p) {
         const uint8_t *panel = packed + static_cast<size_t>(p) * pbytes;
         const int valid = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
