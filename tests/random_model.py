@@ -36,7 +36,8 @@ def random_f16(cols: int, rows: int, std: float, rng: random.Random) -> bytes:
     top = 15 + math.floor(math.log2(std))
     exponents = [top - 2, top - 1, top, top]
     table = bytes((b & 0x83) | exponents[(b >> 2) & 3] << 2 for b in range(256))
-    data = bytearray(rng.randbytes(2 * cols * rows))
+    n, chunk = 2 * cols * rows, 1 << 26  # randbytes takes at most 2^31 bits at a time
+    data = bytearray(b"".join(rng.randbytes(min(chunk, n - i)) for i in range(0, n, chunk)))
     data[1::2] = bytes(data[1::2]).translate(table)
     return bytes(data)
 
