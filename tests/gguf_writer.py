@@ -608,14 +608,16 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
                      extra_metadata: list[tuple[str, int, object]] = (), reserved: int = 0,
                      random_matrix=None, attn_bias: bool = False) -> GGUFWriter:
     """A GGUFWriter holding a complete random-weight llama model (edit it, then write).
-    `reserved` control tokens <|reserved_N|> pad the vocabulary (as Llama 3's do) past
-    what the BPE merges fill; random_matrix(cols, rows, std, rng) -> bytes of
+    At least `reserved` control tokens <|reserved_N|> pad the vocabulary (as Llama 3's
+    do) to n_vocab past what the BPE merges fill; random_matrix(cols, rows, std, rng) -> bytes of
     weight_type replaces the writer's Gaussian weights (for big models); with
     `attn_bias`, q/k/v/output projections carry biases."""
     assert n_vocab >= 256 + len(CONTROL_TOKENS) + reserved, "the 256 byte tokens and the controls must fit"
     rng = random.Random(seed)
     tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS) - reserved)
-    controls = list(CONTROL_TOKENS) + [f"<|reserved_{i}|>" for i in range(reserved)]
+    # The merges learned from the text may fall short: reserved tokens fill the rest.
+    n_reserved = n_vocab - len(tokens) - len(CONTROL_TOKENS) if reserved else 0
+    controls = list(CONTROL_TOKENS) + [f"<|reserved_{i}|>" for i in range(n_reserved)]
     tokens += controls
     types = [1] * (len(tokens) - len(controls)) + [3] * len(controls)
     ids = {t: tokens.index(t) for t in CONTROL_TOKENS}

@@ -31,7 +31,7 @@ SHAPES = {
 
 def random_f16(cols: int, rows: int, std: float, rng: random.Random) -> bytes:
     """cols x rows halves with random signs and mantissas whose exponents put |w| in
-    [std / 4, 2 std): each value's high byte (sign, 5 exponent bits, 2 mantissa bits)
+    [std / 8, 2 std): each value's high byte (sign, 5 exponent bits, 2 mantissa bits)
     gets one of three exponents around log2(std) from its own random bits."""
     top = 15 + math.floor(math.log2(std))
     exponents = [top - 2, top - 1, top, top]
