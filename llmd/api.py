@@ -6,30 +6,37 @@ followed by [DONE].
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import importlib.resources
 import json
 import logging
 import random
 import re
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Callable, Mapping, TypeVar
+from typing import AsyncIterator, Callable, Mapping, Protocol, TypeVar
 
-from llmd import chat, constrain, errors, metrics, openai, sse
+from llmd import chat, constrain, errors, messages, metrics, openai, sse
+from llmd.chat_completions import ChatCompletionFormat
+from llmd.completions import CompletionFormat
 from llmd.engine import Engine, Sampling, Token
-from llmd.errors import ApiError, as_api_error, error_body
+from llmd.errors import ApiError, as_api_error, error_body, refusal_log
+from llmd.logprobs import TokenLogprob
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
+from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
-from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
+from llmd.reasoning import ReasoningDelta, ReasoningStream
+from llmd.tools import (ContentDelta, JsonReplyCallStream, ToolCallDelta, ToolCallStream, merge_tool_calls,
+                        new_mistral_call_id)
 
+Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
 DETOKENIZE_CHUNK = 4096  # ids turned into text per executor call, so other streams step in between
-FINGERPRINT = "llmd-0.1.0"
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
 PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
                 ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
@@ -45,8 +52,24 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
                     log=log if log is not None else {})
 
 
-def error_response(err: ApiError) -> Response:
-    return json_response(error_body(err), err.status, list(err.headers.items()))
+def error_shape(path: str) -> str:
+    """The error shape a route answers in: Anthropic's on the Messages routes."""
+    return errors.ANTHROPIC if path.startswith(messages.PATHS) else errors.OPENAI
+
+
+def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
+    """The JSON error answer for err, its access-log line saying why."""
+    return json_response(error_body(err, shape), err.status, list(err.headers.items()), log=refusal_log(err))
+
+
+def key_scope(request: HttpRequest) -> str:
+    """Whose stored state a request may see: a digest of the API key it presented
+    (the access guard has checked it), "" without one."""
+    presented = request.headers.get("x-api-key")
+    if presented is None:
+        scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    return hashlib.sha256(presented.encode("latin-1")).hexdigest() if presented else ""
 
 
 async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
@@ -93,14 +116,23 @@ class PromptIds:
 
 class Output:
     """Turns a generation's token pieces into response text: UTF-8 assembly,
-    stop-string hold-back, then (for chat with tools) tool-call extraction.
-    Keeps what it produced: `text` pieces and the tool `calls` pieces."""
+    stop-string hold-back, then (for a reasoning model's chat) the reasoning block
+    split off, then (for chat with tools) tool-call extraction from the content.
+    Keeps what it produced: `text`, `reasoning` and the tool `calls` pieces.
+    `reasoning` None means the output has no reasoning block; True or False says
+    whether it starts inside one. `tool_format` is chat.tool_format's."""
 
-    def __init__(self, stops: list[str], tools: list[dict] | None):
+    def __init__(self, stops: list[str], tools: list[dict] | None, reasoning: bool | None = None,
+                 tool_format: str = "hermes"):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
-        self.tools = ToolCallStream(tools) if tools else None
+        self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
+        self.tools = None if not tools else (
+            JsonReplyCallStream(tools) if tool_format == "llama3_json" else
+            JsonReplyCallStream(tools, new_mistral_call_id, "{[") if tool_format == "mistral_json" else
+            ToolCallStream(tools))
         self.text: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[ToolCallDelta] = []
 
     def content(self) -> str:
@@ -110,33 +142,48 @@ class Output:
         """The OpenAI `tool_calls` entries the pieces so far add up to."""
         return merge_tool_calls(self.calls)
 
-    def feed(self, piece: bytes) -> tuple[list[ContentDelta | ToolCallDelta], bool]:
+    def feed(self, piece: bytes) -> tuple[list[Delta], bool]:
         text, hit = self.stops.feed(self.utf8.feed(piece))
         return self._route(text, final=False), hit
 
-    def finish(self) -> list[ContentDelta | ToolCallDelta]:
+    def finish(self) -> list[Delta]:
         text, hit = self.stops.feed(self.utf8.flush())  # ("", True) once a stop was hit
         if not hit:
             text += self.stops.flush()
         return self._route(text, final=True)
 
-    def _route(self, text: str, final: bool) -> list[ContentDelta | ToolCallDelta]:
-        if self.tools is None:
-            out = [ContentDelta(text)] if text else []
-        else:
-            out = self.tools.feed(text) if text else []
-            if final:
-                out += self.tools.finish()
+    def _route(self, text: str, final: bool) -> list[Delta]:
+        out: list[Delta] = []
+        if self.thinking is not None:
+            pieces = (self.thinking.feed(text) if text else []) + (self.thinking.finish() if final else [])
+            text = ""
+            for kind, piece in pieces:
+                if kind == "reasoning":
+                    self.reasoning.append(piece)
+                    out.append(ReasoningDelta(piece))
+                else:
+                    out += self._content(piece)
+        out += self._content(text)
+        if final and self.tools is not None:
+            out += self.tools.finish()
         for d in out:
-            (self.text.append(d.text) if isinstance(d, ContentDelta) else self.calls.append(d))
+            if isinstance(d, ContentDelta):
+                self.text.append(d.text)
+            elif isinstance(d, ToolCallDelta):
+                self.calls.append(d)
         return out
+
+    def _content(self, text: str) -> list[ContentDelta | ToolCallDelta]:
+        if not text:
+            return []
+        return self.tools.feed(text) if self.tools is not None else [ContentDelta(text)]
 
 
 class Api:
     """Routes requests to handlers. Built once the model is loaded."""
 
     def __init__(self, engine: Engine, runtime: Runtime, table: SessionTable,
-                 template: chat.ChatTemplate | None, options: Options):
+                 template: chat.ChatTemplate | chat.JinjaTemplate | chat.Unavailable, options: Options):
         self.engine = engine
         self.info = engine.info
         self.runtime = runtime
@@ -161,16 +208,25 @@ class Api:
             (re.compile(r"(?:/v1)?/models/(?P<model>[^/]+)"), {"GET": self.model}),
             (re.compile(r"(?:/v1)?/chat/completions"), {"POST": self.chat_completions}),
             (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
+            (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
+            (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
+            (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
+            (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
             (re.compile(r"/tokenize"), {"POST": self.tokenize}),
             (re.compile(r"/detokenize"), {"POST": self.detokenize}),
+            (re.compile(r"/apply-template"), {"POST": self.apply_template}),
+            (re.compile(r"/props"), {"GET": self.props}),
             (re.compile(r"/v1/sessions"), {"GET": self.list_sessions}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"), {"GET": self.get_session, "DELETE": self.delete_session}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": self.reset_session}),
         ]
         self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
+        self.responses = ResponseStore()
+        self.pooling = engine.pooling_type()  # 0: the model makes no embeddings
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
         route, response = "unmatched", None
+        shape = error_shape(request.path)
         try:
             for pattern, methods in self.routes:
                 if (m := pattern.fullmatch(request.path)) is None:
@@ -184,7 +240,7 @@ class Api:
                 return response
             raise errors.not_found(f"no route for {request.path}")
         except ApiError as err:
-            response = error_response(err)
+            response = error_response(err, shape)
             return response
         finally:  # a handler's unexpected exception becomes a 500 in the HTTP layer
             self.metrics.requests.inc(route=route, status=str(response.status if response else 500))
@@ -220,6 +276,34 @@ class Api:
                                        f"{', '.join(self.options.model_ids)}.",
                                   "not_found_error", "model", "model_not_found")
 
+    # ---- chat template (as llama.cpp's server shows it) ------------------------
+
+    async def apply_template(self, request: HttpRequest) -> Response:
+        """The exact prompt text a chat request with this body would be given."""
+        req = await parse(openai.parse_apply_template_request, request.body)
+        tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
+        prompt = await asyncio.to_thread(self._render, req.messages, tools, req.add_generation_prompt,
+                                         req.template_kwargs)
+        return json_response({"prompt": prompt.text})
+
+    async def props(self, request: HttpRequest) -> Response:
+        """Model and server properties in the shape of llama.cpp's GET /props."""
+        bos, eos = await self.runtime.call(lambda: tuple(
+            self.engine.piece(i, special=True).decode("utf-8", "replace") if i >= 0 else ""
+            for i in (self.info.bos_id, self.info.eos_id)))
+        template = self.template
+        return json_response({
+            "default_generation_settings": {"n_ctx": self.info.n_ctx},
+            "total_slots": self.table.capacity,
+            "model_alias": self.options.model_ids[0],
+            "modalities": {"vision": False, "audio": False},
+            "chat_template": template.source if not isinstance(template, chat.Unavailable) else "",
+            "bos_token": bos,
+            "eos_token": eos,
+            "build_info": "llmd",
+            "chat_template_renderer": chat.renderer_name(template),
+        })
+
     # ---- tokenizer -----------------------------------------------------------
 
     def _check_text(self, text: str, param: str) -> None:
@@ -233,8 +317,9 @@ class Api:
         req = await parse(openai.parse_tokenize_request, request.body)
         self._check_text(req.content, "content")
         ids = await self.runtime.call(self.engine.tokenize, req.content, True)
-        if req.add_special and self.info.add_bos:
-            ids = [self.info.bos_id] + ids
+        if req.add_special:  # as llama-server: BOS and EOS where the model adds them
+            bos = [self.info.bos_id] if self.info.add_bos else []
+            ids = bos + ids + ([self.info.eos_id] if self.info.add_eos else [])
         if not req.with_pieces:
             return json_response({"tokens": ids})
         pieces = []
@@ -294,37 +379,116 @@ class Api:
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(openai.parse_chat_request, request.body)
+        fmt = ChatCompletionFormat(req.include_usage, req.logprobs is not None, req.timings_per_token)
+        return await self._chat(request, req, self._session_of(req, request), fmt)
+
+    async def create_response(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(openai.parse_responses_request, request.body)
+        scope, chat_req, previous = key_scope(request), req.chat, None
+        if req.previous_response_id is not None:
+            previous = self.responses.get(scope, req.previous_response_id)
+            if previous is None:
+                raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
+                                             "found.", "previous_response_id", "previous_response_not_found")
+            # Instructions do not carry over: each request's own come first.
+            system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
+            chat_req = dataclasses.replace(chat_req, messages=system + previous.history + req.input)
+        history = (previous.history if previous else []) + req.input
+        fmt = ResponsesFormat(req, None)
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
+        if sid is None and req.store and self.table.eviction == "lru":
+            # A stored conversation gets a session of its own, so its continuation is warm;
+            # an idle one is evicted when the table is full (its cache only, never the store).
+            sid = conversation_session(scope, fmt.id)
+
+        def store(response_id: str, reply: openai.Message) -> None:
+            self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
+
+        fmt.on_done = store if req.store else None
+        return await self._chat(request, chat_req, sid, fmt)
+
+    async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(messages.parse_request, request.body)
+        return await self._chat(request, req, self._session_of(req, request), messages.MessagesFormat())
+
+    async def count_message_tokens(self, request: HttpRequest) -> Response:
+        req = await parse(messages.parse_count_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
-        sid = session_id_of(req.session_id, request.headers)
-        if self.template is None:
-            raise errors.invalid_request("this model has no chat template; use /v1/completions "
-                                         "or start llmd with --chat-template", "messages")
-        tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
-        try:
-            rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
-        except chat.ChatTemplateError as exc:
-            raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
-        self._check_text(rendered.text, "messages")
+        prompt, _, _ = await self._chat_prompt(req)
+        return json_response({"input_tokens": len(prompt.ids())})
+
+    async def embeddings(self, request: HttpRequest) -> Response:
+        req = await parse(openai.parse_embeddings_request, request.body)
+        self._check_model(req.model)
+        if self.pooling == 0:
+            raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
+                                         "makes no embeddings. Serve an embedding model.", "model",
+                                         "model_has_no_pooling")
+        raise errors.unsupported_parameter("model", "This model declares pooling, but llmd does not compute "
+                                           "embeddings yet.")
+
+    def _session_of(self, req: openai.ChatRequest | openai.CompletionRequest, request: HttpRequest) -> str | None:
+        """The body's session_id, else a session header, else the prompt_cache_key's session."""
+        return session_id_of(req.session_id, request.headers) or cache_key_session(req.prompt_cache_key)
+
+    async def _chat(self, request: HttpRequest, req: openai.ChatRequest, sid: str | None,
+                    fmt: Format) -> Response | StreamResponse:
+        """Generate the assistant's reply to a conversation, shaped by fmt."""
+        self._check_model(req.model)
+        openai.check_vocab(req, self.info.n_vocab)
+        prompt, text, tools = await self._chat_prompt(req)
         grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
+        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt)
+
+    async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
+        """The conversation rendered by the chat template: its ids, its text and the
+        tools it offers (None when tool_choice is "none")."""
+        tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
+        # a Jinja template over a long conversation takes milliseconds: off the event loop
+        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, req.template_kwargs)
+        self._check_text(rendered.text, "messages")
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar)
+        return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(openai.parse_completion_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
-        sid = session_id_of(req.session_id, request.headers)
+        sid = self._session_of(req, request)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
             self._check_text(req.prompt, "prompt")
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
-        return await self._generate(request, "text", prompt, req.prompt, req, sid, None, grammar)
+        if req.echo and not isinstance(req.prompt, str):
+            echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
+        else:
+            echoed = req.prompt if req.echo else ""
+        return await self._generate(request, prompt, req.prompt, req, sid, None, grammar,
+                                    CompletionFormat(req.include_usage, echoed, req.logprobs is not None,
+                                                     req.timings_per_token),
+                                    prompt_logprobs=req.logprobs if req.echo else None)
+
+    def _render(self, messages: list[openai.Message], tools: list[dict], add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None) -> chat.Prompt:
+        """The chat prompt; 400 when there is no usable template or it refuses the input."""
+        if isinstance(self.template, chat.Unavailable):
+            raise errors.invalid_request(self.template.reason, "messages")
+        try:
+            return chat.render_chat(self.template, [asdict(m) for m in messages], tools or None,
+                                    add_generation_prompt, template_kwargs)
+        except chat.UnsupportedToolsError as exc:
+            raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        except chat.UnusedVariableError as exc:
+            raise errors.unsupported_parameter(
+                "reasoning_effort" if exc.name == "reasoning_effort" else f"chat_template_kwargs.{exc.name}", str(exc))
+        except chat.ChatTemplateError as exc:
+            raise errors.invalid_request(str(exc), "messages")
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -346,15 +510,17 @@ class Api:
             raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
                                      "limit; retry later", retry_after=1)
 
-    async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds, prompt_text: str | list[int],
+    async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None, grammar: str | None) -> Response | StreamResponse:
+                        tools: list[dict] | None, grammar: str | None, fmt: Format,
+                        prompt_logprobs: int | None = None,
+                        reasoning: bool | None = None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
             raise errors.invalid_request("the prompt is empty", "prompt")
         if len(ids) >= n_ctx:
-            raise errors.context_length_exceeded(len(ids), n_ctx, "messages" if kind == "chat" else "prompt")
+            raise errors.context_length_exceeded(len(ids), n_ctx, fmt.prompt_param)
         self._admit()
         self.waiting += 1
         try:
@@ -369,14 +535,26 @@ class Api:
             # Like the room left in the context, the operator's cap clamps max_tokens;
             # finish_reason "length" tells the client it was reached.
             cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
-            max_tokens = min(req.max_tokens or cap, cap)
-            g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
-                           lease=lease)
-            self.runtime.submit(g)  # from here the generation releases the lease when it ends
+            max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
+            sampling = self._sampling(req.sampling)
+
+            def generation(index: int) -> Generation:
+                """Choice `index`: its own seed; after the first, the prompt is in the slot's
+                cache. The last choice holds the lease (Reply.close hands it on if the
+                reply ends sooner)."""
+                return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
+                                  max_tokens, reuse=reuse or index > 0, grammar=grammar, logprobs=req.logprobs,
+                                  prompt_logprobs=prompt_logprobs if index == 0 else None,
+                                  lease=lease if index == req.n - 1 else None)
+
+            g = generation(0)
+            self.runtime.submit(g)  # from here a generation releases the lease when it ends
         except BaseException:
             lease.release()
             raise
-        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
+        def new_output() -> Output:
+            return Output(req.stop, tools, reasoning, chat.tool_format(self.template))
+        reply = Reply(self, fmt, g, new_output(), sid, prompt_text, Choices(req.n, generation, new_output, lease))
         if req.stream:
             response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log
@@ -387,22 +565,65 @@ class Api:
             reply.close()
 
 
-class Reply:
-    """One generation's response, streamed as SSE chunks or collected into one object."""
+class Format(Protocol):
+    """How one API surface (chat_completions, completions, responses, messages) shapes
+    a reply: one object when collected, SSE frames when streamed."""
 
-    def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool,
-                 session_id: str | None, prompt: str | list[int]):
-        self.api, self.kind, self.g, self.output = api, kind, g, output
-        self.include_usage = include_usage
+    id: str
+    prompt_param: str          # the parameter a prompt over the context is blamed on
+    remembers_replies: bool    # the client sends the reply back: keep its generated ids
+    shows_reasoning: bool      # reasoning deltas reach `deltas` (else only content and calls)
+
+    def body(self, reply: Reply) -> dict: ...
+    def start(self, reply: Reply) -> list[bytes]: ...
+    def deltas(self, reply: Reply, deltas: list[Delta]) -> list[bytes]: ...
+    def end(self, reply: Reply) -> list[bytes]: ...  # after each choice; the last also closes
+    def error(self, reply: Reply, err: ApiError) -> list[bytes]: ...
+
+
+@dataclass
+class Choice:
+    """One choice of a reply: its generation, output, finish reason and logprobs."""
+    index: int
+    g: Generation
+    output: Output
+    finish_reason: str | None
+    logprobs: list[TokenLogprob]
+
+
+@dataclass
+class Choices:
+    """How many choices a reply has (n), and how the next one starts: its generation
+    on the same slot (the prompt is prefilled once) and a fresh output."""
+    n: int
+    generation: Callable[[int], Generation]
+    output: Callable[[], Output]
+    lease: Lease                   # the reply's hold on the slot, given to its last choice
+
+
+class Reply:
+    """One generation's response, streamed as SSE chunks or collected into one object;
+    its format builds the surface's objects and frames. With n > 1 the choices run
+    one after another on the reply's slot; `g`, `output`, `finish_reason` and the
+    logprobs are the current choice's, `done` holds the finished ones."""
+
+    def __init__(self, api: Api, fmt: Format, g: Generation, output: Output,
+                 session_id: str | None, prompt: str | list[int], choices: Choices | None = None):
+        self.api, self.fmt, self.g, self.output = api, fmt, g, output
+        self.more = choices
+        self.n = choices.n if choices else 1
+        self.index = 0                   # the current choice
+        self.done: list[Choice] = []
         self.session_id = session_id
         self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
         self.log: dict = {}  # access-log fields, shared with the HTTP response
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        self.id = prefix + uuid.uuid4().hex[:24]
+        self.id = fmt.id
         self.created = int(time.time())
         self.model = api.options.model_ids[0]
         self.finish_reason: str | None = None
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
+        self.logprobs: list[TokenLogprob] = []  # of the reply's tokens, when asked for
+        self._logprobs_taken = 0
         self.stop_hit = False  # a stop string ended the reply (the generation is cancelled)
         self.closed = False
 
@@ -413,11 +634,16 @@ class Reply:
         if self.closed:
             return
         self.closed = True
+        lease = self.more.lease if self.more else None
         if not self.g.finished:
             self.api.runtime.cancel(self.g)
+            if lease is not None and self.g.lease is None:  # a choice before the last: it
+                self.g.lease = lease                         # gives the slot back as it ends
+        elif lease is not None:
+            lease.release()
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
-                        generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
+                        generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
         if self.api.options.log_prompts:
             completion = self.output.content() + "".join(
@@ -439,16 +665,32 @@ class Reply:
             if kind != "token":
                 return
 
-    def _feed(self, token: Token) -> list[ContentDelta | ToolCallDelta]:
+    def piece(self, token_id: int) -> bytes:
+        """A token's bytes as logprobs show them (control tokens by name)."""
+        return self.api.engine.piece(token_id, special=True)
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The logprobs of tokens fed since the last call."""
+        new = self.logprobs[self._logprobs_taken:]
+        self._logprobs_taken = len(self.logprobs)
+        return new
+
+    def _feed(self, token: Token) -> list[Delta]:
         if not token.is_terminal:
             self.generated_ids.append(token.id)
+        if token.logprob is not None and token.piece:  # an end-of-turn token is no text
+            self.logprobs.append(TokenLogprob(token.id, token.logprob, token.top))
         deltas, hit = self.output.feed(token.piece)
         if hit:
             self.stop_hit = True
             self.api.runtime.cancel(self.g)
         return deltas
 
-    def _end(self, reason: str) -> list[ContentDelta | ToolCallDelta]:
+    def _shown(self, deltas: list[Delta]) -> list[Delta]:
+        """The deltas the format shows: reasoning only where the surface has a field for it."""
+        return deltas if self.fmt.shows_reasoning else [d for d in deltas if not isinstance(d, ReasoningDelta)]
+
+    def _end(self, reason: str) -> list[Delta]:
         """The last deltas; sets finish_reason and remembers a complete chat reply.
         A generation cancelled for any reason but a stop string was cut short: that is
         an error, never a normal finish."""
@@ -456,97 +698,92 @@ class Reply:
             raise errors.unavailable("the generation was cancelled before it finished")
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
-        # A reply cut by a stop string ("cancelled") holds ids the client never saw.
-        if self.kind == "chat" and self.g.reuse and reason in ("stop", "length"):
+        # A reply cut by a stop string ("cancelled") holds ids the client never saw, and
+        # one with reasoning holds ids of text the client does not send back.
+        if self.fmt.remembers_replies and self.g.reuse and reason in ("stop", "length") and not self.output.reasoning:
             calls = [(c["function"]["name"], c["function"]["arguments"]) for c in self.output.tool_calls()]
             self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
 
-    def usage(self) -> dict:
-        prompt, done = len(self.g.prompt), self.g.generated
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-                "prompt_tokens_details": {"cached_tokens": self.g.plan.keep}}
+    @property
+    def last(self) -> bool:
+        """The current choice is the reply's last."""
+        return self.index == self.n - 1
 
-    def _extensions(self) -> dict:
-        return {"timings": self.g.timings(), "session_reset_reason": self.g.plan.reason}
+    def choices(self) -> list[Choice]:
+        """The finished choices and the current one, in order."""
+        return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs)]
+
+    def _next_choice(self) -> None:
+        self.done = self.choices()
+        self.index += 1
+        self.g, self.output = self.more.generation(self.index), self.more.output()
+        self.finish_reason, self.generated_ids, self.logprobs, self._logprobs_taken = None, [], [], 0
+        self.stop_hit = False
+        self.api.runtime.submit(self.g)
+
+    @property
+    def first(self) -> Generation:
+        """The first choice's generation: it prefilled (and scored) the prompt."""
+        return self.done[0].g if self.done else self.g
+
+    def usage(self) -> dict:
+        prompt, done = len(self.g.prompt), sum(c.g.generated for c in self.choices())
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                "prompt_tokens_details": {"cached_tokens": self.first.plan.keep}}
+
+    def extensions(self) -> dict:
+        return {"timings": self.first.timings(), "session_reset_reason": self.first.plan.reason}
 
     async def collect(self, request: HttpRequest) -> dict:
         watcher = asyncio.create_task(self._cancel_on_disconnect(request))
         try:
-            async for kind, value in self._events(ping=False):
-                if kind == "token":
-                    self._feed(value)
-                elif kind == "error":
-                    raise as_api_error(value)
-                else:
-                    self._end(value)
+            for i in range(self.n):
+                if i:
+                    if request.disconnected.is_set():
+                        break
+                    self._next_choice()
+                async for kind, value in self._events(ping=False):
+                    if kind == "token":
+                        self._feed(value)
+                    elif kind == "error":
+                        raise as_api_error(value)
+                    else:
+                        self._end(value)
         finally:
             watcher.cancel()
-        text = self.output.content()
-        calls = self.output.tool_calls()
-        finish = self.finish_reason
-        if self.kind == "chat":
-            message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
-            if calls:
-                message["tool_calls"] = calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT, "choices": [choice], "usage": self.usage(),
-                **self._extensions()}
+        return self.fmt.body(self)
 
     async def _cancel_on_disconnect(self, request: HttpRequest) -> None:
         await request.disconnected.wait()
         self.api.runtime.cancel(self.g)
 
-    def _chunk(self, choice: dict | None, **extra) -> bytes:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT, "choices": [choice] if choice else [], **extra}
-        return sse.event(json.dumps(body, ensure_ascii=False))
-
-    def _delta_chunk(self, delta: dict | None, text: str | None, finish: str | None) -> bytes:
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish})
-        return self._chunk({"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish})
-
-    def _render(self, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
-        out = []
-        for d in deltas:
-            if isinstance(d, ContentDelta):
-                out.append(self._delta_chunk({"content": d.text}, d.text, None))
-            else:
-                out.append(self._delta_chunk({"tool_calls": [d.to_openai_delta()]}, None, None))
-        return out
-
     async def stream(self, request: HttpRequest) -> AsyncIterator[bytes]:
         try:
-            if self.kind == "chat":
-                yield self._delta_chunk({"role": "assistant", "content": ""}, None, None)
-            async for kind, value in self._events(ping=True):
-                if kind == "ping":
-                    yield sse.PING
-                elif kind == "token":
-                    for chunk in self._render(self._feed(value)):
-                        yield chunk
-                else:
-                    try:
-                        if kind == "error":
-                            raise as_api_error(value)
-                        chunks = self._render(self._end(value))
-                    except ApiError as err:
-                        yield sse.event(json.dumps(error_body(err)))
-                        yield sse.DONE
-                        return
-                    for chunk in chunks:
-                        yield chunk
-                    yield self._delta_chunk({}, "", self.finish_reason)
-            if self.include_usage:
-                yield self._chunk(None, usage=self.usage(), **self._extensions())
-            yield sse.DONE
+            for i in range(self.n):
+                if i:
+                    self._next_choice()
+                for frame in self.fmt.start(self):
+                    yield frame
+                async for kind, value in self._events(ping=True):
+                    if kind == "ping":
+                        yield sse.PING
+                    elif kind == "token":
+                        for frame in self.fmt.deltas(self, self._shown(self._feed(value))):
+                            yield frame
+                    else:
+                        try:
+                            if kind == "error":
+                                raise as_api_error(value)
+                            frames = self.fmt.deltas(self, self._shown(self._end(value)))
+                        except ApiError as err:
+                            for frame in self.fmt.error(self, err):
+                                yield frame
+                            return
+                        for frame in frames:
+                            yield frame
+                for frame in self.fmt.end(self):
+                    yield frame
         finally:
             self.close()
 

@@ -12,10 +12,12 @@
 #include "vocab.h"
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <new>
 #include <string>
 #include <thread>
@@ -35,7 +37,7 @@ struct llmd_engine {
     std::string architecture, name, chat_template, tokenizer_pre;
     std::vector<int32_t> eog_ids;
     int32_t bos_id = -1, eos_id = -1;
-    bool add_bos = false;
+    bool add_bos = false, add_eos = false;
     int n_ctx = 0;
     int max_sessions = 0;
     std::vector<std::unique_ptr<llmd_session>> sessions;
@@ -104,6 +106,32 @@ llmd_status check_ids(const llmd_engine *e, const int32_t *ids, size_t n) {
     return LLMD_OK;
 }
 
+// log p(chosen) under the log-softmax of logits l, and the n_top most likely ids
+// with their log-probabilities into ids / lps (most likely first, lower id on ties).
+float log_softmax_top(const float *l, int n_vocab, int32_t chosen, int n_top, int32_t *ids, float *lps) {
+    const float mx = *std::max_element(l, l + n_vocab);
+    double sum = 0.0;
+    for (int v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(l[v] - mx));
+    const double log_sum = std::log(sum);
+    int kept = 0; // ids[0..kept) sorted by logit, descending; a later id never passes an equal one
+    for (int v = 0; v < n_vocab && n_top > 0; ++v) {
+        if (kept == n_top && l[v] <= l[ids[kept - 1]]) continue;
+        int j = kept < n_top ? kept++ : n_top - 1;
+        for (; j > 0 && l[ids[j - 1]] < l[v]; --j) ids[j] = ids[j - 1];
+        ids[j] = v;
+    }
+    for (int j = 0; j < kept; ++j) lps[j] = static_cast<float>(l[ids[j]] - mx - log_sum);
+    return static_cast<float>(l[chosen] - mx - log_sum);
+}
+
+llmd_status check_top(int32_t n_top, const int32_t *top_ids, const float *top_logprobs) {
+    if (n_top < 0 || n_top > LLMD_MAX_TOP_LOGPROBS)
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "n_top must be 0.." + std::to_string(LLMD_MAX_TOP_LOGPROBS));
+    if (n_top > 0 && (top_ids == nullptr || top_logprobs == nullptr))
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "top_ids and top_logprobs must not be null when n_top > 0");
+    return LLMD_OK;
+}
+
 llmd_status build_vocab(llmd_engine *e) {
     const GGUFFile &f = *e->file;
     VocabData data;
@@ -111,7 +139,9 @@ llmd_status build_vocab(llmd_engine *e) {
     std::string_view sv;
     if (f.get_string("tokenizer.ggml.model", &sv, &err)) data.model = sv;
     if (f.get_string("tokenizer.ggml.pre", &sv, &err)) data.pre = sv;
+    if (f.get_string("general.name", &sv, &err)) data.name = sv;
     if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+    if (data.model.empty()) return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.model is missing");
     const GGUFKV *tokens = f.find("tokenizer.ggml.tokens");
     if (tokens == nullptr || tokens->type != GGUF_ARRAY || tokens->arr_type != GGUF_STRING || tokens->arr_count == 0)
         return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.tokens is missing or not a string array");
@@ -124,34 +154,55 @@ llmd_status build_vocab(llmd_engine *e) {
         data.types.resize(types->arr_count);
         std::memcpy(data.types.data(), types->arr_data, types->arr_count * 4);
     }
+    if (const GGUFKV *scores = f.find("tokenizer.ggml.scores")) {
+        if (scores->type != GGUF_ARRAY || scores->arr_type != GGUF_F32 || scores->arr_count != tokens->arr_count)
+            return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.scores does not match the tokens");
+        data.scores.resize(scores->arr_count);
+        std::memcpy(data.scores.data(), scores->arr_data, scores->arr_count * 4);
+    }
     if (const GGUFKV *merges = f.find("tokenizer.ggml.merges")) {
         if (merges->type != GGUF_ARRAY || merges->arr_type != GGUF_STRING)
             return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.merges is not a string array");
         for (const auto &m : merges->arr_strings) data.merges.emplace_back(m);
     }
+    // Ids as the file states them; a negative one is out of range like any other,
+    // and the Vocab keeps its default then (as llama.cpp does).
+    const struct {
+        const char *key;
+        std::optional<uint32_t> *id;
+    } ids[] = {{"tokenizer.ggml.bos_token_id", &data.bos},         {"tokenizer.ggml.eos_token_id", &data.eos},
+               {"tokenizer.ggml.eot_token_id", &data.eot},         {"tokenizer.ggml.eom_token_id", &data.eom},
+               {"tokenizer.ggml.unknown_token_id", &data.unk},     {"tokenizer.ggml.fim_pad_token_id", &data.fim_pad},
+               {"tokenizer.ggml.fim_rep_token_id", &data.fim_rep}, {"tokenizer.ggml.fim_sep_token_id", &data.fim_sep}};
+    for (const auto &k : ids) {
+        int64_t v;
+        if (f.get_int(k.key, &v, &err)) *k.id = v >= 0 && v <= INT32_MAX ? uint32_t(v) : UINT32_MAX;
+    }
+    const struct {
+        const char *key;
+        std::optional<bool> *flag;
+    } flags[] = {{"tokenizer.ggml.add_bos_token", &data.add_bos},
+                 {"tokenizer.ggml.add_eos_token", &data.add_eos},
+                 {"tokenizer.ggml.add_space_prefix", &data.add_space_prefix}};
+    for (const auto &k : flags) {
+        bool v;
+        if (f.get_bool(k.key, &v, &err)) *k.flag = v;
+    }
+    if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
     e->vocab = Vocab::create(std::move(data), &err);
     if (!e->vocab) return fail(LLMD_ERR_UNSUPPORTED, "tokenizer: " + err);
+    e->bos_id = e->vocab->bos();
+    e->eos_id = e->vocab->eos();
+    e->add_bos = e->vocab->add_bos();
+    e->add_eos = e->vocab->add_eos();
+    e->eog_ids = e->vocab->eog_ids();
+    return LLMD_OK;
+}
 
-    auto token_id = [&](const char *key) -> int32_t {
-        int64_t v = -1;
-        std::string key_err;
-        if (!f.get_int(key, &v, &key_err) || v < 0 || v >= e->vocab->size()) return -1;
-        return static_cast<int32_t>(v);
-    };
-    e->bos_id = token_id("tokenizer.ggml.bos_token_id");
-    e->eos_id = token_id("tokenizer.ggml.eos_token_id");
-    bool add_bos = false;
-    f.get_bool("tokenizer.ggml.add_bos_token", &add_bos, &err);
-    e->add_bos = add_bos && e->bos_id >= 0;
-    // End of generation: EOS, the declared end-of-turn ids, and the control tokens
-    // that templates of this family use to end a turn.
-    for (const int32_t id : {e->eos_id, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id")})
-        if (id >= 0 && !e->is_eog(id)) e->eog_ids.push_back(id);
-    for (const char *text : {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
-                             "<end_of_turn>", "<|end|>", "</s>"}) {
-        const int32_t id = e->vocab->find(text);
-        if (id >= 0 && e->vocab->is_control(id) && !e->is_eog(id)) e->eog_ids.push_back(id);
-    }
+// A vocab-only engine (a GGUF without tensors) tokenizes; it has nothing to run.
+llmd_status check_weights(const llmd_engine *e) {
+    if (!e->model)
+        return fail(LLMD_ERR_UNSUPPORTED, "this GGUF holds only a vocabulary: it can tokenize, not generate");
     return LLMD_OK;
 }
 
@@ -239,25 +290,31 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         std::string_view arch;
         if (!e->file->get_string("general.architecture", &arch, &err))
             return fail(LLMD_ERR_FORMAT, err.empty() ? "model metadata lacks general.architecture" : err);
+        const bool vocab_only = e->file->tensors().empty();
         const Arch *family = find_arch(arch);
-        if (family == nullptr)
+        if (family == nullptr && !vocab_only)
             return fail(LLMD_ERR_UNSUPPORTED, "unsupported architecture '" + std::string(arch) +
                                                   "' (llmd runs " + arch_names() + ")");
         if (const llmd_status st = build_vocab(e.get()); st != LLMD_OK) return st;
+
+        std::string_view sv;
+        e->architecture = family ? std::string(family->name) : std::string(arch);
+        if (e->file->get_string("general.name", &sv, &err)) e->name = sv;
+        if (e->file->get_string("tokenizer.chat_template", &sv, &err)) e->chat_template = sv;
+        if (e->file->get_string("tokenizer.ggml.pre", &sv, &err)) e->tokenizer_pre = sv;
+        if (vocab_only) {
+            *out = e.release();
+            return LLMD_OK;
+        }
         if (std::string refused = unsupported_tensors(*e->file); !refused.empty())
             return fail(LLMD_ERR_UNSUPPORTED, refused);
         e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
         if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
-        std::string_view sv;
-        e->architecture = family->name;
-        if (e->file->get_string("general.name", &sv, &err)) e->name = sv;
-        if (e->file->get_string("tokenizer.chat_template", &sv, &err)) e->chat_template = sv;
-        if (e->file->get_string("tokenizer.ggml.pre", &sv, &err)) e->tokenizer_pre = sv;
-
         const HParams &hp = e->model->hp;
         e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
         if (e->n_ctx > (1 << 20)) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_ctx is too large");
+        e->model->use_context(e->n_ctx);
         const uint64_t budget = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : physical_memory() / 4;
         e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
         if (e->max_sessions < 1)
@@ -284,26 +341,32 @@ void llmd_engine_free(llmd_engine *engine) {
 llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
-        const HParams &hp = e->model->hp;
         *out = llmd_engine_info{};
         out->architecture = e->architecture.c_str();
         out->name = e->name.c_str();
         out->chat_template = e->chat_template.c_str();
         out->tokenizer_pre = e->tokenizer_pre.c_str();
         out->kernels = kernel_path();
+        out->bos_id = e->bos_id;
+        out->eos_id = e->eos_id;
+        out->add_bos = e->add_bos ? 1 : 0;
+        out->add_eos = e->add_eos ? 1 : 0;
+        out->n_eog = static_cast<int32_t>(e->eog_ids.size());
+        out->eog_ids = e->eog_ids.data();
+        out->n_vocab = e->vocab->size();
+        if (!e->model) {
+            out->vocab_only = 1;
+            return LLMD_OK;
+        }
+        const HParams &hp = e->model->hp;
+        out->n_vocab = hp.n_vocab;
         out->n_ctx_train = hp.n_ctx_train;
         out->n_ctx = e->n_ctx;
-        out->n_vocab = hp.n_vocab;
         out->n_embd = hp.n_embd;
         out->n_layer = hp.n_layer;
         out->n_head = hp.n_head;
         out->n_head_kv = hp.n_head_kv;
         out->n_threads = e->pool->size();
-        out->bos_id = e->bos_id;
-        out->eos_id = e->eos_id;
-        out->add_bos = e->add_bos ? 1 : 0;
-        out->n_eog = static_cast<int32_t>(e->eog_ids.size());
-        out->eog_ids = e->eog_ids.data();
         out->weight_bytes = e->model->weight_bytes;
         out->kv_bytes_per_token = KVCache::bytes_per_token(hp);
         out->bytes_per_session = e->bytes_per_session();
@@ -329,6 +392,7 @@ llmd_status llmd_engine_capacity(const llmd_engine *e, uint64_t budget_bytes, in
     return guarded([&]() -> llmd_status {
         if (e == nullptr || max_sessions == nullptr || bytes_per_session == nullptr)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
         *max_sessions = capacity_for(e, budget_bytes);
         *bytes_per_session = e->bytes_per_session();
         return LLMD_OK;
@@ -340,6 +404,8 @@ llmd_status llmd_tokenize(const llmd_engine *e, const char *text, size_t len, in
     return guarded([&]() -> llmd_status {
         if (e == nullptr || n_out == nullptr || (text == nullptr && len > 0) || (out == nullptr && capacity > 0))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (len >= kMaxTokenizeBytes)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "text is too long to tokenize (512 MiB or more)");
         std::vector<int32_t> ids;
         if (!e->vocab->tokenize(std::string_view(text ? text : "", len), parse_special != 0, ids))
             return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
@@ -366,6 +432,7 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
         *out = nullptr;
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
         if (static_cast<int>(e->sessions.size()) >= e->max_sessions)
             return fail(LLMD_ERR_CAPACITY, "all " + std::to_string(e->max_sessions) + " session slots are in use");
         auto s = std::make_unique<llmd_session>();
@@ -536,6 +603,23 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
     });
 }
 
+llmd_status llmd_engine_pooling_type(const llmd_engine *e, int32_t *pooling_type) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || pooling_type == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
+        std::string err;
+        std::string_view arch;
+        int64_t value = 0;
+        if (!e->file->get_string("general.architecture", &arch, &err) ||
+            !e->file->get_int(std::string(arch) + ".pooling_type", &value, &err)) {
+            if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+            value = 0;
+        }
+        if (value < 0 || value > 4) return fail(LLMD_ERR_FORMAT, "GGUF: pooling_type " + std::to_string(value) + " is unknown");
+        *pooling_type = static_cast<int32_t>(value);
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
@@ -548,11 +632,17 @@ llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {
 }
 
 llmd_status llmd_session_score(llmd_session *s, const int32_t *ids, size_t n, size_t first, float *logprobs) {
+    return llmd_session_score_top(s, ids, n, first, 0, logprobs, nullptr, nullptr);
+}
+
+llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n, size_t first, int32_t n_top,
+                                   float *logprobs, int32_t *top_ids, float *top_logprobs) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         llmd_engine *e = s->engine;
         if (n < 2 || first >= n - 1 || logprobs == nullptr)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "score needs n >= 2, first < n - 1 and an output buffer");
+        if (const llmd_status st = check_top(n_top, top_ids, top_logprobs); st != LLMD_OK) return st;
         if (const llmd_status st = check_ids(e, ids, n); st != LLMD_OK) return st;
         const size_t pos = s->tokens.size();
         if (n > static_cast<size_t>(e->n_ctx) - pos) return fail(LLMD_ERR_CONTEXT_FULL, "the tokens do not fit the context");
@@ -574,10 +664,9 @@ llmd_status llmd_session_score(llmd_session *s, const int32_t *ids, size_t n, si
             for (int j = 0; j < m; ++j) {
                 if (!batch[j].logits) continue;
                 const float *l = logits.data() + static_cast<size_t>(row++) * n_vocab;
-                const float mx = *std::max_element(l, l + n_vocab);
-                double sum = 0.0;
-                for (int v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(l[v] - mx));
-                logprobs[i + j - first] = static_cast<float>(l[ids[i + j + 1]] - mx - std::log(sum));
+                const size_t k = i + j - first;
+                logprobs[k] = log_softmax_top(l, n_vocab, ids[i + j + 1], n_top, top_ids + k * n_top,
+                                              top_logprobs + k * n_top);
             }
         }
         return LLMD_OK;
@@ -602,6 +691,19 @@ llmd_status llmd_kernel_dequantize(int32_t type, const void *data, int64_t n, fl
                                                   (traits != nullptr ? std::string(traits->name) : std::to_string(type)));
         if (data == nullptr || out == nullptr || !type_runs(type, n)) return fail(LLMD_ERR_INVALID_ARGUMENT, "bad dequantize arguments");
         traits->to_float(static_cast<const uint8_t *>(data), out, n);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_token_logprobs(const llmd_session *s, int32_t n_top, float *logprob, int32_t *top_ids,
+                                        float *top_logprobs) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (logprob == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "logprob must not be null");
+        if (const llmd_status st = check_top(n_top, top_ids, top_logprobs); st != LLMD_OK) return st;
+        if (s->pending < 0 || !s->logits_valid) return fail(LLMD_ERR_STATE, "no sampled token: decode first");
+        *logprob = log_softmax_top(s->logits.data(), static_cast<int>(s->logits.size()), s->pending, n_top, top_ids,
+                                   top_logprobs);
         return LLMD_OK;
     });
 }
