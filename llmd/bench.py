@@ -97,19 +97,25 @@ def engine_figures(path: str, threads: int, runs: int) -> dict:
     return figures
 
 
-def _stream(port: int, body: dict, headers: dict) -> tuple[float, float, list[str], dict]:
-    """One streamed chat request: (seconds to the first content delta, seconds in all,
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+def _stream(port: int, body: dict, headers: dict, route: str = CHAT) -> tuple[float, float, list[str], dict]:
+    """One streamed request: (seconds to the first content delta, seconds in all,
     the content deltas, usage if the stream reported it)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     start = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json", **headers})
+    conn.request("POST", route, json.dumps(body), {"Content-Type": "application/json", **headers})
     first, deltas, usage = 0.0, [], {}
     for line in conn.getresponse():
         if not line.startswith(b"data: {"):
             continue
         chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise RuntimeError(f"{route} failed: {chunk['error'].get('message')}")
         usage = chunk.get("usage") or usage
-        if chunk["choices"] and (piece := chunk["choices"][0].get("delta", {}).get("content")):
+        choice = chunk["choices"][0] if chunk.get("choices") else {}
+        if piece := choice.get("delta", {}).get("content") if route == CHAT else choice.get("text"):
             first = first or time.perf_counter() - start
             deltas.append(piece)
     conn.close()
@@ -117,29 +123,33 @@ def _stream(port: int, body: dict, headers: dict) -> tuple[float, float, list[st
 
 
 def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, ...]) -> dict:
-    """Streams 128 tokens, end-of-generation ids banned as the engine figures ban them."""
+    """Streams 128 tokens, end-of-generation ids banned as the engine figures ban them.
+    Through chat completions, or plain completions when the model's chat template
+    cannot be rendered (the figures say which)."""
     proc, port = _start(path, threads, "--max-sessions", "8")
     try:
         model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
-        # Grow the user message until the rendered chat prompt has HTTP_PROMPT tokens.
+        route = CHAT if _prompt_tokens(port, model, CHAT, "hello") is not None else COMPLETIONS
+        # Grow the text until the rendered prompt has HTTP_PROMPT tokens.
         text, n = "", 0
         words = FILLER.split()
         while n < HTTP_PROMPT:
             text += words[len(text.split()) % len(words)] + " "
-            n = _prompt_tokens(port, model, text)
-        body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True,
-                "stream_options": {"include_usage": True}, "temperature": 0, "max_tokens": 128,
-                "logit_bias": {str(i): -100 for i in eog_ids}}
+            n = _prompt_tokens(port, model, route, text)
+            if n is None:
+                raise RuntimeError(f"{route} answered no usage")
+        body = {"model": model, **_content(route, text), "stream": True, "stream_options": {"include_usage": True},
+                "temperature": 0, "max_tokens": 128, "logit_bias": {str(i): -100 for i in eog_ids}}
         cold, warm, rates = [], [], []
         for _ in range(runs):
             sid = uuid.uuid4().hex
-            first, total, _, usage = _stream(port, body, {"X-Session-ID": sid})
+            first, total, _, usage = _stream(port, body, {"X-Session-ID": sid}, route)
             cold.append(first)
             rates.append((usage["completion_tokens"] - 1) / (total - first))
-            first, _, _, _ = _stream(port, body, {"X-Session-ID": sid})
+            first, _, _, _ = _stream(port, body, {"X-Session-ID": sid}, route)
             warm.append(first)
             _request(port, "DELETE", f"/v1/sessions/{sid}")
-        return {"http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
+        return {"http_route": route, "http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
                 "http_stream_tok_s": round(statistics.median(rates), 1), "http_prompt_tokens": n}
     finally:
         proc.terminate()
@@ -191,9 +201,15 @@ def _request(port: int, method: str, path: str, body: dict | None = None) -> byt
     return data
 
 
-def _prompt_tokens(port: int, model: str, text: str) -> int:
-    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
-    return json.loads(_request(port, "POST", "/v1/chat/completions", body))["usage"]["prompt_tokens"]
+def _content(route: str, text: str) -> dict:
+    return {"messages": [{"role": "user", "content": text}]} if route == CHAT else {"prompt": text}
+
+
+def _prompt_tokens(port: int, model: str, route: str, text: str) -> int | None:
+    """Prompt tokens of text sent to route, or None when the route answers an error."""
+    body = {"model": model, **_content(route, text), "max_tokens": 1}
+    usage = json.loads(_request(port, "POST", route, body)).get("usage")
+    return usage["prompt_tokens"] if usage else None
 
 
 def _default() -> str:
@@ -215,15 +231,23 @@ def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: 
     model = path or _default()
     figures = memory_figures(model, threads)
     figures.update(engine_figures(model, threads, runs))
+    if not as_json:  # the engine figures stand on their own: show them before HTTP can fail
+        print(f"llmd bench: {model}, median of {runs} runs", flush=True)
+        for key, value in figures.items():
+            print(f"  {key:<34} {value}", flush=True)
     with Engine(model, n_ctx=16) as engine:
         eog_ids = engine.info.eog_ids
-    figures.update(http_figures(path, threads, runs, eog_ids))
-    for engine_key in ("tg128_tok_s", f"tg128_at_{HTTP_PROMPT}_tok_s"):
-        figures[f"http_stream_share_of_{engine_key[:-6]}"] = round(figures["http_stream_tok_s"] / figures[engine_key], 3)
+    engine_keys = set(figures)
+    try:
+        figures.update(http_figures(path, threads, runs, eog_ids))
+        for engine_key in ("tg128_tok_s", f"tg128_at_{HTTP_PROMPT}_tok_s"):
+            figures[f"http_stream_share_of_{engine_key[:-6]}"] = round(figures["http_stream_tok_s"] / figures[engine_key], 3)
+    except (OSError, RuntimeError, StopIteration, KeyError, ValueError) as e:
+        figures["http_error"] = f"{type(e).__name__}: {e}"
     if as_json:
         print(json.dumps(figures))
-        return 0
-    print(f"llmd bench: {model}, median of {runs} runs")
-    for key, value in figures.items():
-        print(f"  {key:<34} {value}")
-    return 0
+    else:
+        for key, value in figures.items():
+            if key not in engine_keys:
+                print(f"  {key:<34} {value}")
+    return 1 if "http_error" in figures else 0

@@ -347,8 +347,32 @@ class Session:
         return logprob[0], tuple((top_ids[j], top_lps[j]) for j in range(n_top))
 
 
-# (elements, bytes) per block of each tensor type, as GGUF numbers the types
-_LAYOUTS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34)}
+@dataclass(frozen=True)
+class TensorType:
+    """A GGUF tensor type as the engine's traits table describes it."""
+    id: int
+    name: str
+    block_elems: int
+    block_bytes: int
+    runs: bool  # the engine has kernels for it
+
+
+def tensor_type(type_id: int) -> TensorType | None:
+    """The engine's description of a GGUF type number, or None if GGUF defines no such type."""
+    out = ffi.new("llmd_tensor_type_info *")
+    if lib.llmd_tensor_type(type_id, out) != lib.LLMD_OK:
+        return None
+    return TensorType(type_id, ffi.string(out.name).decode(), out.block_elems, out.block_bytes, bool(out.runs))
+
+
+def kernel_dequantize(type_id: int, data: bytes, n: int) -> list[float]:
+    """n elements of a row of the type, by the engine's scalar reference (for tests)."""
+    t = tensor_type(type_id)
+    if t is not None and n > 0 and n % t.block_elems == 0 and len(data) < n // t.block_elems * t.block_bytes:
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "data is shorter than n elements")
+    out = ffi.new("float[]", max(n, 0))
+    _check(lib.llmd_kernel_dequantize(type_id, data, n, out))
+    return list(ffi.unpack(out, n))
 
 
 def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_dim: int,
@@ -365,11 +389,13 @@ def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_
 
 
 def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[list[float]],
-                  fast: bool) -> list[list[float]]:
-    """Each x in xs times the matrix, by the scalar reference or the engine's fast
-    kernels (for tests)."""
+                  fast: bool | int) -> list[list[float]]:
+    """Each x in xs times the matrix, by the scalar reference (fast 0 / False), the
+    engine's kernels (1 / True: repacked where the build repacks) or its row kernels
+    without repacking (2) (for tests)."""
     # The engine checks type and shape; only here are the buffer lengths known.
-    elems, size = _LAYOUTS.get(type_id, (1, 0))
+    t = tensor_type(type_id)
+    elems, size = (t.block_elems, t.block_bytes) if t is not None else (1, 0)
     if rows > 0 and cols > 0 and cols % elems == 0 and (
             any(len(x) != cols for x in xs) or len(weights) < rows * (cols // elems) * size):
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "weights or x do not match rows x cols")

@@ -35,17 +35,31 @@ U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
 _SCALAR_FORMATS = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i",
                    F32: "<f", BOOL: "<?", U64: "<Q", I64: "<q", F64: "<d"}
 
-# ggml tensor types the engine computes with.
+# ggml tensor types the engine computes with, numbered as GGUF numbers them.
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0 = 0, 1, 2, 3, 8
+GGML_Q5_0, GGML_Q5_1, GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K = 6, 7, 10, 11, 12, 13, 14
+GGML_IQ4_NL, GGML_IQ4_XS, GGML_BF16, GGML_MXFP4 = 20, 23, 30, 39
+GGML_IQ2_XXS = 16  # one the engine has no kernels for
 
 QK = 32  # elements per quantized block
+QK_K = 256  # elements per K-quant super-block
 
 # (elements per block, bytes per block)
-TYPE_LAYOUT = {GGML_F32: (1, 4), GGML_F16: (1, 2), GGML_Q4_0: (QK, 18),
-               GGML_Q4_1: (QK, 20), GGML_Q8_0: (QK, 34)}
+TYPE_LAYOUT = {GGML_F32: (1, 4), GGML_F16: (1, 2), GGML_Q4_0: (QK, 18), GGML_Q4_1: (QK, 20),
+               GGML_Q5_0: (QK, 22), GGML_Q5_1: (QK, 24), GGML_Q8_0: (QK, 34), GGML_Q2_K: (QK_K, 84),
+               GGML_Q3_K: (QK_K, 110), GGML_Q4_K: (QK_K, 144), GGML_Q5_K: (QK_K, 176),
+               GGML_Q6_K: (QK_K, 210), GGML_IQ2_XXS: (QK_K, 66), GGML_IQ4_NL: (QK, 18),
+               GGML_IQ4_XS: (QK_K, 136), GGML_BF16: (1, 2), GGML_MXFP4: (QK, 17)}
 
-TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_Q4_0: "Q4_0", GGML_Q4_1: "Q4_1",
-              GGML_Q8_0: "Q8_0"}
+TYPE_NAMES = {GGML_F32: "F32", GGML_F16: "F16", GGML_Q4_0: "Q4_0", GGML_Q4_1: "Q4_1", GGML_Q5_0: "Q5_0",
+              GGML_Q5_1: "Q5_1", GGML_Q8_0: "Q8_0", GGML_Q2_K: "Q2_K", GGML_Q3_K: "Q3_K", GGML_Q4_K: "Q4_K",
+              GGML_Q5_K: "Q5_K", GGML_Q6_K: "Q6_K", GGML_IQ2_XXS: "IQ2_XXS", GGML_IQ4_NL: "IQ4_NL",
+              GGML_IQ4_XS: "IQ4_XS", GGML_BF16: "BF16", GGML_MXFP4: "MXFP4"}
+
+# general.file_type of a file whose matrices are all of one type (llama.cpp's ftype numbers)
+FILE_TYPES = {GGML_F32: 0, GGML_F16: 1, GGML_Q4_0: 2, GGML_Q4_1: 3, GGML_Q8_0: 7, GGML_Q5_0: 8,
+              GGML_Q5_1: 9, GGML_Q2_K: 10, GGML_Q3_K: 12, GGML_Q4_K: 15, GGML_Q5_K: 17, GGML_Q6_K: 18,
+              GGML_IQ4_NL: 25, GGML_IQ4_XS: 30, GGML_BF16: 32, GGML_MXFP4: 38}
 
 
 def row_bytes(ggml_type: int, n: int) -> int:
@@ -306,36 +320,172 @@ def pack_q8_0(d_bits: int, q: list[int]) -> bytes:
     return struct.pack("<H32b", d_bits, *q)
 
 
+# ---- every block format, decoded by its definition ----------------------------------
+#
+# A "piece" is 32 consecutive elements of a row: element i = d * scale[i // 16] * q[i]
+# + minimum[i // 16]. Written from the formats' definitions (ggml's block layouts),
+# independently of the engine's C++.
+
+IQ4_CODES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # the 3 low bits of an FP4 code; bit 3 is the sign
+
+
+def _half(blk: bytes, at: int) -> float:
+    return f16_value(struct.unpack_from("<H", blk, at)[0])
+
+
+def _split_nibbles(qs: bytes) -> list[int]:
+    """16 bytes → 32 values: the low nibbles, then the high ones."""
+    return [b & 15 for b in qs] + [b >> 4 for b in qs]
+
+
+def _k4_scales(s: bytes) -> tuple[list[int], list[int]]:
+    """Q4_K / Q5_K: eight 6-bit scales and mins packed in 12 bytes."""
+    scales = [s[j] & 63 for j in range(4)] + [(s[j + 4] & 15) | (s[j - 4] >> 6) << 4 for j in range(4, 8)]
+    mins = [s[j + 4] & 63 for j in range(4)] + [(s[j + 4] >> 4) | (s[j] >> 6) << 4 for j in range(4, 8)]
+    return scales, mins
+
+
+def _bit_pairs(qs: bytes, hmask: bytes | None = None) -> list[int]:
+    """Q2_K / Q3_K: 256 2-bit values from 64 bytes: halves of 128 from 32 bytes each,
+    shifts 0, 2, 4, 6 giving elements 0-31, 32-63, ...; Q3_K subtracts 4 where the
+    element's bit in hmask (bit 4 h + shift / 2 of byte l) is clear."""
+    out = []
+    for h in range(2):
+        for t in range(4):
+            for l in range(32):
+                q = (qs[32 * h + l] >> 2 * t) & 3
+                if hmask is not None and not (hmask[l] >> (4 * h + t)) & 1:
+                    q -= 4
+                out.append(q)
+    return out
+
+
+def _q3_scales(s: bytes) -> list[int]:
+    """16 6-bit scales in 12 bytes: low nibbles in bytes 0-7 (low halves first), top
+    two bits in bytes 8-11 (two bits per scale, four scales per byte)."""
+    return [(((s[i % 8] >> 4 * (i // 8)) & 15) | ((s[8 + i % 4] >> 2 * (i // 4)) & 3) << 4) - 32
+            for i in range(16)]
+
+
+def _pieces_of_block(ggml_type: int, blk: bytes) -> list[tuple[float, list[int], list[float], list[int]]]:
+    def uniform(d, q, scale=1, minimum=0.0):
+        return d, [scale, scale], [minimum, minimum], q
+
+    if ggml_type == GGML_Q4_0:
+        return [uniform(_half(blk, 0), [v - 8 for v in _split_nibbles(blk[2:18])])]
+    if ggml_type == GGML_Q4_1:
+        return [uniform(_half(blk, 0), _split_nibbles(blk[4:20]), minimum=_half(blk, 2))]
+    if ggml_type in (GGML_Q5_0, GGML_Q5_1):
+        first = 6 if ggml_type == GGML_Q5_0 else 8
+        qh = struct.unpack_from("<I", blk, first - 4)[0]
+        q = [v | ((qh >> i) & 1) << 4 for i, v in enumerate(_split_nibbles(blk[first:first + 16]))]
+        if ggml_type == GGML_Q5_0:
+            return [uniform(_half(blk, 0), [v - 16 for v in q])]
+        return [uniform(_half(blk, 0), q, minimum=_half(blk, 2))]
+    if ggml_type == GGML_Q8_0:
+        return [uniform(_half(blk, 0), list(struct.unpack_from("<32b", blk, 2)))]
+    if ggml_type == GGML_IQ4_NL:
+        return [uniform(_half(blk, 0), [IQ4_CODES[c] for c in _split_nibbles(blk[2:18])])]
+    if ggml_type == GGML_MXFP4:
+        # value = 2^(e - 127) * e2m1; as an integer multiple of half a unit: 2^(e - 128) * 2 e2m1
+        q = [int(2 * E2M1[c & 7]) * (-1 if c & 8 else 1) for c in _split_nibbles(blk[1:17])]
+        return [uniform(2.0 ** (blk[0] - 128), q)]
+    if ggml_type in (GGML_Q4_K, GGML_Q5_K):
+        d, dmin = _half(blk, 0), _half(blk, 2)
+        scales, mins = _k4_scales(blk[4:16])
+        qs = blk[16:144] if ggml_type == GGML_Q4_K else blk[48:176]
+        out = []
+        for j in range(8):  # sub-block j: nibble j % 2 of bytes 32 (j // 2) ..
+            chunk = qs[32 * (j // 2):32 * (j // 2) + 32]
+            q = [(b >> 4 * (j % 2)) & 15 for b in chunk]
+            if ggml_type == GGML_Q5_K:
+                q = [v | ((blk[16 + l] >> j) & 1) << 4 for l, v in enumerate(q)]
+            out.append(uniform(d, q, scales[j], -dmin * mins[j]))
+        return out
+    if ggml_type == GGML_Q6_K:
+        ql, qh, d = blk[0:128], blk[128:192], _half(blk, 208)
+        scales = list(struct.unpack_from("<16b", blk, 192))
+        q = []
+        for h in range(2):  # element 128 h + 32 t + l
+            for t in range(4):
+                for l in range(32):
+                    low = (ql[64 * h + 32 * (t % 2) + l] >> 4 * (t // 2)) & 15
+                    q.append((low | ((qh[32 * h + l] >> 2 * t) & 3) << 4) - 32)
+        return [(d, scales[2 * j:2 * j + 2], [0.0, 0.0], q[32 * j:32 * j + 32]) for j in range(8)]
+    if ggml_type == GGML_Q3_K:
+        q, scales, d = _bit_pairs(blk[32:96], blk[0:32]), _q3_scales(blk[96:108]), _half(blk, 108)
+        return [(d, scales[2 * j:2 * j + 2], [0.0, 0.0], q[32 * j:32 * j + 32]) for j in range(8)]
+    if ggml_type == GGML_Q2_K:
+        q, d, dmin = _bit_pairs(blk[16:80]), _half(blk, 80), _half(blk, 82)
+        return [(d, [blk[2 * j] & 15, blk[2 * j + 1] & 15], [-dmin * (blk[2 * j] >> 4), -dmin * (blk[2 * j + 1] >> 4)],
+                 q[32 * j:32 * j + 32]) for j in range(8)]
+    if ggml_type == GGML_IQ4_XS:
+        d, high = _half(blk, 0), struct.unpack_from("<H", blk, 2)[0]
+        out = []
+        for j in range(8):
+            scale = (((blk[4 + j // 2] >> 4 * (j % 2)) & 15) | ((high >> 2 * j) & 3) << 4) - 32
+            out.append(uniform(d, [IQ4_CODES[c] for c in _split_nibbles(blk[8 + 16 * j:24 + 16 * j])], scale))
+        return out
+    raise ValueError(f"no decoder for type {ggml_type}")
+
+
+def pieces(ggml_type: int, data: bytes, n: int) -> list[tuple[float, list[int], list[float], list[int]]]:
+    """The n // 32 pieces (d, scales, mins, q) of a quantized row of n elements."""
+    elems, size = TYPE_LAYOUT[ggml_type]
+    out = []
+    for b in range(n // elems):
+        out += _pieces_of_block(ggml_type, data[b * size:(b + 1) * size])
+    return out
+
+
 def dequantize(ggml_type: int, data: bytes, n: int) -> list[float]:
-    """n values from a row (or rows) of blocks."""
+    """n values from a row (or rows) of blocks, exactly (in double precision)."""
     if ggml_type == GGML_F32:
         return list(array("f", data[:4 * n]))
     if ggml_type == GGML_F16:
         return [f16_value(h) for h in struct.unpack(f"<{n}H", data[:2 * n])]
-    out: list[float] = []
-    size = TYPE_LAYOUT[ggml_type][1]
-    for b in range(n // QK):
-        blk = data[b * size:(b + 1) * size]
-        if ggml_type == GGML_Q8_0:
-            d = f16_value(struct.unpack_from("<H", blk)[0])
-            out += [q * d for q in struct.unpack_from("<32b", blk, 2)]
-        elif ggml_type == GGML_Q4_0:
-            d = f16_value(struct.unpack_from("<H", blk)[0])
-            qs = blk[2:18]
-            out += [((qs[j] & 15) - 8) * d for j in range(16)]
-            out += [((qs[j] >> 4) - 8) * d for j in range(16)]
-        elif ggml_type == GGML_Q4_1:
-            d, m = (f16_value(h) for h in struct.unpack_from("<HH", blk))
-            qs = blk[4:20]
-            out += [(qs[j] & 15) * d + m for j in range(16)]
-            out += [(qs[j] >> 4) * d + m for j in range(16)]
+    if ggml_type == GGML_BF16:
+        return [struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in struct.unpack(f"<{n}H", data[:2 * n])]
+    return [d * scale[i // 16] * q[i] + minimum[i // 16]
+            for d, scale, minimum, q in pieces(ggml_type, data, n) for i in range(QK)]
+
+
+def random_blocks(ggml_type: int, n: int, rng: random.Random, std: float = 1.0) -> bytes:
+    """n elements of random blocks whose values spread about ±std: random quant bits
+    and scales, the f16 super-scales (and MXFP4 exponent) chosen for the spread."""
+    elems, size = TYPE_LAYOUT[ggml_type]
+    if elems == 1:
+        return encode_tensor(ggml_type, [rng.gauss(0.0, std) for _ in range(n)])
+    # The typical |scale * q| of each type's random bits, which d divides out.
+    typical = {GGML_Q4_0: 4, GGML_Q4_1: 8, GGML_Q5_0: 8, GGML_Q5_1: 16, GGML_Q8_0: 64, GGML_IQ4_NL: 60,
+               GGML_MXFP4: 5, GGML_Q2_K: 12, GGML_Q3_K: 40, GGML_Q4_K: 256, GGML_Q5_K: 512, GGML_Q6_K: 1024,
+               GGML_IQ4_XS: 900}[ggml_type]
+    d = f16_bits(std / typical)
+    out = bytearray()
+    for _ in range(n // elems):
+        blk = bytearray(rng.randbytes(size))
+        if ggml_type == GGML_MXFP4:
+            blk[0] = max(0, min(254, 128 + round(math.log2(std / typical))))
+        elif ggml_type in (GGML_Q2_K, GGML_Q3_K, GGML_Q6_K):
+            struct.pack_into("<H", blk, size - 2 - (2 if ggml_type == GGML_Q2_K else 0), d)
+            if ggml_type == GGML_Q2_K:
+                struct.pack_into("<H", blk, size - 2, f16_bits(std / typical / 4))  # small mins
+        elif ggml_type in (GGML_Q4_K, GGML_Q5_K):
+            struct.pack_into("<HH", blk, 0, d, f16_bits(std / typical / 4))
+        elif ggml_type in (GGML_Q4_1, GGML_Q5_1):
+            struct.pack_into("<HH", blk, 0, d, f16_bits(-std / 2))
         else:
-            raise ValueError(f"unknown type {ggml_type}")
-    return out
+            struct.pack_into("<H", blk, 0, d)
+        out += blk
+    return bytes(out)
 
 
 def encode_tensor(ggml_type: int, values) -> bytes:
     """Row-major values (rows a whole number of blocks) in ggml_type."""
+    if ggml_type == GGML_BF16:  # rounded to nearest even, as llama.cpp converts
+        bits = [struct.unpack("<I", struct.pack("<f", v))[0] for v in values]
+        return struct.pack(f"<{len(bits)}H", *((b + 0x7FFF + ((b >> 16) & 1)) >> 16 for b in bits))
     return {GGML_F32: encode_f32, GGML_F16: encode_f16, GGML_Q8_0: quantize_q8_0,
             GGML_Q4_0: quantize_q4_0, GGML_Q4_1: quantize_q4_1}[ggml_type](values)
 
@@ -463,7 +613,7 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
                      chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
                      extra_metadata: list[tuple[str, int, object]] = (),
                      attn_bias: bool = False, arch: str = "llama",
-                     head_dim: int | None = None) -> GGUFWriter:
+                     head_dim: int | None = None, reserved: int = 0, random_matrix=None) -> GGUFWriter:
     """A GGUFWriter holding a complete random-weight model (edit it, then write) of
     `arch`, laid out as llama.cpp names it:
       llama    with `attn_bias`, q/k/v/output projections carry biases;
@@ -473,13 +623,19 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
       phi3     fused attn_qkv and ffn_up (gate rows first), RoPE over 3/4 of each head;
       qwen3moe qwen3's attention, and N_EXPERT SwiGLU experts of N_FF_EXP, N_EXPERT_USED
                routed per token.
-    `head_dim` sets attention.key_length (default n_embd // n_head)."""
+    `head_dim` sets attention.key_length (default n_embd // n_head). At least `reserved`
+    control tokens <|reserved_N|> pad the vocabulary (as Llama 3's do) to n_vocab past
+    what the BPE merges fill; random_matrix(cols, rows, std, rng) -> bytes of weight_type
+    replaces the writer's Gaussian weights (for big models)."""
     assert arch in ARCHS, arch
-    assert n_vocab >= 256 + len(CONTROL_TOKENS), "the 256 byte tokens and the controls must fit"
+    assert n_vocab >= 256 + len(CONTROL_TOKENS) + reserved, "the 256 byte tokens and the controls must fit"
     rng = random.Random(seed)
-    tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS))
-    tokens += list(CONTROL_TOKENS)
-    types = [1] * (len(tokens) - len(CONTROL_TOKENS)) + [3] * len(CONTROL_TOKENS)
+    tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS) - reserved)
+    # The merges learned from the text may fall short: reserved tokens fill the rest.
+    n_reserved = n_vocab - len(tokens) - len(CONTROL_TOKENS) if reserved else 0
+    controls = list(CONTROL_TOKENS) + [f"<|reserved_{i}|>" for i in range(n_reserved)]
+    tokens += controls
+    types = [1] * (len(tokens) - len(controls)) + [3] * len(controls)
     ids = {t: tokens.index(t) for t in CONTROL_TOKENS}
 
     w = GGUFWriter()
@@ -487,8 +643,7 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     w.set("general.name", STRING, name)
     if alignment is not None:
         w.set("general.alignment", U32, alignment)
-    w.set("general.file_type", U32, {GGML_F32: 0, GGML_F16: 1, GGML_Q4_0: 2, GGML_Q4_1: 3,
-                                     GGML_Q8_0: 7}[weight_type])
+    w.set("general.file_type", U32, FILE_TYPES[weight_type])
     head_dim = head_dim or n_embd // n_head
     w.set(f"{arch}.vocab_size", U32, n_vocab)
     w.set(f"{arch}.context_length", U32, n_ctx)
@@ -524,8 +679,13 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
 
     def matrix(name: str, cols: int, rows: int, std: float) -> None:
-        values = [rng.gauss(0.0, std) for _ in range(cols * rows)]
-        w.add_tensor(name, [cols, rows], weight_type, encode_tensor(weight_type, values))
+        if random_matrix is not None:
+            data = random_matrix(cols, rows, std, rng)
+        elif weight_type in (GGML_F32, GGML_F16, GGML_BF16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0):
+            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
+        else:  # the writer has no quantizer for the type: random blocks of the same spread
+            data = random_blocks(weight_type, cols * rows, rng, std)
+        w.add_tensor(name, [cols, rows], weight_type, data)
 
     def norm(name: str) -> None:
         values = [1.0 + rng.uniform(-0.1, 0.1) for _ in range(n_embd)]

@@ -15,7 +15,10 @@ from llmd._native import ffi, lib
 from llmd.engine import (
     CapacityError, ContextFullError, Engine, EngineError, Sampling, Session, TokenError,
 )
-from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, U32
+from tests.gguf_writer import (
+    GGML_BF16, GGML_F16, GGML_F32, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K, GGML_Q4_0,
+    GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, TYPE_NAMES, U32,
+)
 
 ALL_TYPES = [GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1]
 TYPE_IDS = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"]
@@ -606,3 +609,27 @@ def test_unknown_pooling_type_is_a_format_error(tiny_llama_factory):
                 max_sessions=1) as e:
         with pytest.raises(EngineError, match="pooling_type 9 is unknown"):
             e.pooling_type()
+
+
+# ---- every weight type, on a model whose rows are whole K-quant super-blocks ---------
+
+WIDE_TYPES = [GGML_BF16, GGML_Q5_0, GGML_Q5_1, GGML_IQ4_NL, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K, GGML_Q4_K,
+              GGML_Q5_K, GGML_Q6_K, GGML_IQ4_XS]
+
+
+@pytest.mark.parametrize("weight_type", WIDE_TYPES, ids=[TYPE_NAMES[t] for t in WIDE_TYPES])
+def test_every_weight_type_runs_and_prefill_equals_token_by_token(tiny_llama_factory, weight_type):
+    """All matrices (the tied embedding too) of the type: the logits after a prompt are
+    bit-identical whether it was prefilled in one batch or one token at a time."""
+    model = tiny_llama_factory(weight_type=weight_type, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    with Engine(model.path, n_threads=2, max_sessions=4) as e:
+        ids = e.tokenize(PROMPT)
+        with e.new_session() as whole, e.new_session() as single:
+            whole.prefill(ids)
+            for token in ids:
+                single.prefill([token])
+            logits = whole.logits()
+            assert all(math.isfinite(v) for v in logits)
+            assert logits == single.logits()
+            assert len(set(logits)) > 100  # the weights were read, not zeros
+            assert decode(whole, 4) == decode(single, 4)

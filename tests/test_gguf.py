@@ -23,7 +23,8 @@ import pytest
 from llmd._native import lib
 from llmd.engine import CapacityError, Engine, EngineError
 from tests.gguf_writer import (
-    ARRAY, BOOL, F32, F64, GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, I8, I16, I32, I64, STRING,
+    ARRAY, BOOL, F32, F64, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_Q4_0, GGML_Q4_1, GGML_Q4_K, GGML_Q8_0, I8,
+    I16, I32, I64, STRING,
     U8, U16, U32, U64, GGUFWriter, build_tiny_llama, encode_array_header, encode_f32,
 )
 
@@ -272,10 +273,13 @@ HOSTILE = {
     "shape_product_wraps_to_small": (_tensor("token_embd.weight", ne=[2**32, 2**32, 2**32, 2**32]),
                                      (FORMAT,), "invalid shape"),
     "unknown_tensor_type": (_tensor("token_embd.weight", ggml_type=99), (FORMAT,),
-                            "token_embd.weight has unsupported type 99"),
-    "unsupported_q4_k": (_tensor("output_norm.weight", ggml_type=12), (FORMAT,), "has unsupported type 12"),
+                            "token_embd.weight has unknown type 99"),
+    "retired_tensor_type": (_tensor("token_embd.weight", ggml_type=4), (FORMAT,),
+                            "token_embd.weight has unknown type 4"),
     "row_not_whole_blocks": (_tensor("token_embd.weight", ggml_type=GGML_Q8_0, ne=[48, 280]), (FORMAT,),
-                             "row is not a whole number of blocks"),
+                             "row is not a whole number of Q8_0 blocks"),
+    "row_not_whole_k_blocks": (_tensor("token_embd.weight", ggml_type=GGML_Q4_K, ne=[32, 280]), (FORMAT,),
+                               "row is not a whole number of Q4_K blocks"),
     "offset_misaligned": (_tensor("token_embd.weight", offset=4), (FORMAT,),
                           "token_embd.weight offset is not aligned"),
     "offset_past_end": (_tensor("token_embd.weight", offset=1 << 40), (FORMAT,),
@@ -493,6 +497,40 @@ def test_untied_output_head_is_used(tmp_path):
     with Engine(untied, n_threads=1, max_sessions=1) as engine:
         assert engine.info.weight_bytes == sum(len(t.data) for t in untied_writer.tensors)
     assert first_logits(untied) != first_logits(tied)
+
+
+def _retyped(w: GGUFWriter, names: list[str], ggml_type: int, block_bytes: int) -> None:
+    """Gives the tensors a type of 256-element blocks (random bytes of the right size)."""
+    for name in names:
+        t = w.tensor(name)
+        t.ggml_type = ggml_type
+        t.data = random.Random(name).randbytes(t.ne[0] * t.ne[1] // 256 * block_bytes)
+
+
+def test_types_without_kernels_are_refused_naming_every_tensor_by_type(tmp_path):
+    w = build_tiny_llama(n_vocab=280, n_embd=256, n_layer=3, n_head=4, n_head_kv=2, n_ff=256, n_ctx=64)
+    _retyped(w, [f"blk.{l}.attn_q.weight" for l in range(3)], GGML_IQ2_XXS, 66)
+    _retyped(w, ["blk.1.ffn_up.weight"], 15, 292)  # Q8_K: activations only, never weights
+    with pytest.raises(EngineError) as e:
+        Engine(w.write(tmp_path / "iq2.gguf"), n_threads=1, max_sessions=1)
+    assert e.value.status == UNSUPPORTED
+    assert str(e.value) == ("the engine has no kernels for tensor type IQ2_XXS (blk.0.attn_q.weight and 2 more), "
+                            "Q8_K (blk.1.ffn_up.weight)")
+
+
+def test_k_quant_model_loads_and_counts_its_packed_bytes(tmp_path):
+    w = build_tiny_llama(n_vocab=280, n_embd=256, n_layer=1, n_head=4, n_head_kv=2, n_ff=256, n_ctx=64,
+                         weight_type=GGML_Q4_K)
+    with Engine(w.write(tmp_path / "q4k.gguf"), n_threads=1, max_sessions=1) as engine:
+        expected = sum(len(t.data) for t in w.tensors)
+        if "repacked" in engine.info.kernels:
+            # Packed forms replace the originals, rows padded to 16: per 16 rows and 256
+            # columns, each row's f16 d and m (64 bytes), then 8 panel-blocks of 16 x 32
+            # nibbles and each row's int8 scale and min (288 bytes): 2368 for the
+            # file's 16 x 144.
+            expected += sum(-(-t.ne[1] // 16) * t.ne[0] // 256 * 2368 - len(t.data)
+                            for t in w.tensors if len(t.ne) == 2)
+        assert engine.info.weight_bytes == expected
 
 
 @pytest.mark.parametrize("weight_type", [GGML_F16, GGML_Q8_0, GGML_Q4_0])

@@ -220,9 +220,25 @@ llmd_status llmd_session_token_logprobs(const llmd_session *session, int32_t n_t
 
 /* ---- kernels (for tests comparing fast paths with the scalar reference) -- */
 
+/* What the engine's traits table says of a GGUF tensor type: its name ("Q4_K"),
+ * elements and bytes per block, and whether the engine has kernels for it (runs).
+ * LLMD_ERR_INVALID_ARGUMENT for a number GGUF does not define. */
+typedef struct {
+    const char *name;
+    int64_t block_elems;
+    int64_t block_bytes;
+    int32_t runs;
+} llmd_tensor_type_info;
+llmd_status llmd_tensor_type(int32_t type, llmd_tensor_type_info *out);
+
+/* out = the n elements (a whole number of blocks) at `data`, of ggml type `type`,
+ * by the type's scalar reference. */
+llmd_status llmd_kernel_dequantize(int32_t type, const void *data, int64_t n, float *out);
+
 /* y[t * rows + r] = dot(row r of a rows x cols matrix of ggml type `type`,
- * x[t * cols ...]) for n tokens, computed by the scalar reference (fast == 0) or
- * the engine's own matrix kernels (repacked weights where this build has them). */
+ * x[t * cols ...]) for n tokens, computed by the scalar reference (fast == 0),
+ * the engine's own matrix kernels (fast == 1: repacked weights where this build
+ * has them) or its row kernels without repacking (fast == 2). */
 llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
                                int32_t cols, const float *x, int32_t n, float *y, int32_t fast);
 

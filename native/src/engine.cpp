@@ -306,6 +306,8 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
             *out = e.release();
             return LLMD_OK;
         }
+        if (std::string refused = unsupported_tensors(*e->file); !refused.empty())
+            return fail(LLMD_ERR_UNSUPPORTED, refused);
         e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
         if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
@@ -687,6 +689,28 @@ llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n
     });
 }
 
+llmd_status llmd_tensor_type(int32_t type, llmd_tensor_type_info *out) {
+    return guarded([&]() -> llmd_status {
+        const TypeTraits *traits = type >= 0 ? type_traits(static_cast<uint32_t>(type)) : nullptr;
+        if (traits == nullptr || out == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "unknown tensor type " + std::to_string(type));
+        *out = {traits->name, traits->block_elems, traits->block_bytes, traits->activation != Activation::None};
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_dequantize(int32_t type, const void *data, int64_t n, float *out) {
+    return guarded([&]() -> llmd_status {
+        const TypeTraits *traits = type >= 0 ? type_traits(static_cast<uint32_t>(type)) : nullptr;
+        if (traits == nullptr || traits->activation == Activation::None)
+            return fail(LLMD_ERR_UNSUPPORTED, "unsupported tensor type " +
+                                                  (traits != nullptr ? std::string(traits->name) : std::to_string(type)));
+        if (data == nullptr || out == nullptr || !type_runs(type, n)) return fail(LLMD_ERR_INVALID_ARGUMENT, "bad dequantize arguments");
+        traits->to_float(static_cast<const uint8_t *>(data), out, n);
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_session_token_logprobs(const llmd_session *s, int32_t n_top, float *logprob, int32_t *top_ids,
                                         float *top_logprobs) {
     return guarded([&]() -> llmd_status {
@@ -703,23 +727,24 @@ llmd_status llmd_session_token_logprobs(const llmd_session *s, int32_t n_top, fl
 llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, int32_t cols, const float *x,
                                int32_t n, float *y, int32_t fast) {
     return guarded([&]() -> llmd_status {
-        int64_t be = 0, bb = 0;
-        if (type < 0 || !ggml_type_layout(static_cast<uint32_t>(type), &be, &bb))
-            return fail(LLMD_ERR_UNSUPPORTED, "unsupported tensor type " + std::to_string(type));
-        if (weights == nullptr || x == nullptr || y == nullptr || rows < 1 || cols < 1 || n < 1 ||
-            cols % be != 0 || (type_uses_q8a(type) && cols % QK != 0))
+        const TypeTraits *traits = type >= 0 ? type_traits(static_cast<uint32_t>(type)) : nullptr;
+        if (traits == nullptr || traits->activation == Activation::None)
+            return fail(LLMD_ERR_UNSUPPORTED, "unsupported tensor type " +
+                                                  (traits != nullptr ? std::string(traits->name) : std::to_string(type)));
+        if (weights == nullptr || x == nullptr || y == nullptr || rows < 1 || n < 1 || !type_runs(type, cols))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad matrix arguments");
-        const int64_t nb = (cols + QK - 1) / QK;
-        std::vector<BlockQ8A> xq(static_cast<size_t>(n * nb));
-        if (type_uses_q8a(type)) quantize_rows(x, n, cols, xq.data());
+        const bool quantized = traits->activation != Activation::F32;
+        std::vector<BlockQ8A> xq(quantized ? quantized_blocks(n, cols) : 0);
+        if (quantized) quantize_rows(x, n, cols, xq.data());
         Matrix w{static_cast<uint32_t>(type), cols, rows, row_bytes(type, cols), static_cast<const uint8_t *>(weights)};
         if (!fast) {
+            const BlockQ8A *xa = quantized ? activations_of(*traits, xq.data(), n, cols) : nullptr;
             for (int32_t t = 0; t < n; ++t)
                 for (int32_t r = 0; r < rows; ++r)
-                    y[t * rows + r] = vec_dot_ref(w.type, w.row(r), x + t * cols, xq.data() + t * nb, cols);
+                    y[t * rows + r] = traits->dot_ref(w.row(r), x + t * cols, xa != nullptr ? xa + t * cols / QK : nullptr, cols);
             return LLMD_OK;
         }
-        const size_t packed_size = packed_bytes(w.type, rows, cols);
+        const size_t packed_size = fast == 2 ? 0 : packed_bytes(w.type, rows, cols);
         AlignedBytes packed(packed_size);
         if (packed_size > 0) {
             pack_rows(w.type, weights, rows, cols, packed.data);

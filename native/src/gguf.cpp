@@ -5,6 +5,8 @@
 // A string is u64 length + bytes; an array is u32 element type + u64 count + values.
 #include "gguf.h"
 
+#include "quants.h"
+
 #include <cstring>
 #include <fcntl.h>
 #include <string>
@@ -14,28 +16,6 @@
 #include <unordered_set>
 
 namespace llmd {
-
-bool ggml_type_layout(uint32_t type, int64_t *block_elems, int64_t *block_bytes) {
-    switch (type) {
-    case GGML_F32: *block_elems = 1; *block_bytes = 4; return true;
-    case GGML_F16: *block_elems = 1; *block_bytes = 2; return true;
-    case GGML_Q4_0: *block_elems = 32; *block_bytes = 18; return true;
-    case GGML_Q4_1: *block_elems = 32; *block_bytes = 20; return true;
-    case GGML_Q8_0: *block_elems = 32; *block_bytes = 34; return true;
-    default: return false;
-    }
-}
-
-const char *ggml_type_name(uint32_t type) {
-    switch (type) {
-    case GGML_F32: return "F32";
-    case GGML_F16: return "F16";
-    case GGML_Q4_0: return "Q4_0";
-    case GGML_Q4_1: return "Q4_1";
-    case GGML_Q8_0: return "Q8_0";
-    default: return "unsupported";
-    }
-}
 
 MappedFile::~MappedFile() {
     if (data_ != nullptr && size_ > 0) munmap(const_cast<uint8_t *>(data_), size_);
@@ -257,11 +237,13 @@ bool GGUFFile::parse(std::string *error) {
             elems *= ne;
         }
         if (!c.read(&t.type, "tensor type") || !c.read(&t.offset, "tensor offset")) return false;
-        int64_t be = 0, bb = 0;
-        if (!ggml_type_layout(t.type, &be, &bb))
-            return c.fail("tensor " + name + " has unsupported type " + std::to_string(t.type));
-        if (t.ne[0] % be != 0) return c.fail("tensor " + name + " row is not a whole number of blocks");
-        t.size = elems / static_cast<uint64_t>(be) * static_cast<uint64_t>(bb);
+        // Sized from the traits table; whether the engine can compute with the type is
+        // for binding to decide, so that it can name every tensor it cannot run.
+        const TypeTraits *traits = type_traits(t.type);
+        if (traits == nullptr) return c.fail("tensor " + name + " has unknown type " + std::to_string(t.type));
+        if (t.ne[0] % traits->block_elems != 0)
+            return c.fail("tensor " + name + " row is not a whole number of " + traits->name + " blocks");
+        t.size = elems / static_cast<uint64_t>(traits->block_elems) * static_cast<uint64_t>(traits->block_bytes);
         if (t.offset % alignment_ != 0) return c.fail("tensor " + name + " offset is not aligned");
     }
 

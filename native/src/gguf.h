@@ -15,20 +15,6 @@
 
 namespace llmd {
 
-// Tensor element types, numbered as GGUF numbers them.
-enum GGMLType : uint32_t {
-    GGML_F32 = 0,
-    GGML_F16 = 1,
-    GGML_Q4_0 = 2,
-    GGML_Q4_1 = 3,
-    GGML_Q8_0 = 8,
-};
-
-// Elements per block and bytes per block for the types we can compute with;
-// returns false for any other type.
-bool ggml_type_layout(uint32_t type, int64_t *block_elems, int64_t *block_bytes);
-const char *ggml_type_name(uint32_t type);
-
 enum GGUFValueType : uint32_t {
     GGUF_U8 = 0, GGUF_I8 = 1, GGUF_U16 = 2, GGUF_I16 = 3, GGUF_U32 = 4, GGUF_I32 = 5,
     GGUF_F32 = 6, GGUF_BOOL = 7, GGUF_STRING = 8, GGUF_ARRAY = 9, GGUF_U64 = 10,

@@ -62,8 +62,9 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
                     std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
                     std::to_string(rows) + "]");
-    if (type_uses_q8a(t->type) && cols % QK != 0)
-        return fail("tensor " + name + " has rows that are not whole blocks");
+    if (!type_runs(t->type, cols))
+        return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
+                    type_name(t->type) + " kernels cannot run");
     m->type = t->type;
     m->cols = cols;
     m->rows = rows;
@@ -79,7 +80,9 @@ bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n,
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
                     ", " + std::to_string(t->ne[2]) + "], expected [" + std::to_string(cols) + ", " +
                     std::to_string(rows) + ", " + std::to_string(n) + "]");
-    if (type_uses_q8a(t->type) && cols % QK != 0) return fail("tensor " + name + " has rows that are not whole blocks");
+    if (!type_runs(t->type, cols))
+        return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
+                    type_name(t->type) + " kernels cannot run");
     out->assign(n, Matrix{});
     for (int e = 0; e < n; ++e) {
         Matrix &m = (*out)[e];
@@ -251,6 +254,23 @@ std::string arch_names() {
     std::string names;
     for (const Arch *a : kArchs) names += (names.empty() ? "" : ", ") + std::string(a->name);
     return names;
+}
+
+std::string unsupported_tensors(const GGUFFile &file) {
+    std::vector<std::pair<uint32_t, std::vector<std::string_view>>> by_type; // in order of first use
+    for (const auto &t : file.tensors()) {
+        if (type_traits(t.type)->activation != Activation::None) continue;
+        auto it = std::find_if(by_type.begin(), by_type.end(), [&](const auto &e) { return e.first == t.type; });
+        if (it == by_type.end()) it = by_type.insert(by_type.end(), {t.type, {}});
+        it->second.push_back(t.name);
+    }
+    std::string out;
+    for (const auto &[type, names] : by_type) {
+        out += (out.empty() ? "" : ", ") + std::string(type_name(type)) + " (" + std::string(names[0]);
+        if (names.size() > 1) out += " and " + std::to_string(names.size() - 1) + " more";
+        out += ")";
+    }
+    return out.empty() ? out : "the engine has no kernels for tensor type " + out;
 }
 
 std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error) {
@@ -442,26 +462,27 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
     const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp});
-    xq.resize(n * static_cast<size_t>((widest + QK - 1) / QK));
+    xq.resize(quantized_blocks(n_tokens, (widest + QK - 1) / QK * QK));
     capacity = n_tokens;
 }
 
 void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
     const Matrix &w = *job.w;
     const int64_t cols = w.cols, rows = w.rows, nb = cols / QK;
+    const TypeTraits &traits = *type_traits(w.type);
+    const BlockQ8A *xq = traits.activation == Activation::F32 ? nullptr : activations_of(traits, job.xq, n, cols);
     if (w.packed != nullptr) {
-        matmul_packed(w.type, w.packed, rows, cols, r0 / kPanel, (r1 + kPanel - 1) / kPanel, job.xq, n, job.y,
-                      rows, job.add);
+        matmul_packed(w.type, w.packed, rows, cols, r0 / kPanel, (r1 + kPanel - 1) / kPanel, xq, n, job.y, rows,
+                      job.add);
         return;
     }
-    const bool quantized = type_uses_q8a(w.type);
     constexpr int kTokenTile = 16; // tokens sharing one pass over the rows
     for (int t0 = 0; t0 < n; t0 += kTokenTile) {
         const int t1 = std::min(n, t0 + kTokenTile);
         for (int64_t r = r0; r < r1; ++r) {
-            const void *row = w.row(r);
+            const uint8_t *row = w.row(r);
             for (int t = t0; t < t1; ++t) {
-                const float v = vec_dot(w.type, row, job.x + t * cols, quantized ? job.xq + t * nb : nullptr, cols);
+                const float v = traits.dot(row, job.x + t * cols, xq != nullptr ? xq + t * nb : nullptr, cols);
                 float &y = job.y[t * rows + r];
                 y = job.add ? y + v : v;
             }
@@ -848,7 +869,7 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
 
     float *x = pass.x;
     for (int t = 0; t < n; ++t) {
-        dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
+        type_traits(model.tok_embd.type)->to_float(model.tok_embd.row(batch[t].token), x + t * dim, dim);
         if (hp.embd_scale != 1.0f)
             for (int i = 0; i < dim; ++i) x[t * dim + i] *= hp.embd_scale;
         rope_angles(ws.rope.data() + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos); // shared by every layer

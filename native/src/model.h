@@ -27,7 +27,7 @@ struct Matrix {
     size_t row_bytes = 0;
     const uint8_t *data = nullptr;
     const uint8_t *packed = nullptr;
-    const void *row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+    const uint8_t *row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 
 // Heap bytes aligned to a cache line, so that packed panels never straddle lines;
@@ -93,6 +93,10 @@ struct LayerWeights {
     std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
 };
+
+// Every tensor whose type the engine has no kernels for, grouped by type and named
+// ("...tensor type Q3_K (blk.0.attn_q.weight and 29 more)"); empty when it can run all.
+std::string unsupported_tensors(const GGUFFile &file);
 
 struct Arch; // arch/arch.h
 

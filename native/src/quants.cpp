@@ -1,19 +1,13 @@
-// quants.cpp — see quants.h.
+// quants.cpp — see quants.h. The definition of every tensor type (how a block
+// decodes), the scalar references built from it, activation quantization and the
+// traits table. The fast kernels are in quants_avx2.h and quants_packed.h.
 #include "quants.h"
 
-#include "gguf.h"
+#include "quants_avx2.h"
+#include "quants_packed.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define LLMD_AVX2 1
-#endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define LLMD_PACKED 1
-#endif
 
 namespace llmd {
 
@@ -55,436 +49,417 @@ uint16_t fp32_to_fp16(float f) {
     return sign | static_cast<uint16_t>(m >> 13);
 }
 
-size_t row_bytes(uint32_t type, int64_t n) {
-    int64_t be = 1, bb = 0;
-    ggml_type_layout(type, &be, &bb);
-    return static_cast<size_t>(n / be * bb);
-}
-
-bool type_uses_q8a(uint32_t type) {
-    return type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q8_0;
-}
-
 namespace {
 
-// n floats (n a multiple of QK) into n / QK blocks.
-void quantize_row_q8a(const float *x, BlockQ8A *y, int64_t n) {
-#if defined(__AVX512F__)
-    // The same arithmetic 16 lanes at a time: max |x| is exact, and the conversion
-    // rounds to nearest even like nearbyint, so the blocks are bit for bit the same.
-    for (int64_t b = 0; b < n / QK; ++b, x += QK) {
-        const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-        const float d = amax / 127.0f;
-        const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-        const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(y[b].qs), _mm512_cvtsepi32_epi8(qlo));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(y[b].qs + 16), _mm512_cvtsepi32_epi8(qhi));
-        const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-        y[b].d = d;
-        y[b].sum = sum;
-        y[b].s = d * static_cast<float>(sum);
-    }
-#else
-    for (int64_t b = 0; b < n / QK; ++b, x += QK) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < QK; ++j) {
-            const int q = static_cast<int>(std::nearbyint(x[j] * id));
-            y[b].qs[j] = static_cast<int8_t>(q);
-            sum += q;
-        }
-        y[b].d = d;
-        y[b].sum = sum;
-        y[b].s = d * static_cast<float>(sum);
-    }
-#endif
+template <typename T> T load(const uint8_t *p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+float half_at(const uint8_t *p) { return fp16_to_fp32(load<uint16_t>(p)); }
+
+// 4-bit codes of IQ4_NL and IQ4_XS, and of MXFP4 (e2m1 values doubled; the scale
+// is halved to match).
+constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+constexpr int8_t kFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// A piece with one scale and one min (m * mscale) for all 32 elements.
+void uniform(Piece *o, float d, int32_t scale, float m = 0.0f, int32_t mscale = 0) {
+    o->d = d;
+    o->scale[0] = o->scale[1] = scale;
+    o->m = m;
+    o->mscale[0] = o->mscale[1] = mscale;
 }
 
-} // namespace
-
-void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
-    for (int t = 0; t < n; ++t) quantize_row_q8a(x + t * cols, xq + t * (cols / QK), cols);
-}
-
-void dequantize_row(uint32_t type, const void *row, float *y, int64_t n) {
-    switch (type) {
-    case GGML_F32:
-        std::memcpy(y, row, static_cast<size_t>(n) * 4);
-        return;
-    case GGML_F16: {
-        const auto *h = static_cast<const uint16_t *>(row);
-        for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(h[i]);
-        return;
+// 16 bytes of nibbles: element j is the low nibble of byte j, element 16 + j its high one.
+void nibbles(const uint8_t *qs, int8_t bias, Piece *o) {
+    for (int j = 0; j < 16; ++j) {
+        o->q[j] = static_cast<int8_t>((qs[j] & 15) + bias);
+        o->q[j + 16] = static_cast<int8_t>((qs[j] >> 4) + bias);
     }
-    case GGML_Q4_0:
-        for (int64_t b = 0; b < n / QK; ++b, y += QK) {
-            const auto &blk = static_cast<const BlockQ4_0 *>(row)[b];
-            const float d = fp16_to_fp32(blk.d);
-            for (int j = 0; j < QK / 2; ++j) {
-                y[j] = static_cast<float>((blk.qs[j] & 0x0f) - 8) * d;
-                y[j + QK / 2] = static_cast<float>((blk.qs[j] >> 4) - 8) * d;
-            }
-        }
-        return;
-    case GGML_Q4_1:
-        for (int64_t b = 0; b < n / QK; ++b, y += QK) {
-            const auto &blk = static_cast<const BlockQ4_1 *>(row)[b];
-            const float d = fp16_to_fp32(blk.d), m = fp16_to_fp32(blk.m);
-            for (int j = 0; j < QK / 2; ++j) {
-                y[j] = static_cast<float>(blk.qs[j] & 0x0f) * d + m;
-                y[j + QK / 2] = static_cast<float>(blk.qs[j] >> 4) * d + m;
-            }
-        }
-        return;
-    case GGML_Q8_0:
-        for (int64_t b = 0; b < n / QK; ++b, y += QK) {
-            const auto &blk = static_cast<const BlockQ8_0 *>(row)[b];
-            const float d = fp16_to_fp32(blk.d);
-            for (int j = 0; j < QK; ++j) y[j] = static_cast<float>(blk.qs[j]) * d;
-        }
-        return;
-    default:
-        std::memset(y, 0, static_cast<size_t>(n) * 4);
+}
+void nibble_codes(const uint8_t *qs, const int8_t *table, Piece *o) {
+    for (int j = 0; j < 16; ++j) {
+        o->q[j] = table[qs[j] & 15];
+        o->q[j + 16] = table[qs[j] >> 4];
+    }
+}
+// Nibbles plus a fifth bit per element from the 32-bit word qh (bit i for element i).
+void nibbles_qh(const uint8_t *qs, uint32_t qh, int8_t bias, Piece *o) {
+    for (int j = 0; j < 16; ++j) {
+        o->q[j] = static_cast<int8_t>(((qs[j] & 15) | ((qh >> j) & 1) << 4) + bias);
+        o->q[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) + bias);
     }
 }
 
-// ---- scalar reference ---------------------------------------------------
+// ---- blocks of 32 --------------------------------------------------------
 
-float vec_dot_ref(uint32_t type, const void *row, const float *x, const BlockQ8A *xq, int64_t n) {
-    const int64_t nb = n / QK;
+// Q4_0 (18 bytes): f16 d, 16 nibble bytes. x = d * (q - 8).
+void decode_q4_0(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k * 18;
+    uniform(o, half_at(b), 1);
+    nibbles(b + 2, -8, o);
+}
+// Q4_1 (20): f16 d, f16 m, 16 nibble bytes. x = d * q + m.
+void decode_q4_1(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k * 20;
+    uniform(o, half_at(b), 1, half_at(b + 2), 1);
+    nibbles(b + 4, 0, o);
+}
+// Q5_0 (22): f16 d, u32 fifth bits, 16 nibble bytes. x = d * (q - 16).
+void decode_q5_0(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k * 22;
+    uniform(o, half_at(b), 1);
+    nibbles_qh(b + 6, load<uint32_t>(b + 2), -16, o);
+}
+// Q5_1 (24): f16 d, f16 m, u32 fifth bits, 16 nibble bytes. x = d * q + m.
+void decode_q5_1(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k * 24;
+    uniform(o, half_at(b), 1, half_at(b + 2), 1);
+    nibbles_qh(b + 8, load<uint32_t>(b + 4), 0, o);
+}
+// Q8_0 (34): f16 d, 32 int8. x = d * q.
+void decode_q8_0(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k * 34;
+    uniform(o, half_at(b), 1);
+    std::memcpy(o->q, b + 2, QK);
+}
+// IQ4_NL (18): f16 d, 16 bytes of 4-bit codes into kIQ4NL. x = d * kIQ4NL[code].
+void decode_iq4_nl(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k * 18;
+    uniform(o, half_at(b), 1);
+    nibble_codes(b + 2, kIQ4NL, o);
+}
+// MXFP4 (17): e8m0 exponent e, 16 bytes of e2m1 codes. x = 2^(e - 127) * e2m1 value,
+// that is 2^(e - 128) * kFP4[code].
+void decode_mxfp4(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k * 17;
+    uniform(o, std::ldexp(1.0f, static_cast<int>(b[0]) - 128), 1);
+    nibble_codes(b + 1, kFP4, o);
+}
+
+// ---- K-quant super-blocks of 256 -------------------------------------------
+
+// The 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes of Q4_K
+// and Q5_K: bytes 0..3 hold scales 0..3 (and the top bits of scales 4..7), bytes
+// 4..7 mins 0..3 (and the top bits of mins 4..7), bytes 8..11 the low nibbles of
+// scales and mins 4..7.
+void scale_min_k4(const uint8_t *s, int j, int *scale, int *min) {
+    if (j < 4) {
+        *scale = s[j] & 63;
+        *min = s[j + 4] & 63;
+    } else {
+        *scale = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        *min = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+// Q4_K (144): f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes of nibbles.
+// Sub-block j of 32: x = d * scale_j * q - dmin * min_j, q the low (j even) or high
+// (j odd) nibbles of bytes 32 (j / 2) .. + 31.
+void decode_q4_k(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k / 8 * 144;
+    const int j = static_cast<int>(k % 8);
+    int scale, min;
+    scale_min_k4(b + 4, j, &scale, &min);
+    uniform(o, half_at(b), scale, -half_at(b + 2), min);
+    const uint8_t *qs = b + 16 + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) o->q[l] = static_cast<int8_t>((qs[l] >> 4 * (j % 2)) & 15);
+}
+// Q5_K (176): as Q4_K with 32 bytes of fifth bits before the nibbles: bit j of byte l
+// is the fifth bit of element l of sub-block j.
+void decode_q5_k(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k / 8 * 176;
+    const int j = static_cast<int>(k % 8);
+    int scale, min;
+    scale_min_k4(b + 4, j, &scale, &min);
+    uniform(o, half_at(b), scale, -half_at(b + 2), min);
+    const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l)
+        o->q[l] = static_cast<int8_t>(((qs[l] >> 4 * (j % 2)) & 15) | ((qh[l] >> j) & 1) << 4);
+}
+// Q6_K (210): 128 bytes of low nibbles, 64 bytes of high bit pairs, 16 int8 scales,
+// f16 d. Element e = 128 h + 32 t + l: low nibble of ql[64 h + 32 (t % 2) + l],
+// shifted by 4 (t / 2); high bits (qh[32 h + l] >> 2 t) & 3; x = d * scale[e / 16] * (q - 32).
+void decode_q6_k(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k / 8 * 210;
+    const int j = static_cast<int>(k % 8), h = j / 4, t = j % 4;
+    const auto *scales = reinterpret_cast<const int8_t *>(b + 192);
+    o->d = half_at(b + 208);
+    o->scale[0] = scales[2 * j];
+    o->scale[1] = scales[2 * j + 1];
+    o->m = 0.0f;
+    o->mscale[0] = o->mscale[1] = 0;
+    const uint8_t *ql = b + 64 * h + 32 * (t % 2), *qh = b + 128 + 32 * h;
+    for (int l = 0; l < 32; ++l)
+        o->q[l] = static_cast<int8_t>((((ql[l] >> 4 * (t / 2)) & 15) | ((qh[l] >> 2 * t) & 3) << 4) - 32);
+}
+// Q3_K (110): 32 bytes of high bits, 64 bytes of bit pairs, 12 bytes of 6-bit scales,
+// f16 d. Element e = 128 h + 32 t + l: low bits (qs[32 h + l] >> 2 t) & 3, minus 4
+// unless bit 4 h + t of hmask[l] is set; x = d * (scale[e / 16] - 32) * q. Scale i
+// has its low nibble in byte i % 8 (shifted by 4 (i / 8)) and its top two bits in
+// byte 8 + i % 4 (shifted by 2 (i / 4)).
+void decode_q3_k(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k / 8 * 110;
+    const int j = static_cast<int>(k % 8), h = j / 4, t = j % 4;
+    const uint8_t *hmask = b, *qs = b + 32 + 32 * h, *sc = b + 96;
+    o->d = half_at(b + 108);
+    o->m = 0.0f;
+    for (int s = 0; s < 2; ++s) {
+        const int i = 2 * j + s;
+        o->scale[s] = (((sc[i % 8] >> 4 * (i / 8)) & 15) | ((sc[8 + i % 4] >> 2 * (i / 4)) & 3) << 4) - 32;
+        o->mscale[s] = 0;
+    }
+    for (int l = 0; l < 32; ++l)
+        o->q[l] = static_cast<int8_t>(((qs[l] >> 2 * t) & 3) - ((hmask[l] >> (4 * h + t)) & 1 ? 0 : 4));
+}
+// Q2_K (84): 16 bytes of 4-bit scale and min pairs, 64 bytes of bit pairs, f16 d,
+// f16 dmin. Element e = 128 h + 32 t + l: q = (qs[32 h + l] >> 2 t) & 3;
+// x = d * (sc[e / 16] & 15) * q - dmin * (sc[e / 16] >> 4).
+void decode_q2_k(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k / 8 * 84;
+    const int j = static_cast<int>(k % 8), h = j / 4, t = j % 4;
+    o->d = half_at(b + 80);
+    o->m = -half_at(b + 82);
+    for (int s = 0; s < 2; ++s) {
+        o->scale[s] = b[2 * j + s] & 15;
+        o->mscale[s] = b[2 * j + s] >> 4;
+    }
+    const uint8_t *qs = b + 16 + 32 * h;
+    for (int l = 0; l < 32; ++l) o->q[l] = static_cast<int8_t>((qs[l] >> 2 * t) & 3);
+}
+// IQ4_XS (136): f16 d, u16 high scale bits, 4 bytes of low scale nibbles, 128 bytes
+// of codes into kIQ4NL. Sub-block j: scale = (low nibble j | 2 high bits j) - 32,
+// codes as IQ4_NL's in bytes 16 j .. 16 j + 15.
+void decode_iq4_xs(const uint8_t *row, int64_t k, Piece *o) {
+    const uint8_t *b = row + k / 8 * 136;
+    const int j = static_cast<int>(k % 8);
+    const int scale = (((b[4 + j / 2] >> 4 * (j % 2)) & 15) | ((load<uint16_t>(b + 2) >> 2 * j) & 3) << 4) - 32;
+    uniform(o, half_at(b), scale);
+    nibble_codes(b + 8 + 16 * j, kIQ4NL, o);
+}
+
+// ---- references derived from the definitions --------------------------------
+
+template <DecodeFn Decode> void to_float_pieces(const uint8_t *row, float *y, int64_t n) {
+    Piece p;
+    for (int64_t k = 0; k < n / QK; ++k, y += QK) {
+        Decode(row, k, &p);
+        for (int i = 0; i < QK; ++i) y[i] = p.d * static_cast<float>(p.scale[i / 16]) * p.q[i] + p.min(i / 16);
+    }
+}
+
+// Integer sums per half-piece, scaled and summed in double: exact up to the final
+// rounding but for the products d * scale * x.d.
+template <DecodeFn Decode> float dot_ref_pieces(const uint8_t *row, const float *, const BlockQ8A *xq, int64_t n) {
     double acc = 0.0;
-    switch (type) {
-    case GGML_F32: {
-        const auto *w = static_cast<const float *>(row);
-        for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(w[i]) * x[i];
-        break;
-    }
-    case GGML_F16: {
-        const auto *w = static_cast<const uint16_t *>(row);
-        for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(fp16_to_fp32(w[i])) * x[i];
-        break;
-    }
-    case GGML_Q4_0:
-        for (int64_t b = 0; b < nb; ++b) {
-            const auto &w = static_cast<const BlockQ4_0 *>(row)[b];
-            int sum = 0;
-            for (int j = 0; j < QK / 2; ++j)
-                sum += ((w.qs[j] & 0x0f) - 8) * xq[b].qs[j] + ((w.qs[j] >> 4) - 8) * xq[b].qs[j + QK / 2];
-            acc += static_cast<double>(fp16_to_fp32(w.d)) * xq[b].d * sum;
-        }
-        break;
-    case GGML_Q4_1:
-        for (int64_t b = 0; b < nb; ++b) {
-            const auto &w = static_cast<const BlockQ4_1 *>(row)[b];
-            int sum = 0;
-            for (int j = 0; j < QK / 2; ++j)
-                sum += (w.qs[j] & 0x0f) * xq[b].qs[j] + (w.qs[j] >> 4) * xq[b].qs[j + QK / 2];
-            acc += static_cast<double>(fp16_to_fp32(w.d)) * xq[b].d * sum +
-                   static_cast<double>(fp16_to_fp32(w.m)) * xq[b].s;
-        }
-        break;
-    case GGML_Q8_0:
-        for (int64_t b = 0; b < nb; ++b) {
-            const auto &w = static_cast<const BlockQ8_0 *>(row)[b];
-            int sum = 0;
-            for (int j = 0; j < QK; ++j) sum += w.qs[j] * xq[b].qs[j];
-            acc += static_cast<double>(fp16_to_fp32(w.d)) * xq[b].d * sum;
-        }
-        break;
-    default:
-        break;
+    Piece p;
+    for (int64_t k = 0; k < n / QK; ++k) {
+        Decode(row, k, &p);
+        const BlockQ8A &x = xq[k];
+        int64_t dot[2] = {0, 0};
+        for (int i = 0; i < QK; ++i) dot[i / 16] += p.q[i] * x.qs[i];
+        const double xd = x.d;
+        acc += static_cast<double>(p.d) * xd * (static_cast<double>(p.scale[0]) * dot[0] + static_cast<double>(p.scale[1]) * dot[1]);
+        acc += xd * (static_cast<double>(p.min(0)) * x.sum_lo + static_cast<double>(p.min(1)) * (x.sum - x.sum_lo));
     }
     return static_cast<float>(acc);
 }
 
-// ---- AVX2 / AVX-512 VNNI -----------------------------------------------
+float bf16_to_fp32(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
 
-#ifdef LLMD_AVX2
-namespace {
+void to_float_f32(const uint8_t *row, float *y, int64_t n) { std::memcpy(y, row, static_cast<size_t>(n) * 4); }
+void to_float_f16(const uint8_t *row, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_fp32(load<uint16_t>(row + 2 * i));
+}
+void to_float_bf16(const uint8_t *row, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_fp32(load<uint16_t>(row + 2 * i));
+}
 
-// Sum of u8 × s8 products in groups of four, as 8 int32 lanes.
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+template <ToFloatFn ToFloat, int kBytes> float dot_ref_float(const uint8_t *row, const float *x, const BlockQ8A *, int64_t n) {
+    double acc = 0.0;
+    float w;
+    for (int64_t i = 0; i < n; ++i) {
+        ToFloat(row + kBytes * i, &w, 1);
+        acc += static_cast<double>(w) * x[i];
+    }
+    return static_cast<float>(acc);
+}
+
+// One block of 32 with a given scale d (and its inverse id).
+void quantize_block(const float *x, float d, float id, BlockQ8A *y) {
+#if defined(__AVX512F__)
+    // The scalar arithmetic 16 lanes at a time: the conversion rounds to nearest
+    // even like nearbyint, so the blocks are bit for bit the same.
+    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(id)));
+    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_set1_ps(id)));
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(y->qs), _mm512_cvtsepi32_epi8(qlo));
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(y->qs + 16), _mm512_cvtsepi32_epi8(qhi));
+    y->sum_lo = _mm512_reduce_add_epi32(qlo);
+    y->sum = y->sum_lo + _mm512_reduce_add_epi32(qhi);
 #else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    y->sum = y->sum_lo = 0;
+    for (int j = 0; j < QK; ++j) {
+        const int q = static_cast<int>(std::nearbyint(x[j] * id));
+        y->qs[j] = static_cast<int8_t>(q);
+        y->sum += q;
+        if (j < 16) y->sum_lo += q;
+    }
 #endif
+    y->d = d;
+    y->s = d * static_cast<float>(y->sum);
 }
 
-// s8 × s8 through the unsigned form: |a| × (b · sign(a)).
-inline __m256i dot_s8s8(__m256i a, __m256i b) {
-    return dot_u8s8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+float max_abs(const float *x, int64_t n) {
+    float amax = 0.0f;
+#if defined(__AVX512F__)
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    amax = _mm512_reduce_max_ps(m); // max is exact in any order
+#else
+    for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+#endif
+    return amax;
 }
 
-// 16 packed nibble bytes → 32 bytes: low nibbles first, then high nibbles.
-inline __m256i unpack_nibbles(const uint8_t *qs) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-
-inline float hsum(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-inline float half(uint16_t h) { return _cvtsh_ss(h); }
-
-float dot_q4_0(const BlockQ4_0 *w, const BlockQ8A *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i q4 = _mm256_sub_epi8(unpack_nibbles(w[b].qs), _mm256_set1_epi8(8));
-        const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x[b].qs));
-        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(q4, q8));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d) * x[b].d), p, acc);
+// n floats (n a multiple of group) into n / QK blocks, one scale d = max |x| / 127
+// per group of `group` elements.
+void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
+    for (int64_t g = 0; g < n; g += group) {
+        const float d = max_abs(x + g, group) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t b = g / QK; b < (g + group) / QK; ++b) quantize_block(x + b * QK, d, id, y + b);
     }
-    return hsum(acc);
 }
 
-float dot_q4_1(const BlockQ4_1 *w, const BlockQ8A *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    float offset = 0.0f;
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i q4 = unpack_nibbles(w[b].qs);
-        const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x[b].qs));
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(q4, q8));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d) * x[b].d), p, acc);
-        offset += half(w[b].m) * x[b].s;
-    }
-    return hsum(acc) + offset;
+// ---- the traits table ---------------------------------------------------------
+
+// Panel layouts: {bits, offset, split, mins, f16, lut, k_scales}.
+constexpr PanelLayout kPanelQ4_0{4, 8, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelQ4_1{4, 0, false, true, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_0{8, 16, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_1{8, 0, false, true, true, nullptr, false};
+constexpr PanelLayout kPanelQ8_0{8, 128, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelIQ4NL{4, 128, false, false, true, kIQ4NL, false};
+constexpr PanelLayout kPanelMXFP4{4, 128, false, false, false, kFP4, false};
+constexpr PanelLayout kPanelQ2_K{8, 0, true, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ3_K{8, 4, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelQ4_K{4, 0, false, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ5_K{8, 0, false, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ6_K{8, 32, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, true, kIQ4NL, true};
+
+// A type the engine computes with, dotted against BlockQ8A.
+template <DecodeFn Decode, const PanelLayout &Panel, DotFn Fast = fast_dot_pieces<Decode>>
+constexpr TypeTraits quantized(const char *name, int64_t elems, int64_t bytes) {
+    // Super-block types take activations quantized like llama.cpp's Q8_K for them.
+    return {name, elems, bytes, elems == QK_K ? Activation::Q8K : Activation::Q8A, Decode, to_float_pieces<Decode>, dot_ref_pieces<Decode>,
+            Fast != nullptr ? Fast : dot_ref_pieces<Decode>, Panel, panel_kernel<Panel>()};
+}
+// A float type, dotted against the float activations.
+template <ToFloatFn ToFloat, int kBytes, DotFn Fast>
+constexpr TypeTraits floating(const char *name) {
+    return {name, 1, kBytes, Activation::F32, nullptr, ToFloat, dot_ref_float<ToFloat, kBytes>,
+            Fast != nullptr ? Fast : dot_ref_float<ToFloat, kBytes>, {}, nullptr};
+}
+// A type GGUF defines that the engine has no kernels for: the reader can size it,
+// binding refuses it by name.
+constexpr TypeTraits sized(const char *name, int64_t elems, int64_t bytes) {
+    return {name, elems, bytes, Activation::None, nullptr, nullptr, nullptr, nullptr, {}, nullptr};
 }
 
-float dot_q8_0(const BlockQ8_0 *w, const BlockQ8A *x, int64_t nb) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w[b].qs));
-        const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(x[b].qs));
-        const __m256 p = _mm256_cvtepi32_ps(dot_s8s8(qw, q8));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(w[b].d) * x[b].d), p, acc);
-    }
-    return hsum(acc);
-}
+constexpr uint32_t kTypeCount = 43;
 
-float dot_f32(const float *w, const float *x, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc);
-    float r = hsum(acc);
-    for (; i < n; ++i) r += w[i] * x[i];
-    return r;
-}
-
-float dot_f16(const uint16_t *w, const float *x, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 wf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(w + i)));
-        acc = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), acc);
-    }
-    float r = hsum(acc);
-    for (; i < n; ++i) r += half(w[i]) * x[i];
-    return r;
-}
+// Indexed by GGUF type number; rows with a null name are numbers GGUF retired.
+const TypeTraits kTraits[kTypeCount] = {
+    /*  0 */ floating<to_float_f32, 4, fast_dot_f32>("F32"),
+    /*  1 */ floating<to_float_f16, 2, fast_dot_f16>("F16"),
+    /*  2 */ quantized<decode_q4_0, kPanelQ4_0, fast_dot_q4_0>("Q4_0", 32, 18),
+    /*  3 */ quantized<decode_q4_1, kPanelQ4_1, fast_dot_q4_1>("Q4_1", 32, 20),
+    /*  4 */ {},
+    /*  5 */ {},
+    /*  6 */ quantized<decode_q5_0, kPanelQ5_0>("Q5_0", 32, 22),
+    /*  7 */ quantized<decode_q5_1, kPanelQ5_1>("Q5_1", 32, 24),
+    /*  8 */ quantized<decode_q8_0, kPanelQ8_0, fast_dot_q8_0>("Q8_0", 32, 34),
+    /*  9 */ sized("Q8_1", 32, 36),
+    /* 10 */ quantized<decode_q2_k, kPanelQ2_K>("Q2_K", 256, 84),
+    /* 11 */ quantized<decode_q3_k, kPanelQ3_K>("Q3_K", 256, 110),
+    /* 12 */ quantized<decode_q4_k, kPanelQ4_K>("Q4_K", 256, 144),
+    /* 13 */ quantized<decode_q5_k, kPanelQ5_K>("Q5_K", 256, 176),
+    /* 14 */ quantized<decode_q6_k, kPanelQ6_K>("Q6_K", 256, 210),
+    /* 15 */ sized("Q8_K", 256, 292),
+    /* 16 */ sized("IQ2_XXS", 256, 66),
+    /* 17 */ sized("IQ2_XS", 256, 74),
+    /* 18 */ sized("IQ3_XXS", 256, 98),
+    /* 19 */ sized("IQ1_S", 256, 50),
+    /* 20 */ quantized<decode_iq4_nl, kPanelIQ4NL>("IQ4_NL", 32, 18),
+    /* 21 */ sized("IQ3_S", 256, 110),
+    /* 22 */ sized("IQ2_S", 256, 82),
+    /* 23 */ quantized<decode_iq4_xs, kPanelIQ4XS>("IQ4_XS", 256, 136),
+    /* 24 */ sized("I8", 1, 1),
+    /* 25 */ sized("I16", 1, 2),
+    /* 26 */ sized("I32", 1, 4),
+    /* 27 */ sized("I64", 1, 8),
+    /* 28 */ sized("F64", 1, 8),
+    /* 29 */ sized("IQ1_M", 256, 56),
+    /* 30 */ floating<to_float_bf16, 2, fast_dot_bf16>("BF16"),
+    /* 31 */ {},
+    /* 32 */ {},
+    /* 33 */ {},
+    /* 34 */ sized("TQ1_0", 256, 54),
+    /* 35 */ sized("TQ2_0", 256, 66),
+    /* 36 */ {},
+    /* 37 */ {},
+    /* 38 */ {},
+    /* 39 */ quantized<decode_mxfp4, kPanelMXFP4>("MXFP4", 32, 17),
+    /* 40 */ sized("NVFP4", 64, 36),
+    /* 41 */ sized("Q1_0", 128, 18),
+    /* 42 */ sized("Q2_0", 64, 18),
+};
 
 } // namespace
 
-float vec_dot(uint32_t type, const void *row, const float *x, const BlockQ8A *xq, int64_t n) {
-    switch (type) {
-    case GGML_F32: return dot_f32(static_cast<const float *>(row), x, n);
-    case GGML_F16: return dot_f16(static_cast<const uint16_t *>(row), x, n);
-    case GGML_Q4_0: return dot_q4_0(static_cast<const BlockQ4_0 *>(row), xq, n / QK);
-    case GGML_Q4_1: return dot_q4_1(static_cast<const BlockQ4_1 *>(row), xq, n / QK);
-    case GGML_Q8_0: return dot_q8_0(static_cast<const BlockQ8_0 *>(row), xq, n / QK);
-    default: return 0.0f;
-    }
+const TypeTraits *type_traits(uint32_t type) {
+    return type < kTypeCount && kTraits[type].name != nullptr ? &kTraits[type] : nullptr;
+}
+
+const char *type_name(uint32_t type) {
+    const TypeTraits *t = type_traits(type);
+    return t != nullptr ? t->name : nullptr;
+}
+
+bool type_runs(uint32_t type, int64_t cols) {
+    const TypeTraits *t = type_traits(type);
+    return t != nullptr && t->activation != Activation::None && cols > 0 && cols % t->block_elems == 0 &&
+           (t->activation == Activation::F32 || cols % QK == 0);
+}
+
+size_t row_bytes(uint32_t type, int64_t n) {
+    const TypeTraits &t = *type_traits(type);
+    return static_cast<size_t>(n / t.block_elems * t.block_bytes);
+}
+
+void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
+    const int64_t nb = cols / QK;
+    for (int t = 0; t < n; ++t) quantize_row(x + t * cols, xq + t * nb, cols, QK);
+    if (cols % QK_K == 0)
+        for (int t = 0; t < n; ++t) quantize_row(x + t * cols, xq + (n + t) * nb, cols, QK_K);
 }
 
 const char *kernel_path() {
 #if defined(LLMD_PACKED)
     return "avx512-vnni, repacked";
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#elif defined(LLMD_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return "avx512-vnni";
-#else
+#elif defined(LLMD_AVX2)
     return "avx2";
-#endif
-}
-
-#else // portable build: the reference is the fast path
-
-float vec_dot(uint32_t type, const void *row, const float *x, const BlockQ8A *xq, int64_t n) {
-    return vec_dot_ref(type, row, x, xq, n);
-}
-
-const char *kernel_path() { return "scalar"; }
-
-#endif
-
-} // namespace llmd
-
-// ---- repacked weights ----------------------------------------------------
-
-namespace llmd {
-
-namespace {
-
-// One panel-block's weights: 16 rows of 32 elements, 4 or 8 bits each.
-constexpr size_t weight_bytes_of(uint32_t type) { return type == GGML_Q8_0 ? kPanel * QK : kPanel * QK / 2; }
-
-// A panel-block: its weights, then its 16 d, then (Q4_1) its 16 m.
-constexpr size_t block_bytes_of(uint32_t type) {
-    return weight_bytes_of(type) + (type == GGML_Q4_1 ? 2 : 1) * kPanel * sizeof(uint16_t);
-}
-
-size_t panel_bytes_of(uint32_t type, int64_t nb) { return static_cast<size_t>(nb) * block_bytes_of(type); }
-
-} // namespace
-
-size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols) {
-#ifdef LLMD_PACKED
-    if (!type_uses_q8a(type) || rows < 1 || cols < QK || cols % QK != 0) return 0;
-    return static_cast<size_t>((rows + kPanel - 1) / kPanel) * panel_bytes_of(type, cols / QK);
 #else
-    (void)type, (void)rows, (void)cols;
-    return 0;
-#endif
-}
-
-void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t *out) {
-    const int64_t nb = cols / QK, panels = (rows + kPanel - 1) / kPanel;
-    const size_t wbytes = weight_bytes_of(type), bbytes = block_bytes_of(type), pbytes = panel_bytes_of(type, nb);
-    const size_t src_row = row_bytes(type, cols);
-    std::memset(out, 0, static_cast<size_t>(panels) * pbytes);
-    for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t *row = static_cast<const uint8_t *>(w) + static_cast<size_t>(r) * src_row;
-        uint8_t *panel = out + static_cast<size_t>(r / kPanel) * pbytes;
-        const int64_t i = r % kPanel;
-        for (int64_t b = 0; b < nb; ++b) {
-            uint8_t *blk = panel + b * bbytes;
-            auto *d = reinterpret_cast<uint16_t *>(blk + wbytes); // (16)
-            uint16_t *m = d + kPanel;                              // (16), Q4_1 only
-            if (type == GGML_Q8_0) {
-                const auto &src = reinterpret_cast<const BlockQ8_0 *>(row)[b];
-                for (int j = 0; j < 8; ++j)
-                    for (int k = 0; k < 4; ++k) blk[j * 64 + i * 4 + k] = static_cast<uint8_t>(src.qs[4 * j + k]) ^ 0x80;
-                d[i] = src.d;
-                continue;
-            }
-            const uint8_t *qs;
-            if (type == GGML_Q4_0) {
-                const auto &src = reinterpret_cast<const BlockQ4_0 *>(row)[b];
-                qs = src.qs, d[i] = src.d;
-            } else {
-                const auto &src = reinterpret_cast<const BlockQ4_1 *>(row)[b];
-                qs = src.qs, d[i] = src.d, m[i] = src.m;
-            }
-            for (int j = 0; j < 4; ++j)
-                for (int k = 0; k < 4; ++k) blk[j * 64 + i * 4 + k] = qs[4 * j + k];
-        }
-    }
-}
-
-#ifdef LLMD_PACKED
-namespace {
-
-// T tokens against one panel: the 16 rows' dot products for each token. Weight =
-// (u - 8) * d (Q4_0), (u - 128) * d (Q8_0, u = q + 128) or u * d + m (Q4_1); the
-// offsets of the first two are taken off in integers, exactly: sum(u x) - k sum(x).
-template <int T, uint32_t Type>
-void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid,
-                bool add) {
-    constexpr bool kQ4 = Type != GGML_Q8_0;
-    constexpr size_t kW = weight_bytes_of(Type), kB = block_bytes_of(Type);
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = panel + b * kB;
-        const auto *dm = reinterpret_cast<const __m256i *>(blk + kW); // d, then m
-        __m512i w[8]; // w[g]: rows × elements 4g..4g+3
-        if (kQ4) {
-            for (int j = 0; j < 4; ++j) {
-                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
-                w[j] = _mm512_and_si512(v, low);
-                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            }
-        } else {
-            for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 64 * j);
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
-        for (int t = 0; t < T; ++t) {
-            const BlockQ8A &xb = x[t][b];
-            constexpr int32_t kOffset = Type == GGML_Q4_0 ? 8 : Type == GGML_Q8_0 ? 128 : 0;
-            // Two independent chains: a dpbusd's latency exceeds its issue interval.
-            __m512i even = _mm512_set1_epi32(-kOffset * xb.sum), odd = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g += 2) {
-                int32_t a, c;
-                std::memcpy(&a, xb.qs + 4 * g, 4);
-                std::memcpy(&c, xb.qs + 4 * g + 4, 4);
-                even = _mm512_dpbusd_epi32(even, w[g], _mm512_set1_epi32(a));
-                odd = _mm512_dpbusd_epi32(odd, w[g + 1], _mm512_set1_epi32(c));
-            }
-            const __m512i sum = _mm512_add_epi32(even, odd);
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sum), acc[t]);
-            if (Type == GGML_Q4_1)
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(dm + 1)), _mm512_set1_ps(xb.s), acc[t]);
-        }
-    }
-    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
-    for (int t = 0; t < T; ++t) {
-        __m512 out = acc[t];
-        if (add) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, y[t]));
-        _mm512_mask_storeu_ps(y[t], mask, out);
-    }
-}
-
-template <uint32_t Type>
-void panel_tokens(const uint8_t *panel, int64_t nb, const BlockQ8A *xq, int n, float *y, int64_t y_stride,
-                  int valid, bool add) {
-    constexpr int kTile = 4; // tokens sharing one unpacking of the panel's weights
-    const BlockQ8A *x[kTile];
-    float *out[kTile];
-    for (int t0 = 0; t0 < n; t0 += kTile) {
-        const int tn = std::min(kTile, n - t0);
-        for (int t = 0; t < tn; ++t) {
-            x[t] = xq + static_cast<int64_t>(t0 + t) * nb;
-            out[t] = y + static_cast<int64_t>(t0 + t) * y_stride;
-        }
-        switch (tn) {
-        case 4: panel_tile<4, Type>(panel, nb, x, out, valid, add); break;
-        case 3: panel_tile<3, Type>(panel, nb, x, out, valid, add); break;
-        case 2: panel_tile<2, Type>(panel, nb, x, out, valid, add); break;
-        default: panel_tile<1, Type>(panel, nb, x, out, valid, add); break;
-        }
-    }
-}
-
-} // namespace
-#endif
-
-void matmul_packed(uint32_t type, const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
-                   int64_t p1, const BlockQ8A *xq, int n, float *y, int64_t y_stride, bool add) {
-#ifdef LLMD_PACKED
-    const int64_t nb = cols / QK;
-    const size_t pbytes = panel_bytes_of(type, nb);
-    for (int64_t p = p0; p < p1; ++p) {
-        const uint8_t *panel = packed + static_cast<size_t>(p) * pbytes;
-        const int valid = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
-        float *out = y + p * kPanel;
-        switch (type) {
-        case GGML_Q4_0: panel_tokens<GGML_Q4_0>(panel, nb, xq, n, out, y_stride, valid, add); break;
-        case GGML_Q4_1: panel_tokens<GGML_Q4_1>(panel, nb, xq, n, out, y_stride, valid, add); break;
-        default: panel_tokens<GGML_Q8_0>(panel, nb, xq, n, out, y_stride, valid, add); break;
-        }
-    }
-#else
-    (void)type, (void)packed, (void)rows, (void)cols, (void)p0, (void)p1, (void)xq, (void)n, (void)y,
-        (void)y_stride, (void)add;
+    return "scalar";
 #endif
 }
 

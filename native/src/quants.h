@@ -1,9 +1,19 @@
-// quants.h — block formats, activation quantization and row dot products.
+// quants.h — tensor types: the traits table, activation quantization and row dot
+// products.
 //
-// Weights stay in their GGUF block format. Activations are quantized per block
-// of 32 into BlockQ8A so quantized weights use integer dot products. Every dot
-// product has a portable scalar reference (`*_ref`) and a fast path for the
-// build machine; tests compare the two through llmd_kernel_matmul.
+// `type_traits(type)` is the one place a GGUF tensor type is described: its name,
+// block size in elements and bytes, its scalar references (to_float and dot), the
+// activations its kernels consume, its fast row dot and its repacked panel layout.
+// The GGUF reader sizes tensors from it; binding refuses a type whose row has no
+// kernels; matmul and embedding lookups call through it. There is no switch on a
+// type anywhere else.
+//
+// Weights stay in their GGUF block format. Activations are quantized per block of
+// 32 into BlockQ8A, and every integer type is described by how it decodes one
+// 32-element piece of a row (`Piece`): element i is d * scale[i / 16] * q[i] +
+// m * mscale[i / 16] with q an int8. The scalar references are that definition summed in
+// double; the fast kernels (quants_avx2.cpp, quants_packed.cpp) are tested
+// against them through llmd_kernel_matmul.
 #pragma once
 
 #include <cstddef>
@@ -11,55 +21,142 @@
 
 namespace llmd {
 
-constexpr int QK = 32; // elements per quantized block
+// Tensor element types, numbered as GGUF numbers them.
+enum GGMLType : uint32_t {
+    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7,
+    GGML_Q8_0 = 8, GGML_Q8_1 = 9, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13,
+    GGML_Q6_K = 14, GGML_Q8_K = 15, GGML_IQ2_XXS = 16, GGML_IQ2_XS = 17, GGML_IQ3_XXS = 18,
+    GGML_IQ1_S = 19, GGML_IQ4_NL = 20, GGML_IQ3_S = 21, GGML_IQ2_S = 22, GGML_IQ4_XS = 23,
+    GGML_I8 = 24, GGML_I16 = 25, GGML_I32 = 26, GGML_I64 = 27, GGML_F64 = 28, GGML_IQ1_M = 29,
+    GGML_BF16 = 30, GGML_TQ1_0 = 34, GGML_TQ2_0 = 35, GGML_MXFP4 = 39,
+};
 
-#pragma pack(push, 1)
-struct BlockQ4_0 { uint16_t d; uint8_t qs[QK / 2]; };           // x = (q - 8) * d
-struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[QK / 2]; }; // x = q * d + m
-struct BlockQ8_0 { uint16_t d; int8_t qs[QK]; };                // x = q * d
-#pragma pack(pop)
-static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34,
-              "GGUF block sizes");
+constexpr int QK = 32;    // elements per activation block and per decoded piece
+constexpr int QK_K = 256; // elements per K-quant super-block
 
-// A quantized activation block: d is the scale, sum = sum(qs), s = d * sum serves
-// Q4_1's offset.
-struct BlockQ8A { float d; float s; int32_t sum; int8_t qs[QK]; };
+// A quantized activation block: x[i] ≈ d * qs[i]; sum = sum(qs), sum_lo = the sum
+// of the first 16 (for types whose mins change every 16 elements), s = d * sum.
+struct BlockQ8A { float d; float s; int32_t sum; int32_t sum_lo; int8_t qs[QK]; };
+
+// One 32-element piece of a quantized row, decoded:
+// element i = d * scale[i / 16] * q[i] + m * mscale[i / 16], d and m f16 values
+// (or MXFP4's power of two), the scales small integers.
+struct Piece {
+    float d;
+    int32_t scale[2];
+    float m;
+    int32_t mscale[2];
+    int8_t q[QK];
+    float min(int half) const { return m * static_cast<float>(mscale[half]); }
+};
+
+// What a type's kernels take as the other operand.
+enum class Activation : uint8_t {
+    None, // the engine has no kernels for the type: binding refuses it
+    F32,  // the float activations themselves
+    Q8A,  // BlockQ8A blocks of 32, each with its own scale
+    Q8K,  // BlockQ8A blocks of 32 sharing one scale per 256 elements, as llama.cpp's
+          // Q8_K quantizes for the K-quants (so that results match its numerics)
+};
+
+// How a type is repacked into panels of kPanel rows for the AVX-512 VNNI kernels
+// (quants_packed.h). Every panel-block is 16 rows × 32 elements: the weights as
+// unsigned bytes u = q + offset (or nibbles, pairs of elements as GGUF pairs them:
+// i and 16 + i), then the rows' scales d * scale (one set, or two when the scale
+// changes every 16 elements), then their mins likewise when the type has them.
+// K-quants keep their two-level scales (`k_scales`): per panel-block the rows'
+// integer scales (and min scales) as int8, and before every 8 panel-blocks (256
+// elements) each row's d (and m) as f16, as compact as the file's own.
+struct PanelLayout {
+    uint8_t bits = 0;            // 4 or 8; 0: no packed form
+    int16_t offset = 0;          // u = q + offset
+    bool split = false;          // separate scales (and mins) for elements 0..15 and 16..31
+    bool mins = false;           // the type has additive mins
+    bool f16 = false;            // scales and mins stored as f16 (they are f16 in the file)
+    const int8_t *lut = nullptr; // 4-bit codes index this table of q (IQ4_NL, IQ4_XS, MXFP4)
+    bool k_scales = false;       // two-level scales, as above
+};
+
+using DecodeFn = void (*)(const uint8_t *row, int64_t piece, Piece *out);
+using ToFloatFn = void (*)(const uint8_t *row, float *y, int64_t n);
+using DotFn = float (*)(const uint8_t *row, const float *x, const BlockQ8A *xq, int64_t n);
+// Panels [p0, p1) of a packed matrix against n tokens (see matmul_packed).
+using PanelFn = void (*)(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1,
+                         const BlockQ8A *xq, int n, float *y, int64_t y_stride, bool add);
+
+struct TypeTraits {
+    const char *name;
+    int64_t block_elems;  // elements per block
+    int64_t block_bytes;  // bytes per block
+    Activation activation;
+    DecodeFn decode;      // integer types: the definition of one piece (else nullptr)
+    ToFloatFn to_float;   // scalar reference: a row as floats
+    DotFn dot_ref;        // scalar reference: a row dotted with x (F32) or xq (Q8A)
+    DotFn dot;            // this build's fast row dot (the reference where it has none)
+    PanelLayout panel;    // the AVX-512 VNNI repacked form
+    PanelFn panel_matmul; // its kernel, or nullptr when this build has none
+};
+
+// The traits of a GGUF type, or nullptr for a number GGUF does not define.
+const TypeTraits *type_traits(uint32_t type);
+// Its name ("Q4_K"), or nullptr for a number GGUF does not define.
+const char *type_name(uint32_t type);
+// True when the engine has kernels for rows of `cols` elements of the type.
+bool type_runs(uint32_t type, int64_t cols);
 
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 
-// Quantize n rows of `cols` floats (cols a multiple of QK), row t into
-// xq + t * (cols / QK).
+// Quantize n rows of `cols` floats (cols a multiple of QK) for every integer
+// kernel: row t's Q8A blocks into xq + t * (cols / QK), then, when cols is a whole
+// number of 256-element groups, its Q8K blocks into xq + (n + t) * (cols / QK).
+// xq holds quantized_blocks(n, cols).
 void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq);
+inline size_t quantized_blocks(int n, int64_t cols) { return 2 * static_cast<size_t>(n) * static_cast<size_t>(cols / QK); }
+// The blocks a type's kernels read from what quantize_rows wrote for n rows.
+inline const BlockQ8A *activations_of(const TypeTraits &t, const BlockQ8A *xq, int n, int64_t cols) {
+    return t.activation == Activation::Q8K ? xq + static_cast<size_t>(n) * static_cast<size_t>(cols / QK) : xq;
+}
 
-// Dequantize row `row` of a weight matrix with n columns into y.
-void dequantize_row(uint32_t type, const void *row, float *y, int64_t n);
-
-// dot(weight row of n columns, activation). Quantized types read xq; F32/F16 read x.
-float vec_dot(uint32_t type, const void *row, const float *x, const BlockQ8A *xq, int64_t n);
-float vec_dot_ref(uint32_t type, const void *row, const float *x, const BlockQ8A *xq, int64_t n);
-
-// True when the weight type is dotted against quantized activations.
-bool type_uses_q8a(uint32_t type);
+// Bytes of a row of n elements (n a whole number of blocks).
 size_t row_bytes(uint32_t type, int64_t n);
 
-// Name of the dot-product path this build uses ("avx512-vnni", "avx2", "scalar").
+// Name of the dot-product path this build uses ("avx512-vnni, repacked", "avx2", "scalar").
 const char *kernel_path();
 
 // ---- repacked weights (AVX-512 VNNI builds) -------------------------------
 //
 // Row dot products spend most of their instructions unpacking one row's blocks and
-// reducing one accumulator. Packed weights interleave kPanel rows block by block so
-// that one 512-bit VNNI instruction multiplies 16 rows by the same 4 activations.
-// A panel holds, per block, 8 (Q8_0) or 4 (4-bit kinds) loads of 64 bytes where
-// load j is rows 0..15 × elements 4j..4j+3 as unsigned bytes (a 4-bit byte also
-// carries elements 16 + 4j.. in its high nibble, as GGUF pairs them; Q8_0 stores
-// q + 128), followed by the block's 16 scales d as f16 and, for Q4_1, its 16
-// offsets m. Scales next to their weights make one sequential stream, which the
-// hardware prefetchers follow (scales gathered at the panel's end halved the rate
-// at which one core streams a matrix from memory). Each type keeps its GGUF size.
-// Rows past the end of the matrix are zero.
+// reducing one accumulator. Packed weights interleave kPanel rows piece by piece
+// (PanelLayout) so that one 512-bit VNNI instruction multiplies 16 rows by the same
+// 4 activations: load j of a piece's weights is rows 0..15 × elements 4j..4j+3 as
+// unsigned bytes (a nibble byte also carries elements 16 + 4j.. in its high half).
+// Scales next to their weights make one sequential stream, which the hardware
+// prefetchers follow (scales gathered at the panel's end halved the rate at which
+// one core streams a matrix from memory). Rows past the end of the matrix are zero.
 constexpr int kPanel = 16;
+
+// Bytes of one panel-block (16 rows × 32 elements) in a layout: weights, then
+// scales and mins.
+constexpr size_t panel_piece_bytes(const PanelLayout &l) {
+    const size_t sets = (l.split ? 2 : 1) * (l.mins ? 2 : 1);
+    return (l.bits == 4 ? 256 : 512) + sets * kPanel * (l.k_scales ? 1 : l.f16 ? 2 : 4);
+}
+// Bytes before every 8 panel-blocks of a k_scales layout: each row's d (and m) as f16.
+constexpr size_t panel_header_bytes(const PanelLayout &l) {
+    return l.k_scales ? (l.mins ? 2 : 1) * kPanel * 2 : 0;
+}
+// Offset of panel-block b within its panel.
+constexpr size_t panel_piece_offset(const PanelLayout &l, int64_t b) {
+    if (!l.k_scales) return static_cast<size_t>(b) * panel_piece_bytes(l);
+    return static_cast<size_t>(b / 8) * (panel_header_bytes(l) + 8 * panel_piece_bytes(l)) + panel_header_bytes(l) +
+           static_cast<size_t>(b % 8) * panel_piece_bytes(l);
+}
+// Bytes of one panel of nb panel-blocks.
+constexpr size_t panel_bytes(const PanelLayout &l, int64_t nb) {
+    return l.k_scales ? static_cast<size_t>(nb / 8) * (panel_header_bytes(l) + 8 * panel_piece_bytes(l))
+                      : static_cast<size_t>(nb) * panel_piece_bytes(l);
+}
 
 // Bytes of the packed form, or 0 when this build or type has none.
 size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols);

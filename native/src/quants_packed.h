@@ -1,0 +1,158 @@
+// quants_packed.h — the AVX-512 VNNI kernel over repacked panels (quants.h), one
+// instantiation per panel layout, for the traits table in quants.cpp.
+//
+// For each 32-element piece the kernel unpacks 16 rows' weights once and reuses
+// them for a tile of up to 4 tokens. Weights are unsigned bytes u = q + offset;
+// the offset is taken off exactly in integers (offset × the sum of x's int8
+// values, which BlockQ8A carries), so a piece's integer dot is exact and only the
+// float scaling rounds. Each token accumulates its pieces in one fixed order
+// whatever tile or thread it runs in: results are batch-invariant.
+#pragma once
+
+#include "quants.h"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define LLMD_PACKED 1
+#endif
+
+namespace llmd {
+namespace {
+
+#ifdef LLMD_PACKED
+
+// 16 rows' scales (or mins): set h of a piece's scale area, f16 or f32.
+template <const PanelLayout &L> inline __m512 panel_floats(const uint8_t *p, int h) {
+    if constexpr (L.f16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p + 32 * h)));
+    else return _mm512_loadu_ps(p + 64 * h);
+}
+
+// The 4-bit codes' bytes u = lut[code] + offset, 16 to a 128-bit lane as vpshufb wants.
+template <const PanelLayout &L> inline __m512i code_table() {
+    alignas(64) uint8_t t[64] = {};
+    if constexpr (L.lut != nullptr)
+        for (int i = 0; i < 64; ++i) t[i] = static_cast<uint8_t>(L.lut[i % 16] + L.offset);
+    return _mm512_load_si512(t);
+}
+
+// T tokens against one panel: the 16 rows' dot products for each token.
+// 16 rows' int8 scales of a k_scales layout, as floats.
+inline __m512 int8_floats(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
+}
+
+template <const PanelLayout &L, int T>
+void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid, bool add) {
+    constexpr size_t kW = L.bits == 4 ? 256 : 512, kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
+    constexpr int kSets = L.split ? 2 : 1;
+    __m512 acc[T];
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0f), table = code_table<L>();
+    __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *blk = panel + panel_piece_offset(L, b);
+        __m512i w[8]; // w[g]: rows × elements 4g..4g+3
+        if constexpr (L.bits == 4) {
+            for (int j = 0; j < 4; ++j) {
+                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
+                w[j] = _mm512_and_si512(v, low);
+                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                if constexpr (L.lut != nullptr) {
+                    w[j] = _mm512_shuffle_epi8(table, w[j]);
+                    w[j + 4] = _mm512_shuffle_epi8(table, w[j + 4]);
+                }
+            }
+        } else {
+            for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 64 * j);
+        }
+        __m512 scale[2], min[2];
+        if constexpr (L.k_scales) {
+            if (b % 8 == 0) {
+                const uint8_t *header = blk - panel_header_bytes(L);
+                d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header)));
+                if constexpr (L.mins)
+                    m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header + 2 * kPanel)));
+            }
+            for (int h = 0; h < kSets; ++h) { // f16 times a small integer: exact
+                scale[h] = _mm512_mul_ps(d, int8_floats(blk + kW + h * kSet));
+                if constexpr (L.mins) min[h] = _mm512_mul_ps(m, int8_floats(blk + kW + (kSets + h) * kSet));
+            }
+        } else {
+            for (int h = 0; h < kSets; ++h) {
+                scale[h] = panel_floats<L>(blk + kW, h);
+                if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
+            }
+        }
+        for (int t = 0; t < T; ++t) {
+            const BlockQ8A &xb = x[t][b];
+            const int32_t lo_sum = L.split ? xb.sum_lo : xb.sum;
+            // Elements 0..15 and 16..31 in two chains: a dpbusd's latency exceeds its issue interval.
+            __m512i lo = _mm512_set1_epi32(-L.offset * lo_sum), hi = _mm512_set1_epi32(-L.offset * (xb.sum - lo_sum));
+            for (int g = 0; g < 4; ++g) {
+                int32_t a, c;
+                std::memcpy(&a, xb.qs + 4 * g, 4);
+                std::memcpy(&c, xb.qs + 16 + 4 * g, 4);
+                lo = _mm512_dpbusd_epi32(lo, w[g], _mm512_set1_epi32(a));
+                hi = _mm512_dpbusd_epi32(hi, w[g + 4], _mm512_set1_epi32(c));
+            }
+            const __m512 xd = _mm512_set1_ps(xb.d);
+            if constexpr (L.split) {
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(lo), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[1], xd), _mm512_cvtepi32_ps(hi), acc[t]);
+                if constexpr (L.mins) {
+                    acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum_lo)), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum - xb.sum_lo)), acc[t]);
+                }
+            } else {
+                const __m512i sum = _mm512_add_epi32(lo, hi);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(sum), acc[t]);
+                if constexpr (L.mins) acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc[t]);
+            }
+        }
+    }
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    for (int t = 0; t < T; ++t) {
+        __m512 out = acc[t];
+        if (add) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, y[t]));
+        _mm512_mask_storeu_ps(y[t], mask, out);
+    }
+}
+
+template <const PanelLayout &L>
+void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1, const BlockQ8A *xq,
+                  int n, float *y, int64_t y_stride, bool add) {
+    constexpr int kTile = 4; // tokens sharing one unpacking of the panel's weights
+    const int64_t nb = cols / QK;
+    const size_t pbytes = panel_bytes(L, nb);
+    for (int64_t p = p0; p < p1; ++p) {
+        const uint8_t *panel = packed + static_cast<size_t>(p) * pbytes;
+        const int valid = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
+        const BlockQ8A *x[kTile];
+        float *out[kTile];
+        for (int t0 = 0; t0 < n; t0 += kTile) {
+            const int tn = std::min(kTile, n - t0);
+            for (int t = 0; t < tn; ++t) {
+                x[t] = xq + static_cast<int64_t>(t0 + t) * nb;
+                out[t] = y + static_cast<int64_t>(t0 + t) * y_stride + p * kPanel;
+            }
+            if (tn == 4) panel_tile<L, 4>(panel, nb, x, out, valid, add);
+            else if (tn == 3) panel_tile<L, 3>(panel, nb, x, out, valid, add);
+            else if (tn == 2) panel_tile<L, 2>(panel, nb, x, out, valid, add);
+            else panel_tile<L, 1>(panel, nb, x, out, valid, add);
+        }
+    }
+}
+
+template <const PanelLayout &L> constexpr PanelFn panel_kernel() { return panel_matmul<L>; }
+
+#else
+
+template <const PanelLayout &L> constexpr PanelFn panel_kernel() { return nullptr; }
+
+#endif
+
+} // namespace
+} // namespace llmd
