@@ -367,52 +367,56 @@ void to_f16(const float *x, uint16_t *y, int n) {
 }
 
 // Each token's queries against its session's cache (which already holds this
-// layer's K/V for the token): a task per (token, KV head, range of positions), the
-// query heads of a group sharing each key and value row. Few tokens over a long
-// context are split into ranges so that every thread gets a share.
+// layer's K/V for the token), the query heads of a group sharing each key and value
+// row. Contexts are cut into ranges at fixed positions (attention.h), so a token's
+// output does not depend on the batch or the threads; only the schedule does. Many
+// tokens: a task per (token, KV head) attends its whole context. Few tokens over a
+// long context: a task per span of a pair's ranges, so that every thread gets a
+// share, and the partials are folded afterwards in range order.
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    int longest = 0;
-    for (int t = 0; t < n; ++t) longest = std::max(longest, batch[t].pos + 1);
-    // At least 4 tasks a thread, and as many for each thread.
-    const int per_range = n * n_kv, threads = pool.size();
-    int ranges = (4 * threads + per_range - 1) / per_range;
-    while (per_range * ranges % threads != 0) ++ranges;
-    ranges = std::clamp(ranges, 1, std::max(1, longest / 64));
-    if (ranges > 1) ws.att_parts.resize(static_cast<size_t>(n) * hp.n_head * ranges * hd);
-    ws.att_stats.resize(static_cast<size_t>(n) * hp.n_head * ranges);
+    int most = 1; // ranges of the longest context
+    for (int t = 0; t < n; ++t) most = std::max(most, attn_range_count(batch[t].pos + 1));
+    const int spans = attn_task_spans(n * n_kv, most, pool.size());
+    const size_t pairs = static_cast<size_t>(n) * n_kv, slots = spans > 1 ? pairs * most : pairs;
+    // Per slot a range's output and partial, then per pair a running result's partial.
+    ws.att_parts.resize(slots * group * hd);
+    ws.att_stats.resize((slots + pairs) * group);
     const float *q = ws.q.data();
     float *att = ws.att.data();
-    pool.run(n * n_kv * ranges, [&](int task) {
-        const int r = task % ranges, h = task / ranges % n_kv, t = task / (ranges * n_kv);
+    pool.run(static_cast<int>(pairs) * spans, [&](int task) {
+        const size_t pair = static_cast<size_t>(task / spans);
+        const int c = task % spans, h = static_cast<int>(pair % n_kv), t = static_cast<int>(pair / n_kv);
         const KVCache &kv = *batch[t].kv;
-        // Ranges of whole key blocks (attention.h).
-        const int len = batch[t].pos + 1, blocks = (len + kKeyBlock - 1) / kKeyBlock;
-        const int p0 = static_cast<int>(std::min<int64_t>(len, int64_t{blocks} * r / ranges * kKeyBlock)),
-                  p1 = static_cast<int>(std::min<int64_t>(len, int64_t{blocks} * (r + 1) / ranges * kKeyBlock));
-        const size_t row = kv.row(hp, layer, h, p0);
+        const int len = batch[t].pos + 1;
+        const uint16_t *k = &kv.k[kv.row(hp, layer, h, 0)], *v = &kv.v[kv.row(hp, layer, h, 0)];
         const float *qg = q + t * q_dim + h * group * hd;
-        const size_t slot = (static_cast<size_t>(t) * n_kv + h) * ranges + r; // (token, kv head, range)
-        float *out = ranges > 1 ? ws.att_parts.data() + slot * group * hd : att + t * q_dim + h * group * hd;
-        AttnPartial *parts = ws.att_stats.data() + slot * group;
-        attend_range(qg, group, &kv.k[row], &kv.v[row], p1 - p0, hd, scale, out, parts);
-        if (ranges == 1)
-            for (int g = 0; g < group; ++g) {
-                const float inv = parts[g].sum > 0.0f ? 1.0f / parts[g].sum : 0.0f;
-                for (int d = 0; d < hd; ++d) out[g * hd + d] *= inv;
-            }
+        if (spans == 1) {
+            attend_context(qg, group, k, v, len, hd, scale, att + t * q_dim + h * group * hd,
+                           ws.att_parts.data() + pair * group * hd, ws.att_stats.data() + pair * group * 2);
+            return;
+        }
+        const int own = attn_range_count(len), r0 = own * c / spans, r1 = own * (c + 1) / spans;
+        for (int r = r0; r < r1; ++r) {
+            const size_t slot = pair * most + r, at = static_cast<size_t>(r) * kAttnRange * hd;
+            attend_range(qg, group, k + at, v + at, std::min(kAttnRange, len - r * kAttnRange), hd, scale,
+                         ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group);
+        }
     });
-    if (ranges == 1) return;
-    for (int t = 0; t < n; ++t)
-        for (int h = 0; h < n_kv; ++h)
-            for (int g = 0; g < group; ++g) {
-                const size_t first = (static_cast<size_t>(t) * n_kv + h) * ranges; // range 0's slot
-                attend_combine(ws.att_parts.data() + (first * group + g) * hd, static_cast<size_t>(group) * hd,
-                               ws.att_stats.data() + first * group + g, group, ranges, hd,
-                               att + t * q_dim + (h * group + g) * hd);
-            }
+    if (spans == 1) return;
+    for (size_t pair = 0; pair < pairs; ++pair) {
+        const int t = static_cast<int>(pair / n_kv), h = static_cast<int>(pair % n_kv);
+        float *y = att + t * q_dim + h * group * hd;
+        AttnPartial *acc = ws.att_stats.data() + (slots + pair) * group;
+        attend_start(y, acc, group, hd);
+        for (int r = 0; r < attn_range_count(batch[t].pos + 1); ++r) {
+            const size_t slot = pair * most + r;
+            attend_fold(y, acc, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, group, hd);
+        }
+        attend_finish(y, acc, group, hd);
+    }
 }
 
 } // namespace

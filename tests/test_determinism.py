@@ -1,0 +1,208 @@
+"""Same input, same output: one token's logits are bit-identical however it is computed.
+
+The engine promises that a token's logits depend only on the tokens before it: not on
+how a prefill is chunked, not on whether the token is prefilled or decoded, decoded
+alone or batched with other sessions' tokens, not on a warm resume (truncate, then
+prefill the rest) versus a cold prefill, and not on the thread count. These tests
+compare raw float bits, never a tolerance, for every architecture and weight format
+of the lists below, on contexts long enough that attention splits them into several
+ranges (attention.h), and on the real default model.
+
+Adding an architecture or a weight format is one entry in ARCHITECTURES or
+WEIGHT_TYPES.
+"""
+from __future__ import annotations
+
+import random
+from array import array
+
+import pytest
+
+from llmd._native import ffi, lib
+from llmd.engine import Engine, Session
+from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0
+
+# ---- the models ------------------------------------------------------------------------
+
+N_CTX = 1024  # the tiny models' context: room for the long sequences below
+
+
+def tiny_llama(factory, weight_type: int):
+    """Two KV heads of two query heads each, head_dim 32 (the fast attention kernel)."""
+    return factory(weight_type=weight_type, n_embd=128, n_head=4, n_head_kv=2, n_ff=256,
+                   n_layer=2, n_ctx=N_CTX)
+
+
+# name -> make(tiny_llama_factory, weight_type) -> a model with a .path and .n_vocab
+ARCHITECTURES = {"llama": tiny_llama}
+WEIGHT_TYPES = {"F32": GGML_F32, "F16": GGML_F16, "Q8_0": GGML_Q8_0, "Q4_0": GGML_Q4_0, "Q4_1": GGML_Q4_1}
+MODELS = [pytest.param((arch, wtype), id=f"{arch}-{wname}")
+          for arch in ARCHITECTURES for wname, wtype in WEIGHT_TYPES.items()]
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def engines(request, tiny_llama_factory):
+    """{1: engine with one thread, 2: engine with two} on one tiny model."""
+    arch, weight_type = request.param
+    model = ARCHITECTURES[arch](tiny_llama_factory, weight_type)
+    opened = {n: Engine(model.path, n_threads=n, max_sessions=8) for n in (1, 2)}
+    yield opened
+    for e in opened.values():
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def default_engines():
+    """The default model with one and with two threads."""
+    from llmd import models
+
+    path = str(models.default_model(fetch=False))
+    opened = {n: Engine(path, n_threads=n, n_ctx=1024, max_sessions=8) for n in (1, 2)}
+    yield opened
+    for e in opened.values():
+        e.close()
+
+
+def sequence(engine: Engine, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(engine.info.n_vocab) for _ in range(n)]
+
+
+# ---- how a sequence's logits are computed ---------------------------------------------------
+
+def logits_bits(session: Session) -> bytes:
+    """The raw float32 logits (Session.logits() without the list of Python floats)."""
+    n = session._engine.info.n_vocab
+    out = ffi.new("float[]", n)
+    assert lib.llmd_session_logits(session.handle, out, n) == lib.LLMD_OK
+    return bytes(ffi.buffer(out))
+
+
+def prefill_in_chunks(engine: Engine, ids: list[int], chunk: int) -> dict[int, bytes]:
+    """Prefills ids into a fresh session `chunk` tokens per call: {position of the
+    last token of each call: the logits after it}."""
+    out = {}
+    with engine.new_session() as s:
+        for i in range(0, len(ids), chunk):
+            s.prefill(ids[i:i + chunk])
+            out[min(i + chunk, len(ids)) - 1] = logits_bits(s)
+    return out
+
+
+def argmax(bits: bytes) -> int:
+    values = array("f", bits)
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+def greedy_alone(engine: Engine, prompt: list[int], steps: int) -> tuple[list[int], bytes]:
+    """Decodes `steps` tokens one at a time: (their ids, the logits after the last,
+    fed by a one-token prefill)."""
+    with engine.new_session() as s:
+        s.prefill(prompt)
+        ids = [s.decode_one().id for _ in range(steps)]
+        s.prefill(ids[-1:])
+        return ids, logits_bits(s)
+
+
+def check_chunking_and_threads(engines: dict[int, Engine], ids: list[int]) -> None:
+    # One token per call on one thread: every position, the decode-shaped arithmetic.
+    reference = prefill_in_chunks(engines[1], ids, 1)
+    for threads, chunk in [(2, 1), (2, 7), (2, 64), (2, 256), (2, len(ids)), (1, 64), (1, len(ids))]:
+        for pos, bits in prefill_in_chunks(engines[threads], ids, chunk).items():
+            assert bits == reference[pos], f"{threads} threads, chunks of {chunk}: position {pos} differs"
+
+
+def check_decode_alone_and_batched(engine: Engine, prompts: list[list[int]], steps: int) -> None:
+    """Each prompt's greedy continuation and final logits, decoded alone, equal those
+    decoded in batches whose members change from step to step, and the logits of a
+    cold prefill of the whole text."""
+    alone = [greedy_alone(engine, p, steps) for p in prompts]
+    for prompt, (ids, last) in zip(prompts, alone):
+        with engine.new_session() as s:
+            s.prefill(prompt + ids)
+            assert logits_bits(s) == last, "decoding alone differs from prefilling the same tokens"
+    sessions = [engine.new_session() for _ in prompts]
+    try:
+        got: list[list[int]] = [[] for _ in prompts]
+        for s, p in zip(sessions, prompts):
+            s.prefill(p)
+        step = 0
+        while any(len(g) < steps for g in got):
+            # Members come and go: session i sits out the steps where step % (i + 2) == 1.
+            members = [i for i in range(len(prompts)) if len(got[i]) < steps and step % (i + 2) != 1]
+            step += 1
+            if not members:
+                continue
+            for i, tok in zip(members, engine.decode_batch([sessions[i] for i in members])):
+                got[i].append(tok.id)
+        for i, s in enumerate(sessions):
+            assert got[i] == alone[i][0], f"prompt {i}: batched decoding chose other tokens"
+            s.prefill(got[i][-1:])
+            assert logits_bits(s) == alone[i][1], f"prompt {i}: batched decoding changed the logits"
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def check_warm_resume(engine: Engine, first: list[int], keep: int, rest: list[int]) -> None:
+    """Truncating a session to `keep` tokens and prefilling `rest` equals a cold prefill."""
+    with engine.new_session() as cold:
+        cold.prefill(first[:keep] + rest)
+        expected = logits_bits(cold)
+        expected_ids = [cold.decode_one().id for _ in range(8)]
+    with engine.new_session() as warm:
+        warm.prefill(first)
+        warm.truncate(keep)
+        warm.prefill(rest)
+        assert logits_bits(warm) == expected
+        assert [warm.decode_one().id for _ in range(8)] == expected_ids
+
+
+def check_scores(engine: Engine, ids: list[int], split: int) -> None:
+    """score() computes many tokens' logits in one forward pass; its log-probabilities
+    do not depend on where the scored run starts."""
+    with engine.new_session() as whole:
+        expected = whole.score(ids, 0)
+    with engine.new_session() as s:
+        s.prefill(ids[:split])
+        assert s.score(ids[split:], 0) == expected[split:]
+
+
+# ---- tiny models: every architecture and weight format ----------------------------------------
+
+def test_logits_do_not_depend_on_prefill_chunking_or_threads(engines):
+    check_chunking_and_threads(engines, sequence(engines[1], 600, seed=1))
+
+
+def test_decoding_alone_or_batched_with_other_sessions_gives_the_same_logits(engines):
+    e = engines[2]
+    check_decode_alone_and_batched(e, [sequence(e, n, seed=n) for n in (300, 37, 520, 130)], steps=40)
+
+
+def test_warm_resume_gives_the_logits_of_a_cold_prefill(engines):
+    e = engines[2]
+    check_warm_resume(e, sequence(e, 600, seed=2), 333, sequence(e, 210, seed=3))
+
+
+def test_scores_do_not_depend_on_where_the_scored_run_starts(engines):
+    e = engines[2]
+    check_scores(e, sequence(e, 400, seed=4), 101)
+
+
+# ---- the real default model ---------------------------------------------------------------------
+
+def test_default_model_logits_do_not_depend_on_chunking_or_threads(default_engines):
+    text = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. " * 30
+    check_chunking_and_threads(default_engines, default_engines[1].tokenize(text)[:320])
+
+
+def test_default_model_decoding_alone_or_batched_gives_the_same_logits(default_engines):
+    e = default_engines[2]
+    prompts = [e.tokenize(t) for t in ("Once upon a time, " * 40, "List the planets: ", "Dear diary, " * 60)]
+    check_decode_alone_and_batched(e, prompts, steps=24)
+
+
+def test_default_model_warm_resume_gives_the_logits_of_a_cold_prefill(default_engines):
+    e = default_engines[2]
+    first = e.tokenize("A long conversation about rivers and mills. " * 40)
+    check_warm_resume(e, first, 301, e.tokenize(" And then the rain came down on the valley. " * 5))
