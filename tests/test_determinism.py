@@ -13,6 +13,7 @@ WEIGHT_TYPES.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import random
 from array import array
 
@@ -20,7 +21,11 @@ import pytest
 
 from llmd._native import ffi, lib
 from llmd.engine import Engine, Session
+from tests.conformance.client import Client
+from tests.conftest import running_llmd
 from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0
+
+MODEL = "SmolLM2-135M-Instruct"
 
 # ---- the models ------------------------------------------------------------------------
 
@@ -206,3 +211,55 @@ def test_default_model_warm_resume_gives_the_logits_of_a_cold_prefill(default_en
     e = default_engines[2]
     first = e.tokenize("A long conversation about rivers and mills. " * 40)
     check_warm_resume(e, first, 301, e.tokenize(" And then the rain came down on the valley. " * 5))
+
+
+# ---- through the server (the real default model) -----------------------------------------------
+
+STREAM_TOKENS = 256
+TOPICS = ["rivers", "mills", "foxes", "sheep", "bridges", "lighthouses"]
+BAN_EOG = {"0": -100, "2": -100}  # SmolLM2's end-of-generation ids: every reply runs to max_tokens
+
+
+def stream_reply(client: Client, messages: list[dict], session_id: str, max_tokens: int) -> tuple[str, dict]:
+    """A greedy streamed chat reply of exactly max_tokens tokens (end-of-generation
+    banned): (its text, its usage)."""
+    stream = client.chat_stream(messages, session_id=session_id, max_tokens=max_tokens,
+                                stream_options={"include_usage": True}, logit_bias=BAN_EOG)
+    assert stream.status == 200, stream.body[:300]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in stream.chunks if c["choices"])
+    usage = stream.chunks[-1]["usage"]
+    assert usage["completion_tokens"] == max_tokens
+    return text, usage
+
+
+def test_concurrent_streams_are_byte_identical_to_their_solo_runs():
+    with running_llmd("--max-sessions", "8", "--ctx", "1024") as url:
+        client = Client(url + "/v1", model=MODEL)
+        prompts = [[{"role": "user", "content": f"Write a long story about {t}."}] for t in TOPICS]
+        solo = []
+        for i, p in enumerate(prompts):
+            solo.append(stream_reply(client, p, f"solo-{i}", STREAM_TOKENS)[0])
+            assert client.request("DELETE", f"/sessions/solo-{i}").status == 200  # a free slot for each stream
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda i: stream_reply(client, prompts[i], f"together-{i}", STREAM_TOKENS)[0],
+                                     range(len(prompts))))
+    for i, (a, b) in enumerate(zip(solo, together)):
+        assert a == b, f"stream {i} diverged at character {next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)}"
+    assert len(set(solo)) == len(solo)
+
+
+def test_a_warm_resumed_turn_is_byte_identical_to_the_same_turn_computed_cold():
+    system = {"role": "system", "content": "You are a patient teacher. " * 12}
+    turns = []
+    for flags in ((), ("--no-warm-resume",)):
+        with running_llmd("--max-sessions", "4", "--ctx", "1024", *flags) as url:
+            client = Client(url + "/v1", model=MODEL)
+            history = [system, {"role": "user", "content": "Explain how a water mill works."}]
+            first, _ = stream_reply(client, history, "conversation", 96)
+            history += [{"role": "assistant", "content": first}, {"role": "user", "content": "And a windmill?"}]
+            second, usage = stream_reply(client, history, "conversation", 128)
+            turns.append((first, second, usage["prompt_tokens_details"]["cached_tokens"]))
+    (warm_first, warm_second, warm_cached), (cold_first, cold_second, cold_cached) = turns
+    assert warm_cached > 100 and cold_cached == 0  # the first server resumed warm, the second did not
+    assert warm_first == cold_first
+    assert warm_second == cold_second

@@ -44,8 +44,10 @@ void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t
 // many threads run: a context is cut into ranges of kAttnRange positions counted
 // from position 0, each range is attended on its own (attend_range), and their
 // partials are folded into the result in order, range 0 first (attend_fold), then
-// normalised (attend_finish). Which thread attends which range is free.
-constexpr int kAttnRange = 64; // a multiple of kKeyBlock
+// normalised (attend_finish). Which thread attends which range is free. 128
+// positions: a decode step over a few hundred positions still splits across two
+// threads, and a 2k-token context folds only 16 partials per head.
+constexpr int kAttnRange = 128; // a multiple of kKeyBlock
 inline int attn_range_count(int n_pos) { return (n_pos + kAttnRange - 1) / kAttnRange; }
 
 // How many tasks share the ranges of one (token, KV head), for `pairs` of them of at
