@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import random
-from array import array
 
 import pytest
 
 from llmd._native import ffi, lib
-from llmd.engine import Engine, Session
+from llmd.engine import Engine, Sampling, Session
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0
@@ -38,7 +37,7 @@ def tiny_llama(factory, weight_type: int):
                    n_layer=2, n_ctx=N_CTX)
 
 
-# name -> make(tiny_llama_factory, weight_type) -> a model with a .path and .n_vocab
+# name -> make(tiny_llama_factory, weight_type) -> a model whose .path is its GGUF file
 ARCHITECTURES = {"llama": tiny_llama}
 WEIGHT_TYPES = {"F32": GGML_F32, "F16": GGML_F16, "Q8_0": GGML_Q8_0, "Q4_0": GGML_Q4_0, "Q4_1": GGML_Q4_1}
 MODELS = [pytest.param((arch, wtype), id=f"{arch}-{wname}")
@@ -94,15 +93,15 @@ def prefill_in_chunks(engine: Engine, ids: list[int], chunk: int) -> dict[int, b
     return out
 
 
-def argmax(bits: bytes) -> int:
-    values = array("f", bits)
-    return max(range(len(values)), key=lambda i: (values[i], -i))
+# Every other prompt samples, seeded: sampled ids depend only on the seed and the logits.
+SAMPLINGS = [Sampling(), Sampling(temperature=0.9, top_k=40, top_p=0.95, min_p=0.01, seed=7)]
 
 
-def greedy_alone(engine: Engine, prompt: list[int], steps: int) -> tuple[list[int], bytes]:
+def decode_alone(engine: Engine, prompt: list[int], steps: int, sampling: Sampling) -> tuple[list[int], bytes]:
     """Decodes `steps` tokens one at a time: (their ids, the logits after the last,
     fed by a one-token prefill)."""
     with engine.new_session() as s:
+        s.set_sampling(sampling)
         s.prefill(prompt)
         ids = [s.decode_one().id for _ in range(steps)]
         s.prefill(ids[-1:])
@@ -118,10 +117,11 @@ def check_chunking_and_threads(engines: dict[int, Engine], ids: list[int]) -> No
 
 
 def check_decode_alone_and_batched(engine: Engine, prompts: list[list[int]], steps: int) -> None:
-    """Each prompt's greedy continuation and final logits, decoded alone, equal those
-    decoded in batches whose members change from step to step, and the logits of a
-    cold prefill of the whole text."""
-    alone = [greedy_alone(engine, p, steps) for p in prompts]
+    """Each prompt's continuation (greedy or seeded sampling, SAMPLINGS in turn) and
+    final logits, decoded alone, equal those decoded in batches whose members change
+    from step to step, and the logits of a cold prefill of the whole text."""
+    samplings = [SAMPLINGS[i % len(SAMPLINGS)] for i in range(len(prompts))]
+    alone = [decode_alone(engine, p, steps, sp) for p, sp in zip(prompts, samplings)]
     for prompt, (ids, last) in zip(prompts, alone):
         with engine.new_session() as s:
             s.prefill(prompt + ids)
@@ -129,7 +129,8 @@ def check_decode_alone_and_batched(engine: Engine, prompts: list[list[int]], ste
     sessions = [engine.new_session() for _ in prompts]
     try:
         got: list[list[int]] = [[] for _ in prompts]
-        for s, p in zip(sessions, prompts):
+        for s, p, sp in zip(sessions, prompts, samplings):
+            s.set_sampling(sp)
             s.prefill(p)
         step = 0
         while any(len(g) < steps for g in got):
@@ -142,6 +143,7 @@ def check_decode_alone_and_batched(engine: Engine, prompts: list[list[int]], ste
                 got[i].append(tok.id)
         for i, s in enumerate(sessions):
             assert got[i] == alone[i][0], f"prompt {i}: batched decoding chose other tokens"
+            assert len(set(got[i])) > 1
             s.prefill(got[i][-1:])
             assert logits_bits(s) == alone[i][1], f"prompt {i}: batched decoding changed the logits"
     finally:
@@ -249,17 +251,22 @@ def test_concurrent_streams_are_byte_identical_to_their_solo_runs():
 
 
 def test_a_warm_resumed_turn_is_byte_identical_to_the_same_turn_computed_cold():
+    """The second turn resumes after the first; resubmitted, it reuses all but its last
+    prompt token, so a one-token prefill precedes its reply."""
     system = {"role": "system", "content": "You are a patient teacher. " * 12}
-    turns = []
-    for flags in ((), ("--no-warm-resume",)):
+    runs = {}
+    for mode, flags in (("warm", ()), ("cold", ("--no-warm-resume",))):
         with running_llmd("--max-sessions", "4", "--ctx", "1024", *flags) as url:
             client = Client(url + "/v1", model=MODEL)
             history = [system, {"role": "user", "content": "Explain how a water mill works."}]
             first, _ = stream_reply(client, history, "conversation", 96)
             history += [{"role": "assistant", "content": first}, {"role": "user", "content": "And a windmill?"}]
             second, usage = stream_reply(client, history, "conversation", 128)
-            turns.append((first, second, usage["prompt_tokens_details"]["cached_tokens"]))
-    (warm_first, warm_second, warm_cached), (cold_first, cold_second, cold_cached) = turns
-    assert warm_cached > 100 and cold_cached == 0  # the first server resumed warm, the second did not
-    assert warm_first == cold_first
-    assert warm_second == cold_second
+            again, again_usage = stream_reply(client, history, "conversation", 128)
+            runs[mode] = (first, second, again)
+            cached = (usage["prompt_tokens_details"]["cached_tokens"], again_usage["prompt_tokens_details"]["cached_tokens"])
+            if mode == "warm":
+                assert cached[0] > 100 and cached[1] == usage["prompt_tokens"] - 1
+            else:
+                assert cached == (0, 0)
+    assert runs["warm"] == runs["cold"]
