@@ -50,7 +50,8 @@ ffibuilder.set_source(
     "llmd._native",
     '#include "llmd.h"',
     # setuptools wants paths relative to the project root, where pip runs us.
-    sources=sorted(str(p.relative_to(ROOT)) for p in (NATIVE / "src").glob("*.cpp")),
+    # The engine's sources and one file per architecture (native/src/arch/).
+    sources=sorted(str(p.relative_to(ROOT)) for p in (NATIVE / "src").glob("**/*.cpp")),
     include_dirs=["native/include", "native/src"],
     source_extension=".cpp",
     extra_compile_args=compile_args(),

@@ -9,6 +9,16 @@ the routes. Keys are compared through their SHA-256 digests with
 `hmac.compare_digest`, against every configured key, so neither the key's content
 nor its length shows in the time an answer takes.
 
+Browsers. A web page the user visits can make the browser send requests to llmd,
+so without an API key three checks keep pages from using it: the Host header must
+name this server (the bound address, localhost, an IP literal, or one of the
+allowed hosts: the machine's name and each `--allowed-host`), which defeats DNS rebinding, where a page's own name is made
+to resolve to 127.0.0.1 (an IP literal cannot be rebound); a POST, DELETE, PUT or
+PATCH from a browser page (an Origin header) must come from this server's own
+origin or a configured CORS origin; and a request body must be declared
+`application/json`, which a page cannot send cross-origin without a preflight.
+The last check holds with API keys too, so that clients behave the same everywhere.
+
 CORS is off unless origins are configured. For a configured origin (or any, with
 "*"), a preflight (OPTIONS with Access-Control-Request-Method) is answered 204
 before authentication, since browsers never send credentials on a preflight, and
@@ -21,12 +31,15 @@ import hashlib
 import hmac
 import ipaddress
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from llmd import errors
 from llmd.api import error_response
 from llmd.server import App, HttpRequest, Response, StreamResponse
 
 OPEN_PATHS = ("/health", "/")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+_UNSAFE_METHODS = ("POST", "DELETE", "PUT", "PATCH")
 PREFLIGHT_MAX_AGE = "600"
 _CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 
@@ -35,6 +48,8 @@ _CORS_METHODS = "GET, POST, DELETE, OPTIONS"
 class AccessPolicy:
     api_keys: tuple[str, ...] = ()
     cors_origins: tuple[str, ...] = ()     # "*" allows any origin
+    bound_host: str = "127.0.0.1"          # the --host the server listens on
+    allowed_hosts: tuple[str, ...] = ()    # more Host names accepted without an API key
 
 
 def _digest(value: bytes) -> bytes:
@@ -48,20 +63,56 @@ class Guard:
         self.app = app
         self.policy = policy
         self._keys = [_digest(k.encode("utf-8")) for k in policy.api_keys]
+        self._hosts = {h.lower().strip("[]") for h in (*LOCAL_HOSTS, policy.bound_host, *policy.allowed_hosts)}
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
         origin = self._allowed_origin(request.headers.get("origin"))
         if (origin is not None and request.method == "OPTIONS"
                 and "access-control-request-method" in request.headers):
             return Response(204, headers=self._preflight_headers(origin, request))
-        if self._keys and not self._is_open(request) and not self._authorized(request):
-            response: Response | StreamResponse = error_response(errors.authentication())
+        refusal = self._refusal(request, origin)
+        if refusal is not None:
+            response: Response | StreamResponse = error_response(refusal)
+        elif self._keys and not self._is_open(request) and not self._authorized(request):
+            response = error_response(errors.authentication())
         else:
             response = await self.app(request)
         if origin is not None:
             response.headers += [("Access-Control-Allow-Origin", origin), ("Vary", "Origin"),
                                  ("Access-Control-Expose-Headers", "Retry-After")]
         return response
+
+    def _refusal(self, request: HttpRequest, cors_origin: str | None) -> errors.ApiError | None:
+        """Why a browser-borne request is refused (see the module doc), or None."""
+        host = request.headers.get("host")
+        if not self._keys and host is not None and not self._known_host(host):
+            return errors.forbidden(
+                f"Host {host!r} is not this server's name; start llmd with --allowed-host "
+                "NAME to serve it (or with --api-key).", "host_not_allowed")
+        origin = request.headers.get("origin")
+        if (origin is not None and request.method in _UNSAFE_METHODS and cors_origin is None
+                and urlsplit(origin).netloc.lower() != (host or "").lower()):
+            return errors.forbidden(
+                f"requests from pages of {origin} are not allowed; start llmd with "
+                "--cors-origin to allow them", "origin_not_allowed")
+        media = (request.headers.get("content-type") or "").partition(";")[0].strip().lower()
+        if request.body and media != "application/json":
+            return errors.unsupported_media_type(
+                "the request body must be JSON, sent with Content-Type: application/json")
+        return None
+
+    def _known_host(self, host: str) -> bool:
+        try:
+            name = urlsplit("//" + host).hostname
+        except ValueError:
+            return False
+        if not name:
+            return False
+        try:
+            ipaddress.ip_address(name)
+            return True  # an address, not a name: nothing to rebind
+        except ValueError:
+            return name in self._hosts
 
     def _allowed_origin(self, origin: str | None) -> str | None:
         """The Access-Control-Allow-Origin value for this request, or None for no CORS."""
@@ -87,17 +138,16 @@ class Guard:
         return request.method in ("GET", "HEAD") and request.path in OPEN_PATHS
 
     def _authorized(self, request: HttpRequest) -> bool:
-        presented = request.headers.get("x-api-key")
-        if presented is None:
-            scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
-            if scheme.lower() != "bearer":
-                return False
-            presented = token.strip()
-        # Header values arrive decoded as latin-1: encoding back gives the bytes sent.
-        digest = _digest(presented.encode("latin-1"))
+        presented = [request.headers.get("x-api-key") or ""]
+        scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
+        if scheme.lower() == "bearer":
+            presented.append(token.strip())
         matched = False
-        for key in self._keys:  # no early exit: the time does not say which key matched
-            matched |= hmac.compare_digest(digest, key)
+        for value in filter(None, presented):  # an empty header is no key, not a wrong one
+            # Header values arrive decoded as latin-1: encoding back gives the bytes sent.
+            digest = _digest(value.encode("latin-1"))
+            for key in self._keys:  # no early exit: the time does not say which key matched
+                matched |= hmac.compare_digest(digest, key)
         return matched
 
 

@@ -14,7 +14,7 @@ import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Mapping
+from typing import AsyncIterator, Callable, Mapping, TypeVar
 
 from llmd import chat, constrain, errors, metrics, openai, sse
 from llmd.engine import Engine, Sampling, Token
@@ -27,6 +27,8 @@ from llmd.text import Utf8Stream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
 
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
+PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
+DETOKENIZE_CHUNK = 4096  # ids turned into text per executor call, so other streams step in between
 FINGERPRINT = "llmd-0.1.0"
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
 PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
@@ -34,6 +36,7 @@ PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosni
                                             "style-src 'unsafe-inline'; img-src data:")]
 
 log = logging.getLogger("llmd.api")
+T = TypeVar("T")
 
 
 def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
@@ -44,6 +47,14 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
 
 def error_response(err: ApiError) -> Response:
     return json_response(error_body(err), err.status, list(err.headers.items()))
+
+
+async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
+    """parser(body); a big body is parsed on a worker thread, so that validating a
+    million-element array does not hold up every stream on the event loop."""
+    if len(body) <= PARSE_INLINE_BYTES:
+        return parser(body)
+    return await asyncio.to_thread(parser, body)
 
 
 def route_label(pattern: re.Pattern) -> str:
@@ -137,6 +148,11 @@ class Api:
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
+        # No token covers more text than the longest piece, so text longer than the
+        # context times that cannot fit: it is refused before the executor spends
+        # seconds tokenizing it while every stream waits.
+        longest = max((len(self.engine.piece(i, special=True)) for i in range(self.info.n_vocab)), default=1)
+        self.max_text_bytes = self.info.n_ctx * max(longest, 1)
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
@@ -206,13 +222,27 @@ class Api:
 
     # ---- tokenizer -----------------------------------------------------------
 
+    def _check_text(self, text: str, param: str) -> None:
+        """Refuse text too long to fit the context whatever its tokens (see __init__)."""
+        if len(text) * 4 > self.max_text_bytes:  # else it fits: no need to encode it
+            n_bytes = len(text.encode("utf-8", "surrogatepass"))
+            if n_bytes > self.max_text_bytes:
+                raise errors.text_too_long(n_bytes, self.max_text_bytes, self.info.n_ctx, param)
+
     async def tokenize(self, request: HttpRequest) -> Response:
-        req = openai.parse_tokenize_request(request.body)
+        req = await parse(openai.parse_tokenize_request, request.body)
+        self._check_text(req.content, "content")
         ids = await self.runtime.call(self.engine.tokenize, req.content, True)
         if req.add_special and self.info.add_bos:
             ids = [self.info.bos_id] + ids
         if not req.with_pieces:
             return json_response({"tokens": ids})
+        pieces = []
+        for i in range(0, len(ids), DETOKENIZE_CHUNK):
+            pieces += await self.runtime.call(self._pieces, ids[i:i + DETOKENIZE_CHUNK])
+        return json_response({"tokens": pieces})
+
+    def _pieces(self, ids: list[int]) -> list[dict]:
         pieces = []
         for i in ids:
             raw = self.engine.piece(i, special=True)
@@ -220,19 +250,28 @@ class Api:
                 pieces.append({"id": i, "piece": raw.decode("utf-8")})
             except UnicodeDecodeError:
                 pieces.append({"id": i, "piece": list(raw)})
-        return json_response({"tokens": pieces})
+        return pieces
 
     async def detokenize(self, request: HttpRequest) -> Response:
-        req = openai.parse_detokenize_request(request.body)
-        openai.check_vocab(req, self.info.n_vocab)
-        data = await self.runtime.call(self.engine.detokenize, req.tokens, True)
+        req = await parse(self._parse_detokenize, request.body)
+        data = b"".join([await self.runtime.call(self.engine.detokenize, req.tokens[i:i + DETOKENIZE_CHUNK], True)
+                         for i in range(0, len(req.tokens), DETOKENIZE_CHUNK)])
         return json_response({"content": data.decode("utf-8", "replace")})
+
+    def _parse_detokenize(self, body: bytes) -> openai.DetokenizeRequest:
+        req = openai.parse_detokenize_request(body)
+        openai.check_vocab(req, self.info.n_vocab)  # a pass over every id: with the parse
+        return req
 
     # ---- sessions ----------------------------------------------------------
 
     async def list_sessions(self, request: HttpRequest) -> Response:
         data = [self.table.describe(s) for s in self.table.named.values()]
-        return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1})
+        # The engine's own count next to the table's: they differ only while frees
+        # or opens are queued on the executor, so lasting disagreement is a leak.
+        return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1,
+                              "engine_sessions": self.engine.live_sessions(),
+                              "table_sessions": self.table.engine_sessions})
 
     def _named(self, sid: str) -> str:
         return session_id_of(sid, {})
@@ -244,17 +283,17 @@ class Api:
         return json_response(self.table.describe(slot))
 
     async def delete_session(self, request: HttpRequest, sid: str) -> Response:
-        deleted = await self.table.delete(self._named(sid))
+        deleted = self.table.delete(self._named(sid))
         return json_response({"id": sid, "object": "session.deleted", "deleted": deleted})
 
     async def reset_session(self, request: HttpRequest, sid: str) -> Response:
-        reset = await self.table.reset(self._named(sid))
+        reset = self.table.reset(self._named(sid))
         return json_response({"id": sid, "object": "session.reset", "reset": reset})
 
     # ---- generation ------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = openai.parse_chat_request(request.body)
+        req = await parse(openai.parse_chat_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
@@ -266,6 +305,7 @@ class Api:
             rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        self._check_text(rendered.text, "messages")
         grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
@@ -274,12 +314,13 @@ class Api:
         return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar)
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = openai.parse_completion_request(request.body)
+        req = await parse(openai.parse_completion_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         sid = session_id_of(req.session_id, request.headers)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
+            self._check_text(req.prompt, "prompt")
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
@@ -317,27 +358,33 @@ class Api:
         self._admit()
         self.waiting += 1
         try:
-            slot = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+            lease = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
         finally:
             self.waiting -= 1
-        reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
-        if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
-            ids = spliced
-        # Like the room left in the context, the operator's cap clamps max_tokens;
-        # finish_reason "length" tells the client it was reached.
-        cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
-        max_tokens = min(req.max_tokens or cap, cap)
-        g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar)
-        self.runtime.submit(g)
+        try:
+            slot = lease.slot
+            reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
+            if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
+                ids = spliced
+            # Like the room left in the context, the operator's cap clamps max_tokens;
+            # finish_reason "length" tells the client it was reached.
+            cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
+            max_tokens = min(req.max_tokens or cap, cap)
+            g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
+                           lease=lease)
+            self.runtime.submit(g)  # from here the generation releases the lease when it ends
+        except BaseException:
+            lease.release()
+            raise
         reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
         if req.stream:
-            response = StreamResponse(200, reply.stream(request))
+            response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log
             return response
         try:
             return json_response(await reply.collect(request), log=reply.log)
         finally:
-            await reply.close()
+            reply.close()
 
 
 class Reply:
@@ -356,19 +403,18 @@ class Reply:
         self.model = api.options.model_ids[0]
         self.finish_reason: str | None = None
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
+        self.stop_hit = False  # a stop string ended the reply (the generation is cancelled)
         self.closed = False
 
-    async def close(self) -> None:
-        """Cancel the generation if it still runs, wait until the scheduler let go of
-        it, and release the session slot."""
+    def close(self) -> None:
+        """Cancel the generation if it still runs (it releases its session as it ends)
+        and fill in the access-log fields. Never waits, so no interruption of the
+        handler can leave the session held."""
         if self.closed:
             return
         self.closed = True
         if not self.g.finished:
             self.api.runtime.cancel(self.g)
-            while not self.g.finished:
-                await self.g.events.get()
-        await self.api.table.release(self.g.slot)
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
@@ -398,11 +444,16 @@ class Reply:
             self.generated_ids.append(token.id)
         deltas, hit = self.output.feed(token.piece)
         if hit:
+            self.stop_hit = True
             self.api.runtime.cancel(self.g)
         return deltas
 
     def _end(self, reason: str) -> list[ContentDelta | ToolCallDelta]:
-        """The last deltas; sets finish_reason and remembers a complete chat reply."""
+        """The last deltas; sets finish_reason and remembers a complete chat reply.
+        A generation cancelled for any reason but a stop string was cut short: that is
+        an error, never a normal finish."""
+        if reason == "cancelled" and not self.stop_hit:
+            raise errors.unavailable("the generation was cancelled before it finished")
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
         # A reply cut by a stop string ("cancelled") holds ids the client never saw.
@@ -481,19 +532,45 @@ class Reply:
                 elif kind == "token":
                     for chunk in self._render(self._feed(value)):
                         yield chunk
-                elif kind == "error":
-                    yield sse.event(json.dumps(error_body(as_api_error(value))))
-                    yield sse.DONE
-                    return
                 else:
-                    for chunk in self._render(self._end(value)):
+                    try:
+                        if kind == "error":
+                            raise as_api_error(value)
+                        chunks = self._render(self._end(value))
+                    except ApiError as err:
+                        yield sse.event(json.dumps(error_body(err)))
+                        yield sse.DONE
+                        return
+                    for chunk in chunks:
                         yield chunk
                     yield self._delta_chunk({}, "", self.finish_reason)
             if self.include_usage:
                 yield self._chunk(None, usage=self.usage(), **self._extensions())
             yield sse.DONE
         finally:
-            await self.close()
+            self.close()
+
+
+class ReplyStream:
+    """A Reply's SSE chunks for the HTTP layer. Closing it closes the reply even if the
+    stream never started (a client that reset before the response head), which a
+    bare async generator would not do."""
+
+    def __init__(self, reply: Reply, request: HttpRequest):
+        self.reply = reply
+        self.chunks = reply.stream(request)
+
+    def __aiter__(self) -> ReplyStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self.chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self.chunks.aclose()
+        finally:
+            self.reply.close()
 
 
 class App:

@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cors-origin", action="append", default=_env("cors_origin", [], list),
                        help="let pages from this origin call the API, e.g. https://app.example (repeatable; "
                             "* for any)")
+    serve.add_argument("--allowed-host", action="append", default=_env("allowed_host", [], list),
+                       help="a Host name to serve besides the bound address, localhost, this machine's "
+                            "name and IP addresses, when there is no API key, e.g. llmd.lan (repeatable)")
     serve.add_argument("--log-prompts", action="store_true", default=_env("log_prompts", False, bool),
                        help="log prompt and completion text (never logged otherwise)")
     serve.add_argument("--max-connections", type=int, default=_env("max_connections", 256, int),
@@ -247,7 +250,7 @@ def cmd_serve(args) -> int:
 
 
 async def serve(args) -> None:
-    from llmd import chat
+    from llmd import chat, errors
     from llmd.access import AccessPolicy, Guard, exposure_warning
     from llmd.api import Api, App, Options
     from llmd.engine import EngineError
@@ -261,9 +264,15 @@ async def serve(args) -> None:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
                     header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                     keepalive_timeout=args.keepalive_timeout, write_timeout=args.write_timeout)
-    policy = AccessPolicy(tuple(args.api_key or _env("api_key", [], list)), tuple(args.cors_origin))
+    # This machine's own name cannot be rebound by a web page's DNS: it is served too.
+    policy = AccessPolicy(tuple(args.api_key or _env("api_key", [], list)), tuple(args.cors_origin),
+                          args.host, (*args.allowed_host, socket.gethostname()))
     server = HttpServer(Guard(app, policy), limits)
-    await server.start(args.host, args.port)
+    try:
+        await server.start(args.host, args.port)
+    except OSError as exc:  # an unknown host name, a port in use, an address not ours
+        log.error("cannot listen on %s port %d: %s", args.host, args.port, exc.strerror or exc)
+        raise SystemExit(2)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -323,7 +332,8 @@ async def serve(args) -> None:
     log.info("shutting down: %d generations in flight get up to %gs to finish", runtime.active,
              args.shutdown_grace)
     notify_systemd("STOPPING=1")
-    await server.close(grace=args.shutdown_grace)
+    await server.close(grace=args.shutdown_grace,
+                       cut=lambda: runtime.end_all(errors.unavailable("the server is shutting down")))
     await table.close()
     await runtime.close()
 

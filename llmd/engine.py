@@ -166,6 +166,12 @@ class Engine:
         _check(lib.llmd_engine_capacity(self.handle, budget_bytes, n, per))
         return n[0], per[0]
 
+    def live_sessions(self) -> int:
+        """Sessions of this engine not yet freed; safe from any thread."""
+        n = ffi.new("int32_t *")
+        _check(lib.llmd_engine_live_sessions(self.handle, n))
+        return n[0]
+
     def tokenize(self, text: str | bytes, special: bool = False) -> list[int]:
         """Token ids of text; with special, control-token text becomes control ids. No BOS."""
         data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text

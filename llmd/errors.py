@@ -106,6 +106,14 @@ def context_length_exceeded(n_prompt: int, n_ctx: int, param: str | None = "mess
         param, "context_length_exceeded")
 
 
+def text_too_long(n_bytes: int, limit: int, n_ctx: int, param: str) -> ApiError:
+    """400 context_length_exceeded for text refused by its size, before tokenizing."""
+    return invalid_request(
+        f"The {param} text is {n_bytes} bytes; this model's context of {n_ctx} tokens holds at most "
+        f"{limit} bytes of text, so it cannot fit. Please shorten the input.",
+        param, "context_length_exceeded")
+
+
 def invalid_session_id(message: str, param: str | None = "session_id") -> ApiError:
     """400 with code invalid_session_id."""
     return invalid_request(message, param, "invalid_session_id")
@@ -123,6 +131,16 @@ def authentication(message: str = "Invalid or missing API key.") -> ApiError:
     """401 authentication_error with `WWW-Authenticate: Bearer`."""
     return ApiError(401, message, "authentication_error", None, "invalid_api_key",
                     {"WWW-Authenticate": "Bearer"})
+
+
+def forbidden(message: str, code: str) -> ApiError:
+    """403 permission_error: the request may not be served to where it came from."""
+    return ApiError(403, message, "permission_error", None, code)
+
+
+def unsupported_media_type(message: str) -> ApiError:
+    """415 with code unsupported_media_type: the body is not declared as JSON."""
+    return ApiError(415, message, "invalid_request_error", None, "unsupported_media_type")
 
 
 def not_found(message: str, code: str = "not_found", param: str | None = None) -> ApiError:

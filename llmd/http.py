@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Iterator, Union
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,11 @@ def _parse_request_line(line: bytes) -> tuple[str, str, str]:
         raise _Reject(400, "invalid method")
     if not _TARGET.fullmatch(target):
         raise _Reject(400, "invalid request target")
+    if not target.startswith(b"/") and target != b"*":
+        try:  # absolute-form, as sent to proxies: it must parse as a URL
+            urlsplit(target.decode("ascii")).port  # .port checks the port too
+        except ValueError:
+            raise _Reject(400, "invalid request target")
     m = _VERSION.fullmatch(version)
     if not m:
         raise _Reject(400, "malformed HTTP version")

@@ -196,6 +196,11 @@ class ServerMetrics:
                                        "Session slots taken by named and temporary sessions.")
         self.sessions_capacity = r.gauge("llmd_sessions_capacity",
                                          "Session slots for named and temporary sessions (scratch slot excluded).")
+        self.engine_sessions = r.gauge(
+            "llmd_engine_sessions_live", "Engine sessions not yet freed, as the engine counts them.")
+        self.table_sessions = r.gauge(
+            "llmd_sessions_held", "Engine sessions the session table holds, scratch included; equal to "
+                                  "llmd_engine_sessions_live whenever no engine call is queued.")
         self.kv_bytes = r.gauge("llmd_kv_cache_bytes",
                                 "KV cache bytes holding the tokens of named sessions and the scratch session.")
         self.evictions = r.counter("llmd_session_evictions_total",
@@ -208,6 +213,8 @@ class ServerMetrics:
         self.generations_queued.read = lambda: table.waiting
         self.sessions_in_use.read = lambda: table.in_use
         self.sessions_capacity.read = lambda: table.capacity - 1
+        self.engine_sessions.read = table.engine.live_sessions
+        self.table_sessions.read = lambda: table.engine_sessions
         self.kv_bytes.read = lambda: table.resident_tokens * kv_bytes_per_token
         self.evictions.read = lambda: table.evictions
 

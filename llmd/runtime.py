@@ -19,9 +19,15 @@ whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
 its stream) is not decoded until the reader takes events again through
 `next_event`, so a stalled client costs no compute while its write times out.
 
+A generation holds its session's lease (llmd.sessions.Lease) and gives it back the
+moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
+`end_all` at shutdown. The handler that started it only cancels it; it never has to
+wait for the end, so a handler interrupted at any await cannot leave a session held.
+
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
-each step, whether or not the generation was cancelled meanwhile, so the slot
-always knows exactly which ids its cache holds.
+each step until the generation ends, whether or not it was cancelled meanwhile, so
+`resident` is always a prefix of what the cache holds (the next prefill truncates
+the cache to what it reuses of it).
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from typing import Any, Callable
 from llmd.engine import Engine, Sampling, Token
 from llmd.metrics import ServerMetrics
 from llmd.prefill import PrefillPlan, plan_prefill
-from llmd.sessions import Slot
+from llmd.sessions import Lease, Slot
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
@@ -51,6 +57,7 @@ class Generation:
     max_tokens: int
     reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
     grammar: str | None = None     # constrained decoding (llmd.constrain), None: free
+    lease: Lease | None = None     # released when the generation ends
     plan: PrefillPlan | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     next_prefill: int = 0          # index in prompt of the next token to prefill
@@ -101,12 +108,14 @@ class Runtime:
         self._interrupt = False  # ends a decode burst: read on the executor thread
         self._task: asyncio.Task | None = None
         self._turn = itertools.count()
+        self._ending: BaseException | None = None  # set by end_all: new generations end with it
 
-    async def call(self, fn: Callable, *args) -> Any:
-        """Run fn(*args) on the engine's executor thread; a decode burst running there
-        yields it after the step in flight."""
+    def call(self, fn: Callable, *args) -> asyncio.Future:
+        """Queue fn(*args) on the engine's executor thread now, in order with every other
+        engine call; await the result for its value. A decode burst running there yields
+        the thread after the step in flight."""
         self._interrupt = True
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def load(self, path: str, **options) -> Engine:
         """Open the model on the executor thread and start scheduling."""
@@ -118,11 +127,17 @@ class Runtime:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for g in list(self._active):
-            self._finish(g, "error", RuntimeError("the server is shutting down"))
+        self.end_all(RuntimeError("the server is shutting down"))
         if self.engine is not None:
             await self.call(self.engine.close)
         self.executor.shutdown(wait=True)
+
+    def end_all(self, exc: BaseException) -> None:
+        """End every generation with the error `exc`, now and for any submitted later
+        (the server is shutting down)."""
+        self._ending = exc
+        for g in list(self._active):
+            self._finish(g, "error", exc)
 
     @property
     def active(self) -> int:
@@ -146,6 +161,9 @@ class Runtime:
         else:
             g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
         g.next_prefill = g.plan.keep
+        if self._ending is not None:
+            self._finish(g, "error", self._ending)
+            return
         self.metrics.prompt_tokens.inc(len(g.prompt))
         self.metrics.cached_tokens.inc(g.plan.keep)
         self._active.append(g)
@@ -165,6 +183,8 @@ class Runtime:
             g.events.put_nowait((kind, value))
         if g in self._active:
             self._active.remove(g)
+        if g.lease is not None:
+            g.lease.release()
 
     async def _schedule(self) -> None:
         while True:
@@ -206,13 +226,15 @@ class Runtime:
         if first:
             g.t_prefill_start = time.perf_counter()
             slot.resident = slot.resident[:g.plan.keep]
+            slot.dirty = False  # the truncate clears it; a reset from now on sets it again
         try:
             await self.call(run)
         except Exception as exc:
             slot.dirty = True
             self._finish(g, "error", exc)
             return
-        slot.dirty = False
+        if g.finished:  # ended meanwhile (end_all): the slot may already serve another
+            return
         g.next_prefill += len(chunk)
         slot.resident = g.prompt[:g.next_prefill]
         if g.next_prefill == len(g.prompt):
@@ -245,6 +267,8 @@ class Runtime:
     def _deliver(self, batch: list[Generation], tokens: list[Token]) -> None:
         """One decode step's tokens, on the event loop."""
         for g, tok in zip(batch, tokens):
+            if g.finished:  # its lease is released: the slot may serve another request now;
+                continue    # `resident` stays a prefix of the cache, which is all it promises
             if tok.stopped:
                 self._finish(g, "end", "cancelled")
                 continue

@@ -4,9 +4,13 @@ Each connection is one task that serves its requests strictly one after another:
 read a head (idle/header timeouts), read the body (body timeout; "100 Continue" first
 if asked), call the app, write the response, then let the parser start on whatever the
 client pipelined meanwhile. While the app runs, a watcher task keeps reading so that a
-client that goes away (EOF or reset) is noticed at once: it sets
-`HttpRequest.disconnected`, and a stream in progress is stopped and its iterator
-closed. Every write waits for the socket to drain (bounded by `write_timeout`), so a
+client that goes away is noticed at once: a reset sets `HttpRequest.disconnected`,
+and a stream in progress is stopped and its iterator closed. An end of input (EOF)
+is not a departure: a client may half-close its sending side once the request is
+out (shutdown(SHUT_WR)) and still read the whole answer, so the request runs on and
+the connection closes after its response. A client that closed both sides is
+noticed when a write to it fails (a stream writes at least its keep-alive pings).
+Every write waits for the socket to drain (bounded by `write_timeout`), so a
 slow reader slows its producer instead of growing our buffers; the kernel's send
 buffer and asyncio's are both capped at `write_buffer` bytes, so a reader that stops
 reading is noticed after a bounded amount of stream, not after megabytes. Parse errors
@@ -72,6 +76,7 @@ _FRAMING = {"content-length", "transfer-encoding", "connection"}  # only the glu
 _READ_SIZE = 65536
 _READ_AHEAD = 256 * 1024   # while busy, buffer at most this much of pipelined requests
 _LINGER = 1.0              # seconds to drain a rejected client before closing
+CUT_SECONDS = 1.0          # after the shutdown grace, for cut responses to be written
 
 
 def _access_log(request: HttpRequest, response: Response | StreamResponse | None, seconds: float) -> None:
@@ -168,7 +173,7 @@ class _Connection:
             response = None
             try:
                 response = await self._call_app(request)
-                keep_alive = head.keep_alive and not self.server.closing
+                keep_alive = head.keep_alive and not self.server.closing and not self.eof
                 if isinstance(response, StreamResponse):
                     return await self._stream(head, request, response, keep_alive)
                 return await self._send(head.method, head.version, response, keep_alive)
@@ -234,17 +239,18 @@ class _Connection:
                 return ev
 
     async def _watch(self, request: HttpRequest) -> None:
-        """While the app works, read ahead so that EOF or a reset is noticed at once."""
+        """While the app works, read ahead so that a reset is noticed at once (an EOF
+        only ends the reading: see the module doc)."""
         while not self.eof and self.parser.buffered < _READ_AHEAD:
             try:
                 data = await self.reader.read(_READ_SIZE)
             except OSError:
-                data = b""
+                self.eof = True
+                request.disconnected.set()
+                return
             if not data:
                 self.eof = True
             self.pending.extend(self.parser.feed(data))  # buffered only: the parser is DONE
-        if self.eof:
-            request.disconnected.set()
 
     # -- writing ------------------------------------------------------------------------
 
@@ -399,9 +405,12 @@ class HttpServer:
         """Return once `close()` has finished."""
         await self._closed.wait()
 
-    async def close(self, grace: float = 5.0) -> None:
+    async def close(self, grace: float = 5.0, cut: Callable[[], None] | None = None) -> None:
         """Stop accepting; close idle connections now; let busy ones finish their
-        current response for up to `grace` seconds, then cancel them."""
+        current response for up to `grace` seconds. Then call `cut`, with which the
+        app ends what is still in flight (a stream with an error event and its
+        proper end), give the connections up to CUT_SECONDS to write that, and
+        cancel the rest."""
         self.closing = True
         if self._server is not None:
             self._server.close()
@@ -410,6 +419,9 @@ class HttpServer:
                 task.cancel()
         if self._conns:
             _, late = await asyncio.wait(list(self._conns), timeout=grace)
+            if late and cut is not None:
+                cut()
+                _, late = await asyncio.wait(late, timeout=CUT_SECONDS)
             for task in late:
                 task.cancel()
             if late:

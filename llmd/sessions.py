@@ -1,4 +1,5 @@
-"""The session table: which engine session serves a request, and admission.
+"""The session table: which engine session serves a request, admission, and the
+lifetime of every engine session.
 
 A request names its session (body `session_id`, else the first non-empty of the
 SESSION_HEADERS) or none. Named sessions keep their KV cache between requests.
@@ -9,13 +10,28 @@ for the scratch session, named sessions share the rest. A full table evicts the
 least recently used idle named session (policy "lru") or answers 429 ("none").
 
 Every slot has an asyncio.Lock, so requests for one session run one at a time
-in arrival order (asyncio locks wake waiters first-in first-out).
+in arrival order (asyncio locks wake waiters first-in first-out). `acquire`
+returns a Lease; the generation that runs on it releases it when it ends (see
+llmd.runtime), and releasing twice does nothing.
+
+Lifetime. The table alone opens and frees engine sessions, and it never does so
+from a request's own await: admission is synchronous up to the moment capacity
+is reserved (a new slot enters the table at once, so concurrent first requests
+for one new id share it), the engine session is opened by a call the table owns
+(a request that goes away while waiting does not cancel it), and a temporary,
+deleted or evicted slot's session is freed by a call queued on the executor
+without waiting for it. The executor runs calls in the order they were queued,
+so a freed session is gone before any session opened after it: the engine never
+holds more sessions than the table has reserved, whatever order clients and
+operators act in. `engine_sessions` counts what the table holds; it equals the
+engine's own `live_sessions()` whenever the executor is idle.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -23,6 +39,8 @@ from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
 from llmd.engine import Engine, Session
+
+log = logging.getLogger("llmd.sessions")
 
 SESSION_HEADERS = ("x-executorch-session-id", "session_id", "x-session-affinity", "x-session-id")
 MAX_SESSION_ID = 128
@@ -54,12 +72,15 @@ class Slot:
     """One engine session and what we know of its KV cache."""
 
     id: str | None                  # None for the scratch slot and temporary slots
-    session: Session
+    session: Session | None = None  # None while it is being opened, and once freed
     resident: list[int] = field(default_factory=list)  # ids in the KV cache, in order
     dirty: bool = False             # KV cache may disagree with `resident`: reset before use
     temporary: bool = False
-    deleted: bool = False
+    deleted: bool = False           # left the table (DELETE or eviction); freed when unused
     users: int = 0                  # requests holding or waiting for the slot
+    opening: asyncio.Future | None = None  # the engine call opening `session`
+    failure: BaseException | None = None   # why opening failed
+    freed: bool = False
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # reply_fingerprint -> the ids the model generated for that reply, so a resent
@@ -73,56 +94,88 @@ class Slot:
             self.replies.popitem(last=False)
 
 
+class Lease:
+    """A request's hold on a slot; `release()` gives it back, once."""
+
+    def __init__(self, table: SessionTable, slot: Slot):
+        self.table, self.slot = table, slot
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.table._release(self.slot)
+
+
 class SessionTable:
-    """Named sessions, the scratch slot and capacity admission."""
+    """Named sessions, the scratch slot, capacity admission, and engine session lifetime."""
 
     def __init__(self, engine: Engine, call: Callable[..., Awaitable], *, capacity: int,
                  eviction: str = "lru", scratch_reuse: bool = False):
         self.engine = engine
-        self._call = call               # runs a function on the engine's executor thread
+        # Queues a function on the engine's executor thread at once and returns an
+        # awaitable of its result (Runtime.call).
+        self._call = call
         self.capacity = capacity        # slots in all, scratch included
         self.eviction = eviction
         self.scratch_reuse = scratch_reuse
         self.named: dict[str, Slot] = {}
-        self.temporary = 0
-        self.creating = 0               # named slots being created (capacity reserved)
-        self.retiring = 0               # deleted slots whose engine session is still in use
+        self.temporary = 0              # temporary slots not yet freed
+        self.retiring = 0               # deleted slots not yet freed (in use or opening)
         self.evictions = 0
+        self.engine_sessions = 0        # engine sessions opened and not yet closed
         self.scratch: Slot | None = None
+        self._pending: set[asyncio.Future] = set()  # engine calls the table queued
 
     async def start(self) -> None:
-        self.scratch = Slot(None, await self._call(self.engine.new_session))
+        scratch = Slot(None)
+        self._open(scratch)
+        await asyncio.shield(scratch.opening)
+        if scratch.failure is not None:
+            raise scratch.failure
+        self.scratch = scratch
 
     def _free_slots(self) -> int:
-        return self.capacity - 1 - len(self.named) - self.temporary - self.creating - self.retiring
+        return self.capacity - 1 - len(self.named) - self.temporary - self.retiring
 
-    async def acquire(self, session_id: str | None) -> Slot:
-        """The slot for a request, locked for it; release() it when done.
+    async def acquire(self, session_id: str | None) -> Lease:
+        """A lease on the slot for a request, locked for it; the request's generation
+        releases it (Lease.release) when it ends.
 
         Raises ApiError 400 unsupported_session or 429 capacity_exhausted before
         the request has produced any output."""
         while True:
-            slot = await self._admit(session_id)
+            slot = self._admit(session_id)
             slot.users += 1
             try:
                 await slot.lock.acquire()
             except BaseException:
                 slot.users -= 1
+                self._settle(slot)
+                raise
+            lease = Lease(self, slot)
+            try:
+                if slot.opening is not None:
+                    await asyncio.shield(slot.opening)
+                if slot.failure is not None:
+                    raise slot.failure
+            except BaseException:
+                lease.release()
                 raise
             if not slot.deleted:
-                return slot
-            await self.release(slot)  # deleted while we waited: start over with a fresh slot
+                return lease
+            lease.release()  # deleted while we waited: start over with a fresh slot
 
-    async def _admit(self, session_id: str | None) -> Slot:
+    def _admit(self, session_id: str | None) -> Slot:
+        """The slot for a request, with capacity reserved; no await, so no other
+        request can take the room between the check and the reservation."""
         if session_id is None:
-            if (self.scratch.users == 0 and not self.scratch.lock.locked()) or self._free_slots() <= 0:
+            if self.scratch.users == 0 or self._free_slots() <= 0:
                 return self.scratch
             self.temporary += 1
-            try:
-                return Slot(None, await self._call(self.engine.new_session), temporary=True)
-            except BaseException:
-                self.temporary -= 1
-                raise
+            slot = Slot(None, temporary=True)
+            self._open(slot)
+            return slot
         if (slot := self.named.get(session_id)) is not None:
             return slot
         if self.capacity <= 1:
@@ -132,18 +185,10 @@ class SessionTable:
             if victim is None:
                 raise errors.capacity_exhausted(
                     retry_after=1, message=f"all {self.capacity - 1} named session slots are in use")
-            await self.delete(victim.id)
+            self._forget(victim)
             self.evictions += 1
-        self.creating += 1
-        try:
-            slot = Slot(session_id, await self._call(self.engine.new_session))
-        finally:
-            self.creating -= 1
-        # Another request may have created the same session while we awaited.
-        if (existing := self.named.get(session_id)) is not None:
-            await self._call(slot.session.close)
-            return existing
-        self.named[session_id] = slot
+        slot = self.named[session_id] = Slot(session_id)
+        self._open(slot)
         return slot
 
     def _eviction_victim(self) -> Slot | None:
@@ -152,52 +197,93 @@ class SessionTable:
         idle = [s for s in self.named.values() if s.users == 0]
         return min(idle, key=lambda s: s.last_used, default=None)
 
-    async def release(self, slot: Slot) -> None:
+    # ---- engine session lifetime (see the module doc) -------------------------
+
+    def _queue(self, fn: Callable, done: Callable[[asyncio.Future], None]) -> asyncio.Future:
+        future = asyncio.ensure_future(self._call(fn))
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        future.add_done_callback(done)
+        return future
+
+    def _open(self, slot: Slot) -> None:
+        slot.opening = self._queue(self.engine.new_session, lambda f: self._opened(slot, f))
+
+    def _opened(self, slot: Slot, future: asyncio.Future) -> None:
+        slot.opening = None
+        if future.cancelled():
+            slot.failure = RuntimeError("the server is shutting down")
+        elif future.exception() is not None:
+            slot.failure = future.exception()
+        else:
+            slot.session = future.result()
+            self.engine_sessions += 1
+        if slot.failure is not None and not slot.temporary and not slot.deleted and slot.id is not None:
+            self._forget(slot)  # requests waiting for it start over
+        self._settle(slot)
+
+    def _settle(self, slot: Slot) -> None:
+        """Free a temporary or deleted slot's engine session, exactly once, as soon as
+        no request holds or waits for it and it is open."""
+        if not (slot.temporary or slot.deleted) or slot.users or slot.opening is not None or slot.freed:
+            return
+        slot.freed = True
+        if slot.temporary:
+            self.temporary -= 1
+        else:
+            self.retiring -= 1
+        if slot.session is not None:
+            session, slot.session = slot.session, None
+            self._queue(session.close, self._closed)
+
+    def _closed(self, future: asyncio.Future) -> None:
+        self.engine_sessions -= 1
+        if not future.cancelled() and future.exception() is not None:
+            log.error("freeing an engine session failed: %s", future.exception())
+
+    def _forget(self, slot: Slot) -> None:
+        """Take a named slot out of the table; its session is freed once unused."""
+        if self.named.get(slot.id) is slot:
+            del self.named[slot.id]
+        slot.deleted = True
+        self.retiring += 1
+        self._settle(slot)
+
+    def _release(self, slot: Slot) -> None:
         slot.users -= 1
         slot.last_used = time.monotonic()
         slot.lock.release()
-        if slot.temporary or slot.deleted:
-            await self._retire(slot)
+        self._settle(slot)
 
-    async def _retire(self, slot: Slot) -> None:
-        """Free a temporary or deleted slot's engine session once nobody uses it."""
-        if slot.users == 0 and slot.session is not None:
-            session, slot.session = slot.session, None
-            if slot.temporary:
-                self.temporary -= 1
-            else:
-                self.retiring -= 1
-            await self._call(session.close)
+    # ---- operator actions ---------------------------------------------------------
 
-    async def delete(self, session_id: str) -> bool:
-        """Forget a named session and free its memory (after its current request)."""
-        slot = self.named.pop(session_id, None)
+    def delete(self, session_id: str) -> bool:
+        """Forget a named session at once: a later request with its id starts a new
+        one. A request running on it finishes normally; the engine session is freed
+        after it, and requests that were waiting for it run on the new session."""
+        slot = self.named.get(session_id)
         if slot is None:
             return False
-        slot.deleted = True
-        self.retiring += 1  # until _retire closes its engine session
-        if slot.users:
-            slot.session.stop()  # its running generation ends at the next token
-        await self._retire(slot)
+        self._forget(slot)
         return True
 
-    async def reset(self, session_id: str) -> bool:
-        """Clear a named session's context; it keeps its slot."""
+    def reset(self, session_id: str) -> bool:
+        """Clear a named session's context; it keeps its slot. A request running on
+        it finishes normally; the next one starts from an empty cache."""
         slot = self.named.get(session_id)
         if slot is None:
             return False
         slot.replies.clear()
-        if slot.users == 0:
-            await self._call(slot.session.reset)
-            slot.resident = []
-            slot.dirty = False
-        else:
-            slot.dirty = True  # the next request starts from an empty cache
+        slot.resident = []
+        # An idle session's next request truncates its cache to `resident` anyway; a
+        # running one still adds to `resident`, so the next request must not trust it.
+        slot.dirty = slot.users > 0
         return True
 
     @property
     def in_use(self) -> int:
-        """Slots counted against capacity: named, temporary and being created."""
+        """Slots counted against capacity: named (open or opening), temporary, and
+        deleted ones not yet freed."""
         return self.capacity - 1 - self._free_slots()
 
     def _lasting_slots(self) -> list[Slot]:
@@ -224,8 +310,13 @@ class SessionTable:
         }
 
     async def close(self) -> None:
-        for sid in list(self.named):
-            await self.delete(sid)
+        """Free every session; returns once the engine has freed them."""
+        for slot in list(self.named.values()):
+            self._forget(slot)
         if self.scratch is not None:
-            await self._call(self.scratch.session.close)
+            self.scratch.deleted = True
+            self.retiring += 1
+            self._settle(self.scratch)
             self.scratch = None
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)

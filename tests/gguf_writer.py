@@ -455,8 +455,10 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
                      weight_type: int = GGML_F32, seed: int = 1, tied: bool = True,
                      pre: str = "smollm", name: str = "tiny-llama",
                      chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
-                     extra_metadata: list[tuple[str, int, object]] = ()) -> GGUFWriter:
-    """A GGUFWriter holding a complete random-weight llama model (edit it, then write)."""
+                     extra_metadata: list[tuple[str, int, object]] = (),
+                     attn_bias: bool = False) -> GGUFWriter:
+    """A GGUFWriter holding a complete random-weight llama model (edit it, then write);
+    with `attn_bias`, q/k/v/output projections carry biases."""
     assert n_vocab >= 256 + len(CONTROL_TOKENS), "the 256 byte tokens and the controls must fit"
     rng = random.Random(seed)
     tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS))
@@ -505,6 +507,9 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
         values = [1.0 + rng.uniform(-0.1, 0.1) for _ in range(n_embd)]
         w.add_tensor(name, [n_embd], GGML_F32, encode_f32(values))
 
+    def bias(name: str, n: int) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([rng.gauss(0.0, 0.5) for _ in range(n)]))
+
     # Small embeddings and strong residual writes keep a tied model from simply
     # repeating its input token: greedy output then varies from step to step.
     matrix("token_embd.weight", n_embd, n_vocab, 0.3)
@@ -518,6 +523,11 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
         matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
+        if attn_bias:
+            bias(blk + "attn_q.bias", q_dim)
+            bias(blk + "attn_k.bias", kv_dim)
+            bias(blk + "attn_v.bias", kv_dim)
+            bias(blk + "attn_output.bias", n_embd)
         norm(blk + "ffn_norm.weight")
         matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
@@ -530,7 +540,8 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
                      weight_type: int = GGML_F32, seed: int = 1, tied: bool = True,
                      pre: str = "smollm", name: str = "tiny-llama",
                      chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
-                     extra_metadata: list[tuple[str, int, object]] = ()) -> TinyLlama:
+                     extra_metadata: list[tuple[str, int, object]] = (),
+                     attn_bias: bool = False) -> TinyLlama:
     """Writes a random-weight llama GGUF with a valid byte-level BPE vocabulary:
     ids 0..255 are the GPT-2 byte characters, then merged tokens, then
     <|endoftext|>, <|im_start|>, <|im_end|> (token type 3). eos = <|im_end|>,
@@ -538,7 +549,7 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
     w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                          n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type,
                          seed=seed, tied=tied, pre=pre, name=name, chat_template=chat_template,
-                         alignment=alignment, extra_metadata=extra_metadata)
+                         alignment=alignment, extra_metadata=extra_metadata, attn_bias=attn_bias)
     path = w.write(path)
     tokens = tuple(w.get("tokenizer.ggml.tokens").value[1])
     return TinyLlama(

@@ -2,6 +2,7 @@
 with no key, a wrong key and the right key; CORS preflight and response headers; the
 bind-address warning; and that prompt text reaches the log only with --log-prompts."""
 import json
+import socket
 
 import pytest
 
@@ -174,3 +175,65 @@ def test_log_prompts_logs_both_texts(tiny_model, tmp_path):
     line = next(line for line in log.splitlines() if "prompt_text=" in line)
     assert SECRET in line
     assert line.endswith("completion_text=" + json.dumps(content, ensure_ascii=False))
+
+
+# ---- browsers on a server without a key (DNS rebinding, cross-site requests) ----------
+
+EVIL = "https://evil.example"
+
+
+@pytest.fixture(scope="module")
+def keyless(tiny_model):
+    flags = ("--model", str(tiny_model.path), "--max-sessions", "4", "--allowed-host", "llmd.lan")
+    with llmd_process(*flags) as llmd:
+        yield Client(llmd.url)
+
+
+def test_a_foreign_host_name_is_refused_without_a_key(keyless):
+    for path in ("/v1/sessions", "/v1/models", "/health"):
+        resp = keyless.request("GET", path, headers={"Host": f"evil.example:{keyless.origin.rsplit(':', 1)[1]}"})
+        assert resp.status == 403, (path, resp.status)
+        assert resp.json()["error"]["code"] == "host_not_allowed" and "--allowed-host" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("host", ["localhost", "LOCALHOST:8000", "127.0.0.1:1", "[::1]:8000", "llmd.lan",
+                                  "192.168.1.20:8000", "[fe80::1]"])
+def test_this_servers_own_names_and_ip_addresses_are_served(keyless, host):
+    assert keyless.request("GET", "/v1/sessions", headers={"Host": host}).status == 200
+
+
+def test_this_machines_own_name_is_served(keyless):
+    assert keyless.request("GET", "/v1/sessions", headers={"Host": f"{socket.gethostname()}:8000"}).status == 200
+
+
+def test_a_foreign_host_is_served_with_a_key(server):
+    resp = Client(server, api_key=KEY).request("GET", "/v1/models", headers={"Host": "evil.example"})
+    assert resp.status == 200  # a page cannot present the key, so the name does not matter
+
+
+def test_a_page_from_another_origin_cannot_reset_or_drive_a_session(keyless):
+    assert keyless.request("POST", "/v1/chat/completions", chat_body(session_id="mine")).status == 200
+    for method, path, body in [("POST", "/v1/sessions/mine/reset", None), ("DELETE", "/v1/sessions/mine", None),
+                               ("POST", "/v1/chat/completions", chat_body(session_id="mine"))]:
+        resp = keyless.request(method, path, body, headers={"Origin": EVIL})
+        assert resp.status == 403 and resp.json()["error"]["code"] == "origin_not_allowed", (method, path)
+    assert keyless.get_json("/v1/sessions/mine").json()["resident_tokens"] > 0  # untouched
+    same_origin = keyless.request("POST", "/v1/sessions/mine/reset", headers={"Origin": keyless.origin})
+    assert same_origin.status == 200  # the status page's own requests
+
+
+def test_a_body_not_declared_as_json_is_415(keyless):
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        resp = keyless.request("POST", "/v1/sessions/x/reset", json.dumps(chat_body()).encode(),
+                               headers={"Content-Type": content_type})
+        assert resp.status == 415, content_type
+        assert resp.json()["error"]["code"] == "unsupported_media_type"
+    ok = keyless.request("POST", "/tokenize", b'{"content": "hi"}',
+                         headers={"Content-Type": "application/json; charset=utf-8"})
+    assert ok.status == 200
+
+
+def test_an_empty_x_api_key_next_to_a_valid_bearer_token_is_accepted(server):
+    resp = Client(server, api_key=KEY).request("GET", "/v1/models", headers={"X-Api-Key": ""})
+    assert resp.status == 200
+    assert_401(Client(server).request("GET", "/v1/models", headers={"X-Api-Key": ""}))

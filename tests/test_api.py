@@ -78,7 +78,7 @@ def test_client_disconnect_mid_stream_frees_the_session(server):
     body = json.dumps(server.chat_body([{"role": "user", "content": "Tell me a long story."}],
                                        stream=True, max_tokens=200, session_id="gone")).encode()
     sock = socket.create_connection(("127.0.0.1", port_of(server)))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     received = b""
     while received.count(b"data: ") < 4:
@@ -154,3 +154,30 @@ def test_schema_keyword_outside_the_subset_is_400_naming_it(server):
     resp = server.post_json("/chat/completions", body)
     error = resp.json()["error"]
     assert resp.status == 400 and error["code"] == "unsupported_parameter" and "'pattern'" in error["message"]
+
+
+# ---- big inputs never hold the engine thread for long ---------------------------------
+
+def test_text_too_long_for_the_context_is_refused_by_its_size_before_tokenizing(server):
+    text = "word " * 5000  # 25000 bytes: more than 256 tokens of at most 81 bytes can hold
+    for path, body, param in [
+            (server.origin + "/tokenize", {"content": text}, "content"),
+            ("/completions", server.completion_body(text), "prompt"),
+            ("/chat/completions", server.chat_body([{"role": "user", "content": text}]), "messages")]:
+        resp = server.post_json(path, body)
+        error = resp.json()["error"]
+        assert resp.status == 400 and error["code"] == "context_length_exceeded", (path, error)
+        assert error["param"] == param and "at most 20736 bytes" in error["message"]
+        assert ("25000 bytes" if param != "messages" else "bytes") in error["message"]
+    fits = server.post_json(server.origin + "/tokenize", {"content": "word " * 4000}).json()["tokens"]
+    assert len(fits) > 256  # under the size bound, text longer than the context still tokenizes
+
+
+def test_detokenize_of_many_ids_is_done_in_pieces_and_equals_the_whole(server):
+    ids = server.post_json(server.origin + "/tokenize", {"content": "Hello world, again. " * 1000}).json()["tokens"]
+    assert len(ids) > 4096  # more than one piece of work for the engine thread
+    text = server.post_json(server.origin + "/detokenize", {"tokens": ids}).json()["content"]
+    assert text == "Hello world, again. " * 1000
+    pieces = server.post_json(server.origin + "/tokenize", {"content": "Hello world, again. " * 1000,
+                                                           "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == text

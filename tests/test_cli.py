@@ -135,3 +135,10 @@ def test_notify_systemd_reaches_an_abstract_socket(monkeypatch):
         assert sock.recv(100) == b"READY=1"
     monkeypatch.delenv("NOTIFY_SOCKET")
     notify_systemd("READY=1")  # not under systemd: nothing happens, nothing fails
+
+
+@pytest.mark.parametrize("host", ["a,b", "no-such-host.invalid"])
+def test_a_host_that_cannot_be_bound_is_a_clear_error_not_a_traceback(host):
+    result = run("--host", host, "--port", "0")
+    assert result.returncode == 2
+    assert f"cannot listen on {host}" in result.stderr and "Traceback" not in result.stderr

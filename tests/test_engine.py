@@ -511,3 +511,19 @@ def test_unicode_text_round_trips(engine):
 def test_empty_text_has_no_tokens(engine):
     assert engine.tokenize("") == []
     assert engine.tokenize(b"", special=True) == []
+
+
+def test_live_sessions_counts_the_engines_own_sessions_until_freed(tiny_model):
+    with Engine(tiny_model.path, n_threads=1, max_sessions=4) as engine, \
+            Engine(tiny_model.path, n_threads=1, max_sessions=4) as other:
+        assert engine.live_sessions() == 0
+        first, second = engine.new_session(), engine.new_session()
+        other.new_session()  # another engine's sessions are not counted
+        assert engine.live_sessions() == 2 and other.live_sessions() == 1
+        first.close()
+        first.close()  # freeing twice frees once
+        assert engine.live_sessions() == 1
+        second.close()
+        assert engine.live_sessions() == 0
+    n = ffi.new("int32_t *")
+    assert lib.llmd_engine_live_sessions(ffi.NULL, n) == lib.LLMD_ERR_INVALID_ARGUMENT

@@ -15,6 +15,7 @@ from llmd.http import Body, EndOfMessage, Limits, ParseError, Request, RequestPa
 from tests.conftest import llmd_process
 from tests.test_http import merged
 from tests.test_limits import address
+from tests.test_sessions import read_all
 
 PARSER_CASES = 3000
 RAW_CASES = 2000
@@ -133,7 +134,8 @@ def test_parser_survives_mutated_requests_in_any_split():
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("fuzz") / "llmd.log"
-    flags = ("--model", str(tiny_model.path), "--max-tokens-limit", "2", "--max-body-bytes", "16K")
+    flags = ("--model", str(tiny_model.path), "--max-tokens-limit", "2", "--max-body-bytes", "16K",
+             "--allowed-host", "llmd")
     with open(log_path, "w") as log, llmd_process(*flags, stderr=log) as llmd:
         yield llmd
         assert llmd.proc.poll() is None, "the server died"
@@ -152,13 +154,7 @@ def exchange(url: str, data: bytes) -> bytes:
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):  # refused early: read the answer
             pass
-        received = b""
-        try:
-            while chunk := sock.recv(65536):
-                received += chunk
-        except ConnectionResetError:
-            pass
-    return received
+        return read_all(sock)
 
 
 def answered_request(data: bytes) -> bool:

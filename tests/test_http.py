@@ -404,3 +404,13 @@ def test_render_chunk_frames_with_hex_size_and_skips_empty():
     assert render_chunk(b"a" * 26) == b"1a\r\n" + b"a" * 26 + b"\r\n"
     assert render_chunk(b"") == b""
     assert LAST_CHUNK == b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("target", [b"http://[::1", b"http://a]b/", b"http://host:99999/x", b"http://h:port/"])
+def test_an_absolute_target_that_is_not_a_url_is_400(target):
+    assert parse(b"GET " + target + b" HTTP/1.1\r\nHost: h\r\n\r\n") == [ParseError(400, "invalid request target")]
+
+
+def test_an_absolute_target_that_is_a_url_is_accepted():
+    request = parse(b"GET http://[::1]:8000/v1/models?x=1 HTTP/1.1\r\nHost: h\r\n\r\n")[0]
+    assert isinstance(request, Request) and request.target == "http://[::1]:8000/v1/models?x=1"

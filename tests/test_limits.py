@@ -45,7 +45,7 @@ def stalled_stream(url: str, body: dict) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(address(url))
     data = json.dumps({**body, "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n%b" % (len(data), data))
     return sock
 
@@ -229,10 +229,10 @@ def raw_exchange(url: str, data: bytes) -> tuple[bytes, float]:
 
 
 def test_timeouts_from_the_command_line_apply(bounded):
-    slow_head, took = raw_exchange(bounded, b"GET /health HTTP/1.1\r\nHost: t\r\n")
+    slow_head, took = raw_exchange(bounded, b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
     assert slow_head.startswith(b"HTTP/1.1 408 ") and 0.4 < took < 3
-    slow_body, took = raw_exchange(bounded, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+    slow_body, took = raw_exchange(bounded, b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
                                             b"Content-Length: 10\r\n\r\n{")
     assert slow_body.startswith(b"HTTP/1.1 408 ") and 0.4 < took < 3
-    idle, took = raw_exchange(bounded, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+    idle, took = raw_exchange(bounded, b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert idle.startswith(b"HTTP/1.1 200 ") and idle.count(b"HTTP/1.1") == 1 and 0.4 < took < 3

@@ -336,7 +336,7 @@ def test_gauges_show_a_running_generation_and_one_waiting_for_its_session(server
                        "stream": True, "max_tokens": 200, "session_id": "busy",
                        "logit_bias": {"0": -100, "2": -100}}).encode()
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     received = b""
     while received.count(b"data: ") < 3:  # the stream is running

@@ -2,6 +2,8 @@
 import asyncio
 import http.client
 import json
+import socket
+import struct
 
 import pytest
 import pytest_asyncio
@@ -293,24 +295,68 @@ async def test_stream_is_chunked_sse_with_no_buffering_headers(start):
     assert body == b"data: 0\n\ndata: 1\n\ndata: [DONE]\n\n"
 
 
-async def test_client_disconnect_mid_stream_sets_disconnected_and_closes_the_iterator(start):
+def reset(writer) -> None:
+    """Close with SO_LINGER 0: the peer gets a reset, not an orderly end."""
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.close()
+
+
+async def test_client_reset_mid_stream_sets_disconnected_and_closes_the_iterator(start):
     server, app = await start()
     reader, writer = await connect(server)
     writer.write(b"GET /stream-forever HTTP/1.1\r\nHost: t\r\n\r\n")
     await within(reader.readuntil(b"data: first\n\n\r\n"))
-    writer.close()
+    reset(writer)
     await within(app.stream_closed.wait(), 2)
     assert app.requests[0].disconnected.is_set()
 
 
-async def test_client_disconnect_while_app_works_sets_disconnected(start):
+async def test_client_reset_while_app_works_sets_disconnected(start):
     server, app = await start()
     reader, writer = await connect(server)
     writer.write(b"GET /wait-disconnect HTTP/1.1\r\nHost: t\r\n\r\n")
     while not app.requests:
         await asyncio.sleep(0.01)
-    writer.close()
+    reset(writer)
     await within(app.requests[0].disconnected.wait(), 2)
+
+
+async def test_client_reset_before_the_head_closes_a_stream_that_never_started(start):
+    opened, closed = asyncio.Event(), asyncio.Event()
+
+    class Chunks:  # an iterator that must be closed even though nobody iterated it
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            return b"data: x\n\n"
+
+        async def aclose(self):
+            closed.set()
+
+    async def app(request):
+        opened.set()
+        await asyncio.sleep(0.2)  # the client resets meanwhile
+        return StreamResponse(200, Chunks())
+
+    server, _ = await start(app)
+    reader, writer = await connect(server)
+    writer.write(b"GET /s HTTP/1.1\r\nHost: t\r\n\r\n")
+    await within(opened.wait())
+    reset(writer)
+    await within(closed.wait(), 2)
+
+
+async def test_half_closed_client_is_not_gone_and_gets_the_whole_answer(start):
+    server, app = await start()
+    reader, writer = await connect(server)
+    writer.write(b"GET /sleep?0.3 HTTP/1.1\r\nHost: t\r\n\r\n")
+    writer.write_eof()  # shutdown(SHUT_WR): the request is complete, the answer still wanted
+    status, headers, body = await read_response(reader)
+    assert (status, body) == (200, b"0.3")
+    assert headers["connection"] == "close"
+    assert not app.requests[0].disconnected.is_set()
+    writer.close()
 
 
 async def test_stream_writes_wait_for_a_slow_reader_and_time_out(start):

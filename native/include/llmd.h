@@ -77,6 +77,10 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
 void llmd_engine_free(llmd_engine *engine); /* frees its sessions too */
 llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *out);
 
+/* Sessions of this engine not yet freed. Any thread may call it (it is how a server
+ * checks that its own bookkeeping agrees with the engine). */
+llmd_status llmd_engine_live_sessions(const llmd_engine *engine, int32_t *n);
+
 /* How many sessions fit in budget_bytes of KV memory at the engine's context. */
 llmd_status llmd_engine_capacity(const llmd_engine *engine, uint64_t budget_bytes,
                                  int32_t *max_sessions, uint64_t *bytes_per_session);

@@ -4,6 +4,7 @@
 // thread-local message.
 #include "llmd.h"
 
+#include "arch/arch.h"
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
@@ -238,15 +239,16 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         std::string_view arch;
         if (!e->file->get_string("general.architecture", &arch, &err))
             return fail(LLMD_ERR_FORMAT, err.empty() ? "model metadata lacks general.architecture" : err);
-        if (arch != "llama")
+        const Arch *family = find_arch(arch);
+        if (family == nullptr)
             return fail(LLMD_ERR_UNSUPPORTED, "unsupported architecture '" + std::string(arch) +
-                                                  "' (llmd runs llama-family models)");
+                                                  "' (llmd runs " + arch_names() + ")");
         if (const llmd_status st = build_vocab(e.get()); st != LLMD_OK) return st;
-        e->model = Model::load(*e->file, e->vocab->size(), &err);
+        e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
         if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
         std::string_view sv;
-        e->architecture = "llama";
+        e->architecture = family->name;
         if (e->file->get_string("general.name", &sv, &err)) e->name = sv;
         if (e->file->get_string("tokenizer.chat_template", &sv, &err)) e->chat_template = sv;
         if (e->file->get_string("tokenizer.ggml.pre", &sv, &err)) e->tokenizer_pre = sv;
@@ -304,6 +306,18 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->kv_bytes_per_token = KVCache::bytes_per_token(hp);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_engine_live_sessions(const llmd_engine *e, int32_t *n) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || n == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        // Counted from the live-handle set under its lock, not from e->sessions, which
+        // only the engine's own thread may read.
+        std::lock_guard<std::mutex> lock(g_live_mutex);
+        *n = static_cast<int32_t>(std::count_if(g_live.begin(), g_live.end(),
+                                                [&](const llmd_session *s) { return s->engine == e; }));
         return LLMD_OK;
     });
 }

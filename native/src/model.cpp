@@ -1,7 +1,10 @@
-// model.cpp — see model.h. The forward pass reads straight down: embed, then per
-// layer attention and FFN with residuals, then the final norm and output head.
+// model.cpp — see model.h: loading (shared metadata, the architecture's binding,
+// the unused-tensor check, repacking), the kernels and shared ops layers are built
+// from, and the forward pass: embed, each layer as its architecture builds it, then
+// the final norm and output head.
 #include "model.h"
 
+#include "arch/arch.h"
 #include "attention.h"
 #include "simd.h"
 
@@ -15,80 +18,99 @@ namespace llmd {
 
 // ---- loading -----------------------------------------------------------
 
+Binder::Binder(const GGUFFile &file, std::string *error, const std::string &arch_name)
+    : file(file), error(error), prefix(arch_name + "."), used(file.tensors().size(), false) {}
+
+bool Binder::fail(const std::string &msg) {
+    if (error->empty()) *error = msg;
+    return false;
+}
+
+int Binder::get_int(const std::string &key, int fallback, bool required) {
+    int64_t v = fallback;
+    std::string err;
+    if (!file.get_int(key, &v, &err)) {
+        if (!err.empty()) fail(err);
+        else if (required) fail("model metadata lacks " + key);
+        return fallback;
+    }
+    if (v < 0 || v > (1 << 30)) {
+        fail("model metadata " + key + " = " + std::to_string(v) + " is out of range");
+        return fallback;
+    }
+    return static_cast<int>(v);
+}
+
+float Binder::get_float(const std::string &key, float fallback) {
+    double v = fallback;
+    std::string err;
+    if (!file.get_float(key, &v, &err) && !err.empty()) fail(err);
+    return static_cast<float>(v);
+}
+
+const GGUFTensor *Binder::find(const std::string &name, bool required) {
+    const GGUFTensor *t = file.tensor(name);
+    if (t == nullptr && required) fail("model lacks tensor " + name);
+    if (t != nullptr) used[t - file.tensors().data()] = true;
+    return t;
+}
+
+bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required) {
+    const GGUFTensor *t = find(name, required);
+    if (t == nullptr) return false;
+    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
+        return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
+                    std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
+                    std::to_string(rows) + "]");
+    if (type_uses_q8a(t->type) && cols % QK != 0)
+        return fail("tensor " + name + " has rows that are not whole blocks");
+    m->type = t->type;
+    m->cols = cols;
+    m->rows = rows;
+    m->row_bytes = row_bytes(t->type, cols);
+    m->data = t->data;
+    return true;
+}
+
+const float *Binder::vector(const std::string &name, int64_t n, bool required) {
+    const GGUFTensor *t = find(name, required);
+    if (t == nullptr) return nullptr;
+    if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != n) {
+        fail("tensor " + name + " should be F32 of " + std::to_string(n) + " elements");
+        return nullptr;
+    }
+    if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+        fail("tensor " + name + " is misaligned");
+        return nullptr;
+    }
+    return reinterpret_cast<const float *>(t->data);
+}
+
 namespace {
 
-struct Binder {
-    const GGUFFile &file;
-    std::string *error;
-
-    bool fail(const std::string &msg) {
-        if (error->empty()) *error = msg;
-        return false;
-    }
-    int get_int(const std::string &key, int fallback, bool required) {
-        int64_t v = fallback;
-        std::string err;
-        if (!file.get_int(key, &v, &err)) {
-            if (!err.empty()) fail(err);
-            else if (required) fail("model metadata lacks " + key);
-            return fallback;
-        }
-        if (v < 0 || v > (1 << 30)) {
-            fail("model metadata " + key + " = " + std::to_string(v) + " is out of range");
-            return fallback;
-        }
-        return static_cast<int>(v);
-    }
-    float get_float(const std::string &key, float fallback) {
-        double v = fallback;
-        std::string err;
-        if (!file.get_float(key, &v, &err) && !err.empty()) fail(err);
-        return static_cast<float>(v);
-    }
-    const GGUFTensor *find(const std::string &name, bool required) {
-        const GGUFTensor *t = file.tensor(name);
-        if (t == nullptr && required) fail("model lacks tensor " + name);
-        return t;
-    }
-    bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true) {
-        const GGUFTensor *t = find(name, required);
-        if (t == nullptr) return false;
-        if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
-            return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
-                        std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
-                        std::to_string(rows) + "]");
-        if (type_uses_q8a(t->type) && cols % QK != 0)
-            return fail("tensor " + name + " has rows that are not whole blocks");
-        m->type = t->type;
-        m->cols = cols;
-        m->rows = rows;
-        m->row_bytes = row_bytes(t->type, cols);
-        m->data = t->data;
-        return true;
-    }
-    const float *vector(const std::string &name, int64_t n) {
-        const GGUFTensor *t = find(name, true);
-        if (t == nullptr) return nullptr;
-        if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != n) {
-            fail("tensor " + name + " should be F32 of " + std::to_string(n) + " elements");
-            return nullptr;
-        }
-        if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
-            fail("tensor " + name + " is misaligned");
-            return nullptr;
-        }
-        return reinterpret_cast<const float *>(t->data);
-    }
-};
+const Arch *const kArchs[] = {&kLlama};
 
 } // namespace
 
-std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::string *error) {
+const Arch *find_arch(std::string_view name) {
+    for (const Arch *a : kArchs)
+        if (name == a->name) return a;
+    return nullptr;
+}
+
+std::string arch_names() {
+    std::string names;
+    for (const Arch *a : kArchs) names += (names.empty() ? "" : ", ") + std::string(a->name);
+    return names;
+}
+
+std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error) {
     std::string err;
     auto model = std::make_unique<Model>();
-    Binder b{file, error};
+    model->arch = &arch;
+    Binder b(file, error, arch.name);
     HParams &hp = model->hp;
-    const std::string p = "llama.";
+    const std::string &p = b.prefix;
     hp.n_vocab = n_vocab;
     hp.n_ctx_train = b.get_int(p + "context_length", 0, true);
     hp.n_embd = b.get_int(p + "embedding_length", 0, true);
@@ -128,10 +150,13 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::strin
         }
         hp.rope_scale = 1.0f / factor;
     }
+    arch.load_hparams(b, hp);
+    if (!error->empty()) return nullptr;
 
-    // Nine tensors a layer: refuse an absurd block count before allocating for it.
-    if (static_cast<uint64_t>(hp.n_layer) * 9 > file.tensors().size()) {
-        *error = "llama.block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
+    // Every layer has a norm and a matrix at least: refuse an absurd block count
+    // before allocating for it.
+    if (static_cast<uint64_t>(hp.n_layer) * 2 > file.tensors().size()) {
+        *error = p + "block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
                  std::to_string(file.tensors().size()) + " tensors";
         return nullptr;
     }
@@ -144,24 +169,12 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::strin
         model->output = model->tok_embd;
     }
     model->layers.resize(hp.n_layer);
-    for (int l = 0; l < hp.n_layer && error->empty(); ++l) {
-        const std::string blk = "blk." + std::to_string(l) + ".";
-        LayerWeights &L = model->layers[l];
-        L.attn_norm = b.vector(blk + "attn_norm.weight", dim);
-        L.ffn_norm = b.vector(blk + "ffn_norm.weight", dim);
-        b.matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
-        b.matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-        b.matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
-        b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-        b.matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
-        b.matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
-        b.matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
-    }
+    arch.bind(b, *model);
     if (!error->empty()) return nullptr;
 
     // Llama-3.1-style models store per-pair frequency divisors.
-    const GGUFTensor *freqs = file.tensor("rope_freqs.weight");
-    if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->ne[0] != hp.rope_dim / 2)) {
+    const GGUFTensor *freqs = b.find("rope_freqs.weight", false);
+    if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != hp.rope_dim / 2)) {
         *error = "tensor rope_freqs.weight has the wrong type or shape";
         return nullptr;
     }
@@ -179,6 +192,14 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, int n_vocab, std::strin
         }
         model->inv_freq[i] = static_cast<float>(f);
     }
+
+    // A tensor nobody bound is a part of the model llmd would not compute.
+    for (size_t i = 0; i < b.used.size(); ++i)
+        if (!b.used[i]) {
+            *error = "model has tensor " + std::string(file.tensors()[i].name) + ", which the " + arch.name +
+                     " architecture does not use";
+            return nullptr;
+        }
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
     model->pack();
     return model;
@@ -211,7 +232,8 @@ void release_mapping(const Matrix &m) {
 void Model::pack() {
     std::vector<Matrix *> matrices{&output};
     for (LayerWeights &L : layers)
-        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) matrices.push_back(m);
+        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+            if (m->data != nullptr) matrices.push_back(m);
     const auto span = [](const Matrix *m) { return (packed_bytes(m->type, m->rows, m->cols) + 63) / 64 * 64; };
     size_t total = 0;
     for (const Matrix *m : matrices) total += span(m);
@@ -275,7 +297,7 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
 namespace {
 
 // gate[i] = silu(gate[i]) * up[i]
-void swiglu(float *gate, const float *up, int64_t n) {
+void silu_mul(float *gate, const float *up, int64_t n) {
     int64_t i = 0;
 #if defined(__AVX512F__)
     for (; i + 16 <= n; i += 16) {
@@ -287,20 +309,28 @@ void swiglu(float *gate, const float *up, int64_t n) {
     for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-// Rows [r0, r1) of a job, with its SwiGLU when it has one.
+// y[t * rows + r] += bias[r] for rows [r0, r1) of n tokens.
+void add_bias(float *y, const float *bias, int n, int64_t rows, int64_t r0, int64_t r1) {
+    for (int t = 0; t < n; ++t)
+        for (int64_t r = r0; r < r1; ++r) y[t * rows + r] += bias[r];
+}
+
+// Rows [r0, r1) of a job, with its biases and SwiGLU when it has them.
 void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     matmul_rows(j, n, r0, r1);
+    const int64_t rows = j.w->rows;
+    if (j.bias != nullptr) add_bias(j.y, j.bias, n, rows, r0, r1);
     if (j.up == nullptr) return;
     matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
-    const int64_t rows = j.w->rows;
-    for (int t = 0; t < n; ++t) swiglu(j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
+    if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, n, rows, r0, r1);
+    for (int t = 0; t < n; ++t) silu_mul(j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
 }
 
 // Runs the jobs (which share one input) as one parallel region. Their panels, taken
 // as one sequence, are cut into two equal spans a thread: enough to balance the
 // threads, and long enough that a decode step's span is one long stream from memory
 // (claiming a task and restarting a stream cost more than 64 rows took to read).
-void run_matmuls(ThreadPool &pool, int n, std::initializer_list<MatJob> jobs) {
+void run_matmuls(ThreadPool &pool, int n, const std::vector<MatJob> &jobs) {
     int64_t panels = 0;
     for (const MatJob &j : jobs) panels += (j.w->rows + kPanel - 1) / kPanel;
     const int n_tasks = static_cast<int>(std::min<int64_t>(panels, 2 * pool.size()));
@@ -340,19 +370,6 @@ void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_fre
         const float theta = p * inv_freq[i];
         cs[2 * i] = std::cos(theta);
         cs[2 * i + 1] = std::sin(theta);
-    }
-}
-
-// Rotates adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims of each head.
-void rope(float *x, int n_heads, const HParams &hp, const float *cs) {
-    for (int i = 0; i < hp.rope_dim / 2; ++i) {
-        const float c = cs[2 * i], s = cs[2 * i + 1];
-        for (int h = 0; h < n_heads; ++h) {
-            float *v = x + h * hp.head_dim + 2 * i;
-            const float a = v[0], b = v[1];
-            v[0] = a * c - b * s;
-            v[1] = a * s + b * c;
-        }
     }
 }
 
@@ -421,56 +438,100 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
 
 } // namespace
 
+// ---- shared ops ------------------------------------------------------------
+
+MatJob project(const Matrix &w, float *y, const float *bias) { return {&w, nullptr, nullptr, y, false, bias}; }
+
+MatJob residual(const Matrix &w, float *y, const float *bias) { return {&w, nullptr, nullptr, y, true, bias}; }
+
+MatJob swiglu(const Matrix &gate, const Matrix &up, float *y, float *scratch, const float *gate_bias,
+              const float *up_bias) {
+    return {&gate, nullptr, nullptr, y, false, gate_bias, &up, up_bias, scratch};
+}
+
+void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) {
+    BlockQ8A *xq = p.ws.xq.data();
+    quantize_rows(x, p.n, jobs.begin()->w->cols, xq);
+    std::vector<MatJob> &fed = p.ws.jobs; // kept between calls: no allocation per region
+    fed.assign(jobs);
+    for (MatJob &j : fed) {
+        j.x = x;
+        j.xq = xq;
+    }
+    run_matmuls(p.pool, p.n, fed);
+}
+
+void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight) {
+    const int dim = p.hp.n_embd;
+    for (int t = 0; t < p.n; ++t) rmsnorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
+}
+
+void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight) {
+    const int hd = p.hp.head_dim;
+    for (int i = 0; i < p.n * n_heads; ++i) rmsnorm(x + i * hd, x + i * hd, weight, hd, p.hp.norm_eps);
+}
+
+void rope(const Pass &p, float *x, int n_heads, Rope style) {
+    const HParams &hp = p.hp;
+    const int half = hp.rope_dim / 2;
+    // Pair i of a head: dims (2i, 2i + 1) adjacent, (i, i + half) NEOX.
+    const int first = style == Rope::adjacent ? 2 : 1, second = style == Rope::adjacent ? 1 : half;
+    for (int t = 0; t < p.n; ++t) {
+        const float *cs = p.ws.rope.data() + t * hp.rope_dim;
+        float *xt = x + static_cast<size_t>(t) * n_heads * hp.head_dim;
+        for (int i = 0; i < half; ++i) {
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            for (int h = 0; h < n_heads; ++h) {
+                float *v = xt + h * hp.head_dim + first * i;
+                const float a = v[0], b = v[second];
+                v[0] = a * c - b * s;
+                v[second] = a * s + b * c;
+            }
+        }
+    }
+}
+
+void attend(const Pass &p, int layer) {
+    const HParams &hp = p.hp;
+    const int kv_dim = hp.kv_dim();
+    for (int t = 0; t < p.n; ++t) {
+        KVCache &kv = *p.batch[t].kv;
+        const int pos = p.batch[t].pos;
+        for (int h = 0; h < hp.n_head_kv; ++h) {
+            const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
+            uint16_t *keys = &kv.k[kv.row(hp, layer, h, 0)];
+            for (int d = 0; d < hp.head_dim; ++d) keys[key_at(pos, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
+            to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, &kv.v[kv.row(hp, layer, h, pos)], hp.head_dim);
+        }
+    }
+    attention(p.model, p.batch, p.n, layer, p.ws, p.pool);
+}
+
+// ---- the forward pass ------------------------------------------------------
+
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, ThreadPool &pool,
              float *logits) {
     const HParams &hp = model.hp;
-    const int dim = hp.n_embd, q_dim = hp.q_dim(), kv_dim = hp.kv_dim(), ff = hp.n_ff;
+    const int dim = hp.n_embd;
     ws.reserve(hp, n);
-    float *x = ws.x.data(), *xb = ws.xb.data(), *q = ws.q.data(), *k = ws.k.data(),
-          *v = ws.v.data(), *att = ws.att.data(), *hb = ws.hb.data(), *hb2 = ws.hb2.data();
-    BlockQ8A *xq = ws.xq.data();
+    const Pass pass{model, hp, batch, n, ws, pool};
 
-    float *angles = ws.rope.data(); // each token's RoPE angles, shared by every layer
+    float *x = ws.x.data(); // (n, dim) the residual stream
     for (int t = 0; t < n; ++t) {
         dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
-        rope_angles(angles + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos);
+        rope_angles(ws.rope.data() + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos); // shared by every layer
     }
 
-    for (int l = 0; l < hp.n_layer; ++l) {
-        const LayerWeights &L = model.layers[l];
-        for (int t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, L.attn_norm, dim, hp.norm_eps);
-        quantize_rows(xb, n, dim, xq);
-        run_matmuls(pool, n, {{&L.wq, xb, xq, q}, {&L.wk, xb, xq, k}, {&L.wv, xb, xq, v}});
-        for (int t = 0; t < n; ++t) {
-            rope(q + t * q_dim, hp.n_head, hp, angles + t * hp.rope_dim);
-            rope(k + t * kv_dim, hp.n_head_kv, hp, angles + t * hp.rope_dim);
-            KVCache &kv = *batch[t].kv;
-            const int pos = batch[t].pos;
-            for (int h = 0; h < hp.n_head_kv; ++h) {
-                const float *kh = k + t * kv_dim + h * hp.head_dim;
-                uint16_t *keys = &kv.k[kv.row(hp, l, h, 0)];
-                for (int d = 0; d < hp.head_dim; ++d) keys[key_at(pos, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
-                to_f16(v + t * kv_dim + h * hp.head_dim, &kv.v[kv.row(hp, l, h, pos)], hp.head_dim);
-            }
-        }
-        attention(model, batch, n, l, ws, pool);
-        quantize_rows(att, n, q_dim, xq);
-        run_matmuls(pool, n, {{&L.wo, att, xq, x, true}});
-
-        for (int t = 0; t < n; ++t) rmsnorm(xb + t * dim, x + t * dim, L.ffn_norm, dim, hp.norm_eps);
-        quantize_rows(xb, n, dim, xq);
-        run_matmuls(pool, n, {{&L.w_gate, xb, xq, hb, false, &L.w_up, hb2}});
-        quantize_rows(hb, n, ff, xq);
-        run_matmuls(pool, n, {{&L.w_down, hb, xq, x, true}});
-    }
+    for (int l = 0; l < hp.n_layer; ++l) model.arch->layer(pass, model.layers[l], l);
 
     int n_out = 0;
     for (int t = 0; t < n; ++t)
         if (batch[t].logits)
             rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
     if (n_out > 0) {
-        quantize_rows(ws.logits_in.data(), n_out, dim, xq);
-        run_matmuls(pool, n_out, {{&model.output, ws.logits_in.data(), xq, logits}});
+        const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
+
+        matmuls(out, ws.logits_in.data(), {project(model.output, logits)});
     }
 }
 

@@ -1,7 +1,8 @@
-// model.h — the Llama-family transformer: hyperparameters and weights bound to
-// the GGUF mapping, the per-session KV cache, and one forward pass over a batch
-// of tokens that may belong to different sessions (prefill is a batch of one
-// session's tokens; batched decode is one token from each of several sessions).
+// model.h — a decoder-only transformer: hyperparameters and weights bound to the
+// GGUF mapping, the per-session KV cache, the shared ops every architecture builds
+// its layers from (arch/arch.h), and one forward pass over a batch of tokens that
+// may belong to different sessions (prefill is a batch of one session's tokens;
+// batched decode is one token from each of several sessions).
 #pragma once
 
 #include "attention.h"
@@ -10,6 +11,7 @@
 #include "threadpool.h"
 
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,19 +55,33 @@ struct HParams {
     int kv_dim() const { return n_head_kv * head_dim; }
 };
 
+// One layer's weights; a tensor the architecture does not have, or the file leaves
+// out where that is allowed, is null (vectors) or has no data (matrices).
 struct LayerWeights {
-    const float *attn_norm; // (dim)
-    Matrix wq;              // (q_dim, dim)
-    Matrix wk;              // (kv_dim, dim)
-    Matrix wv;              // (kv_dim, dim)
-    Matrix wo;              // (dim, q_dim)
-    const float *ffn_norm;  // (dim)
-    Matrix w_gate;          // (ff, dim)
-    Matrix w_up;            // (ff, dim)
-    Matrix w_down;          // (dim, ff)
+    const float *attn_norm = nullptr; // (dim)
+    Matrix wq;                        // (q_dim, dim)
+    Matrix wk;                        // (kv_dim, dim)
+    Matrix wv;                        // (kv_dim, dim)
+    Matrix wo;                        // (dim, q_dim)
+    const float *bq = nullptr;        // (q_dim) attention biases
+    const float *bk = nullptr;        // (kv_dim)
+    const float *bv = nullptr;        // (kv_dim)
+    const float *bo = nullptr;        // (dim)
+    const float *q_norm = nullptr;    // (head_dim) RMS norm of each query head
+    const float *k_norm = nullptr;    // (head_dim) RMS norm of each key head
+    const float *ffn_norm = nullptr;  // (dim)
+    Matrix w_gate;                    // (ff, dim)
+    Matrix w_up;                      // (ff, dim)
+    Matrix w_down;                    // (dim, ff)
+    const float *b_gate = nullptr;    // (ff) FFN biases
+    const float *b_up = nullptr;      // (ff)
+    const float *b_down = nullptr;    // (dim)
 };
 
+struct Arch; // arch/arch.h
+
 struct Model {
+    const Arch *arch = nullptr;
     HParams hp;
     Matrix tok_embd;             // (vocab, dim)
     const float *output_norm;    // (dim)
@@ -75,12 +91,30 @@ struct Model {
     std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
 
-    // Binds the weights of a GGUF whose architecture the caller checked is `llama`;
-    // nullptr with *error on any mismatch.
-    static std::unique_ptr<Model> load(const GGUFFile &file, int n_vocab, std::string *error);
+    // Binds the weights of a GGUF as `arch` lays them out; nullptr with *error on any
+    // mismatch, including a tensor of the file that the architecture did not bind.
+    static std::unique_ptr<Model> load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error);
 
 private:
     void pack(); // repacks the matrices this build has kernels for (quants.h)
+};
+
+// Reads a model's metadata and binds its tensors for Model::load and the
+// architectures, remembering which tensors were bound so that none goes unused.
+// The first failure is kept in *error; later calls only return a fallback.
+struct Binder {
+    const GGUFFile &file;
+    std::string *error;
+    std::string prefix;     // "<architecture>.", the start of the family's metadata keys
+    std::vector<bool> used; // per tensor of the file: bound by the architecture
+
+    Binder(const GGUFFile &file, std::string *error, const std::string &arch_name);
+    bool fail(const std::string &msg);
+    int get_int(const std::string &key, int fallback, bool required);
+    float get_float(const std::string &key, float fallback);
+    const GGUFTensor *find(const std::string &name, bool required);
+    bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
+    const float *vector(const std::string &name, int64_t n, bool required = true);
 };
 
 // One session's attention memory: keys and values as f16, (layer, kv head, n_ctx,
@@ -105,6 +139,26 @@ struct BatchToken {
     bool logits;   // compute next-token logits after this token
 };
 
+// One matrix product of a parallel region: y (n, w.rows) = x (n, w.cols) · wᵀ + bias,
+// or y += that when `add`. Quantized weights read xq (x quantized per block), others
+// read x. With `up`, a SwiGLU: y = silu(x · wᵀ + bias) * (x · upᵀ + up_bias),
+// `scratch` (n, up.rows) holding the latter. Layers build jobs with the named helpers
+// below and run them with matmuls(), which supplies x and xq.
+struct MatJob {
+    const Matrix *w;
+    const float *x;
+    const BlockQ8A *xq;
+    float *y;
+    bool add = false;
+    const float *bias = nullptr;
+    const Matrix *up = nullptr;
+    const float *up_bias = nullptr;
+    float *scratch = nullptr;
+};
+
+// Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
+void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
+
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
@@ -112,6 +166,7 @@ struct Workspace {
     std::vector<float> att_parts;       // attention: each range's output, or a task's scratch (attention.h)
     std::vector<AttnPartial> att_stats; // their partials, then each running result's
     std::vector<BlockQ8A> xq;
+    std::vector<MatJob> jobs;           // the jobs of the running parallel region
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -123,19 +178,42 @@ constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are c
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
              ThreadPool &pool, float *logits);
 
-// One matrix product of a parallel region: y (n, w.rows) = x (n, w.cols) · wᵀ, or
-// y += when `add`. Quantized weights read xq (x quantized per block), others read x.
-// With `up`, a SwiGLU: y = silu(x · wᵀ) * (x · upᵀ), `scratch` (n, up.rows) holding the latter.
-struct MatJob {
-    const Matrix *w;
-    const float *x;
-    const BlockQ8A *xq;
-    float *y;
-    bool add = false;
-    const Matrix *up = nullptr;
-    float *scratch = nullptr;
+// ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
+
+// One forward pass as every layer sees it: the batch, its scratch and the threads.
+struct Pass {
+    const Model &model;
+    const HParams &hp;
+    const BatchToken *batch;
+    int n; // tokens in the batch
+    Workspace &ws;
+    ThreadPool &pool;
 };
 
-// Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
-void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
+// y = x · wᵀ (+ bias)
+MatJob project(const Matrix &w, float *y, const float *bias = nullptr);
+// y += x · wᵀ (+ bias): a residual connection written by the matrix product itself.
+MatJob residual(const Matrix &w, float *y, const float *bias = nullptr);
+// y = silu(x · gateᵀ + gate_bias) * (x · upᵀ + up_bias); scratch (n, up.rows).
+MatJob swiglu(const Matrix &gate, const Matrix &up, float *y, float *scratch, const float *gate_bias = nullptr,
+              const float *up_bias = nullptr);
+// Runs the jobs, all reading x (n, cols of their weights), as one parallel region.
+void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
+
+// out (n, dim) = x / rms(x) * weight, each token's row.
+void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
+// x (n, n_heads * head_dim): each head of each token RMS-normalised in place and
+// scaled by weight (head_dim).
+void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight);
+
+// How RoPE pairs the dims of a head: adjacent (x[2i], x[2i+1]) as in the original
+// Llama, or NEOX halves (x[i], x[i + rope_dim/2]).
+enum class Rope { adjacent, neox };
+// x (n, n_heads * head_dim): the first rope_dim dims of each head rotated by each
+// token's angles (forward() computes them once for all layers).
+void rope(const Pass &p, float *x, int n_heads, Rope style);
+
+// Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
+// then ws.att (n, q_dim) = causal attention of ws.q over the token's session.
+void attend(const Pass &p, int layer);
 } // namespace llmd
