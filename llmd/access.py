@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from llmd import errors
-from llmd.api import error_response
+from llmd.api import error_response, error_shape
 from llmd.server import App, HttpRequest, Response, StreamResponse
 
 OPEN_PATHS = ("/health", "/")
@@ -72,9 +72,9 @@ class Guard:
             return Response(204, headers=self._preflight_headers(origin, request))
         refusal = self._refusal(request, origin)
         if refusal is not None:
-            response: Response | StreamResponse = error_response(refusal)
+            response: Response | StreamResponse = error_response(refusal, error_shape(request.path))
         elif self._keys and not self._is_open(request) and not self._authorized(request):
-            response = error_response(errors.authentication())
+            response = error_response(errors.authentication(), error_shape(request.path))
         else:
             response = await self.app(request)
         if origin is not None:

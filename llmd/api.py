@@ -6,22 +6,27 @@ followed by [DONE].
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import importlib.resources
 import json
 import logging
 import random
 import re
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
-from typing import AsyncIterator, Callable, Mapping, TypeVar
+from typing import AsyncIterator, Callable, Mapping, Protocol, TypeVar
 
-from llmd import chat, constrain, errors, metrics, openai, sse
+from llmd import chat, constrain, errors, messages, metrics, openai, sse
+from llmd.chat_completions import ChatCompletionFormat
+from llmd.completions import CompletionFormat
 from llmd.engine import Engine, Sampling, Token
-from llmd.errors import ApiError, as_api_error, error_body
+from llmd.errors import ApiError, as_api_error, error_body, refusal_log
+from llmd.logprobs import TokenLogprob
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.sessions import SessionTable, reply_fingerprint, session_id_of
+from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
 from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
@@ -29,7 +34,6 @@ from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_c
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
 DETOKENIZE_CHUNK = 4096  # ids turned into text per executor call, so other streams step in between
-FINGERPRINT = "llmd-0.1.0"
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
 PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
                 ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
@@ -45,8 +49,24 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
                     log=log if log is not None else {})
 
 
-def error_response(err: ApiError) -> Response:
-    return json_response(error_body(err), err.status, list(err.headers.items()))
+def error_shape(path: str) -> str:
+    """The error shape a route answers in: Anthropic's on the Messages routes."""
+    return errors.ANTHROPIC if path.startswith(messages.PATHS) else errors.OPENAI
+
+
+def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
+    """The JSON error answer for err, its access-log line saying why."""
+    return json_response(error_body(err, shape), err.status, list(err.headers.items()), log=refusal_log(err))
+
+
+def key_scope(request: HttpRequest) -> str:
+    """Whose stored state a request may see: a digest of the API key it presented
+    (the access guard has checked it), "" without one."""
+    presented = request.headers.get("x-api-key")
+    if presented is None:
+        scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    return hashlib.sha256(presented.encode("latin-1")).hexdigest() if presented else ""
 
 
 async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
@@ -161,6 +181,10 @@ class Api:
             (re.compile(r"(?:/v1)?/models/(?P<model>[^/]+)"), {"GET": self.model}),
             (re.compile(r"(?:/v1)?/chat/completions"), {"POST": self.chat_completions}),
             (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
+            (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
+            (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
+            (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
+            (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
             (re.compile(r"/tokenize"), {"POST": self.tokenize}),
             (re.compile(r"/detokenize"), {"POST": self.detokenize}),
             (re.compile(r"/v1/sessions"), {"GET": self.list_sessions}),
@@ -168,9 +192,12 @@ class Api:
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": self.reset_session}),
         ]
         self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
+        self.responses = ResponseStore()
+        self.pooling = engine.pooling_type()  # 0: the model makes no embeddings
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
         route, response = "unmatched", None
+        shape = error_shape(request.path)
         try:
             for pattern, methods in self.routes:
                 if (m := pattern.fullmatch(request.path)) is None:
@@ -184,7 +211,7 @@ class Api:
                 return response
             raise errors.not_found(f"no route for {request.path}")
         except ApiError as err:
-            response = error_response(err)
+            response = error_response(err, shape)
             return response
         finally:  # a handler's unexpected exception becomes a 500 in the HTTP layer
             self.metrics.requests.inc(route=route, status=str(response.status if response else 500))
@@ -294,9 +321,71 @@ class Api:
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(openai.parse_chat_request, request.body)
+        fmt = ChatCompletionFormat(req.include_usage, req.logprobs is not None, req.timings_per_token)
+        return await self._chat(request, req, self._session_of(req, request), fmt)
+
+    async def create_response(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(openai.parse_responses_request, request.body)
+        scope, chat_req, previous = key_scope(request), req.chat, None
+        if req.previous_response_id is not None:
+            previous = self.responses.get(scope, req.previous_response_id)
+            if previous is None:
+                raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
+                                             "found.", "previous_response_id", "previous_response_not_found")
+            # Instructions do not carry over: each request's own come first.
+            system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
+            chat_req = dataclasses.replace(chat_req, messages=system + previous.history + req.input)
+        history = (previous.history if previous else []) + req.input
+        fmt = ResponsesFormat(req, None)
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
+        if sid is None and req.store and self.table.eviction == "lru":
+            # A stored conversation gets a session of its own, so its continuation is warm;
+            # an idle one is evicted when the table is full (its cache only, never the store).
+            sid = conversation_session(scope, fmt.id)
+
+        def store(response_id: str, reply: openai.Message) -> None:
+            self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
+
+        fmt.on_done = store if req.store else None
+        return await self._chat(request, chat_req, sid, fmt)
+
+    async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(messages.parse_request, request.body)
+        return await self._chat(request, req, self._session_of(req, request), messages.MessagesFormat())
+
+    async def count_message_tokens(self, request: HttpRequest) -> Response:
+        req = await parse(messages.parse_count_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
-        sid = session_id_of(req.session_id, request.headers)
+        prompt, _, _ = await self._chat_prompt(req)
+        return json_response({"input_tokens": len(prompt.ids())})
+
+    async def embeddings(self, request: HttpRequest) -> Response:
+        req = await parse(openai.parse_embeddings_request, request.body)
+        self._check_model(req.model)
+        if self.pooling == 0:
+            raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
+                                         "makes no embeddings. Serve an embedding model.", "model",
+                                         "model_has_no_pooling")
+        raise errors.unsupported_parameter("model", "This model declares pooling, but llmd does not compute "
+                                           "embeddings yet.")
+
+    def _session_of(self, req: openai.ChatRequest | openai.CompletionRequest, request: HttpRequest) -> str | None:
+        """The body's session_id, else a session header, else the prompt_cache_key's session."""
+        return session_id_of(req.session_id, request.headers) or cache_key_session(req.prompt_cache_key)
+
+    async def _chat(self, request: HttpRequest, req: openai.ChatRequest, sid: str | None,
+                    fmt: Format) -> Response | StreamResponse:
+        """Generate the assistant's reply to a conversation, shaped by fmt."""
+        self._check_model(req.model)
+        openai.check_vocab(req, self.info.n_vocab)
+        prompt, text, tools = await self._chat_prompt(req)
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
+        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt)
+
+    async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
+        """The conversation rendered by the chat template: its ids, its text and the
+        tools it offers (None when tool_choice is "none")."""
         if self.template is None:
             raise errors.invalid_request("this model has no chat template; use /v1/completions "
                                          "or start llmd with --chat-template", "messages")
@@ -306,25 +395,31 @@ class Api:
         except chat.ChatTemplateError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
         self._check_text(rendered.text, "messages")
-        grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
             m = req.messages[index]
             prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return await self._generate(request, "chat", prompt, rendered.text, req, sid, tools or None, grammar)
+        return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(openai.parse_completion_request, request.body)
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
-        sid = session_id_of(req.session_id, request.headers)
+        sid = self._session_of(req, request)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
             self._check_text(req.prompt, "prompt")
             prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
         else:
             prompt = PromptIds([list(req.prompt)])
-        return await self._generate(request, "text", prompt, req.prompt, req, sid, None, grammar)
+        if req.echo and not isinstance(req.prompt, str):
+            echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
+        else:
+            echoed = req.prompt if req.echo else ""
+        return await self._generate(request, prompt, req.prompt, req, sid, None, grammar,
+                                    CompletionFormat(req.include_usage, echoed, req.logprobs is not None,
+                                                     req.timings_per_token),
+                                    prompt_logprobs=req.logprobs if req.echo else None)
 
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
@@ -346,15 +441,16 @@ class Api:
             raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
                                      "limit; retry later", retry_after=1)
 
-    async def _generate(self, request: HttpRequest, kind: str, prompt: PromptIds, prompt_text: str | list[int],
+    async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
-                        tools: list[dict] | None, grammar: str | None) -> Response | StreamResponse:
+                        tools: list[dict] | None, grammar: str | None, fmt: Format,
+                        prompt_logprobs: int | None = None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
             raise errors.invalid_request("the prompt is empty", "prompt")
         if len(ids) >= n_ctx:
-            raise errors.context_length_exceeded(len(ids), n_ctx, "messages" if kind == "chat" else "prompt")
+            raise errors.context_length_exceeded(len(ids), n_ctx, fmt.prompt_param)
         self._admit()
         self.waiting += 1
         try:
@@ -369,14 +465,25 @@ class Api:
             # Like the room left in the context, the operator's cap clamps max_tokens;
             # finish_reason "length" tells the client it was reached.
             cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
-            max_tokens = min(req.max_tokens or cap, cap)
-            g = Generation(slot, ids, self._sampling(req.sampling), max_tokens, reuse=reuse, grammar=grammar,
-                           lease=lease)
-            self.runtime.submit(g)  # from here the generation releases the lease when it ends
+            max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
+            sampling = self._sampling(req.sampling)
+
+            def generation(index: int) -> Generation:
+                """Choice `index`: its own seed; after the first, the prompt is in the slot's
+                cache. The last choice holds the lease (Reply.close hands it on if the
+                reply ends sooner)."""
+                return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
+                                  max_tokens, reuse=reuse or index > 0, grammar=grammar, logprobs=req.logprobs,
+                                  prompt_logprobs=prompt_logprobs if index == 0 else None,
+                                  lease=lease if index == req.n - 1 else None)
+
+            g = generation(0)
+            self.runtime.submit(g)  # from here a generation releases the lease when it ends
         except BaseException:
             lease.release()
             raise
-        reply = Reply(self, kind, g, Output(req.stop, tools), req.include_usage, sid, prompt_text)
+        reply = Reply(self, fmt, g, Output(req.stop, tools), sid, prompt_text,
+                      Choices(req.n, generation, lambda: Output(req.stop, tools), lease))
         if req.stream:
             response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log
@@ -387,22 +494,64 @@ class Api:
             reply.close()
 
 
-class Reply:
-    """One generation's response, streamed as SSE chunks or collected into one object."""
+class Format(Protocol):
+    """How one API surface (chat_completions, completions, responses, messages) shapes
+    a reply: one object when collected, SSE frames when streamed."""
 
-    def __init__(self, api: Api, kind: str, g: Generation, output: Output, include_usage: bool,
-                 session_id: str | None, prompt: str | list[int]):
-        self.api, self.kind, self.g, self.output = api, kind, g, output
-        self.include_usage = include_usage
+    id: str
+    prompt_param: str          # the parameter a prompt over the context is blamed on
+    remembers_replies: bool    # the client sends the reply back: keep its generated ids
+
+    def body(self, reply: Reply) -> dict: ...
+    def start(self, reply: Reply) -> list[bytes]: ...
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]: ...
+    def end(self, reply: Reply) -> list[bytes]: ...  # after each choice; the last also closes
+    def error(self, reply: Reply, err: ApiError) -> list[bytes]: ...
+
+
+@dataclass
+class Choice:
+    """One choice of a reply: its generation, output, finish reason and logprobs."""
+    index: int
+    g: Generation
+    output: Output
+    finish_reason: str | None
+    logprobs: list[TokenLogprob]
+
+
+@dataclass
+class Choices:
+    """How many choices a reply has (n), and how the next one starts: its generation
+    on the same slot (the prompt is prefilled once) and a fresh output."""
+    n: int
+    generation: Callable[[int], Generation]
+    output: Callable[[], Output]
+    lease: Lease                   # the reply's hold on the slot, given to its last choice
+
+
+class Reply:
+    """One generation's response, streamed as SSE chunks or collected into one object;
+    its format builds the surface's objects and frames. With n > 1 the choices run
+    one after another on the reply's slot; `g`, `output`, `finish_reason` and the
+    logprobs are the current choice's, `done` holds the finished ones."""
+
+    def __init__(self, api: Api, fmt: Format, g: Generation, output: Output,
+                 session_id: str | None, prompt: str | list[int], choices: Choices | None = None):
+        self.api, self.fmt, self.g, self.output = api, fmt, g, output
+        self.more = choices
+        self.n = choices.n if choices else 1
+        self.index = 0                   # the current choice
+        self.done: list[Choice] = []
         self.session_id = session_id
         self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
         self.log: dict = {}  # access-log fields, shared with the HTTP response
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        self.id = prefix + uuid.uuid4().hex[:24]
+        self.id = fmt.id
         self.created = int(time.time())
         self.model = api.options.model_ids[0]
         self.finish_reason: str | None = None
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
+        self.logprobs: list[TokenLogprob] = []  # of the reply's tokens, when asked for
+        self._logprobs_taken = 0
         self.stop_hit = False  # a stop string ended the reply (the generation is cancelled)
         self.closed = False
 
@@ -413,11 +562,16 @@ class Reply:
         if self.closed:
             return
         self.closed = True
+        lease = self.more.lease if self.more else None
         if not self.g.finished:
             self.api.runtime.cancel(self.g)
+            if lease is not None and self.g.lease is None:  # a choice before the last: it
+                self.g.lease = lease                         # gives the slot back as it ends
+        elif lease is not None:
+            lease.release()
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
-                        generated=t["predicted_n"], ttft_ms=round(self.g.first_token_ms(), 1),
+                        generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
         if self.api.options.log_prompts:
             completion = self.output.content() + "".join(
@@ -439,9 +593,21 @@ class Reply:
             if kind != "token":
                 return
 
+    def piece(self, token_id: int) -> bytes:
+        """A token's bytes as logprobs show them (control tokens by name)."""
+        return self.api.engine.piece(token_id, special=True)
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The logprobs of tokens fed since the last call."""
+        new = self.logprobs[self._logprobs_taken:]
+        self._logprobs_taken = len(self.logprobs)
+        return new
+
     def _feed(self, token: Token) -> list[ContentDelta | ToolCallDelta]:
         if not token.is_terminal:
             self.generated_ids.append(token.id)
+        if token.logprob is not None and token.piece:  # an end-of-turn token is no text
+            self.logprobs.append(TokenLogprob(token.id, token.logprob, token.top))
         deltas, hit = self.output.feed(token.piece)
         if hit:
             self.stop_hit = True
@@ -457,96 +623,90 @@ class Reply:
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
         # A reply cut by a stop string ("cancelled") holds ids the client never saw.
-        if self.kind == "chat" and self.g.reuse and reason in ("stop", "length"):
+        if self.fmt.remembers_replies and self.g.reuse and reason in ("stop", "length"):
             calls = [(c["function"]["name"], c["function"]["arguments"]) for c in self.output.tool_calls()]
             self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
 
-    def usage(self) -> dict:
-        prompt, done = len(self.g.prompt), self.g.generated
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-                "prompt_tokens_details": {"cached_tokens": self.g.plan.keep}}
+    @property
+    def last(self) -> bool:
+        """The current choice is the reply's last."""
+        return self.index == self.n - 1
 
-    def _extensions(self) -> dict:
-        return {"timings": self.g.timings(), "session_reset_reason": self.g.plan.reason}
+    def choices(self) -> list[Choice]:
+        """The finished choices and the current one, in order."""
+        return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs)]
+
+    def _next_choice(self) -> None:
+        self.done = self.choices()
+        self.index += 1
+        self.g, self.output = self.more.generation(self.index), self.more.output()
+        self.finish_reason, self.generated_ids, self.logprobs, self._logprobs_taken = None, [], [], 0
+        self.stop_hit = False
+        self.api.runtime.submit(self.g)
+
+    @property
+    def first(self) -> Generation:
+        """The first choice's generation: it prefilled (and scored) the prompt."""
+        return self.done[0].g if self.done else self.g
+
+    def usage(self) -> dict:
+        prompt, done = len(self.g.prompt), sum(c.g.generated for c in self.choices())
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                "prompt_tokens_details": {"cached_tokens": self.first.plan.keep}}
+
+    def extensions(self) -> dict:
+        return {"timings": self.first.timings(), "session_reset_reason": self.first.plan.reason}
 
     async def collect(self, request: HttpRequest) -> dict:
         watcher = asyncio.create_task(self._cancel_on_disconnect(request))
         try:
-            async for kind, value in self._events(ping=False):
-                if kind == "token":
-                    self._feed(value)
-                elif kind == "error":
-                    raise as_api_error(value)
-                else:
-                    self._end(value)
+            for i in range(self.n):
+                if i:
+                    if request.disconnected.is_set():
+                        break
+                    self._next_choice()
+                async for kind, value in self._events(ping=False):
+                    if kind == "token":
+                        self._feed(value)
+                    elif kind == "error":
+                        raise as_api_error(value)
+                    else:
+                        self._end(value)
         finally:
             watcher.cancel()
-        text = self.output.content()
-        calls = self.output.tool_calls()
-        finish = self.finish_reason
-        if self.kind == "chat":
-            message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
-            if calls:
-                message["tool_calls"] = calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT, "choices": [choice], "usage": self.usage(),
-                **self._extensions()}
+        return self.fmt.body(self)
 
     async def _cancel_on_disconnect(self, request: HttpRequest) -> None:
         await request.disconnected.wait()
         self.api.runtime.cancel(self.g)
 
-    def _chunk(self, choice: dict | None, **extra) -> bytes:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": FINGERPRINT, "choices": [choice] if choice else [], **extra}
-        return sse.event(json.dumps(body, ensure_ascii=False))
-
-    def _delta_chunk(self, delta: dict | None, text: str | None, finish: str | None) -> bytes:
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish})
-        return self._chunk({"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish})
-
-    def _render(self, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
-        out = []
-        for d in deltas:
-            if isinstance(d, ContentDelta):
-                out.append(self._delta_chunk({"content": d.text}, d.text, None))
-            else:
-                out.append(self._delta_chunk({"tool_calls": [d.to_openai_delta()]}, None, None))
-        return out
-
     async def stream(self, request: HttpRequest) -> AsyncIterator[bytes]:
         try:
-            if self.kind == "chat":
-                yield self._delta_chunk({"role": "assistant", "content": ""}, None, None)
-            async for kind, value in self._events(ping=True):
-                if kind == "ping":
-                    yield sse.PING
-                elif kind == "token":
-                    for chunk in self._render(self._feed(value)):
-                        yield chunk
-                else:
-                    try:
-                        if kind == "error":
-                            raise as_api_error(value)
-                        chunks = self._render(self._end(value))
-                    except ApiError as err:
-                        yield sse.event(json.dumps(error_body(err)))
-                        yield sse.DONE
-                        return
-                    for chunk in chunks:
-                        yield chunk
-                    yield self._delta_chunk({}, "", self.finish_reason)
-            if self.include_usage:
-                yield self._chunk(None, usage=self.usage(), **self._extensions())
-            yield sse.DONE
+            for i in range(self.n):
+                if i:
+                    self._next_choice()
+                for frame in self.fmt.start(self):
+                    yield frame
+                async for kind, value in self._events(ping=True):
+                    if kind == "ping":
+                        yield sse.PING
+                    elif kind == "token":
+                        for frame in self.fmt.deltas(self, self._feed(value)):
+                            yield frame
+                    else:
+                        try:
+                            if kind == "error":
+                                raise as_api_error(value)
+                            frames = self.fmt.deltas(self, self._end(value))
+                        except ApiError as err:
+                            for frame in self.fmt.error(self, err):
+                                yield frame
+                            return
+                        for frame in frames:
+                            yield frame
+                for frame in self.fmt.end(self):
+                    yield frame
         finally:
             self.close()
 

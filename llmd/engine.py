@@ -7,6 +7,7 @@ while the executor thread computes.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from llmd._native import ffi, lib
@@ -98,6 +99,8 @@ class Token:
     is_terminal: bool  # an end-of-generation id, or the token that completed the grammar
     stopped: bool
     forced: bool = False  # the grammar's token budget overruled the model's choice
+    logprob: float | None = None  # when asked for: log p(id) under the model's logits
+    top: tuple[tuple[int, float], ...] = ()  # (id, logprob) most likely first, when asked for
 
 
 def _token(t) -> Token:
@@ -160,6 +163,12 @@ class Engine:
             raise EngineError(lib.LLMD_ERR_HANDLE, "the engine is closed")
         return self._handle
 
+    def pooling_type(self) -> int:
+        """The embedding pooling the file declares: 0 none, 1 mean, 2 cls, 3 last, 4 rank."""
+        out = ffi.new("int32_t *")
+        _check(lib.llmd_engine_pooling_type(self.handle, out))
+        return out[0]
+
     def capacity(self, budget_bytes: int) -> tuple[int, int]:
         """(max sessions, bytes per session) for a KV memory budget."""
         n, per = ffi.new("int32_t *"), ffi.new("uint64_t *")
@@ -195,12 +204,18 @@ class Engine:
         self._sessions.add(session)
         return session
 
-    def decode_batch(self, sessions: list[Session]) -> list[Token]:
-        """One step for several sessions at once; equals decode_one on each."""
+    def decode_batch(self, sessions: list[Session], logprobs: list[int | None] | None = None) -> list[Token]:
+        """One step for several sessions at once; equals decode_one on each.
+        logprobs[i], if not None, asks for session i's token logprob and that many top ones."""
         handles = ffi.new("llmd_session *[]", [s.handle for s in sessions])
         out = self._token_out if len(sessions) <= 64 else ffi.new("llmd_token[]", len(sessions))
         _check(lib.llmd_session_decode_batch(handles, len(sessions), out))
-        return [_token(out[i]) for i in range(len(sessions))]
+        tokens = [_token(out[i]) for i in range(len(sessions))]
+        for i, n_top in enumerate(logprobs or ()):
+            if n_top is not None and not tokens[i].stopped:
+                logprob, top = sessions[i].token_logprobs(n_top)
+                tokens[i] = dataclasses.replace(tokens[i], logprob=logprob, top=top)
+        return tokens
 
 
 class Session:
@@ -292,6 +307,25 @@ class Session:
         out = ffi.new("float[]", max(0, len(ids) - 1 - first))
         _check(lib.llmd_session_score(self.handle, ffi.new("int32_t[]", ids), len(ids), first, out))
         return list(ffi.unpack(out, len(ids) - 1 - first))
+
+    def score_top(self, ids: list[int], first: int, n_top: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+        """As score, with each position's n_top most likely (id, logprob), most likely first."""
+        if first < 0:
+            raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "score needs first >= 0")
+        n = max(0, len(ids) - 1 - first)
+        out = ffi.new("float[]", n)
+        top_ids, top_lps = ffi.new("int32_t[]", n * max(n_top, 0)), ffi.new("float[]", n * max(n_top, 0))
+        _check(lib.llmd_session_score_top(self.handle, ffi.new("int32_t[]", ids), len(ids), first, n_top, out,
+                                          top_ids, top_lps))
+        return [(out[k], tuple((top_ids[k * n_top + j], top_lps[k * n_top + j]) for j in range(n_top)))
+                for k in range(n)]
+
+    def token_logprobs(self, n_top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+        """The pending token's logprob and the n_top most likely (id, logprob) of its step."""
+        logprob = ffi.new("float *")
+        top_ids, top_lps = ffi.new("int32_t[]", max(n_top, 1)), ffi.new("float[]", max(n_top, 1))
+        _check(lib.llmd_session_token_logprobs(self.handle, n_top, logprob, top_ids, top_lps))
+        return logprob[0], tuple((top_ids[j], top_lps[j]) for j in range(n_top))
 
 
 # (elements, bytes) per block of each tensor type, as GGUF numbers the types

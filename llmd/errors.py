@@ -9,10 +9,16 @@ becomes a 500 `server_error`.
 Body shape, always with all four keys (OpenAI clients index them unconditionally):
 
     {"error": {"message": str, "type": str, "param": str | null, "code": str | null}}
+
+The Anthropic Messages routes answer in Anthropic's shape instead, from the same
+ApiError (`error_body(err, ANTHROPIC)`):
+
+    {"type": "error", "error": {"type": str, "message": str}}
 """
 
 from __future__ import annotations
 
+import json
 from typing import Iterable
 
 
@@ -41,10 +47,34 @@ class ApiError(Exception):
                 f"param={self.param!r}, code={self.code!r})")
 
 
-def error_body(err: ApiError) -> dict:
-    """Return the OpenAI error envelope for `err`; all four inner keys are present."""
+OPENAI, ANTHROPIC = "openai", "anthropic"  # the error shapes a route may answer in
+
+# Anthropic names its error types by status; 503 is its "overloaded_error".
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def error_body(err: ApiError, shape: str = OPENAI) -> dict:
+    """Return the error envelope for `err` in `shape`: OpenAI's (all four inner keys
+    present) or Anthropic's."""
+    if shape == ANTHROPIC:
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, "api_error"),
+                                           "message": err.message}}
+    if shape != OPENAI:
+        raise ValueError(f"unknown error shape {shape!r}")
     return {"error": {"message": err.message, "type": err.type,
                       "param": err.param, "code": err.code}}
+
+
+def refusal_log(err: ApiError) -> dict:
+    """Access-log fields saying why a request was refused: its code, the parameter
+    and the message (quoted, so the line stays one line of key=value pairs)."""
+    fields = {"error": err.code or err.type}
+    if err.param:
+        fields["param"] = err.param
+    fields["reason"] = json.dumps(err.message[:200], ensure_ascii=False)
+    return fields
 
 
 def as_api_error(exc: BaseException) -> ApiError:

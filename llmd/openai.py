@@ -19,12 +19,14 @@ Theory of operation
 Field policy (the reasoned choice):
 - Known fields llmd honours are validated and used.
 - Known OpenAI fields with no effect on the generated output (`user`, `metadata`,
-  `store`, `service_tier`, `prompt_cache_key`, `safety_identifier`) are accepted and
-  ignored; only `user` is type-checked.
+  `store`, `service_tier`, `safety_identifier`, `prompt_cache_retention`) are accepted;
+  `user` and `prompt_cache_retention` are checked. `prompt_cache_key` names the
+  session when no session id is given. llama.cpp's `cache_prompt`, `id_slot` (-1
+  only), `n_probs` (top logprobs) and `timings_per_token` are accepted too.
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
-  `reasoning_effort`, `verbosity`, n > 1, logprobs, tool_choice "allowed_tools"/custom,
-  echo, suffix, best_of > 1, image/audio/file content parts) are refused with 400
+  `reasoning_effort`, `verbosity`, tool_choice "allowed_tools"/custom,
+  suffix, best_of > 1, image/audio/file content parts, `return_progress`) are refused with 400
   `unsupported_parameter`, because the design says what cannot be honoured is never
   silently ignored. response_format json_object / json_schema and tool_choice
   "required" / a named function are honoured by constrained decoding (constrain.py,
@@ -131,6 +133,10 @@ class ChatRequest:
     session_id: str | None             # validated later by the sessions layer
     response_format: ResponseFormat | None = None
     tool_name: str | None = None       # the function a named tool_choice forces
+    logprobs: int | None = None        # None: off; else how many top logprobs per token
+    timings_per_token: bool = False    # every stream chunk carries `timings` (llama.cpp)
+    prompt_cache_key: str | None = None  # names a session when nothing else does
+    n: int = 1                         # choices, each with its own seed stream
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,11 @@ class CompletionRequest:
     include_usage: bool
     session_id: str | None
     response_format: ResponseFormat | None = None
+    logprobs: int | None = None        # None: off; else how many top logprobs per token
+    echo: bool = False                 # the prompt (and its logprobs) before the completion
+    timings_per_token: bool = False
+    prompt_cache_key: str | None = None
+    n: int = 1
 
 
 @dataclass(frozen=True)
@@ -308,7 +319,15 @@ _SAMPLING_KEYS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias"})
 _NO_EFFECT_KEYS = frozenset({
-    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+    "prompt_cache_retention"})
+# llama.cpp server fields: cache_prompt (llmd always reuses the cache), id_slot (refused
+# unless -1, "any slot": sessions are named by session_id), n_probs (top logprobs),
+# timings_per_token; return_progress (prompt progress events) is refused when true.
+_LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
+MAX_TOP_LOGPROBS = 20                  # the engine's bound (LLMD_MAX_TOP_LOGPROBS)
+MAX_CHOICES = 16                       # n: choices run one after another, so few
+_CACHE_RETENTION = ("in_memory", "24h")
 _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
@@ -387,20 +406,49 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
     return stream, False if usage is None else _bool(usage, "stream_options.include_usage")
 
 
-def _parse_max_tokens(v: Any, param: str) -> int | None:
-    return None if v is None else _int(v, param, 1, INT32_MAX)
+def _parse_max_tokens(v: Any, param: str, lo: int = 1) -> int | None:
+    return None if v is None else _int(v, param, lo, INT32_MAX)
 
 
-def _parse_n(v: Any) -> None:
-    if v is not None and _int(v, "n", 1, INT32_MAX) != 1:
-        raise unsupported_parameter("n", "Only n=1 is supported.")
+def _parse_timings_per_token(body: dict) -> bool:
+    v = body.get("timings_per_token")
+    return False if v is None else _bool(v, "timings_per_token")
+
+
+def _parse_prompt_cache_key(body: dict) -> str | None:
+    v = body.get("prompt_cache_key")
+    return None if v is None else _str(v, "prompt_cache_key")
+
+
+def _parse_n_probs(body: dict) -> int | None:
+    """llama.cpp's n_probs: that many top logprobs per token (0: off)."""
+    v = body.get("n_probs")
+    return None if v is None or _int(v, "n_probs", 0, MAX_TOP_LOGPROBS) == 0 else v
+
+
+def _parse_n(v: Any) -> int:
+    return 1 if v is None else _int(v, "n", 1, MAX_CHOICES)
 
 
 def _parse_common(body: dict) -> tuple[str, str | None]:
-    """Return (model, session_id); also type-checks `user`."""
+    """Return (model, session_id); also type-checks `user`, `prompt_cache_retention`
+    and the llama.cpp fields that need no further use (cache_prompt, id_slot,
+    return_progress)."""
     model = _str(_required(body, "model", "model"), "model")
     if body.get("user") is not None:
         _str(body["user"], "user")
+    retention = body.get("prompt_cache_retention")
+    if retention is not None and _str(retention, "prompt_cache_retention") not in _CACHE_RETENTION:
+        raise invalid_request(f"Invalid value for 'prompt_cache_retention': {_show(retention)}; expected "
+                              "'in_memory' or '24h'.", "prompt_cache_retention")
+    if body.get("cache_prompt") is not None:
+        _bool(body["cache_prompt"], "cache_prompt")
+    if body.get("id_slot") is not None and _int(body["id_slot"], "id_slot", -1, INT32_MAX) != -1:
+        raise unsupported_parameter("id_slot", "'id_slot' is not supported: name a session with "
+                                    "'session_id' (or the X-Session-ID header) to keep its cache.")
+    if body.get("return_progress") is not None and _bool(body["return_progress"], "return_progress"):
+        raise unsupported_parameter("return_progress", "'return_progress' (prompt progress events) "
+                                    "is not supported.")
     sid = body.get("session_id")
     if sid is not None and not isinstance(sid, str):
         raise invalid_session_id("Invalid type for 'session_id': expected a string.")
@@ -412,7 +460,7 @@ def _parse_common(body: dict) -> tuple[str, str | None]:
 _CHAT_KEYS = _SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "modalities", "session_id"})
+    "parallel_tool_calls", "modalities", "session_id"}) | _LLAMA_KEYS
 _CHAT_UNSUPPORTED = {
     "audio": "Audio output is not supported: this server generates text only.",
     "prediction": "Predicted outputs ('prediction') are not supported.",
@@ -439,13 +487,15 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one.",
                               "max_tokens")
-    _parse_n(obj.get("n"))
+    n = _parse_n(obj.get("n"))
 
-    if obj.get("logprobs") is not None and _bool(obj["logprobs"], "logprobs"):
-        raise unsupported_parameter("logprobs", "'logprobs' is not supported yet.")
+    logprobs = obj.get("logprobs") is not None and _bool(obj["logprobs"], "logprobs")
     top_logprobs = obj.get("top_logprobs")
-    if top_logprobs is not None and _int(top_logprobs, "top_logprobs", 0, 20) > 0:
-        raise unsupported_parameter("top_logprobs", "'top_logprobs' is not supported yet.")
+    if top_logprobs is not None:
+        _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if not logprobs:
+            raise invalid_request("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
+    n_probs = _parse_n_probs(obj)
     response_format = _parse_response_format(obj.get("response_format"))
     _parse_modalities(obj.get("modalities"))
 
@@ -466,6 +516,10 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         session_id=session_id,
         response_format=response_format,
         tool_name=tool_name,
+        logprobs=(top_logprobs or 0) if logprobs else n_probs,
+        timings_per_token=_parse_timings_per_token(obj),
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+        n=n,
     )
 
 
@@ -514,21 +568,28 @@ def _parse_message(m: Any, p: str) -> Message:
 def _parse_content(v: Any, p: str) -> str:
     if isinstance(v, str):
         return v
+    return text_parts(v, p, {"text": "text"}, _UNSUPPORTED_PARTS)
+
+
+def text_parts(v: Any, p: str, kinds: dict[str, str], unsupported: Sequence[str], noun: str = "parts") -> str:
+    """The text of an array of content parts joined with "\n". `kinds` maps each text
+    part type to the key that holds its text; `unsupported` types (images, files) are
+    refused as the served model reads text only; any other type is invalid."""
     if not isinstance(v, list):
-        raise invalid_type(p, "a string or an array of content parts", v)
+        raise invalid_type(p, f"a string or an array of content {noun}", v)
     texts = []
     for j, part in enumerate(v):
         pp = f"{p}[{j}]"
         if not isinstance(part, dict):
             raise invalid_type(pp, "an object", part)
         kind = _str(_required(part, "type", f"{pp}.type"), f"{pp}.type")
-        if kind in _UNSUPPORTED_PARTS:
-            raise unsupported_parameter(f"{pp}.type", f"Content parts of type '{kind}' are not "
+        if kind in unsupported:
+            raise unsupported_parameter(f"{pp}.type", f"Content {noun} of type '{kind}' are not "
                                         "supported: the served model reads text only.")
-        if kind != "text":
-            raise invalid_request(f"Invalid value for '{pp}.type': {_show(kind)}; expected 'text'.",
-                                  f"{pp}.type")
-        texts.append(_str(_required(part, "text", f"{pp}.text"), f"{pp}.text"))
+        if kind not in kinds:
+            raise invalid_request(f"Invalid value for '{pp}.type': {_show(kind)}; expected "
+                                  f"{' or '.join(repr(k) for k in kinds)}.", f"{pp}.type")
+        texts.append(_str(_required(part, kinds[kind], f"{pp}.{kinds[kind]}"), f"{pp}.{kinds[kind]}"))
     return "\n".join(texts)
 
 
@@ -680,7 +741,8 @@ def _parse_modalities(v: Any) -> None:
 
 _COMPLETION_KEYS = _SAMPLING_KEYS | frozenset({
     "model", "prompt", "max_tokens", "stream", "stream_options", "stop", "n", "best_of",
-    "echo", "suffix", "logprobs", "user", "session_id", "response_format"})
+    "echo", "suffix", "logprobs", "user", "session_id", "response_format", "prompt_cache_key",
+    "prompt_cache_retention"}) | _LLAMA_KEYS
 
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
@@ -690,17 +752,15 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     model, session_id = _parse_common(obj)
     prompt = _parse_prompt(_required(obj, "prompt", "prompt"))
     stream, include_usage = _parse_stream(obj)
-    _parse_n(obj.get("n"))
+    n = _parse_n(obj.get("n"))
     if obj.get("best_of") is not None and _int(obj["best_of"], "best_of", 1, INT32_MAX) != 1:
         raise unsupported_parameter("best_of", "Only best_of=1 is supported.")
-    if obj.get("echo") is not None and _bool(obj["echo"], "echo"):
-        raise unsupported_parameter("echo", "'echo' is not supported.")
+    echo = obj.get("echo") is not None and _bool(obj["echo"], "echo")
     if obj.get("suffix") is not None and _str(obj["suffix"], "suffix"):
         raise unsupported_parameter("suffix", "'suffix' (insertion) is not supported.")
-    if obj.get("logprobs") is not None:
-        _int(obj["logprobs"], "logprobs", 0, 5)
-        raise unsupported_parameter("logprobs", "'logprobs' is not supported yet.")
-    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens")
+    logprobs = None if obj.get("logprobs") is None else _int(obj["logprobs"], "logprobs", 0, MAX_TOP_LOGPROBS)
+    # Echo with max_tokens 0 scores the prompt alone (how evaluation harnesses ask).
+    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens", 0 if echo else 1)
     return CompletionRequest(
         model=model,
         prompt=prompt,
@@ -711,6 +771,11 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         include_usage=include_usage,
         session_id=session_id,
         response_format=_parse_response_format(obj.get("response_format")),
+        logprobs=logprobs if logprobs is not None else _parse_n_probs(obj),
+        echo=echo,
+        timings_per_token=_parse_timings_per_token(obj),
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+        n=n,
     )
 
 
@@ -787,3 +852,274 @@ def check_vocab(request: ChatRequest | CompletionRequest | DetokenizeRequest, n_
         if t >= n_vocab:
             raise invalid_request(f"Invalid value for 'logit_bias': token id {t} is out of range "
                                   f"[0, {n_vocab}).", "logit_bias")
+
+
+# --- responses ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A /v1/responses body: the conversation as a chat request, and what the
+    Response object repeats back or the response store needs."""
+    chat: ChatRequest
+    input: list[Message]               # this request's own input items (without instructions)
+    instructions: str | None
+    previous_response_id: str | None
+    store: bool
+    echo: dict                         # request fields the Response object repeats
+
+
+_RESPONSES_KEYS = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
+    "tool_choice", "parallel_tool_calls", "text", "stream", "stream_options", "store",
+    "previous_response_id", "metadata", "user", "safety_identifier", "service_tier",
+    "prompt_cache_key", "prompt_cache_retention", "truncation", "reasoning", "include",
+    "session_id", "top_logprobs", "background", "max_tool_calls", "top_k", "min_p", "seed",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"})
+_RESPONSES_UNSUPPORTED = {
+    "conversation": "'conversation' objects are not supported; chain responses with "
+                    "'previous_response_id'.",
+    "prompt": "Prompt templates ('prompt') are not supported.",
+}
+_RESPONSE_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+
+
+def parse_responses_request(body: bytes) -> ResponsesRequest:
+    """Validate a /v1/responses body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _RESPONSES_KEYS, _RESPONSES_UNSUPPORTED)
+    model, session_id = _parse_common(obj)
+    for key, why in (("background", "Background responses are not supported."),
+                     ("max_tool_calls", "'max_tool_calls' is not supported.")):
+        v = obj.get(key)
+        if v is not None and v is not False:
+            raise unsupported_parameter(key, why)
+    top_logprobs = obj.get("top_logprobs")
+    top_logprobs = 0 if top_logprobs is None else _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    with_logprobs = _parse_include(obj.get("include")) or top_logprobs > 0
+    _parse_reasoning(obj.get("reasoning"))
+    truncation = obj.get("truncation")
+    if truncation is not None and _str(truncation, "truncation") != "disabled":
+        raise unsupported_parameter("truncation", "Only truncation 'disabled' is supported: a prompt "
+                                    "over the context is refused, never cut.")
+    instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
+    items = _parse_input(_required(obj, "input", "input"))
+    stream, _ = _parse_stream(obj)
+    tools = parse_flat_tools(obj.get("tools"), ("function",), "parameters", "only 'function'")
+    tool_choice, tool_name = _parse_response_tool_choice(obj.get("tool_choice"), tools)
+    text = obj.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise invalid_type("text", "an object", text)
+    for key in text or {}:
+        if key not in ("format", "verbosity"):
+            raise unknown_parameter(f"text.{key}")
+    if (text or {}).get("verbosity") not in (None, "medium"):
+        raise unsupported_parameter("text.verbosity", "'text.verbosity' is not supported.")
+    text_format = (text or {}).get("format")
+    response_format = _parse_text_format(text_format)
+    store = obj.get("store")
+    previous = obj.get("previous_response_id")
+    ptc = obj.get("parallel_tool_calls")
+    chat = ChatRequest(
+        model=model,
+        messages=([Message("system", instructions)] if instructions is not None else []) + items,
+        sampling=_parse_sampling(obj),
+        max_tokens=_parse_max_tokens(obj.get("max_output_tokens"), "max_output_tokens"),
+        stop=[],
+        stream=stream,
+        include_usage=True,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=True if ptc is None else _bool(ptc, "parallel_tool_calls"),
+        session_id=session_id,
+        response_format=response_format,
+        tool_name=tool_name,
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+        logprobs=top_logprobs if with_logprobs else None,
+    )
+    echo = {
+        "instructions": instructions,
+        "max_output_tokens": chat.max_tokens,
+        "max_tool_calls": None,
+        "metadata": obj.get("metadata") or {},
+        "parallel_tool_calls": chat.parallel_tool_calls,
+        "temperature": chat.sampling.temperature,
+        "top_p": chat.sampling.top_p,
+        "presence_penalty": chat.sampling.presence_penalty,
+        "frequency_penalty": chat.sampling.frequency_penalty,
+        "top_logprobs": top_logprobs,
+        "text": {"format": text_format or {"type": "text"}},
+        "tool_choice": obj.get("tool_choice") or ("auto" if tools else "none"),
+        "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
+                   "strict": raw.get("strict")} for t, raw in zip(tools, obj.get("tools") or [])],
+        "truncation": "disabled",
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "safety_identifier": obj.get("safety_identifier"),
+        "prompt_cache_key": chat.prompt_cache_key,
+        "user": obj.get("user"),
+    }
+    return ResponsesRequest(
+        chat=chat,
+        input=items,
+        instructions=instructions,
+        previous_response_id=None if previous is None else _str(previous, "previous_response_id"),
+        store=True if store is None else _bool(store, "store"),
+        echo=echo,
+    )
+
+
+def _parse_include(v: Any) -> bool:
+    """Whether `include` asks for the output text's logprobs."""
+    if v is None:
+        return False
+    if not isinstance(v, list):
+        raise invalid_type("include", "an array of strings", v)
+    for i, item in enumerate(v):
+        # Encrypted reasoning is empty for a model without reasoning: nothing to add.
+        if _str(item, f"include[{i}]") not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
+            raise unsupported_parameter(f"include[{i}]", f"include {_show(item)} is not supported.")
+    return "message.output_text.logprobs" in v
+
+
+def _parse_reasoning(v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise invalid_type("reasoning", "an object", v)
+    for key, value in v.items():
+        if key not in ("effort", "summary", "generate_summary"):
+            raise unknown_parameter(f"reasoning.{key}")
+        if value is not None:
+            raise unsupported_parameter(f"reasoning.{key}", "The served model does not reason: "
+                                        f"'reasoning.{key}' is not supported.")
+
+
+def _parse_input(v: Any) -> list[Message]:
+    """Input items as chat messages: consecutive function calls become one assistant
+    message's tool calls; a call's output becomes a tool message."""
+    if isinstance(v, str):
+        if not v:
+            raise invalid_request("Invalid value for 'input': the input must not be empty.", "input")
+        return [Message("user", v)]
+    if not isinstance(v, list):
+        raise invalid_type("input", "a string or an array of input items", v)
+    if not v:
+        raise invalid_request("Invalid value for 'input': at least one item is required.", "input")
+    messages: list[Message] = []
+    for i, item in enumerate(v):
+        p = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid_type(p, "an object", item)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            messages.append(_parse_input_message(item, p))
+        elif kind == "function_call":
+            call = ToolCall(id=_str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id"),
+                            name=_str(_required(item, "name", f"{p}.name"), f"{p}.name"),
+                            arguments=_str(_required(item, "arguments", f"{p}.arguments"), f"{p}.arguments"))
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                messages[-1] = Message("assistant", last.content, last.name, last.tool_calls + (call,))
+            else:
+                messages.append(Message("assistant", None, None, (call,)))
+        elif kind == "function_call_output":
+            output = _required(item, "output", f"{p}.output")
+            content = output if isinstance(output, str) else _parse_output_parts(output, f"{p}.output")
+            messages.append(Message("tool", content, None, (),
+                                    _str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
+        elif kind == "reasoning":
+            continue  # a reasoning item echoed back: this model produced none, it adds nothing
+        elif kind is None:
+            raise missing_parameter(f"{p}.type")
+        else:
+            raise unsupported_parameter(f"{p}.type", f"Input items of type {_show(kind)} are not supported.")
+    return messages
+
+
+def _parse_input_message(item: dict, p: str) -> Message:
+    role = _str(_required(item, "role", f"{p}.role"), f"{p}.role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise invalid_request(f"Invalid value for '{p}.role': {_show(role)}; expected user, assistant, "
+                              "system or developer.", f"{p}.role")
+    raw = _required(item, "content", f"{p}.content")
+    content = raw if isinstance(raw, str) else _parse_output_parts(raw, f"{p}.content")
+    return Message(role, content)
+
+
+def _parse_output_parts(v: Any, p: str) -> str:
+    """Input and output text parts (and refusals an assistant turn may carry)."""
+    return text_parts(v, p, _RESPONSE_PARTS, _UNSUPPORTED_PARTS)
+
+
+def parse_flat_tools(v: Any, kinds: Sequence[str | None], schema_key: str, why: str) -> list[Tool]:
+    """Tools written flat ({type, name, description, <schema_key>}), as the Responses
+    and Anthropic APIs write them, checked as chat tools; a type outside `kinds` is
+    refused with `why`."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise invalid_type("tools", "an array", v)
+    nested = []
+    for i, t in enumerate(v):
+        if not isinstance(t, dict):
+            raise invalid_type(f"tools[{i}]", "an object", t)
+        kind = t.get("type")
+        if kind not in kinds:
+            raise unsupported_parameter(f"tools[{i}].type", f"Tools of type {_show(kind)} are not supported; {why}.")
+        fn = {"name": t.get("name"), "description": t.get("description"), "parameters": t.get(schema_key),
+              "strict": t.get("strict")}
+        nested.append({"type": "function", "function": {k: x for k, x in fn.items() if x is not None}})
+    return _parse_tools(nested)
+
+
+def _parse_response_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
+    if isinstance(v, dict) and v.get("type") == "function" and "function" not in v:
+        return _parse_tool_choice({"type": "function", "function": {"name": v.get("name")}}, tools)
+    return _parse_tool_choice(v, tools)
+
+
+def _parse_text_format(v: Any) -> ResponseFormat | None:
+    """text.format: {type: text | json_object | json_schema, name, schema, strict}."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise invalid_type("text.format", "an object", v)
+    kind = v.get("type")
+    if kind != "json_schema":
+        return _parse_response_format(v)
+    spec = {k: v[k] for k in ("name", "description", "schema", "strict") if k in v}
+    for key in v:
+        if key not in ("type", "name", "description", "schema", "strict"):
+            raise unknown_parameter(f"text.format.{key}")
+    return _parse_response_format({"type": "json_schema", "json_schema": spec})
+
+
+# --- embeddings ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    model: str
+    inputs: list[str | list[int]]      # one entry per embedding asked for
+    encoding_format: str               # "float" | "base64"
+
+
+def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
+    """Validate a /v1/embeddings body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, frozenset({"model", "input", "encoding_format", "dimensions", "user"}), {})
+    model, _ = _parse_common(obj)
+    v = _required(obj, "input", "input")
+    if isinstance(v, str) or (isinstance(v, list) and v and all(_is_int(x) for x in v)):
+        inputs = [_parse_prompt_one(v, "input")]
+    elif isinstance(v, list) and v:
+        inputs = [_parse_prompt_one(x, f"input[{i}]") for i, x in enumerate(v)]
+    else:
+        raise invalid_type("input", "a string, an array of strings or an array of token ids", v)
+    fmt = obj.get("encoding_format")
+    if fmt is not None and _str(fmt, "encoding_format") not in ("float", "base64"):
+        raise invalid_request(f"Invalid value for 'encoding_format': {_show(fmt)}; expected 'float' or "
+                              "'base64'.", "encoding_format")
+    if obj.get("dimensions") is not None:
+        _int(obj["dimensions"], "dimensions", 1, INT32_MAX)
+        raise unsupported_parameter("dimensions", "'dimensions' (shortened embeddings) is not supported.")
+    return EmbeddingsRequest(model, inputs, fmt or "float")

@@ -57,6 +57,9 @@ class Generation:
     max_tokens: int
     reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
     grammar: str | None = None     # constrained decoding (llmd.constrain), None: free
+    logprobs: int | None = None    # tokens carry their logprob and this many top ones
+    prompt_logprobs: int | None = None  # score the prompt (with this many top ones): no reuse
+    prompt_scores: list = field(default_factory=list)  # (logprob, top) of prompt[1:]
     lease: Lease | None = None     # released when the generation ends
     plan: PrefillPlan | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -156,7 +159,7 @@ class Runtime:
 
     def submit(self, g: Generation) -> None:
         """Plan the prefill against the slot's cache and queue the generation."""
-        if g.reuse:
+        if g.reuse and g.prompt_logprobs is None:
             g.plan = plan_prefill(g.slot.resident, g.prompt, g.slot.dirty, enabled=self.warm_resume)
         else:
             g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
@@ -214,14 +217,22 @@ class Runtime:
 
     async def _prefill_step(self, g: Generation) -> None:
         slot, first = g.slot, g.next_prefill == g.plan.keep
-        chunk = g.prompt[g.next_prefill:g.next_prefill + PREFILL_CHUNK]
+        # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
+        # engine's logits may differ in the last bits with how a prompt is split.
+        end = len(g.prompt) if g.prompt_logprobs is not None else g.next_prefill + PREFILL_CHUNK
+        chunk = g.prompt[g.next_prefill:end]
 
         def run() -> None:
             if first:
                 slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
                 slot.session.set_sampling(g.sampling)
                 slot.session.set_grammar(g.grammar, g.max_tokens)
-            slot.session.prefill(chunk)
+            if g.prompt_logprobs is None or len(chunk) < 2:
+                slot.session.prefill(chunk)
+            else:  # then the last token again, for the next-token logits score leaves out
+                g.prompt_scores = slot.session.score_top(chunk, 0, g.prompt_logprobs)
+                slot.session.truncate(len(chunk) - 1)
+                slot.session.prefill(chunk[-1:])
 
         if first:
             g.t_prefill_start = time.perf_counter()
@@ -240,18 +251,21 @@ class Runtime:
         if g.next_prefill == len(g.prompt):
             g.decoding = True
             g.t_prefill_end = time.perf_counter()
+            if g.max_tokens == 0:  # the prompt's logprobs were all that was asked for
+                self._finish(g, "end", "length")
 
     async def _decode_steps(self, batch: list[Generation], most: int) -> None:
         """Up to `most` decode steps for the batch, fewer when a generation would reach
         its token budget or run READ_AHEAD ahead of its reader, or one ends."""
         loop = asyncio.get_running_loop()
         sessions = [g.slot.session for g in batch]
+        logprobs = [g.logprobs for g in batch] if any(g.logprobs is not None for g in batch) else None
         steps = min(most, *(min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize()) for g in batch))
         self._interrupt = False
 
         def run() -> None:
             for _ in range(steps):
-                tokens = self.engine.decode_batch(sessions)
+                tokens = self.engine.decode_batch(sessions, logprobs)
                 loop.call_soon_threadsafe(self._deliver, batch, tokens)
                 if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
                     return

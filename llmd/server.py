@@ -25,12 +25,14 @@ import contextlib
 import json
 import logging
 import socket
+import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import AsyncIterator, Awaitable, Callable, Union
 from urllib.parse import urlsplit
 
+from llmd.errors import ApiError, error_body, refusal_log
 from llmd.http import (CONTINUE, LAST_CHUNK, Body, EndOfMessage, Event, Headers, Limits,
                        ParseError, Request, RequestParser, render_chunk, render_head)
 
@@ -47,6 +49,7 @@ class HttpRequest:
     body: bytes
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     client: tuple[str, int] | None = None
+    id: str = ""              # X-Request-Id: the client's, else one made up; logged, echoed
 
 
 @dataclass
@@ -79,16 +82,25 @@ _LINGER = 1.0              # seconds to drain a rejected client before closing
 CUT_SECONDS = 1.0          # after the shutdown grace, for cut responses to be written
 
 
+def _request_id(headers: Headers) -> str:
+    """The client's X-Request-Id if it is 1-128 printable ASCII characters, else a new one."""
+    rid = headers.get("x-request-id") or ""
+    if 1 <= len(rid) <= 128 and all(0x21 <= ord(c) <= 0x7E for c in rid):
+        return rid
+    return "req-" + uuid.uuid4().hex
+
+
 def _access_log(request: HttpRequest, response: Response | StreamResponse | None, seconds: float) -> None:
-    """One line per request; the app's fields (session, token counts, ...) follow the status."""
+    """One line per request; the app's fields (session, token counts, or why it was
+    refused) follow the status."""
     fields = {"method": request.method, "path": request.path,
               "status": response.status if response is not None else 500, "ms": round(seconds * 1000, 1),
-              "client": request.client[0] if request.client else "-"}
+              "client": request.client[0] if request.client else "-", "request_id": request.id}
     extra = response.log if response is not None else {}
     fields.update(extra)
-    access_log.info("%s %s %d %.1fms client=%s%s", request.method, request.path, fields["status"],
-                    fields["ms"], fields["client"], "".join(f" {k}={v}" for k, v in extra.items()),
-                    extra={"fields": fields})
+    access_log.info("%s %s %d %.1fms client=%s request_id=%s%s", request.method, request.path,
+                    fields["status"], fields["ms"], fields["client"], request.id,
+                    "".join(f" {k}={v}" for k, v in extra.items()), extra={"fields": fields})
 
 
 class _Disconnected(Exception):
@@ -96,8 +108,8 @@ class _Disconnected(Exception):
 
 
 def _error(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return Response(status, json.dumps(body).encode())
+    err = ApiError(status, message, kind, None, code)
+    return Response(status, json.dumps(error_body(err)).encode(), log=refusal_log(err))
 
 
 async def _aclose(it: AsyncIterator[bytes]) -> None:
@@ -167,12 +179,13 @@ class _Connection:
                 return await self._reject(body)
             path, query = _split_target(head.target)
             request = HttpRequest(head.method, path, query, head.headers, body,
-                                  client=self.client)
+                                  client=self.client, id=_request_id(head.headers))
             watcher = asyncio.create_task(self._watch(request))
             started = self.loop.time()
             response = None
             try:
                 response = await self._call_app(request)
+                response.headers.append(("X-Request-Id", request.id))
                 keep_alive = head.keep_alive and not self.server.closing and not self.eof
                 if isinstance(response, StreamResponse):
                     return await self._stream(head, request, response, keep_alive)

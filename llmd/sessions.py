@@ -60,6 +60,14 @@ def session_id_of(body_id: str | None, headers) -> str | None:
     return sid
 
 
+def cache_key_session(prompt_cache_key: str | None) -> str | None:
+    """The session a `prompt_cache_key` names when no session id is given: a digest,
+    so any key is a valid id and never one a client chose by name."""
+    if prompt_cache_key is None:
+        return None
+    return "pck-" + hashlib.sha256(prompt_cache_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def reply_fingerprint(content: str | None, calls: Iterable[tuple[str, str]]) -> str:
     """Identifies an assistant reply by what the client sees of it: its content and
     its tool calls as (name, arguments JSON text)."""

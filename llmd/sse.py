@@ -1,4 +1,5 @@
-"""Server-sent events framing for OpenAI-style streams: data-only events, no `event:`."""
+"""Server-sent events framing: data-only events for chat completions and completions;
+named events (`event:` then `data:`) for the Responses and Anthropic Messages streams."""
 from __future__ import annotations
 
 import re
@@ -9,11 +10,13 @@ PING = b": ping\n\n"   # a comment line: keeps proxies and clients from timing o
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
-def event(data: str) -> bytes:
-    """One `data:` event carrying `data` (normally a compact JSON text).
+def event(data: str, name: str | None = None) -> bytes:
+    """One `data:` event carrying `data` (normally a compact JSON text), named `name`
+    (an `event:` field first) when given.
 
     A line break inside `data` would end the field early, so each line gets its own
     `data:` field; SSE clients join them back with "\\n".
     """
     lines = _NEWLINE.split(data)
-    return "".join(f"data: {line}\n" for line in lines).encode("utf-8") + b"\n"
+    head = f"event: {name}\n" if name else ""
+    return (head + "".join(f"data: {line}\n" for line in lines)).encode("utf-8") + b"\n"

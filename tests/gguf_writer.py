@@ -418,6 +418,9 @@ def bpe_vocab(n_merged: int) -> tuple[list[str], list[str]]:
 
 # ---- a tiny llama model -----------------------------------------------------------
 
+ARCHS = ("llama", "phi3", "qwen2", "qwen3", "smollm3")  # the families build_tiny_llama writes
+
+
 @dataclass(frozen=True)
 class TinyLlama:
     """What write_tiny_llama() wrote, for tests to check the engine against."""
@@ -440,10 +443,12 @@ class TinyLlama:
     name: str
     pre: str
     weight_bytes: int  # sum of tensor data sizes (padding excluded)
+    arch: str = "llama"
+    head_dim: int = 0  # 0: n_embd // n_head
 
     @property
     def kv_dim(self) -> int:
-        return self.n_embd // self.n_head * self.n_head_kv
+        return (self.head_dim or self.n_embd // self.n_head) * self.n_head_kv
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -456,9 +461,17 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
                      pre: str = "smollm", name: str = "tiny-llama",
                      chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
                      extra_metadata: list[tuple[str, int, object]] = (),
-                     attn_bias: bool = False) -> GGUFWriter:
-    """A GGUFWriter holding a complete random-weight llama model (edit it, then write);
-    with `attn_bias`, q/k/v/output projections carry biases."""
+                     attn_bias: bool = False, arch: str = "llama",
+                     head_dim: int | None = None) -> GGUFWriter:
+    """A GGUFWriter holding a complete random-weight model (edit it, then write) of
+    `arch`, laid out as llama.cpp names it:
+      llama    with `attn_bias`, q/k/v/output projections carry biases;
+      qwen2    q/k/v biases;
+      qwen3    RMS norms over each query and key head (attn_q_norm, attn_k_norm);
+      smollm3  the llama layout (the engine skips RoPE on every 4th layer);
+      phi3     fused attn_qkv and ffn_up (gate rows first), RoPE over 3/4 of each head.
+    `head_dim` sets attention.key_length (default n_embd // n_head)."""
+    assert arch in ARCHS, arch
     assert n_vocab >= 256 + len(CONTROL_TOKENS), "the 256 byte tokens and the controls must fit"
     rng = random.Random(seed)
     tokens, merges = bpe_vocab(n_vocab - 256 - len(CONTROL_TOKENS))
@@ -467,22 +480,27 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     ids = {t: tokens.index(t) for t in CONTROL_TOKENS}
 
     w = GGUFWriter()
-    w.set("general.architecture", STRING, "llama")
+    w.set("general.architecture", STRING, arch)
     w.set("general.name", STRING, name)
     if alignment is not None:
         w.set("general.alignment", U32, alignment)
     w.set("general.file_type", U32, {GGML_F32: 0, GGML_F16: 1, GGML_Q4_0: 2, GGML_Q4_1: 3,
                                      GGML_Q8_0: 7}[weight_type])
-    w.set("llama.vocab_size", U32, n_vocab)
-    w.set("llama.context_length", U32, n_ctx)
-    w.set("llama.embedding_length", U32, n_embd)
-    w.set("llama.block_count", U32, n_layer)
-    w.set("llama.feed_forward_length", U32, n_ff)
-    w.set("llama.attention.head_count", U32, n_head)
-    w.set("llama.attention.head_count_kv", U32, n_head_kv)
-    w.set("llama.rope.dimension_count", U32, n_embd // n_head)
-    w.set("llama.rope.freq_base", F32, 10000.0)
-    w.set("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    head_dim = head_dim or n_embd // n_head
+    w.set(f"{arch}.vocab_size", U32, n_vocab)
+    w.set(f"{arch}.context_length", U32, n_ctx)
+    w.set(f"{arch}.embedding_length", U32, n_embd)
+    w.set(f"{arch}.block_count", U32, n_layer)
+    w.set(f"{arch}.feed_forward_length", U32, n_ff)
+    w.set(f"{arch}.attention.head_count", U32, n_head)
+    w.set(f"{arch}.attention.head_count_kv", U32, n_head_kv)
+    if head_dim != n_embd // n_head:
+        w.set(f"{arch}.attention.key_length", U32, head_dim)
+        w.set(f"{arch}.attention.value_length", U32, head_dim)
+    # Phi-3 rotates only part of each head (Phi-4-mini: 3/4 of it).
+    w.set(f"{arch}.rope.dimension_count", U32, head_dim * 3 // 8 * 2 if arch == "phi3" else head_dim)
+    w.set(f"{arch}.rope.freq_base", F32, 10000.0)
+    w.set(f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-5)
     w.set("tokenizer.ggml.model", STRING, "gpt2")
     w.set("tokenizer.ggml.pre", STRING, pre)
     w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
@@ -496,7 +514,6 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     for key, vtype, value in extra_metadata:
         w.set(key, vtype, value)
 
-    head_dim = n_embd // n_head
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
 
     def matrix(name: str, cols: int, rows: int, std: float) -> None:
@@ -510,6 +527,9 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     def bias(name: str, n: int) -> None:
         w.add_tensor(name, [n], GGML_F32, encode_f32([rng.gauss(0.0, 0.5) for _ in range(n)]))
 
+    def head_norm(name: str) -> None:
+        w.add_tensor(name, [head_dim], GGML_F32, encode_f32([1.0 + rng.uniform(-0.3, 0.3) for _ in range(head_dim)]))
+
     # Small embeddings and strong residual writes keep a tied model from simply
     # repeating its input token: greedy output then varies from step to step.
     matrix("token_embd.weight", n_embd, n_vocab, 0.3)
@@ -519,18 +539,28 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     for layer in range(n_layer):
         blk = f"blk.{layer}."
         norm(blk + "attn_norm.weight")
-        matrix(blk + "attn_q.weight", n_embd, q_dim, 1.0 / math.sqrt(n_embd))
-        matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
-        matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+        if arch == "phi3":  # q, k, v rows in one matrix
+            matrix(blk + "attn_qkv.weight", n_embd, q_dim + 2 * kv_dim, 1.0 / math.sqrt(n_embd))
+        else:
+            matrix(blk + "attn_q.weight", n_embd, q_dim, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
-        if attn_bias:
+        if attn_bias or arch == "qwen2":
             bias(blk + "attn_q.bias", q_dim)
             bias(blk + "attn_k.bias", kv_dim)
             bias(blk + "attn_v.bias", kv_dim)
+        if attn_bias and arch == "llama":
             bias(blk + "attn_output.bias", n_embd)
+        if arch == "qwen3":
+            head_norm(blk + "attn_q_norm.weight")
+            head_norm(blk + "attn_k_norm.weight")
         norm(blk + "ffn_norm.weight")
-        matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
-        matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        if arch == "phi3":  # gate rows, then up rows
+            matrix(blk + "ffn_up.weight", n_embd, 2 * n_ff, 1.0 / math.sqrt(n_embd))
+        else:
+            matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
     return w
 
@@ -541,15 +571,18 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
                      pre: str = "smollm", name: str = "tiny-llama",
                      chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
                      extra_metadata: list[tuple[str, int, object]] = (),
-                     attn_bias: bool = False) -> TinyLlama:
-    """Writes a random-weight llama GGUF with a valid byte-level BPE vocabulary:
+                     attn_bias: bool = False, arch: str = "llama",
+                     head_dim: int | None = None) -> TinyLlama:
+    """Writes a random-weight GGUF of `arch` (build_tiny_llama) with a valid byte-level
+    BPE vocabulary:
     ids 0..255 are the GPT-2 byte characters, then merged tokens, then
     <|endoftext|>, <|im_start|>, <|im_end|> (token type 3). eos = <|im_end|>,
     bos = <|im_start|> (not added to prompts)."""
     w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
                          n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type,
                          seed=seed, tied=tied, pre=pre, name=name, chat_template=chat_template,
-                         alignment=alignment, extra_metadata=extra_metadata, attn_bias=attn_bias)
+                         alignment=alignment, extra_metadata=extra_metadata, attn_bias=attn_bias,
+                         arch=arch, head_dim=head_dim)
     path = w.write(path)
     tokens = tuple(w.get("tokenizer.ggml.tokens").value[1])
     return TinyLlama(
@@ -558,4 +591,4 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
         endoftext_id=tokens.index("<|endoftext|>"), im_start_id=tokens.index("<|im_start|>"),
         im_end_id=tokens.index("<|im_end|>"), bos_id=tokens.index("<|im_start|>"),
         eos_id=tokens.index("<|im_end|>"), chat_template=chat_template, name=name, pre=pre,
-        weight_bytes=sum(len(t.data) for t in w.tensors))
+        weight_bytes=sum(len(t.data) for t in w.tensors), arch=arch, head_dim=head_dim or 0)

@@ -40,6 +40,10 @@ ROUTES = [
     ("GET", "/metrics", None, 200),
     ("GET", "/v1/sessions/guarded", None, 200),
     ("POST", "/v1/sessions/guarded/reset", None, 200),
+    ("POST", "/v1/responses", {"model": "model", "input": "hi", "max_output_tokens": 2}, 200),
+    ("POST", "/v1/messages", {"model": "model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+     200),
+    ("POST", "/v1/messages/count_tokens", {"model": "model", "messages": [{"role": "user", "content": "hi"}]}, 200),
     ("GET", "/no/such/route", None, 404),
     ("DELETE", "/v1/sessions/guarded", None, 200),
 ]
@@ -53,7 +57,7 @@ WRONG_KEYS = [{"Authorization": "Bearer sk-wrong"}, {"X-Api-Key": KEY[:-1]},
 def assert_401(resp) -> None:
     assert resp.status == 401, (resp.status, resp.body[:200])
     assert resp.headers["WWW-Authenticate"] == "Bearer"
-    assert resp.json()["error"]["type"] == "authentication_error"
+    assert resp.json()["error"]["type"] == "authentication_error"  # both shapes name it so
 
 
 def test_every_route_but_health_needs_a_key(server):
@@ -175,6 +179,24 @@ def test_log_prompts_logs_both_texts(tiny_model, tmp_path):
     line = next(line for line in log.splitlines() if "prompt_text=" in line)
     assert SECRET in line
     assert line.endswith("completion_text=" + json.dumps(content, ensure_ascii=False))
+
+
+def test_a_stored_response_is_found_only_with_the_key_that_made_it(server):
+    mine = Client(server + "/v1", api_key=KEY)
+    first = mine.post_json("/responses", {"model": "model", "input": "hi", "max_output_tokens": 2}).json()
+    follow = {"model": "model", "input": "more", "max_output_tokens": 2, "previous_response_id": first["id"]}
+    assert mine.post_json("/responses", follow).status == 200
+    other = Client(server + "/v1", api_key=OTHER_KEY).post_json("/responses", follow)
+    assert other.status == 400 and other.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_anthropic_clients_authenticate_with_x_api_key(server):
+    body = {"model": "model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    ok = Client(server + "/v1").request("POST", "/messages", body, {"x-api-key": KEY,
+                                                                     "anthropic-version": "2023-06-01"})
+    assert ok.status == 200 and ok.json()["type"] == "message"
+    refused = Client(server + "/v1").request("POST", "/messages", body, {"x-api-key": "wrong"})
+    assert refused.status == 401 and refused.json()["type"] == "error"
 
 
 # ---- browsers on a server without a key (DNS rebinding, cross-site requests) ----------

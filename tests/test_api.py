@@ -156,6 +156,191 @@ def test_schema_keyword_outside_the_subset_is_400_naming_it(server):
     assert resp.status == 400 and error["code"] == "unsupported_parameter" and "'pattern'" in error["message"]
 
 
+def test_refused_request_access_log_says_why(tmp_path):
+    with open(tmp_path / "log", "w") as log, running_llmd("--ctx", "256", stderr=log) as url:
+        client = Client(url + "/v1", model=MODEL)
+        resp = client.post_json("/chat/completions", {**client.chat_body([{"role": "user", "content": "Hi"}]),
+                                                      "temperature": 9})
+        assert resp.status == 400
+    line = next(x for x in (tmp_path / "log").read_text().splitlines() if "/v1/chat/completions 400" in x)
+    assert "error=invalid_value param=temperature reason=\"Invalid value for 'temperature'" in line
+
+
+# ---- log-probabilities ----------------------------------------------------------------
+
+PPL_TEXT = ("The old lighthouse keeper climbed the spiral stairs every evening to light the lamp. "
+            "Ships passing in the night relied on its steady beam to avoid the rocks below. "
+            "One stormy night the power failed, and he lit the oil lamps by hand, one by one, "
+            "until the whole tower glowed again. In the morning the fishermen came to thank him, "
+            "bringing bread, cheese and a basket of apples from the village on the hill. ") * 2
+
+
+def test_echoed_prompt_logprobs_reproduce_the_perplexity_command(server, tmp_path):
+    import math
+    import subprocess
+    import sys
+    ctx = 64
+    (tmp_path / "text.txt").write_text(PPL_TEXT)
+    run = subprocess.run([sys.executable, "-m", "llmd", "perplexity", "--ctx", str(ctx), "--file",
+                          str(tmp_path / "text.txt")], capture_output=True, text=True, timeout=300)
+    expected = json.loads(run.stdout)["ppl"]
+    ids = [t for t in server.request("POST", server.origin + "/tokenize", {"content": PPL_TEXT}).json()["tokens"]]
+    total, n = 0.0, 0
+    for w in range(len(ids) // ctx):
+        window = ids[w * ctx:(w + 1) * ctx]
+        resp = server.post_json("/completions", {"model": MODEL, "prompt": window, "max_tokens": 0,
+                                                 "echo": True, "logprobs": 0})
+        assert resp.status == 200, resp.body
+        lp = resp.json()["choices"][0]["logprobs"]
+        assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) == ctx
+        scored = lp["token_logprobs"][ctx // 2 + 1:]
+        total -= sum(scored)
+        n += len(scored)
+    assert math.exp(total / n) == pytest.approx(expected, rel=1e-3, abs=1e-3)
+
+
+def test_echo_stream_gives_the_prompt_and_its_logprobs_first(server):
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2, "echo": True,
+            "logprobs": 2, "temperature": 0}
+    whole = server.post_json("/completions", body).json()["choices"][0]
+    chunks = server.post_stream("/completions", {**body, "stream": True}).chunks
+    first = chunks[0]["choices"][0]
+    assert first["text"] == "The capital of France is"
+    streamed = [c["choices"][0] for c in chunks]
+    assert "".join(c["text"] for c in streamed) == whole["text"]
+    tokens = [t for c in streamed if c["logprobs"] for t in c["logprobs"]["tokens"]]
+    offsets = [o for c in streamed if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+    assert tokens == whole["logprobs"]["tokens"] and offsets == whole["logprobs"]["text_offset"]
+    assert whole["logprobs"]["top_logprobs"][0] is None and len(whole["logprobs"]["top_logprobs"][1]) == 2
+
+
+def test_greedy_chat_tokens_are_their_steps_top_logprob(server):
+    body = {**server.chat_body([{"role": "user", "content": "Name a colour."}]), "max_tokens": 5,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    choice = server.post_json("/chat/completions", body).json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == choice["message"]["content"]
+    for e in content:
+        assert [t["token"] for t in e["top_logprobs"]][0] == e["token"]
+        assert e["logprob"] == e["top_logprobs"][0]["logprob"] <= 0
+        assert [t["logprob"] for t in e["top_logprobs"]] == sorted((t["logprob"] for t in e["top_logprobs"]),
+                                                                  reverse=True)
+    chunks = server.post_stream("/chat/completions", {**body, "stream": True}).chunks
+    streamed = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"]
+                for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == content
+
+
+def test_n_probs_gives_top_logprobs_on_completions(server):
+    choice = server.post_json("/completions", {"model": MODEL, "prompt": "One, two,", "max_tokens": 2,
+                                               "n_probs": 4}).json()["choices"][0]
+    assert [len(t) for t in choice["logprobs"]["top_logprobs"]] == [4, 4]
+
+
+# ---- n > 1 --------------------------------------------------------------------------
+
+def test_n_choices_each_sample_with_their_own_seed_and_share_the_prompt(server):
+    body = {**server.chat_body([{"role": "user", "content": "Tell me a word."}]), "max_tokens": 6,
+            "temperature": 1.0, "seed": 11, "n": 3}
+    resp = server.post_json("/chat/completions", body).json()
+    choices = resp["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    # choice i is what a single request with seed 11 + i gives
+    for c in choices:
+        alone = server.post_json("/chat/completions", {**body, "n": 1, "seed": 11 + c["index"]}).json()
+        assert alone["choices"][0]["message"]["content"] == c["message"]["content"]
+    assert len({c["message"]["content"] for c in choices}) > 1
+    assert resp["usage"]["completion_tokens"] == sum(
+        server.post_json("/chat/completions", {**body, "n": 1, "seed": 11 + i}).json()["usage"]["completion_tokens"]
+        for i in range(3))
+    assert resp["timings"]["prompt_n"] == resp["usage"]["prompt_tokens"] - resp["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_n_choices_stream_one_after_another_with_their_index(server):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 2,
+            "stream_options": {"include_usage": True}}
+    whole = server.post_json("/completions", body).json()
+    chunks = server.post_stream("/completions", {**body, "stream": True}).chunks
+    texts = ["".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
+             for i in range(2)]
+    assert texts == [c["text"] for c in whole["choices"]]
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == [0, 1] and chunks[-1]["usage"] == whole["usage"]
+
+
+# ---- fields real clients send ----------------------------------------------------------
+
+def test_prompt_cache_key_routes_to_a_session_so_the_next_turn_is_warm(server):
+    body = {**server.chat_body([{"role": "user", "content": "Remember the number 7."}]), "max_tokens": 2,
+            "prompt_cache_key": "user-42 conversation"}
+    server.post_json("/chat/completions", body)
+    again = server.post_json("/chat/completions", body).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    sessions = server.request("GET", server.origin + "/v1/sessions").json()["data"]
+    assert any(s["id"].startswith("pck-") for s in sessions)
+
+
+def test_timings_per_token_puts_timings_on_every_chunk(server):
+    chunks = server.post_stream("/chat/completions", {**server.chat_body([{"role": "user", "content": "Hi"}]),
+                                                      "max_tokens": 3, "stream": True,
+                                                      "timings_per_token": True}).chunks
+    assert chunks and all("timings" in c for c in chunks)
+    assert chunks[-1]["timings"]["predicted_n"] >= 1
+
+
+def test_id_slot_is_refused_pointing_to_session_id(server):
+    resp = server.post_json("/completions", {"model": MODEL, "prompt": "x", "id_slot": 1})
+    assert resp.status == 400 and resp.json()["error"]["param"] == "id_slot"
+    assert "session_id" in resp.json()["error"]["message"]
+
+
+def test_anthropic_routes_answer_unknown_routes_and_methods_in_their_shape(server):
+    resp = server.request("GET", server.origin + "/v1/messages")
+    assert resp.status == 405 and resp.json()["type"] == "error"
+
+
+def test_embeddings_on_a_model_without_pooling_is_400_saying_so(server):
+    resp = server.post_json("/embeddings", {"model": MODEL, "input": ["a", "b"]})
+    assert resp.status == 400
+    err = resp.json()["error"]
+    assert err["code"] == "model_has_no_pooling" and "no pooling" in err["message"] and err["param"] == "model"
+    assert server.post_json("/embeddings", {"model": MODEL, "input": "a", "encoding_format": "hex"}).json()[
+        "error"]["param"] == "encoding_format"
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+def test_a_stored_response_is_continued_warm_from_its_own_session(server):
+    body = {"model": MODEL, "input": "My name is Alice.", "max_output_tokens": 5, "temperature": 0}
+    first = server.post_json("/responses", body).json()
+    second = server.post_json("/responses", {**body, "input": "What is my name?",
+                                             "previous_response_id": first["id"]}).json()
+    reused = second["usage"]["input_tokens_details"]["cached_tokens"]
+    assert reused >= first["usage"]["input_tokens"] + first["usage"]["output_tokens"] - 2
+    sessions = server.request("GET", server.origin + "/v1/sessions").json()["data"]
+    assert any(s["id"].startswith("resp-") for s in sessions)
+
+
+def test_an_unstored_response_cannot_be_continued(server):
+    first = server.post_json("/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 2,
+                                            "store": False}).json()
+    assert first["store"] is False
+    resp = server.post_json("/responses", {"model": MODEL, "input": "Again", "max_output_tokens": 2,
+                                           "previous_response_id": first["id"]})
+    assert resp.status == 400 and resp.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_responses_output_text_logprobs_streamed_and_not(server):
+    body = {"model": MODEL, "input": "Say hi.", "max_output_tokens": 4, "temperature": 0, "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"]}
+    part = server.post_json("/responses", body).json()["output"][0]["content"][0]
+    assert "".join(e["token"] for e in part["logprobs"]) == part["text"]
+    assert all(len(e["top_logprobs"]) == 2 and e["top_logprobs"][0]["token"] == e["token"] for e in part["logprobs"])
+    events = server.post_events("/responses", {**body, "stream": True}).chunks
+    streamed = [e for name, ev in events if name == "response.output_text.delta" for e in ev["logprobs"]]
+    assert streamed == part["logprobs"]
+
+
 # ---- big inputs never hold the engine thread for long ---------------------------------
 
 def test_text_too_long_for_the_context_is_refused_by_its_size_before_tokenizing(server):
@@ -181,3 +366,24 @@ def test_detokenize_of_many_ids_is_done_in_pieces_and_equals_the_whole(server):
     pieces = server.post_json(server.origin + "/tokenize", {"content": "Hello world, again. " * 1000,
                                                            "with_pieces": True}).json()["tokens"]
     assert [p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == text
+
+
+def test_n_choices_hold_their_session_until_the_last_and_free_it_when_the_client_leaves(server):
+    done = server.chat([{"role": "user", "content": "Hi"}], session_id="several", max_tokens=3, n=3,
+                       temperature=1.0)
+    assert done.status == 200 and len(done.json()["choices"]) == 3
+    assert server.get_json("/sessions/several").json()["in_flight"] == 0
+    body = json.dumps(server.chat_body([{"role": "user", "content": "Tell me a long story."}], stream=True,
+                                       max_tokens=200, n=3, session_id="left")).encode()
+    sock = socket.create_connection(("127.0.0.1", port_of(server)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    received = b""
+    while received.count(b"data: ") < 4:  # inside the first of three choices
+        received += sock.recv(4096)
+    sock.close()
+    deadline = time.monotonic() + 10
+    while (info := server.get_json("/sessions/left").json())["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert info["in_flight"] == 0 and info["resident_tokens"] < 200
+    assert server.chat([{"role": "user", "content": "Hi"}], session_id="left", max_tokens=2).status == 200

@@ -15,7 +15,7 @@ from llmd._native import ffi, lib
 from llmd.engine import (
     CapacityError, ContextFullError, Engine, EngineError, Sampling, Session, TokenError,
 )
-from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0
+from tests.gguf_writer import GGML_F16, GGML_F32, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, U32
 
 ALL_TYPES = [GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1]
 TYPE_IDS = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1"]
@@ -30,11 +30,20 @@ def engine(tiny_model):
         yield e
 
 
+# One tiny model of each architecture besides llama (4 layers: SmolLM3's 4th has no RoPE).
+FAMILIES = {"qwen2": dict(arch="qwen2"), "qwen3": dict(arch="qwen3", head_dim=32),
+            "smollm3": dict(arch="smollm3", n_layer=4), "phi3": dict(arch="phi3")}
+# Session behaviour must hold for every weight type and every architecture.
+MODELS = [*ALL_TYPES, *FAMILIES]
+MODEL_IDS = [*TYPE_IDS, *FAMILIES]
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_llama_factory):
-    """weight type -> an open engine on the tiny model of that type (same seed)."""
-    opened = {t: Engine(tiny_llama_factory(weight_type=t).path, n_threads=2, max_sessions=8)
-              for t in ALL_TYPES}
+    """weight type or family name -> an open engine on the tiny model of that type
+    (llama) or family (F32), all of the same seed."""
+    options = {**{t: dict(weight_type=t) for t in ALL_TYPES}, **FAMILIES}
+    opened = {key: Engine(tiny_llama_factory(**o).path, n_threads=2, max_sessions=8) for key, o in options.items()}
     yield opened
     for e in opened.values():
         e.close()
@@ -207,9 +216,9 @@ def test_invalid_sampling_parameters_are_rejected(session, sampling, what):
 
 # ---- isolation and batching -------------------------------------------------------------------
 
-@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=TYPE_IDS)
-def test_interleaved_sessions_decode_exactly_as_alone(engines, weight_type):
-    e = engines[weight_type]
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_interleaved_sessions_decode_exactly_as_alone(engines, model):
+    e = engines[model]
     pa, pb = e.tokenize(PROMPT), e.tokenize(OTHER_PROMPT)
     sa, sb = Sampling(), Sampling(temperature=1.0, seed=42)
     alone_a, alone_b = run(e, pa, 16, sa), run(e, pb, 16, sb)
@@ -226,9 +235,9 @@ def test_interleaved_sessions_decode_exactly_as_alone(engines, weight_type):
     assert (got_a, got_b) == (alone_a, alone_b)
 
 
-@pytest.mark.parametrize("weight_type", ALL_TYPES, ids=TYPE_IDS)
-def test_decode_batch_equals_decode_one_token_for_token(engines, weight_type):
-    e = engines[weight_type]
+@pytest.mark.parametrize("model", MODELS, ids=MODEL_IDS)
+def test_decode_batch_equals_decode_one_token_for_token(engines, model):
+    e = engines[model]
     prompts = [e.tokenize(PROMPT), e.tokenize(OTHER_PROMPT), e.tokenize("hi"), e.tokenize(PROMPT)]
     samplings = [Sampling(), Sampling(temperature=1.0, seed=3), Sampling(), Sampling(temperature=0.8, seed=4)]
     alone = [run(e, p, 12, s) for p, s in zip(prompts, samplings)]
@@ -274,8 +283,10 @@ def test_decode_batch_rejects_bad_batches(engine, tiny_model):
 
 # ---- truncate, reset, stop --------------------------------------------------------------------
 
+@pytest.mark.parametrize("model", [GGML_F32, *FAMILIES], ids=["llama", *FAMILIES])
 @pytest.mark.parametrize("keep", [0, 1, 5])
-def test_truncate_then_prefill_reproduces_a_fresh_session(engine, keep):
+def test_truncate_then_prefill_reproduces_a_fresh_session(engines, model, keep):
+    engine = engines[model]
     prompt = engine.tokenize(PROMPT)
     with engine.new_session() as fresh:
         fresh.prefill(prompt)
@@ -462,6 +473,57 @@ def test_score_rejects_bad_ranges(session):
         session.score([1], 0)
 
 
+def top_of(logits: list[float], n: int) -> list[tuple[int, float]]:
+    """The n most likely ids (lower id first on ties) with their log-probabilities."""
+    order = sorted(range(len(logits)), key=lambda v: (-logits[v], v))[:n]
+    return [(v, log_softmax(logits, v)) for v in order]
+
+
+def test_score_top_lists_each_positions_most_likely_tokens(engine, session):
+    ids = engine.tokenize(PROMPT)
+    scored = session.score_top(ids, 1, 5)
+    assert [lp for lp, _ in scored] == session_scores(engine, ids, 1)
+    for i in (1, len(ids) - 2):
+        with engine.new_session() as s:
+            s.prefill(ids[:i + 1])
+            expected = top_of(s.logits(), 5)
+        top = scored[i - 1][1]
+        assert [v for v, _ in top] == [v for v, _ in expected]
+        assert [lp for _, lp in top] == pytest.approx([lp for _, lp in expected], abs=1e-4)
+
+
+def session_scores(engine, ids, first):
+    with engine.new_session() as s:
+        return s.score(ids, first)
+
+
+def test_token_logprobs_are_of_the_raw_logits_whatever_the_sampling(engine, session):
+    ids = engine.tokenize(PROMPT)
+    session.prefill(ids)
+    logits = session.logits()
+    session.set_sampling(Sampling(temperature=0.7, top_k=3, seed=5, logit_bias={argmax(logits): -5.0}))
+    [tok] = engine.decode_batch([session], [3])
+    assert tok.logprob == pytest.approx(log_softmax(logits, tok.id), abs=1e-4)
+    assert [v for v, _ in tok.top] == [v for v, _ in top_of(logits, 3)]
+    assert [lp for _, lp in tok.top] == pytest.approx([lp for _, lp in top_of(logits, 3)], abs=1e-4)
+    [plain] = engine.decode_batch([session])
+    assert plain.logprob is None and plain.top == ()
+
+
+def test_top_logprobs_count_is_bounded(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    session.decode_one()
+    with pytest.raises(EngineError, match="n_top must be 0..20"):
+        session.token_logprobs(21)
+    assert session.token_logprobs(20)[1][0][1] >= session.token_logprobs(20)[1][19][1]
+
+
+def test_token_logprobs_need_a_sampled_token(engine, session):
+    session.prefill(engine.tokenize(PROMPT))
+    with pytest.raises(EngineError, match="decode first"):
+        session.token_logprobs(0)
+
+
 # ---- tokenizer --------------------------------------------------------------------------------
 
 def test_control_token_text_is_parsed_only_with_special(engine, tiny_model):
@@ -527,3 +589,19 @@ def test_live_sessions_counts_the_engines_own_sessions_until_freed(tiny_model):
         assert engine.live_sessions() == 0
     n = ffi.new("int32_t *")
     assert lib.llmd_engine_live_sessions(ffi.NULL, n) == lib.LLMD_ERR_INVALID_ARGUMENT
+
+
+# ---- model metadata -------------------------------------------------------------------
+
+@pytest.mark.parametrize("declared, expected", [(None, 0), (1, 1), (3, 3)])
+def test_pooling_type_is_what_the_file_declares(tiny_llama_factory, declared, expected):
+    extra = [] if declared is None else [("llama.pooling_type", U32, declared)]
+    with Engine(str(tiny_llama_factory(extra_metadata=tuple(extra)).path), n_ctx=64, max_sessions=1) as e:
+        assert e.pooling_type() == expected
+
+
+def test_unknown_pooling_type_is_a_format_error(tiny_llama_factory):
+    with Engine(str(tiny_llama_factory(extra_metadata=(("llama.pooling_type", U32, 9),)).path), n_ctx=64,
+                max_sessions=1) as e:
+        with pytest.raises(EngineError, match="pooling_type 9 is unknown"):
+            e.pooling_type()

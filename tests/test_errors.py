@@ -113,3 +113,17 @@ def test_headers_are_copied_not_shared():
     err = ApiError(429, "m", headers=h)
     h["X"] = "y"
     assert err.headers == {"Retry-After": "1"}
+
+
+def test_anthropic_error_body_has_anthropic_shape_and_type_by_status():
+    assert error_body(errors.invalid_request("bad", "top_k"), errors.ANTHROPIC) == {
+        "type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
+    assert error_body(errors.capacity_exhausted(), errors.ANTHROPIC)["error"]["type"] == "rate_limit_error"
+    assert error_body(errors.unavailable(), errors.ANTHROPIC)["error"]["type"] == "overloaded_error"
+    assert error_body(errors.server_error(), errors.ANTHROPIC)["error"]["type"] == "api_error"
+
+
+def test_refusal_log_names_code_param_and_quoted_reason():
+    fields = errors.refusal_log(errors.invalid_request('bad "x"\nvalue', "temperature"))
+    assert fields == {"error": "invalid_value", "param": "temperature", "reason": '"bad \\"x\\"\\nvalue"'}
+    assert "param" not in errors.refusal_log(errors.invalid_json())

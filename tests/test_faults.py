@@ -37,11 +37,11 @@ class FailingDecode:
     def arm(self, fail_on: int) -> None:
         self.calls, self.fail_on = 0, fail_on
 
-    def __call__(self, sessions):
+    def __call__(self, sessions, logprobs=None):
         self.calls += 1
         if self.calls == self.fail_on:
             raise EngineError(lib.LLMD_ERR_INTERNAL, "internal error: injected kernel failure")
-        return self.real(sessions)
+        return self.real(sessions, logprobs)
 
 
 @pytest_asyncio.fixture

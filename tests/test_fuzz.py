@@ -303,3 +303,47 @@ def test_server_answers_mutated_json_with_2xx_or_4xx(server):
     conn.close()
     assert statuses.get(200, 0) > 100 and statuses.get(400, 0) > 300, statuses
     well_formed_request_succeeds(server.url)
+
+
+# Short: the tiny model's context is 128 tokens, its vocabulary mostly single bytes.
+RESPONSES = {"model": "model", "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                                         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                                         {"type": "function_call_output", "call_id": "c", "output": "ok"}],
+             "max_output_tokens": 2, "temperature": 0.5, "text": {"format": {"type": "text"}}, "top_logprobs": 2}
+MESSAGES = {"model": "model", "max_tokens": 2, "system": [{"type": "text", "text": "Hi"}],
+            "messages": [{"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
+            "stop_sequences": ["\n"], "top_k": 5}
+
+
+def test_server_answers_mutated_responses_and_messages_bodies_with_2xx_or_4xx(server):
+    rng = random.Random(47)
+    host, port = address(server.url)
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    statuses: dict[int, int] = {}
+    bases = [("/v1/responses", RESPONSES), ("/v1/responses", {**RESPONSES, "stream": True}),
+             ("/v1/messages", MESSAGES), ("/v1/messages", {**MESSAGES, "stream": True}),
+             ("/v1/messages/count_tokens", {k: v for k, v in MESSAGES.items() if k != "max_tokens"})]
+    for _ in range(600):
+        path, obj = rng.choice(bases)
+        for _ in range(rng.randint(1, 3)):
+            obj = mutate_json(obj, rng)
+        conn.request("POST", path, json.dumps(obj).encode(), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        statuses[resp.status] = statuses.get(resp.status, 0) + 1
+        assert resp.status < 500, (path, obj, data[:300])
+        if resp.getheader("Content-Type", "").startswith("text/event-stream"):
+            last = data.rstrip(b"\n").rsplit(b"\n", 2)
+            assert b"response.completed" in last[-2] or b"response.incomplete" in last[-2] or \
+                b"message_stop" in last[-2], data[-300:]
+        else:
+            body = json.loads(data)
+            assert "error" in body or body.get("object") == "response" or body.get("type") == "message" \
+                or "input_tokens" in body, body
+        if resp.getheader("Connection") == "close":
+            conn.close()
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.close()
+    assert statuses.get(200, 0) > 50 and statuses.get(400, 0) > 100, statuses

@@ -300,7 +300,15 @@ HOSTILE = {
     "freq_base_string": (_set("llama.rope.freq_base", STRING, "1e4"), MODEL, "llama.rope.freq_base should be a number"),
     "norm_eps_zero": (_set("llama.attention.layer_norm_rms_epsilon", F32, 0.0), MODEL, "norm epsilon is invalid"),
     "rope_dim_odd": (_set("llama.rope.dimension_count", U32, 7), MODEL, "RoPE dimensions are inconsistent"),
-    "rope_scaling_yarn": (_set("llama.rope.scaling.type", STRING, "yarn"), MODEL, "unsupported RoPE scaling 'yarn'"),
+    "rope_scaling_dynamic": (_set("llama.rope.scaling.type", STRING, "dynamic"), MODEL,
+                             "unsupported RoPE scaling 'dynamic' (llmd runs none, linear, yarn, longrope)"),
+    "rope_freqs_and_longrope": (edit(lambda w: [w.add_tensor(n, [8], GGML_F32, encode_f32([1] * 8))
+                                                for n in ("rope_freqs.weight", "rope_factors_long.weight")]),
+                                MODEL, "both rope_freqs and LongRoPE factors"),
+    "rope_scaling_factor_negative": (_set("llama.rope.scaling.factor", F32, -2.0), MODEL,
+                                     "RoPE scaling factor is invalid"),
+    "rope_scaling_type_not_string": (_set("llama.rope.scaling.type", U32, 1), MODEL,
+                                     "llama.rope.scaling.type should be a string"),
     # model tensors
     "token_embd_missing": (edit(lambda w: w.remove_tensor("token_embd.weight")), MODEL,
                            "lacks tensor token_embd.weight"),

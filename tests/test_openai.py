@@ -459,9 +459,9 @@ def test_stop_of_wrong_type_is_refused():
     assert (err.param, err.code) == ("stop[1]", "invalid_type")
 
 
-def test_n_one_is_accepted_and_more_unsupported():
-    assert chat(n=1).model == "m"
-    assert chat_refused(n=2).code == "unsupported_parameter"
+def test_n_is_read_up_to_16_choices():
+    assert chat().n == 1 and chat(n=4).n == 4 and completion(n=16).n == 16
+    assert chat_refused(n=17).code == "invalid_value"
     assert chat_refused(n=0).code == "invalid_value"
 
 
@@ -486,16 +486,40 @@ def test_stream_options_are_validated():
     assert chat(stream=True, stream_options={"include_obfuscation": False}).stream is True
 
 
-def test_logprobs_false_is_accepted_and_true_unsupported():
-    assert chat(logprobs=False).model == "m"
-    assert chat_refused(logprobs=True).code == "unsupported_parameter"
+def test_chat_logprobs_give_the_top_count_or_none():
+    assert chat(logprobs=False).logprobs is None and chat().logprobs is None
+    assert chat(logprobs=True).logprobs == 0
+    assert chat(logprobs=True, top_logprobs=20).logprobs == 20
     assert chat_refused(logprobs=1).code == "invalid_type"
 
 
-def test_top_logprobs_zero_is_accepted_positive_unsupported_out_of_range_invalid():
-    assert chat(top_logprobs=0).model == "m"
-    assert chat_refused(top_logprobs=1).code == "unsupported_parameter"
-    assert chat_refused(top_logprobs=21).code == "invalid_value"
+def test_top_logprobs_needs_logprobs_and_at_most_20():
+    assert chat_refused(top_logprobs=1).param == "top_logprobs"
+    assert chat_refused(logprobs=True, top_logprobs=21).code == "invalid_value"
+
+
+def test_llama_cpp_n_probs_are_top_logprobs():
+    assert chat(n_probs=3).logprobs == 3 and chat(n_probs=0).logprobs is None
+    assert completion(n_probs=5).logprobs == 5
+    assert chat_refused(n_probs=21).code == "invalid_value"
+
+
+def test_llama_cpp_fields_that_cost_nothing_are_accepted():
+    req = chat(cache_prompt=True, id_slot=-1, timings_per_token=True, return_progress=False)
+    assert req.timings_per_token is True
+    assert chat_refused(cache_prompt="yes").code == "invalid_type"
+
+
+def test_id_slot_is_refused_pointing_to_session_id():
+    err = chat_refused(id_slot=2)
+    assert err.param == "id_slot" and "session_id" in err.message
+    assert completion_refused(return_progress=True).code == "unsupported_parameter"
+
+
+def test_prompt_cache_retention_values_are_validated():
+    assert chat(prompt_cache_retention="24h").model == "m"
+    assert completion(prompt_cache_retention="in_memory").model == "m"
+    assert chat_refused(prompt_cache_retention="long").param == "prompt_cache_retention"
 
 
 def test_response_formats_are_parsed():
@@ -664,11 +688,14 @@ def test_completion_prompt_is_required():
 
 
 def test_completion_refuses_what_it_cannot_honour():
-    assert completion_refused(echo=True).param == "echo"
     assert completion_refused(suffix="end").param == "suffix"
     assert completion_refused(best_of=2).param == "best_of"
-    assert completion_refused(logprobs=0).code == "unsupported_parameter"
-    assert completion_refused(n=3).code == "unsupported_parameter"
+
+
+def test_completion_echo_and_logprobs_are_read():
+    req = completion(echo=True, logprobs=5, max_tokens=0)
+    assert (req.echo, req.logprobs, req.max_tokens) == (True, 5, 0)
+    assert completion_refused(max_tokens=0).param == "max_tokens"
 
 
 def test_completion_accepts_the_neutral_values():
@@ -680,7 +707,7 @@ def test_completion_wrong_types():
     assert completion_refused(echo=0).code == "invalid_type"
     assert completion_refused(best_of=1.0).code == "invalid_type"
     assert completion_refused(logprobs=True).code == "invalid_type"
-    assert completion_refused(logprobs=6).code == "invalid_value"
+    assert completion_refused(logprobs=21).code == "invalid_value"
 
 
 def test_completion_does_not_accept_chat_only_fields():
@@ -750,3 +777,18 @@ def test_check_vocab_covers_prompt_ids_logit_bias_and_detokenize():
 
 def test_check_vocab_ignores_text_prompts():
     check_vocab(completion(prompt="text"), 1)
+
+
+def test_embeddings_inputs_are_one_or_many_texts_or_id_lists():
+    from llmd.openai import parse_embeddings_request
+    parse = lambda **f: parse_embeddings_request(json.dumps({"model": "m", **f}).encode())
+    assert parse(input="a").inputs == ["a"]
+    assert parse(input=["a", "b"]).inputs == ["a", "b"]
+    assert parse(input=[1, 2]).inputs == [[1, 2]]
+    assert parse(input=[[1], [2, 3]], encoding_format="base64").encoding_format == "base64"
+    with pytest.raises(ApiError) as info:
+        parse(input=[])
+    assert info.value.param == "input"
+    with pytest.raises(ApiError) as info:
+        parse(input="a", dimensions=8)
+    assert info.value.code == "unsupported_parameter"

@@ -119,3 +119,30 @@ async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime):
         await asyncio.sleep(0.01)
     runtime.cancel(g)
     await reader
+
+
+async def test_a_scored_prompt_gives_what_one_score_call_gives(runtime):
+    ids = await runtime.call(runtime.engine.tokenize, FILLER * 36)
+    assert len(ids) > 2 * PREFILL_CHUNK  # scored in one call all the same, as the perplexity command does
+    slot = Slot("scored", await runtime.call(runtime.engine.new_session))
+    g = Generation(slot, ids, Sampling(), 3, prompt_logprobs=2, logprobs=1)
+    runtime.submit(g)
+    events = [await runtime.next_event(g) for _ in range(4)]
+    assert [kind for kind, _ in events] == ["token"] * 3 + ["end"]
+
+    def reference():
+        with runtime.engine.new_session() as s:
+            return s.score_top(ids, 0, 2)
+    assert g.prompt_scores == await runtime.call(reference)
+    assert slot.resident == ids + [t.id for _, t in events[:2]]
+    for _, token in events[:3]:  # greedy: each token is the top of the logits it was sampled from
+        assert token.top[0][0] == token.id and token.top[0][1] == token.logprob
+
+
+async def test_echo_without_new_tokens_ends_after_the_prompt(runtime):
+    ids = await runtime.call(runtime.engine.tokenize, "Hello there")
+    slot = Slot("echo", await runtime.call(runtime.engine.new_session))
+    g = Generation(slot, ids, Sampling(), 0, prompt_logprobs=0)
+    runtime.submit(g)
+    assert await runtime.next_event(g) == ("end", "length")
+    assert len(g.prompt_scores) == len(ids) - 1 and g.generated == 0

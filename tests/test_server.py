@@ -458,3 +458,18 @@ async def test_close_drops_idle_connections_and_lets_busy_ones_finish(start):
         await asyncio.open_connection("127.0.0.1", server.port)
     idle_writer.close()
     writer.close()
+
+
+async def test_request_id_is_echoed_or_generated_on_every_response(start, caplog):
+    server, _ = await start()
+    reader, writer = await connect(server)
+    writer.write(b"GET /echo HTTP/1.1\r\nHost: t\r\nX-Request-Id: abc-123\r\n\r\n"
+                 b"GET /missing HTTP/1.1\r\nHost: t\r\nX-Request-Id: bad id\r\n\r\n")
+    with caplog.at_level("INFO", logger="llmd.access"):
+        _, echoed, _ = await read_response(reader)
+        status, made, _ = await read_response(reader)
+    writer.close()
+    assert echoed["x-request-id"] == "abc-123"
+    assert status == 404 and made["x-request-id"].startswith("req-") and len(made["x-request-id"]) == 36
+    lines = [r.getMessage() for r in caplog.records if r.name == "llmd.access"]
+    assert "request_id=abc-123" in lines[0] and f"request_id={made['x-request-id']}" in lines[1]

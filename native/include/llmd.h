@@ -77,6 +77,10 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
 void llmd_engine_free(llmd_engine *engine); /* frees its sessions too */
 llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *out);
 
+/* The pooling the model file declares for embeddings (`<arch>.pooling_type`, as
+ * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
+llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
+
 /* Sessions of this engine not yet freed. Any thread may call it (it is how a server
  * checks that its own bookkeeping agrees with the engine). */
 llmd_status llmd_engine_live_sessions(const llmd_engine *engine, int32_t *n);
@@ -187,6 +191,22 @@ llmd_status llmd_session_logits(const llmd_session *session, float *out, size_t 
  * to logprobs[i - first]. For perplexity. */
 llmd_status llmd_session_score(llmd_session *session, const int32_t *ids, size_t n,
                                size_t first, float *logprobs);
+
+/* Log-probabilities are the log-softmax of the model's logits, before any sampling
+ * parameter (penalties, bias, temperature, grammar) touched them. A top list holds
+ * the n_top most likely ids, most likely first, ties broken by the lower id;
+ * 0 <= n_top <= LLMD_MAX_TOP_LOGPROBS. */
+enum { LLMD_MAX_TOP_LOGPROBS = 20 };
+
+/* As llmd_session_score, and for each scored position i - first also its top list:
+ * top_ids / top_logprobs[(i - first) * n_top + j] (both may be null when n_top is 0). */
+llmd_status llmd_session_score_top(llmd_session *session, const int32_t *ids, size_t n, size_t first,
+                                   int32_t n_top, float *logprobs, int32_t *top_ids, float *top_logprobs);
+
+/* The pending token's log-probability (the token the last decode step sampled,
+ * from the logits that step sampled from), and the top list of that step. */
+llmd_status llmd_session_token_logprobs(const llmd_session *session, int32_t n_top, float *logprob,
+                                        int32_t *top_ids, float *top_logprobs);
 
 /* ---- kernels (for tests comparing fast paths with the scalar reference) -- */
 

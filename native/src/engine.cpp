@@ -104,6 +104,32 @@ llmd_status check_ids(const llmd_engine *e, const int32_t *ids, size_t n) {
     return LLMD_OK;
 }
 
+// log p(chosen) under the log-softmax of logits l, and the n_top most likely ids
+// with their log-probabilities into ids / lps (most likely first, lower id on ties).
+float log_softmax_top(const float *l, int n_vocab, int32_t chosen, int n_top, int32_t *ids, float *lps) {
+    const float mx = *std::max_element(l, l + n_vocab);
+    double sum = 0.0;
+    for (int v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(l[v] - mx));
+    const double log_sum = std::log(sum);
+    int kept = 0; // ids[0..kept) sorted by logit, descending; a later id never passes an equal one
+    for (int v = 0; v < n_vocab && n_top > 0; ++v) {
+        if (kept == n_top && l[v] <= l[ids[kept - 1]]) continue;
+        int j = kept < n_top ? kept++ : n_top - 1;
+        for (; j > 0 && l[ids[j - 1]] < l[v]; --j) ids[j] = ids[j - 1];
+        ids[j] = v;
+    }
+    for (int j = 0; j < kept; ++j) lps[j] = static_cast<float>(l[ids[j]] - mx - log_sum);
+    return static_cast<float>(l[chosen] - mx - log_sum);
+}
+
+llmd_status check_top(int32_t n_top, const int32_t *top_ids, const float *top_logprobs) {
+    if (n_top < 0 || n_top > LLMD_MAX_TOP_LOGPROBS)
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "n_top must be 0.." + std::to_string(LLMD_MAX_TOP_LOGPROBS));
+    if (n_top > 0 && (top_ids == nullptr || top_logprobs == nullptr))
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "top_ids and top_logprobs must not be null when n_top > 0");
+    return LLMD_OK;
+}
+
 llmd_status build_vocab(llmd_engine *e) {
     const GGUFFile &f = *e->file;
     VocabData data;
@@ -256,6 +282,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         const HParams &hp = e->model->hp;
         e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
         if (e->n_ctx > (1 << 20)) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_ctx is too large");
+        e->model->use_context(e->n_ctx);
         const uint64_t budget = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : physical_memory() / 4;
         e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
         if (e->max_sessions < 1)
@@ -534,6 +561,23 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
     });
 }
 
+llmd_status llmd_engine_pooling_type(const llmd_engine *e, int32_t *pooling_type) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || pooling_type == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
+        std::string err;
+        std::string_view arch;
+        int64_t value = 0;
+        if (!e->file->get_string("general.architecture", &arch, &err) ||
+            !e->file->get_int(std::string(arch) + ".pooling_type", &value, &err)) {
+            if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+            value = 0;
+        }
+        if (value < 0 || value > 4) return fail(LLMD_ERR_FORMAT, "GGUF: pooling_type " + std::to_string(value) + " is unknown");
+        *pooling_type = static_cast<int32_t>(value);
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
@@ -546,11 +590,17 @@ llmd_status llmd_session_logits(const llmd_session *s, float *out, size_t n) {
 }
 
 llmd_status llmd_session_score(llmd_session *s, const int32_t *ids, size_t n, size_t first, float *logprobs) {
+    return llmd_session_score_top(s, ids, n, first, 0, logprobs, nullptr, nullptr);
+}
+
+llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n, size_t first, int32_t n_top,
+                                   float *logprobs, int32_t *top_ids, float *top_logprobs) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         llmd_engine *e = s->engine;
         if (n < 2 || first >= n - 1 || logprobs == nullptr)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "score needs n >= 2, first < n - 1 and an output buffer");
+        if (const llmd_status st = check_top(n_top, top_ids, top_logprobs); st != LLMD_OK) return st;
         if (const llmd_status st = check_ids(e, ids, n); st != LLMD_OK) return st;
         const size_t pos = s->tokens.size();
         if (n > static_cast<size_t>(e->n_ctx) - pos) return fail(LLMD_ERR_CONTEXT_FULL, "the tokens do not fit the context");
@@ -572,12 +622,24 @@ llmd_status llmd_session_score(llmd_session *s, const int32_t *ids, size_t n, si
             for (int j = 0; j < m; ++j) {
                 if (!batch[j].logits) continue;
                 const float *l = logits.data() + static_cast<size_t>(row++) * n_vocab;
-                const float mx = *std::max_element(l, l + n_vocab);
-                double sum = 0.0;
-                for (int v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(l[v] - mx));
-                logprobs[i + j - first] = static_cast<float>(l[ids[i + j + 1]] - mx - std::log(sum));
+                const size_t k = i + j - first;
+                logprobs[k] = log_softmax_top(l, n_vocab, ids[i + j + 1], n_top, top_ids + k * n_top,
+                                              top_logprobs + k * n_top);
             }
         }
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_token_logprobs(const llmd_session *s, int32_t n_top, float *logprob, int32_t *top_ids,
+                                        float *top_logprobs) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (logprob == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "logprob must not be null");
+        if (const llmd_status st = check_top(n_top, top_ids, top_logprobs); st != LLMD_OK) return st;
+        if (s->pending < 0 || !s->logits_valid) return fail(LLMD_ERR_STATE, "no sampled token: decode first");
+        *logprob = log_softmax_top(s->logits.data(), static_cast<int>(s->logits.size()), s->pending, n_top, top_ids,
+                                   top_logprobs);
         return LLMD_OK;
     });
 }

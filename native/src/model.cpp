@@ -72,6 +72,22 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
     return true;
 }
 
+bool Binder::split_matrix(const std::string &name, int64_t cols,
+                          std::initializer_list<std::pair<Matrix *, int64_t>> parts) {
+    int64_t rows = 0;
+    for (const auto &part : parts) rows += part.second;
+    Matrix fused;
+    if (!matrix(name, cols, rows, &fused)) return false;
+    int64_t r0 = 0;
+    for (const auto &[m, n] : parts) {
+        *m = fused;
+        m->rows = n;
+        m->data = fused.data + static_cast<size_t>(r0) * fused.row_bytes;
+        r0 += n;
+    }
+    return true;
+}
+
 const float *Binder::vector(const std::string &name, int64_t n, bool required) {
     const GGUFTensor *t = find(name, required);
     if (t == nullptr) return nullptr;
@@ -86,9 +102,122 @@ const float *Binder::vector(const std::string &name, int64_t n, bool required) {
     return reinterpret_cast<const float *>(t->data);
 }
 
+void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    L.attn_norm = vector(blk + "attn_norm.weight", dim);
+    matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
+    matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+    matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+    matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+    L.bq = vector(blk + "attn_q.bias", hp.q_dim(), false);
+    L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
+    L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+}
+
+void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    L.ffn_norm = vector(blk + "ffn_norm.weight", dim);
+    matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
+    matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
+    matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
+}
+
 namespace {
 
-const Arch *const kArchs[] = {&kLlama};
+const Arch *const kArchs[] = {&kLlama, &kPhi3, &kQwen2, &kQwen3, &kSmolLM3};
+
+// How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
+// factor without a type is linear; YaRN blends interpolated and extrapolated
+// frequencies pair by pair and corrects the magnitude.
+struct RopeScaling {
+    enum Kind { none, linear, yarn } kind = none;
+    float factor = 1.0f;      // context extension: interpolated frequencies are divided by it
+    float attn_factor = 1.0f; // multiplies cos and sin
+    int n_ctx_orig = 0;       // YaRN: the context the model was trained at
+};
+
+bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
+    const std::string &p = b.prefix;
+    std::string err;
+    std::string_view type = "linear";
+    if (!b.file.get_string(p + "rope.scaling.type", &type, &err) && !err.empty()) return b.fail(err);
+    float factor = b.get_float(p + "rope.scaling.factor", 0.0f);
+    if (factor == 0.0f) factor = b.get_float(p + "rope.scale_linear", 0.0f); // the older key
+    rs->attn_factor = b.get_float(p + "rope.scaling.attn_factor", 1.0f);
+    rs->n_ctx_orig = b.get_int(p + "rope.scaling.original_context_length", hp.n_ctx_train, false);
+    if (!b.error->empty()) return false;
+    if (factor == 0.0f) factor = 1.0f;
+    if (!(factor > 0.0f) || !std::isfinite(factor) || !(rs->attn_factor > 0.0f) || !std::isfinite(rs->attn_factor) ||
+        rs->n_ctx_orig < 1)
+        return b.fail("model RoPE scaling factor is invalid");
+    rs->factor = factor;
+    if (type == "none") {
+        rs->factor = 1.0f; // a factor is meaningless without scaling
+    } else if (type == "linear") {
+        rs->kind = factor == 1.0f ? RopeScaling::none : RopeScaling::linear;
+    } else if (type == "longrope") { // its factors are tensors (rope_frequencies); a factor here is linear
+        rs->kind = factor == 1.0f ? RopeScaling::none : RopeScaling::linear;
+    } else if (type == "yarn") {
+        rs->kind = RopeScaling::yarn;
+    } else {
+        return b.fail("unsupported RoPE scaling '" + std::string(type) + "' (llmd runs none, linear, yarn, longrope)");
+    }
+    return true;
+}
+
+// out (rope_dim / 2): each pair's frequency, divided by the factors of tensor
+// `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets),
+// then scaled as the file says.
+bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::string &factors,
+                std::vector<float> *out) {
+    const int half = hp.rope_dim / 2;
+    const GGUFTensor *freqs = b.find(factors, false);
+    if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != half))
+        return b.fail("tensor " + factors + " has the wrong type or shape");
+    // YaRN keeps the pairs that turn many times over the original context (below
+    // `low`) extrapolated, interpolates those that turn less than once (above
+    // `high`), and ramps between; beta_fast 32 and beta_slow 1 as the files assume.
+    const auto corr_dim = [&](double turns) {
+        return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(double{hp.rope_base}));
+    };
+    const double low = std::max(0.0, std::floor(corr_dim(32.0))),
+                 high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(1.0)));
+    out->resize(half);
+    for (int i = 0; i < half; ++i) {
+        double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
+        if (freqs != nullptr) {
+            float div;
+            std::memcpy(&div, freqs->data + 4 * i, 4);
+            if (!(div > 0.0f)) return b.fail("tensor " + factors + " holds a non-positive factor");
+            f /= div;
+        }
+        if (rs.kind == RopeScaling::linear) f /= rs.factor;
+        if (rs.kind == RopeScaling::yarn) {
+            const double extrapolated = 1.0 - std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0);
+            f *= (1.0 - extrapolated) / rs.factor + extrapolated;
+        }
+        (*out)[i] = static_cast<float>(f);
+    }
+    return true;
+}
+
+// m.inv_freq (and m.inv_freq_long for LongRoPE files) and hp.rope_mscale.
+bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
+    HParams &hp = m.hp;
+    const bool longrope = b.file.tensor("rope_factors_short.weight") != nullptr ||
+                          b.file.tensor("rope_factors_long.weight") != nullptr;
+    if (longrope && b.file.tensor("rope_freqs.weight") != nullptr)
+        return b.fail("model has both rope_freqs and LongRoPE factors");
+    if (!longrope) return rope_table(b, rs, hp, "rope_freqs.weight", &m.inv_freq);
+    // LongRoPE (Phi-3): short factors up to the original context, long ones past it.
+    if (!rope_table(b, rs, hp, "rope_factors_short.weight", &m.inv_freq) ||
+        !rope_table(b, rs, hp, "rope_factors_long.weight", &m.inv_freq_long))
+        return false;
+    m.rope_ctx_orig = rs.n_ctx_orig;
+    return true;
+}
 
 } // namespace
 
@@ -105,7 +234,6 @@ std::string arch_names() {
 }
 
 std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error) {
-    std::string err;
     auto model = std::make_unique<Model>();
     model->arch = &arch;
     Binder b(file, error, arch.name);
@@ -122,11 +250,17 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     hp.norm_eps = b.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5f);
     if (!error->empty()) return nullptr;
     if (hp.n_ctx_train < 1 || hp.n_embd < 1 || hp.n_layer < 1 || hp.n_head < 1 || hp.n_ff < 1 ||
-        hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0 || hp.n_embd % hp.n_head != 0) {
+        hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0) {
         *error = "model hyperparameters are inconsistent (heads, dims or layers)";
         return nullptr;
     }
-    hp.head_dim = b.get_int(p + "attention.key_length", hp.n_embd / hp.n_head, false);
+    // Heads are n_embd / n_head wide unless the file says otherwise (Qwen3, Gemma 3).
+    hp.head_dim = b.get_int(p + "attention.key_length", 0, false);
+    if (hp.head_dim == 0 && hp.n_embd % hp.n_head != 0) {
+        *error = "model hyperparameters are inconsistent (heads, dims or layers)";
+        return nullptr;
+    }
+    if (hp.head_dim == 0) hp.head_dim = hp.n_embd / hp.n_head;
     hp.rope_dim = b.get_int(p + "rope.dimension_count", hp.head_dim, false);
     if (hp.head_dim < 2 || hp.head_dim > 1024 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2 != 0 ||
         b.get_int(p + "attention.value_length", hp.head_dim, false) != hp.head_dim) {
@@ -137,19 +271,8 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
         *error = "model RoPE base or norm epsilon is invalid";
         return nullptr;
     }
-    std::string_view scaling;
-    if (file.get_string(p + "rope.scaling.type", &scaling, &err) && scaling != "none") {
-        if (scaling != "linear") {
-            *error = "unsupported RoPE scaling '" + std::string(scaling) + "'";
-            return nullptr;
-        }
-        const float factor = b.get_float(p + "rope.scaling.factor", 1.0f);
-        if (!(factor > 0.0f)) {
-            *error = "model RoPE scaling factor is invalid";
-            return nullptr;
-        }
-        hp.rope_scale = 1.0f / factor;
-    }
+    RopeScaling scaling;
+    if (!read_rope_scaling(b, hp, &scaling)) return nullptr;
     arch.load_hparams(b, hp);
     if (!error->empty()) return nullptr;
 
@@ -172,26 +295,9 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     arch.bind(b, *model);
     if (!error->empty()) return nullptr;
 
-    // Llama-3.1-style models store per-pair frequency divisors.
-    const GGUFTensor *freqs = b.find("rope_freqs.weight", false);
-    if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != hp.rope_dim / 2)) {
-        *error = "tensor rope_freqs.weight has the wrong type or shape";
-        return nullptr;
-    }
-    model->inv_freq.resize(hp.rope_dim / 2);
-    for (int i = 0; i < hp.rope_dim / 2; ++i) {
-        double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
-        if (freqs != nullptr) {
-            float div;
-            std::memcpy(&div, freqs->data + 4 * i, 4);
-            if (!(div > 0.0f)) {
-                *error = "tensor rope_freqs.weight holds a non-positive factor";
-                return nullptr;
-            }
-            f /= div;
-        }
-        model->inv_freq[i] = static_cast<float>(f);
-    }
+    if (!rope_frequencies(b, scaling, *model)) return nullptr;
+    hp.rope_mscale = scaling.attn_factor;
+    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) hp.rope_mscale *= 1.0f + 0.1f * std::log(scaling.factor);
 
     // A tensor nobody bound is a part of the model llmd would not compute.
     for (size_t i = 0; i < b.used.size(); ++i)
@@ -203,6 +309,10 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
     model->pack();
     return model;
+}
+
+void Model::use_context(int n_ctx) {
+    if (!inv_freq_long.empty() && n_ctx > rope_ctx_orig) inv_freq = inv_freq_long;
 }
 
 AlignedBytes::AlignedBytes(size_t n, bool huge) {
@@ -365,11 +475,11 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) 
 
 // cs (rope_dim): cos and sin of each rotated pair's angle at position pos.
 void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_freq, int pos) {
-    const float p = static_cast<float>(pos) * hp.rope_scale;
+    const float p = static_cast<float>(pos);
     for (int i = 0; i < hp.rope_dim / 2; ++i) {
         const float theta = p * inv_freq[i];
-        cs[2 * i] = std::cos(theta);
-        cs[2 * i + 1] = std::sin(theta);
+        cs[2 * i] = std::cos(theta) * hp.rope_mscale;
+        cs[2 * i + 1] = std::sin(theta) * hp.rope_mscale;
     }
 }
 
@@ -491,6 +601,17 @@ void rope(const Pass &p, float *x, int n_heads, Rope style) {
     }
 }
 
+void project_qkv(const Pass &p, const LayerWeights &L) {
+    rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
+    matmuls(p, p.xb, {project(L.wq, p.q, L.bq), project(L.wk, p.k, L.bk), project(L.wv, p.v, L.bv)});
+}
+
+void swiglu_ffn(const Pass &p, const LayerWeights &L) {
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    matmuls(p, p.xb, {swiglu(L.w_gate, L.w_up, p.hb, p.hb2, L.b_gate, L.b_up)});
+    matmuls(p, p.hb, {residual(L.w_down, p.x, L.b_down)});
+}
+
 void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
     const int kv_dim = hp.kv_dim();
@@ -516,7 +637,7 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
     ws.reserve(hp, n);
     const Pass pass{model, hp, batch, n, ws, pool};
 
-    float *x = ws.x.data(); // (n, dim) the residual stream
+    float *x = pass.x;
     for (int t = 0; t < n; ++t) {
         dequantize_row(model.tok_embd.type, model.tok_embd.row(batch[t].token), x + t * dim, dim);
         rope_angles(ws.rope.data() + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos); // shared by every layer
@@ -531,7 +652,7 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
     if (n_out > 0) {
         const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
 
-        matmuls(out, ws.logits_in.data(), {project(model.output, logits)});
+        matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
     }
 }
 

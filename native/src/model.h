@@ -49,7 +49,7 @@ struct HParams {
     int head_dim = 0;
     int rope_dim = 0;  // leading dims of each head that RoPE rotates
     float rope_base = 10000.0f;
-    float rope_scale = 1.0f; // position multiplier (linear scaling)
+    float rope_mscale = 1.0f; // multiplies cos and sin (YaRN's magnitude correction, attn_factor)
     float norm_eps = 1e-5f;
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
@@ -86,7 +86,10 @@ struct Model {
     Matrix tok_embd;             // (vocab, dim)
     const float *output_norm;    // (dim)
     Matrix output;               // (vocab, dim); token_embd when the model ties them
-    std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair
+    const float *output_b = nullptr; // (vocab) optional bias of the output head
+    std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair, scaling included
+    std::vector<float> inv_freq_long; // LongRoPE: the frequencies past rope_ctx_orig, else empty
+    int rope_ctx_orig = 0;
     std::vector<LayerWeights> layers;
     std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
@@ -94,6 +97,9 @@ struct Model {
     // Binds the weights of a GGUF as `arch` lays them out; nullptr with *error on any
     // mismatch, including a tensor of the file that the architecture did not bind.
     static std::unique_ptr<Model> load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error);
+    // Picks what depends on the context the engine runs at: LongRoPE's long
+    // frequencies when n_ctx exceeds the original context (as llama.cpp does).
+    void use_context(int n_ctx);
 
 private:
     void pack(); // repacks the matrices this build has kernels for (quants.h)
@@ -114,7 +120,15 @@ struct Binder {
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
+    // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
+    bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
     const float *vector(const std::string &name, int64_t n, bool required = true);
+
+    // The tensors of block l that most families name alike: "blk.<l>.attn_norm",
+    // attn_q/k/v/output weights with optional q/k/v biases; ffn_norm and the
+    // gate/up/down weights of a gated FFN.
+    void attention(const HParams &hp, int l, LayerWeights &L);
+    void gated_ffn(const HParams &hp, int l, LayerWeights &L);
 };
 
 // One session's attention memory: keys and values as f16, (layer, kv head, n_ctx,
@@ -180,7 +194,8 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
 
 // ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
 
-// One forward pass as every layer sees it: the batch, its scratch and the threads.
+// One forward pass as every layer sees it: the batch, its activations (in ws) and
+// the threads.
 struct Pass {
     const Model &model;
     const HParams &hp;
@@ -188,6 +203,14 @@ struct Pass {
     int n; // tokens in the batch
     Workspace &ws;
     ThreadPool &pool;
+    float *x = ws.x.data();     // (n, dim) the residual stream
+    float *xb = ws.xb.data();   // (n, dim) a sublayer's normed input
+    float *q = ws.q.data();     // (n, n_head * head_dim)
+    float *k = ws.k.data();     // (n, n_head_kv * head_dim)
+    float *v = ws.v.data();     // (n, n_head_kv * head_dim)
+    float *att = ws.att.data(); // (n, n_head * head_dim) attention output
+    float *hb = ws.hb.data();   // (n, ff) FFN hidden
+    float *hb2 = ws.hb2.data(); // (n, ff) FFN scratch
 };
 
 // y = x · wᵀ (+ bias)
@@ -212,6 +235,14 @@ enum class Rope { adjacent, neox };
 // x (n, n_heads * head_dim): the first rope_dim dims of each head rotated by each
 // token's angles (forward() computes them once for all layers).
 void rope(const Pass &p, float *x, int n_heads, Rope style);
+
+// The pre-norm attention input most families share: xb = rmsnorm(x), then
+// q, k, v = xb · wq/wk/wvᵀ (+ biases where L has them) in one parallel region.
+void project_qkv(const Pass &p, const LayerWeights &L);
+
+// The pre-norm SwiGLU feed-forward sublayer most families share:
+// x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them.
+void swiglu_ffn(const Pass &p, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session.

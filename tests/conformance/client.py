@@ -101,6 +101,14 @@ class Client:
                 return Stream(resp.status, resp.headers, body=resp.read())
             return Stream(resp.status, resp.headers, chunks=list(iter_sse(resp)))
 
+    def post_events(self, path: str, body: Any, headers: dict | None = None) -> Stream:
+        """A stream of named events (Responses, Anthropic Messages): `chunks` holds
+        (event name, parsed data) pairs."""
+        with self._open("POST", path, body, headers) as resp:
+            if resp.status != 200:
+                return Stream(resp.status, resp.headers, body=resp.read())
+            return Stream(resp.status, resp.headers, chunks=list(iter_named_sse(resp)))
+
     # --- request builders: the configured model, greedy, short ----------------------
 
     def chat_body(self, messages: list[dict], **params: Any) -> dict:
@@ -176,6 +184,45 @@ def iter_sse(lines: Iterable[bytes]) -> Iterator[Any]:
         raise SSEError(f"last event is not terminated by a blank line: {data[:200]!r}")
     if not done:
         raise SSEError("stream ended without data: [DONE]")
+
+
+def iter_named_sse(lines: Iterable[bytes]) -> Iterator[tuple[str, Any]]:
+    """Yield (event name, parsed JSON data) of each event of a named-event stream.
+
+    Each event must be one `event:` line, then one `data:` line with JSON whose `type`
+    equals the event name, then a blank line; `:` comments may come between events.
+    Refused with SSEError: other fields, a missing name or data, a type that
+    disagrees with the name, a `[DONE]` sentinel (these streams end without one).
+    """
+    name: str | None = None
+    data: str | None = None
+    for n, raw in enumerate(lines, 1):
+        text = raw.decode("utf-8")
+        if not text.endswith("\n"):
+            raise SSEError(f"stream ended inside line {n}: {text[:200]!r}")
+        line = text.rstrip("\r\n")
+        if line == "":
+            if name is None and data is None:
+                continue
+            if name is None or data is None:
+                raise SSEError(f"event before line {n} lacks an event name or data: {name!r} {data!r}")
+            payload = json.loads(data)
+            if not isinstance(payload, dict) or payload.get("type") != name:
+                raise SSEError(f"event {name!r} carries data of type {payload.get('type')!r}")
+            yield name, payload
+            name = data = None
+        elif line.startswith(":"):
+            continue
+        elif line.startswith("event: ") and name is None and data is None:
+            name = line[len("event: "):]
+        elif line.startswith("data: ") and name is not None and data is None:
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                raise SSEError("named-event streams end without data: [DONE]")
+        else:
+            raise SSEError(f"line {n} is out of place: {line[:200]!r}")
+    if name is not None or data is not None:
+        raise SSEError("last event is not terminated by a blank line")
 
 
 # --- shape checks shared by the tests --------------------------------------------------

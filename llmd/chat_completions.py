@@ -1,0 +1,104 @@
+"""The chat completions surface (`POST /v1/chat/completions`): the response object
+and the `chat.completion.chunk` stream a finished or running reply becomes.
+
+A format object is built per request and handed to the shared generation core
+(`llmd.api.Reply`), which calls it back with the reply's deltas; nothing here
+touches the runtime or the session table.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING
+
+from llmd import logprobs, sse
+from llmd.errors import ApiError, error_body
+from llmd.tools import ContentDelta, ToolCallDelta
+
+if TYPE_CHECKING:
+    from llmd.api import Choice, Reply
+    from llmd.logprobs import TokenLogprob
+
+FINGERPRINT = "llmd-0.1.0"
+
+
+class ChunkStream:
+    """What the chat completions and completions streams share: data-only chunks of
+    one object type, a finish chunk after each choice, then after the last a usage
+    chunk (if asked for) and [DONE]; a failure is one error chunk, then [DONE]."""
+
+    chunk_object: str
+    include_usage: bool
+    timings_per_token: bool
+    id: str
+
+    def _chunk(self, reply: Reply, choice: dict | None, **extra) -> bytes:
+        body = {"id": self.id, "object": self.chunk_object, "created": reply.created,
+                "model": reply.model, "system_fingerprint": FINGERPRINT,
+                "choices": [choice] if choice else [], **extra}
+        if self.timings_per_token and choice:
+            body["timings"] = reply.g.timings()
+        return sse.event(json.dumps(body, ensure_ascii=False))
+
+    def _finish(self, reply: Reply) -> bytes:
+        raise NotImplementedError
+
+    def end(self, reply: Reply) -> list[bytes]:
+        out = [self._finish(reply)]
+        if not reply.last:
+            return out
+        if self.include_usage:
+            out.append(self._chunk(reply, None, usage=reply.usage(), **reply.extensions()))
+        return out + [sse.DONE]
+
+    def error(self, reply: Reply, err: ApiError) -> list[bytes]:
+        return [sse.event(json.dumps(error_body(err))), sse.DONE]
+
+
+class ChatCompletionFormat(ChunkStream):
+    """A reply as a `chat.completion` object or a `chat.completion.chunk` stream."""
+
+    prompt_param = "messages"  # what a prompt over the context is blamed on
+    remembers_replies = True   # the client sends this reply back in its next request
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, include_usage: bool, logprobs: bool = False, timings_per_token: bool = False) -> None:
+        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.include_usage = include_usage
+        self.logprobs = logprobs
+        self.timings_per_token = timings_per_token
+
+    def _logprobs(self, reply: Reply, tokens: list[TokenLogprob]) -> dict | None:
+        if not self.logprobs:
+            return None
+        return {"content": logprobs.chat_content(tokens, reply.piece), "refusal": None}
+
+    def _choice(self, reply: Reply, c: Choice) -> dict:
+        text, calls = c.output.content(), c.output.tool_calls()
+        message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None,
+                   "annotations": []}
+        if calls:
+            message["tool_calls"] = calls
+        return {"index": c.index, "message": message, "logprobs": self._logprobs(reply, c.logprobs),
+                "finish_reason": c.finish_reason}
+
+    def body(self, reply: Reply) -> dict:
+        return {"id": self.id, "object": "chat.completion", "created": reply.created, "model": reply.model,
+                "system_fingerprint": FINGERPRINT, "choices": [self._choice(reply, c) for c in reply.choices()],
+                "usage": reply.usage(), **reply.extensions()}
+
+    def _delta(self, reply: Reply, delta: dict, finish: str | None = None) -> bytes:
+        # A chunk's logprobs are those of the tokens fed since the previous chunk.
+        lp = self._logprobs(reply, reply.take_logprobs())
+        return self._chunk(reply, {"index": reply.index, "delta": delta,
+                                   "logprobs": lp if lp and lp["content"] else None, "finish_reason": finish})
+
+    def start(self, reply: Reply) -> list[bytes]:
+        return [self._delta(reply, {"role": "assistant", "content": ""})]
+
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
+        return [self._delta(reply, {"content": d.text} if isinstance(d, ContentDelta)
+                            else {"tool_calls": [d.to_openai_delta()]}) for d in deltas]
+
+    def _finish(self, reply: Reply) -> bytes:
+        return self._delta(reply, {}, reply.finish_reason)

@@ -1,0 +1,79 @@
+"""The legacy completions surface (`POST /v1/completions`): the `text_completion`
+object and stream a reply becomes (see llmd.chat_completions for the contract)."""
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from llmd import logprobs
+from llmd.chat_completions import FINGERPRINT, ChunkStream
+from llmd.tools import ContentDelta, ToolCallDelta
+
+if TYPE_CHECKING:
+    from llmd.api import Choice, Reply
+    from llmd.logprobs import TokenLogprob
+
+
+class CompletionFormat(ChunkStream):
+    """A reply as a `text_completion` object or stream of them."""
+
+    prompt_param = "prompt"
+    remembers_replies = False
+    chunk_object = "text_completion"
+
+    def __init__(self, include_usage: bool, echo: str = "", logprobs: bool = False,
+                 timings_per_token: bool = False) -> None:
+        self.id = "cmpl-" + uuid.uuid4().hex[:24]
+        self.include_usage = include_usage
+        self.echo = echo            # the prompt's text when `echo` asked for it
+        self.logprobs = logprobs
+        self.timings_per_token = timings_per_token
+        self.offset = 0             # characters of the current choice's text sent so far
+        self.echoed = False         # the current choice's echo is sent
+
+    @staticmethod
+    def _prompt_tokens(reply: Reply) -> list[TokenLogprob]:
+        return logprobs.prompt_tokens(reply.first.prompt, reply.first.prompt_scores)
+
+    def _logprobs(self, reply: Reply, text: str, echoing: bool = False) -> dict | None:
+        """The logprobs of the tokens fed since the last call (of the prompt's tokens
+        when echoing), placed at the current offset; moves the offset past text."""
+        if not self.logprobs:
+            self.offset += len(text)
+            return None
+        tokens = self._prompt_tokens(reply) if echoing else reply.take_logprobs()
+        out = logprobs.legacy(tokens, reply.piece, self.offset)
+        self.offset += len(text)
+        return out
+
+    def _choice(self, reply: Reply, c: Choice) -> dict:
+        text, merged = c.output.content(), None
+        if self.logprobs:
+            parts = ([logprobs.legacy(self._prompt_tokens(reply), reply.piece, 0)] if self.echo else []) + \
+                [logprobs.legacy(c.logprobs, reply.piece, len(self.echo))]
+            merged = {key: [v for part in parts for v in part[key]] for key in parts[0]}
+        return {"index": c.index, "text": self.echo + text, "logprobs": merged, "finish_reason": c.finish_reason}
+
+    def body(self, reply: Reply) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": reply.created, "model": reply.model,
+                "system_fingerprint": FINGERPRINT, "choices": [self._choice(reply, c) for c in reply.choices()],
+                "usage": reply.usage(), **reply.extensions()}
+
+    def _text(self, reply: Reply, text: str, finish: str | None = None, echoing: bool = False) -> bytes:
+        lp = self._logprobs(reply, text, echoing)
+        return self._chunk(reply, {"index": reply.index, "text": text,
+                                   "logprobs": lp if lp and lp["tokens"] else None, "finish_reason": finish})
+
+    def start(self, reply: Reply) -> list[bytes]:
+        self.offset, self.echoed = 0, False
+        return []
+
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
+        # The echoed prompt goes first, once the prompt is processed (its logprobs are
+        # known then): with the first token's deltas, or at the end if none came.
+        out = [self._text(reply, self.echo, echoing=True)] if self.echo and not self.echoed else []
+        self.echoed = True
+        return out + [self._text(reply, d.text) for d in deltas if isinstance(d, ContentDelta)]
+
+    def _finish(self, reply: Reply) -> bytes:
+        return self._text(reply, "", reply.finish_reason)

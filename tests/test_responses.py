@@ -1,0 +1,101 @@
+"""The Responses surface's pure parts: request items read into chat messages
+(llmd.openai.parse_responses_request) and the bounded, per-key response store."""
+import json
+
+import pytest
+
+from llmd.errors import ApiError
+from llmd.openai import Message, ToolCall, parse_responses_request
+from llmd.responses import ResponseStore, StoredResponse
+
+
+def parse(**fields):
+    return parse_responses_request(json.dumps({"model": "m", **fields}).encode())
+
+
+def refused(**fields) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse(**fields)
+    return info.value
+
+
+def test_a_string_input_is_one_user_message_after_the_instructions():
+    req = parse(input="Hi", instructions="Be brief.")
+    assert req.chat.messages == [Message("system", "Be brief."), Message("user", "Hi")]
+    assert req.input == [Message("user", "Hi")] and req.store is True
+
+
+def test_function_calls_join_the_assistant_turn_and_outputs_become_tool_messages():
+    req = parse(input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{\"x\": 1}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]}])
+    assert req.chat.messages == [
+        Message("user", "a\nb"),
+        Message("assistant", "Let me look.", None, (ToolCall("c1", "f", "{}"), ToolCall("c2", "g", "{\"x\": 1}"))),
+        Message("tool", "one", None, (), "c1"),
+        Message("tool", "two", None, (), "c2")]
+
+
+def test_flat_function_tools_and_a_named_tool_choice():
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}]
+    req = parse(input="x", tools=tools, tool_choice={"type": "function", "name": "f"})
+    assert [t.name for t in req.chat.tools] == ["f"]
+    assert (req.chat.tool_choice, req.chat.tool_name) == ("required", "f")
+    assert req.echo["tools"] == [{"type": "function", "name": "f", "description": None,
+                                  "parameters": {"type": "object"}, "strict": True}]
+
+
+def test_text_format_json_schema_becomes_the_response_format():
+    req = parse(input="x", text={"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}})
+    assert req.chat.response_format.type == "json_schema"
+    assert req.chat.response_format.schema == {"type": "object"}
+
+
+def test_sampling_and_token_limit_are_read():
+    req = parse(input="x", max_output_tokens=7, temperature=0.5, top_p=0.9, prompt_cache_key="k")
+    assert (req.chat.max_tokens, req.chat.sampling.temperature, req.chat.sampling.top_p) == (7, 0.5, 0.9)
+    assert req.chat.prompt_cache_key == "k" and req.echo["prompt_cache_key"] == "k"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"input": "x", "truncation": "auto"}, "truncation"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "conversation": "conv_1"}, "conversation"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include[0]"),
+    ({"input": ""}, "input"),
+    ({"input": "x", "previous_response_id": 5}, "previous_response_id"),
+])
+def test_what_cannot_be_honoured_is_refused_naming_the_field(fields, param):
+    assert refused(**fields).param == param
+
+
+def test_model_is_required():
+    with pytest.raises(ApiError) as info:
+        parse_responses_request(b'{"input": "x"}')
+    assert info.value.param == "model"
+
+
+def test_the_store_keeps_the_newest_and_answers_only_the_same_key():
+    store = ResponseStore(capacity=2)
+    item = StoredResponse([Message("user", "hi")], None)
+    for rid in ("a", "b", "c"):
+        store.put("key1", rid, item)
+    assert store.get("key1", "a") is None and store.get("key1", "c") is item
+    assert store.get("key2", "c") is None
+
+
+def test_output_text_logprobs_are_asked_for_through_include_or_top_logprobs():
+    assert parse(input="x").chat.logprobs is None
+    assert parse(input="x", include=["message.output_text.logprobs"]).chat.logprobs == 0
+    req = parse(input="x", top_logprobs=3)
+    assert req.chat.logprobs == 3 and req.echo["top_logprobs"] == 3
