@@ -260,8 +260,9 @@ class Api:
         req = await parse(openai.parse_tokenize_request, request.body)
         self._check_text(req.content, "content")
         ids = await self.runtime.call(self.engine.tokenize, req.content, True)
-        if req.add_special and self.info.add_bos:
-            ids = [self.info.bos_id] + ids
+        if req.add_special:  # as llama-server: BOS and EOS where the model adds them
+            bos = [self.info.bos_id] if self.info.add_bos else []
+            ids = bos + ids + ([self.info.eos_id] if self.info.add_eos else [])
         if not req.with_pieces:
             return json_response({"tokens": ids})
         pieces = []

@@ -202,41 +202,61 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _open_engine(args):
-    from llmd.engine import Engine
-    return Engine(str(models.resolve_model(args.model)), n_threads=args.threads, n_ctx=args.ctx, max_sessions=1)
+def _open_engine(args, *, generate: bool):
+    """The engine for a command; a file it cannot open (or, when the command
+    generates, one without weights) is a ModelError naming the problem."""
+    from llmd.engine import Engine, EngineError
+    path = models.resolve_model(args.model)
+    try:
+        engine = Engine(str(path), n_threads=args.threads, n_ctx=args.ctx, max_sessions=1)
+    except EngineError as exc:
+        raise models.ModelError(f"{path}: {exc}") from exc
+    if generate and engine.info.vocab_only:
+        engine.close()
+        raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized, not run")
+    return engine
 
 
 def cmd_tokenize(args) -> int:
-    with _open_engine(args) as engine:
+    with _open_engine(args, generate=False) as engine:
         print(json.dumps(engine.tokenize(args.text, special=args.special)))
     return 0
 
 
+def perplexity_windows(ids: list[int], ctx: int, bos: int | None) -> list[list[int]]:
+    """llama-perplexity's windows: the text's ids as a prompt (BOS first when the model
+    adds one), cut into len // ctx windows of ctx tokens, each of which then starts
+    with BOS in place of its first token (so the first window loses no text token)."""
+    stream = ([bos] if bos is not None else []) + ids
+    windows = [stream[w * ctx:(w + 1) * ctx] for w in range(len(stream) // ctx)]
+    for window in windows:
+        if bos is not None:
+            window[0] = bos
+    return windows
+
+
 def cmd_perplexity(args) -> int:
-    """llama.cpp's method: windows of ctx tokens, the second half of each scored given the first."""
+    """llama-perplexity's method: over perplexity_windows(), the second half of each
+    window scored given the first."""
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
-    with _open_engine(args) as engine:
-        ids = engine.tokenize(text)
+    with _open_engine(args, generate=True) as engine:
         ctx, first = args.ctx, args.ctx // 2
-        if len(ids) < 2 * ctx:
-            print(f"llmd: {args.file} has {len(ids)} tokens; perplexity needs at least {2 * ctx}", file=sys.stderr)
+        windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
+        if len(windows) < 2:
+            print(f"llmd: {args.file} is too short; perplexity needs at least {2 * ctx} tokens", file=sys.stderr)
             return 2
         total, n = 0.0, 0
         start = time.perf_counter()
         with engine.new_session() as session:
-            for w in range(len(ids) // ctx):
-                window = ids[w * ctx:(w + 1) * ctx]
-                if engine.info.add_bos:
-                    window[0] = engine.info.bos_id
+            for window in windows:
                 session.reset()
                 logprobs = session.score(window, first)
                 total -= sum(logprobs)
                 n += len(logprobs)
         elapsed = time.perf_counter() - start
     print(json.dumps({"ppl": round(math.exp(total / n), 4), "tokens_scored": n,
-                      "tok_s": round((len(ids) // ctx) * ctx / elapsed, 1)}))
+                      "tok_s": round(len(windows) * ctx / elapsed, 1)}))
     return 0
 
 
@@ -296,6 +316,9 @@ async def serve(args) -> None:
         await asyncio.to_thread(models.preload, path)
         engine = await runtime.load(str(path), n_threads=args.threads, n_ctx=args.ctx,
                                     max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget)
+        if engine.info.vocab_only:
+            raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized "
+                                    "(`python -m llmd tokenize --model FILE TEXT`), not served")
         load_seconds = time.perf_counter() - started
         runtime.metrics.model_load.set(load_seconds)
     except (models.ModelError, EngineError) as exc:

@@ -73,6 +73,8 @@ class EngineInfo:
     kv_bytes_per_token: int
     bytes_per_session: int
     max_sessions: int
+    add_eos: bool = False
+    vocab_only: bool = False  # a GGUF without weights: tokenizes, refuses sessions
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,8 @@ class Engine:
             n_threads=raw.n_threads, bos_id=raw.bos_id, eos_id=raw.eos_id,
             add_bos=bool(raw.add_bos), eog_ids=tuple(raw.eog_ids[i] for i in range(raw.n_eog)),
             weight_bytes=raw.weight_bytes, kv_bytes_per_token=raw.kv_bytes_per_token,
-            bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions)
+            bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions,
+            add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:
@@ -184,9 +187,15 @@ class Engine:
     def tokenize(self, text: str | bytes, special: bool = False) -> list[int]:
         """Token ids of text; with special, control-token text becomes control ids. No BOS."""
         data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-        out = ffi.new("int32_t[]", len(data) + 1)
         n = ffi.new("size_t *")
-        _check(lib.llmd_tokenize(self.handle, data, len(data), int(special), out, len(data) + 1, n))
+        capacity = len(data) + 1  # enough for byte-level BPE; SentencePiece may ask for more
+        out = ffi.new("int32_t[]", capacity)
+        status = lib.llmd_tokenize(self.handle, data, len(data), int(special), out, capacity, n)
+        if status == lib.LLMD_ERR_INVALID_ARGUMENT and n[0] > capacity:
+            capacity = n[0]
+            out = ffi.new("int32_t[]", capacity)
+            status = lib.llmd_tokenize(self.handle, data, len(data), int(special), out, capacity, n)
+        _check(status)
         return list(ffi.unpack(out, n[0]))
 
     def piece(self, token_id: int, special: bool = False) -> bytes:

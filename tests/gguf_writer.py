@@ -592,3 +592,89 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
         im_end_id=tokens.index("<|im_end|>"), bos_id=tokens.index("<|im_start|>"),
         eos_id=tokens.index("<|im_end|>"), chat_template=chat_template, name=name, pre=pre,
         weight_bytes=sum(len(t.data) for t in w.tensors), arch=arch, head_dim=head_dim or 0)
+
+
+# ---- vocabularies without weights ------------------------------------------------
+
+def _vocab_only_writer(name: str) -> GGUFWriter:
+    """A GGUF with the llama hyperparameters llama.cpp reads even for a vocabulary
+    alone, and no tensors; the caller adds the tokenizer."""
+    w = GGUFWriter()
+    w.set("general.architecture", STRING, "llama")
+    w.set("general.name", STRING, name)
+    for key, value in (("context_length", 128), ("embedding_length", 64), ("block_count", 1),
+                       ("feed_forward_length", 128), ("attention.head_count", 4),
+                       ("attention.head_count_kv", 4)):
+        w.set(f"llama.{key}", U32, value)
+    w.set("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    return w
+
+
+def build_split_vocab(texts: list[str], pre: str, *, max_len: int = 8) -> GGUFWriter:
+    """A vocab-only GGUF (no tensors) whose BPE output shows the pre-tokenizer's words.
+
+    Tokens: the 256 GPT-2 byte characters, then every substring of the texts' bytes
+    of 2..max_len bytes; merges: every split of each such substring into two
+    shorter ones. Any word of at most max_len bytes taken from the texts therefore
+    ends as one token, so the ids of a text spell out where `pre` cut it; longer
+    words end in a few tokens, the same in any correct BPE."""
+    byte_chars = gpt2_byte_chars()
+    tokens = list(byte_chars)
+    known = set(tokens)
+    merges: list[str] = []
+    for text in texts:
+        data = [byte_chars[b] for b in text.encode()]
+        for start in range(len(data)):
+            for end in range(start + 2, min(len(data), start + max_len) + 1):
+                joined = "".join(data[start:end])
+                if joined in known:
+                    continue
+                known.add(joined)
+                tokens.append(joined)
+                for cut in range(start + 1, end):
+                    merges.append("".join(data[start:cut]) + " " + "".join(data[cut:end]))
+    w = _vocab_only_writer(f"split-{pre}")
+    w.set("tokenizer.ggml.model", STRING, "gpt2")
+    w.set("tokenizer.ggml.pre", STRING, pre)
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    w.set("tokenizer.ggml.token_type", ARRAY, (I32, [1] * len(tokens)))
+    w.set("tokenizer.ggml.merges", ARRAY, (STRING, merges))
+    return w
+
+
+def build_spm_vocab(texts: list[str], *, add_space_prefix: bool, max_len: int = 6) -> GGUFWriter:
+    """A vocab-only SentencePiece GGUF (tokenizer.ggml.model "llama") in Gemma's shape.
+
+    Tokens: <pad> <eos> <bos> <unk>, <start_of_turn> and <end_of_turn> (control), the
+    256 byte tokens <0x00>..<0xFF>, then every substring of up to max_len characters
+    of the texts with spaces written U+2581, except characters outside the Basic
+    Multilingual Plane (so byte fallback is exercised). A piece scores its length,
+    minus a little per id, so merges prefer long pieces and never tie."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    types = [3, 3, 3, 2, 3, 3]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    known = set(tokens)
+    pieces: list[str] = []
+    for text in texts:
+        chars = [c for c in text.replace(" ", "\u2581")]
+        for start in range(len(chars)):
+            for end in range(start + 1, min(len(chars), start + max_len) + 1):
+                piece = "".join(chars[start:end])
+                if piece not in known and all(ord(c) < 0x10000 for c in piece):
+                    known.add(piece)
+                    pieces.append(piece)
+    scores = [0.0] * len(tokens) + [len(p) - 1e-4 * i for i, p in enumerate(pieces)]
+    tokens += pieces
+    types += [1] * len(pieces)
+    w = _vocab_only_writer("spm-test")
+    w.set("tokenizer.ggml.model", STRING, "llama")
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    w.set("tokenizer.ggml.scores", ARRAY, (F32, scores))
+    w.set("tokenizer.ggml.token_type", ARRAY, (I32, types))
+    w.set("tokenizer.ggml.bos_token_id", U32, 2)
+    w.set("tokenizer.ggml.eos_token_id", U32, 1)
+    w.set("tokenizer.ggml.unknown_token_id", U32, 3)
+    w.set("tokenizer.ggml.padding_token_id", U32, 0)
+    w.set("tokenizer.ggml.add_space_prefix", BOOL, add_space_prefix)
+    return w

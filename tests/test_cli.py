@@ -33,6 +33,37 @@ def test_perplexity_reports_ppl_tokens_and_speed(tmp_path):
     assert result["tokens_scored"] % 31 == 0  # 31 scored per 64-token window
 
 
+def test_perplexity_windows_prepend_bos_and_start_each_window_with_it():
+    from llmd.cli import perplexity_windows
+    ids = list(range(10, 20))
+    # As llama-perplexity: BOS before the text, then BOS in place of each later window's first token.
+    assert perplexity_windows(ids, 4, 1) == [[1, 10, 11, 12], [1, 14, 15, 16]]
+    assert perplexity_windows(ids, 4, None) == [[10, 11, 12, 13], [14, 15, 16, 17]]
+
+
+def test_tokenize_works_on_a_vocab_only_gguf():
+    from tests.reference_data import require
+    vocab = require("models/ggml-vocab-llama-bpe.gguf")
+    assert json.loads(run("tokenize", "--model", str(vocab), "Hello world").stdout) == [9906, 1917]
+
+
+def test_a_vocab_only_gguf_cannot_be_run_and_says_so(tmp_path):
+    from tests.reference_data import require
+    vocab = require("models/ggml-vocab-llama-bpe.gguf")
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat on the mat. " * 100)
+    result = run("perplexity", "--model", str(vocab), "--file", str(text), "--ctx", "64")
+    assert result.returncode == 2
+    assert "holds only a vocabulary" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unsupported_tokenizer_is_a_clear_error_not_a_traceback():
+    from tests.reference_data import require
+    result = run("tokenize", "--model", str(require("models/ggml-vocab-bert-bge.gguf")), "x")
+    assert result.returncode == 2
+    assert "unsupported tokenizer model 'bert'" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_missing_model_is_a_clear_error_not_a_traceback(tmp_path):
     result = run("tokenize", "--model", str(tmp_path / "missing.gguf"), "x")
     assert result.returncode == 2

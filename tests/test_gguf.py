@@ -332,12 +332,16 @@ HOSTILE = {
     "bias_wrong_shape": (edit(lambda w: w.add_tensor("blk.0.attn_k.bias", [32], GGML_F32, encode_f32([0] * 32))),
                          MODEL, "blk.0.attn_k.bias should be F32 of 16 elements"),
     # tokenizer
-    "tokenizer_model_llama": (_set("tokenizer.ggml.model", STRING, "llama"), (UNSUPPORTED,),
-                              "unsupported model 'llama'"),
+    "tokenizer_model_bert": (_set("tokenizer.ggml.model", STRING, "bert"), (UNSUPPORTED,),
+                             "unsupported tokenizer model 'bert' (WordPiece)"),
+    "tokenizer_model_missing": (edit(lambda w: w.remove("tokenizer.ggml.model")), (FORMAT,),
+                                "tokenizer.ggml.model is missing"),
     "tokenizer_model_not_string": (_set("tokenizer.ggml.model", U32, 2), (FORMAT,),
                                    "tokenizer.ggml.model should be a string"),
-    "tokenizer_pre_unknown": (_set("tokenizer.ggml.pre", STRING, "qwen2"), (UNSUPPORTED,),
-                              "unsupported pre-tokenizer 'qwen2'"),
+    "tokenizer_pre_unknown": (_set("tokenizer.ggml.pre", STRING, "qwen9"), (UNSUPPORTED,),
+                              "unsupported pre-tokenizer 'qwen9' (supported: llama3 "),
+    "token_scores_short": (_set("tokenizer.ggml.scores", ARRAY, (F32, [0.0, 0.0])), (FORMAT,),
+                           "tokenizer.ggml.scores does not match the tokens"),
     "tokens_missing": (edit(lambda w: w.remove("tokenizer.ggml.tokens")), (FORMAT,),
                        "tokenizer.ggml.tokens is missing"),
     "tokens_empty": (_set("tokenizer.ggml.tokens", ARRAY, (STRING, [])), (FORMAT,), "tokenizer.ggml.tokens"),
@@ -382,8 +386,8 @@ def test_tiny_model_info_is_what_the_file_declares(tiny_model):
         assert (info.n_vocab, info.n_embd, info.n_layer) == (m.n_vocab, m.n_embd, m.n_layer)
         assert (info.n_head, info.n_head_kv, info.n_threads) == (m.n_head, m.n_head_kv, 2)
         assert (info.bos_id, info.eos_id, info.add_bos) == (m.im_start_id, m.im_end_id, False)
-        # EOS first, then the other end-of-turn control tokens the vocabulary has.
-        assert info.eog_ids == (m.im_end_id, m.endoftext_id)
+        # EOS and the other end-of-turn tokens the vocabulary has, in id order (a set, as llama.cpp keeps it).
+        assert info.eog_ids == tuple(sorted((m.im_end_id, m.endoftext_id)))
         assert info.weight_bytes == m.weight_bytes
         assert info.kv_bytes_per_token == 2 * m.n_layer * m.kv_dim * 2
         assert info.bytes_per_session == info.kv_bytes_per_token * m.n_ctx + m.n_vocab * 4

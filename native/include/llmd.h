@@ -70,6 +70,8 @@ typedef struct {
     uint64_t kv_bytes_per_token;
     uint64_t bytes_per_session; /* KV cache + per-session buffers at n_ctx */
     int32_t max_sessions;       /* serving capacity, scratch session included */
+    int32_t add_eos;            /* 1 if prompts end with EOS */
+    int32_t vocab_only;         /* 1 for a GGUF without weights: it tokenizes, sessions are refused */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
@@ -91,9 +93,11 @@ llmd_status llmd_engine_capacity(const llmd_engine *engine, uint64_t budget_byte
 
 /* Tokenize text (UTF-8, need not be NUL-terminated). With parse_special, control
  * tokens written in the text (<|im_start|>) become their ids; without, they stay
- * text. No BOS is added. Writes up to capacity ids; *n_out is the full count, and
- * LLMD_ERR_INVALID_ARGUMENT is returned if capacity was too small. len + 1 ids
- * always suffice. */
+ * text (user-defined tokens are always matched, as in llama.cpp). No BOS or EOS
+ * is added. Writes up to capacity ids; *n_out is the full count, and
+ * LLMD_ERR_INVALID_ARGUMENT is returned if capacity was too small (call again
+ * with *n_out). len + 1 ids suffice for byte-level BPE; SentencePiece writes a
+ * space as U+2581, so up to 3 * (len + 1) may be needed. */
 llmd_status llmd_tokenize(const llmd_engine *engine, const char *text, size_t len,
                           int32_t parse_special, int32_t *out, size_t capacity,
                           size_t *n_out);

@@ -12,10 +12,12 @@
 #include "vocab.h"
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <new>
 #include <string>
 #include <thread>
@@ -35,7 +37,7 @@ struct llmd_engine {
     std::string architecture, name, chat_template, tokenizer_pre;
     std::vector<int32_t> eog_ids;
     int32_t bos_id = -1, eos_id = -1;
-    bool add_bos = false;
+    bool add_bos = false, add_eos = false;
     int n_ctx = 0;
     int max_sessions = 0;
     std::vector<std::unique_ptr<llmd_session>> sessions;
@@ -137,7 +139,9 @@ llmd_status build_vocab(llmd_engine *e) {
     std::string_view sv;
     if (f.get_string("tokenizer.ggml.model", &sv, &err)) data.model = sv;
     if (f.get_string("tokenizer.ggml.pre", &sv, &err)) data.pre = sv;
+    if (f.get_string("general.name", &sv, &err)) data.name = sv;
     if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+    if (data.model.empty()) return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.model is missing");
     const GGUFKV *tokens = f.find("tokenizer.ggml.tokens");
     if (tokens == nullptr || tokens->type != GGUF_ARRAY || tokens->arr_type != GGUF_STRING || tokens->arr_count == 0)
         return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.tokens is missing or not a string array");
@@ -150,34 +154,55 @@ llmd_status build_vocab(llmd_engine *e) {
         data.types.resize(types->arr_count);
         std::memcpy(data.types.data(), types->arr_data, types->arr_count * 4);
     }
+    if (const GGUFKV *scores = f.find("tokenizer.ggml.scores")) {
+        if (scores->type != GGUF_ARRAY || scores->arr_type != GGUF_F32 || scores->arr_count != tokens->arr_count)
+            return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.scores does not match the tokens");
+        data.scores.resize(scores->arr_count);
+        std::memcpy(data.scores.data(), scores->arr_data, scores->arr_count * 4);
+    }
     if (const GGUFKV *merges = f.find("tokenizer.ggml.merges")) {
         if (merges->type != GGUF_ARRAY || merges->arr_type != GGUF_STRING)
             return fail(LLMD_ERR_FORMAT, "GGUF: tokenizer.ggml.merges is not a string array");
         for (const auto &m : merges->arr_strings) data.merges.emplace_back(m);
     }
+    // Ids as the file states them; a negative one is out of range like any other,
+    // and the Vocab keeps its default then (as llama.cpp does).
+    const struct {
+        const char *key;
+        std::optional<uint32_t> *id;
+    } ids[] = {{"tokenizer.ggml.bos_token_id", &data.bos},         {"tokenizer.ggml.eos_token_id", &data.eos},
+               {"tokenizer.ggml.eot_token_id", &data.eot},         {"tokenizer.ggml.eom_token_id", &data.eom},
+               {"tokenizer.ggml.unknown_token_id", &data.unk},     {"tokenizer.ggml.fim_pad_token_id", &data.fim_pad},
+               {"tokenizer.ggml.fim_rep_token_id", &data.fim_rep}, {"tokenizer.ggml.fim_sep_token_id", &data.fim_sep}};
+    for (const auto &k : ids) {
+        int64_t v;
+        if (f.get_int(k.key, &v, &err)) *k.id = v >= 0 && v <= INT32_MAX ? uint32_t(v) : UINT32_MAX;
+    }
+    const struct {
+        const char *key;
+        std::optional<bool> *flag;
+    } flags[] = {{"tokenizer.ggml.add_bos_token", &data.add_bos},
+                 {"tokenizer.ggml.add_eos_token", &data.add_eos},
+                 {"tokenizer.ggml.add_space_prefix", &data.add_space_prefix}};
+    for (const auto &k : flags) {
+        bool v;
+        if (f.get_bool(k.key, &v, &err)) *k.flag = v;
+    }
+    if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
     e->vocab = Vocab::create(std::move(data), &err);
     if (!e->vocab) return fail(LLMD_ERR_UNSUPPORTED, "tokenizer: " + err);
+    e->bos_id = e->vocab->bos();
+    e->eos_id = e->vocab->eos();
+    e->add_bos = e->vocab->add_bos();
+    e->add_eos = e->vocab->add_eos();
+    e->eog_ids = e->vocab->eog_ids();
+    return LLMD_OK;
+}
 
-    auto token_id = [&](const char *key) -> int32_t {
-        int64_t v = -1;
-        std::string key_err;
-        if (!f.get_int(key, &v, &key_err) || v < 0 || v >= e->vocab->size()) return -1;
-        return static_cast<int32_t>(v);
-    };
-    e->bos_id = token_id("tokenizer.ggml.bos_token_id");
-    e->eos_id = token_id("tokenizer.ggml.eos_token_id");
-    bool add_bos = false;
-    f.get_bool("tokenizer.ggml.add_bos_token", &add_bos, &err);
-    e->add_bos = add_bos && e->bos_id >= 0;
-    // End of generation: EOS, the declared end-of-turn ids, and the control tokens
-    // that templates of this family use to end a turn.
-    for (const int32_t id : {e->eos_id, token_id("tokenizer.ggml.eot_token_id"), token_id("tokenizer.ggml.eom_token_id")})
-        if (id >= 0 && !e->is_eog(id)) e->eog_ids.push_back(id);
-    for (const char *text : {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
-                             "<end_of_turn>", "<|end|>", "</s>"}) {
-        const int32_t id = e->vocab->find(text);
-        if (id >= 0 && e->vocab->is_control(id) && !e->is_eog(id)) e->eog_ids.push_back(id);
-    }
+// A vocab-only engine (a GGUF without tensors) tokenizes; it has nothing to run.
+llmd_status check_weights(const llmd_engine *e) {
+    if (!e->model)
+        return fail(LLMD_ERR_UNSUPPORTED, "this GGUF holds only a vocabulary: it can tokenize, not generate");
     return LLMD_OK;
 }
 
@@ -265,19 +290,24 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         std::string_view arch;
         if (!e->file->get_string("general.architecture", &arch, &err))
             return fail(LLMD_ERR_FORMAT, err.empty() ? "model metadata lacks general.architecture" : err);
+        const bool vocab_only = e->file->tensors().empty();
         const Arch *family = find_arch(arch);
-        if (family == nullptr)
+        if (family == nullptr && !vocab_only)
             return fail(LLMD_ERR_UNSUPPORTED, "unsupported architecture '" + std::string(arch) +
                                                   "' (llmd runs " + arch_names() + ")");
         if (const llmd_status st = build_vocab(e.get()); st != LLMD_OK) return st;
-        e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
-        if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
         std::string_view sv;
-        e->architecture = family->name;
+        e->architecture = family ? std::string(family->name) : std::string(arch);
         if (e->file->get_string("general.name", &sv, &err)) e->name = sv;
         if (e->file->get_string("tokenizer.chat_template", &sv, &err)) e->chat_template = sv;
         if (e->file->get_string("tokenizer.ggml.pre", &sv, &err)) e->tokenizer_pre = sv;
+        if (vocab_only) {
+            *out = e.release();
+            return LLMD_OK;
+        }
+        e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
+        if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
         const HParams &hp = e->model->hp;
         e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
@@ -309,26 +339,32 @@ void llmd_engine_free(llmd_engine *engine) {
 llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
-        const HParams &hp = e->model->hp;
         *out = llmd_engine_info{};
         out->architecture = e->architecture.c_str();
         out->name = e->name.c_str();
         out->chat_template = e->chat_template.c_str();
         out->tokenizer_pre = e->tokenizer_pre.c_str();
         out->kernels = kernel_path();
+        out->bos_id = e->bos_id;
+        out->eos_id = e->eos_id;
+        out->add_bos = e->add_bos ? 1 : 0;
+        out->add_eos = e->add_eos ? 1 : 0;
+        out->n_eog = static_cast<int32_t>(e->eog_ids.size());
+        out->eog_ids = e->eog_ids.data();
+        out->n_vocab = e->vocab->size();
+        if (!e->model) {
+            out->vocab_only = 1;
+            return LLMD_OK;
+        }
+        const HParams &hp = e->model->hp;
+        out->n_vocab = hp.n_vocab;
         out->n_ctx_train = hp.n_ctx_train;
         out->n_ctx = e->n_ctx;
-        out->n_vocab = hp.n_vocab;
         out->n_embd = hp.n_embd;
         out->n_layer = hp.n_layer;
         out->n_head = hp.n_head;
         out->n_head_kv = hp.n_head_kv;
         out->n_threads = e->pool->size();
-        out->bos_id = e->bos_id;
-        out->eos_id = e->eos_id;
-        out->add_bos = e->add_bos ? 1 : 0;
-        out->n_eog = static_cast<int32_t>(e->eog_ids.size());
-        out->eog_ids = e->eog_ids.data();
         out->weight_bytes = e->model->weight_bytes;
         out->kv_bytes_per_token = KVCache::bytes_per_token(hp);
         out->bytes_per_session = e->bytes_per_session();
@@ -354,6 +390,7 @@ llmd_status llmd_engine_capacity(const llmd_engine *e, uint64_t budget_bytes, in
     return guarded([&]() -> llmd_status {
         if (e == nullptr || max_sessions == nullptr || bytes_per_session == nullptr)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
         *max_sessions = capacity_for(e, budget_bytes);
         *bytes_per_session = e->bytes_per_session();
         return LLMD_OK;
@@ -365,6 +402,8 @@ llmd_status llmd_tokenize(const llmd_engine *e, const char *text, size_t len, in
     return guarded([&]() -> llmd_status {
         if (e == nullptr || n_out == nullptr || (text == nullptr && len > 0) || (out == nullptr && capacity > 0))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (len >= kMaxTokenizeBytes)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "text is too long to tokenize (512 MiB or more)");
         std::vector<int32_t> ids;
         if (!e->vocab->tokenize(std::string_view(text ? text : "", len), parse_special != 0, ids))
             return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
@@ -391,6 +430,7 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
         *out = nullptr;
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
         if (static_cast<int>(e->sessions.size()) >= e->max_sessions)
             return fail(LLMD_ERR_CAPACITY, "all " + std::to_string(e->max_sessions) + " session slots are in use");
         auto s = std::make_unique<llmd_session>();

@@ -265,6 +265,7 @@ bool GGUFFile::parse(std::string *error) {
         if (t.offset % alignment_ != 0) return c.fail("tensor " + name + " offset is not aligned");
     }
 
+    if (tensors_.empty()) return true;  // a vocab-only file may end right after its metadata, unpadded
     const uint64_t data_start = (c.pos + alignment_ - 1) / alignment_ * alignment_;
     if (data_start > map_.size()) return c.fail("data section starts past the end of the file");
     const uint64_t data_size = map_.size() - data_start;

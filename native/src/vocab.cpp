@@ -1,5 +1,6 @@
 #include "vocab.h"
 
+#include "pretokenize.h"
 #include "unicode.h"
 
 #include <algorithm>
@@ -10,129 +11,44 @@ namespace llmd {
 
 namespace {
 
-// How the pre-tokenizer regexes see a code point. K_END stands for "past the
-// end of the span": lookaheads like \s+(?!\S) stop at span boundaries.
-enum Kind : uint8_t { K_END, K_LETTER, K_NUMBER, K_SPACE, K_OTHER };
-
-Kind kind_of(uint32_t cpt) {
-    const uint8_t f = cpt_flags(cpt);
-    if (f & CPT_SPACE) return K_SPACE;
-    if (f & CPT_LETTER) return K_LETTER;
-    if (f & CPT_NUMBER) return K_NUMBER;
-    return K_OTHER;  // punctuation, symbols, marks, controls, unassigned, invalid bytes
-}
-
-struct Unit {
-    size_t off;    // byte offset of the character in the text
-    uint32_t cpt;  // code point, or CPT_INVALID for a stray byte
-    Kind kind;
+// What a token is, as bits: the file's type, plus what llama.cpp adds to it
+// (an end-of-turn text made control, Phi-3's stripping of spaces around
+// special tokens).
+enum Attr : uint8_t {
+    ATTR_NORMAL = 1,
+    ATTR_UNKNOWN = 2,
+    ATTR_CONTROL = 4,
+    ATTR_USER_DEFINED = 8,
+    ATTR_UNUSED = 16,
+    ATTR_BYTE = 32,
+    ATTR_LSTRIP = 64,  // spaces before the token belong to it
+    ATTR_RSTRIP = 128, // spaces after the token belong to it
 };
 
-// The units [begin, end) one regex pass runs over.
-struct Span {
-    const Unit *u;
-    size_t begin, end;
-
-    Kind kind(size_t i) const { return i < end ? u[i].kind : K_END; }
-    uint32_t cpt(size_t i) const { return i < end ? u[i].cpt : CPT_INVALID; }
-    bool newline(size_t i) const { return cpt(i) == '\r' || cpt(i) == '\n'; }
-};
-
-uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + ('a' - 'A') : c; }
-
-// 's|'t|'re|'ve|'m|'ll|'d at i (any case for Llama 3): the end, or i if none.
-size_t match_contraction(const Span &s, size_t i, bool any_case) {
-    if (s.cpt(i) != '\'') return i;
-    const uint32_t c1 = any_case ? ascii_lower(s.cpt(i + 1)) : s.cpt(i + 1);
-    const uint32_t c2 = any_case ? ascii_lower(s.cpt(i + 2)) : s.cpt(i + 2);
-    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
-    if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return i + 3;
-    return i;
-}
-
-// \s+(?!\S)|\s+ at a space: a run of spaces followed by something else leaves
-// its last space to the next word (" world").
-size_t match_spaces(const Span &s, size_t i) {
-    size_t j = i;
-    while (s.kind(j) == K_SPACE) ++j;
-    return (j - i > 1 && j < s.end) ? j - 1 : j;
-}
-
-// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// Pushes the end of each word.
-void split_gpt2(const Span &s, std::vector<size_t> &ends) {
-    for (size_t i = s.begin; i < s.end;) {
-        size_t j = match_contraction(s, i, false);
-        if (j == i) {
-            const size_t sp = s.cpt(i) == ' ';
-            const Kind k = s.kind(i + sp);
-            if (k == K_LETTER || k == K_NUMBER || k == K_OTHER) {
-                j = i + sp;
-                while (s.kind(j) == k) ++j;
-            } else {
-                j = match_spaces(s, i);  // s[i] is a space here
-            }
-        }
-        ends.push_back(j);
-        i = j;
+uint8_t attr_of(int32_t type) {
+    switch (type) {
+        case TOKEN_UNKNOWN: return ATTR_UNKNOWN;
+        case TOKEN_CONTROL: return ATTR_CONTROL;
+        case TOKEN_USER_DEFINED: return ATTR_USER_DEFINED;
+        case TOKEN_UNUSED: return ATTR_UNUSED;
+        case TOKEN_BYTE: return ATTR_BYTE;
+        default: return ATTR_NORMAL;  // TOKEN_NORMAL, and TOKEN_UNDEFINED treated as normal
     }
 }
 
-// SmolLM: \p{N} first, so every number code point is a word of its own; the
-// GPT-2 pattern then runs separately on each stretch between numbers.
-void split_smollm(const Span &s, std::vector<size_t> &ends) {
-    for (size_t i = s.begin; i < s.end;) {
-        if (s.kind(i) == K_NUMBER) {
-            ends.push_back(++i);
-            continue;
-        }
-        size_t j = i;
-        while (j < s.end && s.kind(j) != K_NUMBER) ++j;
-        split_gpt2(Span{s.u, i, j}, ends);
-        i = j;
-    }
-}
+const std::string_view k_space = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
-// Llama 3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
-//          ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-void split_llama3(const Span &s, std::vector<size_t> &ends) {
-    for (size_t i = s.begin; i < s.end;) {
-        size_t j = match_contraction(s, i, true);
-        const Kind k = s.kind(i);
-        const size_t sp = s.cpt(i) == ' ';
-        if (j > i) {
-            // contraction
-        } else if (k == K_LETTER || (k != K_NUMBER && !s.newline(i) && s.kind(i + 1) == K_LETTER)) {
-            j = i + 1;  // a letter, or the one non-letter allowed in front of letters
-            while (s.kind(j) == K_LETTER) ++j;
-        } else if (k == K_NUMBER) {
-            j = i + 1;
-            while (j < i + 3 && s.kind(j) == K_NUMBER) ++j;
-        } else if (s.kind(i + sp) == K_OTHER) {
-            j = i + sp;
-            while (s.kind(j) == K_OTHER) ++j;
-            while (s.newline(j)) ++j;
-        } else {
-            size_t after_newline = i;  // \s*[\r\n]+ ends after the run's last newline
-            for (j = i; s.kind(j) == K_SPACE; ++j) {
-                if (s.newline(j)) after_newline = j + 1;
-            }
-            j = after_newline > i ? after_newline : match_spaces(s, i);
-        }
-        ends.push_back(j);
-        i = j;
-    }
-}
-
-// One BPE symbol: a token id in a doubly linked list over the word.
+// One merge symbol: a token id (or -1) for bytes [off, off + len) of its word,
+// in a doubly linked list over the word.
 struct Symbol {
-    int32_t id;  // token, -1 for a byte without a token, SYM_DEAD once merged away
+    int32_t id;  // token, -1 for text without a token, SYM_DEAD once merged away
     int32_t prev, next;
+    uint32_t off, len;
 };
 constexpr int32_t SYM_DEAD = -2;
 
-// A candidate merge of symbols[left] with its right neighbour, valid only while
-// both still hold the ids it was made from.
+// A candidate BPE merge of symbols[left] with its right neighbour, valid only
+// while both still hold the ids it was made from.
 struct Bigram {
     int32_t rank, left;
     int32_t left_id, right_id, merged;
@@ -141,6 +57,19 @@ struct Bigram {
 // Heap order: lowest rank first, then leftmost (as HF tokenizers and llama.cpp).
 bool bigram_after(const Bigram &a, const Bigram &b) {
     return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
+}
+
+// A candidate SentencePiece merge, valid while its two symbols still have the
+// lengths it was made from.
+struct SpmBigram {
+    float score;
+    int32_t left, right;
+    uint32_t size;
+};
+
+// Heap order: highest score first, then leftmost (as llama.cpp).
+bool spm_after(const SpmBigram &a, const SpmBigram &b) {
+    return a.score != b.score ? a.score < b.score : a.left > b.left;
 }
 
 uint64_t pair_key(int32_t left, int32_t right) {
@@ -152,12 +81,32 @@ struct Fragment {
     int32_t id;  // special token, or -1 for plain text
 };
 
-// Raw bytes of a token: GPT-2 code points back to bytes. A code point outside
-// the mapping (a vocabulary quirk) keeps its UTF-8 bytes rather than failing.
-std::string decode_piece(const std::string &text, int32_t type) {
-    if (type == TOKEN_CONTROL || type == TOKEN_UNKNOWN || type == TOKEN_USER_DEFINED) {
-        return text;
-    }
+// Bytes of the character at text[off]: a valid UTF-8 sequence, else the one
+// byte (so a stray byte cannot swallow the U+2581 written for the next space).
+uint32_t char_length(std::string_view text, uint32_t off) {
+    return utf8_decode(text.data() + off, text.size() - off).len;
+}
+
+// The byte of a "<0xXX>" token, or -1.
+int hex_byte(std::string_view text) {
+    auto digit = [](char c) {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    };
+    if (text.size() != 6 || text.substr(0, 3) != "<0x" || text[5] != '>') return -1;
+    const int hi = digit(text[3]), lo = digit(text[4]);
+    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+std::string hex_token(uint8_t b) {
+    static const char k_hex[] = "0123456789ABCDEF";
+    return std::string("<0x") + k_hex[b >> 4] + k_hex[b & 15] + ">";
+}
+
+// GPT-2 code points back to bytes. A code point outside the mapping (a
+// vocabulary quirk) keeps its UTF-8 bytes rather than failing.
+std::string gpt2_bytes(const std::string &text) {
     std::string out;
     for (size_t off = 0; off < text.size();) {
         const Utf8Char c = utf8_decode(text.data() + off, text.size() - off);
@@ -171,6 +120,22 @@ std::string decode_piece(const std::string &text, int32_t type) {
     }
     return out;
 }
+
+// U+2581 back to spaces.
+std::string unescape_spaces(const std::string &text) {
+    std::string out;
+    for (size_t off = 0; off < text.size();) {
+        if (text.compare(off, k_space.size(), k_space) == 0) {
+            out += ' ';
+            off += k_space.size();
+        } else {
+            out += text[off++];
+        }
+    }
+    return out;
+}
+
+bool ascii_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 // A token for an error message: short, and quoted.
 std::string quote(std::string_view text) {
@@ -187,15 +152,62 @@ void set_error(std::string *error, const char *msg) noexcept {
     }
 }
 
+// Token texts llama.cpp recognises by name (its convert scripts do not always
+// write the ids): each list in the order it is searched.
+const char *const k_eot_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                   "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
+                                   "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+                                   "<end_of_utterance>"};
+const char *const k_fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+const char *const k_fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
+const char *const k_fim_sep_texts[] = {"<|file_sep|>"};
+// Texts that end generation in some family.
+const char *const k_eog_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+                                   "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+                                   "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+                                   "<turn|>", "<|tool_response>",
+                                   "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "[e~["};
+
 }  // namespace
 
+void Vocab::MergeTable::reserve(size_t n) {
+    size_t cap = 16;
+    shift_ = 60;
+    while (cap < 2 * n) cap *= 2, --shift_;  // at most half full
+    slots_.assign(cap, Merge{kEmpty, 0, 0});
+}
+
+void Vocab::MergeTable::add(int32_t left, int32_t right, int32_t rank, int32_t id) {
+    const uint64_t key = pair_key(left, right);
+    for (size_t i = slot(key);; i = (i + 1) & (slots_.size() - 1)) {
+        if (slots_[i].key == key) return;
+        if (slots_[i].key == kEmpty) {
+            slots_[i] = Merge{key, rank, id};
+            return;
+        }
+    }
+}
+
+const Vocab::MergeTable::Merge *Vocab::MergeTable::find(int32_t left, int32_t right) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t key = pair_key(left, right);
+    for (size_t i = slot(key);; i = (i + 1) & (slots_.size() - 1)) {
+        if (slots_[i].key == key) return &slots_[i];
+        if (slots_[i].key == kEmpty) return nullptr;
+    }
+}
+
 struct Vocab::Scratch {
-    std::vector<Unit> units;
+    std::vector<PreUnit> units;
     std::vector<size_t> ends;
     std::vector<Symbol> syms;
     std::vector<Bigram> heap;
-    std::string mapped;
+    std::vector<SpmBigram> spm_heap;
+    std::string text;      // escaped or byte-mapped copy
+    std::string replaced;  // the text with tokenless invalid bytes read as U+FFFD
 };
+
+Vocab::~Vocab() = default;
 
 std::unique_ptr<Vocab> Vocab::create(VocabData data, std::string *error) {
     try {
@@ -219,18 +231,29 @@ bool Vocab::build(VocabData &d, std::string *error) {
         *error = std::move(msg);  // the caller says where it came from
         return false;
     };
-    if (d.model != "gpt2") {
-        return fail("unsupported model " + quote(d.model) + " (only gpt2 byte-level BPE)");
-    }
-    if (d.pre == "smollm") {
-        pre_ = Pre::Smollm;
-    } else if (d.pre == "gpt2" || d.pre == "default" || d.pre.empty()) {
-        pre_ = Pre::Gpt2;
-    } else if (d.pre == "llama-bpe") {
-        pre_ = Pre::Llama3;
-        ignore_merges_ = true;  // as the Llama 3 tokenizer.json asks
+    std::string pre_name = d.pre;
+    if (d.model == "gpt2") {
+        algo_ = Algo::Bpe;
+        if (pre_name.empty()) pre_name = "default";  // llama.cpp's fallback, with its warning
+    } else if (d.model == "gemma4") {
+        algo_ = Algo::Bpe;
+        pre_name = "gemma4";  // the model implies it
+    } else if (d.model == "llama") {
+        algo_ = Algo::Spm;
     } else {
-        return fail("unsupported pre-tokenizer " + quote(d.pre));
+        const char *what = d.model == "bert"   ? " (WordPiece)"
+                           : d.model == "t5"   ? " (Unigram)"
+                           : d.model == "rwkv" ? " (RWKV)"
+                                               : "";
+        return fail("unsupported tokenizer model " + quote(d.model) + what +
+                    "; llmd tokenizes gpt2 and gemma4 (BPE) and llama (SentencePiece)");
+    }
+    if (algo_ == Algo::Bpe) {
+        std::string why;
+        pre_ = PreTokenizer::create(pre_name, &why);
+        if (!pre_) return fail(why);
+        ignore_merges_ = pre_->options() & PRE_IGNORE_MERGES;
+        raw_utf8_ = pre_->options() & PRE_RAW_UTF8;
     }
     if (d.tokens.empty() || d.tokens.size() > size_t(INT32_MAX)) {
         return fail("token count " + std::to_string(d.tokens.size()) + " out of range");
@@ -239,37 +262,48 @@ bool Vocab::build(VocabData &d, std::string *error) {
         return fail(std::to_string(d.types.size()) + " token types for " +
                     std::to_string(d.tokens.size()) + " tokens");
     }
+    if (!d.scores.empty() && d.scores.size() != d.tokens.size()) {
+        return fail(std::to_string(d.scores.size()) + " token scores for " +
+                    std::to_string(d.tokens.size()) + " tokens");
+    }
     if (d.merges.size() > size_t(INT32_MAX)) {
         return fail("too many merges");
     }
     tokens_ = std::move(d.tokens);
-    types_ = d.types.empty() ? std::vector<int32_t>(tokens_.size(), TOKEN_NORMAL) : std::move(d.types);
+    scores_ = d.scores.empty() ? std::vector<float>(tokens_.size(), 0.0f) : std::move(d.scores);
 
     const int32_t n = size();
+    attrs_.resize(tokens_.size());
     by_text_.reserve(tokens_.size());
-    pieces_.reserve(tokens_.size());
     for (int32_t id = 0; id < n; ++id) {
-        if (types_[id] < TOKEN_UNDEFINED || types_[id] > TOKEN_BYTE) {
-            return fail("token " + std::to_string(id) + " has unknown type " + std::to_string(types_[id]));
+        const int32_t type = d.types.empty() ? TOKEN_NORMAL : d.types[id];
+        if (type < TOKEN_UNDEFINED || type > TOKEN_BYTE) {
+            return fail("token " + std::to_string(id) + " has unknown type " + std::to_string(type));
         }
+        attrs_[id] = attr_of(type);
+        if (tokens_[id].empty()) tokens_[id] = "[EMPTY_" + std::to_string(id) + "]";  // as llama.cpp names it
         const auto added = by_text_.emplace(tokens_[id], id);
         if (!added.second) {
             return fail("token " + std::to_string(id) + " " + quote(tokens_[id]) +
                         " duplicates token " + std::to_string(added.first->second));
         }
-        pieces_.push_back(decode_piece(tokens_[id], types_[id]));
     }
 
-    // A byte without a token (not seen in real vocabularies) is dropped by tokenize().
+    // The token each byte falls back to (see no_byte_token_ for a byte without one).
     std::string text;
     for (int b = 0; b < 256; ++b) {
-        text.clear();
-        utf8_append(text, byte_to_cpt(uint8_t(b)));
-        byte_token_[b] = find(text);
+        if (algo_ == Algo::Bpe && !raw_utf8_) {
+            text.clear();
+            utf8_append(text, byte_to_cpt(uint8_t(b)));
+            byte_token_[b] = find(text);
+        } else {
+            byte_token_[b] = find(hex_token(uint8_t(b)));
+            if (byte_token_[b] < 0 && algo_ == Algo::Spm) byte_token_[b] = find(std::string(1, char(b)));
+        }
     }
 
     merges_.reserve(d.merges.size());
-    for (size_t rank = 0; rank < d.merges.size(); ++rank) {
+    for (size_t rank = 0; algo_ == Algo::Bpe && rank < d.merges.size(); ++rank) {
         const std::string_view m = d.merges[rank];
         const size_t sp = m.find(' ', 1);  // from 1: a left side may itself be " "
         const int32_t left = sp == m.npos ? -1 : find(m.substr(0, sp));
@@ -281,12 +315,35 @@ bool Vocab::build(VocabData &d, std::string *error) {
             return fail("merge " + std::to_string(rank) + " " + quote(m) +
                         " is not two known tokens whose join is a token");
         }
-        merges_.emplace(pair_key(left, right), Merge{int32_t(rank), merged});  // a repeat keeps the first rank
+        merges_.add(left, right, int32_t(rank), merged);
+    }
+
+    settle_specials(d);
+
+    // SentencePiece and Gemma 4 write a byte without a <0xXX> token as the
+    // unknown token. (Byte-level BPE drops it, as llama.cpp does: see encode().)
+    if (algo_ == Algo::Spm || raw_utf8_) {
+        if (const int32_t unk = settle_unknown(d); unk >= 0) no_byte_token_.push_back(unk);
+    }
+
+    pieces_.reserve(tokens_.size());
+    for (int32_t id = 0; id < n; ++id) {
+        const uint8_t a = attrs_[id];
+        const std::string &t = tokens_[id];
+        const int byte = (a & ATTR_BYTE) ? hex_byte(t) : -1;
+        if (a & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED)) {
+            pieces_.push_back(t);
+        } else if (byte >= 0) {
+            pieces_.emplace_back(1, char(byte));
+        } else if (algo_ == Algo::Spm || raw_utf8_) {
+            pieces_.push_back(unescape_spaces(t));
+        } else {
+            pieces_.push_back(gpt2_bytes(t));
+        }
     }
 
     for (int32_t id = 0; id < n; ++id) {
-        const int32_t t = types_[id];
-        if ((t == TOKEN_CONTROL || t == TOKEN_UNKNOWN || t == TOKEN_USER_DEFINED) && !tokens_[id].empty()) {
+        if ((attrs_[id] & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED)) && !tokens_[id].empty()) {
             specials_.push_back(id);
         }
     }
@@ -294,20 +351,119 @@ bool Vocab::build(VocabData &d, std::string *error) {
     std::stable_sort(specials_.begin(), specials_.end(), [this](int32_t a, int32_t b) {
         return tokens_[a].size() > tokens_[b].size();
     });
+
+    // Phi-3 keeps the spaces after its special tokens out of the text (llama.cpp
+    // recognises the family by name).
+    std::string lower = d.name;
+    for (char &c : lower) c = (c >= 'A' && c <= 'Z') ? char(c - 'A' + 'a') : c;
+    if (lower.find("phi-3") != lower.npos || lower.find("phi3") != lower.npos) {
+        for (const int32_t id : specials_) attrs_[id] |= ATTR_RSTRIP;
+        if (const int32_t id = find("</s>"); id >= 0) attrs_[id] |= ATTR_RSTRIP;
+        for (const char *t : {"<unk>", "<s>", "<|endoftext|>"}) {
+            if (const int32_t id = find(t); id >= 0) attrs_[id] &= uint8_t(~ATTR_RSTRIP);
+        }
+    }
     return true;
+}
+
+// The unknown token: the file's, else SentencePiece's default 0, else none.
+int32_t Vocab::settle_unknown(const VocabData &d) const {
+    if (d.unk && *d.unk < uint32_t(size())) return int32_t(*d.unk);
+    return algo_ == Algo::Spm ? 0 : -1;
+}
+
+// BOS, EOS and the end-of-generation set, in llama.cpp's order of decisions.
+void Vocab::settle_specials(const VocabData &d) {
+    const int64_t n = size();
+    int64_t bos = -1, eos = -1;
+    if (algo_ == Algo::Spm) {
+        bos = 1, eos = 2;
+        add_bos_ = true;
+        add_space_prefix_ = true;
+    } else if (!raw_utf8_) {
+        bos = 11, eos = 11;  // llama.cpp's defaults for BPE files that name none
+        add_bos_ = pre_->options() & PRE_ADD_BOS;
+        if (pre_->options() & PRE_NO_BOS) bos = -1;
+    }
+    auto settle = [n](int64_t dflt, const std::optional<uint32_t> &key) -> int32_t {
+        if (dflt >= n) dflt = -1;
+        return int32_t(key && *key < n ? int64_t(*key) : dflt);
+    };
+    bos_ = settle(bos, d.bos);
+    eos_ = settle(eos, d.eos);
+    int32_t eot = settle(-1, d.eot), eom = settle(-1, d.eom);
+    int32_t fim_pad = settle(-1, d.fim_pad), fim_rep = settle(-1, d.fim_rep), fim_sep = settle(-1, d.fim_sep);
+    if (d.add_bos) add_bos_ = *d.add_bos;
+    if (d.add_eos) add_eos_ = *d.add_eos;
+    if (d.add_space_prefix) add_space_prefix_ = *d.add_space_prefix;
+    if (raw_utf8_) add_bos_ = true;  // Gemma 4 always starts with BOS
+    if (bos_ < 0) add_bos_ = false;
+    if (eos_ < 0) add_eos_ = false;
+
+    // A token found by its text is control even if the file says otherwise.
+    auto by_text = [this](int32_t &id, const auto &texts) {
+        for (const char *t : texts) {
+            const int32_t found = find(t);
+            if (id < 0 && found >= 0) {
+                id = found;
+                attrs_[found] |= ATTR_CONTROL;
+            }
+        }
+    };
+    by_text(eot, k_eot_texts);
+    by_text(eom, std::initializer_list<const char *>{"<|eom_id|>"});
+    by_text(fim_pad, k_fim_pad_texts);
+    by_text(fim_rep, k_fim_rep_texts);
+    by_text(fim_sep, k_fim_sep_texts);
+
+    auto add_eog = [this](int32_t id) {
+        if (id >= 0 && std::find(eog_.begin(), eog_.end(), id) == eog_.end()) eog_.push_back(id);
+    };
+    for (const int32_t id : {fim_pad, fim_rep, fim_sep}) add_eog(id);
+    for (const char *t : k_eog_texts) {
+        if (const int32_t id = find(t); id >= 0) {
+            add_eog(id);
+            attrs_[id] |= ATTR_CONTROL;
+        }
+    }
+    // gpt-oss writes these markers in its replies; they must stay visible.
+    for (const char *t : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
+        if (const int32_t id = find(t); id >= 0) attrs_[id] = ATTR_USER_DEFINED;
+    }
+    for (const int32_t id : {eos_, eot, eom}) add_eog(id);
+
+    auto has = [this](const char *t) {
+        const int32_t id = find(t);
+        return id >= 0 && std::find(eog_.begin(), eog_.end(), id) != eog_.end();
+    };
+    auto drop = [this](const char *t, uint8_t attr) {
+        const int32_t id = find(t);
+        eog_.erase(std::remove(eog_.begin(), eog_.end(), id), eog_.end());
+        attrs_[id] = attr;
+    };
+    // gpt-oss (harmony) and solar-open continue after <|end|>; it ends a message, not the turn.
+    if (has("<|end|>") && ((has("<|return|>") && (has("<|call|>") || has("<|calls|>"))) ||
+                           ((has("<|call|>") || has("<|calls|>")) && has("<|flush|>")))) {
+        drop("<|end|>", ATTR_USER_DEFINED);
+    }
+    // Gemma 4 and PLaMo have an ordinary </s>.
+    if (has("</s>") && (has("<|tool_response>") || has("<|plamo:eos|>"))) drop("</s>", ATTR_NORMAL);
+    std::sort(eog_.begin(), eog_.end());
 }
 
 bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int32_t> &out) const {
     const size_t out_size = out.size();
-    if (text.size() >= size_t(INT32_MAX)) {
-        return false;  // symbol links are int32
+    if (text.size() >= kMaxTokenizeBytes) {
+        return false;
     }
     try {
         Scratch s;
-        std::vector<Fragment> frags{{0, text.size(), -1}};
+        std::vector<Fragment> frags;  // empty input, no fragment: SentencePiece adds no space then
+        if (!text.empty()) frags.push_back({0, text.size(), -1});
         std::vector<Fragment> next;
-        const std::vector<int32_t> none;
-        for (const int32_t id : parse_special ? specials_ : none) {
+        for (const int32_t id : specials_) {
+            const uint8_t attr = attrs_[id];
+            if (!parse_special && (attr & (ATTR_CONTROL | ATTR_UNKNOWN))) continue;
             const std::string &special = tokens_[id];
             next.clear();
             for (const Fragment &f : frags) {
@@ -318,19 +474,29 @@ bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int3
                 const std::string_view area = text.substr(0, f.end);
                 size_t pos = f.begin;
                 for (size_t m = area.find(special, pos); m != area.npos; m = area.find(special, pos)) {
-                    if (m > pos) next.push_back({pos, m, -1});
+                    size_t left_end = m;
+                    if (attr & ATTR_LSTRIP) {
+                        while (left_end > pos && ascii_space(text[left_end - 1])) --left_end;
+                    }
+                    if (left_end > pos) next.push_back({pos, left_end, -1});
                     next.push_back({m, m + special.size(), id});
                     pos = m + special.size();
+                    if (attr & ATTR_RSTRIP) {
+                        while (pos < f.end && ascii_space(text[pos])) ++pos;
+                    }
                 }
                 if (pos < f.end) next.push_back({pos, f.end, -1});
             }
             frags.swap(next);
         }
+        bool after_special = true;  // the start of the input counts as one
         for (const Fragment &f : frags) {
             if (f.id >= 0) {
                 out.push_back(f.id);
+                after_special = true;
             } else {
-                tokenize_text(text.substr(f.begin, f.end - f.begin), s, out);
+                encode(text.substr(f.begin, f.end - f.begin), after_special, s, out);
+                after_special = false;
             }
         }
         return true;
@@ -340,62 +506,95 @@ bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int3
     }
 }
 
-// Pre-tokenizes a plain-text span into words and BPE-encodes each.
-void Vocab::tokenize_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const {
-    s.units.clear();
-    for (size_t off = 0; off < text.size();) {
-        const Utf8Char c = utf8_decode(text.data() + off, text.size() - off);
-        s.units.push_back({off, c.cpt, kind_of(c.cpt)});
-        off += c.len;
+// Encodes one stretch of plain text.
+void Vocab::encode(std::string_view text, bool after_special, Scratch &s, std::vector<int32_t> &out) const {
+    if (algo_ == Algo::Spm || raw_utf8_) {
+        s.text.clear();
+        if (algo_ == Algo::Spm && add_space_prefix_ && after_special) s.text += k_space;
+        for (const char c : text) {
+            if (c == ' ') {
+                s.text += k_space;
+            } else {
+                s.text += c;
+            }
+        }
+        if (algo_ == Algo::Spm) {
+            spm_text(s.text, s, out);
+            return;
+        }
+        text = s.text;  // Gemma 4: BPE over the escaped text; s.text stays untouched below
     }
-    s.ends.clear();
-    const Span all{s.units.data(), 0, s.units.size()};
-    switch (pre_) {
-        case Pre::Gpt2: split_gpt2(all, s.ends); break;
-        case Pre::Smollm: split_smollm(all, s.ends); break;
-        case Pre::Llama3: split_llama3(all, s.ends); break;
+    if (pre_units(text, s.units) && !raw_utf8_) {
+        // An invalid byte the vocabulary has no token for is read as U+FFFD, as
+        // llama.cpp reads every invalid byte (a byte with a token stays itself).
+        auto tokenless = [&](const PreUnit &u) {
+            return u.cpt == CPT_INVALID && byte_token_[uint8_t(text[u.off])] < 0;
+        };
+        if (std::any_of(s.units.begin(), s.units.end(), tokenless)) {
+            s.replaced.clear();
+            for (size_t i = 0; i < s.units.size(); ++i) {
+                const size_t end = i + 1 < s.units.size() ? s.units[i + 1].off : text.size();
+                if (tokenless(s.units[i])) {
+                    s.replaced += "\xEF\xBF\xBD";
+                } else {
+                    s.replaced.append(text, s.units[i].off, end - s.units[i].off);
+                }
+            }
+            text = s.replaced;
+            pre_units(text, s.units);
+        }
     }
+    pre_->split(s.units, s.ends);
     size_t begin = 0;  // in bytes
     for (const size_t end_unit : s.ends) {
         const size_t end = end_unit < s.units.size() ? s.units[end_unit].off : text.size();
-        tokenize_word(text.substr(begin, end - begin), s, out);
+        bpe_word(text.substr(begin, end - begin), s, out);
         begin = end;
     }
 }
 
-// Byte-level BPE on one word: start from one symbol per byte, then repeatedly
-// merge the adjacent pair with the lowest merge rank.
-void Vocab::tokenize_word(std::string_view word, Scratch &s, std::vector<int32_t> &out) const {
-    if (word.size() == 1) {
-        const int32_t id = byte_token_[uint8_t(word[0])];
-        if (id >= 0) out.push_back(id);
+// BPE on one word: start from one symbol per byte (per UTF-8 character for
+// Gemma 4), then repeatedly merge the adjacent pair with the lowest merge rank.
+void Vocab::bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &out) const {
+    if (!raw_utf8_ && word.size() == 1) {
+        byte_fallback(word, out);
         return;
     }
-    if (ignore_merges_) {
-        s.mapped.clear();
-        for (const char c : word) utf8_append(s.mapped, byte_to_cpt(uint8_t(c)));
-        const int32_t id = find(s.mapped);
+    const bool newlines = raw_utf8_ && word.find_first_not_of('\n') == word.npos;  // Gemma 4's rule
+    if (ignore_merges_ || newlines) {
+        int32_t id;
+        if (raw_utf8_) {
+            id = find(word);
+        } else {  // s.text is free: only the raw UTF-8 path keeps the word in it
+            s.text.clear();
+            for (const char c : word) utf8_append(s.text, byte_to_cpt(uint8_t(c)));
+            id = find(s.text);
+        }
         if (id >= 0) {
             out.push_back(id);
             return;
         }
     }
-    const int32_t n = int32_t(word.size());
     s.syms.clear();
-    for (int32_t i = 0; i < n; ++i) {
-        s.syms.push_back({byte_token_[uint8_t(word[i])], i - 1, i + 1 < n ? i + 1 : -1});
+    for (uint32_t off = 0; off < word.size();) {
+        const uint32_t len = raw_utf8_ ? char_length(word, off) : 1;
+        const int32_t id = raw_utf8_ ? find(word.substr(off, len)) : byte_token_[uint8_t(word[off])];
+        const int32_t i = int32_t(s.syms.size());
+        s.syms.push_back({id, i - 1, off + len < word.size() ? i + 1 : -1, off, len});
+        off += len;
     }
     s.heap.clear();
     auto add_bigram = [this, &s](int32_t left) {
         const int32_t right = s.syms[left].next;
         if (right < 0) return;
         const int32_t l = s.syms[left].id, r = s.syms[right].id;
-        const auto it = merges_.find(pair_key(l, r));
-        if (it == merges_.end()) return;
-        s.heap.push_back({it->second.rank, left, l, r, it->second.id});
+        if (l < 0 || r < 0) return;
+        const MergeTable::Merge *m = merges_.find(l, r);
+        if (m == nullptr) return;
+        s.heap.push_back({m->rank, left, l, r, m->id});
         std::push_heap(s.heap.begin(), s.heap.end(), bigram_after);
     };
-    for (int32_t i = 0; i + 1 < n; ++i) add_bigram(i);
+    for (int32_t i = 0; i + 1 < int32_t(s.syms.size()); ++i) add_bigram(i);
 
     while (!s.heap.empty()) {
         std::pop_heap(s.heap.begin(), s.heap.end(), bigram_after);
@@ -407,6 +606,7 @@ void Vocab::tokenize_word(std::string_view word, Scratch &s, std::vector<int32_t
         }
         Symbol &right = s.syms[left.next];
         left.id = b.merged;
+        left.len += right.len;
         right.id = SYM_DEAD;
         left.next = right.next;
         if (right.next >= 0) s.syms[right.next].prev = b.left;
@@ -414,7 +614,71 @@ void Vocab::tokenize_word(std::string_view word, Scratch &s, std::vector<int32_t
         add_bigram(b.left);
     }
     for (int32_t i = 0; i >= 0; i = s.syms[i].next) {
-        if (s.syms[i].id >= 0) out.push_back(s.syms[i].id);
+        const Symbol &sym = s.syms[i];
+        if (sym.id >= 0) {
+            out.push_back(sym.id);
+        } else {
+            byte_fallback(word.substr(sym.off, sym.len), out);
+        }
+    }
+}
+
+// SentencePiece on one escaped stretch: one symbol per character, then merge
+// the adjacent pair whose join is the token of highest score, leftmost first.
+void Vocab::spm_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const {
+    s.syms.clear();
+    for (uint32_t off = 0; off < text.size();) {
+        const uint32_t len = char_length(text, off);
+        const int32_t i = int32_t(s.syms.size());
+        s.syms.push_back({0, i - 1, off + len < text.size() ? i + 1 : -1, off, len});
+        off += len;
+    }
+    s.spm_heap.clear();
+    auto add_bigram = [this, &s, text](int32_t left, int32_t right) {
+        if (left < 0 || right < 0) return;
+        const uint32_t size = s.syms[left].len + s.syms[right].len;
+        const int32_t id = find(text.substr(s.syms[left].off, size));
+        if (id < 0) return;
+        s.spm_heap.push_back({scores_[id], left, right, size});
+        std::push_heap(s.spm_heap.begin(), s.spm_heap.end(), spm_after);
+    };
+    for (int32_t i = 1; i < int32_t(s.syms.size()); ++i) add_bigram(i - 1, i);
+
+    while (!s.spm_heap.empty()) {
+        std::pop_heap(s.spm_heap.begin(), s.spm_heap.end(), spm_after);
+        const SpmBigram b = s.spm_heap.back();
+        s.spm_heap.pop_back();
+        Symbol &left = s.syms[b.left];
+        Symbol &right = s.syms[b.right];
+        if (left.len == 0 || right.len == 0 || left.len + right.len != b.size) {
+            continue;  // stale: one side has merged since
+        }
+        left.len += right.len;
+        right.len = 0;
+        left.next = right.next;
+        if (right.next >= 0) s.syms[right.next].prev = b.left;
+        add_bigram(left.prev, b.left);
+        add_bigram(b.left, left.next);
+    }
+    for (int32_t i = s.syms.empty() ? -1 : 0; i >= 0; i = s.syms[i].next) {
+        const std::string_view piece = text.substr(s.syms[i].off, s.syms[i].len);
+        const int32_t id = find(piece);
+        if (id >= 0) {
+            out.push_back(id);
+        } else {
+            byte_fallback(piece, out);
+        }
+    }
+}
+
+void Vocab::byte_fallback(std::string_view bytes, std::vector<int32_t> &out) const {
+    for (const char c : bytes) {
+        const int32_t id = byte_token_[uint8_t(c)];
+        if (id >= 0) {
+            out.push_back(id);
+        } else {
+            out.insert(out.end(), no_byte_token_.begin(), no_byte_token_.end());
+        }
     }
 }
 
@@ -423,11 +687,7 @@ std::string_view Vocab::piece(int32_t id) const {
 }
 
 bool Vocab::is_control(int32_t id) const {
-    return type(id) == TOKEN_CONTROL;
-}
-
-int32_t Vocab::type(int32_t id) const {
-    return id >= 0 && id < size() ? types_[id] : TOKEN_UNDEFINED;
+    return id >= 0 && id < size() && (attrs_[id] & (ATTR_CONTROL | ATTR_UNKNOWN));
 }
 
 int32_t Vocab::find(std::string_view token_text) const {

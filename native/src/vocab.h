@@ -1,27 +1,45 @@
-// vocab.h - the tokenizer: byte-level BPE (tokenizer.ggml.model = "gpt2") with
-// the pre-tokenizer split named by tokenizer.ggml.pre.
+// vocab.h - the tokenizer: byte-level BPE (tokenizer.ggml.model "gpt2", and
+// Gemma 4's "gemma4") with the pre-tokenizer named by tokenizer.ggml.pre, and
+// SentencePiece ("llama"), each as llama.cpp applies it.
 //
 // Theory of operation. tokenize() runs three stages:
-//   1. special tokens: with parse_special, the text of every control, unknown
-//      and user-defined token is cut out of the input and emitted as its id
-//      (longer tokens first, as llama.cpp does); without it, the whole input
-//      is plain text, so "<|im_end|>" typed by a user stays text;
-//   2. pre-tokenizer: each plain-text span is split into words by a hand-written
-//      matcher for the regex of `pre` (no std::regex: slow, no Unicode classes);
-//   3. BPE: each word starts as one symbol per byte (the token of the byte's
-//      GPT-2 code point) and adjacent pairs are merged lowest rank first.
-// Every input byte lands in exactly one token, so invalid UTF-8 round-trips:
-// concatenating piece(id) over the output gives back the input.
+//   1. special tokens: the text of every user-defined token is cut out of the
+//      input and emitted as its id, and with parse_special so is the text of
+//      every control and unknown token (longer tokens first, as llama.cpp
+//      does); without parse_special "<|im_end|>" typed by a user stays text;
+//   2. each remaining stretch of text is encoded:
+//      - BPE: split into words by the pre-tokenizer (pretokenize.h); each word
+//        starts as one symbol per byte (the token of the byte's GPT-2 code
+//        point; for Gemma 4 one per UTF-8 character, spaces written U+2581)
+//        and adjacent pairs are merged lowest merge rank first;
+//      - SentencePiece: spaces become U+2581 (with one in front of the text
+//        when add_space_prefix says so and the text starts the input or
+//        follows a special token), the text starts as one symbol per UTF-8
+//        character, and adjacent pairs whose join is a token are merged
+//        highest score first;
+//   3. a symbol that is no token falls back to byte tokens (<0xXX>).
+// Every input byte lands in a token, so where the vocabulary has a token for
+// every byte, invalid UTF-8 round-trips: the pieces of the output concatenate
+// to the input (SentencePiece: after U+2581 is read back as a space and a
+// prefixed space dropped). llama.cpp instead reads an invalid byte as U+FFFD;
+// llmd does that only for an invalid byte the vocabulary has no token for.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 namespace llmd {
+
+class PreTokenizer;
+
+// tokenize() refuses text this long: symbol offsets are 32-bit, and escaping
+// spaces for SentencePiece triples them.
+constexpr size_t kMaxTokenizeBytes = size_t(1) << 29;
 
 // tokenizer.ggml.token_type values.
 enum TokenType : int32_t {
@@ -34,13 +52,18 @@ enum TokenType : int32_t {
     TOKEN_BYTE         = 6,
 };
 
-// The tokenizer as the GGUF metadata spells it.
+// The tokenizer as the GGUF metadata spells it (tokenizer.ggml.*). Absent
+// keys stay empty / nullopt; the defaults are the Vocab's business.
 struct VocabData {
-    std::vector<std::string> tokens;  // tokenizer.ggml.tokens (GPT-2 byte-mapped text)
-    std::vector<int32_t> types;       // tokenizer.ggml.token_type; empty = all normal
-    std::vector<std::string> merges;  // tokenizer.ggml.merges, "left right", rank = index
-    std::string model;                // tokenizer.ggml.model: "gpt2"
-    std::string pre;                  // tokenizer.ggml.pre: "smollm", "gpt2", "llama-bpe", "default" or ""
+    std::vector<std::string> tokens;  // tokens (GPT-2 byte-mapped text for BPE, U+2581 for spaces in SPM)
+    std::vector<int32_t> types;       // token_type; empty = all normal
+    std::vector<float> scores;        // scores (SentencePiece); empty = all 0
+    std::vector<std::string> merges;  // merges, "left right", rank = index
+    std::string model;                // model: "gpt2", "llama", "gemma4"
+    std::string pre;                  // pre: the pre-tokenizer's name, or ""
+    std::string name;                 // general.name (Phi-3 strips spaces after special tokens)
+    std::optional<uint32_t> bos, eos, eot, eom, unk, fim_pad, fim_rep, fim_sep;  // *_token_id
+    std::optional<bool> add_bos, add_eos, add_space_prefix;                     // add_*_token, add_space_prefix
 };
 
 class Vocab {
@@ -49,47 +72,85 @@ public:
     // and sets *error (if error is not null). Never throws.
     static std::unique_ptr<Vocab> create(VocabData data, std::string *error);
 
-    // Appends the ids of `text` to `out` (no BOS). Thread-safe (const, no shared
-    // scratch). Returns false if memory runs out or text is 2 GiB or more;
-    // `out` is then left as it was.
+    // Appends the ids of `text` to `out` (no BOS/EOS). Thread-safe (const, no
+    // shared scratch). Returns false if memory runs out or text is
+    // kMaxTokenizeBytes or more; `out` is then left as it was.
     bool tokenize(std::string_view text, bool parse_special, std::vector<int32_t> &out) const;
 
     // The token's raw bytes (may be part of a UTF-8 character). Control, unknown
     // and user-defined tokens give their text. Empty for an out-of-range id.
     std::string_view piece(int32_t id) const;
 
+    // Control and unknown tokens: their piece is shown only when asked for.
     bool is_control(int32_t id) const;
-    int32_t type(int32_t id) const;  // TokenType; TOKEN_UNDEFINED for an out-of-range id
     int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
 
     // The id of the token whose GGUF text is token_text, or -1.
     int32_t find(std::string_view token_text) const;
 
+    // Special ids as llama.cpp settles them (the file's keys over the
+    // defaults of the tokenizer type), -1 for none.
+    int32_t bos() const { return bos_; }
+    int32_t eos() const { return eos_; }
+    bool add_bos() const { return add_bos_; }
+    bool add_eos() const { return add_eos_; }
+    // End-of-generation ids: EOS, EOT, EOM, and the tokens whose text ends a
+    // turn in some family (<|im_end|>, <end_of_turn>, <|eot_id|>, ...).
+    const std::vector<int32_t> &eog_ids() const { return eog_; }
+
     Vocab(const Vocab &) = delete;
     Vocab &operator=(const Vocab &) = delete;
+    ~Vocab();
 
 private:
-    enum class Pre { Gpt2, Smollm, Llama3 };
-    struct Merge {
-        int32_t rank;
-        int32_t id;  // token of the merged pair
+    enum class Algo { Bpe, Spm };
+    // Merges by pair: an open-addressing table (the lookup is BPE's hot spot).
+    class MergeTable {
+    public:
+        struct Merge {
+            uint64_t key;  // (left id << 32 | right id); kEmpty for a free slot
+            int32_t rank;
+            int32_t id;    // token of the merged pair
+        };
+        static constexpr uint64_t kEmpty = ~uint64_t(0);  // no pair of valid ids has it
+        void reserve(size_t n);
+        // Adds the merge unless the pair is already there (a repeat keeps the first rank).
+        void add(int32_t left, int32_t right, int32_t rank, int32_t id);
+        const Merge *find(int32_t left, int32_t right) const;
+
+    private:
+        size_t slot(uint64_t key) const { return size_t((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+        std::vector<Merge> slots_;
+        int shift_ = 64;
     };
     struct Scratch;
 
     Vocab() = default;
     bool build(VocabData &data, std::string *error);
-    void tokenize_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const;
-    void tokenize_word(std::string_view word, Scratch &s, std::vector<int32_t> &out) const;
+    void settle_specials(const VocabData &data);
+    int32_t settle_unknown(const VocabData &data) const;
+    void encode(std::string_view text, bool after_special, Scratch &s, std::vector<int32_t> &out) const;
+    void bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &out) const;
+    void spm_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const;
+    void byte_fallback(std::string_view bytes, std::vector<int32_t> &out) const;
 
-    Pre pre_ = Pre::Gpt2;
-    bool ignore_merges_ = false;  // llama-bpe: a word that is a whole token skips BPE
+    Algo algo_ = Algo::Bpe;
+    std::unique_ptr<PreTokenizer> pre_;  // BPE only
+    bool ignore_merges_ = false;         // a word that is a whole token skips BPE
+    bool raw_utf8_ = false;              // BPE over UTF-8 characters, spaces as U+2581 (Gemma 4)
+    bool add_space_prefix_ = false;      // SentencePiece: " " in front of text
     std::vector<std::string> tokens_;
-    std::vector<int32_t> types_;
+    std::vector<uint8_t> attrs_;                            // ATTR_* bits per id
+    std::vector<float> scores_;
     std::vector<std::string> pieces_;                       // raw bytes per id
     std::unordered_map<std::string_view, int32_t> by_text_; // views into tokens_
-    std::unordered_map<uint64_t, Merge> merges_;            // (left id << 32 | right id) -> merge
+    MergeTable merges_;
     int32_t byte_token_[256] = {};                          // token of each byte, or -1
+    std::vector<int32_t> no_byte_token_;                    // SPM: what a byte without a token becomes
     std::vector<int32_t> specials_;                         // longest text first
+    int32_t bos_ = -1, eos_ = -1;
+    bool add_bos_ = false, add_eos_ = false;
+    std::vector<int32_t> eog_;
 };
 
 }  // namespace llmd
