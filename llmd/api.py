@@ -29,8 +29,11 @@ from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conve
 from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
-from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, merge_tool_calls
+from llmd.reasoning import ReasoningDelta, ReasoningStream
+from llmd.tools import (ContentDelta, JsonReplyCallStream, ToolCallDelta, ToolCallStream, merge_tool_calls,
+                        new_mistral_call_id)
 
+Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
 PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
 DETOKENIZE_CHUNK = 4096  # ids turned into text per executor call, so other streams step in between
@@ -113,14 +116,23 @@ class PromptIds:
 
 class Output:
     """Turns a generation's token pieces into response text: UTF-8 assembly,
-    stop-string hold-back, then (for chat with tools) tool-call extraction.
-    Keeps what it produced: `text` pieces and the tool `calls` pieces."""
+    stop-string hold-back, then (for a reasoning model's chat) the reasoning block
+    split off, then (for chat with tools) tool-call extraction from the content.
+    Keeps what it produced: `text`, `reasoning` and the tool `calls` pieces.
+    `reasoning` None means the output has no reasoning block; True or False says
+    whether it starts inside one. `tool_format` is chat.tool_format's."""
 
-    def __init__(self, stops: list[str], tools: list[dict] | None):
+    def __init__(self, stops: list[str], tools: list[dict] | None, reasoning: bool | None = None,
+                 tool_format: str = "hermes"):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
-        self.tools = ToolCallStream(tools) if tools else None
+        self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
+        self.tools = None if not tools else (
+            JsonReplyCallStream(tools) if tool_format == "llama3_json" else
+            JsonReplyCallStream(tools, new_mistral_call_id, "{[") if tool_format == "mistral_json" else
+            ToolCallStream(tools))
         self.text: list[str] = []
+        self.reasoning: list[str] = []
         self.calls: list[ToolCallDelta] = []
 
     def content(self) -> str:
@@ -130,33 +142,48 @@ class Output:
         """The OpenAI `tool_calls` entries the pieces so far add up to."""
         return merge_tool_calls(self.calls)
 
-    def feed(self, piece: bytes) -> tuple[list[ContentDelta | ToolCallDelta], bool]:
+    def feed(self, piece: bytes) -> tuple[list[Delta], bool]:
         text, hit = self.stops.feed(self.utf8.feed(piece))
         return self._route(text, final=False), hit
 
-    def finish(self) -> list[ContentDelta | ToolCallDelta]:
+    def finish(self) -> list[Delta]:
         text, hit = self.stops.feed(self.utf8.flush())  # ("", True) once a stop was hit
         if not hit:
             text += self.stops.flush()
         return self._route(text, final=True)
 
-    def _route(self, text: str, final: bool) -> list[ContentDelta | ToolCallDelta]:
-        if self.tools is None:
-            out = [ContentDelta(text)] if text else []
-        else:
-            out = self.tools.feed(text) if text else []
-            if final:
-                out += self.tools.finish()
+    def _route(self, text: str, final: bool) -> list[Delta]:
+        out: list[Delta] = []
+        if self.thinking is not None:
+            pieces = (self.thinking.feed(text) if text else []) + (self.thinking.finish() if final else [])
+            text = ""
+            for kind, piece in pieces:
+                if kind == "reasoning":
+                    self.reasoning.append(piece)
+                    out.append(ReasoningDelta(piece))
+                else:
+                    out += self._content(piece)
+        out += self._content(text)
+        if final and self.tools is not None:
+            out += self.tools.finish()
         for d in out:
-            (self.text.append(d.text) if isinstance(d, ContentDelta) else self.calls.append(d))
+            if isinstance(d, ContentDelta):
+                self.text.append(d.text)
+            elif isinstance(d, ToolCallDelta):
+                self.calls.append(d)
         return out
+
+    def _content(self, text: str) -> list[ContentDelta | ToolCallDelta]:
+        if not text:
+            return []
+        return self.tools.feed(text) if self.tools is not None else [ContentDelta(text)]
 
 
 class Api:
     """Routes requests to handlers. Built once the model is loaded."""
 
     def __init__(self, engine: Engine, runtime: Runtime, table: SessionTable,
-                 template: chat.ChatTemplate | None, options: Options):
+                 template: chat.ChatTemplate | chat.JinjaTemplate | chat.Unavailable, options: Options):
         self.engine = engine
         self.info = engine.info
         self.runtime = runtime
@@ -187,6 +214,8 @@ class Api:
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
             (re.compile(r"/tokenize"), {"POST": self.tokenize}),
             (re.compile(r"/detokenize"), {"POST": self.detokenize}),
+            (re.compile(r"/apply-template"), {"POST": self.apply_template}),
+            (re.compile(r"/props"), {"GET": self.props}),
             (re.compile(r"/v1/sessions"), {"GET": self.list_sessions}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"), {"GET": self.get_session, "DELETE": self.delete_session}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": self.reset_session}),
@@ -246,6 +275,34 @@ class Api:
             raise errors.ApiError(404, f"The model '{model}' does not exist; this server serves "
                                        f"{', '.join(self.options.model_ids)}.",
                                   "not_found_error", "model", "model_not_found")
+
+    # ---- chat template (as llama.cpp's server shows it) ------------------------
+
+    async def apply_template(self, request: HttpRequest) -> Response:
+        """The exact prompt text a chat request with this body would be given."""
+        req = await parse(openai.parse_apply_template_request, request.body)
+        tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
+        prompt = await asyncio.to_thread(self._render, req.messages, tools, req.add_generation_prompt,
+                                         req.template_kwargs)
+        return json_response({"prompt": prompt.text})
+
+    async def props(self, request: HttpRequest) -> Response:
+        """Model and server properties in the shape of llama.cpp's GET /props."""
+        bos, eos = await self.runtime.call(lambda: tuple(
+            self.engine.piece(i, special=True).decode("utf-8", "replace") if i >= 0 else ""
+            for i in (self.info.bos_id, self.info.eos_id)))
+        template = self.template
+        return json_response({
+            "default_generation_settings": {"n_ctx": self.info.n_ctx},
+            "total_slots": self.table.capacity,
+            "model_alias": self.options.model_ids[0],
+            "modalities": {"vision": False, "audio": False},
+            "chat_template": template.source if not isinstance(template, chat.Unavailable) else "",
+            "bos_token": bos,
+            "eos_token": eos,
+            "build_info": "llmd",
+            "chat_template_renderer": chat.renderer_name(template),
+        })
 
     # ---- tokenizer -----------------------------------------------------------
 
@@ -387,14 +444,9 @@ class Api:
     async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
         """The conversation rendered by the chat template: its ids, its text and the
         tools it offers (None when tool_choice is "none")."""
-        if self.template is None:
-            raise errors.invalid_request("this model has no chat template; use /v1/completions "
-                                         "or start llmd with --chat-template", "messages")
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
-        try:
-            rendered = chat.render_chat(self.template, [asdict(m) for m in req.messages], tools or None)
-        except chat.ChatTemplateError as exc:
-            raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        # a Jinja template over a long conversation takes milliseconds: off the event loop
+        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, req.template_kwargs)
         self._check_text(rendered.text, "messages")
         prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
         for index, part in rendered.replies.items():
@@ -422,6 +474,22 @@ class Api:
                                                      req.timings_per_token),
                                     prompt_logprobs=req.logprobs if req.echo else None)
 
+    def _render(self, messages: list[openai.Message], tools: list[dict], add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None) -> chat.Prompt:
+        """The chat prompt; 400 when there is no usable template or it refuses the input."""
+        if isinstance(self.template, chat.Unavailable):
+            raise errors.invalid_request(self.template.reason, "messages")
+        try:
+            return chat.render_chat(self.template, [asdict(m) for m in messages], tools or None,
+                                    add_generation_prompt, template_kwargs)
+        except chat.UnsupportedToolsError as exc:
+            raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        except chat.UnusedVariableError as exc:
+            raise errors.unsupported_parameter(
+                "reasoning_effort" if exc.name == "reasoning_effort" else f"chat_template_kwargs.{exc.name}", str(exc))
+        except chat.ChatTemplateError as exc:
+            raise errors.invalid_request(str(exc), "messages")
+
     def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
         """Markers as control tokens, content as plain text; BOS first if the model wants it."""
         return PromptIds([self.engine.tokenize(text, special=is_marker) for text, is_marker in parts],
@@ -445,7 +513,8 @@ class Api:
     async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
                         req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
                         tools: list[dict] | None, grammar: str | None, fmt: Format,
-                        prompt_logprobs: int | None = None) -> Response | StreamResponse:
+                        prompt_logprobs: int | None = None,
+                        reasoning: bool | None = None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
@@ -483,8 +552,9 @@ class Api:
         except BaseException:
             lease.release()
             raise
-        reply = Reply(self, fmt, g, Output(req.stop, tools), sid, prompt_text,
-                      Choices(req.n, generation, lambda: Output(req.stop, tools), lease))
+        def new_output() -> Output:
+            return Output(req.stop, tools, reasoning, chat.tool_format(self.template))
+        reply = Reply(self, fmt, g, new_output(), sid, prompt_text, Choices(req.n, generation, new_output, lease))
         if req.stream:
             response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log
@@ -502,10 +572,11 @@ class Format(Protocol):
     id: str
     prompt_param: str          # the parameter a prompt over the context is blamed on
     remembers_replies: bool    # the client sends the reply back: keep its generated ids
+    shows_reasoning: bool      # reasoning deltas reach `deltas` (else only content and calls)
 
     def body(self, reply: Reply) -> dict: ...
     def start(self, reply: Reply) -> list[bytes]: ...
-    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]: ...
+    def deltas(self, reply: Reply, deltas: list[Delta]) -> list[bytes]: ...
     def end(self, reply: Reply) -> list[bytes]: ...  # after each choice; the last also closes
     def error(self, reply: Reply, err: ApiError) -> list[bytes]: ...
 
@@ -604,7 +675,7 @@ class Reply:
         self._logprobs_taken = len(self.logprobs)
         return new
 
-    def _feed(self, token: Token) -> list[ContentDelta | ToolCallDelta]:
+    def _feed(self, token: Token) -> list[Delta]:
         if not token.is_terminal:
             self.generated_ids.append(token.id)
         if token.logprob is not None and token.piece:  # an end-of-turn token is no text
@@ -615,7 +686,11 @@ class Reply:
             self.api.runtime.cancel(self.g)
         return deltas
 
-    def _end(self, reason: str) -> list[ContentDelta | ToolCallDelta]:
+    def _shown(self, deltas: list[Delta]) -> list[Delta]:
+        """The deltas the format shows: reasoning only where the surface has a field for it."""
+        return deltas if self.fmt.shows_reasoning else [d for d in deltas if not isinstance(d, ReasoningDelta)]
+
+    def _end(self, reason: str) -> list[Delta]:
         """The last deltas; sets finish_reason and remembers a complete chat reply.
         A generation cancelled for any reason but a stop string was cut short: that is
         an error, never a normal finish."""
@@ -623,8 +698,9 @@ class Reply:
             raise errors.unavailable("the generation was cancelled before it finished")
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
-        # A reply cut by a stop string ("cancelled") holds ids the client never saw.
-        if self.fmt.remembers_replies and self.g.reuse and reason in ("stop", "length"):
+        # A reply cut by a stop string ("cancelled") holds ids the client never saw, and
+        # one with reasoning holds ids of text the client does not send back.
+        if self.fmt.remembers_replies and self.g.reuse and reason in ("stop", "length") and not self.output.reasoning:
             calls = [(c["function"]["name"], c["function"]["arguments"]) for c in self.output.tool_calls()]
             self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
@@ -693,13 +769,13 @@ class Reply:
                     if kind == "ping":
                         yield sse.PING
                     elif kind == "token":
-                        for frame in self.fmt.deltas(self, self._feed(value)):
+                        for frame in self.fmt.deltas(self, self._shown(self._feed(value))):
                             yield frame
                     else:
                         try:
                             if kind == "error":
                                 raise as_api_error(value)
-                            frames = self.fmt.deltas(self, self._end(value))
+                            frames = self.fmt.deltas(self, self._shown(self._end(value)))
                         except ApiError as err:
                             for frame in self.fmt.error(self, err):
                                 yield frame

@@ -1,10 +1,13 @@
 """Chat templates: turn an OpenAI `messages` list into the prompt a model was trained on.
 
 Theory of operation. A GGUF carries its chat format as a Jinja program
-(`tokenizer.chat_template`). llmd does not run Jinja: `detect_template` reads the
-program for robust markers and picks a built-in renderer, and `render_chat` writes
-the prompt natively, byte for byte what that program would print for the same input
-(checked against Jinja output in tests/data/chat_golden.json).
+(`tokenizer.chat_template`). llmd runs it with its own interpreter (llmd.jinja) as a
+`JinjaTemplate`. The few programs it knows exactly (SmolLM2's and Qwen2.5's ChatML
+variants, Llama 3.0's) also have a built-in renderer, `ChatTemplate`, which writes the same
+bytes natively (tests/test_chat.py proves it against the interpreter and against
+Jinja output in tests/data/chat_golden.json) and knows where each earlier reply,
+tool calls included, sits in the prompt; `detect_template` picks it only for those
+exact programs.
 
 The prompt comes back as segments, not one string, because the two kinds of text
 are tokenized differently: a template marker such as `<|im_start|>` must become its
@@ -17,32 +20,35 @@ exception: the text of an earlier assistant reply stands alone after its role he
 as the model's own output did, so that a session can put back the exact ids the model
 generated for it (`Prompt.replies`) instead of re-tokenizing the text.
 
-Tools follow the Hermes convention as Qwen2.5's template writes it, for every ChatML
-model: a `# Tools` block in the system message, `<tool_call>` blocks for assistant
-calls, and `<tool_response>` blocks (inside a user turn) for tool results.
+For a Jinja template the interpreter reports which output characters came from the
+conversation; markers are the control-token strings (found through the model's vocab
+at start-up, `template_markers`) in the template's own text only. A reply part is an
+assistant message's content when the template wrote it unchanged.
+
+What a template writes also says how the model answers: `tool_format` (Hermes blocks,
+Llama 3.x's JSON reply, Mistral's [TOOL_CALLS] array) and `reasoning_start` (whether
+replies carry a <think> block, and whether the prompt already opened it).
+
+The built-in ChatML renderer writes tools as Qwen2.5's template does: a `# Tools`
+block in the system message, `<tool_call>` blocks for assistant calls, and
+`<tool_response>` blocks (inside a user turn) for tool results.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from llmd import jinja, reasoning
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
 _IM_START, _IM_END = "<|im_start|>", "<|im_end|>"
 _L3_BOS, _L3_HEAD, _L3_HEAD_END, _L3_EOT = (
     "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-
-# A ChatML template that writes a fixed system turn carries its default system prompt
-# as a string literal: '<|im_start|>system\n<prompt><|im_end|>'. Anything built from
-# variables has a quote right after `system\n`, so it does not match.
-_CHATML_DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\\n|\n)([^'\"\\<{}]+)<\|im_end\|>")
-
-# Llama 3.1+ templates always add a dated system block and their own tool format;
-# rendering them as Llama 3.0 would not be byte-exact, so they are not recognised.
-_LLAMA31_MARKERS = ("Cutting Knowledge Date", "<|python_tag|>", "date_string")
 
 _TOOLS_INTRO = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -52,8 +58,6 @@ _TOOLS_OUTRO = (
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 _TOOLS_OUTRO_DOUBLED = _TOOLS_OUTRO.replace("{", "{{").replace("}", "}}")
-# Some Qwen2.5 GGUFs escaped that example's braces, so their prompt shows `{{...}}`.
-_DOUBLED_BRACES = re.compile(r'\{\{\\"name\\": <function-name>')
 
 
 class ChatTemplateError(ValueError):
@@ -64,6 +68,19 @@ class UnsupportedToolsError(ChatTemplateError):
     """Tools, or assistant tool calls, were given to a template without a tool format."""
 
 
+class UnusedVariableError(ChatTemplateError):
+    """A template variable the caller set (chat_template_kwargs, reasoning_effort) that
+    the template never reads, or one it may not set; `name` is the variable."""
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(message)
+
+
+# Variables llmd itself gives every template; a caller's kwargs may not replace them.
+_RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A built-in renderer (`name` in TEMPLATE_NAMES) and, for ChatML, the system prompt
@@ -72,6 +89,7 @@ class ChatTemplate:
     name: str
     default_system: str | None = None
     doubled_tool_braces: bool = False
+    source: str = field(default="", compare=False, repr=False)  # the Jinja program it stands for
 
     def __post_init__(self) -> None:
         if self.name not in TEMPLATE_NAMES:
@@ -112,38 +130,242 @@ class Prompt:
             self.replies[message_index] = len(self.parts) - 1
 
 
+_SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+_QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+# The programs a built-in renderer reproduces exactly, by jinja.Template.fingerprint
+# (their tokens, so escapes and spacing inside tags do not matter): the templates of
+# tests/data/chat_golden.json. Some Qwen2.5 GGUFs escaped the tool example's braces.
+_BUILTIN: dict[str, ChatTemplate] = {
+    "4b74231105edc190936e0e1d5af5f0cd7e959b52eee318828aab2e702cf0127b": ChatTemplate("chatml", _SMOLLM2_SYSTEM),
+    "22b232bc90b9b0ca4da6e506e3bf4ec0c755e6875ad36c8054bb6421234d8bf8": ChatTemplate("chatml", _SMOLLM2_SYSTEM),
+    "70c570327beeec84569774e1fbe7edaf0da6e9e5d89891f29dd93a48423cf9af": ChatTemplate("chatml", _QWEN_SYSTEM),
+    "0cf3f6d4febde3dc4f1f9f3d971d9062dff42e334a09e68b0c3b323282f10945": ChatTemplate(
+        "chatml", _QWEN_SYSTEM, doubled_tool_braces=True),
+    "e8297caafba83f7f3a56e25ff8702df2d9989262f55839fcd15d646caf6eb9d5": ChatTemplate("llama3"),
+}
+
+
 def detect_template(template_text: str | None) -> ChatTemplate | None:
-    """Recognise a GGUF `tokenizer.chat_template`; None when no built-in renderer fits."""
+    """The built-in renderer that writes exactly what this Jinja program does, if any."""
     if not template_text:
         return None
-    if _IM_START in template_text and _IM_END in template_text:
-        found = _CHATML_DEFAULT_SYSTEM.search(template_text)
-        return ChatTemplate("chatml", found.group(1) if found else None,
-                            bool(_DOUBLED_BRACES.search(template_text)))
-    if all(m in template_text for m in (_L3_HEAD, _L3_HEAD_END, _L3_EOT)):
-        if any(m in template_text for m in _LLAMA31_MARKERS):
-            return None
-        return ChatTemplate("llama3")
-    return None
+    try:
+        return _BUILTIN.get(jinja.Template(template_text).fingerprint)
+    except jinja.TemplateError:
+        return None
 
 
-def render_chat(template: ChatTemplate, messages: list[dict[str, Any]],
+@dataclass(frozen=True)
+class Unavailable:
+    """No usable template; `reason` is what start-up logs and chat requests are told."""
+
+    reason: str
+
+
+class JinjaTemplate:
+    """A Jinja chat template run by llmd.jinja. `markers` are the control-token strings
+    (longest first) that become control tokens where the template itself writes them."""
+
+    name = "jinja"
+
+    def __init__(self, template: jinja.Template, bos_token: str = "", eos_token: str = "",
+                 markers: tuple[str, ...] = ()):
+        self.template, self.bos_token, self.eos_token = template, bos_token, eos_token
+        self.source = template.source
+        # A template that writes </think> is a reasoning model's: its output is split.
+        literals = template.literals()
+        self.thinks = any(reasoning.CLOSE in literal for literal in literals)
+        self.tool_format = ("llama3_json" if any(_LLAMA3_JSON_CALLS in lit for lit in literals) else
+                            "mistral_json" if any(_MISTRAL_JSON_CALLS in lit for lit in literals) else "hermes")
+        self.markers = tuple(sorted(set(markers), key=len, reverse=True))
+        self._marker_re = re.compile("|".join(map(re.escape, self.markers))) if self.markers else None
+
+    def split_markers(self, text: str) -> list[tuple[str, bool]]:
+        """Template text as (text, is_marker) pieces."""
+        if self._marker_re is None:
+            return [(text, False)]
+        pieces, at = [], 0
+        for m in self._marker_re.finditer(text):
+            if m.start() > at:
+                pieces.append((text[at:m.start()], False))
+            pieces.append((m.group(0), True))
+            at = m.end()
+        if at < len(text):
+            pieces.append((text[at:], False))
+        return pieces
+
+
+def renderer_name(template: ChatTemplate | JinjaTemplate | Unavailable) -> str:
+    """How prompts are made: "builtin:<name>", "jinja", or "unavailable"."""
+    if isinstance(template, Unavailable):
+        return "unavailable"
+    return "jinja" if isinstance(template, JinjaTemplate) else f"builtin:{template.name}"
+
+
+# The instruction Llama 3.1-3.3 templates give with tools; their models answer in it.
+_LLAMA3_JSON_CALLS = '"parameters": dictionary of argument name and its value'
+# How Mistral Nemo's template writes earlier calls: [TOOL_CALLS] then a JSON array.
+_MISTRAL_JSON_CALLS = "[TOOL_CALLS]["
+
+
+def tool_format(template: ChatTemplate | JinjaTemplate) -> str:
+    """How the model writes tool calls: "llama3_json" (a JSON object reply) for Llama
+    3.1-3.3 templates, "mistral_json" (a JSON array after [TOOL_CALLS]) for Mistral
+    Nemo's, else "hermes" (`<tool_call>` blocks)."""
+    if isinstance(template, JinjaTemplate):
+        return template.tool_format
+    return "hermes"
+
+
+def reasoning_start(template: ChatTemplate | JinjaTemplate, prompt_text: str) -> bool | None:
+    """None when the template has no `<think>` reasoning block (its output is all
+    content); else whether the prompt leaves the block open, so the output starts
+    inside it (DeepSeek-R1 distills end their generation prompt with `<think>\n`)."""
+    if not isinstance(template, JinjaTemplate) or not template.thinks:
+        return None
+    return prompt_text.rstrip().endswith(reasoning.OPEN)
+
+
+def template_markers(template: jinja.Template, extra: tuple[str, ...],
+                     controls_in: Callable[[str], list[str]]) -> tuple[str, ...]:
+    """The control-token strings the template can write: `controls_in(text)` lists those
+    the model's tokenizer finds in a text (special parsing on); it is asked about every
+    literal of the template and about `extra` (bos/eos token strings)."""
+    found: set[str] = set()
+    for literal in (*template.literals(), *extra):
+        if literal:
+            found.update(controls_in(literal))
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def load_template(model_template: str | None, override: str | None, engine: Any) -> ChatTemplate | JinjaTemplate:
+    """The chat template to serve with: `override` (a built-in name or a Jinja file, from
+    --chat-template) or the model's own. `engine` gives the vocab (tokenize, piece,
+    info.bos_id / eos_id). Raises ChatTemplateError with a start-up message when there
+    is no template or the interpreter cannot parse it."""
+    if override in TEMPLATE_NAMES:
+        return ChatTemplate(override)
+    if override:
+        try:
+            with open(override, encoding="utf-8") as f:
+                source, origin = f.read(), f"--chat-template {override}"
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChatTemplateError(f"--chat-template {override!r} is neither a built-in name ("
+                                    f"{', '.join(TEMPLATE_NAMES)}) nor a readable template file: {exc}") from None
+    elif model_template:
+        source, origin = model_template, "the model's chat template"
+    else:
+        raise ChatTemplateError("this model has no chat template; use /v1/completions or start llmd with "
+                                f"--chat-template FILE or one of: {', '.join(TEMPLATE_NAMES)}")
+    try:
+        template = jinja.Template(source)
+    except jinja.TemplateError as exc:
+        raise ChatTemplateError(f"{origin} cannot be run by llmd's template interpreter: {exc}; "
+                                "start llmd with --chat-template FILE or NAME") from None
+    builtin = _BUILTIN.get(template.fingerprint)
+    if builtin is not None:
+        return dataclasses.replace(builtin, source=source)
+    info = engine.info
+
+    def token(token_id: int) -> str:
+        return engine.piece(token_id, special=True).decode("utf-8", "replace") if token_id >= 0 else ""
+
+    def controls_in(text: str) -> list[str]:
+        return [token(i) for i in engine.tokenize(text, special=True)
+                if not engine.piece(i, special=False) and engine.piece(i, special=True)]
+    bos, eos = token(info.bos_id), token(info.eos_id)
+    return JinjaTemplate(template, bos, eos, template_markers(template, (bos, eos), controls_in))
+
+
+def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None = None,
-                add_generation_prompt: bool = True) -> Prompt:
+                add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> Prompt:
     """Render validated messages (and OpenAI function tools) as `template` would.
 
     Messages and tools are OpenAI-shaped dicts; the flat records of llmd.openai
     (`dataclasses.asdict` of Message, ToolCall, Tool) are accepted as well.
-    `developer` messages are system messages. Raises UnsupportedToolsError when the
-    template has no tool format and tools or tool calls are present.
+    `developer` messages are system messages. `template_kwargs` are extra variables
+    (such as enable_thinking) for a Jinja template that reads them. Raises
+    UnsupportedToolsError when a built-in template has no tool format and tools or tool
+    calls are present, UnusedVariableError for a kwarg the template does not read, and
+    ChatTemplateError when a Jinja template refuses the conversation or fails on it.
     """
     msgs = [_normalise(m) for m in messages]
     prompt = Prompt()
-    if template.name == "llama3":
+    _check_kwargs(template, template_kwargs or {})
+    if isinstance(template, JinjaTemplate):
+        _render_jinja(prompt, template, msgs, tools, add_generation_prompt, template_kwargs or {})
+    elif template.name == "llama3":
         _render_llama3(prompt, msgs, tools, add_generation_prompt)
     else:
         _render_chatml(prompt, template, msgs, tools, add_generation_prompt)
     return prompt
+
+
+def _check_kwargs(template: ChatTemplate | JinjaTemplate, kwargs: dict[str, Any]) -> None:
+    read = template.template.variables() if isinstance(template, JinjaTemplate) else set()
+    for name in kwargs:
+        if name in _RESERVED:
+            raise UnusedVariableError(name, f"the template variable {name!r} is set by llmd and cannot be given")
+        if name not in read:
+            raise UnusedVariableError(name, f"this model's chat template does not use {name!r}, so it would "
+                                            "have no effect")
+
+
+def _render_jinja(p: Prompt, template: JinjaTemplate, msgs: list[dict[str, Any]],
+                  tools: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                  kwargs: dict[str, Any]) -> None:
+    """Run the template over the conversation, then cut its output into parts: the
+    template's own text split at markers, the conversation's text as plain text, and
+    an assistant's content, when written unchanged, as that reply's part."""
+    messages = []
+    for i, msg in enumerate(msgs):
+        out: dict[str, Any] = {"role": msg["role"], "content": msg["content"]}
+        calls = [_template_call(call) for call in msg.get("tool_calls") or ()]
+        if msg["role"] == "assistant" and msg["content"] and not calls:
+            out["content"] = jinja.data_text(msg["content"], i + 1)  # tag = message index + 1
+        if calls:
+            out["tool_calls"] = calls
+        for key in ("name", "tool_call_id"):
+            if msg.get(key) is not None:
+                out[key] = msg[key]
+        messages.append(out)
+    # Without tools, `tools` is left undefined, as llama.cpp does (transformers passes
+    # None, which templates such as Hermes-2-Pro's cannot iterate).
+    data = {**kwargs, "messages": messages, **({"tools": [_openai_tool(t) for t in tools]} if tools else {})}
+    variables = {"bos_token": template.bos_token, "eos_token": template.eos_token,
+                 "add_generation_prompt": add_generation_prompt}
+    try:
+        runs = template.template.render_parts(variables, data)
+    except jinja.TemplateRaised as exc:
+        raise ChatTemplateError(f"the model's chat template refused this conversation: {exc}") from None
+    except jinja.TemplateError as exc:
+        raise ChatTemplateError(f"the chat template failed on this conversation: {exc}") from None
+    for text, source in runs:
+        if source is None:
+            for piece, is_marker in template.split_markers(text):
+                if is_marker:
+                    p._marker(piece)
+                else:
+                    p._text(piece)
+        elif source > 0 and text == msgs[source - 1]["content"] and source - 1 not in p.replies:
+            p._reply(source - 1, text)
+        else:
+            p._text(text)
+
+
+def _template_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call in OpenAI's shape with its arguments as an object, as templates expect
+    (arguments that are not JSON stay the string they were)."""
+    function = call.get("function", call)
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass
+    out = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    return {"id": call["id"], **out} if call.get("id") is not None else out
 
 
 def _normalise(message: dict[str, Any]) -> dict[str, Any]:
@@ -228,15 +450,9 @@ def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
 def _render_tool_call(call: dict[str, Any]) -> str:
     """One Hermes block; arguments (a JSON string on the wire) are re-serialised as
     the object the template receives, so the text matches what the model wrote."""
-    function = call.get("function", call)
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            pass  # not JSON: the template would print it as a JSON string
+    function = _template_call(call)["function"]
     return ('\n<tool_call>\n{"name": "' + function["name"] + '", "arguments": '
-            + _tojson(arguments) + "}\n</tool_call>")
+            + _tojson(function["arguments"]) + "}\n</tool_call>")
 
 
 def _render_llama3(p: Prompt, msgs: list[dict[str, Any]],

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from llmd import logprobs, sse
 from llmd.errors import ApiError, error_body
+from llmd.reasoning import ReasoningDelta
 from llmd.tools import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class ChatCompletionFormat(ChunkStream):
 
     prompt_param = "messages"  # what a prompt over the context is blamed on
     remembers_replies = True   # the client sends this reply back in its next request
+    shows_reasoning = True     # as `reasoning_content`, llama.cpp's and DeepSeek's field
     chunk_object = "chat.completion.chunk"
 
     def __init__(self, include_usage: bool, logprobs: bool = False, timings_per_token: bool = False) -> None:
@@ -77,6 +79,8 @@ class ChatCompletionFormat(ChunkStream):
         text, calls = c.output.content(), c.output.tool_calls()
         message = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None,
                    "annotations": []}
+        if c.output.reasoning:
+            message["reasoning_content"] = "".join(c.output.reasoning)
         if calls:
             message["tool_calls"] = calls
         return {"index": c.index, "message": message, "logprobs": self._logprobs(reply, c.logprobs),
@@ -96,8 +100,9 @@ class ChatCompletionFormat(ChunkStream):
     def start(self, reply: Reply) -> list[bytes]:
         return [self._delta(reply, {"role": "assistant", "content": ""})]
 
-    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta | ReasoningDelta]) -> list[bytes]:
         return [self._delta(reply, {"content": d.text} if isinstance(d, ContentDelta)
+                            else {"reasoning_content": d.text} if isinstance(d, ReasoningDelta)
                             else {"tool_calls": [d.to_openai_delta()]}) for d in deltas]
 
     def _finish(self, reply: Reply) -> bytes:

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-alias", action="append", default=_env("model_alias", [], list),
                        help="extra model id accepted in requests (repeatable)")
     serve.add_argument("--chat-template", default=_env("chat_template", None),
-                       help="chat template to use instead of the model's (chatml, llama3)")
+                       help="chat template to use instead of the model's: a Jinja file, or chatml or llama3")
     serve.add_argument("--max-sessions", type=int, default=_env("max_sessions", 0, int),
                        help="session slots including the scratch slot (default: 0 = from --kv-budget)")
     serve.add_argument("--kv-budget", type=_size, default=_env("kv_budget", 0, _size),
@@ -327,16 +327,19 @@ async def serve(args) -> None:
         await runtime.close()
         raise SystemExit(2)
     info = engine.info
-    if args.chat_template:
-        if args.chat_template not in chat.TEMPLATE_NAMES:
-            log.error("unknown --chat-template %r; choose one of %s", args.chat_template, ", ".join(chat.TEMPLATE_NAMES))
+    try:  # the vocab is asked which template strings are control tokens: engine calls
+        template = await runtime.call(chat.load_template, info.chat_template, args.chat_template, engine)
+    except chat.ChatTemplateError as exc:
+        if args.chat_template:
+            log.error("%s", exc)
+            await server.close()
+            await runtime.close()
             raise SystemExit(2)
-        template = chat.ChatTemplate(args.chat_template)
-    else:
-        template = chat.detect_template(info.chat_template)
-        if template is None:
-            log.warning("the model's chat template is not recognised; /v1/chat/completions is disabled. "
-                        "Pass --chat-template with one of: %s", ", ".join(chat.TEMPLATE_NAMES))
+        log.warning("%s; /v1/chat/completions is disabled", exc)
+        template = chat.Unavailable(str(exc))
+    if isinstance(template, chat.JinjaTemplate) and (missing := template.template.unsupported()):
+        log.warning("the chat template uses %s, which llmd's template interpreter does not support; "
+                    "conversations that reach it are refused", ", ".join(missing))
     model_id = models.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
                          scratch_reuse=args.scratch_reuse)

@@ -19,6 +19,7 @@ class CompletionFormat(ChunkStream):
 
     prompt_param = "prompt"
     remembers_replies = False
+    shows_reasoning = False
     chunk_object = "text_completion"
 
     def __init__(self, include_usage: bool, echo: str = "", logprobs: bool = False,

@@ -235,6 +235,7 @@ class MessagesFormat:
 
     prompt_param = "messages"
     remembers_replies = True
+    shows_reasoning = False  # Anthropic thinking blocks are not produced
 
     def __init__(self) -> None:
         self.id = "msg_" + uuid.uuid4().hex[:24]

@@ -25,12 +25,15 @@ Field policy (the reasoned choice):
   only), `n_probs` (top logprobs) and `timings_per_token` are accepted too.
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
-  `reasoning_effort`, `verbosity`, tool_choice "allowed_tools"/custom,
+  `verbosity`, tool_choice "allowed_tools"/custom,
   suffix, best_of > 1, image/audio/file content parts, `return_progress`) are refused with 400
   `unsupported_parameter`, because the design says what cannot be honoured is never
   silently ignored. response_format json_object / json_schema and tool_choice
   "required" / a named function are honoured by constrained decoding (constrain.py,
-  which also refuses schemas outside the supported subset).
+  which also refuses schemas outside the supported subset). `chat_template_kwargs`
+  (llama.cpp's extension, e.g. {"enable_thinking": false}) and `reasoning_effort` become
+  variables of the chat template; the chat layer refuses them, naming the parameter,
+  when the model's template does not read them.
 - Top-level fields llmd does not know at all are refused with 400 `unknown_parameter`,
   as OpenAI itself does ("Unrecognized request argument supplied"). A vendor knob from
   another server (`n_predict`, `mirostat`, ...) would otherwise change nothing while the
@@ -133,6 +136,7 @@ class ChatRequest:
     session_id: str | None             # validated later by the sessions layer
     response_format: ResponseFormat | None = None
     tool_name: str | None = None       # the function a named tool_choice forces
+    template_kwargs: dict = field(default_factory=dict)  # extra chat-template variables
     logprobs: int | None = None        # None: off; else how many top logprobs per token
     timings_per_token: bool = False    # every stream chunk carries `timings` (llama.cpp)
     prompt_cache_key: str | None = None  # names a session when nothing else does
@@ -167,6 +171,15 @@ class TokenizeRequest:
 @dataclass(frozen=True)
 class DetokenizeRequest:
     tokens: list[int]
+
+
+@dataclass(frozen=True)
+class ApplyTemplateRequest:
+    messages: list[Message]
+    tools: list[Tool]
+    tool_choice: str
+    add_generation_prompt: bool = True
+    template_kwargs: dict = field(default_factory=dict)
 
 
 # --- JSON -------------------------------------------------------------------------
@@ -460,14 +473,13 @@ def _parse_common(body: dict) -> tuple[str, str | None]:
 _CHAT_KEYS = _SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "modalities", "session_id"}) | _LLAMA_KEYS
+    "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort"}) | _LLAMA_KEYS
 _CHAT_UNSUPPORTED = {
     "audio": "Audio output is not supported: this server generates text only.",
     "prediction": "Predicted outputs ('prediction') are not supported.",
     "functions": "The legacy 'functions' parameter is not supported; use 'tools'.",
     "function_call": "The legacy 'function_call' parameter is not supported; use 'tool_choice'.",
     "web_search_options": "Web search is not supported.",
-    "reasoning_effort": "'reasoning_effort' is not supported by this server.",
     "verbosity": "'verbosity' is not supported by this server.",
 }
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -516,11 +528,31 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         session_id=session_id,
         response_format=response_format,
         tool_name=tool_name,
+        template_kwargs=_parse_template_kwargs(obj),
         logprobs=(top_logprobs or 0) if logprobs else n_probs,
         timings_per_token=_parse_timings_per_token(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
         n=n,
     )
+
+
+_REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def _parse_template_kwargs(obj: dict) -> dict:
+    """`chat_template_kwargs` (an object) and `reasoning_effort` as template variables."""
+    kwargs = obj.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    elif not isinstance(kwargs, dict):
+        raise invalid_type("chat_template_kwargs", "an object", kwargs)
+    effort = obj.get("reasoning_effort")
+    if effort is not None:
+        if _str(effort, "reasoning_effort") not in _REASONING_EFFORTS:
+            raise invalid_request(f"'reasoning_effort' must be one of {', '.join(_REASONING_EFFORTS)}.",
+                                  "reasoning_effort")
+        kwargs = {**kwargs, "reasoning_effort": effort}
+    return dict(kwargs)
 
 
 def _parse_messages(v: Any) -> list[Message]:
@@ -828,6 +860,22 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
     if not isinstance(tokens, list):
         raise invalid_type("tokens", "an array of integers", tokens)
     return DetokenizeRequest([_int(t, f"tokens[{i}]", 0, INT32_MAX) for i, t in enumerate(tokens)])
+
+
+def parse_apply_template_request(body: bytes) -> ApplyTemplateRequest:
+    """Validate a /apply-template body: a chat completions body (model optional; the
+    generation fields are checked and unused, as llama.cpp's server takes the same body)
+    plus `add_generation_prompt` (default true)."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _CHAT_KEYS | {"add_generation_prompt"}, _CHAT_UNSUPPORTED)
+    if obj.get("model") is not None:
+        _str(obj["model"], "model")
+    messages = _parse_messages(_required(obj, "messages", "messages"))
+    tools = _parse_tools(obj.get("tools"))
+    tool_choice, _ = _parse_tool_choice(obj.get("tool_choice"), tools)
+    generation_prompt = obj.get("add_generation_prompt")
+    return ApplyTemplateRequest(messages, tools, tool_choice, True if generation_prompt is None
+                                else _bool(generation_prompt, "add_generation_prompt"), _parse_template_kwargs(obj))
 
 
 # --- vocabulary checks (need the engine's n_vocab) -------------------------------------

@@ -72,6 +72,7 @@ class ResponsesFormat:
 
     prompt_param = "input"
     remembers_replies = True
+    shows_reasoning = False  # reasoning output items are not produced
 
     def __init__(self, req: ResponsesRequest, on_done: Callable[[str, Message], None] | None) -> None:
         self.id = _item_id("resp")

@@ -39,6 +39,7 @@ from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
 from llmd.engine import Engine, Session
+from llmd.tools import canonical_arguments
 
 log = logging.getLogger("llmd.sessions")
 
@@ -70,8 +71,10 @@ def cache_key_session(prompt_cache_key: str | None) -> str | None:
 
 def reply_fingerprint(content: str | None, calls: Iterable[tuple[str, str]]) -> str:
     """Identifies an assistant reply by what the client sees of it: its content and
-    its tool calls as (name, arguments JSON text)."""
-    text = json.dumps([content or "", [list(c) for c in calls]], ensure_ascii=False)
+    its tool calls as (name, arguments JSON text), the arguments in canonical form so
+    that a client's re-serialisation still matches."""
+    text = json.dumps([content or "", [[name, canonical_arguments(args)] for name, args in calls]],
+                      ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -8,7 +8,7 @@ Theory of operation. The model answers with text in which each call is a block
 
 A block is a call when its body is a JSON object whose `name` is one of the declared
 tools and whose `arguments` is an object (or a JSON string holding one; missing means
-{}). Any other block, and a block never closed, stays in the content as written.
+{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values). Any other block, and a block never closed, stays in the content as written.
 Whitespace between content and a call block is layout, not content, and is dropped.
 
 `ToolCallStream` works on text deltas for SSE: text outside blocks is released at
@@ -25,6 +25,7 @@ runs the same machine over the whole text, so streamed and non-streamed answers 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
@@ -83,22 +84,86 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def new_mistral_call_id() -> str:
+    """A call id Mistral's templates accept when it is sent back: 9 letters and digits."""
+    return "".join(secrets.choice(_ALNUM) for _ in range(9))
+
+
+def canonical_arguments(arguments: str) -> str:
+    """Tool-call arguments in one form: compact JSON, keys in their order, non-ASCII as
+    is. Clients re-serialise the arguments they send back (JSON.stringify, indent=2);
+    comparing in this form recognises them as the call the model made. Text that is
+    not JSON is its own form."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        return arguments
+
+
 def tool_names(tools: Iterable[dict[str, Any]] | None) -> frozenset[str]:
     """Names of the declared function tools, OpenAI-shaped or flat {name, ...} records."""
     return frozenset(t.get("function", t)["name"] for t in tools or ())
 
 
-def decode_call(body: str, names: frozenset[str]) -> tuple[str, str] | None:
-    """(name, arguments JSON) for a valid block body, else None."""
+def string_params(tools: Iterable[dict[str, Any]] | None) -> frozenset[tuple[str, str]]:
+    """(tool, parameter) pairs whose schema type is "string": an XML call's value for
+    them stays text even when it looks like JSON ("01234")."""
+    pairs = set()
+    for tool in tools or ():
+        function = tool.get("function", tool)
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        pairs.update((function["name"], p) for p, schema in properties.items()
+                     if isinstance(schema, dict) and schema.get("type") == "string")
+    return frozenset(pairs)
+
+
+def decode_call(body: str, names: frozenset[str],
+                strings: frozenset[tuple[str, str]] = frozenset()) -> tuple[str, str] | None:
+    """(name, arguments JSON) for a valid block body, else None. The body is a JSON
+    object, or Qwen3-Coder's XML: <function=NAME> then <parameter=P>VALUE</parameter>
+    each, then </function>, a VALUE read as JSON unless `strings` says it is text."""
     try:
         call = json.loads(body)
     except ValueError:
+        call = _xml_call(body, strings)
+    return _call_of(call, names)
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
+_XML_PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.S)
+
+
+def _xml_call(body: str, strings: frozenset[tuple[str, str]]) -> dict[str, Any] | None:
+    function = _XML_FUNCTION.fullmatch(body)
+    if function is None:
         return None
+    name, rest, arguments, pos = function.group(1), function.group(2), {}, 0
+    while pos < len(rest):
+        parameter = _XML_PARAMETER.match(rest, pos)
+        if parameter is None:
+            return None if rest[pos:].strip() else {"name": name, "arguments": arguments}
+        key, value = parameter.group(1), parameter.group(2)
+        if (name, key) not in strings:
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
+        arguments[key] = value
+        pos = parameter.end()
+    return {"name": name, "arguments": arguments}
+
+
+def _call_of(call: Any, names: frozenset[str]) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a decoded call object naming a declared tool, with its
+    arguments under "arguments" (Hermes) or "parameters" (Llama 3.x), else None."""
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
     if call["name"] not in names:
         return None
-    arguments = call.get("arguments", {})
+    arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -153,6 +218,7 @@ class ToolCallStream:
     def __init__(self, tools: Iterable[dict[str, Any]] | None,
                  new_id: Callable[[], str] = new_call_id) -> None:
         self._names = tool_names(tools)
+        self._strings = string_params(tools)
         self._new_id = new_id
         self._buf = ""          # outside: held-back tail; inside: the block's unread text
         self._mode = "outside"  # or, inside a block: head, arguments, tail, held
@@ -250,7 +316,7 @@ class ToolCallStream:
                     return events
                 body, self._buf = self._buf[:end], self._buf[end + len(CLOSE_TAG):]
                 self._mode = "outside"
-                call = decode_call(body, self._names)
+                call = decode_call(body, self._names, self._strings)
                 if call is None:
                     content(self._lead_ws + OPEN_TAG + body + CLOSE_TAG)
                     self._after_call = False
@@ -286,6 +352,69 @@ class ToolCallStream:
             content(self._buf[:cut])
             self._buf = self._buf[cut:]
             return events
+
+
+class JsonReplyCallStream:
+    """Tool calls written as a JSON reply. Llama 3.x: an object {"name": <tool>,
+    "parameters": {...}} (or several, separated by ';'), as the Llama 3.1-3.3 templates
+    ask. Mistral (Nemo's format; `openers="{["`): a JSON array of {"name", "arguments"}
+    objects, after a [TOOL_CALLS] control token that never reaches the text. A reply
+    starting with one of `openers` is held to its end, then becomes calls when every
+    object is a call of a declared tool, else content as written. Any other reply goes
+    through the Hermes parser, which also reads the `<tool_call>` blocks constrained
+    decoding writes."""
+
+    def __init__(self, tools: Iterable[dict[str, Any]] | None,
+                 new_id: Callable[[], str] = new_call_id, openers: str = "{") -> None:
+        self._names = tool_names(tools)
+        self._new_id = new_id
+        self._openers = tuple(openers)
+        self._hermes = ToolCallStream(tools, new_id)
+        self._held = ""
+        self._mode = "start"  # start, json (held), hermes
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        if self._mode == "hermes":
+            return self._hermes.feed(text)
+        self._held += text
+        if self._mode == "start":
+            head = self._held.lstrip()
+            if not head:
+                return []
+            if not head.startswith(self._openers):
+                self._mode, held, self._held = "hermes", self._held, ""
+                return self._hermes.feed(held)
+            self._mode = "json"
+        return []
+
+    def finish(self) -> list[ToolEvent]:
+        if self._mode == "hermes":
+            return self._hermes.finish()
+        held, self._held = self._held, ""
+        calls = _json_calls(held, self._names)
+        if calls is None:
+            return [ContentDelta(held)] if held else []
+        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments) in enumerate(calls)]
+
+
+def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
+    """The calls a reply of JSON call objects or arrays of them (separated by whitespace
+    or ';') makes; None unless all of it is calls."""
+    decoder, calls, pos = json.JSONDecoder(), [], 0
+    text = text.strip()
+    while pos < len(text):
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return None
+        for item in obj if isinstance(obj, list) and obj else [obj]:
+            call = _call_of(item, names)
+            if call is None:
+                return None
+            calls.append(call)
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
+            pos += 1
+    return calls or None
 
 
 def parse_tool_calls(text: str, tools: Iterable[dict[str, Any]] | None,

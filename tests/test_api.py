@@ -4,6 +4,7 @@ import http.client
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -154,6 +155,156 @@ def test_schema_keyword_outside_the_subset_is_400_naming_it(server):
     resp = server.post_json("/chat/completions", body)
     error = resp.json()["error"]
     assert resp.status == 400 and error["code"] == "unsupported_parameter" and "'pattern'" in error["message"]
+
+
+SMOLLM2_GOLDEN = [c for c in json.loads((Path(__file__).parent / "data" / "chat_golden.json").read_text("utf-8"))
+                  ["cases"] if c["template"] == "smollm2"]
+
+
+@pytest.mark.parametrize("case", SMOLLM2_GOLDEN, ids=lambda c: c["name"])
+def test_apply_template_returns_the_default_models_exact_prompt(server, case):
+    body = {"messages": case["messages"], "add_generation_prompt": case["add_generation_prompt"]}
+    if case["tools"]:
+        body["tools"] = case["tools"]
+    reply = server.post_json(server.origin + "/apply-template", body)
+    assert reply.status == 200
+    assert reply.json() == {"prompt": case["expected"]}
+
+
+def test_apply_template_takes_add_generation_prompt_and_validates_the_body(server):
+    messages = [{"role": "user", "content": "Hi"}]
+    with_prompt = server.post_json(server.origin + "/apply-template", {"messages": messages}).json()["prompt"]
+    without = server.post_json(server.origin + "/apply-template",
+                               {"messages": messages, "add_generation_prompt": False}).json()["prompt"]
+    assert with_prompt == without + "<|im_start|>assistant\n"
+    assert without.endswith("<|im_start|>user\nHi<|im_end|>\n")
+    bad = server.post_json(server.origin + "/apply-template", {"messages": messages, "add_generation_prompt": 1})
+    assert bad.status == 400 and bad.json()["error"]["param"] == "add_generation_prompt"
+    missing = server.post_json(server.origin + "/apply-template", {})
+    assert missing.status == 400 and missing.json()["error"]["param"] == "messages"
+
+
+def test_props_shows_the_template_and_special_tokens_as_llama_cpp_does(server):
+    props = server.get_json(server.origin + "/props").json()
+    assert props["chat_template"].startswith("{% for message in messages %}")
+    assert "You are a helpful AI assistant named SmolLM" in props["chat_template"]
+    assert (props["bos_token"], props["eos_token"]) == ("<|im_start|>", "<|im_end|>")
+    assert props["chat_template_renderer"] == "builtin:chatml"
+    assert props["default_generation_settings"] == {"n_ctx": 256}
+    assert props["total_slots"] == 3
+    assert props["model_alias"] == "SmolLM2-135M-Instruct"
+
+
+def test_a_template_the_interpreter_cannot_parse_is_named_and_overridable(tiny_llama_factory, tmp_path):
+    broken = tiny_llama_factory(chat_template="{% for m in messages %}{{ m.content }}")
+    with running_llmd("--model", str(broken.path)) as url:
+        client = Client(url + "/v1", model="model")
+        reply = client.post_json("/chat/completions", {"model": "model", "messages": [{"role": "user", "content": "x"}]})
+        error = reply.json()["error"]
+        assert reply.status == 400 and error["param"] == "messages"
+        assert "cannot be run by llmd's template interpreter: missing {% endfor %}" in error["message"]
+        assert "no chat template" not in error["message"]
+        assert client.get_json(url + "/props").json()["chat_template_renderer"] == "unavailable"
+    override = tmp_path / "override.jinja"
+    override.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", "utf-8")
+    with running_llmd("--model", str(broken.path), "--chat-template", str(override)) as url:
+        client = Client(url + "/v1", model="model")
+        prompt = client.post_json(url + "/apply-template", {"messages": [{"role": "user", "content": "x"}]})
+        assert prompt.json() == {"prompt": "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"}
+        reply = client.post_json("/chat/completions", {"model": "model", "max_tokens": 2,
+                                                       "messages": [{"role": "user", "content": "x"}]})
+        assert reply.status == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+        props = client.get_json(url + "/props").json()
+        assert props["chat_template_renderer"] == "jinja" and props["chat_template"] == override.read_text("utf-8")
+
+
+def test_a_template_refusing_the_conversation_is_400_with_its_message(tiny_llama_factory):
+    strict = tiny_llama_factory(chat_template="{% if messages[0].role != 'system' %}"
+                                              "{{ raise_exception('a system message must come first') }}{% endif %}ok")
+    with running_llmd("--model", str(strict.path)) as url:
+        client = Client(url + "/v1", model="model")
+        reply = client.post_json(url + "/apply-template", {"messages": [{"role": "user", "content": "x"}]})
+        assert reply.status == 400
+        assert reply.json()["error"]["message"].endswith("refused this conversation: a system message must come first")
+        ok = client.post_json(url + "/apply-template", {"messages": [{"role": "system", "content": "s"}]})
+        assert ok.json() == {"prompt": "ok"}
+
+
+def test_template_kwargs_the_template_does_not_read_are_refused_by_name(server):
+    body = server.chat_body([{"role": "user", "content": "x"}], max_tokens=1,
+                            chat_template_kwargs={"enable_thinking": False})
+    reply = server.post_json("/chat/completions", body)
+    assert reply.status == 400
+    assert reply.json()["error"]["param"] == "chat_template_kwargs.enable_thinking"
+    effort = server.post_json(server.origin + "/apply-template",
+                              {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"})
+    assert (effort.status, effort.json()["error"]["param"]) == (400, "reasoning_effort")
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}
+
+
+@pytest.fixture(scope="module")
+def roomy_server():
+    """The default model with room for a tools block."""
+    with running_llmd("--max-sessions", "5", "--ctx", "1024") as url:
+        yield Client(url + "/v1", model="SmolLM2-135M-Instruct")
+
+
+@pytest.mark.parametrize("reserialise", [
+    lambda a: a,
+    lambda a: json.dumps(json.loads(a), separators=(",", ":")),  # JSON.stringify
+    lambda a: json.dumps(json.loads(a), indent=2),
+])
+def test_tool_call_arguments_sent_back_in_any_json_form_keep_the_session_warm(roomy_server, reserialise):
+    server = roomy_server
+    sid = f"canonical-{id(reserialise)}"
+    user = {"role": "user", "content": "What is the weather in Paris for 3 days?"}
+    first = server.post_json("/chat/completions", server.chat_body(
+        [user], tools=[WEATHER_TOOL], tool_choice="required", max_tokens=60, session_id=sid)).json()
+    call = first["choices"][0]["message"]["tool_calls"][0]
+    sent_back = {**call, "function": {**call["function"], "arguments": reserialise(call["function"]["arguments"])}}
+    second = server.post_json("/chat/completions", server.chat_body(
+        [user, {"role": "assistant", "content": None, "tool_calls": [sent_back]},
+         {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}],
+        tools=[WEATHER_TOOL], max_tokens=1, session_id=sid)).json()
+    assert "usage" in second, second
+    resident = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
+    # everything the first request left in the cache is reused, up to the end-of-turn token
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= resident - 1
+
+
+def test_llama3_family_json_reply_comes_back_as_a_tool_call_end_to_end(tiny_llama_factory):
+    """A random-weight model with Llama 3.1's real template; the reply is forced by a JSON
+    schema into the Llama 3.x call shape, and the server returns it as a tool call."""
+    from tests.reference_data import require
+    source = require("models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja").read_text("utf-8")
+    model = tiny_llama_factory(chat_template=source, n_ctx=4096)
+    call_shape = {"type": "object", "required": ["name", "parameters"], "additionalProperties": False,
+                  "properties": {"name": {"const": "get_weather"},
+                                 "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                                                "properties": {"city": {"const": "Paris"}}}}}
+    with running_llmd("--model", str(model.path), "--ctx", "4096") as url:
+        client = Client(url + "/v1", model="model")
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        prompt = client.post_json(url + "/apply-template", {"messages": messages, "tools": [WEATHER_TOOL]})
+        # the template writes bos_token first: the tiny vocab's is <|im_start|>
+        assert prompt.json()["prompt"].startswith("<|im_start|><|start_header_id|>system<|end_header_id|>\n\n")
+        assert "Cutting Knowledge Date: December 2023" in prompt.json()["prompt"]
+        assert '"name": "get_weather"' in prompt.json()["prompt"]
+        reply = client.post_json("/chat/completions", {
+            "model": "model", "messages": messages, "tools": [WEATHER_TOOL], "max_tokens": 400, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "call", "schema": call_shape}}})
+        body = reply.json()
+        assert reply.status == 200, body
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["content"] is None
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris"})
 
 
 def test_refused_request_access_log_says_why(tmp_path):

@@ -54,7 +54,7 @@ async def stack(tiny_model):
     table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
     await table.start()
     app = App()
-    app.api = Api(engine, runtime, table, chat.detect_template(engine.info.chat_template), Options(["model"]))
+    app.api = Api(engine, runtime, table, chat.load_template(engine.info.chat_template, None, engine), Options(["model"]))
     server = HttpServer(app)
     await server.start("127.0.0.1", 0)
     yield Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, fault

@@ -173,10 +173,19 @@ def test_user_must_be_a_string():
 @pytest.mark.parametrize("key, value", [
     ("audio", {"voice": "alloy", "format": "wav"}), ("prediction", {"type": "content", "content": "x"}),
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("web_search_options", {}),
-    ("reasoning_effort", "low"), ("verbosity", "low")])
+    ("verbosity", "low")])
 def test_known_but_unsupported_fields_are_refused(key, value):
     err = chat_refused(**{key: value})
     assert (err.param, err.code) == (key, "unsupported_parameter")
+
+
+def test_chat_template_kwargs_and_reasoning_effort_become_template_variables():
+    req = chat(chat_template_kwargs={"enable_thinking": False}, reasoning_effort="low")
+    assert req.template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+    assert chat().template_kwargs == {}
+    assert chat_refused(chat_template_kwargs=["x"]).param == "chat_template_kwargs"
+    assert chat_refused(reasoning_effort="extreme").param == "reasoning_effort"
+    assert chat_refused(reasoning_effort=1).param == "reasoning_effort"
 
 
 def test_known_but_unsupported_fields_set_to_null_are_accepted():

@@ -118,7 +118,7 @@ class Batch:
 
     def __init__(self, engine, n: int):
         self.engine = engine
-        self.template = chat.detect_template(engine.info.chat_template)
+        self.template = chat.load_template(engine.info.chat_template, None, engine)
         self.sessions = [engine.new_session() for _ in range(n)]
         self.resident: list[list[int]] = [[] for _ in range(n)]
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from llmd.tools import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta,
-                        ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
-                        parse_tool_calls, tool_names)
+                        JsonReplyCallStream, ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
+                        canonical_arguments, parse_tool_calls, tool_names)
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time"}}]
@@ -233,3 +233,103 @@ def test_stream_never_releases_content_that_is_part_of_a_valid_call(text):
 
 def test_flat_tool_records_declare_names_too():
     assert tool_names([{"name": "get_time", "description": None, "parameters": None}]) == {"get_time"}
+
+
+@pytest.mark.parametrize("text, canonical", [
+    ('{"city": "Paris", "days": 3}', '{"city":"Paris","days":3}'),
+    ('{\n  "city": "Zürich",\n  "n": [1, 2]\n}', '{"city":"Zürich","n":[1,2]}'),
+    ('{"b":1,"a":2}', '{"b":1,"a":2}'),  # key order is the model's, kept
+    ('not json', 'not json'),
+])
+def test_canonical_arguments_is_one_compact_form(text, canonical):
+    assert canonical_arguments(text) == canonical
+
+
+def test_reply_fingerprint_matches_re_serialised_arguments():
+    from llmd.sessions import reply_fingerprint
+    spaced = reply_fingerprint(None, [("f", '{"a": 1, "b": "é"}')])
+    assert reply_fingerprint("", [("f", '{"a":1,"b":"\\u00e9"}')]) == spaced
+    assert reply_fingerprint("", [("f", '{"a": 2}')]) != spaced
+
+
+LLAMA_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+               {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+
+
+def _json_reply(text: str, step: int = 0) -> list:
+    ids = iter(f"call_{i}" for i in range(10))
+    stream = JsonReplyCallStream(LLAMA_TOOLS, lambda: next(ids))
+    pieces = [text] if not step else [text[i:i + step] for i in range(0, len(text), step)]
+    return [e for p in pieces for e in stream.feed(p)] + stream.finish()
+
+
+@pytest.mark.parametrize("step", [0, 1, 4])
+def test_llama3_json_reply_is_a_tool_call(step):
+    events = _json_reply('{"name": "get_weather", "parameters": {"city": "Paris"}}', step)
+    assert events == [ToolCallDelta(0, "call_0", "get_weather", '{"city": "Paris"}')]
+
+
+def test_llama3_json_replies_separated_by_semicolons_are_parallel_calls():
+    events = _json_reply(' {"name": "get_weather", "parameters": {"city": "Paris"}}; '
+                         '{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}\n')
+    assert [(e.index, e.name, e.arguments) for e in events] == [
+        (0, "get_weather", '{"city": "Paris"}'), (1, "search", '{"q": "x"}')]
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "unknown", "parameters": {}}',           # not a declared tool
+    '{"name": "get_weather", "parameters": [1]}',      # arguments not an object
+    '{"name": "get_weather", "parameters": {}} and more',
+    '{"name": "get_weather", "param',                  # cut short
+    '{"answer": 42}',
+])
+def test_llama3_json_reply_that_is_not_all_calls_is_content_as_written(text):
+    assert _json_reply(text, 3) == [ContentDelta(text)]
+
+
+def test_llama3_reply_not_starting_with_an_object_streams_and_reads_hermes_blocks():
+    stream = JsonReplyCallStream(LLAMA_TOOLS, lambda: "c")
+    assert stream.feed("Sure: ") == [ContentDelta("Sure:")]
+    events = stream.feed('<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>') + stream.finish()
+    assert merge_tool_calls(events) == [{"id": "c", "type": "function",
+                                         "function": {"name": "search", "arguments": '{"q": "x"}'}}]
+
+
+def test_mistral_json_array_reply_is_parallel_tool_calls():
+    ids = iter(["a", "b"])
+    stream = JsonReplyCallStream(LLAMA_TOOLS, lambda: next(ids), openers="{[")
+    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "search", "arguments": {}}]'
+    events = [e for i in range(0, len(text), 6) for e in stream.feed(text[i:i + 6])] + stream.finish()
+    assert [(e.index, e.id, e.name, e.arguments) for e in events] == [
+        (0, "a", "get_weather", '{"city": "Paris"}'), (1, "b", "search", "{}")]
+    assert _json_reply("[1, 2]") == [ContentDelta("[1, 2]")]  # Llama's stream: '[' is not an opener
+
+
+def test_mistral_call_ids_are_nine_letters_and_digits():
+    from llmd.tools import new_mistral_call_id
+    ids = {new_mistral_call_id() for _ in range(50)}
+    assert len(ids) == 50 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)
+
+
+CODER_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "zip": {"type": "string"}, "days": {"type": "integer"}, "opts": {"type": "object"}}}}}]
+
+
+def test_qwen3_coder_xml_block_is_a_call_with_typed_arguments():
+    text = ("Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+            "<parameter=zip>\n01234\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+            '<parameter=opts>\n{"metric": true}\n</parameter>\n</function>\n</tool_call>')
+    content, calls = parse_tool_calls(text, CODER_TOOLS, new_id=lambda: "c")
+    assert content == "Checking."
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "city": "San Francisco", "zip": "01234", "days": 3, "opts": {"metric": True}}
+
+
+@pytest.mark.parametrize("body", [
+    "<function=unknown>\n</function>",
+    "<function=get_weather>\n<parameter=city>\nParis\n</function>",   # parameter never closed
+    "<function=get_weather>\nstray text\n</function>",
+])
+def test_xml_block_that_is_not_a_declared_call_stays_content(body):
+    text = f"<tool_call>\n{body}\n</tool_call>"
+    assert parse_tool_calls(text, CODER_TOOLS) == (text, [])
