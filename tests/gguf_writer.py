@@ -418,7 +418,8 @@ def bpe_vocab(n_merged: int) -> tuple[list[str], list[str]]:
 
 # ---- a tiny llama model -----------------------------------------------------------
 
-ARCHS = ("llama", "phi3", "qwen2", "qwen3", "smollm3")  # the families build_tiny_llama writes
+ARCHS = ("llama", "phi3", "qwen2", "qwen3", "qwen3moe", "smollm3")
+N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 2, 32  # qwen3moe's experts  # the families build_tiny_llama writes
 
 
 @dataclass(frozen=True)
@@ -469,7 +470,9 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
       qwen2    q/k/v biases;
       qwen3    RMS norms over each query and key head (attn_q_norm, attn_k_norm);
       smollm3  the llama layout (the engine skips RoPE on every 4th layer);
-      phi3     fused attn_qkv and ffn_up (gate rows first), RoPE over 3/4 of each head.
+      phi3     fused attn_qkv and ffn_up (gate rows first), RoPE over 3/4 of each head;
+      qwen3moe qwen3's attention, and N_EXPERT SwiGLU experts of N_FF_EXP, N_EXPERT_USED
+               routed per token.
     `head_dim` sets attention.key_length (default n_embd // n_head)."""
     assert arch in ARCHS, arch
     assert n_vocab >= 256 + len(CONTROL_TOKENS), "the 256 byte tokens and the controls must fit"
@@ -501,6 +504,10 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     w.set(f"{arch}.rope.dimension_count", U32, head_dim * 3 // 8 * 2 if arch == "phi3" else head_dim)
     w.set(f"{arch}.rope.freq_base", F32, 10000.0)
     w.set(f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    if arch == "qwen3moe":
+        w.set(f"{arch}.expert_count", U32, N_EXPERT)
+        w.set(f"{arch}.expert_used_count", U32, N_EXPERT_USED)
+        w.set(f"{arch}.expert_feed_forward_length", U32, N_FF_EXP)
     w.set("tokenizer.ggml.model", STRING, "gpt2")
     w.set("tokenizer.ggml.pre", STRING, pre)
     w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
@@ -552,10 +559,21 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
             bias(blk + "attn_v.bias", kv_dim)
         if attn_bias and arch == "llama":
             bias(blk + "attn_output.bias", n_embd)
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3moe"):
             head_norm(blk + "attn_q_norm.weight")
             head_norm(blk + "attn_k_norm.weight")
         norm(blk + "ffn_norm.weight")
+        if arch == "qwen3moe":
+            # The router stays F32, as llama-quantize leaves it.
+            router = [rng.gauss(0.0, 1.0) for _ in range(n_embd * N_EXPERT)]
+            w.add_tensor(blk + "ffn_gate_inp.weight", [n_embd, N_EXPERT], GGML_F32, encode_f32(router))
+            for part, cols, rows, std in (("gate", n_embd, N_FF_EXP, 1.0 / math.sqrt(n_embd)),
+                                          ("up", n_embd, N_FF_EXP, 1.0 / math.sqrt(n_embd)),
+                                          ("down", N_FF_EXP, n_embd, 2.0 / math.sqrt(N_FF_EXP))):
+                values = [rng.gauss(0.0, std) for _ in range(cols * rows * N_EXPERT)]
+                w.add_tensor(blk + f"ffn_{part}_exps.weight", [cols, rows, N_EXPERT], weight_type,
+                             encode_tensor(weight_type, values))
+            continue
         if arch == "phi3":  # gate rows, then up rows
             matrix(blk + "ffn_up.weight", n_embd, 2 * n_ff, 1.0 / math.sqrt(n_embd))
         else:

@@ -42,7 +42,7 @@ def tiny(arch: str):
 
 # name -> make(tiny_llama_factory, weight_type) -> a model whose .path is its GGUF file
 ARCHITECTURES = {"llama": tiny("llama"), "qwen2": tiny("qwen2"), "qwen3": tiny("qwen3"),
-                 "smollm3": tiny("smollm3"), "phi3": tiny("phi3")}
+                 "qwen3moe": tiny("qwen3moe"), "smollm3": tiny("smollm3"), "phi3": tiny("phi3")}
 WEIGHT_TYPES = {"F32": GGML_F32, "F16": GGML_F16, "Q8_0": GGML_Q8_0, "Q4_0": GGML_Q4_0, "Q4_1": GGML_Q4_1}
 MODELS = [pytest.param((arch, wtype), id=f"{arch}-{wname}")
           for arch in ARCHITECTURES for wname, wtype in WEIGHT_TYPES.items()]

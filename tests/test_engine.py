@@ -32,7 +32,8 @@ def engine(tiny_model):
 
 # One tiny model of each architecture besides llama (4 layers: SmolLM3's 4th has no RoPE).
 FAMILIES = {"qwen2": dict(arch="qwen2"), "qwen3": dict(arch="qwen3", head_dim=32),
-            "smollm3": dict(arch="smollm3", n_layer=4), "phi3": dict(arch="phi3")}
+            "smollm3": dict(arch="smollm3", n_layer=4), "phi3": dict(arch="phi3"),
+            "qwen3moe": dict(arch="qwen3moe", weight_type=GGML_Q8_0)}
 # Session behaviour must hold for every weight type and every architecture.
 MODELS = [*ALL_TYPES, *FAMILIES]
 MODEL_IDS = [*TYPE_IDS, *FAMILIES]

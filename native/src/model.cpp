@@ -72,6 +72,26 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
     return true;
 }
 
+bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out) {
+    const GGUFTensor *t = find(name, true);
+    if (t == nullptr) return false;
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n)
+        return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+                    ", " + std::to_string(t->ne[2]) + "], expected [" + std::to_string(cols) + ", " +
+                    std::to_string(rows) + ", " + std::to_string(n) + "]");
+    if (type_uses_q8a(t->type) && cols % QK != 0) return fail("tensor " + name + " has rows that are not whole blocks");
+    out->assign(n, Matrix{});
+    for (int e = 0; e < n; ++e) {
+        Matrix &m = (*out)[e];
+        m.type = t->type;
+        m.cols = cols;
+        m.rows = rows;
+        m.row_bytes = row_bytes(t->type, cols);
+        m.data = t->data + static_cast<size_t>(e) * rows * m.row_bytes;
+    }
+    return true;
+}
+
 bool Binder::split_matrix(const std::string &name, int64_t cols,
                           std::initializer_list<std::pair<Matrix *, int64_t>> parts) {
     int64_t rows = 0;
@@ -126,7 +146,7 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kPhi3, &kQwen2, &kQwen3, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kPhi3, &kQwen2, &kQwen3, &kQwen3Moe, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -341,9 +361,12 @@ void release_mapping(const Matrix &m) {
 
 void Model::pack() {
     std::vector<Matrix *> matrices{&output};
-    for (LayerWeights &L : layers)
-        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+    for (LayerWeights &L : layers) {
+        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router})
             if (m->data != nullptr) matrices.push_back(m);
+        for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
+            for (Matrix &m : *stack) matrices.push_back(&m);
+    }
     const auto span = [](const Matrix *m) { return (packed_bytes(m->type, m->rows, m->cols) + 63) / 64 * 64; };
     size_t total = 0;
     for (const Matrix *m : matrices) total += span(m);
@@ -372,11 +395,15 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     k.resize(n * hp.kv_dim());
     v.resize(n * hp.kv_dim());
     att.resize(n * hp.q_dim());
-    hb.resize(n * hp.n_ff);
-    hb2.resize(n * hp.n_ff);
+    const int ff = std::max(hp.n_ff, hp.n_ff_exp);
+    hb.resize(n * ff);
+    hb2.resize(n * ff);
+    moe_logits.resize(n * hp.n_expert);
+    moe_in.resize(hp.n_expert > 0 ? n * hp.n_embd : 0);
+    moe_out.resize(hp.n_expert > 0 ? n * hp.n_embd : 0);
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
-    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff});
+    const int widest = std::max({hp.n_embd, hp.q_dim(), ff});
     xq.resize(n * static_cast<size_t>((widest + QK - 1) / QK));
     capacity = n_tokens;
 }
@@ -612,6 +639,53 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     matmuls(p, p.hb, {residual(L.w_down, p.x, L.b_down)});
 }
 
+void moe_ffn(const Pass &p, const LayerWeights &L) {
+    const HParams &hp = p.hp;
+    const int dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
+    Workspace &ws = p.ws;
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    float *logits = ws.moe_logits.data(); // (n, n_expert)
+    matmuls(p, p.xb, {project(L.router, logits)});
+
+    // Each token's experts and weights: softmax, top k (lower index first on a tie),
+    // weights renormalised over the chosen ones.
+    std::vector<std::vector<std::pair<int, float>>> routed(n_exp); // expert -> (token, weight)
+    std::vector<int> order(n_exp);
+    for (int t = 0; t < p.n; ++t) {
+        const float *lt = logits + static_cast<size_t>(t) * n_exp;
+        for (int e = 0; e < n_exp; ++e) order[e] = e;
+        std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                          [&](int a, int b) { return lt[a] > lt[b] || (lt[a] == lt[b] && a < b); });
+        const float top = lt[order[0]];
+        double all = 0.0, chosen = 0.0;
+        for (int e = 0; e < n_exp; ++e) all += std::exp(static_cast<double>(lt[e] - top));
+        for (int i = 0; i < k; ++i) chosen += std::exp(static_cast<double>(lt[order[i]] - top)) / all;
+        const double norm = std::max(chosen, 6.103515625e-5); // llama.cpp's floor of the sum
+        const double scale = hp.expert_weights_scale != 0.0f ? hp.expert_weights_scale : 1.0;
+        for (int i = 0; i < k; ++i) {
+            const double prob = std::exp(static_cast<double>(lt[order[i]] - top)) / all;
+            routed[order[i]].push_back({t, static_cast<float>(prob / norm * scale)});
+        }
+    }
+
+    // Each expert over the tokens routed to it; outputs added in expert order.
+    for (int e = 0; e < n_exp; ++e) {
+        const auto &tokens = routed[e];
+        if (tokens.empty()) continue;
+        const int m = static_cast<int>(tokens.size());
+        for (int i = 0; i < m; ++i)
+            std::copy_n(p.xb + static_cast<size_t>(tokens[i].first) * dim, dim, ws.moe_in.data() + static_cast<size_t>(i) * dim);
+        const Pass group{p.model, hp, p.batch, m, ws, p.pool};
+        matmuls(group, ws.moe_in.data(), {swiglu(L.gate_exps[e], L.up_exps[e], p.hb, p.hb2)}); // hb (m, ff_exp)
+        matmuls(group, p.hb, {project(L.down_exps[e], ws.moe_out.data())});                     // (m, dim)
+        for (int i = 0; i < m; ++i) {
+            float *xt = p.x + static_cast<size_t>(tokens[i].first) * dim;
+            const float *y = ws.moe_out.data() + static_cast<size_t>(i) * dim;
+            for (int d = 0; d < dim; ++d) xt[d] += tokens[i].second * y[d];
+        }
+    }
+}
+
 void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
     const int kv_dim = hp.kv_dim();
@@ -651,7 +725,6 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
             rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
     if (n_out > 0) {
         const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
-
         matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
     }
 }

@@ -51,6 +51,10 @@ struct HParams {
     float rope_base = 10000.0f;
     float rope_mscale = 1.0f; // multiplies cos and sin (YaRN's magnitude correction, attn_factor)
     float norm_eps = 1e-5f;
+    int n_expert = 0;      // MoE: experts per layer (0: a dense FFN)
+    int n_expert_used = 0; // MoE: experts each token is routed to
+    int n_ff_exp = 0;      // MoE: hidden dim of one expert
+    float expert_weights_scale = 0.0f; // MoE: routing weights multiplied by it (0: not at all)
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
 };
@@ -76,6 +80,10 @@ struct LayerWeights {
     const float *b_gate = nullptr;    // (ff) FFN biases
     const float *b_up = nullptr;      // (ff)
     const float *b_down = nullptr;    // (dim)
+    Matrix router;                    // (n_expert, dim) MoE: each expert's routing logit
+    std::vector<Matrix> gate_exps;    // n_expert × (ff_exp, dim)
+    std::vector<Matrix> up_exps;      // n_expert × (ff_exp, dim)
+    std::vector<Matrix> down_exps;    // n_expert × (dim, ff_exp)
 };
 
 struct Arch; // arch/arch.h
@@ -120,6 +128,8 @@ struct Binder {
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
+    // A stack of n matrices [cols, rows, n] (MoE experts), one Matrix per slice.
+    bool experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out);
     // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
     bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
     const float *vector(const std::string &name, int64_t n, bool required = true);
@@ -181,6 +191,8 @@ struct Workspace {
     std::vector<AttnPartial> att_stats; // their partials, then each running result's
     std::vector<BlockQ8A> xq;
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
+    std::vector<float> moe_logits;      // (n, n_expert) router logits
+    std::vector<float> moe_in, moe_out; // (n, dim) the tokens routed to one expert, and its output
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -243,6 +255,14 @@ void project_qkv(const Pass &p, const LayerWeights &L);
 // The pre-norm SwiGLU feed-forward sublayer most families share:
 // x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them.
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
+
+// The pre-norm mixture-of-experts FFN (Qwen3-MoE): xb = rmsnorm(x); each token's
+// router softmax picks its n_expert_used best experts, whose weights are
+// renormalised to sum to 1 (and scaled by expert_weights_scale if set); x += the
+// weighted sum of those experts' SwiGLU FFNs. Tokens are grouped per expert, so a
+// prefill reads each expert once; each token's sum runs in expert order, so its
+// result does not depend on the batch it came in.
+void moe_ffn(const Pass &p, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session.
