@@ -143,21 +143,38 @@ void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v,
 
 #endif
 
-void attend_combine(const float *outs, size_t out_stride, const AttnPartial *parts, size_t part_stride,
-                    int n_parts, int hd, float *y) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n_parts; ++i) mx = std::max(mx, parts[i * part_stride].max);
-    std::fill(y, y + hd, 0.0f);
-    float total = 0.0f;
-    for (int i = 0; i < n_parts; ++i) {
-        const AttnPartial &part = parts[i * part_stride];
-        if (part.sum == 0.0f) continue; // an empty range
-        const float w = std::exp(part.max - mx);
-        total += w * part.sum;
-        for (int d = 0; d < hd; ++d) y[d] += w * outs[i * out_stride + d];
+int attn_task_spans(int pairs, int ranges, int threads) {
+    if (pairs >= 4 * threads) return 1;
+    int spans = (4 * threads + pairs - 1) / pairs;
+    while (pairs * spans % threads != 0) ++spans;
+    return std::clamp(spans, 1, std::max(1, ranges));
+}
+
+void attend_start(float *y, AttnPartial *acc, int n_q, int hd) {
+    std::fill(y, y + static_cast<size_t>(n_q) * hd, 0.0f);
+    std::fill(acc, acc + n_q, AttnPartial{-INFINITY, 0.0f});
+}
+
+// Explicit fused multiply-adds: the compiler may not contract these differently
+// wherever it inlines them, so every caller folds the same bits.
+void attend_fold(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd) {
+    for (int g = 0; g < n_q; ++g) {
+        const float m0 = acc[g].max, m1 = part[g].max, mx = std::max(m0, m1);
+        // The side with the larger max keeps its scale exp(0) = 1; the other shrinks
+        // (to 0 on the first fold, where m0 is -inf).
+        const float e = std::exp(std::min(m0, m1) - mx), a = m0 < m1 ? e : 1.0f, b = m0 < m1 ? 1.0f : e;
+        float *yg = y + static_cast<size_t>(g) * hd;
+        const float *og = out + static_cast<size_t>(g) * hd;
+        for (int d = 0; d < hd; ++d) yg[d] = std::fma(yg[d], a, og[d] * b);
+        acc[g] = {mx, std::fma(acc[g].sum, a, part[g].sum * b)};
     }
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    for (int d = 0; d < hd; ++d) y[d] *= inv;
+}
+
+void attend_finish(float *y, const AttnPartial *acc, int n_q, int hd) {
+    for (int g = 0; g < n_q; ++g) {
+        const float inv = acc[g].sum > 0.0f ? 1.0f / acc[g].sum : 0.0f;
+        for (int d = 0; d < hd; ++d) y[static_cast<size_t>(g) * hd + d] *= inv;
+    }
 }
 
 } // namespace llmd

@@ -3,8 +3,8 @@
 //
 // A range yields a partial result (the streaming, "online" softmax): the running
 // max of its scores, the sum of exp(score - max), and the unnormalised output
-// sum of exp(score - max) * v. Partials of adjacent ranges combine exactly, so one
-// long context can be split across threads. Each kernel has a scalar reference
+// sum of exp(score - max) * v. Partials of adjacent ranges fold into one result, so
+// one long context can be split across threads. Each kernel has a scalar reference
 // (`*_ref`); tests compare them through llmd_kernel_attention.
 #pragma once
 
@@ -37,9 +37,30 @@ void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v,
 void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
                       float *out, AttnPartial *part);
 
-// y (hd) = the normalised attention output of n_parts partials of one query head,
-// the i-th at outs + i * out_stride and parts + i * part_stride.
-void attend_combine(const float *outs, size_t out_stride, const AttnPartial *parts, size_t part_stride,
-                    int n_parts, int hd, float *y);
+// ---- a whole context ------------------------------------------------------
+//
+// The arithmetic depends on positions alone, so that one token's output is the same
+// bits whatever else shares its batch, however its prefill is chunked and however
+// many threads run: a context is cut into ranges of kAttnRange positions counted
+// from position 0, each range is attended on its own (attend_range), and their
+// partials are folded into the result in order, range 0 first (attend_fold), then
+// normalised (attend_finish). Which thread attends which range is free. 128
+// positions: a decode step over a few hundred positions still splits across two
+// threads, and a 2k-token context folds only 16 partials per head.
+constexpr int kAttnRange = 128; // a multiple of kKeyBlock
+inline int attn_range_count(int n_pos) { return (n_pos + kAttnRange - 1) / kAttnRange; }
+
+// How many tasks share the ranges of one (token, KV head), for `pairs` of them of at
+// most `ranges` ranges each on `threads` threads: 1 (a task attends a whole context)
+// when the pairs alone give every thread 4 tasks, else enough that they do, as a
+// multiple of the thread count. Only the schedule depends on it, never a result.
+int attn_task_spans(int pairs, int ranges, int threads);
+
+// A running result of n_q query heads, y (n_q, hd) and acc (n_q): attend_start
+// empties it, attend_fold adds the next range's partial (out, part), rescaling what
+// is there to the larger max, and attend_finish divides by the sum.
+void attend_start(float *y, AttnPartial *acc, int n_q, int hd);
+void attend_fold(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd);
+void attend_finish(float *y, const AttnPartial *acc, int n_q, int hd);
 
 } // namespace llmd

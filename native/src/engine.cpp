@@ -767,17 +767,19 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
         std::vector<uint16_t> keys(static_cast<size_t>(blocks) * kKeyBlock * hd);
         for (int32_t p = 0; p < n_pos; ++p)
             for (int32_t d = 0; d < head_dim; ++d) keys[key_at(p, d, head_dim)] = k[p * hd + d];
-        std::vector<float> outs(static_cast<size_t>(n_ranges) * n_q * hd);
-        std::vector<AttnPartial> parts(static_cast<size_t>(n_ranges) * n_q);
+        std::vector<float> part_out(static_cast<size_t>(n_q) * hd);
+        std::vector<AttnPartial> part(n_q), acc(n_q);
         const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        attend_start(out, acc.data(), n_q, head_dim);
         for (int32_t r = 0; r < n_ranges; ++r) { // ranges of whole key blocks, some maybe empty
             const auto p0 = static_cast<int32_t>(std::min<int64_t>(n_pos, int64_t{blocks} * r / n_ranges * kKeyBlock));
             const auto p1 = static_cast<int32_t>(std::min<int64_t>(n_pos, int64_t{blocks} * (r + 1) / n_ranges * kKeyBlock));
+            if (p1 == p0) continue;
             (fast ? attend_range : attend_range_ref)(q, n_q, keys.data() + p0 * hd, v + p0 * hd, p1 - p0, head_dim,
-                                                     scale, outs.data() + r * n_q * hd, parts.data() + r * n_q);
+                                                     scale, part_out.data(), part.data());
+            attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
-        for (int32_t g = 0; g < n_q; ++g)
-            attend_combine(outs.data() + g * hd, n_q * hd, parts.data() + g, n_q, n_ranges, head_dim, out + g * hd);
+        attend_finish(out, acc.data(), n_q, head_dim);
         return LLMD_OK;
     });
 }

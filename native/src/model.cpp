@@ -588,18 +588,6 @@ void to_f16(const float *x, uint16_t *y, int n) {
     for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
-// out/part (n_q queries) += the partial result o2/p2 of a later range of positions:
-// the streaming softmax's combination, rescaled to the larger max.
-void merge_partial(float *out, AttnPartial *part, const float *o2, const AttnPartial *p2, int n_q, int hd) {
-    for (int g = 0; g < n_q; ++g) {
-        const float mx = std::max(part[g].max, p2[g].max);
-        if (mx == -INFINITY) continue; // both empty
-        const float a = std::exp(part[g].max - mx), b = std::exp(p2[g].max - mx);
-        for (int d = 0; d < hd; ++d) out[g * hd + d] = out[g * hd + d] * a + o2[g * hd + d] * b;
-        part[g] = {mx, part[g].sum * a + p2[g].sum * b};
-    }
-}
-
 // Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
 // cache into out/part (attend_range's partial). The kernels read whole key blocks
 // from a block start: a span that starts inside a block (a sliding window's first
@@ -625,7 +613,7 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
     bool started = false;
     const auto add = [&](const uint16_t *k, const uint16_t *v, int n_pos) {
         attend_range(q, n_q, k, v, n_pos, hd, scale, started ? piece.data() : out, started ? piece_part.data() : part);
-        if (started) merge_partial(out, part, piece.data(), piece_part.data(), n_q, hd);
+        if (started) attend_fold(out, part, piece.data(), piece_part.data(), n_q, hd);
         started = true;
     };
     if (head_end > p0) {
@@ -647,56 +635,61 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
 }
 
 // Each token's queries against its session's cache (which already holds this
-// layer's K/V for the token): a task per (token, KV head, range of positions), the
-// query heads of a group sharing each key and value row. Few tokens over a long
-// context are split into ranges so that every thread gets a share. A sliding-window
-// layer attends the last `window` positions, ranges cut from the block holding the
-// first of them.
+// layer's K/V for the token), the query heads of a group sharing each key and value
+// row. A token attends [first, pos] (first = 0, or the start of a sliding window),
+// cut at fixed positions into ranges of kAttnRange (attention.h) counted from position
+// 0, and the ranges' partials are folded in order: a token's output does not depend
+// on the batch or the threads; only the schedule does. Many tokens: a task per
+// (token, KV head) attends its whole context. Few tokens over a long context: a task
+// per span of a pair's ranges, so that every thread gets a share, and the partials
+// are folded afterwards in range order.
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
     const float scale = hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
     const int window = hp.window[layer];
-    const auto first_attended = [&](int t) { return window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0; };
-    int longest = 0;
-    for (int t = 0; t < n; ++t) longest = std::max(longest, batch[t].pos + 1 - first_attended(t));
-    // At least 4 tasks a thread, and as many for each thread.
-    const int per_range = n * n_kv, threads = pool.size();
-    int ranges = (4 * threads + per_range - 1) / per_range;
-    while (per_range * ranges % threads != 0) ++ranges;
-    ranges = std::clamp(ranges, 1, std::max(1, longest / 64));
-    if (ranges > 1) ws.att_parts.resize(static_cast<size_t>(n) * hp.n_head * ranges * hd);
-    ws.att_stats.resize(static_cast<size_t>(n) * hp.n_head * ranges);
+    const auto first_range = [&](int t) { // the range holding the token's first attended position
+        return (window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0) / kAttnRange;
+    };
+    const auto own_ranges = [&](int t) { return attn_range_count(batch[t].pos + 1) - first_range(t); };
+    int most = 1; // ranges of the longest attended context
+    for (int t = 0; t < n; ++t) most = std::max(most, own_ranges(t));
+    const int spans = attn_task_spans(n * n_kv, most, pool.size());
+    const size_t pairs = static_cast<size_t>(n) * n_kv, slots = spans > 1 ? pairs * most : pairs;
+    // Per slot a range's output and partial, then per pair a running result's partial.
+    ws.att_parts.resize(slots * group * hd);
+    ws.att_stats.resize((slots + pairs) * group);
     const float *q = ws.q.data();
     float *att = ws.att.data();
-    pool.run(n * n_kv * ranges, [&](int task) {
-        const int r = task % ranges, h = task / ranges % n_kv, t = task / (ranges * n_kv);
-        const KVCache &kv = *batch[t].kv;
-        // Ranges of whole key blocks (attention.h), from the block of the first position.
-        const int len = batch[t].pos + 1, first = first_attended(t), b0 = first / kKeyBlock;
-        const int blocks = (len + kKeyBlock - 1) / kKeyBlock - b0;
-        const int p1 = static_cast<int>(std::min<int64_t>(len, (b0 + int64_t{blocks} * (r + 1) / ranges) * kKeyBlock));
-        const int p0 = std::min(p1, std::max(first, static_cast<int>((b0 + int64_t{blocks} * r / ranges) * kKeyBlock)));
-        const float *qg = q + t * q_dim + h * group * hd;
-        const size_t slot = (static_cast<size_t>(t) * n_kv + h) * ranges + r; // (token, kv head, range)
-        float *out = ranges > 1 ? ws.att_parts.data() + slot * group * hd : att + t * q_dim + h * group * hd;
-        AttnPartial *parts = ws.att_stats.data() + slot * group;
-        attend_span(hp, kv, layer, h, p0, p1, qg, group, scale, out, parts);
-        if (ranges == 1)
-            for (int g = 0; g < group; ++g) {
-                const float inv = parts[g].sum > 0.0f ? 1.0f / parts[g].sum : 0.0f;
-                for (int d = 0; d < hd; ++d) out[g * hd + d] *= inv;
-            }
+    // Range r of token t's context (the r-th it attends) into slot's output and partial.
+    const auto attend_one = [&](int t, int h, int r, size_t slot) {
+        const int len = batch[t].pos + 1, first = window > 0 ? std::max(0, len - window) : 0;
+        const int range = first_range(t) + r;
+        const int p0 = std::max(first, range * kAttnRange), p1 = std::min(len, (range + 1) * kAttnRange);
+        attend_span(hp, *batch[t].kv, layer, h, p0, p1, q + t * q_dim + h * group * hd, group, scale,
+                    ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group);
+    };
+    const auto fold = [&](size_t pair, size_t first_slot) { // slots first_slot.. hold the pair's ranges in order
+        const int t = static_cast<int>(pair / n_kv), h = static_cast<int>(pair % n_kv);
+        float *y = att + t * q_dim + h * group * hd;
+        AttnPartial *acc = ws.att_stats.data() + (slots + pair) * group;
+        attend_start(y, acc, group, hd);
+        for (int r = 0; r < own_ranges(t); ++r) {
+            const size_t slot = first_slot + (spans > 1 ? r : 0);
+            if (spans == 1) attend_one(t, h, r, slot);
+            attend_fold(y, acc, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, group, hd);
+        }
+        attend_finish(y, acc, group, hd);
+    };
+    pool.run(static_cast<int>(pairs) * spans, [&](int task) {
+        const size_t pair = static_cast<size_t>(task / spans);
+        const int c = task % spans, h = static_cast<int>(pair % n_kv), t = static_cast<int>(pair / n_kv);
+        if (spans == 1) return fold(pair, pair); // one slot of scratch, reused range by range
+        const int own = own_ranges(t), r0 = own * c / spans, r1 = own * (c + 1) / spans;
+        for (int r = r0; r < r1; ++r) attend_one(t, h, r, pair * most + r);
     });
-    if (ranges == 1) return;
-    for (int t = 0; t < n; ++t)
-        for (int h = 0; h < n_kv; ++h)
-            for (int g = 0; g < group; ++g) {
-                const size_t first = (static_cast<size_t>(t) * n_kv + h) * ranges; // range 0's slot
-                attend_combine(ws.att_parts.data() + (first * group + g) * hd, static_cast<size_t>(group) * hd,
-                               ws.att_stats.data() + first * group + g, group, ranges, hd,
-                               att + t * q_dim + (h * group + g) * hd);
-            }
+    if (spans == 1) return;
+    for (size_t pair = 0; pair < pairs; ++pair) fold(pair, pair * most);
 }
 
 } // namespace

@@ -221,8 +221,8 @@ struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
     std::vector<float> rope;            // (n, rope_dim): cos and sin of each token's RoPE angles
     std::vector<float> rope_local;      // (n, rope_dim): the same for Model::inv_freq_local
-    std::vector<float> att_parts;       // attention partials of split contexts (attention.h)
-    std::vector<AttnPartial> att_stats;
+    std::vector<float> att_parts;       // attention: each range's output, or a task's scratch (attention.h)
+    std::vector<AttnPartial> att_stats; // their partials, then each running result's
     std::vector<BlockQ8A> xq;
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
