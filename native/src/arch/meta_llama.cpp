@@ -1,7 +1,8 @@
-// arch/llama.cpp — Llama 2/3.x, Mistral, SmolLM2: pre-norm attention with adjacent-
-// pair RoPE and a SwiGLU FFN. Q/K/V/O and FFN biases are optional (some fine-tunes
-// and converted models carry them); Llama-3 frequency factors and RoPE scaling are
-// shared keys, read by Model::load.
+// arch/meta_llama.cpp — the `llama` architecture: Llama 2/3.x, Mistral, SmolLM2.
+// Pre-norm attention with adjacent-pair RoPE and a SwiGLU FFN. Q/K/V/O and FFN
+// biases are optional (some fine-tunes and converted models carry them); Llama-3
+// frequency factors and RoPE scaling are shared keys, read by Model::load. (The file
+// is not named llama.cpp so that it is never taken for that project's source.)
 #include "arch/arch.h"
 
 namespace llmd {
