@@ -648,9 +648,8 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
     const float scale = hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
     const int window = hp.window[layer];
-    const auto first_range = [&](int t) { // the range holding the token's first attended position
-        return (window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0) / kAttnRange;
-    };
+    const auto first_attended = [&](int t) { return window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0; };
+    const auto first_range = [&](int t) { return first_attended(t) / kAttnRange; };
     const auto own_ranges = [&](int t) { return attn_range_count(batch[t].pos + 1) - first_range(t); };
     int most = 1; // ranges of the longest attended context
     for (int t = 0; t < n; ++t) most = std::max(most, own_ranges(t));
@@ -663,8 +662,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     float *att = ws.att.data();
     // Range r of token t's context (the r-th it attends) into slot's output and partial.
     const auto attend_one = [&](int t, int h, int r, size_t slot) {
-        const int len = batch[t].pos + 1, first = window > 0 ? std::max(0, len - window) : 0;
-        const int range = first_range(t) + r;
+        const int len = batch[t].pos + 1, first = first_attended(t), range = first / kAttnRange + r;
         const int p0 = std::max(first, range * kAttnRange), p1 = std::min(len, (range + 1) * kAttnRange);
         attend_span(hp, *batch[t].kv, layer, h, p0, p1, q + t * q_dim + h * group * hd, group, scale,
                     ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group);
@@ -674,7 +672,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         float *y = att + t * q_dim + h * group * hd;
         AttnPartial *acc = ws.att_stats.data() + (slots + pair) * group;
         attend_start(y, acc, group, hd);
-        for (int r = 0; r < own_ranges(t); ++r) {
+        for (int r = 0, ranges = own_ranges(t); r < ranges; ++r) {
             const size_t slot = first_slot + (spans > 1 ? r : 0);
             if (spans == 1) attend_one(t, h, r, slot);
             attend_fold(y, acc, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, group, hd);
