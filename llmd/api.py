@@ -96,19 +96,22 @@ class Options:
 
 @dataclass
 class PromptIds:
-    """A prompt as token ids, part by part. `replies` maps the index of a part that
-    holds an earlier assistant reply to that reply's fingerprint, so the ids the
-    session generated for it can stand in for the re-tokenized text."""
+    """A prompt as token ids. `replies` maps the token span [start, end) of an earlier
+    assistant reply to that reply's fingerprint, so the ids the session generated for
+    it can stand in for the re-tokenized text."""
 
-    parts: list[list[int]]
+    tokens: list[int]
     bos: int | None = None  # prepended unless the prompt already starts with it
-    replies: dict[int, str] = field(default_factory=dict)
+    replies: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def ids(self, generated: Mapping[str, list[int]] | None = None) -> list[int]:
         ids: list[int] = []
-        for i, part in enumerate(self.parts):
-            fingerprint = self.replies.get(i)
-            ids += generated[fingerprint] if generated and fingerprint in generated else part
+        at = 0
+        for (start, end), fingerprint in sorted(self.replies.items()):
+            if generated and fingerprint in generated:
+                ids += self.tokens[at:start] + generated[fingerprint]
+                at = end
+        ids += self.tokens[at:]
         if self.bos is not None and (not ids or ids[0] != self.bos):
             ids.insert(0, self.bos)
         return ids
@@ -448,10 +451,11 @@ class Api:
         # a Jinja template over a long conversation takes milliseconds: off the event loop
         rendered = await asyncio.to_thread(self._render, req.messages, tools, True, req.template_kwargs)
         self._check_text(rendered.text, "messages")
-        prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
-        for index, part in rendered.replies.items():
+        tokens = await self.runtime.call(chat.tokenize_prompt, rendered, self.engine.tokenize_marked)
+        prompt = self._prompt_ids(tokens.ids)
+        for index, span in tokens.replies.items():
             m = req.messages[index]
-            prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
+            prompt.replies[span] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
         return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
@@ -462,9 +466,9 @@ class Api:
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
             self._check_text(req.prompt, "prompt")
-            prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
+            prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))
         else:
-            prompt = PromptIds([list(req.prompt)])
+            prompt = PromptIds(list(req.prompt))
         if req.echo and not isinstance(req.prompt, str):
             echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
         else:
@@ -490,10 +494,9 @@ class Api:
         except chat.ChatTemplateError as exc:
             raise errors.invalid_request(str(exc), "messages")
 
-    def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
-        """Markers as control tokens, content as plain text; BOS first if the model wants it."""
-        return PromptIds([self.engine.tokenize(text, special=is_marker) for text, is_marker in parts],
-                         self.info.bos_id if self.info.add_bos else None)
+    def _prompt_ids(self, ids: list[int]) -> PromptIds:
+        """A tokenized prompt, BOS first if the model wants it."""
+        return PromptIds(ids, self.info.bos_id if self.info.add_bos else None)
 
     def _sampling(self, s: openai.Sampling) -> Sampling:
         return Sampling(

@@ -14,11 +14,14 @@ are tokenized differently: a template marker such as `<|im_start|>` must become 
 control token, while message content never may (a user who types `<|im_end|>` gets
 those characters, not an end of turn). Markers are exactly the special-token strings
 the template itself writes; everything else (role names, newlines, content, the
-tools block) is plain text. Adjacent plain text is merged so that the tokenizer sees
-the same runs it would see when splitting the full string at control tokens, with one
-exception: the text of an earlier assistant reply stands alone after its role header,
-as the model's own output did, so that a session can put back the exact ids the model
-generated for it (`Prompt.replies`) instead of re-tokenizing the text.
+tools block) is plain text. `tokenize_prompt` tokenizes the whole prompt in one call,
+with control tokens allowed only inside the markers' byte ranges, so that the rest is
+tokenized as llama.cpp tokenizes the rendered string: a BPE word or SentencePiece's
+space prefix does not stop at the seam between template text and content. Adjacent
+plain text is merged, except that the text of an earlier assistant reply stands
+alone, so that where it starts and ends on token boundaries a session can put back
+the exact ids the model generated for it (`Prompt.replies`, `PromptTokens.replies`)
+instead of the re-tokenized text.
 
 For a Jinja template the interpreter reports which output characters came from the
 conversation; markers are the control-token strings (found through the model's vocab
@@ -128,6 +131,42 @@ class Prompt:
         if text:
             self.parts.append((text, False))
             self.replies[message_index] = len(self.parts) - 1
+
+
+@dataclass
+class PromptTokens:
+    """A rendered prompt as token ids (no BOS). `replies` maps the index of an assistant
+    message to the token span [start, end) of its reply, for each reply whose text
+    starts and ends where tokens do."""
+
+    ids: list[int]
+    replies: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def tokenize_prompt(prompt: Prompt,
+                    tokenize_marked: Callable[[bytes, list[tuple[int, int]]], tuple[list[int], list[int]]]
+                    ) -> PromptTokens:
+    """The whole prompt tokenized in one call, as llama.cpp tokenizes a rendered chat
+    (special tokens parsed, so words and SentencePiece's space prefix run across the
+    seams between template text and content), except that control tokens match only
+    inside the markers. `tokenize_marked(text, marker_byte_ranges)` is
+    Engine.tokenize_marked: ids and the byte offset where each starts (-1: unknown)."""
+    chunks = [text.encode("utf-8", "surrogatepass") for text, _ in prompt.parts]
+    starts = [0]
+    for chunk in chunks:
+        starts.append(starts[-1] + len(chunk))
+    markers = [(starts[i], starts[i + 1]) for i, (_, is_marker) in enumerate(prompt.parts) if is_marker]
+    ids, offsets = tokenize_marked(b"".join(chunks), markers)
+    first_at: dict[int, int] = {starts[-1]: len(ids)}  # byte offset -> the first token starting there
+    for i, offset in enumerate(offsets):
+        if offset >= 0:
+            first_at.setdefault(offset, i)
+    replies = {}
+    for message, part in prompt.replies.items():
+        start, end = first_at.get(starts[part]), first_at.get(starts[part + 1])
+        if start is not None and end is not None and start < end:
+            replies[message] = (start, end)
+    return PromptTokens(ids, replies)
 
 
 _SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -12,7 +12,7 @@ import pytest
 from llmd import jinja
 from llmd.chat import (TEMPLATE_NAMES, ChatTemplate, ChatTemplateError, JinjaTemplate, Prompt,
                        UnsupportedToolsError, UnusedVariableError, detect_template, load_template, render_chat,
-                       template_markers, tool_format)
+                       template_markers, tokenize_prompt, tool_format)
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "chat_golden.json").read_text("utf-8"))
 TEMPLATES = GOLDEN["templates"]
@@ -369,7 +369,7 @@ def test_tiny_models_template_is_interpreted_with_markers_from_its_vocab(tiny_mo
         assert isinstance(template, JinjaTemplate)
         assert set(template.markers) == {"<|im_start|>", "<|im_end|>"}
         prompt = render_chat(template, [{"role": "user", "content": "a<|im_end|>b"}])
-        ids = [i for text, is_marker in prompt.parts for i in engine.tokenize(text, special=is_marker)]
+        ids = tokenize_prompt(prompt, engine.tokenize_marked).ids
     assert ids.count(tiny_model.im_end_id) == 1  # the template's, not the one the user typed
     assert ids.count(tiny_model.im_start_id) == 2
     assert prompt.text == "<|im_start|>user\na<|im_end|>b<|im_end|>\n<|im_start|>assistant\n"
