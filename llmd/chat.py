@@ -29,8 +29,10 @@ at start-up, `template_markers`) in the template's own text only. A reply part i
 assistant message's content when the template wrote it unchanged.
 
 What a template writes also says how the model answers: `tool_format` (Hermes blocks,
-Llama 3.x's JSON reply, Mistral's [TOOL_CALLS] array) and `reasoning_start` (whether
-replies carry a <think> block, and whether the prompt already opened it).
+Llama 3.x's JSON reply or <|python_tag|>, Mistral's [TOOL_CALLS], Gemma 4's
+<|tool_call>, Granite's <|tool_call|>, gpt-oss's harmony channels), `output_markers`
+(the strings that format is read by) and `reasoning_start` (whether replies carry a
+<think> block, and whether the prompt already opened it).
 
 The built-in ChatML renderer writes tools as Qwen2.5's template does: a `# Tools`
 block in the system message, `<tool_call>` blocks for assistant calls, and
@@ -45,7 +47,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmd import jinja, reasoning
+from llmd import harmony, jinja, reasoning
+from llmd.tools import FORMAT_MARKERS, GEMMA_CALL, MISTRAL_CALLS, TAGGED_CALLS
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -214,8 +217,8 @@ class JinjaTemplate:
         # A template that writes </think> is a reasoning model's: its output is split.
         literals = template.literals()
         self.thinks = any(reasoning.CLOSE in literal for literal in literals)
-        self.tool_format = ("llama3_json" if any(_LLAMA3_JSON_CALLS in lit for lit in literals) else
-                            "mistral_json" if any(_MISTRAL_JSON_CALLS in lit for lit in literals) else "hermes")
+        self.tool_format = next((name for name, sign in _TOOL_FORMAT_SIGNS
+                                 if any(sign in literal for literal in literals)), "hermes")
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self._marker_re = re.compile("|".join(map(re.escape, self.markers))) if self.markers else None
 
@@ -241,19 +244,46 @@ def renderer_name(template: ChatTemplate | JinjaTemplate | Unavailable) -> str:
     return "jinja" if isinstance(template, JinjaTemplate) else f"builtin:{template.name}"
 
 
-# The instruction Llama 3.1-3.3 templates give with tools; their models answer in it.
-_LLAMA3_JSON_CALLS = '"parameters": dictionary of argument name and its value'
-# How Mistral Nemo's template writes earlier calls: [TOOL_CALLS] then a JSON array.
-_MISTRAL_JSON_CALLS = "[TOOL_CALLS]["
+# What a template writes, in its instructions or in the earlier calls it renders, says
+# how its model writes calls (llmd.tools.FORMAT_MARKERS, llmd.harmony): the first match decides.
+_TOOL_FORMAT_SIGNS = (
+    ("harmony", harmony.TEMPLATE_SIGN),
+    # the instruction Llama 3.1-3.3 templates give with tools
+    ("llama3_json", '"parameters": dictionary of argument name and its value'),
+    ("gemma4", GEMMA_CALL + "call:"),
+    # Nemo: [TOOL_CALLS] then a JSON array; Small 3.x, Magistral, Devstral: name[ARGS]{...}
+    ("mistral", MISTRAL_CALLS),
+    # Granite 3.3 asks for <|tool_call|> and a JSON list
+    ("tagged_json", TAGGED_CALLS),
+)
 
 
 def tool_format(template: ChatTemplate | JinjaTemplate) -> str:
-    """How the model writes tool calls: "llama3_json" (a JSON object reply) for Llama
-    3.1-3.3 templates, "mistral_json" (a JSON array after [TOOL_CALLS]) for Mistral
-    Nemo's, else "hermes" (`<tool_call>` blocks)."""
+    """How the model writes tool calls, by the name llmd.tools.call_stream takes or
+    "harmony" (gpt-oss's channels, llmd.harmony); "hermes" (`<tool_call>` blocks) for
+    the built-in renderers and templates without another sign."""
     if isinstance(template, JinjaTemplate):
         return template.tool_format
     return "hermes"
+
+
+def output_markers(template: ChatTemplate | JinjaTemplate) -> tuple[str, ...]:
+    """The strings the model's replies are parsed by (tool calls, channels), the one
+    that opens a tool call first."""
+    fmt = tool_format(template)
+    return harmony.MARKERS if fmt == "harmony" else FORMAT_MARKERS[fmt]
+
+
+def control_pieces(engine: Any, texts: tuple[str, ...]) -> dict[int, bytes]:
+    """The control tokens among `texts` (each a whole token's text), by id, with that
+    text: where a parser reads them in replies they must reach it as text, while a
+    control token's piece is otherwise empty. `engine` gives tokenize and piece."""
+    pieces = {}
+    for text in texts:
+        ids = engine.tokenize(text, special=True)
+        if len(ids) == 1 and not engine.piece(ids[0]):
+            pieces[ids[0]] = engine.piece(ids[0], special=True)
+    return pieces
 
 
 def reasoning_start(template: ChatTemplate | JinjaTemplate, prompt_text: str) -> bool | None:

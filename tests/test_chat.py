@@ -399,7 +399,13 @@ def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
 @pytest.mark.parametrize("name, expected", [
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3_json"),
     ("meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3_json"),
-    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral_json"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral"),
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
+    ("unsloth-mistral-Devstral-Small-2507.jinja", "mistral"),
+    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral"),
+    ("google-gemma-4-31B-it.jinja", "gemma4"),
+    ("ibm-granite-granite-3.3-2B-Instruct.jinja", "tagged_json"),
+    ("openai-gpt-oss-120b.jinja", "harmony"),
     ("Qwen-Qwen3-0.6B.jinja", "hermes"),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
 ])
