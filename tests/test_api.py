@@ -566,3 +566,18 @@ def test_a_familys_control_token_reaches_its_parser_and_auto_calls_are_unconstra
         body.update(tool_choice="required", max_tokens=40)
         choice = client.post_json("/chat/completions", body).json()["choices"][0]
         assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
+
+
+def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
+    """A generation prompt that opens <think> (as DeepSeek-R1 distills' does): what a
+    random-weight model writes is all reasoning, none of it content."""
+    from tests.gguf_writer import build_tiny_llama
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "<|im_start|>assistant\n<think>\n{% if false %}</think>{% endif %}")
+    path = build_tiny_llama(chat_template=template).write(tmp_path / "thinker.gguf")
+    with running_llmd("--model", str(path), "--ctx", "128", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="thinker")
+        body = client.chat_body([{"role": "user", "content": "hi"}], max_tokens=6, temperature=0,
+                                logit_bias={"65": 100})  # "A", over and over
+        message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
+        assert message["reasoning_content"] == "AAAAAA" and not message["content"]
