@@ -82,3 +82,16 @@ def test_without_channels_the_hermes_blocks_of_constrained_calls_are_read():
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     assert run(text, 7) == ("", "", [{"id": "call_0", "type": "function",
                                       "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}])
+
+
+def test_whole_and_streamed_agree_on_random_harmony_text():
+    import random
+    rng = random.Random(7)
+    fragments = ["<|channel|>", "<|message|>", "<|end|>", "<|start|>", "assistant", "analysis", "final", "commentary",
+                 " to=functions.get_weather", " to=functions.nope", " json", '{"a": 1}', "{", "text", " ", "\n",
+                 "<tool_call>", "</tool_call>", '{"name": "get_weather", "arguments": {}}']
+    for _ in range(300):
+        text = "".join(rng.choice(fragments) for _ in range(rng.randint(1, 14)))
+        whole = run(text)
+        for step in (1, 3, 7):
+            assert run(text, step) == whole, (text, step)
