@@ -49,7 +49,9 @@ def template_of(case: dict, e: Engine, tmp_path: Path) -> chat.JinjaTemplate | c
 def test_rendered_chat_has_the_ids_llama_cpp_gives_the_same_text(name, tmp_path):
     case = GOLDENS["cases"][name]
     e = engine(case["vocab"])
-    prompt = chat.render_chat(template_of(case, e, tmp_path), GOLDENS["conversation"])
+    tools = GOLDENS["tools_case"]["tools"] if name.endswith("+tools") else None
+    messages = GOLDENS["tools_case"]["messages"] if tools else GOLDENS["conversation"]
+    prompt = chat.render_chat(template_of(case, e, tmp_path), messages, tools)
     assert prompt.text == case["text"]
     tokens = chat.tokenize_prompt(prompt, e.tokenize_marked)
     assert tokens.ids == case["ids"]
@@ -57,10 +59,14 @@ def test_rendered_chat_has_the_ids_llama_cpp_gives_the_same_text(name, tmp_path)
         # Llama 2 writes " " + reply: SentencePiece's "▁Sure" starts in the template's
         # space, so no token starts where the reply does and its ids cannot be spliced.
         assert tokens.replies == {}
-    else:  # the earlier reply lies on token boundaries, and its span spells its text
-        (start, end), = tokens.replies.values()
-        # (with a SentencePiece space prefix where the reply follows a marker)
-        assert e.detokenize(tokens.ids[start:end]).decode().lstrip(" ") == GOLDENS["conversation"][2]["content"]
+    else:  # the earlier replies lie on token boundaries, and their spans spell their text
+        assert tokens.replies
+        for message, (start, end) in tokens.replies.items():
+            # (with a SentencePiece space prefix where the reply follows a marker; the
+            # built-in ChatML renderer keeps a reply's calls with it)
+            text = e.detokenize(tokens.ids[start:end]).decode().lstrip(" ")
+            content = messages[message]["content"]
+            assert text.startswith(content) if messages[message].get("tool_calls") else text == content
 
 
 @pytest.mark.parametrize("name", sorted(GOLDENS["cases"]))

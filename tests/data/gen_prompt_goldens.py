@@ -19,6 +19,7 @@ from pathlib import Path
 from tests.data.gen_tokenizer_goldens import parse_special_tool
 from tests.make_template_goldens import environment
 from tests.reference_data import reference_dir
+from tests.template_cases import CONVERSATIONS
 
 OUT = Path(__file__).with_name("prompt_goldens.json")
 
@@ -44,7 +45,11 @@ CONVERSATION = [
     {"role": "user", "content": "Why?"},
 ]
 
-# (vocab, template file in models/templates or None for LLAMA2_TEMPLATE, bos, eos)
+# A tools conversation (tool definitions, a call, its result, a reply): tests/template_cases.py's.
+TOOLS_CASE = CONVERSATIONS["tool_call_with_content"]
+
+# (vocab, template file in models/templates or None for LLAMA2_TEMPLATE, bos, eos); the
+# cases named "+tools" render TOOLS_CASE, the others CONVERSATION.
 CASES = {
     "llama-spm/llama2": ("llama-spm", None, "<s>", "</s>"),
     "phi-3/phi-3.5": ("phi-3", "microsoft-Phi-3.5-mini-instruct.jinja", "<s>", "<|endoftext|>"),
@@ -55,20 +60,28 @@ CASES = {
     "gemma-4/gemma-4": ("gemma-4", "google-gemma-4-31B-it.jinja", "<bos>", "<eos>"),
     "command-r/command-r7b": ("command-r", "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "<BOS_TOKEN>",
                               "<|END_OF_TURN_TOKEN|>"),
+    "llama-bpe/llama-3.1+tools": ("llama-bpe", "meta-llama-Llama-3.1-8B-Instruct.jinja", "<|begin_of_text|>",
+                                  "<|end_of_text|>"),
+    "qwen2/qwen2.5+tools": ("qwen2", "Qwen-Qwen2.5-7B-Instruct.jinja", "", "<|endoftext|>"),
+    "qwen35/qwen3.5+tools": ("qwen35", "Qwen3.5-4B.jinja", "", "<|endoftext|>"),
+    "gemma-4/gemma-4+tools": ("gemma-4", "google-gemma-4-31B-it.jinja", "<bos>", "<eos>"),
 }
 
 
 def main() -> None:
     models = reference_dir() / "models"
     env = environment()
-    out: dict = {"_about": __doc__.split("\n\n")[0], "conversation": CONVERSATION,
+    out: dict = {"_about": __doc__.split("\n\n")[0], "conversation": CONVERSATION, "tools_case": TOOLS_CASE,
                  "llama2_template": LLAMA2_TEMPLATE, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tool = parse_special_tool(Path(tmp))
         for name, (vocab, template, bos, eos) in CASES.items():
             source = LLAMA2_TEMPLATE if template is None else (models / "templates" / template).read_text()
-            text = env.from_string(source).render(messages=copy.deepcopy(CONVERSATION), add_generation_prompt=True,
-                                                  bos_token=bos, eos_token=eos)
+            tools = TOOLS_CASE["tools"] if name.endswith("+tools") else None
+            messages = TOOLS_CASE["messages"] if tools else CONVERSATION
+            text = env.from_string(source).render(messages=copy.deepcopy(messages), add_generation_prompt=True,
+                                                  bos_token=bos, eos_token=eos,
+                                                  **({"tools": copy.deepcopy(tools)} if tools else {}))
             prompt = Path(tmp) / "prompt.txt"
             prompt.write_bytes(text.encode())
             run = subprocess.run([str(tool), str(models / f"ggml-vocab-{vocab}.gguf"), str(prompt)],
