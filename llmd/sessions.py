@@ -25,6 +25,14 @@ so a freed session is gone before any session opened after it: the engine never
 holds more sessions than the table has reserved, whatever order clients and
 operators act in. `engine_sessions` counts what the table holds; it equals the
 engine's own `live_sessions()` whenever the executor is idle.
+
+Sessions on disk (llmd.session_store, with --session-dir). A named slot that is
+evicted, or still in the table when the server closes, is exported on the executor
+just before its engine session is freed, and its file is written on a worker thread.
+A new named slot opens its engine session and then loads the id's file into it, if
+there is one the store accepts, so its first request finds `resident` as the file
+left it. DELETE and reset remove the file. Disk operations for one id run in order
+(a load waits for the id's pending write or removal), and never on the event loop.
 """
 from __future__ import annotations
 
@@ -38,7 +46,8 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
-from llmd.engine import Engine, Session
+from llmd.engine import Engine, EngineError, Session
+from llmd.session_store import SessionStore
 from llmd.tools import canonical_arguments
 
 log = logging.getLogger("llmd.sessions")
@@ -92,6 +101,7 @@ class Slot:
     opening: asyncio.Future | None = None  # the engine call opening `session`
     failure: BaseException | None = None   # why opening failed
     freed: bool = False
+    save: bool = False              # written to the session store when freed (evicted, shutdown)
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # reply_fingerprint -> the ids the model generated for that reply, so a resent
@@ -122,7 +132,7 @@ class SessionTable:
     """Named sessions, the scratch slot, capacity admission, and engine session lifetime."""
 
     def __init__(self, engine: Engine, call: Callable[..., Awaitable], *, capacity: int,
-                 eviction: str = "lru", scratch_reuse: bool = False):
+                 eviction: str = "lru", scratch_reuse: bool = False, store: SessionStore | None = None):
         self.engine = engine
         # Queues a function on the engine's executor thread at once and returns an
         # awaitable of its result (Runtime.call).
@@ -136,7 +146,9 @@ class SessionTable:
         self.evictions = 0
         self.engine_sessions = 0        # engine sessions opened and not yet closed
         self.scratch: Slot | None = None
-        self._pending: set[asyncio.Future] = set()  # engine calls the table queued
+        self._pending: set[asyncio.Future] = set()  # engine calls and disk work the table queued
+        self.store = store
+        self._disk: dict[str, asyncio.Future] = {}   # session id -> its last disk operation
 
     async def start(self) -> None:
         scratch = Slot(None)
@@ -196,6 +208,7 @@ class SessionTable:
             if victim is None:
                 raise errors.capacity_exhausted(
                     retry_after=1, message=f"all {self.capacity - 1} named session slots are in use")
+            victim.save = True
             self._forget(victim)
             self.evictions += 1
         slot = self.named[session_id] = Slot(session_id)
@@ -210,15 +223,76 @@ class SessionTable:
 
     # ---- engine session lifetime (see the module doc) -------------------------
 
-    def _queue(self, fn: Callable, done: Callable[[asyncio.Future], None]) -> asyncio.Future:
-        future = asyncio.ensure_future(self._call(fn))
+    def _queue(self, work: Awaitable, done: Callable[[asyncio.Future], None] | None = None) -> asyncio.Future:
+        future = asyncio.ensure_future(work)
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
-        future.add_done_callback(done)
+        if done is not None:
+            future.add_done_callback(done)
         return future
 
     def _open(self, slot: Slot) -> None:
-        slot.opening = self._queue(self.engine.new_session, lambda f: self._opened(slot, f))
+        opened = self._call(self.engine.new_session)  # queued now, in order with the frees
+        if self.store is not None and slot.id is not None:
+            opened = self._restore(slot.id, slot, opened)
+        slot.opening = self._queue(opened, lambda f: self._opened(slot, f))
+
+    async def _restore(self, sid: str, slot: Slot, opened: Awaitable[Session]) -> Session:
+        """The slot's new engine session, holding what the id's file saved, if the
+        store accepts it; a refused or unreadable file leaves it empty (cold)."""
+        session = await opened
+        try:
+            if (earlier := self._disk.get(sid)) is not None:
+                await asyncio.gather(earlier, return_exceptions=True)
+            saved = await asyncio.to_thread(self.store.load, sid)
+            if saved is not None:
+                await self._call(session.import_state, saved.payload)
+                slot.resident = await self._call(session.tokens)
+                slot.replies = OrderedDict(saved.replies)
+                log.info("session %r restored from disk: %d tokens", sid, len(slot.resident))
+        except EngineError as exc:
+            log.warning("the engine refused the saved state of session %r: %s; it starts cold", sid, exc)
+        except BaseException:
+            self.engine_sessions += 1  # counted here, as _opened would have: _closed uncounts it
+            self._queue(self._call(session.close), self._closed)
+            raise
+        return session
+
+    def _on_disk(self, sid: str, work: Callable[[], Awaitable]) -> None:
+        """Run work() after the id's earlier disk operations, tracked like engine calls."""
+        earlier = self._disk.get(sid)
+
+        async def run() -> None:
+            if earlier is not None:
+                await asyncio.gather(earlier, return_exceptions=True)
+            await work()
+
+        future = self._disk[sid] = self._queue(run())
+        future.add_done_callback(lambda f: self._disk.pop(sid) if self._disk.get(sid) is f else None)
+
+    def _save(self, slot: Slot, session: Session) -> None:
+        """Export the slot's cache on the executor (queued before the session's free)
+        and write it to the store on a worker thread."""
+        if slot.dirty or not slot.resident:
+            return
+        keep, replies = len(slot.resident), list(slot.replies.items())
+
+        def export():
+            session.truncate(keep)  # `resident` is a prefix of the cache: save exactly it
+            return session.export_state()
+
+        exported = self._call(export)
+
+        async def write() -> None:
+            try:
+                payload = await exported
+            except EngineError as exc:
+                log.warning("session %r could not be exported: %s; not saved", slot.id, exc)
+                return
+            if await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep):
+                log.info("session %r saved to disk: %d tokens", slot.id, keep)
+
+        self._on_disk(slot.id, write)
 
     def _opened(self, slot: Slot, future: asyncio.Future) -> None:
         slot.opening = None
@@ -245,7 +319,9 @@ class SessionTable:
             self.retiring -= 1
         if slot.session is not None:
             session, slot.session = slot.session, None
-            self._queue(session.close, self._closed)
+            if slot.save and self.store is not None:
+                self._save(slot, session)
+            self._queue(self._call(session.close), self._closed)
 
     def _closed(self, future: asyncio.Future) -> None:
         self.engine_sessions -= 1
@@ -273,17 +349,26 @@ class SessionTable:
         one. A request running on it finishes normally; the engine session is freed
         after it, and requests that were waiting for it run on the new session."""
         slot = self.named.get(session_id)
+        on_disk = self._unsave(session_id)
         if slot is None:
-            return False
+            return on_disk
         self._forget(slot)
+        return True
+
+    def _unsave(self, session_id: str) -> bool:
+        """Remove the id's file, if the store lists one (after its pending writes)."""
+        if self.store is None or not (self.store.has(session_id) or session_id in self._disk):
+            return False
+        self._on_disk(session_id, lambda: asyncio.to_thread(self.store.remove, session_id))
         return True
 
     def reset(self, session_id: str) -> bool:
         """Clear a named session's context; it keeps its slot. A request running on
         it finishes normally; the next one starts from an empty cache."""
         slot = self.named.get(session_id)
+        on_disk = self._unsave(session_id)
         if slot is None:
-            return False
+            return on_disk
         slot.replies.clear()
         slot.resident = []
         # An idle session's next request truncates its cache to `resident` anyway; a
@@ -324,6 +409,7 @@ class SessionTable:
     async def close(self) -> None:
         """Free every session; returns once the engine has freed them."""
         for slot in list(self.named.values()):
+            slot.save = True
             self._forget(slot)
         if self.scratch is not None:
             self.scratch.deleted = True
