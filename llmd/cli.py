@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", default=_env("json", False, bool), help="print one JSON object")
     bench.add_argument("--conversation", action="store_true", default=_env("conversation", False, bool),
                        help="instead: a 10-turn chat, first-token latency with and without warm resume")
+    bench.add_argument("--sessions", action="store_true", default=_env("sessions", False, bool),
+                       help="instead: sessions on disk, first-token latency after eviction and after a "
+                            "restart next to a warm turn in memory")
     return parser
 
 
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_perplexity(args)
         if args.command == "bench":
             from llmd import bench
-            return bench.run(args.model, args.threads, args.runs, args.json, args.conversation)
+            return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions)
         return cmd_serve(args)
     except models.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

@@ -289,14 +289,16 @@ class Session:
         _check(lib.llmd_session_tokens(self.handle, out, len(out), n))
         return list(ffi.unpack(out, n[0]))
 
-    def export_state(self) -> memoryview:
-        """The session's ids in the KV cache and their keys and values, as the bytes
-        import_state restores (native/src/session_state.h); no checksum, no model
-        identity: llmd.session_store adds both."""
+    def export_state(self, n_tokens: int | None = None) -> memoryview:
+        """The first n_tokens ids in the KV cache (default: all) and their keys and
+        values, as the bytes import_state restores (native/src/session_state.h); no
+        checksum, no model identity: llmd.session_store adds both. The session is
+        not changed."""
+        n = self.position if n_tokens is None else n_tokens
         size = ffi.new("size_t *")
-        _check(lib.llmd_session_state_size(self.handle, size))
+        _check(lib.llmd_session_state_size(self.handle, n, size))
         out = ffi.new("uint8_t[]", size[0])
-        _check(lib.llmd_session_export(self.handle, out, size[0]))
+        _check(lib.llmd_session_export(self.handle, n, out, size[0]))
         return memoryview(ffi.buffer(out))
 
     def import_state(self, data: bytes | memoryview) -> None:

@@ -26,13 +26,16 @@ holds more sessions than the table has reserved, whatever order clients and
 operators act in. `engine_sessions` counts what the table holds; it equals the
 engine's own `live_sessions()` whenever the executor is idle.
 
-Sessions on disk (llmd.session_store, with --session-dir). A named slot that is
-evicted, or still in the table when the server closes, is exported on the executor
-just before its engine session is freed, and its file is written on a worker thread.
-A new named slot opens its engine session and then loads the id's file into it, if
-there is one the store accepts, so its first request finds `resident` as the file
-left it. DELETE and reset remove the file. Disk operations for one id run in order
-(a load waits for the id's pending write or removal), and never on the event loop.
+Sessions on disk (llmd.session_store, with --session-dir). A named session idle for
+IDLE_SAVE_SECONDS, evicted, or still in the table when the server closes, is
+exported on the executor (before its engine session is freed) and its file written
+on a worker thread, unless its file already holds what it holds; so a session
+evicted after a pause costs its next request nothing, and a crash loses at most
+what came after a pause. A new named slot reads the id's file while its engine
+session opens, then loads it into the session if the store accepts it, so its first
+request finds `resident` as the file left it. DELETE and reset remove the file.
+Disk operations for one id run in order (a load waits for the id's pending write or
+removal), and never on the event loop.
 """
 from __future__ import annotations
 
@@ -47,7 +50,7 @@ from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
 from llmd.engine import Engine, EngineError, Session
-from llmd.session_store import SessionStore
+from llmd.session_store import Saved, SessionStore
 from llmd.tools import canonical_arguments
 
 log = logging.getLogger("llmd.sessions")
@@ -55,6 +58,7 @@ log = logging.getLogger("llmd.sessions")
 SESSION_HEADERS = ("x-executorch-session-id", "session_id", "x-session-affinity", "x-session-id")
 MAX_SESSION_ID = 128
 MAX_REPLIES = 64  # assistant replies remembered per session (their generated ids)
+IDLE_SAVE_SECONDS = 10.0  # with a session store: a named session idle this long is written to it
 
 
 def session_id_of(body_id: str | None, headers) -> str | None:
@@ -102,6 +106,8 @@ class Slot:
     failure: BaseException | None = None   # why opening failed
     freed: bool = False
     save: bool = False              # written to the session store when freed (evicted, shutdown)
+    turns: int = 0                  # requests that ended on it (with a session store)
+    saved_turns: int = -1           # `turns` when the store last wrote its file
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # reply_fingerprint -> the ids the model generated for that reply, so a resent
@@ -149,6 +155,7 @@ class SessionTable:
         self._pending: set[asyncio.Future] = set()  # engine calls and disk work the table queued
         self.store = store
         self._disk: dict[str, asyncio.Future] = {}   # session id -> its last disk operation
+        self._closing = False
 
     async def start(self) -> None:
         scratch = Slot(None)
@@ -240,11 +247,14 @@ class SessionTable:
     async def _restore(self, sid: str, slot: Slot, opened: Awaitable[Session]) -> Session:
         """The slot's new engine session, holding what the id's file saved, if the
         store accepts it; a refused or unreadable file leaves it empty (cold)."""
-        session = await opened
+        loading = asyncio.ensure_future(self._load(sid))  # the file is read while the session opens
         try:
-            if (earlier := self._disk.get(sid)) is not None:
-                await asyncio.gather(earlier, return_exceptions=True)
-            saved = await asyncio.to_thread(self.store.load, sid)
+            session = await opened
+        except BaseException:
+            loading.cancel()
+            raise
+        try:
+            saved = await loading
             if saved is not None:
                 await self._call(session.import_state, saved.payload)
                 slot.resident = await self._call(session.tokens)
@@ -258,6 +268,11 @@ class SessionTable:
             raise
         return session
 
+    async def _load(self, sid: str) -> Saved | None:
+        if (earlier := self._disk.get(sid)) is not None:
+            await asyncio.gather(earlier, return_exceptions=True)
+        return await asyncio.to_thread(self.store.load, sid)
+
     def _on_disk(self, sid: str, work: Callable[[], Awaitable]) -> None:
         """Run work() after the id's earlier disk operations, tracked like engine calls."""
         earlier = self._disk.get(sid)
@@ -270,18 +285,15 @@ class SessionTable:
         future = self._disk[sid] = self._queue(run())
         future.add_done_callback(lambda f: self._disk.pop(sid) if self._disk.get(sid) is f else None)
 
-    def _save(self, slot: Slot, session: Session) -> None:
-        """Export the slot's cache on the executor (queued before the session's free)
-        and write it to the store on a worker thread."""
-        if slot.dirty or not slot.resident:
+    def _save(self, slot: Slot, session: Session, why: str) -> None:
+        """Export the slot's cache on the executor (queued before anything that follows,
+        such as the session's free) and write it to the store on a worker thread;
+        nothing to do when its file already holds what it holds."""
+        if slot.dirty or not slot.resident or slot.saved_turns == slot.turns:
             return
-        keep, replies = len(slot.resident), list(slot.replies.items())
-
-        def export():
-            session.truncate(keep)  # `resident` is a prefix of the cache: save exactly it
-            return session.export_state()
-
-        exported = self._call(export)
+        # `resident` is a prefix of what the cache holds: exactly that is saved.
+        keep, replies, turns = len(slot.resident), list(slot.replies.items()), slot.turns
+        exported = self._call(session.export_state, keep)
 
         async def write() -> None:
             try:
@@ -290,9 +302,15 @@ class SessionTable:
                 log.warning("session %r could not be exported: %s; not saved", slot.id, exc)
                 return
             if await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep):
-                log.info("session %r saved to disk: %d tokens", slot.id, keep)
+                slot.saved_turns = turns
+                log.info("session %r saved to disk (%s): %d tokens", slot.id, why, keep)
 
         self._on_disk(slot.id, write)
+
+    def _save_idle(self, slot: Slot, turns: int) -> None:
+        """Save a named session that has seen no request since `turns`."""
+        if slot.turns == turns and not slot.users and not slot.deleted and slot.session is not None:
+            self._save(slot, slot.session, "idle")
 
     def _opened(self, slot: Slot, future: asyncio.Future) -> None:
         slot.opening = None
@@ -320,7 +338,7 @@ class SessionTable:
         if slot.session is not None:
             session, slot.session = slot.session, None
             if slot.save and self.store is not None:
-                self._save(slot, session)
+                self._save(slot, session, "shutdown" if self._closing else "evicted")
             self._queue(self._call(session.close), self._closed)
 
     def _closed(self, future: asyncio.Future) -> None:
@@ -340,6 +358,9 @@ class SessionTable:
         slot.users -= 1
         slot.last_used = time.monotonic()
         slot.lock.release()
+        if self.store is not None and slot.id is not None:
+            slot.turns += 1
+            asyncio.get_running_loop().call_later(IDLE_SAVE_SECONDS, self._save_idle, slot, slot.turns)
         self._settle(slot)
 
     # ---- operator actions ---------------------------------------------------------
@@ -407,7 +428,9 @@ class SessionTable:
         }
 
     async def close(self) -> None:
-        """Free every session; returns once the engine has freed them."""
+        """Free every session (saving named ones to the store, if any); returns once the
+        engine has freed them and their files are written."""
+        self._closing = True
         for slot in list(self.named.values()):
             slot.save = True
             self._forget(slot)

@@ -66,6 +66,22 @@ def test_restored_prefix_continues_exactly_as_a_fresh_prefill(engine):
             assert greedy == [fresh.decode_one().id for _ in range(8)]
 
 
+def test_a_prefix_exports_as_if_the_session_were_truncated_to_it_and_the_session_is_unchanged(engine):
+    prompt = ids(60, engine.info.n_vocab)
+    with engine.new_session() as s, engine.new_session() as cut:
+        s.prefill(prompt)
+        before = s.logits()
+        prefix = s.export_state(40)
+        assert s.tokens() == prompt and s.logits() == before
+        cut.prefill(prompt)
+        cut.truncate(40)
+        assert bytes(prefix) == bytes(cut.export_state())
+        with pytest.raises(EngineError, match="n_tokens 61 is outside 0..60"):
+            s.export_state(61)
+        with pytest.raises(EngineError, match="outside"):
+            s.export_state(-1)
+
+
 def test_an_empty_session_exports_and_imports_as_empty(engine):
     with engine.new_session() as empty, engine.new_session() as target:
         target.prefill(ids(5, engine.info.n_vocab))
@@ -158,6 +174,16 @@ def test_sliding_window_rings_resume_exactly_after_they_wrapped(gemma3_engine):
                 s.truncate(floor)
                 s.prefill(more)
             assert restored.logits() == saved.logits()
+
+
+def test_a_ring_prefix_before_the_resume_floor_is_refused(gemma3_engine):
+    engine = gemma3_engine
+    with engine.new_session() as s:
+        s.prefill(ids(700, engine.info.n_vocab))
+        floor = s.resume_floor
+        with pytest.raises(EngineError, match=f"n_tokens {floor - 1} is before {floor}"):
+            s.export_state(floor - 1)
+        assert len(bytes(s.export_state(0))) == HEADER.size + engine.info.n_layer * 4
 
 
 def test_a_ring_truncated_below_its_high_water_mark_saves_only_what_it_holds(gemma3_engine):

@@ -19,7 +19,7 @@ import subprocess
 import pytest
 import pytest_asyncio
 
-from llmd import chat
+from llmd import chat, sessions
 from llmd.api import Api, App, Options
 from llmd.metrics import ServerMetrics
 from llmd.runtime import Runtime
@@ -248,6 +248,28 @@ async def test_an_evicted_session_comes_back_warm_from_its_file(stack, tmp_path)
     again = await turn(client, "a", histories["a"], "and again")
     assert cached(again) == first["a"]["prompt_tokens"] + first["a"]["completion_tokens"] - 1
     assert table.store.has("a")
+
+
+@pytest.mark.asyncio
+async def test_an_idle_session_is_saved_once_and_its_eviction_then_costs_no_export(stack, monkeypatch, caplog):
+    monkeypatch.setattr(sessions, "IDLE_SAVE_SECONDS", 0.05)
+    client, table, _ = await stack()
+    history: list = []
+    with caplog.at_level(logging.INFO, "llmd.sessions"):
+        first = await turn(client, "idle", history, "hello")
+        for _ in range(100):
+            if table.store.has("idle"):
+                break
+            await asyncio.sleep(0.05)
+        assert "session 'idle' saved to disk (idle)" in caplog.text
+        await asyncio.sleep(0.2)  # no second save: nothing changed
+        for sid in "bc":
+            await turn(client, sid, [], "hi")  # "c" evicts "idle"
+        await asyncio.gather(*table._disk.values())
+    assert "idle" not in table.named
+    assert caplog.text.count("session 'idle' saved to disk") == 1
+    again = await turn(client, "idle", history, "again")
+    assert cached(again) == first["prompt_tokens"] + first["completion_tokens"] - 1
 
 
 @pytest.mark.asyncio

@@ -177,17 +177,19 @@ llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
  * count (LLMD_ERR_INVALID_ARGUMENT when capacity was too small). */
 llmd_status llmd_session_tokens(const llmd_session *session, int32_t *out, size_t capacity, size_t *n_out);
 
-/* A session's state as bytes: its ids in the KV cache and their keys and values, in
- * the canonical layout of native/src/session_state.h (not the cache's memory
- * layout). llmd_session_state_size gives the length; export writes exactly that
+/* A session's state as bytes: the first n_tokens ids in its KV cache and their keys
+ * and values, in the canonical layout of native/src/session_state.h (not the
+ * cache's memory layout); n_tokens is 0 or a position truncate would accept (at most
+ * position, at least resume_floor), else LLMD_ERR_INVALID_ARGUMENT. The session is
+ * not changed. llmd_session_state_size gives the length; export writes exactly that
  * many bytes. Import restores such bytes into a session of an engine running the
  * same model shape at the same context, replacing its cache (the pending token and
  * logits are dropped, as by truncate): bytes of another shape, another context or
  * format version, a bad token id or a wrong length are LLMD_ERR_FORMAT with the
  * reason, and the session is left unchanged. The bytes carry no checksum and no
  * model identity: whoever stores them must (llmd/session_store.py). */
-llmd_status llmd_session_state_size(const llmd_session *session, size_t *bytes);
-llmd_status llmd_session_export(const llmd_session *session, uint8_t *out, size_t len);
+llmd_status llmd_session_state_size(const llmd_session *session, int32_t n_tokens, size_t *bytes);
+llmd_status llmd_session_export(const llmd_session *session, int32_t n_tokens, uint8_t *out, size_t len);
 llmd_status llmd_session_import(llmd_session *session, const uint8_t *data, size_t len);
 
 /* Thread-safe: the next decode step returns a stopped step instead. */

@@ -583,22 +583,36 @@ llmd_status llmd_session_tokens(const llmd_session *s, int32_t *out, size_t capa
     });
 }
 
-llmd_status llmd_session_state_size(const llmd_session *s, size_t *bytes) {
+// A prefix of the session that its cache holds whole: 0, or from resume_floor on.
+llmd_status check_state_prefix(const llmd_session *s, int32_t n) {
+    if (n < 0 || static_cast<size_t>(n) > s->tokens.size())
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "n_tokens " + std::to_string(n) + " is outside 0.." +
+                                                   std::to_string(s->tokens.size()));
+    if (n > 0 && n < s->kv.resume_floor())
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "n_tokens " + std::to_string(n) + " is before " +
+                                                   std::to_string(s->kv.resume_floor()) +
+                                                   ": the sliding-window layers no longer hold what it attends");
+    return LLMD_OK;
+}
+
+llmd_status llmd_session_state_size(const llmd_session *s, int32_t n_tokens, size_t *bytes) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (bytes == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "bytes must not be null");
-        *bytes = state_bytes(s->engine->model->hp, s->kv, static_cast<int>(s->tokens.size()));
+        if (const llmd_status st = check_state_prefix(s, n_tokens); st != LLMD_OK) return st;
+        *bytes = state_bytes(s->engine->model->hp, s->kv, n_tokens);
         return LLMD_OK;
     });
 }
 
-llmd_status llmd_session_export(const llmd_session *s, uint8_t *out, size_t len) {
+llmd_status llmd_session_export(const llmd_session *s, int32_t n_tokens, uint8_t *out, size_t len) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (const llmd_status st = check_state_prefix(s, n_tokens); st != LLMD_OK) return st;
         const HParams &hp = s->engine->model->hp;
-        if (out == nullptr || len != state_bytes(hp, s->kv, static_cast<int>(s->tokens.size())))
+        if (out == nullptr || len != state_bytes(hp, s->kv, n_tokens))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "the state buffer must hold exactly llmd_session_state_size bytes");
-        state_write(hp, s->kv, s->engine->n_ctx, s->tokens, out);
+        state_write(hp, s->kv, s->engine->n_ctx, s->tokens.data(), n_tokens, out);
         return LLMD_OK;
     });
 }

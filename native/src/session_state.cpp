@@ -16,9 +16,10 @@ int first_held(const KVCache::Layer &L, int high, int n_tokens) {
     return std::clamp(high - L.slots + 1, 0, n_tokens);
 }
 
-// Element d of position pos's key: its block's row, then its place inside the block.
-size_t key_index(const HParams &hp, const KVCache &kv, int layer, int head, int pos, int d) {
-    return kv.row(hp, layer, head, pos - pos % kKeyBlock) + key_at(pos % kKeyBlock, d, hp.head_dim);
+// Where position pos's key starts: its block's row, then its place inside the block;
+// element d is kKeyBlock elements after element d - 1 (attention.h: key_at).
+size_t key_start(const HParams &hp, const KVCache &kv, int layer, int head, int pos) {
+    return kv.row(hp, layer, head, pos - pos % kKeyBlock) + key_at(pos % kKeyBlock, 0, hp.head_dim);
 }
 
 struct Writer {
@@ -50,20 +51,22 @@ size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens) {
     return bytes;
 }
 
-void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const std::vector<int32_t> &tokens, uint8_t *out) {
-    const int n = static_cast<int>(tokens.size()), hd = hp.head_dim;
+void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t *tokens, int n, uint8_t *out) {
+    const int hd = hp.head_dim;
     Writer w{out};
     for (const uint32_t word : {kStateMagic, kStateVersion, uint32_t(hp.n_layer), uint32_t(hp.n_head_kv),
                                 uint32_t(hd), uint32_t(n_ctx), uint32_t(n)})
         w.put(word);
-    w.put(int32_t(kv.high));
-    for (const int32_t id : tokens) w.put(id);
+    w.put(int32_t(n > 0 ? kv.high : -1));
+    for (int i = 0; i < n; ++i) w.put(tokens[i]);
     for (int l = 0; l < hp.n_layer; ++l) {
         const int first = first_held(kv.layers[l], kv.high, n);
         w.put(uint32_t(first));
         for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = first; p < n; ++p)
-                for (int d = 0; d < hd; ++d) w.put(kv.k[key_index(hp, kv, l, h, p, d)]);
+            for (int p = first; p < n; ++p) {
+                const uint16_t *key = &kv.k[key_start(hp, kv, l, h, p)];
+                for (int d = 0; d < hd; ++d) w.put(key[d * kKeyBlock]);
+            }
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = first; p < n; ++p) {
                 std::memcpy(w.at, &kv.v[kv.row(hp, l, h, p)], hd * sizeof(uint16_t));
@@ -124,9 +127,10 @@ bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, 
         std::memcpy(&first, at, sizeof first);
         at += sizeof first;
         for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = static_cast<int>(first); p < count; ++p)
-                for (int d = 0; d < hd; ++d, at += sizeof(uint16_t))
-                    std::memcpy(&kv.k[key_index(hp, kv, l, h, p, d)], at, sizeof(uint16_t));
+            for (int p = static_cast<int>(first); p < count; ++p) {
+                uint16_t *key = &kv.k[key_start(hp, kv, l, h, p)];
+                for (int d = 0; d < hd; ++d, at += sizeof(uint16_t)) std::memcpy(&key[d * kKeyBlock], at, sizeof(uint16_t));
+            }
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = static_cast<int>(first); p < count; ++p, at += hd * sizeof(uint16_t))
                 std::memcpy(&kv.v[kv.row(hp, l, h, p)], at, hd * sizeof(uint16_t));

@@ -29,11 +29,12 @@ namespace llmd {
 constexpr uint32_t kStateMagic = 0x53564b4c; // "LKVS"
 constexpr uint32_t kStateVersion = 1;
 
-// Bytes state_write() writes for a cache holding n_tokens tokens.
+// Bytes state_write() writes for the cache's first n_tokens positions.
 size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens);
 
-// Writes tokens and their K/V into out, which holds state_bytes() bytes.
-void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const std::vector<int32_t> &tokens, uint8_t *out);
+// Writes tokens[0, n) and their K/V into out, which holds state_bytes() bytes. The
+// cache must hold them: n is 0, or at least kv.resume_floor() (as for a truncate).
+void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t *tokens, int n, uint8_t *out);
 
 // Checks every field of `data` against this model and context before it touches
 // anything; then fills kv and *tokens. False with *error (and kv, *tokens unchanged)
