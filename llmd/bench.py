@@ -201,49 +201,58 @@ def conversation_figures(path: str | None, threads: int) -> list[dict]:
 def session_dir_figures(path: str | None, threads: int, runs: int) -> dict:
     """Three conversations take turns over two session slots, so each comes back from
     its file (--session-dir) every time; each such turn is followed by a second turn
-    of the same conversation, warm in memory (the A/B pairs alternate). Then SIGTERM,
-    a restart on the same directory, and one turn per conversation (restored from
-    the files written at shutdown) followed again by a warm one. Cached share: a
-    turn's cached tokens over the previous turn's prompt + completion."""
+    of the same conversation, warm in memory (the A/B pairs alternate). Then, twice or
+    more: SIGTERM, a restart on the same directory, one request of another session
+    (so that the process's own first-request costs are not counted), and one turn per
+    conversation (restored from the files written at shutdown) followed again by a
+    warm one. Cached share: a turn's cached tokens over the previous turn's prompt +
+    completion. A turn asks for one token, so its latency is its first token's, also
+    for a random-weight model whose tokens may have no text to stream."""
     names = ("x", "y", "z")
     with tempfile.TemporaryDirectory(prefix="llmd-bench-sessions-") as directory:
         flags = ("--max-sessions", "3", "--ctx", "4096", "--session-dir", directory)
-        histories = {sid: [{"role": "system", "content": FILLER * 8}] for sid in names}
+        histories = {sid: [{"role": "system", "content": FILLER * 16}] for sid in names}
         last_total: dict[str, int] = {}
         shares, cold, disk, memory, restarted, after = [], [], [], [], [], []
 
         def turn(port: int, model: str, sid: str, times: list[float]) -> None:
             history = histories[sid]
             history.append({"role": "user", "content": QUESTIONS[len(history) % len(QUESTIONS)]})
-            body = {"model": model, "messages": history, "stream": True, "temperature": 0, "max_tokens": 24,
-                    "stream_options": {"include_usage": True}}
-            first, _, deltas, usage = _stream(port, body, {"X-Session-ID": sid})
-            history.append({"role": "assistant", "content": "".join(deltas)})
+            body = {"model": model, "messages": history, "temperature": 0, "max_tokens": 1}
+            start = time.perf_counter()
+            reply = json.loads(_request(port, "POST", CHAT, body, {"X-Session-ID": sid}))
+            first = time.perf_counter() - start
+            usage = reply["usage"]
+            history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
             if sid in last_total:
                 shares.append(usage["prompt_tokens_details"]["cached_tokens"] / last_total[sid])
             last_total[sid] = usage["prompt_tokens"] + usage["completion_tokens"]
             times.append(first)
 
+        rounds = max(2, -(-runs // len(names)))
         proc, port = _start(path, threads, *flags)
         try:
             model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
             for sid in names:
                 turn(port, model, sid, cold)
-            for _ in range(max(1, runs // len(names) + (runs % len(names) > 0))):
+            for _ in range(rounds):
                 for sid in names:  # evicted by the other two since its last turn: from disk
                     turn(port, model, sid, disk)
                     turn(port, model, sid, memory)
         finally:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=120)
-        proc, port = _start(path, threads, *flags)
-        try:
-            for sid in names:
-                turn(port, model, sid, restarted)
-                turn(port, model, sid, after)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=120)
+            proc.wait(timeout=300)
+        for _ in range(rounds):
+            proc, port = _start(path, threads, *flags)
+            try:
+                _request(port, "POST", CHAT, {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                              "max_tokens": 1})
+                for sid in names:
+                    turn(port, model, sid, restarted)
+                    turn(port, model, sid, after)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=300)
 
     def ms(values: list[float]) -> float:
         return round(statistics.median(values) * 1000, 1)
@@ -256,9 +265,10 @@ def session_dir_figures(path: str | None, threads: int, runs: int) -> dict:
             "sessions_after_restart_over_memory": round(statistics.median(restarted) / statistics.median(after), 2)}
 
 
-def _request(port: int, method: str, path: str, body: dict | None = None) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request(method, path, json.dumps(body) if body else None, {"Content-Type": "application/json"})
+def _request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request(method, path, json.dumps(body) if body else None,
+                 {"Content-Type": "application/json", **(headers or {})})
     data = conn.getresponse().read()
     conn.close()
     return data

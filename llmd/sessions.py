@@ -256,8 +256,11 @@ class SessionTable:
         try:
             saved = await loading
             if saved is not None:
-                await self._call(session.import_state, saved.payload)
-                slot.resident = await self._call(session.tokens)
+                def restore() -> list[int]:
+                    session.import_state(saved.payload)
+                    return session.tokens()
+
+                slot.resident = await self._call(restore)
                 slot.replies = OrderedDict(saved.replies)
                 log.info("session %r restored from disk: %d tokens", sid, len(slot.resident))
         except EngineError as exc:
