@@ -437,6 +437,8 @@ class SessionTable:
         for slot in list(self.named.values()):
             slot.save = True
             self._forget(slot)
+            if (writing := self._disk.get(slot.id)) is not None:  # one exported cache in memory at a time
+                await asyncio.gather(writing, return_exceptions=True)
         if self.scratch is not None:
             self.scratch.deleted = True
             self.retiring += 1

@@ -195,10 +195,10 @@ async def stack(tiny_model, tmp_path):
     """Start/stop a server stack over a session dir; 2 named slots + scratch."""
     stacks = []
 
-    async def start(store_dir=tmp_path / "sessions", max_bytes=0):
+    async def start(store_dir=tmp_path / "sessions", max_bytes=0, fingerprint="tiny"):
         runtime = Runtime(ServerMetrics())
         engine = await runtime.load(str(tiny_model.path), n_threads=1, max_sessions=3)
-        store = SessionStore(store_dir, max_bytes, "tiny", engine.info.n_ctx)
+        store = SessionStore(store_dir, max_bytes, fingerprint, engine.info.n_ctx)
         store.scan()
         table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store)
         await table.start()
@@ -280,6 +280,8 @@ async def test_sessions_alive_at_shutdown_are_restored_after_a_restart(stack):
     await stop()
     client, table, _ = await stack()
     assert table.store.has("kept") and "kept" not in table.named
+    listing = (await asyncio.to_thread(client.get_json, "/sessions")).json()
+    assert listing["saved_sessions"] == 1 and listing["saved_bytes"] == table.store.bytes_used > 0
     again = await turn(client, "kept", history, "what did I say?")
     assert cached(again) == first["prompt_tokens"] + first["completion_tokens"] - 1
 
@@ -310,6 +312,17 @@ async def test_a_refused_file_is_logged_and_the_request_runs_cold(stack, tmp_pat
     with caplog.at_level(logging.WARNING, "llmd.sessions"):
         usage = await turn(client, "victim", [], "hi")
     assert cached(usage) == 0 and "checksum mismatch" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_file_of_another_model_is_refused_and_the_request_runs_cold(stack, caplog):
+    client, table, stop = await stack()
+    await turn(client, "s", [], "hi")
+    await stop()
+    client, table, _ = await stack(fingerprint="another model")
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        usage = await turn(client, "s", [], "hi")
+    assert cached(usage) == 0 and "written for another model file" in caplog.text
 
 
 @pytest.mark.asyncio
