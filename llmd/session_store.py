@@ -144,7 +144,8 @@ class SessionStore:
         self.fingerprint = fingerprint
         self.n_ctx = n_ctx
         self._files: dict[str, tuple[int, float]] = {}  # file name -> (bytes, mtime)
-        self._lock = threading.Lock()        # guards _files
+        self._lock = threading.Lock()        # guards _files and the counts
+        self.saved = self.loaded = self.refused = self.failed = 0  # files written, loaded, refused; failed writes
         self._write_lock = threading.Lock()  # one write at a time: make room, then write
 
     def scan(self) -> None:
@@ -185,12 +186,16 @@ class SessionStore:
             return None
         except OSError as exc:
             log.warning("cannot read the file of session %r (%s): %s; it starts cold", session_id, path, exc)
+            self.count_refused()
             return None
         try:
             saved = decode(data, session_id, self.fingerprint, self.n_ctx)
         except Refused as exc:
             log.warning("session file %s refused for session %r: %s; it starts cold", path, session_id, exc)
+            self.count_refused()
             return None
+        with self._lock:
+            self.loaded += 1
         try:  # a load is a use: the file is now the most recently used
             os.utime(path)
             with self._lock:
@@ -198,6 +203,11 @@ class SessionStore:
         except OSError:
             pass  # a read-only directory still restores
         return saved
+
+    def count_refused(self) -> None:
+        """Count a file that was not loaded (also when the engine refused its payload)."""
+        with self._lock:
+            self.refused += 1
 
     def save(self, session_id: str, payload: bytes | memoryview, replies: list[tuple[str, list[int]]],
              n_tokens: int) -> bool:
@@ -208,6 +218,8 @@ class SessionStore:
         if self.max_bytes and size > self.max_bytes:
             log.warning("session %r takes %d bytes, more than --session-dir-max (%d): not saved",
                         session_id, size, self.max_bytes)
+            with self._lock:
+                self.failed += 1
             return False
         name = file_name(session_id)
         path, tmp = self.directory / name, self.directory / f".{name}.{os.getpid()}.tmp"
@@ -226,9 +238,12 @@ class SessionStore:
                 self._unlink(tmp.name)
                 log.warning("cannot save session %r in %s: %s; it is kept in memory only, as without "
                             "--session-dir", session_id, self.directory, exc)
+                with self._lock:
+                    self.failed += 1
                 return False
         with self._lock:
             self._files[name] = (size, time.time())
+            self.saved += 1
         return True
 
     def remove(self, session_id: str) -> bool:

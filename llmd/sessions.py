@@ -265,6 +265,7 @@ class SessionTable:
                 log.info("session %r restored from disk: %d tokens", sid, len(slot.resident))
         except EngineError as exc:
             log.warning("the engine refused the saved state of session %r: %s; it starts cold", sid, exc)
+            self.store.count_refused()
         except BaseException:
             self.engine_sessions += 1  # counted here, as _opened would have: _closed uncounts it
             self._queue(self._call(session.close), self._closed)

@@ -312,6 +312,8 @@ async def test_a_refused_file_is_logged_and_the_request_runs_cold(stack, tmp_pat
     with caplog.at_level(logging.WARNING, "llmd.sessions"):
         usage = await turn(client, "victim", [], "hi")
     assert cached(usage) == 0 and "checksum mismatch" in caplog.text
+    metrics = (await asyncio.to_thread(client.request, "GET", client.origin + "/metrics")).body.decode()
+    assert "llmd_session_files_refused_total 1" in metrics and "llmd_session_files_loaded_total 0" in metrics
 
 
 @pytest.mark.asyncio
@@ -340,6 +342,7 @@ async def test_a_full_disk_degrades_to_in_memory_sessions_with_a_warning(stack, 
                 assert cached(await turn(client, sid, histories[sid], f"round {rnd}")) == 0
         await asyncio.gather(*table._disk.values())
     assert "No space left on device" in caplog.text and table.store.count == 0
+    assert table.store.failed >= 4 and table.store.saved == 0
 
 
 @pytest.mark.asyncio
