@@ -298,16 +298,19 @@ class SessionTable:
         # `resident` is a prefix of what the cache holds: exactly that is saved.
         keep, replies, turns = len(slot.resident), list(slot.replies.items()), slot.turns
         exported = self._call(session.export_state, keep)
+        slot.saved_turns = turns  # so that an eviction while this save runs does not export again
 
         async def write() -> None:
             try:
                 payload = await exported
+                saved = await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep)
             except EngineError as exc:
                 log.warning("session %r could not be exported: %s; not saved", slot.id, exc)
-                return
-            if await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep):
-                slot.saved_turns = turns
+                saved = False
+            if saved:
                 log.info("session %r saved to disk (%s): %d tokens", slot.id, why, keep)
+            elif slot.saved_turns == turns:
+                slot.saved_turns = -1
 
         self._on_disk(slot.id, write)
 
@@ -436,6 +439,8 @@ class SessionTable:
         engine has freed them and their files are written."""
         self._closing = True
         for slot in list(self.named.values()):
+            if slot.deleted:  # left the table while an earlier one was written
+                continue
             slot.save = True
             self._forget(slot)
             if (writing := self._disk.get(slot.id)) is not None:  # one exported cache in memory at a time
