@@ -29,6 +29,7 @@ from llmd.session_store import (FORMAT_VERSION, MAGIC, SUFFIX, SessionStore, dec
 from llmd.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
+from tests.gguf_writer import build_tiny_gemma3
 
 FINGERPRINT = "f" * 64
 PAYLOAD = bytes(range(256)) * 40
@@ -195,9 +196,10 @@ async def stack(tiny_model, tmp_path):
     """Start/stop a server stack over a session dir; 2 named slots + scratch."""
     stacks = []
 
-    async def start(store_dir=tmp_path / "sessions", max_bytes=0, fingerprint="tiny"):
+    async def start(store_dir=tmp_path / "sessions", max_bytes=0, fingerprint="tiny", model=tiny_model.path,
+                    n_ctx=0):
         runtime = Runtime(ServerMetrics())
-        engine = await runtime.load(str(tiny_model.path), n_threads=1, max_sessions=3)
+        engine = await runtime.load(str(model), n_threads=1, max_sessions=3, n_ctx=n_ctx)
         store = SessionStore(store_dir, max_bytes, fingerprint, engine.info.n_ctx)
         store.scan()
         table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store)
@@ -270,6 +272,30 @@ async def test_an_idle_session_is_saved_once_and_its_eviction_then_costs_no_expo
     assert caplog.text.count("session 'idle' saved to disk") == 1
     again = await turn(client, "idle", history, "again")
     assert cached(again) == first["prompt_tokens"] + first["completion_tokens"] - 1
+
+
+@pytest.mark.asyncio
+async def test_a_session_whose_rings_wrapped_comes_back_from_disk_and_equals_a_fresh_prefill(stack, tmp_path):
+    model = build_tiny_gemma3(n_ctx=1024, window=32).write(tmp_path / "gemma3.gguf")
+    client, table, _ = await stack(model=model, n_ctx=1024)
+
+    async def complete(prompt: str, sid: str | None) -> dict:
+        named = {"session_id": sid} if sid else {}
+        resp = await asyncio.to_thread(client.post_json, "/completions",
+                                       client.completion_body(prompt, max_tokens=6, temperature=0, **named))
+        assert resp.status == 200, resp.body
+        return resp.json()
+
+    text = " ".join(f"w{i}" for i in range(150))
+    first = await complete(text, "ring")
+    assert first["usage"]["prompt_tokens"] > 288 + 32  # the sliding-window rings wrapped
+    for sid in "bc":
+        await complete("hello", sid)  # "c" evicts "ring"
+    assert "ring" not in table.named
+    longer = text + first["choices"][0]["text"] + " and more words"
+    again = await complete(longer, "ring")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    assert again["choices"][0]["text"] == (await complete(longer, None))["choices"][0]["text"]
 
 
 @pytest.mark.asyncio
