@@ -259,7 +259,7 @@ async def test_an_idle_session_is_saved_once_and_its_eviction_then_costs_no_expo
     history: list = []
     with caplog.at_level(logging.INFO, "llmd.sessions"):
         first = await turn(client, "idle", history, "hello")
-        for _ in range(100):
+        for _ in range(400):
             if table.store.has("idle"):
                 break
             await asyncio.sleep(0.05)
