@@ -368,9 +368,10 @@ class Api:
         data = [self.table.describe(s) for s in self.table.named.values()]
         # The engine's own count next to the table's: they differ only while frees
         # or opens are queued on the executor, so lasting disagreement is a leak.
+        saved = {"saved_sessions": store.count, "saved_bytes": store.bytes_used} if (store := self.table.store) else {}
         return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1,
                               "engine_sessions": self.engine.live_sessions(),
-                              "table_sessions": self.table.engine_sessions})
+                              "table_sessions": self.table.engine_sessions, **saved})
 
     def _named(self, sid: str) -> str:
         return session_id_of(sid, {})
