@@ -581,3 +581,44 @@ def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
                                 logit_bias={"65": 100})  # "A", over and over
         message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
         assert message["reasoning_content"] == "AAAAAA" and not message["content"]
+
+
+def test_a_llama3_template_constrains_required_calls_in_llamas_json_reply(tmp_path):
+    """Llama 3.1's real template on a random-weight model: a required call is written
+    as the JSON reply the template asks for and comes back as a tool call."""
+    from tests.gguf_writer import build_tiny_llama
+    from tests.reference_data import require
+    template = require("models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja").read_text("utf-8")
+    path = build_tiny_llama(chat_template=template, n_ctx=1024).write(tmp_path / "llama31.gguf")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+    with running_llmd("--model", str(path), "--ctx", "1024", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="llama31")
+        body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=60, tools=[tool],
+                                tool_choice="required", parallel_tool_calls=False, logprobs=True)
+        choice = client.post_json("/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    written = "".join(t["token"] for t in choice["logprobs"]["content"])
+    assert written.startswith('{"name": "get_weather", "parameters": {')
+
+
+def test_a_gpt_oss_template_constrains_required_calls_as_a_message_to_the_function(tmp_path):
+    """gpt-oss's real template on a random-weight model: a required call is written as a
+    harmony message to functions.NAME and comes back as a tool call."""
+    from tests.gguf_writer import build_tiny_llama
+    from tests.reference_data import require
+    template = require("models/templates/openai-gpt-oss-120b.jinja").read_text("utf-8")
+    path = build_tiny_llama(chat_template=template, n_ctx=2048).write(tmp_path / "oss.gguf")
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+    with running_llmd("--model", str(path), "--ctx", "2048", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="oss")
+        body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=80, tools=[tool],
+                                tool_choice="required", parallel_tool_calls=False, logprobs=True)
+        choice = client.post_json("/chat/completions", body).json()["choices"][0]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    written = "".join(t["token"] for t in choice["logprobs"]["content"])
+    assert written.startswith(" to=functions.get_weather<|channel|>commentary json<|message|>{")
