@@ -421,24 +421,23 @@ void GrammarMatcher::closure(Config seed, StateSet &out) {
     }
 }
 
-void GrammarMatcher::advance(const StateSet &in, uint8_t byte, StateSet &out) {
+template <class Next>
+void GrammarMatcher::step(const StateSet &in, Next next, StateSet &out) {
     out.active.clear();
     out.can_end = false;
     seen_.clear();
     for (const Config &c : in.active) {
-        const uint32_t t = g_->next(c.state, byte);
+        const uint32_t t = next(c.state);
         if (t != Grammar::kNone) closure({t, c.stack}, out);
     }
 }
 
+void GrammarMatcher::advance(const StateSet &in, uint8_t byte, StateSet &out) {
+    step(in, [&](uint32_t s) { return g_->next(s, byte); }, out);
+}
+
 void GrammarMatcher::advance_token(const StateSet &in, int32_t id, StateSet &out) {
-    out.active.clear();
-    out.can_end = false;
-    seen_.clear();
-    for (const Config &c : in.active) {
-        const uint32_t t = g_->next_token(c.state, id);
-        if (t != Grammar::kNone) closure({t, c.stack}, out);
-    }
+    step(in, [&](uint32_t s) { return g_->next_token(s, id); }, out);
 }
 
 // The set after `bytes`, in one of the scratch sets (or `in` itself for no bytes);

@@ -197,6 +197,8 @@ private:
     };
 
     void closure(Config seed, StateSet &out);
+    // The configurations of `in` that next(state) moves (to a state, or kNone), closed.
+    template <class Next> void step(const StateSet &in, Next next, StateSet &out);
     void advance(const StateSet &in, uint8_t byte, StateSet &out);
     void advance_token(const StateSet &in, int32_t id, StateSet &out);
     uint32_t control_token_cost(int32_t id);
