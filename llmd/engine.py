@@ -168,6 +168,13 @@ class Engine:
             raise EngineError(lib.LLMD_ERR_HANDLE, "the engine is closed")
         return self._handle
 
+    def bandwidth(self, nbytes: int, passes: int = 5) -> tuple[int, float]:
+        """(weight bytes one decode step reads, bytes per second the engine's threads
+        read from a buffer of nbytes, median of `passes` passes)."""
+        per_token, rate = ffi.new("uint64_t *"), ffi.new("double *")
+        _check(lib.llmd_engine_bandwidth(self.handle, nbytes, passes, per_token, rate))
+        return per_token[0], rate[0]
+
     def pooling_type(self) -> int:
         """The embedding pooling the file declares: 0 none, 1 mean, 2 cls, 3 last, 4 rank."""
         out = ffi.new("int32_t *")

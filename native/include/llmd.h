@@ -84,6 +84,13 @@ llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *ou
  * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
 llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
 
+/* The generation limit set by memory (benchmarks): *bytes_per_token, the weight bytes
+ * one decode step reads, and *read_bytes_per_s, how fast the engine's threads read a
+ * buffer of `bytes` (median of `passes` passes). Runs on the engine's threads, like
+ * prefill. bytes: 1 MiB .. 64 GiB; passes: 1 .. 100. */
+llmd_status llmd_engine_bandwidth(llmd_engine *engine, uint64_t bytes, int32_t passes,
+                                  uint64_t *bytes_per_token, double *read_bytes_per_s);
+
 /* The model file's size and the bytes before its tensor data (GGUF header, metadata
  * and tensor table): what llmd/session_store.py hashes into a model fingerprint. */
 llmd_status llmd_engine_file_layout(const llmd_engine *engine, uint64_t *header_bytes, uint64_t *file_bytes);

@@ -5,6 +5,7 @@
 #include "llmd.h"
 
 #include "arch/arch.h"
+#include "bandwidth.h"
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
@@ -717,6 +718,21 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
         const bool ok = m.accept_bytes(std::string_view(text ? text : "", text_len));
         if (!m.error().empty()) return fail(LLMD_ERR_STATE, "grammar: " + m.error());
         *result = !ok ? 0 : m.complete() ? 3 : m.can_end() ? 2 : 1;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_engine_bandwidth(llmd_engine *e, uint64_t bytes, int32_t passes, uint64_t *bytes_per_token,
+                                  double *read_bytes_per_s) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || bytes_per_token == nullptr || read_bytes_per_s == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and outs must not be null");
+        if (bytes < (uint64_t{1} << 20) || bytes > (uint64_t{64} << 30))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bandwidth: bytes must be 1 MiB .. 64 GiB");
+        if (passes < 1 || passes > 100) return fail(LLMD_ERR_INVALID_ARGUMENT, "bandwidth: passes must be 1 .. 100");
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
+        *bytes_per_token = decode_bytes(*e->model);
+        *read_bytes_per_s = read_bandwidth(*e->pool, static_cast<size_t>(bytes), passes);
         return LLMD_OK;
     });
 }
