@@ -22,11 +22,12 @@ Field policy (the reasoned choice):
   `store`, `service_tier`, `safety_identifier`, `prompt_cache_retention`) are accepted;
   `user` and `prompt_cache_retention` are checked. `prompt_cache_key` names the
   session when no session id is given. llama.cpp's `cache_prompt`, `id_slot` (-1
-  only), `n_probs` (top logprobs) and `timings_per_token` are accepted too.
+  only), `n_probs` (top logprobs), `timings_per_token` and `return_progress` (prompt
+  progress chunks in a stream, as llama.cpp's server sends them) are accepted too.
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
   `verbosity`, tool_choice "allowed_tools"/custom,
-  suffix, best_of > 1, image/audio/file content parts, `return_progress`) are refused with 400
+  suffix, best_of > 1, image/audio/file content parts) are refused with 400
   `unsupported_parameter`, because the design says what cannot be honoured is never
   silently ignored. response_format json_object / json_schema and tool_choice
   "required" / a named function are honoured by constrained decoding (constrain.py,
@@ -139,8 +140,16 @@ class ChatRequest:
     template_kwargs: dict = field(default_factory=dict)  # extra chat-template variables
     logprobs: int | None = None        # None: off; else how many top logprobs per token
     timings_per_token: bool = False    # every stream chunk carries `timings` (llama.cpp)
+    return_progress: bool = False      # a stream reports prompt processing (llama.cpp's prompt_progress)
     prompt_cache_key: str | None = None  # names a session when nothing else does
     n: int = 1                         # choices, each with its own seed stream
+    # The client asked for reasoning (True: refused on a model without it) or for none
+    # (False: a reasoning template's `enable_thinking` off); None: the template's default.
+    reasoning: bool | None = None
+    reasoning_param: str | None = None  # the request field that asked, named in a refusal
+    show_reasoning: bool = True        # False: reasoning blocks come without their text (Anthropic "omitted")
+    # template variable -> the request field that set it (named when the template has no use for it)
+    template_params: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,7 @@ class CompletionRequest:
     logprobs: int | None = None        # None: off; else how many top logprobs per token
     echo: bool = False                 # the prompt (and its logprobs) before the completion
     timings_per_token: bool = False
+    return_progress: bool = False
     prompt_cache_key: str | None = None
     n: int = 1
 
@@ -336,7 +346,7 @@ _NO_EFFECT_KEYS = frozenset({
     "prompt_cache_retention"})
 # llama.cpp server fields: cache_prompt (llmd always reuses the cache), id_slot (refused
 # unless -1, "any slot": sessions are named by session_id), n_probs (top logprobs),
-# timings_per_token; return_progress (prompt progress events) is refused when true.
+# timings_per_token, return_progress (prompt progress chunks while a stream's prompt is processed).
 _LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
 MAX_TOP_LOGPROBS = 20                  # the engine's bound (LLMD_MAX_TOP_LOGPROBS)
 MAX_CHOICES = 16                       # n: choices run one after another, so few
@@ -428,6 +438,11 @@ def _parse_timings_per_token(body: dict) -> bool:
     return False if v is None else _bool(v, "timings_per_token")
 
 
+def _parse_return_progress(body: dict) -> bool:
+    v = body.get("return_progress")
+    return False if v is None else _bool(v, "return_progress")
+
+
 def _parse_prompt_cache_key(body: dict) -> str | None:
     v = body.get("prompt_cache_key")
     return None if v is None else _str(v, "prompt_cache_key")
@@ -445,8 +460,7 @@ def _parse_n(v: Any) -> int:
 
 def _parse_common(body: dict) -> tuple[str, str | None]:
     """Return (model, session_id); also type-checks `user`, `prompt_cache_retention`
-    and the llama.cpp fields that need no further use (cache_prompt, id_slot,
-    return_progress)."""
+    and the llama.cpp fields that need no further use (cache_prompt, id_slot)."""
     model = _str(_required(body, "model", "model"), "model")
     if body.get("user") is not None:
         _str(body["user"], "user")
@@ -459,9 +473,6 @@ def _parse_common(body: dict) -> tuple[str, str | None]:
     if body.get("id_slot") is not None and _int(body["id_slot"], "id_slot", -1, INT32_MAX) != -1:
         raise unsupported_parameter("id_slot", "'id_slot' is not supported: name a session with "
                                     "'session_id' (or the X-Session-ID header) to keep its cache.")
-    if body.get("return_progress") is not None and _bool(body["return_progress"], "return_progress"):
-        raise unsupported_parameter("return_progress", "'return_progress' (prompt progress events) "
-                                    "is not supported.")
     sid = body.get("session_id")
     if sid is not None and not isinstance(sid, str):
         raise invalid_session_id("Invalid type for 'session_id': expected a string.")
@@ -531,6 +542,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         template_kwargs=_parse_template_kwargs(obj),
         logprobs=(top_logprobs or 0) if logprobs else n_probs,
         timings_per_token=_parse_timings_per_token(obj),
+        return_progress=_parse_return_progress(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
         n=n,
     )
@@ -806,6 +818,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         logprobs=logprobs if logprobs is not None else _parse_n_probs(obj),
         echo=echo,
         timings_per_token=_parse_timings_per_token(obj),
+        return_progress=_parse_return_progress(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
         n=n,
     )
@@ -914,6 +927,7 @@ class ResponsesRequest:
     previous_response_id: str | None
     store: bool
     echo: dict                         # request fields the Response object repeats
+    summary: str | None = None         # reasoning.summary: the reasoning item carries a summary
 
 
 _RESPONSES_KEYS = frozenset({
@@ -944,7 +958,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     top_logprobs = obj.get("top_logprobs")
     top_logprobs = 0 if top_logprobs is None else _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     with_logprobs = _parse_include(obj.get("include")) or top_logprobs > 0
-    _parse_reasoning(obj.get("reasoning"))
+    effort, summary = _parse_reasoning(obj.get("reasoning"))
     truncation = obj.get("truncation")
     if truncation is not None and _str(truncation, "truncation") != "disabled":
         raise unsupported_parameter("truncation", "Only truncation 'disabled' is supported: a prompt "
@@ -983,6 +997,11 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         tool_name=tool_name,
         prompt_cache_key=_parse_prompt_cache_key(obj),
         logprobs=top_logprobs if with_logprobs else None,
+        # the effort is the template's `reasoning_effort`, as in chat completions
+        template_kwargs={"reasoning_effort": effort} if effort is not None else {},
+        template_params={"reasoning_effort": "reasoning.effort"},
+        reasoning=True if summary is not None else None,
+        reasoning_param="reasoning.summary",
     )
     echo = {
         "instructions": instructions,
@@ -1000,7 +1019,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
                    "strict": raw.get("strict")} for t, raw in zip(tools, obj.get("tools") or [])],
         "truncation": "disabled",
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": effort, "summary": summary},
         "service_tier": "default",
         "safety_identifier": obj.get("safety_identifier"),
         "prompt_cache_key": chat.prompt_cache_key,
@@ -1013,6 +1032,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         previous_response_id=None if previous is None else _str(previous, "previous_response_id"),
         store=True if store is None else _bool(store, "store"),
         echo=echo,
+        summary=summary,
     )
 
 
@@ -1023,23 +1043,36 @@ def _parse_include(v: Any) -> bool:
     if not isinstance(v, list):
         raise invalid_type("include", "an array of strings", v)
     for i, item in enumerate(v):
-        # Encrypted reasoning is empty for a model without reasoning: nothing to add.
+        # llmd's reasoning items carry their text, never encrypted content: nothing to add.
         if _str(item, f"include[{i}]") not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
             raise unsupported_parameter(f"include[{i}]", f"include {_show(item)} is not supported.")
     return "message.output_text.logprobs" in v
 
 
-def _parse_reasoning(v: Any) -> None:
+_SUMMARIES = ("auto", "concise", "detailed")
+
+
+def _parse_reasoning(v: Any) -> tuple[str | None, str | None]:
+    """`reasoning` as (effort, summary); `generate_summary` is summary's older name."""
     if v is None:
-        return
+        return None, None
     if not isinstance(v, dict):
         raise invalid_type("reasoning", "an object", v)
-    for key, value in v.items():
+    for key in v:
         if key not in ("effort", "summary", "generate_summary"):
             raise unknown_parameter(f"reasoning.{key}")
-        if value is not None:
-            raise unsupported_parameter(f"reasoning.{key}", "The served model does not reason: "
-                                        f"'reasoning.{key}' is not supported.")
+    effort = v.get("effort")
+    if effort is not None and _str(effort, "reasoning.effort") not in _REASONING_EFFORTS:
+        raise invalid_request(f"'reasoning.effort' must be one of {', '.join(_REASONING_EFFORTS)}.",
+                              "reasoning.effort")
+    summary = None
+    for key in ("summary", "generate_summary"):
+        if v.get(key) is not None:
+            if _str(v[key], f"reasoning.{key}") not in _SUMMARIES:
+                raise invalid_request(f"'reasoning.{key}' must be one of {', '.join(_SUMMARIES)}.",
+                                      f"reasoning.{key}")
+            summary = v[key]
+    return effort, summary
 
 
 def _parse_input(v: Any) -> list[Message]:
@@ -1076,7 +1109,7 @@ def _parse_input(v: Any) -> list[Message]:
             messages.append(Message("tool", content, None, (),
                                     _str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
         elif kind == "reasoning":
-            continue  # a reasoning item echoed back: this model produced none, it adds nothing
+            continue  # reasoning sent back is left out of the prompt, as chat templates leave out past turns
         elif kind is None:
             raise missing_parameter(f"{p}.type")
         else:
@@ -1149,6 +1182,10 @@ class EmbeddingsRequest:
     model: str
     inputs: list[str | list[int]]      # one entry per embedding asked for
     encoding_format: str               # "float" | "base64"
+    dimensions: int | None = None      # None: the model's own size
+
+
+MAX_EMBEDDING_INPUTS = 2048  # inputs in one request, as OpenAI allows
 
 
 def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
@@ -1160,6 +1197,9 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     if isinstance(v, str) or (isinstance(v, list) and v and all(_is_int(x) for x in v)):
         inputs = [_parse_prompt_one(v, "input")]
     elif isinstance(v, list) and v:
+        if len(v) > MAX_EMBEDDING_INPUTS:
+            raise invalid_request(f"Invalid value for 'input': at most {MAX_EMBEDDING_INPUTS} inputs are "
+                                  f"allowed in one request, not {len(v)}.", "input")
         inputs = [_parse_prompt_one(x, f"input[{i}]") for i, x in enumerate(v)]
     else:
         raise invalid_type("input", "a string, an array of strings or an array of token ids", v)
@@ -1167,7 +1207,7 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     if fmt is not None and _str(fmt, "encoding_format") not in ("float", "base64"):
         raise invalid_request(f"Invalid value for 'encoding_format': {_show(fmt)}; expected 'float' or "
                               "'base64'.", "encoding_format")
-    if obj.get("dimensions") is not None:
-        _int(obj["dimensions"], "dimensions", 1, INT32_MAX)
-        raise unsupported_parameter("dimensions", "'dimensions' (shortened embeddings) is not supported.")
-    return EmbeddingsRequest(model, inputs, fmt or "float")
+    dimensions = obj.get("dimensions")
+    if dimensions is not None:
+        _int(dimensions, "dimensions", 1, INT32_MAX)
+    return EmbeddingsRequest(model, inputs, fmt or "float", dimensions)

@@ -1,10 +1,13 @@
 """The OpenAI Responses surface (`POST /v1/responses`): the Response object and its
 event stream, and the bounded store that lets `previous_response_id` continue one.
 
-A reply becomes output items: one `message` item holding one `output_text` part for
-the text, then one `function_call` item per tool call, in the order they appear. The
-stream announces each item (`response.output_item.added`), streams its text or
-arguments, and closes it (`...done` events) before the next one starts, between
+A reply becomes output items: for a reasoning model, first one `reasoning` item holding
+the reasoning text as one `reasoning_text` part (and, when `reasoning.summary` asks for
+one, the same text as its `summary_text`: llmd does not summarise), then one `message`
+item holding one `output_text` part for the text, then one `function_call` item per
+tool call, in the order they appear. The stream announces each item
+(`response.output_item.added`), streams its text, reasoning or arguments, and closes
+it (`...done` events) before the next one starts, between
 `response.created` / `response.in_progress` and `response.completed` (or
 `response.incomplete` when `max_output_tokens` cut the reply). Every event carries
 its `type` and a `sequence_number`, and is sent as a named SSE event.
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Callable
 from llmd import logprobs, sse
 from llmd.errors import ApiError
 from llmd.openai import Message, ResponsesRequest, ToolCall
+from llmd.reasoning import ReasoningDelta
 from llmd.tools import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
@@ -72,7 +76,7 @@ class ResponsesFormat:
 
     prompt_param = "input"
     remembers_replies = True
-    shows_reasoning = False  # reasoning output items are not produced
+    shows_reasoning = True   # as a reasoning output item
 
     def __init__(self, req: ResponsesRequest, on_done: Callable[[str, Message], None] | None) -> None:
         self.id = _item_id("resp")
@@ -94,7 +98,8 @@ class ResponsesFormat:
             usage = {"input_tokens": u["prompt_tokens"],
                      "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
                      "output_tokens": u["completion_tokens"],
-                     "output_tokens_details": {"reasoning_tokens": 0},
+                     "output_tokens_details": {
+                         "reasoning_tokens": u["completion_tokens_details"]["reasoning_tokens"]},
                      "total_tokens": u["total_tokens"]}
         completed_at = int(time.time()) if status in ("completed", "incomplete") else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "completed_at": completed_at,
@@ -119,6 +124,8 @@ class ResponsesFormat:
 
     def body(self, reply: Reply) -> dict:
         output = []
+        if reply.output.reasoning:
+            output.append(self._reasoning_item("".join(reply.output.reasoning), "completed"))
         text = reply.output.content()
         if text or not reply.output.calls:
             output.append(self._message_item(text, "completed", lp=self._logprobs(reply, reply.logprobs)))
@@ -135,6 +142,15 @@ class ResponsesFormat:
         content = [self._text_part(text, lp)] if status == "completed" else []
         return {"type": "message", "id": item_id or _item_id("msg"), "status": status, "role": "assistant",
                 "content": content}
+
+    def _summary(self, text: str) -> list[dict]:
+        return [{"type": "summary_text", "text": text}] if self.req.summary is not None else []
+
+    def _reasoning_item(self, text: str, status: str, item_id: str | None = None) -> dict:
+        done = status == "completed"
+        return {"type": "reasoning", "id": item_id or _item_id("rs"), "status": status,
+                "summary": self._summary(text) if done else [],
+                "content": [{"type": "reasoning_text", "text": text}] if done else [], "encrypted_content": None}
 
     @staticmethod
     def _call_item(call_id: str, name: str, arguments: str, status: str, item_id: str | None = None) -> dict:
@@ -159,6 +175,19 @@ class ResponsesFormat:
         if item is None:
             return []
         index = len(self.items) - 1
+        if item["type"] == "reasoning":
+            text = item.pop("_text")
+            item.update(self._reasoning_item(text, "completed", item["id"]))
+            out = [self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                               content_index=0, text=text)]
+            for part in item["summary"]:
+                where = {"item_id": item["id"], "output_index": index, "summary_index": 0}
+                out += [self._event("response.reasoning_summary_part.added", **where,
+                                    part={"type": "summary_text", "text": ""}),
+                        self._event("response.reasoning_summary_text.delta", **where, delta=text),
+                        self._event("response.reasoning_summary_text.done", **where, text=text),
+                        self._event("response.reasoning_summary_part.done", **where, part=part)]
+            return out + [self._event("response.output_item.done", output_index=index, item=item)]
         if item["type"] == "message":
             text = item.pop("_text")
             lp = self._logprobs(reply, reply.logprobs)
@@ -181,10 +210,18 @@ class ResponsesFormat:
         shown = {k: v for k, v in item.items() if not k.startswith("_")}
         return out + [self._event("response.output_item.added", output_index=len(self.items) - 1, item=shown)]
 
-    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta | ReasoningDelta]) -> list[bytes]:
         out: list[bytes] = []
         for d in deltas:
-            if isinstance(d, ContentDelta):
+            if isinstance(d, ReasoningDelta):
+                if self.open is None or self.open["type"] != "reasoning":
+                    item = self._reasoning_item("", "in_progress")
+                    item["_text"] = ""
+                    out += self._add(reply, item)
+                self.open["_text"] += d.text
+                out.append(self._event("response.reasoning_text.delta", item_id=self.open["id"],
+                                       output_index=len(self.items) - 1, content_index=0, delta=d.text))
+            elif isinstance(d, ContentDelta):
                 if self.open is None or self.open["type"] != "message":
                     item = self._message_item("", "in_progress")
                     item["_text"] = ""
@@ -210,7 +247,7 @@ class ResponsesFormat:
 
     def end(self, reply: Reply) -> list[bytes]:
         out = self._close(reply)
-        if not self.items:  # an empty reply is still one (empty) message
+        if all(item["type"] == "reasoning" for item in self.items):  # no answer is still one (empty) message
             out += self.deltas(reply, [ContentDelta("")]) + self._close(reply)
         self._finish(reply)
         status = self._status(reply)

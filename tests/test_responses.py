@@ -67,7 +67,9 @@ def test_sampling_and_token_limit_are_read():
     ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"input": "x", "reasoning": {"summary": "brief"}}, "reasoning.summary"),
+    ({"input": "x", "reasoning": {"depth": 3}}, "reasoning.depth"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "conversation": "conv_1"}, "conversation"),
@@ -99,3 +101,14 @@ def test_output_text_logprobs_are_asked_for_through_include_or_top_logprobs():
     assert parse(input="x", include=["message.output_text.logprobs"]).chat.logprobs == 0
     req = parse(input="x", top_logprobs=3)
     assert req.chat.logprobs == 3 and req.echo["top_logprobs"] == 3
+
+
+def test_reasoning_effort_is_the_templates_reasoning_effort_and_a_summary_asks_for_reasoning():
+    req = parse(input="x", reasoning={"effort": "low", "summary": "auto"})
+    assert req.chat.template_kwargs == {"reasoning_effort": "low"}
+    assert req.chat.template_params["reasoning_effort"] == "reasoning.effort"
+    assert (req.chat.reasoning, req.chat.reasoning_param, req.summary) == (True, "reasoning.summary", "auto")
+    assert req.echo["reasoning"] == {"effort": "low", "summary": "auto"}
+    plain = parse(input="x")
+    assert (plain.chat.reasoning, plain.chat.template_kwargs, plain.summary) == (None, {}, None)
+    assert parse(input="x", reasoning={"generate_summary": "concise"}).summary == "concise"

@@ -84,6 +84,15 @@ llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *ou
  * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
 llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
 
+/* The pooled embedding of ids (out: n_embd floats, not normalised): the ids run
+ * through the session from position 0 (its cache then holds them, with no logits),
+ * and the final-normed hidden states (the output head's input) are pooled as the
+ * file declares: the mean over the ids, the first id's (cls) or the last id's.
+ * LLMD_ERR_UNSUPPORTED for a model that declares no pooling, rank pooling, or
+ * non-causal attention (`<arch>.attention.causal` false). */
+llmd_status llmd_session_embed(llmd_session *session, const int32_t *ids, size_t n, float *out,
+                               size_t n_out);
+
 /* Sessions of this engine not yet freed. Any thread may call it (it is how a server
  * checks that its own bookkeeping agrees with the engine). */
 llmd_status llmd_engine_live_sessions(const llmd_engine *engine, int32_t *n);
