@@ -25,7 +25,7 @@ from llmd.errors import ApiError, as_api_error, error_body, refusal_log
 from llmd.logprobs import TokenLogprob
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.responses import CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session
 from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
@@ -219,6 +219,7 @@ class Api:
             (re.compile(r"(?:/v1)?/chat/completions"), {"POST": self.chat_completions}),
             (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
             (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
+            (re.compile(r"(?:/v1)?/responses/compact"), {"POST": self.compact_conversation}),
             (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
             (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
@@ -415,6 +416,24 @@ class Api:
             self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
 
         fmt.on_done = store if req.store else None
+        return await self._chat(request, chat_req, sid, fmt)
+
+    async def compact_conversation(self, request: HttpRequest) -> Response:
+        """The conversation (a stored one and/or input items) as its user messages and
+        one compaction item: the model's summary of the rest."""
+        req = await parse(openai.parse_compact_request, request.body)
+        chat_req, history = req.chat, req.input
+        previous = None
+        if req.previous_response_id is not None:
+            previous = self.responses.get(key_scope(request), req.previous_response_id)
+            if previous is None:
+                raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
+                                             "found.", "previous_response_id", "previous_response_not_found")
+            history = previous.history + req.input
+            system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
+            chat_req = dataclasses.replace(chat_req, messages=system + history + chat_req.messages[-1:])
+        fmt = CompactionFormat([m for m in history if m.role == "user"])
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
         return await self._chat(request, chat_req, sid, fmt)
 
     async def create_message(self, request: HttpRequest) -> Response | StreamResponse:

@@ -53,6 +53,8 @@ be given only if equal; token ids are checked against the vocabulary later by
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from dataclasses import dataclass, field
@@ -484,7 +486,8 @@ def _parse_common(body: dict) -> tuple[str, str | None]:
 _CHAT_KEYS = _SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort"}) | _LLAMA_KEYS
+    "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort",
+    "reasoning"}) | _LLAMA_KEYS
 _CHAT_UNSUPPORTED = {
     "audio": "Audio output is not supported: this server generates text only.",
     "prediction": "Predicted outputs ('prediction') are not supported.",
@@ -525,6 +528,16 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     tools = _parse_tools(obj.get("tools"))
     tool_choice, tool_name = _parse_tool_choice(obj.get("tool_choice"), tools)
     ptc = obj.get("parallel_tool_calls")
+    # `reasoning` as the Responses API (and OpenRouter's chat) write it: its effort is
+    # reasoning_effort's, a summary asks for the reasoning (reasoning_content) itself.
+    template_kwargs, template_params = _parse_template_kwargs(obj), {}
+    effort, summary = _parse_reasoning(obj.get("reasoning"))
+    if effort is not None:
+        if template_kwargs.get("reasoning_effort", effort) != effort:
+            raise invalid_request("'reasoning.effort' and 'reasoning_effort' disagree; give one.",
+                                  "reasoning.effort")
+        template_kwargs["reasoning_effort"] = effort
+        template_params["reasoning_effort"] = "reasoning.effort"
     return ChatRequest(
         model=model,
         messages=messages,
@@ -539,7 +552,10 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         session_id=session_id,
         response_format=response_format,
         tool_name=tool_name,
-        template_kwargs=_parse_template_kwargs(obj),
+        template_kwargs=template_kwargs,
+        template_params=template_params,
+        reasoning=True if summary is not None else None,
+        reasoning_param="reasoning.summary",
         logprobs=(top_logprobs or 0) if logprobs else n_probs,
         timings_per_token=_parse_timings_per_token(obj),
         return_progress=_parse_return_progress(obj),
@@ -1110,6 +1126,10 @@ def _parse_input(v: Any) -> list[Message]:
                                     _str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
         elif kind == "reasoning":
             continue  # reasoning sent back is left out of the prompt, as chat templates leave out past turns
+        elif kind == "compaction":
+            summary = _compaction_summary(_required(item, "encrypted_content", f"{p}.encrypted_content"),
+                                          f"{p}.encrypted_content")
+            messages.append(Message("assistant", COMPACTED + summary))
         elif kind is None:
             raise missing_parameter(f"{p}.type")
         else:
@@ -1173,6 +1193,81 @@ def _parse_text_format(v: Any) -> ResponseFormat | None:
         if key not in ("type", "name", "description", "schema", "strict"):
             raise unknown_parameter(f"text.format.{key}")
     return _parse_response_format({"type": "json_schema", "json_schema": spec})
+
+
+# --- responses/compact ---------------------------------------------------------------
+# POST /v1/responses/compact has the model summarise a conversation; the answer keeps
+# the user's messages and replaces everything else with one `compaction` item carrying
+# the summary. Sent back as input, that item becomes an assistant message with the
+# summary. Its `encrypted_content` is not encrypted (the client holds the conversation
+# anyway): the summary in base64 behind a prefix that marks it as llmd's.
+
+COMPACTION_PREFIX = "llmd-compaction-v1:"
+COMPACTED = "Summary of the conversation so far:\n"  # heads the summary when it is fed back
+COMPACT_PROMPT = ("Summarize the conversation so far for your own later use, so that it can continue from the "
+                  "summary alone: keep every fact, decision, name, number, tool result and open task; leave out "
+                  "pleasantries. Write only the summary.")
+COMPACT_MAX_TOKENS = 512  # tokens of a summary
+
+
+def compaction_content(summary: str) -> str:
+    """A compaction item's `encrypted_content` for summary."""
+    return COMPACTION_PREFIX + base64.b64encode(summary.encode("utf-8")).decode("ascii")
+
+
+def _compaction_summary(v: Any, p: str) -> str:
+    text = _str(v, p)
+    if text.startswith(COMPACTION_PREFIX):
+        try:
+            return base64.b64decode(text[len(COMPACTION_PREFIX):], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    raise invalid_request(f"Invalid value for '{p}': not a compaction this server made (with "
+                          "/v1/responses/compact); another server's encrypted content cannot be read here.", p)
+
+
+@dataclass(frozen=True)
+class CompactRequest:
+    """A /v1/responses/compact body: `chat` asks for the summary of the conversation
+    (instructions, input items, then COMPACT_PROMPT)."""
+    chat: ChatRequest
+    input: list[Message]               # this request's own input items
+    instructions: str | None
+    previous_response_id: str | None
+
+
+_COMPACT_KEYS = frozenset({"model", "input", "instructions", "previous_response_id", "prompt_cache_key",
+                           "prompt_cache_retention", "service_tier", "session_id"})
+
+
+def parse_compact_request(body: bytes) -> CompactRequest:
+    """Validate a /v1/responses/compact body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _COMPACT_KEYS, {})
+    model, session_id = _parse_common(obj)
+    instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
+    previous = obj.get("previous_response_id")
+    previous = None if previous is None else _str(previous, "previous_response_id")
+    if obj.get("input") is None and previous is None:
+        raise invalid_request("Either 'input' or 'previous_response_id' is required: there is nothing to "
+                              "compact.", "input", "missing_required_parameter")
+    items = [] if obj.get("input") is None else _parse_input(obj["input"])
+    chat = ChatRequest(
+        model=model,
+        messages=([Message("system", instructions)] if instructions is not None else []) + items +
+        [Message("user", COMPACT_PROMPT)],
+        sampling=Sampling(temperature=0.0),  # a summary to build on: the most likely one
+        max_tokens=COMPACT_MAX_TOKENS,
+        stop=[],
+        stream=False,
+        include_usage=True,
+        tools=[],
+        tool_choice="none",
+        parallel_tool_calls=True,
+        session_id=session_id,
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+    )
+    return CompactRequest(chat, items, instructions, previous)
 
 
 # --- embeddings ---------------------------------------------------------------------

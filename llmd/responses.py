@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 
 from llmd import logprobs, sse
 from llmd.errors import ApiError
-from llmd.openai import Message, ResponsesRequest, ToolCall
+from llmd.openai import Message, ResponsesRequest, ToolCall, compaction_content
 from llmd.reasoning import ReasoningDelta
 from llmd.tools import ContentDelta, ToolCallDelta
 
@@ -71,6 +71,16 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def usage_of(reply: Reply) -> dict:
+    """A reply's usage in the Responses shape."""
+    u = reply.usage()
+    return {"input_tokens": u["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": u["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": u["completion_tokens_details"]["reasoning_tokens"]},
+            "total_tokens": u["total_tokens"]}
+
+
 class ResponsesFormat:
     """A reply as a Response object or its event stream (see module doc)."""
 
@@ -92,15 +102,7 @@ class ResponsesFormat:
 
     def _response(self, reply: Reply, status: str, output: list[dict]) -> dict:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-        usage = None
-        if status != "in_progress":
-            u = reply.usage()
-            usage = {"input_tokens": u["prompt_tokens"],
-                     "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
-                     "output_tokens": u["completion_tokens"],
-                     "output_tokens_details": {
-                         "reasoning_tokens": u["completion_tokens_details"]["reasoning_tokens"]},
-                     "total_tokens": u["total_tokens"]}
+        usage = usage_of(reply) if status != "in_progress" else None
         completed_at = int(time.time()) if status in ("completed", "incomplete") else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "completed_at": completed_at,
                 "status": status,
@@ -147,10 +149,12 @@ class ResponsesFormat:
         return [{"type": "summary_text", "text": text}] if self.req.summary is not None else []
 
     def _reasoning_item(self, text: str, status: str, item_id: str | None = None) -> dict:
+        """A reasoning item; it has no `encrypted_content`, as llmd encrypts nothing (the
+        text is in `content`)."""
         done = status == "completed"
         return {"type": "reasoning", "id": item_id or _item_id("rs"), "status": status,
                 "summary": self._summary(text) if done else [],
-                "content": [{"type": "reasoning_text", "text": text}] if done else [], "encrypted_content": None}
+                "content": [{"type": "reasoning_text", "text": text}] if done else []}
 
     @staticmethod
     def _call_item(call_id: str, name: str, arguments: str, status: str, item_id: str | None = None) -> dict:
@@ -260,3 +264,25 @@ class ResponsesFormat:
         failed["error"] = {"code": err.code or err.type, "message": err.message}
         return [self._event("error", code=err.code, message=err.message, param=err.param),
                 self._event("response.failed", response=failed)]
+
+
+class CompactionFormat:
+    """The compacted conversation (`POST /v1/responses/compact`, never streamed): the
+    user's messages as they were, then one `compaction` item holding the reply, the
+    model's summary of the conversation (see llmd.openai's responses/compact)."""
+
+    prompt_param = "input"
+    remembers_replies = False  # the summary is never sent back as a reply
+    shows_reasoning = False    # a reasoning model's thinking is not part of the summary
+
+    def __init__(self, user_messages: list[Message]) -> None:
+        self.id = _item_id("resp")
+        self.user_messages = user_messages
+
+    def body(self, reply: Reply) -> dict:
+        output = [{"type": "message", "id": _item_id("msg"), "status": "completed", "role": "user",
+                   "content": [{"type": "input_text", "text": m.content or ""}]} for m in self.user_messages]
+        output.append({"type": "compaction", "id": _item_id("cmp"),
+                       "encrypted_content": compaction_content(reply.output.content().strip())})
+        return {"id": self.id, "object": "response.compaction", "created_at": reply.created, "output": output,
+                "usage": usage_of(reply)}

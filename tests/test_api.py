@@ -581,3 +581,17 @@ def test_return_progress_streams_prompt_progress_before_the_reply(server):
     completion = server.post_stream("/completions", server.completion_body(
         "Hello", stream=True, max_tokens=2, return_progress=True))
     assert [c["choices"][0]["text"] for c in completion.chunks if "prompt_progress" in c] == ["", ""]
+
+
+# ---- responses/compact: llmd's compaction holds the model's own summary ------------------------
+
+def test_compaction_content_is_the_models_greedy_summary_of_the_conversation(server):
+    import base64
+    from llmd.openai import COMPACTION_PREFIX
+    body = {"model": MODEL, "input": [{"role": "user", "content": "We launch on Tuesday."},
+                                      {"role": "assistant", "content": "Noted: Tuesday."}]}
+    first, again = (server.post_json("/responses/compact", body).json() for _ in range(2))
+    content = first["output"][-1]["encrypted_content"]
+    assert content.startswith(COMPACTION_PREFIX) and again["output"][-1]["encrypted_content"] == content
+    summary = base64.b64decode(content[len(COMPACTION_PREFIX):]).decode()
+    assert summary.strip() and first["usage"]["output_tokens"] > 0

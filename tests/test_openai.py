@@ -807,3 +807,14 @@ def test_embeddings_inputs_are_one_or_many_texts_or_id_lists():
     with pytest.raises(ApiError) as info:
         parse(input=["a"] * 2049)
     assert info.value.param == "input" and "2048" in info.value.message
+
+
+def test_chat_reasoning_object_sets_the_effort_and_asks_for_the_reasoning():
+    req = chat(reasoning={"effort": "low", "summary": "auto"})
+    assert req.template_kwargs == {"reasoning_effort": "low"} and req.template_params == {
+        "reasoning_effort": "reasoning.effort"}
+    assert (req.reasoning, req.reasoning_param) == (True, "reasoning.summary")
+    assert chat(reasoning_effort="low", reasoning={"effort": "low"}).template_kwargs == {"reasoning_effort": "low"}
+    assert chat_refused(reasoning_effort="low", reasoning={"effort": "high"}).param == "reasoning.effort"
+    assert chat_refused(reasoning={"summary": "short"}).param == "reasoning.summary"
+    assert chat().reasoning is None
