@@ -258,3 +258,20 @@ def test_thinking_disabled_turns_a_qwen3_templates_thinking_off(tmp_path):
         default = client.post_json("/messages/count_tokens", body).json()["input_tokens"]
         off = client.post_json("/messages/count_tokens", {**body, "thinking": {"type": "disabled"}}).json()
     assert off["input_tokens"] > default  # the prompt closes an empty <think></think> block itself
+
+
+def test_gpt_oss_reasons_in_channels_so_reasoning_may_be_asked_for_but_not_turned_off(tmp_path):
+    from tests.conformance.client import Client
+    from tests.conftest import running_llmd
+    from tests.gguf_writer import write_tiny_llama
+    from tests.reference_data import require
+    model = write_tiny_llama(tmp_path / "oss.gguf")
+    template = require("models/templates/openai-gpt-oss-120b.jinja")
+    with running_llmd("--model", str(model.path), "--chat-template", str(template), "--ctx", "512") as url:
+        client = Client(url + "/v1", model="oss")
+        asked = client.post_json("/responses", {"model": "oss", "input": "Hi", "max_output_tokens": 4,
+                                                "reasoning": {"summary": "auto"}})
+        off = client.post_json("/messages", {"model": "oss", "max_tokens": 4, "thinking": {"type": "disabled"},
+                                             "messages": [{"role": "user", "content": "Hi"}]})
+    assert asked.status == 200, asked.json()
+    assert off.status == 400 and "gpt-oss always reasons" in off.json()["error"]["message"]
