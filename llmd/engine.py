@@ -33,10 +33,16 @@ class TokenError(EngineError):
     """A token id outside the vocabulary."""
 
 
+class UnsupportedError(EngineError):
+    """The model asks for what the engine does not run (an architecture, a tensor
+    type, a kind of pooling or attention)."""
+
+
 _ERRORS = {
     lib.LLMD_ERR_CAPACITY: CapacityError,
     lib.LLMD_ERR_CONTEXT_FULL: ContextFullError,
     lib.LLMD_ERR_TOKEN: TokenError,
+    lib.LLMD_ERR_UNSUPPORTED: UnsupportedError,
 }
 
 
@@ -392,6 +398,14 @@ class Session:
                                           top_ids, top_lps))
         return [(out[k], tuple((top_ids[k * n_top + j], top_lps[k * n_top + j]) for j in range(n_top)))
                 for k in range(n)]
+
+    def embed(self, ids: list[int]) -> list[float]:
+        """The pooled, unnormalised embedding of ids (n_embd floats), computed from
+        position 0 of this session as the model file's pooling says."""
+        n = self._engine.info.n_embd
+        out = ffi.new("float[]", n)
+        _check(lib.llmd_session_embed(self.handle, ffi.new("int32_t[]", ids), len(ids), out, n))
+        return list(ffi.unpack(out, n))
 
     def token_logprobs(self, n_top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
         """The pending token's logprob and the n_top most likely (id, logprob) of its step."""

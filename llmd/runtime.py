@@ -14,7 +14,8 @@ request's tokenization) ends the burst after the step in flight, and while a
 prompt is being prefilled each burst is one step: a long prompt never holds up
 other streams longer than one chunk, nor they it longer than one step.
 Tokens go back to the handler through the generation's queue as events:
-("token", Token), ("end", finish_reason) or ("error", exception). A generation
+("token", Token), ("end", finish_reason) or ("error", exception), and, when asked
+for, ("progress", prompt_progress) before and after each prefill chunk. A generation
 whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
 its stream) is not decoded until the reader takes events again through
 `next_event`, so a stalled client costs no compute while its write times out.
@@ -59,6 +60,7 @@ class Generation:
     grammar: str | None = None     # constrained decoding (llmd.constrain), None: free
     logprobs: int | None = None    # tokens carry their logprob and this many top ones
     prompt_logprobs: int | None = None  # score the prompt (with this many top ones): no reuse
+    progress: bool = False         # ("progress", prompt_progress()) events as the prompt is processed
     prompt_scores: list = field(default_factory=list)  # (logprob, top) of prompt[1:]
     lease: Lease | None = None     # released when the generation ends
     plan: PrefillPlan | None = None
@@ -80,6 +82,12 @@ class Generation:
     def first_token_ms(self) -> float:
         """Milliseconds from submission to the first generated token (0 if none)."""
         return (self.t_first_token - self.t_submit) * 1000 if self.t_first_token else 0.0
+
+    def prompt_progress(self) -> dict[str, Any]:
+        """How far the prompt is processed, as llama.cpp's `prompt_progress`: tokens in
+        all, reused from the cache, in the cache now, and milliseconds since it began."""
+        return {"total": len(self.prompt), "cache": self.plan.keep, "processed": self.next_prefill,
+                "time_ms": round((time.perf_counter() - self.t_prefill_start) * 1000)}
 
     def timings(self) -> dict[str, Any]:
         """The llama.cpp-style `timings` extension of a response."""
@@ -239,6 +247,8 @@ class Runtime:
             g.t_prefill_start = time.perf_counter()
             slot.resident = slot.resident[:g.plan.keep]
             slot.dirty = False  # the truncate clears it; a reset from now on sets it again
+            if g.progress:
+                g.events.put_nowait(("progress", g.prompt_progress()))
         try:
             await self.call(run)
         except Exception as exc:
@@ -249,6 +259,8 @@ class Runtime:
             return
         g.next_prefill += len(chunk)
         slot.resident = g.prompt[:g.next_prefill]
+        if g.progress:
+            g.events.put_nowait(("progress", g.prompt_progress()))
         if g.next_prefill == len(g.prompt):
             g.decoding = True
             g.t_prefill_end = time.perf_counter()

@@ -91,6 +91,15 @@ llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling
 llmd_status llmd_engine_bandwidth(llmd_engine *engine, uint64_t bytes, int32_t passes,
                                   uint64_t *bytes_per_token, double *read_bytes_per_s);
 
+/* The pooled embedding of ids (out: n_embd floats, not normalised): the ids run
+ * through the session from position 0 (its cache then holds them, with no logits),
+ * and the final-normed hidden states (the output head's input) are pooled as the
+ * file declares: the mean over the ids, the first id's (cls) or the last id's.
+ * LLMD_ERR_UNSUPPORTED for a model that declares no pooling, rank pooling, or
+ * non-causal attention (`<arch>.attention.causal` false). */
+llmd_status llmd_session_embed(llmd_session *session, const int32_t *ids, size_t n, float *out,
+                               size_t n_out);
+
 /* The model file's size and the bytes before its tensor data (GGUF header, metadata
  * and tensor table): what llmd/session_store.py hashes into a model fingerprint. */
 llmd_status llmd_engine_file_layout(const llmd_engine *engine, uint64_t *header_bytes, uint64_t *file_bytes);

@@ -852,7 +852,7 @@ void attend(const Pass &p, int layer) {
 // ---- the forward pass ------------------------------------------------------
 
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, ThreadPool &pool,
-             float *logits) {
+             float *logits, float *hidden) {
     const HParams &hp = model.hp;
     const int dim = hp.n_embd;
     ws.reserve(hp, n);
@@ -870,11 +870,12 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
 
     for (int l = 0; l < hp.n_layer; ++l) model.arch->layer(pass, model.layers[l], l);
 
+    float *normed = hidden != nullptr ? hidden : ws.logits_in.data();
     int n_out = 0;
     for (int t = 0; t < n; ++t)
         if (batch[t].logits)
-            rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
-    if (n_out > 0) {
+            rmsnorm(normed + static_cast<size_t>(n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
+    if (n_out > 0 && hidden == nullptr) {
         const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
         matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
         if (hp.logit_softcap > 0.0f)

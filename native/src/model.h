@@ -236,9 +236,11 @@ struct Workspace {
 constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are chunked
 
 // Runs the tokens through the model, writing their K/V into their caches and,
-// for every token with `logits` set, n_vocab logits (in batch order) to `logits`.
+// for every token with `logits` set, n_vocab logits (in batch order) to `logits`;
+// with `hidden`, that token's final-normed hidden state (dim floats, the input
+// of the output head, which is then skipped) to `hidden` instead: embeddings.
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
-             ThreadPool &pool, float *logits);
+             ThreadPool &pool, float *logits, float *hidden = nullptr);
 
 // ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
 
