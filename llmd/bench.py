@@ -170,23 +170,28 @@ def _start(path: str | None, threads: int, *flags: str) -> tuple[subprocess.Pope
 
 
 def conversation_figures(path: str | None, threads: int) -> list[dict]:
-    """A 10-turn chat in one named session, with and without warm resume: per turn the
-    prompt tokens, cached tokens and first-token latency."""
+    """A 10-turn chat three ways: in one named session (warm resume), without a session
+    id (the prefix cache), and named with --no-warm-resume (cold): per turn the prompt
+    tokens, the previous turn's total, cached tokens and first-token latency."""
     rows: list[dict] = [{"turn": t + 1} for t in range(len(QUESTIONS))]
-    for mode, flags in (("warm", ()), ("cold", ("--no-warm-resume",))):
+    for mode, flags, headers in (("warm", (), {"X-Session-ID": "bench"}), ("anon", (), {}),
+                                 ("cold", ("--no-warm-resume",), {"X-Session-ID": "bench"})):
         proc, port = _start(path, threads, "--max-sessions", "2", *flags)
         try:
             model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
             history: list[dict] = [{"role": "system", "content": FILLER * 4}]
+            previous = 0
             for row, question in zip(rows, QUESTIONS):
                 history.append({"role": "user", "content": question})
                 body = {"model": model, "messages": history, "stream": True, "temperature": 0,
                         "max_tokens": 24, "stream_options": {"include_usage": True}}
-                first, _, deltas, usage = _stream(port, body, {"X-Session-ID": "bench"})
+                first, _, deltas, usage = _stream(port, body, headers)
                 history.append({"role": "assistant", "content": "".join(deltas)})
                 row["prompt_tokens"] = usage["prompt_tokens"]
+                row["previous_total"] = previous
                 row[f"{mode}_cached"] = usage["prompt_tokens_details"]["cached_tokens"]
                 row[f"{mode}_ttft_ms"] = round(first * 1000, 1)
+                previous = usage["total_tokens"]
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -223,9 +228,11 @@ def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: 
         if as_json:
             print(json.dumps(rows))
             return 0
-        print("turn  prompt  warm: cached  ttft_ms   cold (--no-warm-resume): cached  ttft_ms")
+        print("turn  prompt  previous total  named: cached  ttft_ms   anonymous: cached  ttft_ms"
+              "   named, --no-warm-resume: cached  ttft_ms")
         for r in rows:
-            print(f"{r['turn']:>4}  {r['prompt_tokens']:>6}  {r['warm_cached']:>12}  {r['warm_ttft_ms']:>7}"
+            print(f"{r['turn']:>4}  {r['prompt_tokens']:>6}  {r['previous_total']:>14}  {r['warm_cached']:>13}"
+                  f"  {r['warm_ttft_ms']:>7}  {r['anon_cached']:>18}  {r['anon_ttft_ms']:>7}"
                   f"   {r['cold_cached']:>31}  {r['cold_ttft_ms']:>7}")
         return 0
     model = path or _default()
