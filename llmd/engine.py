@@ -70,7 +70,7 @@ class EngineInfo:
     add_bos: bool
     eog_ids: tuple[int, ...]
     weight_bytes: int
-    kv_bytes_per_token: int  # of the layers that attend every position
+    kv_bytes_per_token: int  # of the paged layers: all but the sliding-window rings
     kv_ring_bytes: int       # fixed bytes of the sliding-window layers' rings
     bytes_per_session: int
     max_sessions: int

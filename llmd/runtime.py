@@ -218,7 +218,10 @@ class Runtime:
 
     async def _prefill_step(self, g: Generation) -> None:
         slot, first = g.slot, not g.t_prefill_start
-        scope = g.cache_scope if self.warm_resume and g.prompt_logprobs is None else None
+        scope = g.cache_scope if self.warm_resume else None
+        # A scored prompt reuses nothing (every position is scored), but it still joins
+        # its scope, so that what it computes is offered there and nowhere else.
+        reusable = g.plan.keep if g.prompt_logprobs is None else len(g.prompt)
 
         def run() -> tuple[int, int]:
             """(prompt tokens the prefix cache supplied, tokens prefilled now)."""
@@ -227,7 +230,7 @@ class Runtime:
                 if scope is not None:  # replaces the cache with a longer shared prefix, if any
                     if g.plan.reason == "dirty":  # nothing of its own is trusted, not even as a tail
                         slot.session.truncate(0)
-                    cached = slot.session.share_prefix(scope, g.prompt, g.plan.keep)
+                    cached = slot.session.share_prefix(scope, g.prompt, reusable)
                 if not cached:
                     slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
                 slot.session.set_sampling(g.sampling)
@@ -256,7 +259,7 @@ class Runtime:
             self._finish(g, "error", exc)
             return
         if first:
-            if scope is not None:
+            if scope is not None and g.prompt_logprobs is None:
                 (self.metrics.prefix_cache_hits if cached else self.metrics.prefix_cache_misses).inc()
             g.plan = with_cached(g.plan, cached)
             g.next_prefill = g.plan.keep

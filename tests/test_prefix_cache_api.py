@@ -59,6 +59,14 @@ def test_another_api_key_never_gets_cached_tokens_of_a_prompt(keyed):
     assert cached(ask(client(keyed, "key-b"), messages)) == 0
 
 
+def test_a_scored_prompt_is_shared_only_within_its_key(keyed):
+    prompt = SYSTEM + " Scored."
+    scored = client(keyed, "key-a").completion(prompt, echo=True, logprobs=1, max_tokens=0)
+    assert scored.status == 200 and cached(scored.json()) == 0
+    assert cached(client(keyed, "key-b").completion(prompt, max_tokens=1).json()) == 0
+    assert cached(client(keyed, "key-a").completion(prompt, max_tokens=1).json()) > 0
+
+
 def test_a_cache_salt_shares_only_with_the_same_salt(keyed):
     c = client(keyed, "key-a")
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Salted?"}]

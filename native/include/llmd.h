@@ -68,7 +68,7 @@ typedef struct {
     int32_t n_eog;              /* end-of-generation ids (EOS, EOT, ...) */
     const int32_t *eog_ids;
     uint64_t weight_bytes;      /* mapped tensor bytes */
-    uint64_t kv_bytes_per_token; /* of the layers that attend every position */
+    uint64_t kv_bytes_per_token; /* of the paged layers: all but the sliding-window rings */
     uint64_t kv_ring_bytes;     /* fixed bytes of the sliding-window layers' rings at n_ctx */
     uint64_t bytes_per_session; /* KV cache + per-session buffers at n_ctx */
     int32_t max_sessions;       /* serving capacity, scratch session included */

@@ -45,7 +45,7 @@ struct llmd_engine {
     std::vector<std::unique_ptr<llmd_session>> sessions;
 
     uint64_t bytes_per_session() const {
-        return KVCache::bytes_per_token(model->hp) * static_cast<uint64_t>(n_ctx) +
+        return KVCache::bytes_per_token(model->hp, n_ctx) * static_cast<uint64_t>(n_ctx) +
                KVCache::ring_bytes(model->hp, n_ctx) + static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
     }
     bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }
@@ -349,7 +349,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         KVCache::layout(hp, e->n_ctx, &ring, &block);
         e->kv_shares = ring == 0 && block > 0;
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
-                                                             : KVCache::bytes_per_token(hp) * static_cast<uint64_t>(e->n_ctx);
+                                                             : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
         e->kv_pool = std::make_unique<KVPool>(block, fingerprint, retired);
         *out = e.release();
         return LLMD_OK;
@@ -395,7 +395,7 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->n_head_kv = hp.n_head_kv;
         out->n_threads = e->pool->size();
         out->weight_bytes = e->model->weight_bytes;
-        out->kv_bytes_per_token = KVCache::bytes_per_token(hp);
+        out->kv_bytes_per_token = KVCache::bytes_per_token(hp, e->n_ctx);
         out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;

@@ -430,9 +430,10 @@ std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t
     return layers;
 }
 
-uint64_t KVCache::bytes_per_token(const HParams &hp) {
-    const auto full = std::count(hp.window.begin(), hp.window.end(), 0);
-    return 2ull * static_cast<uint64_t>(full) * hp.kv_dim() * sizeof(uint16_t);
+uint64_t KVCache::bytes_per_token(const HParams &hp, int n_ctx) {
+    size_t ring = 0, block = 0;
+    layout(hp, n_ctx, &ring, &block);
+    return 2ull * block / kKVBlock * sizeof(uint16_t);
 }
 
 uint64_t KVCache::ring_bytes(const HParams &hp, int n_ctx) {

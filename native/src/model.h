@@ -192,9 +192,10 @@ struct KVCache {
     // The layers' places for a context of n_ctx, the elements of the rings' k (and
     // of v), and of one pool block's keys (and values).
     static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_elements, size_t *block_elements);
-    // Bytes of keys and values per position of the layers that attend every
-    // position, and the fixed bytes of the sliding-window layers at n_ctx.
-    static uint64_t bytes_per_token(const HParams &hp);
+    // Bytes of keys and values per position of the paged layers (those that attend
+    // every position, or a window no shorter than n_ctx), and the fixed bytes of the
+    // sliding-window layers' rings at n_ctx.
+    static uint64_t bytes_per_token(const HParams &hp, int n_ctx);
     static uint64_t ring_bytes(const HParams &hp, int n_ctx);
 
     // Where (layer, kv head, position) is stored: the run of positions holding it, as
