@@ -26,6 +26,7 @@ from llmd.logprobs import TokenLogprob
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
 from llmd.responses import CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.prefill import cache_scope
 from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
@@ -92,6 +93,7 @@ class Options:
     max_queue: int = 0            # generations waiting to start; more → 503 (0: no limit)
     max_tokens_limit: int = 0     # cap on any request's max_tokens (0: the context)
     log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
+    prefix_cache: str = "key"     # who shares cached prompt prefixes (llmd.prefill.cache_scope)
 
 
 @dataclass
@@ -209,7 +211,7 @@ class Api:
         self.template = template
         self.options = options
         self.metrics = runtime.metrics
-        self.metrics.watch(runtime, table, self.info.kv_bytes_per_token)
+        self.metrics.watch(runtime, table)
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
@@ -630,13 +632,15 @@ class Api:
             cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
             max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
             sampling = self._sampling(req.sampling)
+            scope = cache_scope(self.options.prefix_cache, request.principal, req.cache_salt)
 
             def generation(index: int) -> Generation:
                 """Choice `index`: its own seed; after the first, the prompt is in the slot's
                 cache. The last choice holds the lease (Reply.close hands it on if the
                 reply ends sooner)."""
                 return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
-                                  max_tokens, reuse=reuse or index > 0, grammar=grammar, logprobs=req.logprobs,
+                                  max_tokens, reuse=reuse or index > 0, cache_scope=scope, grammar=grammar,
+                                  logprobs=req.logprobs,
                                   prompt_logprobs=prompt_logprobs if index == 0 else None,
                                   progress=req.return_progress and req.stream and index == 0,
                                   lease=lease if index == req.n - 1 else None)

@@ -76,12 +76,23 @@ class EngineInfo:
     add_bos: bool
     eog_ids: tuple[int, ...]
     weight_bytes: int
-    kv_bytes_per_token: int  # of the layers that attend every position
+    kv_bytes_per_token: int  # of the paged layers: all but the sliding-window rings
     kv_ring_bytes: int       # fixed bytes of the sliding-window layers' rings
     bytes_per_session: int
     max_sessions: int
     add_eos: bool = False
     vocab_only: bool = False  # a GGUF without weights: tokenizes, refuses sessions
+    kv_block_positions: int = 0  # KV memory is paged in blocks of this many positions
+    kv_block_bytes: int = 0      # bytes of one block
+    kv_shares_prefixes: bool = False  # sessions can share blocks (no sliding-window rings)
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """The paged KV memory now (llmd_engine_kv_stats)."""
+    blocks_live: int     # held by sessions, each block once
+    blocks_retired: int  # the prefix cache's, held by none
+    block_refs: int      # holds over all live blocks: refs - live blocks are shared holds
 
 
 @dataclass(frozen=True)
@@ -130,10 +141,10 @@ class Engine:
     """A loaded model. Close it (or use `with`) to free weights and sessions."""
 
     def __init__(self, path: str, *, n_threads: int = 0, n_ctx: int = 0, max_sessions: int = 0,
-                 kv_budget_bytes: int = 0):
+                 kv_budget_bytes: int = 0, prefix_cache_bytes: int = 0):
         opts = ffi.new("llmd_engine_options *", {
             "n_threads": n_threads, "n_ctx": n_ctx, "max_sessions": max_sessions,
-            "kv_budget_bytes": kv_budget_bytes})
+            "kv_budget_bytes": kv_budget_bytes, "prefix_cache_bytes": prefix_cache_bytes})
         out = ffi.new("llmd_engine **")
         _check(lib.llmd_engine_open(str(path).encode(), opts, out))
         self._handle = out[0]
@@ -151,7 +162,9 @@ class Engine:
             weight_bytes=raw.weight_bytes, kv_bytes_per_token=raw.kv_bytes_per_token,
             kv_ring_bytes=raw.kv_ring_bytes,
             bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions,
-            add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only))
+            add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only),
+            kv_block_positions=raw.kv_block_positions, kv_block_bytes=raw.kv_block_bytes,
+            kv_shares_prefixes=bool(raw.kv_shares_prefixes))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:
@@ -204,6 +217,12 @@ class Engine:
         n = ffi.new("int32_t *")
         _check(lib.llmd_engine_live_sessions(self.handle, n))
         return n[0]
+
+    def kv_stats(self) -> KVStats:
+        """The paged KV memory now; safe from any thread."""
+        out = ffi.new("llmd_kv_stats *")
+        _check(lib.llmd_engine_kv_stats(self.handle, out))
+        return KVStats(out.blocks_live, out.blocks_retired, out.block_refs)
 
     def tokenize(self, text: str | bytes, special: bool = False) -> list[int]:
         """Token ids of text; with special, control-token text becomes control ids. No BOS."""
@@ -338,6 +357,16 @@ class Session:
 
     def prefill(self, ids: list[int]) -> None:
         _check(lib.llmd_session_prefill(self.handle, ffi.new("int32_t[]", ids), len(ids)))
+
+    def share_prefix(self, scope: str, ids: list[int], keep: int) -> int:
+        """Join the prefix cache of `scope`; if it holds more of ids than the `keep`
+        tokens of the session's own cache, make the cache that prefix and return its
+        length, else 0 (the session unchanged). See llmd_session_share_prefix."""
+        data = scope.encode("utf-8", "surrogatepass")
+        out = ffi.new("int32_t *")
+        _check(lib.llmd_session_share_prefix(self.handle, data, len(data), ffi.new("int32_t[]", ids), len(ids),
+                                             keep, out))
+        return out[0]
 
     def set_sampling(self, s: Sampling) -> None:
         ids = ffi.new("int32_t[]", list(s.logit_bias.keys()))

@@ -152,6 +152,7 @@ class ChatRequest:
     show_reasoning: bool = True        # False: reasoning blocks come without their text (Anthropic "omitted")
     # template variable -> the request field that set it (named when the template has no use for it)
     template_params: dict = field(default_factory=dict)
+    cache_salt: str | None = None      # shares cached prefixes only with the same salt
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ class CompletionRequest:
     return_progress: bool = False
     prompt_cache_key: str | None = None
     n: int = 1
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -350,6 +352,9 @@ _NO_EFFECT_KEYS = frozenset({
 # unless -1, "any slot": sessions are named by session_id), n_probs (top logprobs),
 # timings_per_token, return_progress (prompt progress chunks while a stream's prompt is processed).
 _LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
+# vLLM's cache_salt: only requests that send the same salt share cached prompt prefixes.
+_CACHE_KEYS = frozenset({"cache_salt"})
+MAX_CACHE_SALT = 256
 MAX_TOP_LOGPROBS = 20                  # the engine's bound (LLMD_MAX_TOP_LOGPROBS)
 MAX_CHOICES = 16                       # n: choices run one after another, so few
 _CACHE_RETENTION = ("in_memory", "24h")
@@ -450,6 +455,16 @@ def _parse_prompt_cache_key(body: dict) -> str | None:
     return None if v is None else _str(v, "prompt_cache_key")
 
 
+def _parse_cache_salt(body: dict) -> str | None:
+    v = body.get("cache_salt")
+    if v is None:
+        return None
+    salt = _str(v, "cache_salt")
+    if not 1 <= len(salt) <= MAX_CACHE_SALT:
+        raise invalid_request(f"'cache_salt' must be 1 to {MAX_CACHE_SALT} characters.", "cache_salt")
+    return salt
+
+
 def _parse_n_probs(body: dict) -> int | None:
     """llama.cpp's n_probs: that many top logprobs per token (0: off)."""
     v = body.get("n_probs")
@@ -487,7 +502,7 @@ _CHAT_KEYS = _SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
     "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort",
-    "reasoning"}) | _LLAMA_KEYS
+    "reasoning"}) | _LLAMA_KEYS | _CACHE_KEYS
 _CHAT_UNSUPPORTED = {
     "audio": "Audio output is not supported: this server generates text only.",
     "prediction": "Predicted outputs ('prediction') are not supported.",
@@ -561,6 +576,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         return_progress=_parse_return_progress(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
         n=n,
+        cache_salt=_parse_cache_salt(obj),
     )
 
 
@@ -802,7 +818,7 @@ def _parse_modalities(v: Any) -> None:
 _COMPLETION_KEYS = _SAMPLING_KEYS | frozenset({
     "model", "prompt", "max_tokens", "stream", "stream_options", "stop", "n", "best_of",
     "echo", "suffix", "logprobs", "user", "session_id", "response_format", "prompt_cache_key",
-    "prompt_cache_retention"}) | _LLAMA_KEYS
+    "prompt_cache_retention"}) | _LLAMA_KEYS | _CACHE_KEYS
 
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
@@ -837,6 +853,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         return_progress=_parse_return_progress(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
         n=n,
+        cache_salt=_parse_cache_salt(obj),
     )
 
 

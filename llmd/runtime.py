@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from llmd.engine import Engine, Sampling, Token
 from llmd.metrics import ServerMetrics
-from llmd.prefill import PrefillPlan, plan_prefill
+from llmd.prefill import PrefillPlan, plan_prefill, with_cached
 from llmd.sessions import Lease, Slot
 
 PREFILL_CHUNK = 256   # tokens per prefill step
@@ -57,6 +57,7 @@ class Generation:
     sampling: Sampling
     max_tokens: int
     reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
+    cache_scope: str | None = None  # shares cached prefixes in this scope (llmd.prefill.cache_scope)
     grammar: str | None = None     # constrained decoding (llmd.constrain), None: free
     logprobs: int | None = None    # tokens carry their logprob and this many top ones
     prompt_logprobs: int | None = None  # score the prompt (with this many top ones): no reuse
@@ -177,7 +178,6 @@ class Runtime:
             self._finish(g, "error", self._ending)
             return
         self.metrics.prompt_tokens.inc(len(g.prompt))
-        self.metrics.cached_tokens.inc(g.plan.keep)
         self._active.append(g)
         self._interrupt = True
         self._wake.set()
@@ -225,23 +225,36 @@ class Runtime:
                         self._active.append(g)
 
     async def _prefill_step(self, g: Generation) -> None:
-        slot, first = g.slot, g.next_prefill == g.plan.keep
-        # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
-        # engine's logits may differ in the last bits with how a prompt is split.
-        end = len(g.prompt) if g.prompt_logprobs is not None else g.next_prefill + PREFILL_CHUNK
-        chunk = g.prompt[g.next_prefill:end]
+        slot, first = g.slot, not g.t_prefill_start
+        scope = g.cache_scope if self.warm_resume else None
+        # A scored prompt reuses nothing (every position is scored), but it still joins
+        # its scope, so that what it computes is offered there and nowhere else.
+        reusable = g.plan.keep if g.prompt_logprobs is None else len(g.prompt)
 
-        def run() -> None:
+        def run() -> tuple[int, int]:
+            """(prompt tokens the prefix cache supplied, tokens prefilled now)."""
+            cached = 0
             if first:
-                slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
+                if scope is not None:  # replaces the cache with a longer shared prefix, if any
+                    if g.plan.reason == "dirty":  # nothing of its own is trusted, not even as a tail
+                        slot.session.truncate(0)
+                    cached = slot.session.share_prefix(scope, g.prompt, reusable)
+                if not cached:
+                    slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
                 slot.session.set_sampling(g.sampling)
                 slot.session.set_grammar(g.grammar, g.max_tokens)
+            start = max(g.next_prefill, cached)
+            # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
+            # engine's logits may differ in the last bits with how a prompt is split.
+            end = len(g.prompt) if g.prompt_logprobs is not None else start + PREFILL_CHUNK
+            chunk = g.prompt[start:end]
             if g.prompt_logprobs is None or len(chunk) < 2:
                 slot.session.prefill(chunk)
             else:  # then the last token again, for the next-token logits score leaves out
                 g.prompt_scores = slot.session.score_top(chunk, 0, g.prompt_logprobs)
                 slot.session.truncate(len(chunk) - 1)
                 slot.session.prefill(chunk[-1:])
+            return cached, len(chunk)
 
         if first:
             g.t_prefill_start = time.perf_counter()
@@ -250,14 +263,20 @@ class Runtime:
             if g.progress:
                 g.events.put_nowait(("progress", g.prompt_progress()))
         try:
-            await self.call(run)
+            cached, n = await self.call(run)
         except Exception as exc:
             slot.dirty = True
             self._finish(g, "error", exc)
             return
+        if first:
+            if scope is not None and g.prompt_logprobs is None:
+                (self.metrics.prefix_cache_hits if cached else self.metrics.prefix_cache_misses).inc()
+            g.plan = with_cached(g.plan, cached)
+            g.next_prefill = g.plan.keep
+            self.metrics.cached_tokens.inc(g.plan.keep)
         if g.finished:  # ended meanwhile (end_all): the slot may already serve another
             return
-        g.next_prefill += len(chunk)
+        g.next_prefill += n
         slot.resident = g.prompt[:g.next_prefill]
         if g.progress:
             g.events.put_nowait(("progress", g.prompt_progress()))

@@ -410,8 +410,8 @@ def test_n_choices_each_sample_with_their_own_seed_and_share_the_prompt(server):
 def test_n_choices_stream_one_after_another_with_their_index(server):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 2,
             "stream_options": {"include_usage": True}}
-    whole = server.post_json("/completions", body).json()
-    chunks = server.post_stream("/completions", {**body, "stream": True}).chunks
+    whole = server.post_json("/completions", {**body, "cache_salt": "whole"}).json()
+    chunks = server.post_stream("/completions", {**body, "stream": True, "cache_salt": "streamed"}).chunks
     texts = ["".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
              for i in range(2)]
     assert texts == [c["text"] for c in whole["choices"]]
