@@ -147,9 +147,44 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L) {
     matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
 }
 
+void Binder::moe_hparams(HParams &hp, bool norm) {
+    hp.n_expert = get_int(prefix + "expert_count", 0, true);
+    hp.n_expert_used = get_int(prefix + "expert_used_count", 0, true);
+    if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert) {
+        fail("model expert counts are inconsistent (" + std::to_string(hp.n_expert_used) + " of " +
+             std::to_string(hp.n_expert) + ")");
+        return;
+    }
+    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+    std::string err;
+    if (!file.get_bool(prefix + "expert_weights_norm", &norm, &err) && !err.empty()) fail(err);
+    hp.expert_norm = norm;
+    const float scale = get_float(prefix + "expert_weights_scale", 0.0f);
+    hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
+    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_scale)) fail("model expert FFN length or weight scale is invalid");
+    // A shared expert is as wide as the file says, else as the dense FFN would be.
+    if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr)
+        hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", hp.n_ff, false);
+}
+
+void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    L.ffn_norm = vector(blk + "ffn_norm.weight", dim);
+    matrix(blk + "ffn_gate_inp.weight", dim, hp.n_expert, &L.router);
+    experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
+    experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+    experts(blk + "ffn_down_exps.weight", hp.n_ff_exp, dim, hp.n_expert, &L.down_exps);
+    if (hp.n_ff_shexp == 0) return;
+    L.shexp_gate = vector(blk + "ffn_gate_inp_shexp.weight", dim);
+    matrix(blk + "ffn_gate_shexp.weight", dim, hp.n_ff_shexp, &L.gate_shexp);
+    matrix(blk + "ffn_up_shexp.weight", dim, hp.n_ff_shexp, &L.up_shexp);
+    matrix(blk + "ffn_down_shexp.weight", hp.n_ff_shexp, dim, &L.down_shexp);
+}
+
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3, &kQwen2, &kQwen3, &kQwen3Moe, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen3Moe, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -383,7 +418,8 @@ void release_mapping(const Matrix &m) {
 void Model::pack() {
     std::vector<Matrix *> matrices{&output};
     for (LayerWeights &L : layers) {
-        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router})
+        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp,
+                          &L.up_shexp, &L.down_shexp})
             if (m->data != nullptr) matrices.push_back(m);
         for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
             for (Matrix &m : *stack) matrices.push_back(&m);
@@ -461,7 +497,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
-    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp});
+    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp});
     xq.resize(quantized_blocks(n_tokens, (widest + QK - 1) / QK * QK));
     capacity = n_tokens;
 }
@@ -730,8 +766,23 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
     const HParams &hp = p.hp;
     const int n = p.n, dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
     Workspace &ws = p.ws;
+    const size_t ff = static_cast<size_t>(hp.n_ff_exp), shared_ff = static_cast<size_t>(hp.n_ff_shexp);
     ws.router.resize(static_cast<size_t>(n) * n_exp);
-    matmuls(p, xb, {project(L.router, ws.router.data())});
+    ws.moe_in.resize(static_cast<size_t>(n) * dim);
+    ws.moe_out.resize(static_cast<size_t>(n) * dim);
+    ws.moe_h.resize(n * ff);
+    ws.moe_h2.resize(n * std::max(ff, shared_ff)); // the up-projection scratch of either
+    ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
+    // The shared expert reads xb as the router does: one region computes both, and its
+    // hidden rows wait in moe_shared until the routed experts are summed.
+    const bool shared = L.up_shexp.data != nullptr;
+    if (shared) {
+        ws.moe_shared.resize(n * shared_ff);
+        matmuls(p, xb, {project(L.router, ws.router.data()),
+                        swiglu(L.gate_shexp, L.up_shexp, ws.moe_shared.data(), ws.moe_h2.data())});
+    } else {
+        matmuls(p, xb, {project(L.router, ws.router.data())});
+    }
     // Per token: softmax over the experts, the top k (ties to the lower index), and
     // their weights; chosen (n, n_expert) holds a token's weight for each chosen expert.
     std::vector<float> &chosen = ws.moe_weights;
@@ -753,12 +804,6 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
             chosen[static_cast<size_t>(t) * n_exp + order[i]] = w * hp.expert_scale;
         }
     }
-    const size_t ff = static_cast<size_t>(hp.n_ff_exp);
-    ws.moe_in.resize(static_cast<size_t>(n) * dim);
-    ws.moe_out.resize(static_cast<size_t>(n) * dim);
-    ws.moe_h.resize(n * ff);
-    ws.moe_h2.resize(n * ff);
-    ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
     for (int e = 0; e < n_exp; ++e) {
         ws.moe_tokens.clear();
         for (int t = 0; t < n; ++t)
@@ -775,6 +820,17 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
             const float w = chosen[static_cast<size_t>(t) * n_exp + e];
             float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
             const float *y = ws.moe_out.data() + static_cast<size_t>(i) * dim;
+            for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
+        }
+    }
+    if (shared) {
+        matmuls(p, ws.moe_shared.data(), {project(L.down_shexp, ws.moe_out.data())});
+        for (int t = 0; t < n; ++t) {
+            const float *in = xb + static_cast<size_t>(t) * dim, *y = ws.moe_out.data() + static_cast<size_t>(t) * dim;
+            float gate = 0.0f;
+            for (int d = 0; d < dim; ++d) gate += in[d] * L.shexp_gate[d];
+            const float w = 1.0f / (1.0f + std::exp(-gate));
+            float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
             for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
         }
     }

@@ -61,6 +61,7 @@ struct HParams {
     int n_ff_exp = 0;           // hidden dim of one expert
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
+    int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
 };
@@ -92,6 +93,10 @@ struct LayerWeights {
     std::vector<Matrix> gate_exps;    // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
+    const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this)
+    Matrix gate_shexp;                // (n_ff_shexp, dim)
+    Matrix up_shexp;                  // (n_ff_shexp, dim)
+    Matrix down_shexp;                // (dim, n_ff_shexp)
 };
 
 // Every tensor whose type the engine has no kernels for, grouped by type and named
@@ -152,6 +157,12 @@ struct Binder {
     // gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L);
+    // The Qwen MoE families' metadata (expert counts and widths, expert_weights_norm
+    // defaulting to `norm`, expert_weights_scale, the shared expert's width), and the
+    // FFN of block l: ffn_norm, the router, the expert stacks and, when the file has
+    // one (hp.n_ff_shexp), the shared expert and its gate.
+    void moe_hparams(HParams &hp, bool norm);
+    void moe_ffn(const HParams &hp, int l, LayerWeights &L);
 };
 
 // One session's attention memory: per layer, keys and values as f16, (kv head,
@@ -227,6 +238,7 @@ struct Workspace {
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
     std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // one expert's tokens and results
+    std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
     std::vector<int> moe_tokens;        // the tokens routed to one expert
     std::vector<float> moe_weights;     // and their weights
     int capacity = 0;
@@ -277,9 +289,10 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): each token's top
 // n_expert_used experts by softmax of its router scores, weighted by those
-// probabilities (renormalised if hp.expert_norm). Each expert runs once over the
-// tokens routed to it, so its weights are read once per batch; each token sums its
-// experts in expert order, whatever else is in the batch.
+// probabilities (renormalised if hp.expert_norm), plus the shared expert if L has
+// one, weighted by sigmoid(xb · shexp_gate). Each expert runs once over the tokens
+// routed to it, so its weights are read once per batch; each token sums its experts
+// in expert order, then the shared one, whatever else is in the batch.
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x);
 // x (n, dim) += y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y);
