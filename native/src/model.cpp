@@ -483,6 +483,38 @@ int KVCache::resume_floor() const {
 
 // ---- kernels -------------------------------------------------------------
 
+namespace {
+constexpr float kGeluK = 0.7978845608028654f; // √(2/π)
+constexpr float kGeluC = 0.044715f;
+} // namespace
+
+void glu_ref(bool gelu, float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        const float act = gelu ? 0.5f * g * (1.0f + std::tanh(kGeluK * g * (1.0f + kGeluC * g * g)))
+                               : g / (1.0f + std::exp(-g));
+        gate[i] = act * up[i];
+    }
+}
+
+// Both activations are g · sigmoid(z): z = g for SiLU, and for GELU, since
+// (1 + tanh(u)) / 2 = sigmoid(2u), z = 2u = 2√(2/π) (g + 0.044715 g³). One exp and
+// one division per element, and no cancellation near 0 as 1 + tanh would have.
+void glu(bool gelu, float *gate, const float *up, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f), k2 = _mm512_set1_ps(-2.0f * kGeluK), c = _mm512_set1_ps(kGeluC);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + i);
+        const __m512 minus_z = gelu ? _mm512_mul_ps(_mm512_mul_ps(k2, g), _mm512_fmadd_ps(_mm512_mul_ps(c, g), g, one))
+                                    : _mm512_sub_ps(_mm512_setzero_ps(), g);
+        const __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp512(minus_z)));
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(act, _mm512_loadu_ps(up + i)));
+    }
+#endif
+    glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
+}
+
 void Workspace::reserve(const HParams &hp, int n_tokens) {
     if (n_tokens <= capacity) return;
     const size_t n = static_cast<size_t>(n_tokens);
@@ -528,27 +560,6 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
 
 namespace {
 
-// gate[i] = silu(gate[i]) * up[i]
-void silu_mul(float *gate, const float *up, int64_t n) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-        const __m512 g = _mm512_loadu_ps(gate + i);
-        const __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        _mm512_storeu_ps(gate + i, _mm512_mul_ps(sig, _mm512_loadu_ps(up + i)));
-    }
-#endif
-    for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-}
-
-// gate[i] = gelu(gate[i]) * up[i], GELU's tanh approximation
-void gelu_mul(float *gate, const float *up, int64_t n) {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + 0.044715f * g * g))) * up[i];
-    }
-}
 
 // y[t * rows + r] += bias[r] for rows [r0, r1) of n tokens.
 void add_bias(float *y, const float *bias, int n, int64_t rows, int64_t r0, int64_t r1) {
@@ -564,7 +575,7 @@ void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     if (j.up == nullptr) return;
     matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
     if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, n, rows, r0, r1);
-    for (int t = 0; t < n; ++t) (j.gelu ? gelu_mul : silu_mul)(j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
+    for (int t = 0; t < n; ++t) glu(j.gelu, j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
 }
 
 // Runs the jobs (which share one input) as one parallel region. Their panels, taken
