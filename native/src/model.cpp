@@ -592,7 +592,7 @@ void run_matmuls(ThreadPool &pool, int n, const std::vector<MatJob> &jobs) {
         for (const MatJob &j : jobs) {
             const int64_t own = (j.w->rows + kPanel - 1) / kPanel;
             const int64_t a = std::max(p0, first) - first, b = std::min(p1, first + own) - first;
-            if (a < b) run_job(j, n, a * kPanel, std::min(b * kPanel, j.w->rows));
+            if (a < b) run_job(j, j.n > 0 ? j.n : n, a * kPanel, std::min(b * kPanel, j.w->rows));
             first += own;
         }
     });
@@ -779,10 +779,12 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
     Workspace &ws = p.ws;
     const size_t ff = static_cast<size_t>(hp.n_ff_exp), shared_ff = static_cast<size_t>(hp.n_ff_shexp);
     ws.router.resize(static_cast<size_t>(n) * n_exp);
-    ws.moe_in.resize(static_cast<size_t>(n) * dim);
-    ws.moe_out.resize(static_cast<size_t>(n) * dim);
-    ws.moe_h.resize(n * ff);
-    ws.moe_h2.resize(n * std::max(ff, shared_ff)); // the up-projection scratch of either
+    const size_t rows = static_cast<size_t>(n) * k; // (token, chosen expert) pairs
+    ws.moe_in.resize(rows * dim);
+    ws.moe_out.resize(rows * dim);
+    ws.moe_h.resize(rows * ff);
+    ws.moe_h2.resize(std::max(rows * ff, n * shared_ff)); // the up-projection scratch of either
+    ws.moe_xq.resize(std::max(quantized_blocks(static_cast<int>(rows), dim), quantized_blocks(static_cast<int>(rows), hp.n_ff_exp)));
     ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
     // The shared expert reads xb as the router does: one region computes both, and its
     // hidden rows wait in moe_shared until the routed experts are summed.
@@ -815,25 +817,51 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
             chosen[static_cast<size_t>(t) * n_exp + order[i]] = w * hp.expert_scale;
         }
     }
+    // The tokens grouped per expert, expert after expert, in moe_in. Every group is
+    // its jobs' whole batch (quantized on its own), and all groups run as one parallel
+    // region for gate and up, then one for down: two regions however many experts the
+    // batch reaches and however few tokens each gets (one, in a decode step).
+    ws.moe_groups.clear();
+    ws.moe_tokens.clear();
     for (int e = 0; e < n_exp; ++e) {
-        ws.moe_tokens.clear();
+        const int row = static_cast<int>(ws.moe_tokens.size());
         for (int t = 0; t < n; ++t)
             if (chosen[static_cast<size_t>(t) * n_exp + e] != 0.0f) ws.moe_tokens.push_back(t);
-        const int m = static_cast<int>(ws.moe_tokens.size());
-        if (m == 0) continue;
-        for (int i = 0; i < m; ++i)
-            std::copy_n(xb + static_cast<size_t>(ws.moe_tokens[i]) * dim, dim, ws.moe_in.data() + static_cast<size_t>(i) * dim);
-        const Pass sub{p.model, hp, p.batch, m, ws, p.pool}; // the expert's tokens only
-        matmuls(sub, ws.moe_in.data(), {swiglu(L.gate_exps[e], L.up_exps[e], ws.moe_h.data(), ws.moe_h2.data())});
-        matmuls(sub, ws.moe_h.data(), {project(L.down_exps[e], ws.moe_out.data())});
-        for (int i = 0; i < m; ++i) {
+        if (static_cast<int>(ws.moe_tokens.size()) > row)
+            ws.moe_groups.push_back({e, row, static_cast<int>(ws.moe_tokens.size()) - row});
+    }
+    for (size_t i = 0; i < ws.moe_tokens.size(); ++i)
+        std::copy_n(xb + static_cast<size_t>(ws.moe_tokens[i]) * dim, dim, ws.moe_in.data() + i * dim);
+    // Each group's jobs over its rows of `in` (cols wide), quantized into moe_xq.
+    const auto run_groups = [&](const float *in, int64_t cols, const auto &job_of) {
+        ws.jobs.clear();
+        size_t q = 0;
+        for (const Workspace::ExpertGroup &g : ws.moe_groups) {
+            MatJob job = job_of(g);
+            job.x = in + static_cast<size_t>(g.row) * cols;
+            job.xq = ws.moe_xq.data() + q;
+            job.n = g.n;
+            quantize_rows(job.x, g.n, cols, ws.moe_xq.data() + q);
+            q += quantized_blocks(g.n, cols);
+            ws.jobs.push_back(job);
+        }
+        run_matmuls(p.pool, n, ws.jobs);
+    };
+    run_groups(ws.moe_in.data(), dim, [&](const Workspace::ExpertGroup &g) {
+        return swiglu(L.gate_exps[g.expert], L.up_exps[g.expert], ws.moe_h.data() + g.row * ff,
+                      ws.moe_h2.data() + g.row * ff);
+    });
+    run_groups(ws.moe_h.data(), hp.n_ff_exp, [&](const Workspace::ExpertGroup &g) {
+        return project(L.down_exps[g.expert], ws.moe_out.data() + static_cast<size_t>(g.row) * dim);
+    });
+    for (const Workspace::ExpertGroup &g : ws.moe_groups) // each token sums its experts in expert order
+        for (int i = g.row; i < g.row + g.n; ++i) {
             const int t = ws.moe_tokens[i];
-            const float w = chosen[static_cast<size_t>(t) * n_exp + e];
+            const float w = chosen[static_cast<size_t>(t) * n_exp + g.expert];
             float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
             const float *y = ws.moe_out.data() + static_cast<size_t>(i) * dim;
             for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
         }
-    }
     if (shared) {
         matmuls(p, ws.moe_shared.data(), {project(L.down_shexp, ws.moe_out.data())});
         for (int t = 0; t < n; ++t) {

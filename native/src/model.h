@@ -222,6 +222,7 @@ struct MatJob {
     const float *up_bias = nullptr;
     float *scratch = nullptr;
     bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
+    int n = 0;         // tokens of this job when not the region's (an expert's own group)
 };
 
 // Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
@@ -242,10 +243,13 @@ struct Workspace {
     std::vector<BlockQ8A> xq;
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
-    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // one expert's tokens and results
+    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // the grouped rows and their results
     std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
-    std::vector<int> moe_tokens;        // the tokens routed to one expert
-    std::vector<float> moe_weights;     // and their weights
+    struct ExpertGroup { int expert, row, n; }; // rows [row, row + n) of moe_in are its tokens
+    std::vector<ExpertGroup> moe_groups; // the experts any token of the batch was routed to
+    std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
+    std::vector<float> moe_weights;     // (n, n_expert) each token's weight for each expert
+    std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
