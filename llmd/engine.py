@@ -485,6 +485,16 @@ def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_
     return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
 
 
+def kernel_glu(gelu: bool, gate: list[float], up: list[float], fast: bool) -> list[float]:
+    """act(gate) * up elementwise, act SiLU or GELU (tanh approximation), by the scalar
+    reference or the fast kernel (for tests)."""
+    if len(gate) != len(up):
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "gate and up differ in length")
+    out = ffi.new("float[]", gate)
+    _check(lib.llmd_kernel_glu(int(gelu), out, ffi.new("float[]", up), len(gate), int(fast)))
+    return list(ffi.unpack(out, len(gate)))
+
+
 def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[list[float]],
                   fast: bool | int) -> list[list[float]]:
     """Each x in xs times the matrix, by the scalar reference (fast 0 / False), the

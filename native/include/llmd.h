@@ -328,6 +328,10 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
                                   int32_t n_pos, int32_t head_dim, int32_t n_ranges, float *out,
                                   int32_t fast);
 
+/* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
+ * approximation (gelu == 1), by the scalar reference (fast == 0) or the fast kernel. */
+llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, int32_t fast);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1050,4 +1050,13 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
     });
 }
 
+llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, int32_t fast) {
+    return guarded([&]() -> llmd_status {
+        if (gate == nullptr || up == nullptr || n < 0 || (gelu != 0 && gelu != 1))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad glu arguments");
+        (fast ? glu : glu_ref)(gelu == 1, gate, up, n);
+        return LLMD_OK;
+    });
+}
+
 } // extern "C"
