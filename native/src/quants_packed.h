@@ -44,30 +44,65 @@ inline __m512 int8_floats(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
 }
 
+// Each byte of v shifted by s bits (left for s > 0), within 16-bit lanes: a byte's
+// bits that stay inside it are its own, which is all the masks below keep.
+inline __m512i shift_bytes(__m512i v, int s) {
+    if (s > 0) return _mm512_sll_epi16(v, _mm_cvtsi32_si128(s));
+    if (s < 0) return _mm512_srl_epi16(v, _mm_cvtsi32_si128(-s));
+    return v;
+}
+
+// A panel-block's weights as 8 vectors of bytes u (PanelLayout's planes).
+template <const PanelLayout &L> inline void unpack_weights(const uint8_t *blk, __m512i w[8]) {
+    constexpr int low = panel_low_bits(L), high = L.bits - low;
+    if constexpr (low == 8) {
+        for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(blk + 64 * g);
+        return;
+    } else if constexpr (low == 4) {
+        const __m512i mask = _mm512_set1_epi8(0x0f);
+        for (int j = 0; j < 4; ++j) {
+            const __m512i v = _mm512_loadu_si512(blk + 64 * j);
+            w[j] = _mm512_and_si512(v, mask);
+            w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        }
+    } else {
+        const __m512i mask = _mm512_set1_epi8(3);
+        for (int m = 0; m < 2; ++m) {
+            const __m512i v = _mm512_loadu_si512(blk + 64 * m);
+            for (int c = 0; c < 4; ++c) w[4 * m + c] = _mm512_and_si512(shift_bytes(v, -2 * c), mask);
+        }
+    }
+    // The high plane's bits for w[g], moved above the low ones: w |= (h shifted) & mask
+    // (ternary-logic table 0xF8 is a | (b & c)).
+    const uint8_t *hp = blk + 64 * low;
+    if constexpr (high == 2) {
+        const __m512i mask = _mm512_set1_epi8(static_cast<char>(3 << low));
+        for (int m = 0; m < 2; ++m) {
+            const __m512i h = _mm512_loadu_si512(hp + 64 * m);
+            for (int c = 0; c < 4; ++c)
+                w[4 * m + c] = _mm512_ternarylogic_epi32(w[4 * m + c], shift_bytes(h, low - 2 * c), mask, 0xF8);
+        }
+    } else if constexpr (high == 1) {
+        const __m512i mask = _mm512_set1_epi8(static_cast<char>(1 << low));
+        const __m512i h = _mm512_loadu_si512(hp);
+        for (int g = 0; g < 8; ++g) w[g] = _mm512_ternarylogic_epi32(w[g], shift_bytes(h, low - g), mask, 0xF8);
+    }
+}
+
 template <const PanelLayout &L, int T>
 void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid, bool add) {
-    constexpr size_t kW = L.bits == 4 ? 256 : 512, kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
+    constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
     constexpr int kSets = L.split ? 2 : 1;
     __m512 acc[T];
     for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f), table = code_table<L>();
+    const __m512i table = code_table<L>();
     __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk = panel + panel_piece_offset(L, b);
         __m512i w[8]; // w[g]: rows × elements 4g..4g+3
-        if constexpr (L.bits == 4) {
-            for (int j = 0; j < 4; ++j) {
-                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
-                w[j] = _mm512_and_si512(v, low);
-                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                if constexpr (L.lut != nullptr) {
-                    w[j] = _mm512_shuffle_epi8(table, w[j]);
-                    w[j + 4] = _mm512_shuffle_epi8(table, w[j + 4]);
-                }
-            }
-        } else {
-            for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 64 * j);
-        }
+        unpack_weights<L>(blk, w);
+        if constexpr (L.lut != nullptr)
+            for (int g = 0; g < 8; ++g) w[g] = _mm512_shuffle_epi8(table, w[g]);
         __m512 scale[2], min[2];
         if constexpr (L.k_scales) {
             if (b % 8 == 0) {
