@@ -342,16 +342,16 @@ void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
 // Panel layouts: {bits, offset, split, mins, f16, lut, k_scales}.
 constexpr PanelLayout kPanelQ4_0{4, 8, false, false, true, nullptr, false};
 constexpr PanelLayout kPanelQ4_1{4, 0, false, true, true, nullptr, false};
-constexpr PanelLayout kPanelQ5_0{8, 16, false, false, true, nullptr, false};
-constexpr PanelLayout kPanelQ5_1{8, 0, false, true, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_0{5, 16, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_1{5, 0, false, true, true, nullptr, false};
 constexpr PanelLayout kPanelQ8_0{8, 128, false, false, true, nullptr, false};
 constexpr PanelLayout kPanelIQ4NL{4, 128, false, false, true, kIQ4NL, false};
 constexpr PanelLayout kPanelMXFP4{4, 128, false, false, false, kFP4, false};
-constexpr PanelLayout kPanelQ2_K{8, 0, true, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ3_K{8, 4, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelQ2_K{2, 0, true, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ3_K{3, 4, true, false, true, nullptr, true};
 constexpr PanelLayout kPanelQ4_K{4, 0, false, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ5_K{8, 0, false, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ6_K{8, 32, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelQ5_K{5, 0, false, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ6_K{6, 32, true, false, true, nullptr, true};
 constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, true, kIQ4NL, true};
 
 // A type the engine computes with, dotted against BlockQ8A.
