@@ -231,19 +231,22 @@ class Runtime:
         # its scope, so that what it computes is offered there and nowhere else.
         reusable = g.plan.keep if g.prompt_logprobs is None else len(g.prompt)
 
-        def run() -> tuple[int, int]:
-            """(prompt tokens the prefix cache supplied, tokens prefilled now)."""
+        def claim() -> int:
+            """Readies the session for g's prompt: the prompt tokens the prefix cache supplied."""
             cached = 0
-            if first:
-                if scope is not None:  # replaces the cache with a longer shared prefix, if any
-                    if g.plan.reason == "dirty":  # nothing of its own is trusted, not even as a tail
-                        slot.session.truncate(0)
-                    cached = slot.session.share_prefix(scope, g.prompt, reusable)
-                if not cached:
-                    slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
-                slot.session.set_sampling(g.sampling)
-                slot.session.set_grammar(g.grammar, g.max_tokens)
-            start = max(g.next_prefill, cached)
+            if scope is not None:  # replaces the cache with a longer shared prefix, if any
+                if g.plan.reason == "dirty":  # nothing of its own is trusted, not even as a tail
+                    slot.session.truncate(0)
+                cached = slot.session.share_prefix(scope, g.prompt, reusable)
+            if not cached:
+                slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
+            slot.session.set_sampling(g.sampling)
+            slot.session.set_grammar(g.grammar, g.max_tokens)
+            return cached
+
+        def run() -> int:
+            """Prefills the next chunk: the tokens prefilled."""
+            start = g.next_prefill
             # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
             # engine's logits may differ in the last bits with how a prompt is split.
             end = len(g.prompt) if g.prompt_logprobs is not None else start + PREFILL_CHUNK
@@ -254,26 +257,28 @@ class Runtime:
                 g.prompt_scores = slot.session.score_top(chunk, 0, g.prompt_logprobs)
                 slot.session.truncate(len(chunk) - 1)
                 slot.session.prefill(chunk[-1:])
-            return cached, len(chunk)
+            return len(chunk)
 
-        if first:
-            g.t_prefill_start = time.perf_counter()
-            slot.resident = slot.resident[:g.plan.keep]
-            slot.dirty = False  # the truncate clears it; a reset from now on sets it again
-            if g.progress:
-                g.events.put_nowait(("progress", g.prompt_progress()))
         try:
-            cached, n = await self.call(run)
+            if first:
+                g.t_prefill_start = time.perf_counter()
+                slot.resident = slot.resident[:g.plan.keep]
+                slot.dirty = False  # the truncate clears it; a reset from now on sets it again
+                cached = await self.call(claim)
+                if g.finished:  # ended meanwhile (end_all): the slot may already serve another
+                    return
+                if scope is not None and g.prompt_logprobs is None:
+                    (self.metrics.prefix_cache_hits if cached else self.metrics.prefix_cache_misses).inc()
+                g.plan = with_cached(g.plan, cached)
+                g.next_prefill = g.plan.keep
+                self.metrics.cached_tokens.inc(g.plan.keep)
+                if g.progress:
+                    g.events.put_nowait(("progress", g.prompt_progress()))
+            n = await self.call(run)
         except Exception as exc:
             slot.dirty = True
             self._finish(g, "error", exc)
             return
-        if first:
-            if scope is not None and g.prompt_logprobs is None:
-                (self.metrics.prefix_cache_hits if cached else self.metrics.prefix_cache_misses).inc()
-            g.plan = with_cached(g.plan, cached)
-            g.next_prefill = g.plan.keep
-            self.metrics.cached_tokens.inc(g.plan.keep)
         if g.finished:  # ended meanwhile (end_all): the slot may already serve another
             return
         g.next_prefill += n

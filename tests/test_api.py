@@ -565,6 +565,7 @@ def test_thinking_disabled_on_a_model_that_does_not_reason_is_accepted(server):
 
 def test_return_progress_streams_prompt_progress_before_the_reply(server):
     messages = [{"role": "user", "content": "Count the words: " + "one two three " * 30}]
+    cache = {}
     for attempt in ("cold", "warm"):  # the second request reuses the session's cache
         stream = server.post_stream("/chat/completions", server.chat_body(
             messages, stream=True, max_tokens=3, return_progress=True, session_id="progress"))
@@ -572,10 +573,13 @@ def test_return_progress_streams_prompt_progress_before_the_reply(server):
         first, last = progress[0], progress[-1]
         assert first["processed"] == first["cache"] and last["processed"] == last["total"] > 100, progress
         assert all(p["total"] == last["total"] and p["cache"] == first["cache"] for p in progress)
-        assert (first["cache"] > 0) == (attempt == "warm") and all(p["time_ms"] >= 0 for p in progress)
+        assert all(p["time_ms"] >= 0 for p in progress)
+        cache[attempt] = first["cache"]
         text = [c for c in stream.chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
         assert text and stream.chunks.index(text[0]) > max(i for i, c in enumerate(stream.chunks)
                                                             if "prompt_progress" in c)
+    # Cold, only the chat template's opening may come from the prefix cache.
+    assert cache["cold"] < 40 and cache["warm"] > 100, cache
     plain = server.post_stream("/completions", server.completion_body("Hello", stream=True, max_tokens=2))
     assert not [c for c in plain.chunks if "prompt_progress" in c]
     completion = server.post_stream("/completions", server.completion_body(
