@@ -521,7 +521,8 @@ class Api:
                                                "but the served model does not reason: its chat template has no "
                                                "reasoning block.")
         # compiling may take a while
-        grammar = await asyncio.to_thread(constrain.chat_grammar, req, not self.calls_open_with_control)
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req, chat.call_layout(self.template),
+                                          not self.calls_open_with_control)
         return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
 
     async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
