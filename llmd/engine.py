@@ -206,6 +206,23 @@ class Engine:
         _check(status)
         return list(ffi.unpack(out, n[0]))
 
+    def tokenize_marked(self, text: bytes, markers: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        """Token ids of a whole prompt, with control-token text matched only inside the
+        `markers` byte ranges (sorted [begin, end) pairs), and per id the byte offset
+        where it starts (-1 where the tokenizer cannot tell). No BOS."""
+        n = ffi.new("size_t *")
+        ranges = ffi.new("uint64_t[]", [bound for marker in markers for bound in marker])
+        capacity = len(text) + 1
+        for _ in range(2):  # again with the size asked for: SentencePiece may need more
+            out, offsets = ffi.new("int32_t[]", capacity), ffi.new("int64_t[]", capacity)
+            status = lib.llmd_tokenize_marked(self.handle, text, len(text), ranges, len(markers), out, offsets,
+                                              capacity, n)
+            if status != lib.LLMD_ERR_INVALID_ARGUMENT or n[0] <= capacity:
+                break
+            capacity = n[0]
+        _check(status)
+        return list(ffi.unpack(out, n[0])), list(ffi.unpack(offsets, n[0]))
+
     def piece(self, token_id: int, special: bool = False) -> bytes:
         data, size = ffi.new("const char **"), ffi.new("size_t *")
         _check(lib.llmd_token_piece(self.handle, token_id, int(special), data, size))

@@ -107,6 +107,17 @@ llmd_status llmd_tokenize(const llmd_engine *engine, const char *text, size_t le
                           int32_t parse_special, int32_t *out, size_t capacity,
                           size_t *n_out);
 
+/* Tokenize a chat prompt in one pass: as llmd_tokenize with parse_special, but a
+ * control token's text becomes its id only where it lies wholly inside one of
+ * the n_ranges byte ranges [ranges[2i], ranges[2i+1]) (sorted, not overlapping,
+ * within len): the template's own markers, so that what a user typed stays text.
+ * offsets (null, or capacity entries) gets per id the byte offset in text where
+ * the token starts, or -1 where that cannot be told (a byte the vocabulary
+ * reads as U+FFFD or as its unknown token). Capacity as for llmd_tokenize. */
+llmd_status llmd_tokenize_marked(const llmd_engine *engine, const char *text, size_t len,
+                                 const uint64_t *ranges, size_t n_ranges, int32_t *out,
+                                 int64_t *offsets, size_t capacity, size_t *n_out);
+
 /* The raw bytes of a token (may be part of a UTF-8 character). Control tokens
  * give their text only when special is non-zero, else an empty piece. The
  * pointer stays valid while the engine lives. */

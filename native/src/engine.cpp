@@ -427,6 +427,38 @@ llmd_status llmd_tokenize(const llmd_engine *e, const char *text, size_t len, in
     });
 }
 
+llmd_status llmd_tokenize_marked(const llmd_engine *e, const char *text, size_t len, const uint64_t *ranges,
+                                 size_t n_ranges, int32_t *out, int64_t *offsets, size_t capacity, size_t *n_out) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || n_out == nullptr || (text == nullptr && len > 0) || (ranges == nullptr && n_ranges > 0) ||
+            (out == nullptr && capacity > 0))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (len >= kMaxTokenizeBytes)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "text is too long to tokenize (512 MiB or more)");
+        if (n_ranges > len)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "more marker ranges than bytes of text");
+        std::vector<ByteRange> controls(n_ranges);
+        for (size_t i = 0; i < n_ranges; ++i) {
+            const uint64_t begin = ranges[2 * i], end = ranges[2 * i + 1];
+            const uint64_t floor = i == 0 ? 0 : ranges[2 * i - 1];
+            if (begin < floor || begin > end || end > len)
+                return fail(LLMD_ERR_INVALID_ARGUMENT, "marker range " + std::to_string(i) + " [" +
+                                                           std::to_string(begin) + ", " + std::to_string(end) +
+                                                           ") is not sorted, or lies outside the text");
+            controls[i] = {size_t(begin), size_t(end)};
+        }
+        std::vector<int32_t> ids;
+        std::vector<int64_t> starts;
+        if (!e->vocab->tokenize(std::string_view(text ? text : "", len), controls, ids, offsets ? &starts : nullptr))
+            return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
+        *n_out = ids.size();
+        if (ids.size() > capacity) return fail(LLMD_ERR_INVALID_ARGUMENT, "token buffer too small");
+        std::copy(ids.begin(), ids.end(), out);
+        if (offsets) std::copy(starts.begin(), starts.end(), offsets);
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_token_piece(const llmd_engine *e, int32_t id, int32_t special, const char **data, size_t *len) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || data == nullptr || len == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
