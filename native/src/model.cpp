@@ -668,10 +668,13 @@ void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
 // as one sequence, are cut into two equal spans a thread: enough to balance the
 // threads, and long enough that a decode step's span is one long stream from memory
 // (claiming a task and restarting a stream cost more than 64 rows took to read).
+// A prefill computes far longer on a panel than it takes to read: eight spans a
+// thread, so that a thread which finishes early (or that the OS paused) is helped.
 void run_matmuls(ThreadPool &pool, int n, const std::vector<MatJob> &jobs) {
     int64_t panels = 0;
     for (const MatJob &j : jobs) panels += (j.w->rows + kPanel - 1) / kPanel;
-    const int n_tasks = static_cast<int>(std::min<int64_t>(panels, 2 * pool.size()));
+    const int spans = n >= kPanel ? 8 : 2;
+    const int n_tasks = static_cast<int>(std::min<int64_t>(panels, spans * pool.size()));
     pool.run(n_tasks, [&](int task) {
         const int64_t p0 = panels * task / n_tasks, p1 = panels * (task + 1) / n_tasks;
         int64_t first = 0; // the job's first panel in the sequence
@@ -848,7 +851,20 @@ MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch) {
 
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) {
     BlockQ8A *xq = p.ws.xq.data();
-    quantize_rows(x, p.n, jobs.begin()->w->cols, xq);
+    const int64_t cols = jobs.begin()->w->cols;
+    bool q8a = false, q8k = false; // the activation formats the jobs' kernels read
+    for (const MatJob &j : jobs)
+        for (const Matrix *m : {j.w, j.up})
+            if (m != nullptr) {
+                const Activation a = type_traits(m->type)->activation;
+                q8a |= a == Activation::Q8A;
+                q8k |= a == Activation::Q8K;
+            }
+    // A prefill's rows are quantized by all threads: one thread alone kept the others waiting.
+    const int n_tasks = std::min(p.n, p.pool.size());
+    p.pool.run(n_tasks, [&](int task) {
+        quantize_rows_part(x, p.n, cols, xq, p.n * task / n_tasks, p.n * (task + 1) / n_tasks, q8a, q8k);
+    });
     std::vector<MatJob> &fed = p.ws.jobs; // kept between calls: no allocation per region
     fed.assign(jobs);
     for (MatJob &j : fed) {

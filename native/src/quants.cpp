@@ -445,10 +445,15 @@ size_t row_bytes(uint32_t type, int64_t n) {
 }
 
 void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
+    quantize_rows_part(x, n, cols, xq, 0, n, true, true);
+}
+
+void quantize_rows_part(const float *x, int n, int64_t cols, BlockQ8A *xq, int t0, int t1, bool q8a, bool q8k) {
     const int64_t nb = cols / QK;
-    for (int t = 0; t < n; ++t) quantize_row(x + t * cols, xq + t * nb, cols, QK);
-    if (cols % QK_K == 0)
-        for (int t = 0; t < n; ++t) quantize_row(x + t * cols, xq + (n + t) * nb, cols, QK_K);
+    if (q8a)
+        for (int t = t0; t < t1; ++t) quantize_row(x + t * cols, xq + t * nb, cols, QK);
+    if (q8k && cols % QK_K == 0)
+        for (int t = t0; t < t1; ++t) quantize_row(x + t * cols, xq + (n + t) * nb, cols, QK_K);
 }
 
 const char *kernel_path() {

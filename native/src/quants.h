@@ -119,6 +119,10 @@ uint16_t fp32_to_fp16(float f);
 // number of 256-element groups, its Q8K blocks into xq + (n + t) * (cols / QK).
 // xq holds quantized_blocks(n, cols).
 void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq);
+// Rows [t0, t1) of what quantize_rows writes for n rows, only the formats asked for
+// (Q8K only where cols allows it): threads can share the rows, and a matrix input
+// is quantized only as its kernels read it.
+void quantize_rows_part(const float *x, int n, int64_t cols, BlockQ8A *xq, int t0, int t1, bool q8a, bool q8k);
 inline size_t quantized_blocks(int n, int64_t cols) { return 2 * static_cast<size_t>(n) * static_cast<size_t>(cols / QK); }
 // The blocks a type's kernels read from what quantize_rows wrote for n rows.
 inline const BlockQ8A *activations_of(const TypeTraits &t, const BlockQ8A *xq, int n, int64_t cols) {
