@@ -76,6 +76,8 @@ class EngineInfo:
     max_sessions: int
     add_eos: bool = False
     vocab_only: bool = False  # a GGUF without weights: tokenizes, refuses sessions
+    n_recurrent_layers: int = 0  # layers with a recurrent state: sessions rewind only to checkpoints
+    recurrent_bytes: int = 0     # per session: that state and room for its checkpoints
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ class Engine:
             weight_bytes=raw.weight_bytes, kv_bytes_per_token=raw.kv_bytes_per_token,
             kv_ring_bytes=raw.kv_ring_bytes,
             bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions,
-            add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only))
+            add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only),
+            n_recurrent_layers=raw.n_recurrent_layers, recurrent_bytes=raw.recurrent_bytes)
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:
@@ -275,6 +278,28 @@ class Session:
         pos = ffi.new("int32_t *")
         _check(lib.llmd_session_resume_floor(self.handle, pos))
         return pos[0]
+
+    @property
+    def checkpoints(self) -> list[int] | None:
+        """Where truncate() may rewind a model with recurrent layers besides 0 and the
+        current position (ascending); None for a model without them (any position)."""
+        if self._engine.info.n_recurrent_layers == 0:
+            return None
+        n = ffi.new("size_t *")
+        out = ffi.new("int32_t[]", 64)
+        status = lib.llmd_session_checkpoints(self.handle, out, 64, n)
+        if status == lib.LLMD_ERR_INVALID_ARGUMENT and n[0] > 64:
+            out = ffi.new("int32_t[]", n[0])
+            status = lib.llmd_session_checkpoints(self.handle, out, n[0], n)
+        _check(status)
+        return list(ffi.unpack(out, n[0]))
+
+    @property
+    def resume_points(self) -> list[int] | None:
+        """The positions truncate() accepts besides 0 on a model with recurrent layers:
+        its checkpoints and the current position; None when it accepts any."""
+        points = self.checkpoints
+        return None if points is None else sorted({*points, self.position})
 
     def prefill(self, ids: list[int]) -> None:
         _check(lib.llmd_session_prefill(self.handle, ffi.new("int32_t[]", ids), len(ids)))

@@ -160,8 +160,9 @@ class Runtime:
     def submit(self, g: Generation) -> None:
         """Plan the prefill against the slot's cache and queue the generation."""
         if g.reuse and g.prompt_logprobs is None:
+            session = g.slot.session
             g.plan = plan_prefill(g.slot.resident, g.prompt, g.slot.dirty, enabled=self.warm_resume,
-                                  floor=g.slot.session.resume_floor)
+                                  floor=session.resume_floor, points=session.resume_points)
         else:
             g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
         g.next_prefill = g.plan.keep
@@ -218,8 +219,7 @@ class Runtime:
 
     async def _prefill_step(self, g: Generation) -> None:
         slot, first = g.slot, g.next_prefill == g.plan.keep
-        # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
-        # engine's logits may differ in the last bits with how a prompt is split.
+        # A scored prompt goes in one call, as `llmd perplexity` scores a window.
         end = len(g.prompt) if g.prompt_logprobs is not None else g.next_prefill + PREFILL_CHUNK
         chunk = g.prompt[g.next_prefill:end]
 
@@ -230,10 +230,8 @@ class Runtime:
                 slot.session.set_grammar(g.grammar, g.max_tokens)
             if g.prompt_logprobs is None or len(chunk) < 2:
                 slot.session.prefill(chunk)
-            else:  # then the last token again, for the next-token logits score leaves out
+            else:  # scoring leaves the next-token logits as a prefill does
                 g.prompt_scores = slot.session.score_top(chunk, 0, g.prompt_logprobs)
-                slot.session.truncate(len(chunk) - 1)
-                slot.session.prefill(chunk[-1:])
 
         if first:
             g.t_prefill_start = time.perf_counter()

@@ -1,10 +1,11 @@
 """Prints tests/test_arch.py's GOLDEN table from llama.cpp (run by hand, never by the tests).
 
-    python -m tests.make_arch_golden LLAMA_DIR [NAME ...]
+    python -m tests.make_arch_golden LLAMA_DIR [--module tests.test_arch_lfm2] [NAME ...]
 
 LLAMA_DIR is a llama.cpp source tree built in LLAMA_DIR/build (llama-perplexity and
-libllama). For every model of test_arch.CONFIGS (or the NAMEs given) it writes the
-GGUF with test_arch.build(), then takes
+libllama). For every model of the test module's CONFIGS (tests.test_arch unless
+--module names another with the same CONFIGS, build, TEXT, N_CTX, PROMPT_TOKENS and
+GREEDY_STEPS), or the NAMEs given, it writes the GGUF with the module's build(), then takes
   - the perplexity over test_arch.TEXT from `llama-perplexity -c N_CTX -b N_CTX`;
   - GREEDY_STEPS greedy ids after TEXT's first PROMPT_TOKENS tokens, each with the gap
     between its top two logits (the log-prob margin), from a small program against
@@ -13,6 +14,7 @@ GGUF with test_arch.build(), then takes
 """
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -20,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 from llmd.engine import Engine
-from tests.test_arch import CONFIGS, GREEDY_STEPS, N_CTX, PROMPT_TOKENS, TEXT, build
 
 GREEDY_SOURCE = r"""
 #include "llama.h"
@@ -56,38 +57,44 @@ int main(int argc, char **argv) {
     llama_model_free(model);
     return 0;
 }
-""" % N_CTX
+"""
 
 
-def perplexity(llama: Path, model: Path, text: Path) -> float:
+def perplexity(llama: Path, model: Path, text: Path, n_ctx: int) -> float:
     # llama.cpp's log thread sometimes loses the last lines at exit: run until they appear.
     for _ in range(10):
         out = subprocess.run([str(llama / "build/bin/llama-perplexity"), "-m", str(model), "-f", str(text),
-                              "-c", str(N_CTX), "-b", str(N_CTX), "-t", "2"], capture_output=True, text=True)
+                              "-c", str(n_ctx), "-b", str(n_ctx), "-t", "2"], capture_output=True, text=True)
         if m := re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr):
             return float(m.group(1))
     raise RuntimeError(f"llama-perplexity printed no estimate for {model}")
 
 
-def main(llama: Path, names: list[str]) -> None:
+def main(llama: Path, module: str, names: list[str]) -> None:
+    tests = importlib.import_module(module)
     work = Path(tempfile.mkdtemp())
     text = work / "text.txt"
-    text.write_text(TEXT)
+    text.write_text(tests.TEXT)
     greedy = work / "greedy"
-    (work / "greedy.cpp").write_text(GREEDY_SOURCE)
+    (work / "greedy.cpp").write_text(GREEDY_SOURCE % tests.N_CTX)
     lib = llama / "build/bin"
     subprocess.run(["g++", "-O2", "-std=c++17", str(work / "greedy.cpp"), f"-I{llama}/include",
                     f"-I{llama}/ggml/include", f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
                     f"-Wl,-rpath,{lib}", "-o", str(greedy)], check=True)
-    for name in names:
-        model = build(name).write(work / f"{name}.gguf")
+    for name in names or list(tests.CONFIGS):
+        model = tests.build(name).write(work / f"{name}.gguf")
         with Engine(str(model), max_sessions=2) as engine:
-            prompt = engine.tokenize(TEXT)[:PROMPT_TOKENS]
-        out = subprocess.run([str(greedy), str(model), str(GREEDY_STEPS), *map(str, prompt)],
+            prompt = engine.tokenize(tests.TEXT)[:tests.PROMPT_TOKENS]
+        out = subprocess.run([str(greedy), str(model), str(tests.GREEDY_STEPS), *map(str, prompt)],
                              capture_output=True, text=True, check=True).stdout.split()
         ids, margins = [int(t) for t in out[0::2]], [round(float(m), 3) for m in out[1::2]]
-        print(f'    "{name}": ({perplexity(llama, model, text)},\n        {ids},\n        {margins}),', flush=True)
+        ppl = perplexity(llama, model, text, tests.N_CTX)
+        print(f'    "{name}": ({ppl},\n        {ids},\n        {margins}),', flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:] or list(CONFIGS))
+    args = sys.argv[2:]
+    module = "tests.test_arch"
+    if args[:1] == ["--module"]:
+        module, args = args[1], args[2:]
+    main(Path(sys.argv[1]), module, args)

@@ -8,6 +8,7 @@
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
+#include "recurrent.h"
 #include "sampler.h"
 #include "vocab.h"
 
@@ -42,9 +43,12 @@ struct llmd_engine {
     int max_sessions = 0;
     std::vector<std::unique_ptr<llmd_session>> sessions;
 
+    // Each layer's memory (keys and values per position, a ring, or a recurrent state
+    // with its checkpoints) and the logits.
     uint64_t bytes_per_session() const {
         return KVCache::bytes_per_token(model->hp) * static_cast<uint64_t>(n_ctx) +
-               KVCache::ring_bytes(model->hp, n_ctx) + static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
+               KVCache::ring_bytes(model->hp, n_ctx) + RecurrentState::session_bytes(model->hp) +
+               static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
     }
     bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }
 };
@@ -52,6 +56,7 @@ struct llmd_engine {
 struct llmd_session {
     llmd_engine *engine = nullptr;
     KVCache kv;
+    RecurrentState rs;           // the recurrent layers' state at position, and its checkpoints
     std::vector<int32_t> tokens; // ids in the KV cache: tokens.size() == position
     int32_t pending = -1;        // sampled, enters the cache at the next decode step
     std::vector<float> logits;   // next-token logits after tokens (+ nothing pending)
@@ -231,7 +236,7 @@ llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out
         if (s->pending >= 0) {
             if (static_cast<int>(s->tokens.size()) >= e->n_ctx)
                 return fail(LLMD_ERR_CONTEXT_FULL, "the context is full (" + std::to_string(e->n_ctx) + " tokens)");
-            batch.push_back({&s->kv, s->pending, static_cast<int32_t>(s->tokens.size()), true});
+            batch.push_back({&s->kv, s->pending, static_cast<int32_t>(s->tokens.size()), true, &s->rs});
             fed.push_back(s);
         } else if (!s->logits_valid) {
             return fail(LLMD_ERR_STATE, "decode needs a prefill first");
@@ -372,6 +377,8 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;
+        out->n_recurrent_layers = static_cast<int32_t>(std::count_if(hp.state.begin(), hp.state.end(), [](int n) { return n > 0; }));
+        out->recurrent_bytes = RecurrentState::session_bytes(hp);
         return LLMD_OK;
     });
 }
@@ -445,6 +452,7 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         s->kv.k.reset(new (std::nothrow) uint16_t[cells]);
         s->kv.v.reset(new (std::nothrow) uint16_t[cells]);
         if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
+        s->rs.init(hp);
         s->logits.resize(hp.n_vocab);
         llmd_sampling greedy{};
         greedy.repeat_penalty = 1.0f;
@@ -484,14 +492,16 @@ llmd_status llmd_session_prefill(llmd_session *s, const int32_t *ids, size_t n) 
                                                    std::to_string(e->n_ctx));
         s->pending = -1; // a sampled token that was never fed is not part of the sequence
         s->logits_valid = false;
+        s->rs.checkpoint(); // the end of a reply that this prefill continues
         std::vector<BatchToken> batch(std::min<size_t>(n, kMaxBatch));
         for (size_t i = 0; i < n; i += kMaxBatch) {
             const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
             for (int j = 0; j < m; ++j)
-                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1};
+                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1, &s->rs};
             forward(*e->model, batch.data(), m, e->ws, *e->pool, s->logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
         }
+        s->rs.checkpoint();
         s->logits_valid = true;
         return LLMD_OK;
     });
@@ -536,7 +546,22 @@ llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
             return fail(LLMD_ERR_INVALID_ARGUMENT,
                         "truncate position " + std::to_string(pos) + " is before " + std::to_string(floor) +
                             ": the sliding-window layers no longer hold the positions it attends (truncate to 0)");
-        if (pos == 0) s->kv.high = -1;
+        // A recurrent state cannot be cut back: only to 0, to a checkpoint, or nowhere.
+        const bool here = static_cast<size_t>(pos) == s->tokens.size();
+        if (!s->rs.empty() && pos > 0 && !here && !s->rs.has_checkpoint(pos)) {
+            std::string at;
+            for (const auto &c : s->rs.checkpoints) at += (at.empty() ? "" : ", ") + std::to_string(c.pos);
+            return fail(LLMD_ERR_STATE, "truncate position " + std::to_string(pos) +
+                                            " is not a checkpoint of the recurrent layers' state (they can return to 0, " +
+                                            (at.empty() ? "" : at + ", ") + "or stay at " +
+                                            std::to_string(s->tokens.size()) + ")");
+        }
+        if (pos == 0) {
+            s->kv.high = -1;
+            s->rs.reset();
+        } else if (!here && !s->rs.empty()) {
+            s->rs.restore(pos);
+        }
         s->tokens.resize(pos);
         s->pending = -1;
         s->logits_valid = false;
@@ -549,6 +574,17 @@ llmd_status llmd_session_resume_floor(const llmd_session *s, int32_t *pos) {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (pos == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "pos must not be null");
         *pos = s->kv.resume_floor();
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_checkpoints(const llmd_session *s, int32_t *out, size_t capacity, size_t *n) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (n == nullptr || (out == nullptr && capacity > 0)) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        *n = s->rs.checkpoints.size();
+        if (*n > capacity) return fail(LLMD_ERR_INVALID_ARGUMENT, "checkpoint buffer too small");
+        for (size_t i = 0; i < *n; ++i) out[i] = s->rs.checkpoints[i].pos;
         return LLMD_OK;
     });
 }
@@ -668,11 +704,12 @@ llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n
         std::vector<BatchToken> batch(kChunk);
         s->pending = -1;
         s->logits_valid = false;
+        s->rs.checkpoint(); // as prefill: the end of a reply this continues
         for (size_t i = 0; i < n; i += kChunk) {
             const int m = static_cast<int>(std::min<size_t>(kChunk, n - i));
             for (int j = 0; j < m; ++j) {
                 const size_t t = i + j;
-                batch[j] = {&s->kv, ids[t], static_cast<int32_t>(pos + t), t >= first && t + 1 < n};
+                batch[j] = {&s->kv, ids[t], static_cast<int32_t>(pos + t), t >= first, &s->rs};
             }
             forward(*e->model, batch.data(), m, e->ws, *e->pool, logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
@@ -680,11 +717,17 @@ llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n
             for (int j = 0; j < m; ++j) {
                 if (!batch[j].logits) continue;
                 const float *l = logits.data() + static_cast<size_t>(row++) * n_vocab;
+                if (i + j + 1 == n) { // the last token's: the next-token logits, as prefill leaves them
+                    std::copy_n(l, n_vocab, s->logits.data());
+                    continue;
+                }
                 const size_t k = i + j - first;
                 logprobs[k] = log_softmax_top(l, n_vocab, ids[i + j + 1], n_top, top_ids + k * n_top,
                                               top_logprobs + k * n_top);
             }
         }
+        s->rs.checkpoint();
+        s->logits_valid = true;
         return LLMD_OK;
     });
 }
@@ -780,6 +823,17 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
             attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
         attend_finish(out, acc.data(), n_q, head_dim);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta,
+                                   int32_t hd, float *out, int32_t fast) {
+    return guarded([&]() -> llmd_status {
+        if (m == nullptr || q == nullptr || k == nullptr || v == nullptr || out == nullptr || hd < 1 || hd > 1024)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad delta step arguments");
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        (fast ? delta_step : delta_step_ref)(m, q, k, v, decay, beta, hd, scale, out);
         return LLMD_OK;
     });
 }
