@@ -30,8 +30,8 @@ from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerpr
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
 from llmd.reasoning import ReasoningDelta, ReasoningStream
-from llmd.tools import (ContentDelta, JsonReplyCallStream, ToolCallDelta, ToolCallStream, merge_tool_calls,
-                        new_mistral_call_id)
+from llmd.harmony import HarmonyStream
+from llmd.tools import ContentDelta, ToolCallDelta, call_stream, merge_tool_calls
 
 Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
@@ -96,19 +96,22 @@ class Options:
 
 @dataclass
 class PromptIds:
-    """A prompt as token ids, part by part. `replies` maps the index of a part that
-    holds an earlier assistant reply to that reply's fingerprint, so the ids the
-    session generated for it can stand in for the re-tokenized text."""
+    """A prompt as token ids. `replies` maps the token span [start, end) of an earlier
+    assistant reply to that reply's fingerprint, so the ids the session generated for
+    it can stand in for the re-tokenized text."""
 
-    parts: list[list[int]]
+    tokens: list[int]
     bos: int | None = None  # prepended unless the prompt already starts with it
-    replies: dict[int, str] = field(default_factory=dict)
+    replies: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def ids(self, generated: Mapping[str, list[int]] | None = None) -> list[int]:
         ids: list[int] = []
-        for i, part in enumerate(self.parts):
-            fingerprint = self.replies.get(i)
-            ids += generated[fingerprint] if generated and fingerprint in generated else part
+        at = 0
+        for (start, end), fingerprint in sorted(self.replies.items()):
+            if generated and fingerprint in generated:
+                ids += self.tokens[at:start] + generated[fingerprint]
+                at = end
+        ids += self.tokens[at:]
         if self.bos is not None and (not ids or ids[0] != self.bos):
             ids.insert(0, self.bos)
         return ids
@@ -117,7 +120,8 @@ class PromptIds:
 class Output:
     """Turns a generation's token pieces into response text: UTF-8 assembly,
     stop-string hold-back, then (for a reasoning model's chat) the reasoning block
-    split off, then (for chat with tools) tool-call extraction from the content.
+    split off, then (for chat with tools) tool-call extraction from the content; or,
+    for gpt-oss ("harmony"), its channels split into reasoning, content and calls.
     Keeps what it produced: `text`, `reasoning` and the tool `calls` pieces.
     `reasoning` None means the output has no reasoning block; True or False says
     whether it starts inside one. `tool_format` is chat.tool_format's."""
@@ -126,14 +130,17 @@ class Output:
                  tool_format: str = "hermes"):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
-        self.thinking = ReasoningStream(reasoning) if reasoning is not None else None
-        self.tools = None if not tools else (
-            JsonReplyCallStream(tools) if tool_format == "llama3_json" else
-            JsonReplyCallStream(tools, new_mistral_call_id, "{[") if tool_format == "mistral_json" else
-            ToolCallStream(tools))
+        self.harmony = HarmonyStream(tools) if tool_format == "harmony" else None
+        self.thinking = ReasoningStream(reasoning) if reasoning is not None and self.harmony is None else None
+        self.tools = call_stream(tool_format, tools) if tools and self.harmony is None else None
         self.text: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCallDelta] = []
+
+    @property
+    def reads_markers(self) -> bool:
+        """Whether the tool format's markers (chat.output_markers) must reach `feed` as text."""
+        return self.tools is not None or self.harmony is not None
 
     def content(self) -> str:
         return "".join(self.text)
@@ -154,15 +161,14 @@ class Output:
 
     def _route(self, text: str, final: bool) -> list[Delta]:
         out: list[Delta] = []
+        if self.harmony is not None:
+            out += (self.harmony.feed(text) if text else []) + (self.harmony.finish() if final else [])
+            text = ""
         if self.thinking is not None:
             pieces = (self.thinking.feed(text) if text else []) + (self.thinking.finish() if final else [])
             text = ""
             for kind, piece in pieces:
-                if kind == "reasoning":
-                    self.reasoning.append(piece)
-                    out.append(ReasoningDelta(piece))
-                else:
-                    out += self._content(piece)
+                out += [ReasoningDelta(piece)] if kind == "reasoning" else self._content(piece)
         out += self._content(text)
         if final and self.tools is not None:
             out += self.tools.finish()
@@ -171,6 +177,8 @@ class Output:
                 self.text.append(d.text)
             elif isinstance(d, ToolCallDelta):
                 self.calls.append(d)
+            else:
+                self.reasoning.append(d.text)
         return out
 
     def _content(self, text: str) -> list[ContentDelta | ToolCallDelta]:
@@ -200,6 +208,12 @@ class Api:
         # seconds tokenizing it while every stream waits.
         longest = max((len(self.engine.piece(i, special=True)) for i in range(self.info.n_vocab)), default=1)
         self.max_text_bytes = self.info.n_ctx * max(longest, 1)
+        # The control tokens a chat's tool format writes reach its parser as their text
+        # (a Mistral model's [TOOL_CALLS] opens its calls). A grammar cannot write control
+        # tokens, so where one opens a call, tool_choice "auto" leaves the output free.
+        markers = () if isinstance(template, chat.Unavailable) else chat.output_markers(template)
+        self.shown = chat.control_pieces(engine, markers)
+        self.calls_open_with_control = bool(markers) and markers[0].encode() in self.shown.values()
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
@@ -354,9 +368,10 @@ class Api:
         data = [self.table.describe(s) for s in self.table.named.values()]
         # The engine's own count next to the table's: they differ only while frees
         # or opens are queued on the executor, so lasting disagreement is a leak.
+        saved = {"saved_sessions": store.count, "saved_bytes": store.bytes_used} if (store := self.table.store) else {}
         return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1,
                               "engine_sessions": self.engine.live_sessions(),
-                              "table_sessions": self.table.engine_sessions})
+                              "table_sessions": self.table.engine_sessions, **saved})
 
     def _named(self, sid: str) -> str:
         return session_id_of(sid, {})
@@ -438,8 +453,10 @@ class Api:
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         prompt, text, tools = await self._chat_prompt(req)
-        grammar = await asyncio.to_thread(constrain.chat_grammar, req)  # compiling may take a while
-        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt)
+        # compiling may take a while
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req, not self.calls_open_with_control)
+        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt,
+                                    reasoning=chat.reasoning_start(self.template, text))
 
     async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
         """The conversation rendered by the chat template: its ids, its text and the
@@ -448,10 +465,11 @@ class Api:
         # a Jinja template over a long conversation takes milliseconds: off the event loop
         rendered = await asyncio.to_thread(self._render, req.messages, tools, True, req.template_kwargs)
         self._check_text(rendered.text, "messages")
-        prompt = await self.runtime.call(self._tokenize_parts, rendered.parts)
-        for index, part in rendered.replies.items():
+        tokens = await self.runtime.call(chat.tokenize_prompt, rendered, self.engine.tokenize_marked)
+        prompt = self._prompt_ids(tokens.ids)
+        for index, span in tokens.replies.items():
             m = req.messages[index]
-            prompt.replies[part] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
+            prompt.replies[span] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
         return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
@@ -462,9 +480,9 @@ class Api:
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
             self._check_text(req.prompt, "prompt")
-            prompt = await self.runtime.call(self._tokenize_parts, [(req.prompt, True)])
+            prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))
         else:
-            prompt = PromptIds([list(req.prompt)])
+            prompt = PromptIds(list(req.prompt))
         if req.echo and not isinstance(req.prompt, str):
             echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
         else:
@@ -490,10 +508,9 @@ class Api:
         except chat.ChatTemplateError as exc:
             raise errors.invalid_request(str(exc), "messages")
 
-    def _tokenize_parts(self, parts: list[tuple[str, bool]]) -> PromptIds:
-        """Markers as control tokens, content as plain text; BOS first if the model wants it."""
-        return PromptIds([self.engine.tokenize(text, special=is_marker) for text, is_marker in parts],
-                         self.info.bos_id if self.info.add_bos else None)
+    def _prompt_ids(self, ids: list[int]) -> PromptIds:
+        """A tokenized prompt, BOS first if the model wants it."""
+        return PromptIds(ids, self.info.bos_id if self.info.add_bos else None)
 
     def _sampling(self, s: openai.Sampling) -> Sampling:
         return Sampling(
@@ -680,7 +697,8 @@ class Reply:
             self.generated_ids.append(token.id)
         if token.logprob is not None and token.piece:  # an end-of-turn token is no text
             self.logprobs.append(TokenLogprob(token.id, token.logprob, token.top))
-        deltas, hit = self.output.feed(token.piece)
+        piece = self.api.shown.get(token.id, token.piece) if self.output.reads_markers else token.piece
+        deltas, hit = self.output.feed(piece)
         if hit:
             self.stop_hit = True
             self.api.runtime.cancel(self.g)

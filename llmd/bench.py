@@ -8,6 +8,9 @@ warm resume), and streaming tok/s, also as a share of the engine's rate at short
 context and at the same context (what HTTP itself costs). Memory:
 resident set after load and after each of 4 sessions with a full 2048-token cache.
 With --conversation: a 10-turn chat through HTTP, with and without warm resume.
+With --sessions: sessions on disk (--session-dir), first-token latency of a turn whose session
+comes back from its file (after LRU eviction, and after SIGTERM and a restart) next
+to a warm turn in memory, and the share of each turn that was cached.
 """
 from __future__ import annotations
 
@@ -15,8 +18,10 @@ import http.client
 import json
 import re
 import statistics
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -193,9 +198,77 @@ def conversation_figures(path: str | None, threads: int) -> list[dict]:
     return rows
 
 
-def _request(port: int, method: str, path: str, body: dict | None = None) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request(method, path, json.dumps(body) if body else None, {"Content-Type": "application/json"})
+def session_dir_figures(path: str | None, threads: int, runs: int) -> dict:
+    """Three conversations take turns over two session slots, so each comes back from
+    its file (--session-dir) every time; each such turn is followed by a second turn
+    of the same conversation, warm in memory (the A/B pairs alternate). Then, twice or
+    more: SIGTERM, a restart on the same directory, one request of another session
+    (so that the process's own first-request costs are not counted), and one turn per
+    conversation (restored from the files written at shutdown) followed again by a
+    warm one. Cached share: a turn's cached tokens over the previous turn's prompt +
+    completion. A turn asks for one token, so its latency is its first token's, also
+    for a random-weight model whose tokens may have no text to stream."""
+    names = ("x", "y", "z")
+    with tempfile.TemporaryDirectory(prefix="llmd-bench-sessions-") as directory:
+        flags = ("--max-sessions", "3", "--ctx", "4096", "--session-dir", directory)
+        histories = {sid: [{"role": "system", "content": FILLER * 16}] for sid in names}
+        last_total: dict[str, int] = {}
+        shares, cold, disk, memory, restarted, after = [], [], [], [], [], []
+
+        def turn(port: int, model: str, sid: str, times: list[float]) -> None:
+            history = histories[sid]
+            history.append({"role": "user", "content": QUESTIONS[len(history) % len(QUESTIONS)]})
+            body = {"model": model, "messages": history, "temperature": 0, "max_tokens": 1}
+            start = time.perf_counter()
+            reply = json.loads(_request(port, "POST", CHAT, body, {"X-Session-ID": sid}))
+            first = time.perf_counter() - start
+            usage = reply["usage"]
+            history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+            if sid in last_total:
+                shares.append(usage["prompt_tokens_details"]["cached_tokens"] / last_total[sid])
+            last_total[sid] = usage["prompt_tokens"] + usage["completion_tokens"]
+            times.append(first)
+
+        rounds = max(2, -(-runs // len(names)))
+        proc, port = _start(path, threads, *flags)
+        try:
+            model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+            for sid in names:
+                turn(port, model, sid, cold)
+            for _ in range(rounds):
+                for sid in names:  # evicted by the other two since its last turn: from disk
+                    turn(port, model, sid, disk)
+                    turn(port, model, sid, memory)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=300)
+        for _ in range(rounds):
+            proc, port = _start(path, threads, *flags)
+            try:
+                _request(port, "POST", CHAT, {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                              "max_tokens": 1})
+                for sid in names:
+                    turn(port, model, sid, restarted)
+                    turn(port, model, sid, after)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=300)
+
+    def ms(values: list[float]) -> float:
+        return round(statistics.median(values) * 1000, 1)
+
+    return {"sessions_min_cached_share": round(min(shares), 3), "sessions_turns": len(shares) + len(names),
+            "sessions_history_tokens": max(last_total.values()), "sessions_ttft_cold_ms": ms(cold),
+            "sessions_ttft_from_disk_ms": ms(disk), "sessions_ttft_in_memory_ms": ms(memory),
+            "sessions_ttft_after_restart_ms": ms(restarted), "sessions_ttft_in_memory_after_restart_ms": ms(after),
+            "sessions_from_disk_over_memory": round(statistics.median(disk) / statistics.median(memory), 2),
+            "sessions_after_restart_over_memory": round(statistics.median(restarted) / statistics.median(after), 2)}
+
+
+def _request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request(method, path, json.dumps(body) if body else None,
+                 {"Content-Type": "application/json", **(headers or {})})
     data = conn.getresponse().read()
     conn.close()
     return data
@@ -217,7 +290,12 @@ def _default() -> str:
     return str(models.default_model())
 
 
-def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False) -> int:
+def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
+        sessions: bool = False) -> int:
+    if sessions:
+        figures = session_dir_figures(path, threads, runs)
+        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+        return 0
     if conversation:
         rows = conversation_figures(path, threads)
         if as_json:

@@ -14,11 +14,14 @@ are tokenized differently: a template marker such as `<|im_start|>` must become 
 control token, while message content never may (a user who types `<|im_end|>` gets
 those characters, not an end of turn). Markers are exactly the special-token strings
 the template itself writes; everything else (role names, newlines, content, the
-tools block) is plain text. Adjacent plain text is merged so that the tokenizer sees
-the same runs it would see when splitting the full string at control tokens, with one
-exception: the text of an earlier assistant reply stands alone after its role header,
-as the model's own output did, so that a session can put back the exact ids the model
-generated for it (`Prompt.replies`) instead of re-tokenizing the text.
+tools block) is plain text. `tokenize_prompt` tokenizes the whole prompt in one call,
+with control tokens allowed only inside the markers' byte ranges, so that the rest is
+tokenized as llama.cpp tokenizes the rendered string: a BPE word or SentencePiece's
+space prefix does not stop at the seam between template text and content. Adjacent
+plain text is merged, except that the text of an earlier assistant reply stands
+alone, so that where it starts and ends on token boundaries a session can put back
+the exact ids the model generated for it (`Prompt.replies`, `PromptTokens.replies`)
+instead of the re-tokenized text.
 
 For a Jinja template the interpreter reports which output characters came from the
 conversation; markers are the control-token strings (found through the model's vocab
@@ -26,8 +29,10 @@ at start-up, `template_markers`) in the template's own text only. A reply part i
 assistant message's content when the template wrote it unchanged.
 
 What a template writes also says how the model answers: `tool_format` (Hermes blocks,
-Llama 3.x's JSON reply, Mistral's [TOOL_CALLS] array) and `reasoning_start` (whether
-replies carry a <think> block, and whether the prompt already opened it).
+Llama 3.x's JSON reply or <|python_tag|>, Mistral's [TOOL_CALLS], Gemma 4's
+<|tool_call>, Granite's <|tool_call|>, gpt-oss's harmony channels), `output_markers`
+(the strings that format is read by) and `reasoning_start` (whether replies carry a
+<think> block, and whether the prompt already opened it).
 
 The built-in ChatML renderer writes tools as Qwen2.5's template does: a `# Tools`
 block in the system message, `<tool_call>` blocks for assistant calls, and
@@ -42,7 +47,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmd import jinja, reasoning
+from llmd import harmony, jinja, reasoning
+from llmd.tools import FORMAT_MARKERS, GEMMA_CALL, MISTRAL_CALLS, TAGGED_CALLS
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -130,6 +136,42 @@ class Prompt:
             self.replies[message_index] = len(self.parts) - 1
 
 
+@dataclass
+class PromptTokens:
+    """A rendered prompt as token ids (no BOS). `replies` maps the index of an assistant
+    message to the token span [start, end) of its reply, for each reply whose text
+    starts and ends where tokens do."""
+
+    ids: list[int]
+    replies: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def tokenize_prompt(prompt: Prompt,
+                    tokenize_marked: Callable[[bytes, list[tuple[int, int]]], tuple[list[int], list[int]]]
+                    ) -> PromptTokens:
+    """The whole prompt tokenized in one call, as llama.cpp tokenizes a rendered chat
+    (special tokens parsed, so words and SentencePiece's space prefix run across the
+    seams between template text and content), except that control tokens match only
+    inside the markers. `tokenize_marked(text, marker_byte_ranges)` is
+    Engine.tokenize_marked: ids and the byte offset where each starts (-1: unknown)."""
+    chunks = [text.encode("utf-8", "surrogatepass") for text, _ in prompt.parts]
+    starts = [0]
+    for chunk in chunks:
+        starts.append(starts[-1] + len(chunk))
+    markers = [(starts[i], starts[i + 1]) for i, (_, is_marker) in enumerate(prompt.parts) if is_marker]
+    ids, offsets = tokenize_marked(b"".join(chunks), markers)
+    first_at: dict[int, int] = {starts[-1]: len(ids)}  # byte offset -> the first token starting there
+    for i, offset in enumerate(offsets):
+        if offset >= 0:
+            first_at.setdefault(offset, i)
+    replies = {}
+    for message, part in prompt.replies.items():
+        start, end = first_at.get(starts[part]), first_at.get(starts[part + 1])
+        if start is not None and end is not None and start < end:
+            replies[message] = (start, end)
+    return PromptTokens(ids, replies)
+
+
 _SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 _QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 # The programs a built-in renderer reproduces exactly, by jinja.Template.fingerprint
@@ -175,8 +217,8 @@ class JinjaTemplate:
         # A template that writes </think> is a reasoning model's: its output is split.
         literals = template.literals()
         self.thinks = any(reasoning.CLOSE in literal for literal in literals)
-        self.tool_format = ("llama3_json" if any(_LLAMA3_JSON_CALLS in lit for lit in literals) else
-                            "mistral_json" if any(_MISTRAL_JSON_CALLS in lit for lit in literals) else "hermes")
+        self.tool_format = next((name for name, sign in _TOOL_FORMAT_SIGNS
+                                 if any(sign in literal for literal in literals)), "hermes")
         self.markers = tuple(sorted(set(markers), key=len, reverse=True))
         self._marker_re = re.compile("|".join(map(re.escape, self.markers))) if self.markers else None
 
@@ -202,19 +244,46 @@ def renderer_name(template: ChatTemplate | JinjaTemplate | Unavailable) -> str:
     return "jinja" if isinstance(template, JinjaTemplate) else f"builtin:{template.name}"
 
 
-# The instruction Llama 3.1-3.3 templates give with tools; their models answer in it.
-_LLAMA3_JSON_CALLS = '"parameters": dictionary of argument name and its value'
-# How Mistral Nemo's template writes earlier calls: [TOOL_CALLS] then a JSON array.
-_MISTRAL_JSON_CALLS = "[TOOL_CALLS]["
+# What a template writes, in its instructions or in the earlier calls it renders, says
+# how its model writes calls (llmd.tools.FORMAT_MARKERS, llmd.harmony): the first match decides.
+_TOOL_FORMAT_SIGNS = (
+    ("harmony", harmony.TEMPLATE_SIGN),
+    # the instruction Llama 3.1-3.3 templates give with tools
+    ("llama3_json", '"parameters": dictionary of argument name and its value'),
+    ("gemma4", GEMMA_CALL + "call:"),
+    # Nemo: [TOOL_CALLS] then a JSON array; Small 3.x, Magistral, Devstral: name[ARGS]{...}
+    ("mistral", MISTRAL_CALLS),
+    # Granite 3.3 asks for <|tool_call|> and a JSON list
+    ("tagged_json", TAGGED_CALLS),
+)
 
 
 def tool_format(template: ChatTemplate | JinjaTemplate) -> str:
-    """How the model writes tool calls: "llama3_json" (a JSON object reply) for Llama
-    3.1-3.3 templates, "mistral_json" (a JSON array after [TOOL_CALLS]) for Mistral
-    Nemo's, else "hermes" (`<tool_call>` blocks)."""
+    """How the model writes tool calls, by the name llmd.tools.call_stream takes or
+    "harmony" (gpt-oss's channels, llmd.harmony); "hermes" (`<tool_call>` blocks) for
+    the built-in renderers and templates without another sign."""
     if isinstance(template, JinjaTemplate):
         return template.tool_format
     return "hermes"
+
+
+def output_markers(template: ChatTemplate | JinjaTemplate) -> tuple[str, ...]:
+    """The strings the model's replies are parsed by (tool calls, channels), the one
+    that opens a tool call first."""
+    fmt = tool_format(template)
+    return harmony.MARKERS if fmt == "harmony" else FORMAT_MARKERS[fmt]
+
+
+def control_pieces(engine: Any, texts: tuple[str, ...]) -> dict[int, bytes]:
+    """The control tokens among `texts` (each a whole token's text), by id, with that
+    text: where a parser reads them in replies they must reach it as text, while a
+    control token's piece is otherwise empty. `engine` gives tokenize and piece."""
+    pieces = {}
+    for text in texts:
+        ids = engine.tokenize(text, special=True)
+        if len(ids) == 1 and not engine.piece(ids[0]):
+            pieces[ids[0]] = engine.piece(ids[0], special=True)
+    return pieces
 
 
 def reasoning_start(template: ChatTemplate | JinjaTemplate, prompt_text: str) -> bool | None:

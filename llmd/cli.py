@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--session-eviction", choices=("lru", "none"),
                        default=_env("session_eviction", "lru", choices=("lru", "none")),
                        help="when the table is full: evict the least recently used idle session, or refuse")
+    serve.add_argument("--session-dir", default=_env("session_dir", None),
+                       help="keep named sessions in files here: an evicted session, and every session "
+                            "alive at shutdown, resumes warm from its file (off when not set)")
+    serve.add_argument("--session-dir-max", type=_size, default=_env("session_dir_max", 4 << 30, _size),
+                       help="disk space for --session-dir, e.g. 20G; the least recently used files go "
+                            "first (0: no limit)")
     serve.add_argument("--scratch-reuse", action="store_true", default=_env("scratch_reuse", False, bool),
                        help="let anonymous requests reuse the scratch session's cache")
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),
@@ -177,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", default=_env("json", False, bool), help="print one JSON object")
     bench.add_argument("--conversation", action="store_true", default=_env("conversation", False, bool),
                        help="instead: a 10-turn chat, first-token latency with and without warm resume")
+    bench.add_argument("--sessions", action="store_true", default=_env("sessions", False, bool),
+                       help="instead: sessions on disk, first-token latency after eviction and after a "
+                            "restart next to a warm turn in memory")
     return parser
 
 
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_perplexity(args)
         if args.command == "bench":
             from llmd import bench
-            return bench.run(args.model, args.threads, args.runs, args.json, args.conversation)
+            return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions)
         return cmd_serve(args)
     except models.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)
@@ -341,8 +350,9 @@ async def serve(args) -> None:
         log.warning("the chat template uses %s, which llmd's template interpreter does not support; "
                     "conversations that reach it are refused", ", ".join(missing))
     model_id = models.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
+    store = await open_session_store(args, engine, str(path)) if args.session_dir else None
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
-                         scratch_reuse=args.scratch_reuse)
+                         scratch_reuse=args.scratch_reuse, store=store)
     await table.start()
     app.api = Api(engine, runtime, table, template,
                   Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,
@@ -362,6 +372,30 @@ async def serve(args) -> None:
                        cut=lambda: runtime.end_all(errors.unavailable("the server is shutting down")))
     await table.close()
     await runtime.close()
+
+
+async def open_session_store(args, engine, model_path: str):
+    """The --session-dir store, its files listed; None (in-memory sessions, with a
+    warning) if the directory cannot be created or listed, or the model keeps recurrent
+    state (the file format holds tokens and keys and values only)."""
+    from llmd import _native
+    from llmd.session_store import SessionStore, model_fingerprint
+    if engine.info.n_recurrent_layers:
+        log.warning("--session-dir %s: sessions of a model with recurrent layers (%s) are not saved to disk; "
+                    "they are kept in memory only", args.session_dir, engine.info.architecture)
+        return None
+    header_bytes, file_bytes = engine.file_layout()
+    try:
+        fingerprint = await asyncio.to_thread(model_fingerprint, model_path, header_bytes, file_bytes,
+                                              _native.__file__)
+        store = SessionStore(args.session_dir, args.session_dir_max, fingerprint, engine.info.n_ctx)
+        await asyncio.to_thread(store.scan)
+    except OSError as exc:
+        log.warning("cannot use --session-dir %s: %s; sessions are kept in memory only", args.session_dir, exc)
+        return None
+    log.info("session dir %s: %d saved sessions (%.1f MB of at most %s)", args.session_dir, store.count,
+             store.bytes_used / 1e6, f"{args.session_dir_max / 1e6:.0f} MB" if args.session_dir_max else "no limit")
+    return store
 
 
 def banner(url: str, model_id: str, path: str, info, load_seconds: float) -> str:

@@ -30,13 +30,18 @@ from llmd.openai import ChatRequest, CompletionRequest, ResponseFormat
 from llmd.tools import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG
 
 
-def chat_grammar(req: ChatRequest) -> str | None:
-    """Grammar text for a chat request, or None when its output is free."""
+def chat_grammar(req: ChatRequest, grammar_writes_calls: bool = True) -> str | None:
+    """Grammar text for a chat request, or None when its output is free.
+    `grammar_writes_calls` False: the model opens its own calls with a control token
+    (Mistral's [TOOL_CALLS]), which a grammar cannot write; with tool_choice "auto" and
+    no response_format the output is then free and its calls are parsed in the model's
+    format, while "required" or a named function still constrain to the blocks above,
+    which every format's parser also reads."""
     tools = [[t.name, t.parameters] for t in req.tools] if req.tool_choice != "none" else []
     if req.tool_name is not None:
         tools = [t for t in tools if t[0] == req.tool_name]
     fmt = _format_key(req.response_format)
-    if not tools and fmt is None:
+    if fmt is None and (not tools or not grammar_writes_calls and req.tool_choice == "auto"):
         return None
     indexes = {t.name: i for i, t in enumerate(req.tools)}
     key = {"format": fmt, "tools": tools, "indexes": [indexes[name] for name, _ in tools],

@@ -183,6 +183,12 @@ class Engine:
         _check(lib.llmd_engine_capacity(self.handle, budget_bytes, n, per))
         return n[0], per[0]
 
+    def file_layout(self) -> tuple[int, int]:
+        """(bytes before the tensor data: header, metadata, tensor table; file size)."""
+        header, size = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        _check(lib.llmd_engine_file_layout(self.handle, header, size))
+        return header[0], size[0]
+
     def live_sessions(self) -> int:
         """Sessions of this engine not yet freed; safe from any thread."""
         n = ffi.new("int32_t *")
@@ -202,6 +208,23 @@ class Engine:
             status = lib.llmd_tokenize(self.handle, data, len(data), int(special), out, capacity, n)
         _check(status)
         return list(ffi.unpack(out, n[0]))
+
+    def tokenize_marked(self, text: bytes, markers: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        """Token ids of a whole prompt, with control-token text matched only inside the
+        `markers` byte ranges (sorted [begin, end) pairs), and per id the byte offset
+        where it starts (-1 where the tokenizer cannot tell). No BOS."""
+        n = ffi.new("size_t *")
+        ranges = ffi.new("uint64_t[]", [bound for marker in markers for bound in marker])
+        capacity = len(text) + 1
+        for _ in range(2):  # again with the size asked for: SentencePiece may need more
+            out, offsets = ffi.new("int32_t[]", capacity), ffi.new("int64_t[]", capacity)
+            status = lib.llmd_tokenize_marked(self.handle, text, len(text), ranges, len(markers), out, offsets,
+                                              capacity, n)
+            if status != lib.LLMD_ERR_INVALID_ARGUMENT or n[0] <= capacity:
+                break
+            capacity = n[0]
+        _check(status)
+        return list(ffi.unpack(out, n[0])), list(ffi.unpack(offsets, n[0]))
 
     def piece(self, token_id: int, special: bool = False) -> bytes:
         data, size = ffi.new("const char **"), ffi.new("size_t *")
@@ -300,6 +323,30 @@ class Session:
         its checkpoints and the current position; None when it accepts any."""
         points = self.checkpoints
         return None if points is None else sorted({*points, self.position})
+
+    def tokens(self) -> list[int]:
+        """The ids in the KV cache, oldest first."""
+        n = ffi.new("size_t *")
+        out = ffi.new("int32_t[]", max(self.position, 1))
+        _check(lib.llmd_session_tokens(self.handle, out, len(out), n))
+        return list(ffi.unpack(out, n[0]))
+
+    def export_state(self, n_tokens: int | None = None) -> memoryview:
+        """The first n_tokens ids in the KV cache (default: all) and their keys and
+        values, as the bytes import_state restores (native/src/session_state.h); no
+        checksum, no model identity: llmd.session_store adds both. The session is
+        not changed."""
+        n = self.position if n_tokens is None else n_tokens
+        size = ffi.new("size_t *")
+        _check(lib.llmd_session_state_size(self.handle, n, size))
+        out = ffi.new("uint8_t[]", size[0])
+        _check(lib.llmd_session_export(self.handle, n, out, size[0]))
+        return memoryview(ffi.buffer(out))
+
+    def import_state(self, data: bytes | memoryview) -> None:
+        """Replace the cache with exported bytes; EngineError (LLMD_ERR_FORMAT) with the
+        reason, and the session unchanged, for bytes this engine cannot take."""
+        _check(lib.llmd_session_import(self.handle, ffi.from_buffer(data), len(data)))
 
     def prefill(self, ids: list[int]) -> None:
         _check(lib.llmd_session_prefill(self.handle, ffi.new("int32_t[]", ids), len(ids)))

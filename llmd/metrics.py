@@ -206,6 +206,17 @@ class ServerMetrics:
         self.evictions = r.counter("llmd_session_evictions_total",
                                    "Idle named sessions evicted to make room for a new one.")
         self.model_load = r.gauge("llmd_model_load_seconds", "Seconds it took to read and load the model.")
+        self.session_files_saved = r.counter("llmd_session_files_saved_total",
+                                             "Session files written to --session-dir.")
+        self.session_files_loaded = r.counter("llmd_session_files_loaded_total",
+                                              "Session files loaded into a session (warm from disk).")
+        self.session_files_refused = r.counter(
+            "llmd_session_files_refused_total",
+            "Session files not loaded: damaged, of another model, context or format version, or unreadable.")
+        self.session_files_failed = r.counter(
+            "llmd_session_files_failed_total",
+            "Session files that could not be written (disk full, read-only directory, over --session-dir-max).")
+        self.session_dir_bytes = r.gauge("llmd_session_dir_bytes", "Bytes of session files in --session-dir.")
 
     def watch(self, runtime: Runtime, table: SessionTable, kv_bytes_per_token: int) -> None:
         """Sample the state gauges from the runtime and the session table at each scrape."""
@@ -217,6 +228,12 @@ class ServerMetrics:
         self.table_sessions.read = lambda: table.engine_sessions
         self.kv_bytes.read = lambda: table.resident_tokens * kv_bytes_per_token
         self.evictions.read = lambda: table.evictions
+        if (store := table.store) is not None:
+            self.session_files_saved.read = lambda: store.saved
+            self.session_files_loaded.read = lambda: store.loaded
+            self.session_files_refused.read = lambda: store.refused
+            self.session_files_failed.read = lambda: store.failed
+            self.session_dir_bytes.read = lambda: store.bytes_used
 
     def render(self) -> str:
         return self.registry.render()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmd.text import partial_suffix
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -25,14 +27,6 @@ class ReasoningDelta:
     """Text for `delta.reasoning_content`."""
 
     text: str
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `tag`."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
 
 
 class ReasoningStream:
@@ -59,7 +53,7 @@ class ReasoningStream:
             elif state == "inside":
                 end = self.held.find(CLOSE)
                 if end < 0:
-                    keep = _partial_suffix(self.held, CLOSE)
+                    keep = partial_suffix(self.held, CLOSE)
                     body = self.held[:len(self.held) - keep]
                     release = body.rstrip()  # trailing whitespace may be layout before CLOSE
                     self._reason(out, release)

@@ -25,6 +25,17 @@ so a freed session is gone before any session opened after it: the engine never
 holds more sessions than the table has reserved, whatever order clients and
 operators act in. `engine_sessions` counts what the table holds; it equals the
 engine's own `live_sessions()` whenever the executor is idle.
+
+Sessions on disk (llmd.session_store, with --session-dir). A named session idle for
+IDLE_SAVE_SECONDS, evicted, or still in the table when the server closes, is
+exported on the executor (before its engine session is freed) and its file written
+on a worker thread, unless its file already holds what it holds; so a session
+evicted after a pause costs its next request nothing, and a crash loses at most
+what came after a pause. A new named slot reads the id's file while its engine
+session opens, then loads it into the session if the store accepts it, so its first
+request finds `resident` as the file left it. DELETE and reset remove the file.
+Disk operations for one id run in order (a load waits for the id's pending write or
+removal), and never on the event loop.
 """
 from __future__ import annotations
 
@@ -38,7 +49,8 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
-from llmd.engine import Engine, Session
+from llmd.engine import Engine, EngineError, Session
+from llmd.session_store import Saved, SessionStore
 from llmd.tools import canonical_arguments
 
 log = logging.getLogger("llmd.sessions")
@@ -46,6 +58,7 @@ log = logging.getLogger("llmd.sessions")
 SESSION_HEADERS = ("x-executorch-session-id", "session_id", "x-session-affinity", "x-session-id")
 MAX_SESSION_ID = 128
 MAX_REPLIES = 64  # assistant replies remembered per session (their generated ids)
+IDLE_SAVE_SECONDS = 10.0  # with a session store: a named session idle this long is written to it
 
 
 def session_id_of(body_id: str | None, headers) -> str | None:
@@ -92,6 +105,9 @@ class Slot:
     opening: asyncio.Future | None = None  # the engine call opening `session`
     failure: BaseException | None = None   # why opening failed
     freed: bool = False
+    save: bool = False              # written to the session store when freed (evicted, shutdown)
+    turns: int = 0                  # requests that ended on it (with a session store)
+    saved_turns: int = -1           # `turns` when the store last wrote its file
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # reply_fingerprint -> the ids the model generated for that reply, so a resent
@@ -122,7 +138,7 @@ class SessionTable:
     """Named sessions, the scratch slot, capacity admission, and engine session lifetime."""
 
     def __init__(self, engine: Engine, call: Callable[..., Awaitable], *, capacity: int,
-                 eviction: str = "lru", scratch_reuse: bool = False):
+                 eviction: str = "lru", scratch_reuse: bool = False, store: SessionStore | None = None):
         self.engine = engine
         # Queues a function on the engine's executor thread at once and returns an
         # awaitable of its result (Runtime.call).
@@ -136,7 +152,10 @@ class SessionTable:
         self.evictions = 0
         self.engine_sessions = 0        # engine sessions opened and not yet closed
         self.scratch: Slot | None = None
-        self._pending: set[asyncio.Future] = set()  # engine calls the table queued
+        self._pending: set[asyncio.Future] = set()  # engine calls and disk work the table queued
+        self.store = store
+        self._disk: dict[str, asyncio.Future] = {}   # session id -> its last disk operation
+        self._closing = False
 
     async def start(self) -> None:
         scratch = Slot(None)
@@ -196,6 +215,7 @@ class SessionTable:
             if victim is None:
                 raise errors.capacity_exhausted(
                     retry_after=1, message=f"all {self.capacity - 1} named session slots are in use")
+            victim.save = True
             self._forget(victim)
             self.evictions += 1
         slot = self.named[session_id] = Slot(session_id)
@@ -210,15 +230,94 @@ class SessionTable:
 
     # ---- engine session lifetime (see the module doc) -------------------------
 
-    def _queue(self, fn: Callable, done: Callable[[asyncio.Future], None]) -> asyncio.Future:
-        future = asyncio.ensure_future(self._call(fn))
+    def _queue(self, work: Awaitable, done: Callable[[asyncio.Future], None] | None = None) -> asyncio.Future:
+        future = asyncio.ensure_future(work)
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
-        future.add_done_callback(done)
+        if done is not None:
+            future.add_done_callback(done)
         return future
 
     def _open(self, slot: Slot) -> None:
-        slot.opening = self._queue(self.engine.new_session, lambda f: self._opened(slot, f))
+        opened = self._call(self.engine.new_session)  # queued now, in order with the frees
+        if self.store is not None and slot.id is not None:
+            opened = self._restore(slot.id, slot, opened)
+        slot.opening = self._queue(opened, lambda f: self._opened(slot, f))
+
+    async def _restore(self, sid: str, slot: Slot, opened: Awaitable[Session]) -> Session:
+        """The slot's new engine session, holding what the id's file saved, if the
+        store accepts it; a refused or unreadable file leaves it empty (cold)."""
+        loading = asyncio.ensure_future(self._load(sid))  # the file is read while the session opens
+        try:
+            session = await opened
+        except BaseException:
+            loading.cancel()
+            raise
+        try:
+            saved = await loading
+            if saved is not None:
+                def restore() -> list[int]:
+                    session.import_state(saved.payload)
+                    return session.tokens()
+
+                slot.resident = await self._call(restore)
+                slot.replies = OrderedDict(saved.replies)
+                log.info("session %r restored from disk: %d tokens", sid, len(slot.resident))
+        except EngineError as exc:
+            log.warning("the engine refused the saved state of session %r: %s; it starts cold", sid, exc)
+            self.store.count_refused()
+        except BaseException:
+            self.engine_sessions += 1  # counted here, as _opened would have: _closed uncounts it
+            self._queue(self._call(session.close), self._closed)
+            raise
+        return session
+
+    async def _load(self, sid: str) -> Saved | None:
+        if (earlier := self._disk.get(sid)) is not None:
+            await asyncio.gather(earlier, return_exceptions=True)
+        return await asyncio.to_thread(self.store.load, sid)
+
+    def _on_disk(self, sid: str, work: Callable[[], Awaitable]) -> None:
+        """Run work() after the id's earlier disk operations, tracked like engine calls."""
+        earlier = self._disk.get(sid)
+
+        async def run() -> None:
+            if earlier is not None:
+                await asyncio.gather(earlier, return_exceptions=True)
+            await work()
+
+        future = self._disk[sid] = self._queue(run())
+        future.add_done_callback(lambda f: self._disk.pop(sid) if self._disk.get(sid) is f else None)
+
+    def _save(self, slot: Slot, session: Session, why: str) -> None:
+        """Export the slot's cache on the executor (queued before anything that follows,
+        such as the session's free) and write it to the store on a worker thread;
+        nothing to do when its file already holds what it holds."""
+        if slot.dirty or not slot.resident or slot.saved_turns == slot.turns:
+            return
+        # `resident` is a prefix of what the cache holds: exactly that is saved.
+        keep, replies, turns = len(slot.resident), list(slot.replies.items()), slot.turns
+        exported = self._call(session.export_state, keep)
+        slot.saved_turns = turns  # so that an eviction while this save runs does not export again
+
+        async def write() -> None:
+            try:
+                payload = await exported
+                saved = await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep)
+            except EngineError as exc:
+                log.warning("session %r could not be exported: %s; not saved", slot.id, exc)
+                saved = False
+            if saved:
+                log.info("session %r saved to disk (%s): %d tokens", slot.id, why, keep)
+            elif slot.saved_turns == turns:
+                slot.saved_turns = -1
+
+        self._on_disk(slot.id, write)
+
+    def _save_idle(self, slot: Slot, turns: int) -> None:
+        """Save a named session that has seen no request since `turns`."""
+        if slot.turns == turns and not slot.users and not slot.deleted and slot.session is not None:
+            self._save(slot, slot.session, "idle")
 
     def _opened(self, slot: Slot, future: asyncio.Future) -> None:
         slot.opening = None
@@ -245,7 +344,9 @@ class SessionTable:
             self.retiring -= 1
         if slot.session is not None:
             session, slot.session = slot.session, None
-            self._queue(session.close, self._closed)
+            if slot.save and self.store is not None:
+                self._save(slot, session, "shutdown" if self._closing else "evicted")
+            self._queue(self._call(session.close), self._closed)
 
     def _closed(self, future: asyncio.Future) -> None:
         self.engine_sessions -= 1
@@ -264,6 +365,9 @@ class SessionTable:
         slot.users -= 1
         slot.last_used = time.monotonic()
         slot.lock.release()
+        if self.store is not None and slot.id is not None:
+            slot.turns += 1
+            asyncio.get_running_loop().call_later(IDLE_SAVE_SECONDS, self._save_idle, slot, slot.turns)
         self._settle(slot)
 
     # ---- operator actions ---------------------------------------------------------
@@ -273,17 +377,26 @@ class SessionTable:
         one. A request running on it finishes normally; the engine session is freed
         after it, and requests that were waiting for it run on the new session."""
         slot = self.named.get(session_id)
+        on_disk = self._unsave(session_id)
         if slot is None:
-            return False
+            return on_disk
         self._forget(slot)
+        return True
+
+    def _unsave(self, session_id: str) -> bool:
+        """Remove the id's file, if the store lists one (after its pending writes)."""
+        if self.store is None or not (self.store.has(session_id) or session_id in self._disk):
+            return False
+        self._on_disk(session_id, lambda: asyncio.to_thread(self.store.remove, session_id))
         return True
 
     def reset(self, session_id: str) -> bool:
         """Clear a named session's context; it keeps its slot. A request running on
         it finishes normally; the next one starts from an empty cache."""
         slot = self.named.get(session_id)
+        on_disk = self._unsave(session_id)
         if slot is None:
-            return False
+            return on_disk
         slot.replies.clear()
         slot.resident = []
         # An idle session's next request truncates its cache to `resident` anyway; a
@@ -322,9 +435,16 @@ class SessionTable:
         }
 
     async def close(self) -> None:
-        """Free every session; returns once the engine has freed them."""
+        """Free every session (saving named ones to the store, if any); returns once the
+        engine has freed them and their files are written."""
+        self._closing = True
         for slot in list(self.named.values()):
+            if slot.deleted:  # left the table while an earlier one was written
+                continue
+            slot.save = True
             self._forget(slot)
+            if (writing := self._disk.get(slot.id)) is not None:  # one exported cache in memory at a time
+                await asyncio.gather(writing, return_exceptions=True)
         if self.scratch is not None:
             self.scratch.deleted = True
             self.retiring += 1

@@ -1,4 +1,5 @@
-"""Token pieces (bytes) to text: incremental UTF-8 decoding for streaming.
+"""Token pieces (bytes) to text: incremental UTF-8 decoding for streaming, and the
+hold-back of a tail that may still become a tag.
 
 A byte-level BPE token may end in the middle of a multi-byte character ("é" is
 0xC3 0xA9 and the two bytes can arrive in different tokens). `Utf8Stream` holds an
@@ -28,3 +29,12 @@ class Utf8Stream:
         text = self._decoder.decode(b"", final=True)
         self._decoder.reset()
         return text
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `tag`: text a
+    stream must hold back because the next piece may complete the tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

@@ -1,4 +1,5 @@
-"""Tool calls in model output: the Hermes `<tool_call>{json}</tool_call>` convention.
+"""Tool calls in model output: the Hermes `<tool_call>{json}</tool_call>` convention,
+and each family's own format (`call_stream` by the name chat.tool_format gives).
 
 Theory of operation. The model answers with text in which each call is a block
 
@@ -20,15 +21,23 @@ small JSON scanner finds where the object ends, and the rest up to `</tool_call>
 is layout. Any other block is held until its closing tag and then released as one
 tool call with its full arguments, or as content when invalid. `parse_tool_calls`
 runs the same machine over the whole text, so streamed and non-streamed answers agree.
+
+Other families: Llama 3.x's JSON reply or <|python_tag|> (`JsonReplyCallStream`), and
+formats whose calls a marker opens (`MarkedCallStream`: Mistral's [TOOL_CALLS], Gemma
+4's <|tool_call>, Granite's <|tool_call|>). Both read Hermes blocks too, since
+constrained decoding writes those for every family. gpt-oss's channels are llmd.harmony's.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
+
+from llmd.text import partial_suffix
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 # The layout of a constrained call: OPEN_TAG CALL_HEAD name CALL_ARGUMENTS {...}
@@ -172,14 +181,6 @@ def _call_of(call: Any, names: frozenset[str]) -> tuple[str, str] | None:
     if not isinstance(arguments, dict):
         return None
     return call["name"], json.dumps(arguments, ensure_ascii=False)
-
-
-def _partial_open_len(text: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of OPEN_TAG."""
-    for n in range(min(len(OPEN_TAG) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN_TAG[:n]):
-            return n
-    return 0
 
 
 class _ObjectScanner:
@@ -346,7 +347,7 @@ class ToolCallStream:
                 content(self._buf)
                 self._buf = ""
                 return events
-            cut = len(self._buf) - _partial_open_len(self._buf)
+            cut = len(self._buf) - partial_suffix(self._buf, OPEN_TAG)
             while cut > 0 and self._buf[cut - 1].isspace():
                 cut -= 1
             content(self._buf[:cut])
@@ -357,18 +358,15 @@ class ToolCallStream:
 class JsonReplyCallStream:
     """Tool calls written as a JSON reply. Llama 3.x: an object {"name": <tool>,
     "parameters": {...}} (or several, separated by ';'), as the Llama 3.1-3.3 templates
-    ask. Mistral (Nemo's format; `openers="{["`): a JSON array of {"name", "arguments"}
-    objects, after a [TOOL_CALLS] control token that never reaches the text. A reply
-    starting with one of `openers` is held to its end, then becomes calls when every
-    object is a call of a declared tool, else content as written. Any other reply goes
-    through the Hermes parser, which also reads the `<tool_call>` blocks constrained
-    decoding writes."""
+    ask, or what follows <|python_tag|> (python_tag_calls). A reply starting with "{"
+    or the tag is held to its end, then becomes calls when all of it is calls of declared
+    tools, else content as written. Any other reply goes through the Hermes parser,
+    which also reads the `<tool_call>` blocks constrained decoding writes."""
 
-    def __init__(self, tools: Iterable[dict[str, Any]] | None,
-                 new_id: Callable[[], str] = new_call_id, openers: str = "{") -> None:
+    def __init__(self, tools: Iterable[dict[str, Any]] | None, new_id: Callable[[], str] = new_call_id) -> None:
         self._names = tool_names(tools)
         self._new_id = new_id
-        self._openers = tuple(openers)
+        self._openers = ("{", PYTHON_TAG)
         self._hermes = ToolCallStream(tools, new_id)
         self._held = ""
         self._mode = "start"  # start, json (held), hermes
@@ -379,7 +377,7 @@ class JsonReplyCallStream:
         self._held += text
         if self._mode == "start":
             head = self._held.lstrip()
-            if not head:
+            if not head or any(opener.startswith(head) for opener in self._openers):
                 return []
             if not head.startswith(self._openers):
                 self._mode, held, self._held = "hermes", self._held, ""
@@ -391,10 +389,14 @@ class JsonReplyCallStream:
         if self._mode == "hermes":
             return self._hermes.finish()
         held, self._held = self._held, ""
-        calls = _json_calls(held, self._names)
+        head = held.lstrip()
+        if head.startswith(PYTHON_TAG):
+            calls = python_tag_calls(head[len(PYTHON_TAG):], self._names)
+        else:
+            calls = [(name, arguments, None) for name, arguments in _json_calls(held, self._names) or ()] or None
         if calls is None:
             return [ContentDelta(held)] if held else []
-        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments) in enumerate(calls)]
+        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments, _) in enumerate(calls)]
 
 
 def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
@@ -415,6 +417,242 @@ def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | Non
         while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
             pos += 1
     return calls or None
+
+
+# A call a decoder read: (name, arguments JSON, the id the model wrote or None).
+Call = tuple[str, str, Union[str, None]]
+
+
+class MarkedCallStream:
+    """Tool calls that a family's marker opens: Mistral's `[TOOL_CALLS]`, Gemma 4's
+    `<|tool_call>` ... `<tool_call|>`, Granite's `<|tool_call|>`. Text before the marker
+    streams as content through the Hermes parser (which also reads the blocks
+    constrained decoding writes). From the marker on, text is held up to `end` (without
+    one, to the end of the output), then `decode(body, names)` reads it: calls of
+    declared tools, or None, and then the block is content as written. Whitespace
+    around calls is layout."""
+
+    def __init__(self, tools: Iterable[dict[str, Any]] | None, start: str,
+                 decode: Callable[[str, frozenset[str]], list[Call] | None], end: str | None = None,
+                 new_id: Callable[[], str] = new_call_id) -> None:
+        self._names = tool_names(tools)
+        self._start, self._end, self._decode, self._new_id = start, end, decode, new_id
+        self._hermes = ToolCallStream(tools, new_id)
+        self._held = ""         # outside: a tail that may begin the marker; inside: the block so far
+        self._inside = False
+        self._lead_ws = ""      # whitespace before the marker, content again if the block is not calls
+        self._after_call = False
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        self._held += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[ToolEvent]:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[ToolEvent]:
+        events: list[ToolEvent] = []
+        while True:
+            if self._after_call:
+                self._held = self._held.lstrip()
+                if not self._held and not final:
+                    return events
+                self._after_call = False
+            if not self._inside:
+                at = self._held.find(self._start)
+                if at < 0:
+                    cut = len(self._held)
+                    if not final:  # hold what may begin the marker, and whitespace that may precede it
+                        cut -= partial_suffix(self._held, self._start)
+                        while cut > 0 and self._held[cut - 1].isspace():
+                            cut -= 1
+                    events += self._hermes.feed(self._held[:cut])
+                    self._held = self._held[cut:]
+                    return events + (self._hermes.finish() if final else [])
+                before = self._held[:at]
+                kept = before.rstrip()
+                events += self._hermes.feed(kept) + self._hermes.finish()  # what precedes a block is complete
+                self._lead_ws, self._held, self._inside = before[len(kept):], self._held[at + len(self._start):], True
+            stop = self._held.find(self._end) if self._end else -1
+            if stop < 0 and not final:
+                return events
+            body = self._held if stop < 0 else self._held[:stop]
+            self._held = "" if stop < 0 else self._held[stop + len(self._end or ""):]
+            self._inside = False
+            calls = self._decode(body, self._names)
+            if calls is None:
+                events.append(ContentDelta(self._lead_ws + self._start + body + (self._end if stop >= 0 else "")))
+            else:
+                for name, arguments, call_id in calls:
+                    events.append(ToolCallDelta(self._hermes.calls, call_id or self._new_id(), name, arguments))
+                    self._hermes.calls += 1
+                self._after_call = True
+            if final and not self._held:
+                return events + self._hermes.finish()
+
+
+MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+
+
+def mistral_calls(body: str, names: frozenset[str]) -> list[Call] | None:
+    """The calls after Mistral's [TOOL_CALLS]: `name[ARGS]{...}` (Mistral Small 3.x,
+    Magistral, Devstral; Small 3.2 puts `[CALL_ID]id` before [ARGS]), each call opened
+    by [TOOL_CALLS] again, or Nemo's JSON array of {"name", "arguments"} objects."""
+    calls: list[Call] = []
+    for segment in body.split(MISTRAL_CALLS):
+        segment = segment.strip()
+        if segment.startswith(("[", "{")):
+            found = _json_calls(segment, names)
+            if found is None:
+                return None
+            calls += [(name, arguments, None) for name, arguments in found]
+            continue
+        head, sep, arguments = segment.partition(MISTRAL_ARGS)
+        name, _, call_id = head.partition(MISTRAL_CALL_ID)
+        try:
+            call = _call_of({"name": name.strip(), "arguments": json.loads(arguments)}, names) if sep else None
+        except ValueError:
+            return None
+        if call is None:
+            return None
+        call_id = call_id.strip()
+        calls.append((*call, call_id if len(call_id) == 9 and call_id.isalnum() and call_id.isascii() else None))
+    return calls or None
+
+
+GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+
+
+def gemma_calls(body: str, names: frozenset[str]) -> list[Call] | None:
+    """One Gemma 4 call: `call:NAME{key:value,...}`, where a string is written between
+    <|"|> marks and keys, numbers, booleans and null bare."""
+    if not body.startswith("call:"):
+        return None
+    brace = body.find("{")
+    if brace < 0:
+        return None
+    try:
+        arguments, end = _gemma_value(body, brace)
+    except (ValueError, IndexError):
+        return None
+    if body[end:].strip():
+        return None
+    call = _call_of({"name": body[len("call:"):brace], "arguments": arguments}, names)
+    return None if call is None else [(*call, None)]
+
+
+def _gemma_value(text: str, pos: int) -> tuple[Any, int]:
+    """The value at text[pos] in Gemma 4's call syntax, and where it ends."""
+    if text.startswith(GEMMA_QUOTE, pos):
+        end = text.index(GEMMA_QUOTE, pos + len(GEMMA_QUOTE))
+        return text[pos + len(GEMMA_QUOTE):end], end + len(GEMMA_QUOTE)
+    if text[pos] in "{[":
+        close = "}" if text[pos] == "{" else "]"
+        items: dict[str, Any] | list[Any] = {} if close == "}" else []
+        pos += 1
+        while text[pos] != close:
+            if isinstance(items, dict):
+                if text.startswith(GEMMA_QUOTE, pos):
+                    key, pos = _gemma_value(text, pos)
+                else:
+                    colon = text.index(":", pos)
+                    key, pos = text[pos:colon].strip(), colon
+                if text[pos] != ":":
+                    raise ValueError("a key without a value")
+                items[key], pos = _gemma_value(text, pos + 1)
+            else:
+                value, pos = _gemma_value(text, pos)
+                items.append(value)
+            if text[pos] == ",":
+                pos += 1
+            elif text[pos] != close:
+                raise ValueError("items not separated by commas")
+        return items, pos + 1
+    end = pos
+    while end < len(text) and text[end] not in ",}]":
+        end += 1
+    bare = text[pos:end].strip()
+    try:
+        return json.loads(bare), end
+    except ValueError:
+        return bare, end
+
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+def python_tag_calls(body: str, names: frozenset[str]) -> list[Call] | None:
+    """What Llama 3.1 writes after <|python_tag|>: JSON calls, a built-in tool's
+    `name.call(arg="value", ...)`, or code for a declared `python` / `code_interpreter`
+    tool (its arguments then {"code": ...})."""
+    body = body.strip()
+    found = _json_calls(body, names)
+    if found is not None:
+        return [(name, arguments, None) for name, arguments in found]
+    call = _pythonic_call(body, names)
+    if call is not None:
+        return [(*call, None)]
+    for name in ("python", "code_interpreter"):
+        if name in names and body:
+            return [(name, json.dumps({"code": body}, ensure_ascii=False), None)]
+    return None
+
+
+def _pythonic_call(body: str, names: frozenset[str]) -> tuple[str, str] | None:
+    """`name.call(k=literal, ...)` as (name, arguments JSON); the literals are read by
+    ast.literal_eval, nothing is executed."""
+    try:
+        tree = ast.parse(body, mode="eval").body
+        if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Attribute) and tree.func.attr == "call"
+                and isinstance(tree.func.value, ast.Name) and not tree.args):
+            return None
+        arguments = {k.arg: ast.literal_eval(k.value) for k in tree.keywords if k.arg is not None}
+        if len(arguments) != len(tree.keywords):
+            return None
+        return _call_of({"name": tree.func.value.id, "arguments": arguments}, names)
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+        return None
+
+
+TAGGED_CALLS, TAGGED_CALLS_END = "<|tool_call|>", "<|/tool_call|>"
+
+
+def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
+    """What follows Granite's <|tool_call|>: a JSON list of {"name", "arguments"} calls
+    (closed by <|/tool_call|> where the model writes one)."""
+    body = body.strip()
+    if body.endswith(TAGGED_CALLS_END):
+        body = body[:-len(TAGGED_CALLS_END)]
+    found = _json_calls(body, names)
+    return None if found is None else [(name, arguments, None) for name, arguments in found]
+
+
+# Each tool format by name (chat.tool_format): the strings its calls are written with,
+# the one that opens a call first. Where they are control tokens, the output parser
+# must see them as text.
+FORMAT_MARKERS: dict[str, tuple[str, ...]] = {
+    "hermes": (),
+    "llama3_json": (PYTHON_TAG,),
+    "mistral": (MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID),
+    "gemma4": (GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE),
+    "tagged_json": (TAGGED_CALLS, TAGGED_CALLS_END),
+}
+
+
+def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None
+                ) -> ToolCallStream | JsonReplyCallStream | MarkedCallStream:
+    """The incremental parser of a tool format named in FORMAT_MARKERS."""
+    if tool_format == "hermes":
+        return ToolCallStream(tools)
+    if tool_format == "llama3_json":
+        return JsonReplyCallStream(tools)
+    if tool_format == "mistral":
+        return MarkedCallStream(tools, MISTRAL_CALLS, mistral_calls, new_id=new_mistral_call_id)
+    if tool_format == "gemma4":
+        return MarkedCallStream(tools, GEMMA_CALL, gemma_calls, GEMMA_CALL_END)
+    if tool_format == "tagged_json":
+        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls)
+    raise ValueError(f"unknown tool format {tool_format!r}")
 
 
 def parse_tool_calls(text: str, tools: Iterable[dict[str, Any]] | None,

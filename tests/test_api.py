@@ -538,3 +538,46 @@ def test_n_choices_hold_their_session_until_the_last_and_free_it_when_the_client
         time.sleep(0.05)
     assert info["in_flight"] == 0 and info["resident_tokens"] < 200
     assert server.chat([{"role": "user", "content": "Hi"}], session_id="left", max_tokens=2).status == 200
+
+
+MISTRAL_SHAPED_TEMPLATE = ("{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}"
+                           "{% if false %}[TOOL_CALLS]{% endif %}")
+
+
+def test_a_familys_control_token_reaches_its_parser_and_auto_calls_are_unconstrained(tmp_path):
+    """A random-weight model whose vocabulary has Mistral's [TOOL_CALLS] as a control
+    token and whose template writes it: with tool_choice "auto" the model may write it
+    (no grammar refuses it) and it reaches the parser as text; "required" still
+    constrains to a call."""
+    from tests.gguf_writer import ARRAY, STRING, build_tiny_llama
+    w = build_tiny_llama(n_vocab=300, reserved=2, chat_template=MISTRAL_SHAPED_TEMPLATE)
+    tokens = list(w.get("tokenizer.ggml.tokens").value[1])
+    marker = tokens.index("<|reserved_0|>")
+    tokens[marker] = "[TOOL_CALLS]"
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    path = w.write(tmp_path / "mistral-shaped.gguf")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    with running_llmd("--model", str(path), "--ctx", "128", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="mistral-shaped")
+        body = client.chat_body([{"role": "user", "content": "hi"}], max_tokens=2, tools=[tool],
+                                logit_bias={str(marker): 100})
+        message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
+        assert message["content"] == "[TOOL_CALLS][TOOL_CALLS]"  # no call in it: content as written
+        body.update(tool_choice="required", max_tokens=40)
+        choice = client.post_json("/chat/completions", body).json()["choices"][0]
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
+
+
+def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
+    """A generation prompt that opens <think> (as DeepSeek-R1 distills' does): what a
+    random-weight model writes is all reasoning, none of it content."""
+    from tests.gguf_writer import build_tiny_llama
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "<|im_start|>assistant\n<think>\n{% if false %}</think>{% endif %}")
+    path = build_tiny_llama(chat_template=template).write(tmp_path / "thinker.gguf")
+    with running_llmd("--model", str(path), "--ctx", "128", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="thinker")
+        body = client.chat_body([{"role": "user", "content": "hi"}], max_tokens=6, temperature=0,
+                                logit_bias={"65": 100})  # "A", over and over
+        message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
+        assert message["reasoning_content"] == "AAAAAA" and not message["content"]

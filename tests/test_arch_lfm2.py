@@ -262,3 +262,24 @@ def test_sessions_are_isolated_under_concurrency(server):
         together = {sid: f.result() for sid, f in futures.items()}
     for sid in prompts:
         assert together[sid]["choices"][0]["message"] == solo[sid]["choices"][0]["message"]
+
+
+def test_a_recurrent_session_refuses_export_and_import_rather_than_lose_its_state(engine, ids):
+    with engine.new_session() as s:
+        s.prefill(ids[:10])
+        for call in (lambda: s.export_state(), lambda: s.import_state(b"LKVS")):
+            with pytest.raises(EngineError, match="recurrent layers cannot be exported or imported") as err:
+                call()
+            assert err.value.status == lib.LLMD_ERR_UNSUPPORTED
+        assert s.position == 10
+
+
+def test_session_dir_keeps_a_recurrent_model_s_sessions_in_memory(models, tmp_path):
+    log = tmp_path / "log.txt"
+    with open(log, "w") as stderr, running_llmd("--model", str(models["lfm2"]), "--max-sessions", "3",
+                                                "--session-dir", str(tmp_path / "dir"), stderr=stderr) as url:
+        client = Client(url + "/v1")
+        client.model = client.get_json("/models").json()["data"][0]["id"]
+        assert chat(client, [{"role": "user", "content": "hello"}], "kept")["choices"]
+    assert "sessions of a model with recurrent layers (lfm2) are not saved to disk" in log.read_text()
+    assert not (tmp_path / "dir").exists()  # never opened

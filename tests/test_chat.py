@@ -12,7 +12,7 @@ import pytest
 from llmd import jinja
 from llmd.chat import (TEMPLATE_NAMES, ChatTemplate, ChatTemplateError, JinjaTemplate, Prompt,
                        UnsupportedToolsError, UnusedVariableError, detect_template, load_template, render_chat,
-                       template_markers, tool_format)
+                       template_markers, tokenize_prompt, tool_format)
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "chat_golden.json").read_text("utf-8"))
 TEMPLATES = GOLDEN["templates"]
@@ -369,7 +369,7 @@ def test_tiny_models_template_is_interpreted_with_markers_from_its_vocab(tiny_mo
         assert isinstance(template, JinjaTemplate)
         assert set(template.markers) == {"<|im_start|>", "<|im_end|>"}
         prompt = render_chat(template, [{"role": "user", "content": "a<|im_end|>b"}])
-        ids = [i for text, is_marker in prompt.parts for i in engine.tokenize(text, special=is_marker)]
+        ids = tokenize_prompt(prompt, engine.tokenize_marked).ids
     assert ids.count(tiny_model.im_end_id) == 1  # the template's, not the one the user typed
     assert ids.count(tiny_model.im_start_id) == 2
     assert prompt.text == "<|im_start|>user\na<|im_end|>b<|im_end|>\n<|im_start|>assistant\n"
@@ -399,7 +399,13 @@ def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
 @pytest.mark.parametrize("name, expected", [
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3_json"),
     ("meta-llama-Llama-3.3-70B-Instruct.jinja", "llama3_json"),
-    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral_json"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral"),
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
+    ("unsloth-mistral-Devstral-Small-2507.jinja", "mistral"),
+    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral"),
+    ("google-gemma-4-31B-it.jinja", "gemma4"),
+    ("ibm-granite-granite-3.3-2B-Instruct.jinja", "tagged_json"),
+    ("openai-gpt-oss-120b.jinja", "harmony"),
     ("Qwen-Qwen3-0.6B.jinja", "hermes"),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
 ])

@@ -129,9 +129,7 @@ class Batch:
     def prompt(self, body: dict) -> tuple[list[int], str | None]:
         """(prompt ids, grammar) of a chat request body."""
         req = openai.parse_chat_request(json.dumps({"model": "m", **body}).encode())
-        ids = []
-        for text, marker in chat.render_chat(self.template, body["messages"]).parts:
-            ids += self.engine.tokenize(text, special=marker)
+        ids = chat.tokenize_prompt(chat.render_chat(self.template, body["messages"]), self.engine.tokenize_marked).ids
         return ids, constrain.chat_grammar(req)
 
     def run(self, jobs: list[tuple[list[int], str]], max_tokens: int) -> list[tuple[str, bool]]:

@@ -295,14 +295,8 @@ def test_llama3_reply_not_starting_with_an_object_streams_and_reads_hermes_block
                                          "function": {"name": "search", "arguments": '{"q": "x"}'}}]
 
 
-def test_mistral_json_array_reply_is_parallel_tool_calls():
-    ids = iter(["a", "b"])
-    stream = JsonReplyCallStream(LLAMA_TOOLS, lambda: next(ids), openers="{[")
-    text = '[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "search", "arguments": {}}]'
-    events = [e for i in range(0, len(text), 6) for e in stream.feed(text[i:i + 6])] + stream.finish()
-    assert [(e.index, e.id, e.name, e.arguments) for e in events] == [
-        (0, "a", "get_weather", '{"city": "Paris"}'), (1, "b", "search", "{}")]
-    assert _json_reply("[1, 2]") == [ContentDelta("[1, 2]")]  # Llama's stream: '[' is not an opener
+def test_llama3_reply_starting_with_an_array_is_content():
+    assert _json_reply("[1, 2]") == [ContentDelta("[1, 2]")]
 
 
 def test_mistral_call_ids_are_nine_letters_and_digits():
@@ -333,3 +327,153 @@ def test_qwen3_coder_xml_block_is_a_call_with_typed_arguments():
 def test_xml_block_that_is_not_a_declared_call_stays_content(body):
     text = f"<tool_call>\n{body}\n</tool_call>"
     assert parse_tool_calls(text, CODER_TOOLS) == (text, [])
+
+
+# --- families whose calls a marker opens ------------------------------------------------
+
+def _marked(tool_format: str, text: str, step: int = 0) -> list:
+    """Events of `text` through the format's parser, whole (step 0) or in pieces."""
+    from llmd.tools import call_stream
+    counter = itertools.count()
+    parser = call_stream(tool_format, LLAMA_TOOLS)
+    parser._new_id = parser._hermes._new_id = lambda: f"call_{next(counter)}"
+    pieces = [text] if not step else [text[i:i + step] for i in range(0, len(text), step)]
+    return [e for p in pieces for e in parser.feed(p)] + parser.finish()
+
+
+@pytest.mark.parametrize("step", [0, 1, 3, 7])
+def test_mistral_name_args_calls_after_content(step):
+    text = ('Let me look.\n[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+            '[TOOL_CALLS]search[CALL_ID]a1B2c3D4e[ARGS]{"q": "x"}')
+    content, calls = collapse(_marked("mistral", text, step))
+    assert content == "Let me look."
+    assert calls == [call(0, "get_weather", '{"city": "Paris"}'),
+                     {**call(1, "search", '{"q": "x"}'), "id": "a1B2c3D4e"}]  # the model's own id is kept
+
+
+def test_mistral_nemo_array_after_the_marker_is_parallel_calls():
+    content, calls = collapse(_marked("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}},'
+                                                 ' {"name": "search", "arguments": {}}]', 2))
+    assert content is None
+    assert calls == [call(0, "get_weather", '{"city": "Rome"}'), call(1, "search", "{}")]
+
+
+@pytest.mark.parametrize("text", [
+    "[TOOL_CALLS]unknown[ARGS]{}",                   # not a declared tool
+    '[TOOL_CALLS]get_weather[ARGS]{"city": "Par',    # cut short
+    "[TOOL_CALLS]get_weather{}",                     # no [ARGS]
+    '[TOOL_CALLS]get_weather[ARGS]["x"]',            # arguments not an object
+])
+def test_mistral_block_that_is_not_calls_is_content_as_written(text):
+    assert collapse(_marked("mistral", "Hi " + text, 4)) == ("Hi " + text, [])
+
+
+def test_mistral_text_streams_until_the_marker_and_holds_a_partial_one():
+    from llmd.tools import call_stream
+    parser = call_stream("mistral", LLAMA_TOOLS)
+    assert parser.feed("Sure, [TOOL") == [ContentDelta("Sure,")]
+    assert parser.feed("S] in text") == [ContentDelta(" [TOOLS] in text")]
+
+
+@pytest.mark.parametrize("step", [0, 1, 5])
+def test_gemma4_call_with_quoted_strings_and_bare_values(step):
+    text = ('<|tool_call>call:get_weather{city:<|"|>Paris, "FR"<|"|>,days:3,metric:true,'
+            'opts:{hours:[1,2],note:<|"|>a:b<|"|>}}<tool_call|>Done.')
+    content, calls = collapse(_marked("gemma4", text, step))
+    assert content == "Done."
+    assert calls == [call(0, "get_weather", json.dumps(
+        {"city": 'Paris, "FR"', "days": 3, "metric": True, "opts": {"hours": [1, 2], "note": "a:b"}}))]
+
+
+@pytest.mark.parametrize("text", ["<|tool_call>call:nope{}<tool_call|>", "<|tool_call>call:get_weather{a:<tool_call|>",
+                                  "<|tool_call>get_weather{}<tool_call|>"])
+def test_gemma4_block_that_is_not_a_call_is_content(text):
+    assert collapse(_marked("gemma4", text, 3)) == (text, [])
+
+
+@pytest.mark.parametrize("step", [0, 1, 4])
+def test_llama31_python_tag_builtin_call_and_json(step):
+    tools = LLAMA_TOOLS
+    stream = JsonReplyCallStream(tools, ids())
+    text = '<|python_tag|>search.call(query="weather in Paris", limit=3)'
+    pieces = [text] if not step else [text[i:i + step] for i in range(0, len(text), step)]
+    events = [e for p in pieces for e in stream.feed(p)] + stream.finish()
+    assert merge_tool_calls(events) == [call(0, "search", '{"query": "weather in Paris", "limit": 3}')]
+    events = _json_reply('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}', step)
+    assert [(e.name, e.arguments) for e in events] == [("get_weather", '{"city": "Oslo"}')]
+
+
+def test_llama31_python_tag_code_goes_to_a_declared_code_tool_else_stays_content():
+    from llmd.tools import python_tag_calls
+    names = frozenset({"code_interpreter"})
+    assert python_tag_calls("print(2 ** 10)", names) == [("code_interpreter", '{"code": "print(2 ** 10)"}', None)]
+    assert python_tag_calls("print(2 ** 10)", frozenset({"search"})) is None
+    assert python_tag_calls('search.call(q=__import__("os"))', frozenset({"search"})) is None  # literals only
+    assert _json_reply("<|python_tag|>not code(") == [ContentDelta("<|python_tag|>not code(")]
+
+
+def test_granite_tool_call_tag_with_a_json_list():
+    content, calls = collapse(_marked("tagged_json", '<|tool_call|>[{"name": "search", "arguments": {"q": "x"}}]', 3))
+    assert content is None and calls == [call(0, "search", '{"q": "x"}')]
+
+
+@pytest.mark.parametrize("fmt", ["mistral", "gemma4", "tagged_json"])
+def test_marked_formats_still_read_the_hermes_blocks_constrained_decoding_writes(fmt):
+    content, calls = collapse(_marked(fmt, 'Ok.\n<tool_call>\n{"name": "search", "arguments": {"q": 1}}\n</tool_call>', 5))
+    assert content == "Ok." and calls == [call(0, "search", '{"q": 1}')]
+
+
+def test_unknown_tool_format_is_refused():
+    from llmd.tools import call_stream
+    with pytest.raises(ValueError, match="unknown tool format"):
+        call_stream("nope", LLAMA_TOOLS)
+
+
+def test_mistral_control_tokens_reach_the_parser_as_text_and_auto_calls_are_left_free(tmp_path):
+    """The path of a reply through the API: a Mistral-shaped vocabulary whose
+    [TOOL_CALLS] and [ARGS] are control tokens (empty pieces), the real Mistral Small
+    3.2 template, the pieces chat.control_pieces shows, the chat Output."""
+    from llmd import chat, constrain, openai
+    from llmd.api import Output
+    from llmd.engine import Engine
+    from tests.gguf_writer import ARRAY, F32, I32, STRING, build_spm_vocab
+    from tests.reference_data import require
+    w = build_spm_vocab(['Checking.get_weather{"city": "Paris"}'], add_space_prefix=False)
+    tokens, types, scores = (w.get(k).value[1] for k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                                                         "tokenizer.ggml.scores"))
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens + ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]))
+    w.set("tokenizer.ggml.token_type", ARRAY, (I32, types + [3, 3, 3]))
+    w.set("tokenizer.ggml.scores", ARRAY, (F32, scores + [0.0] * 3))
+    with Engine(str(w.write(tmp_path / "mistral.gguf"))) as e:
+        template = chat.load_template(None, str(require("models/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja")), e)
+        shown = chat.control_pieces(e, chat.output_markers(template))
+        assert sorted(shown.values()) == [b"[ARGS]", b"[CALL_ID]", b"[TOOL_CALLS]"]
+        reply = e.tokenize('Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', special=True)
+        assert not all(e.piece(i) for i in reply)  # the markers alone would vanish from the text
+        output = Output([], LLAMA_TOOLS, None, chat.tool_format(template))
+        for i in reply:
+            output.feed(shown.get(i, e.piece(i)))
+        output.finish()
+    assert output.content() == "Checking."
+    assert [c["function"] for c in output.tool_calls()] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": LLAMA_TOOLS}
+    auto = openai.parse_chat_request(json.dumps(body).encode())
+    required = openai.parse_chat_request(json.dumps({**body, "tool_choice": "required"}).encode())
+    assert constrain.chat_grammar(auto, grammar_writes_calls=False) is None
+    assert constrain.chat_grammar(auto) is not None and constrain.chat_grammar(required, False) is not None
+
+
+@pytest.mark.parametrize("fmt", ["mistral", "gemma4", "tagged_json", "llama3_json"])
+def test_marked_formats_agree_whole_and_streamed_on_random_text(fmt):
+    """Fragments of every format, shuffled: any cut into pieces gives what the whole
+    text gives (content and calls), and nothing raises."""
+    import random
+    rng = random.Random(fmt)
+    fragments = ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call>", "<tool_call|>", '<|"|>', "call:",
+                 "<|tool_call|>", "<|python_tag|>", "get_weather", "search", '{"city": "Paris"}', "{", "}", "[",
+                 "]", ",", ":", " ", "\n", "text", '"q"', "<tool_call>", "</tool_call>", ".call(q=1)"]
+    for _ in range(200):
+        text = "".join(rng.choice(fragments) for _ in range(rng.randint(1, 12)))
+        whole = collapse(_marked(fmt, text))
+        for step in (1, 2, 5):
+            assert collapse(_marked(fmt, text, step)) == whole, (text, step)

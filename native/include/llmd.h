@@ -86,6 +86,10 @@ llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *ou
  * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
 llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
 
+/* The model file's size and the bytes before its tensor data (GGUF header, metadata
+ * and tensor table): what llmd/session_store.py hashes into a model fingerprint. */
+llmd_status llmd_engine_file_layout(const llmd_engine *engine, uint64_t *header_bytes, uint64_t *file_bytes);
+
 /* Sessions of this engine not yet freed. Any thread may call it (it is how a server
  * checks that its own bookkeeping agrees with the engine). */
 llmd_status llmd_engine_live_sessions(const llmd_engine *engine, int32_t *n);
@@ -104,6 +108,17 @@ llmd_status llmd_engine_capacity(const llmd_engine *engine, uint64_t budget_byte
 llmd_status llmd_tokenize(const llmd_engine *engine, const char *text, size_t len,
                           int32_t parse_special, int32_t *out, size_t capacity,
                           size_t *n_out);
+
+/* Tokenize a chat prompt in one pass: as llmd_tokenize with parse_special, but a
+ * control token's text becomes its id only where it lies wholly inside one of
+ * the n_ranges byte ranges [ranges[2i], ranges[2i+1]) (sorted, not overlapping,
+ * within len): the template's own markers, so that what a user typed stays text.
+ * offsets (null, or capacity entries) gets per id the byte offset in text where
+ * the token starts, or -1 where that cannot be told (a byte the vocabulary
+ * reads as U+FFFD or as its unknown token). Capacity as for llmd_tokenize. */
+llmd_status llmd_tokenize_marked(const llmd_engine *engine, const char *text, size_t len,
+                                 const uint64_t *ranges, size_t n_ranges, int32_t *out,
+                                 int64_t *offsets, size_t capacity, size_t *n_out);
 
 /* The raw bytes of a token (may be part of a UTF-8 character). Control tokens
  * give their text only when special is non-zero, else an empty piece. The
@@ -178,6 +193,27 @@ llmd_status llmd_session_resume_floor(const llmd_session *session, int32_t *pos)
  * if capacity is smaller (call again with *n). */
 llmd_status llmd_session_checkpoints(const llmd_session *session, int32_t *out, size_t capacity, size_t *n);
 llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
+
+/* The ids in the KV cache, oldest first: writes up to capacity ids, *n_out is the
+ * count (LLMD_ERR_INVALID_ARGUMENT when capacity was too small). */
+llmd_status llmd_session_tokens(const llmd_session *session, int32_t *out, size_t capacity, size_t *n_out);
+
+/* A session's state as bytes: the first n_tokens ids in its KV cache and their keys
+ * and values, in the canonical layout of native/src/session_state.h (not the
+ * cache's memory layout); n_tokens is 0 or a position truncate would accept (at most
+ * position, at least resume_floor), else LLMD_ERR_INVALID_ARGUMENT. The session is
+ * not changed. llmd_session_state_size gives the length; export writes exactly that
+ * many bytes. Import restores such bytes into a session of an engine running the
+ * same model shape at the same context, replacing its cache (the pending token and
+ * logits are dropped, as by truncate): bytes of another shape, another context or
+ * format version, a bad token id or a wrong length are LLMD_ERR_FORMAT with the
+ * reason, and the session is left unchanged. The bytes carry no checksum and no
+ * model identity: whoever stores them must (llmd/session_store.py). A model with
+ * recurrent layers (n_recurrent_layers > 0) refuses all three with
+ * LLMD_ERR_UNSUPPORTED: its state is not in the format. */
+llmd_status llmd_session_state_size(const llmd_session *session, int32_t n_tokens, size_t *bytes);
+llmd_status llmd_session_export(const llmd_session *session, int32_t n_tokens, uint8_t *out, size_t len);
+llmd_status llmd_session_import(llmd_session *session, const uint8_t *data, size_t len);
 
 /* Thread-safe: the next decode step returns a stopped step instead. */
 void llmd_session_stop(llmd_session *session);

@@ -10,6 +10,7 @@
 #include "model.h"
 #include "recurrent.h"
 #include "sampler.h"
+#include "session_state.h"
 #include "vocab.h"
 
 #include <algorithm>
@@ -383,6 +384,15 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
     });
 }
 
+llmd_status llmd_engine_file_layout(const llmd_engine *e, uint64_t *header_bytes, uint64_t *file_bytes) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || header_bytes == nullptr || file_bytes == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        *header_bytes = e->file->data_offset();
+        *file_bytes = e->file->file_size();
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_engine_live_sessions(const llmd_engine *e, int32_t *n) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || n == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
@@ -420,6 +430,38 @@ llmd_status llmd_tokenize(const llmd_engine *e, const char *text, size_t len, in
         *n_out = ids.size();
         if (ids.size() > capacity) return fail(LLMD_ERR_INVALID_ARGUMENT, "token buffer too small");
         std::copy(ids.begin(), ids.end(), out);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_tokenize_marked(const llmd_engine *e, const char *text, size_t len, const uint64_t *ranges,
+                                 size_t n_ranges, int32_t *out, int64_t *offsets, size_t capacity, size_t *n_out) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || n_out == nullptr || (text == nullptr && len > 0) || (ranges == nullptr && n_ranges > 0) ||
+            (out == nullptr && capacity > 0))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (len >= kMaxTokenizeBytes)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "text is too long to tokenize (512 MiB or more)");
+        if (n_ranges > len)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "more marker ranges than bytes of text");
+        std::vector<ByteRange> controls(n_ranges);
+        for (size_t i = 0; i < n_ranges; ++i) {
+            const uint64_t begin = ranges[2 * i], end = ranges[2 * i + 1];
+            const uint64_t floor = i == 0 ? 0 : ranges[2 * i - 1];
+            if (begin < floor || begin > end || end > len)
+                return fail(LLMD_ERR_INVALID_ARGUMENT, "marker range " + std::to_string(i) + " [" +
+                                                           std::to_string(begin) + ", " + std::to_string(end) +
+                                                           ") is not sorted, or lies outside the text");
+            controls[i] = {size_t(begin), size_t(end)};
+        }
+        std::vector<int32_t> ids;
+        std::vector<int64_t> starts;
+        if (!e->vocab->tokenize(std::string_view(text ? text : "", len), controls, ids, offsets ? &starts : nullptr))
+            return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory while tokenizing");
+        *n_out = ids.size();
+        if (ids.size() > capacity) return fail(LLMD_ERR_INVALID_ARGUMENT, "token buffer too small");
+        std::copy(ids.begin(), ids.end(), out);
+        if (offsets) std::copy(starts.begin(), starts.end(), offsets);
         return LLMD_OK;
     });
 }
@@ -594,6 +636,70 @@ llmd_status llmd_session_position(const llmd_session *s, int32_t *pos) {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (pos == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "pos must not be null");
         *pos = static_cast<int32_t>(s->tokens.size());
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_tokens(const llmd_session *s, int32_t *out, size_t capacity, size_t *n_out) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (n_out == nullptr || (out == nullptr && capacity > 0)) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        *n_out = s->tokens.size();
+        if (s->tokens.size() > capacity) return fail(LLMD_ERR_INVALID_ARGUMENT, "token buffer too small");
+        std::copy(s->tokens.begin(), s->tokens.end(), out);
+        return LLMD_OK;
+    });
+}
+
+// A prefix of the session that its cache holds whole: 0, or from resume_floor on.
+llmd_status check_state_prefix(const llmd_session *s, int32_t n) {
+    if (!s->rs.empty()) // the format holds ids and keys and values: importing them alone would be wrong state
+        return fail(LLMD_ERR_UNSUPPORTED, "sessions of a model with recurrent layers cannot be exported or imported");
+    if (n < 0 || static_cast<size_t>(n) > s->tokens.size())
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "n_tokens " + std::to_string(n) + " is outside 0.." +
+                                                   std::to_string(s->tokens.size()));
+    if (n > 0 && n < s->kv.resume_floor())
+        return fail(LLMD_ERR_INVALID_ARGUMENT, "n_tokens " + std::to_string(n) + " is before " +
+                                                   std::to_string(s->kv.resume_floor()) +
+                                                   ": the sliding-window layers no longer hold what it attends");
+    return LLMD_OK;
+}
+
+llmd_status llmd_session_state_size(const llmd_session *s, int32_t n_tokens, size_t *bytes) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (bytes == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "bytes must not be null");
+        if (const llmd_status st = check_state_prefix(s, n_tokens); st != LLMD_OK) return st;
+        *bytes = state_bytes(s->engine->model->hp, s->kv, n_tokens);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_export(const llmd_session *s, int32_t n_tokens, uint8_t *out, size_t len) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (const llmd_status st = check_state_prefix(s, n_tokens); st != LLMD_OK) return st;
+        const HParams &hp = s->engine->model->hp;
+        if (out == nullptr || len != state_bytes(hp, s->kv, n_tokens))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "the state buffer must hold exactly llmd_session_state_size bytes");
+        state_write(hp, s->kv, s->engine->n_ctx, s->tokens.data(), n_tokens, out);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_import(llmd_session *s, const uint8_t *data, size_t len) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (data == nullptr && len > 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "data must not be null");
+        if (!s->rs.empty())
+            return fail(LLMD_ERR_UNSUPPORTED, "sessions of a model with recurrent layers cannot be exported or imported");
+        std::string err;
+        std::vector<int32_t> tokens;
+        if (!state_read(s->engine->model->hp, s->kv, s->engine->n_ctx, data, len, &tokens, &err))
+            return fail(LLMD_ERR_FORMAT, err);
+        s->tokens = std::move(tokens);
+        s->pending = -1;
+        s->logits_valid = false;
         return LLMD_OK;
     });
 }

@@ -247,9 +247,11 @@ bool GGUFFile::parse(std::string *error) {
         if (t.offset % alignment_ != 0) return c.fail("tensor " + name + " offset is not aligned");
     }
 
+    data_offset_ = c.pos;
     if (tensors_.empty()) return true;  // a vocab-only file may end right after its metadata, unpadded
     const uint64_t data_start = (c.pos + alignment_ - 1) / alignment_ * alignment_;
     if (data_start > map_.size()) return c.fail("data section starts past the end of the file");
+    data_offset_ = data_start;
     const uint64_t data_size = map_.size() - data_start;
     for (auto &t : tensors_) {
         if (t.offset > data_size || t.size > data_size - t.offset)

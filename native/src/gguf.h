@@ -69,6 +69,9 @@ public:
     uint64_t alignment() const { return alignment_; }
     const std::vector<GGUFKV> &metadata() const { return kvs_; }
     const std::vector<GGUFTensor> &tensors() const { return tensors_; }
+    // Bytes before the tensor data: header, metadata and tensor table (and padding).
+    uint64_t data_offset() const { return data_offset_; }
+    uint64_t file_size() const { return map_.size(); }
 
     const GGUFKV *find(std::string_view key) const;
     const GGUFTensor *tensor(std::string_view name) const;
@@ -85,6 +88,7 @@ private:
     MappedFile map_;
     uint32_t version_ = 0;
     uint64_t alignment_ = 32;
+    uint64_t data_offset_ = 0;
     std::vector<GGUFKV> kvs_;
     std::vector<GGUFTensor> tensors_;
 };

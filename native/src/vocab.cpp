@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
 #include <new>
 
 namespace llmd {
@@ -452,10 +453,27 @@ void Vocab::settle_specials(const VocabData &d) {
 }
 
 bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int32_t> &out) const {
-    const size_t out_size = out.size();
+    try {
+        std::vector<ByteRange> controls;
+        if (parse_special) controls.push_back({0, text.size()});
+        return tokenize(text, controls, out, nullptr);
+    } catch (const std::bad_alloc &) {
+        return false;
+    }
+}
+
+bool Vocab::tokenize(std::string_view text, const std::vector<ByteRange> &controls, std::vector<int32_t> &out,
+                     std::vector<int64_t> *offsets) const {
+    const size_t out_size = out.size(), offsets_size = offsets ? offsets->size() : 0;
     if (text.size() >= kMaxTokenizeBytes) {
         return false;
     }
+    // Whether [begin, end) lies wholly inside one control range.
+    auto allowed = [&controls](size_t begin, size_t end) {
+        auto it = std::upper_bound(controls.begin(), controls.end(), begin,
+                                   [](size_t pos, const ByteRange &r) { return pos < r.begin; });
+        return it != controls.begin() && end <= std::prev(it)->end;
+    };
     try {
         Scratch s;
         std::vector<Fragment> frags;  // empty input, no fragment: SentencePiece adds no space then
@@ -463,7 +481,8 @@ bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int3
         std::vector<Fragment> next;
         for (const int32_t id : specials_) {
             const uint8_t attr = attrs_[id];
-            if (!parse_special && (attr & (ATTR_CONTROL | ATTR_UNKNOWN))) continue;
+            const bool control = attr & (ATTR_CONTROL | ATTR_UNKNOWN);
+            if (control && controls.empty()) continue;
             const std::string &special = tokens_[id];
             next.clear();
             for (const Fragment &f : frags) {
@@ -472,8 +491,11 @@ bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int3
                     continue;
                 }
                 const std::string_view area = text.substr(0, f.end);
-                size_t pos = f.begin;
-                for (size_t m = area.find(special, pos); m != area.npos; m = area.find(special, pos)) {
+                size_t pos = f.begin;  // the text before pos is cut
+                size_t from = pos;     // where the next search starts
+                for (size_t m; (m = area.find(special, from)) != area.npos;) {
+                    from = m + 1;
+                    if (control && !allowed(m, m + special.size())) continue;  // not a marker: stays text
                     size_t left_end = m;
                     if (attr & ATTR_LSTRIP) {
                         while (left_end > pos && ascii_space(text[left_end - 1])) --left_end;
@@ -484,6 +506,7 @@ bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int3
                     if (attr & ATTR_RSTRIP) {
                         while (pos < f.end && ascii_space(text[pos])) ++pos;
                     }
+                    from = pos;
                 }
                 if (pos < f.end) next.push_back({pos, f.end, -1});
             }
@@ -493,17 +516,49 @@ bool Vocab::tokenize(std::string_view text, bool parse_special, std::vector<int3
         for (const Fragment &f : frags) {
             if (f.id >= 0) {
                 out.push_back(f.id);
+                if (offsets) offsets->push_back(int64_t(f.begin));
                 after_special = true;
             } else {
-                encode(text.substr(f.begin, f.end - f.begin), after_special, s, out);
+                const size_t first = out.size();
+                const std::string_view stretch = text.substr(f.begin, f.end - f.begin);
+                encode(stretch, after_special, s, out);
+                if (offsets) {
+                    const bool prefixed = algo_ == Algo::Spm && add_space_prefix_ && after_special;
+                    text_offsets(stretch, f.begin, prefixed, out.data() + first, out.size() - first, *offsets);
+                }
                 after_special = false;
             }
         }
         return true;
     } catch (const std::bad_alloc &) {
         out.resize(out_size);
+        if (offsets) offsets->resize(offsets_size);
         return false;
     }
+}
+
+// Where each of the n tokens `ids` that encode `stretch` (at byte `begin` of the
+// input) starts: every one when their pieces spell the stretch (after a
+// prefixed space), else only the first.
+void Vocab::text_offsets(std::string_view stretch, size_t begin, bool prefixed, const int32_t *ids, size_t n,
+                         std::vector<int64_t> &offsets) const {
+    const size_t first = offsets.size();
+    std::string_view rest = stretch;
+    bool spelled = true;
+    for (size_t i = 0; i < n && spelled; ++i) {
+        std::string_view p = piece(ids[i]);
+        offsets.push_back(int64_t(begin + (stretch.size() - rest.size())));
+        if (prefixed) {  // the space SentencePiece put in front is not in the input
+            spelled = !p.empty() && p[0] == ' ';
+            p.remove_prefix(spelled ? 1 : 0);
+            prefixed = false;
+        }
+        spelled = spelled && rest.substr(0, p.size()) == p;
+        rest.remove_prefix(std::min(p.size(), rest.size()));
+    }
+    if (spelled && rest.empty()) return;
+    offsets.resize(first);
+    for (size_t i = 0; i < n; ++i) offsets.push_back(i == 0 ? int64_t(begin) : -1);
 }
 
 // Encodes one stretch of plain text.

@@ -6,7 +6,11 @@
 //   1. special tokens: the text of every user-defined token is cut out of the
 //      input and emitted as its id, and with parse_special so is the text of
 //      every control and unknown token (longer tokens first, as llama.cpp
-//      does); without parse_special "<|im_end|>" typed by a user stays text;
+//      does); without parse_special "<|im_end|>" typed by a user stays text.
+//      A chat prompt is tokenized in one call with control tokens allowed only
+//      inside the byte ranges of the template's own markers, so words and
+//      SentencePiece's space prefix run across the template/content seams as
+//      in llama.cpp, while what a user typed still stays text;
 //   2. each remaining stretch of text is encoded:
 //      - BPE: split into words by the pre-tokenizer (pretokenize.h); each word
 //        starts as one symbol per byte (the token of the byte's GPT-2 code
@@ -36,6 +40,11 @@
 namespace llmd {
 
 class PreTokenizer;
+
+// A byte range [begin, end) of tokenize()'s input.
+struct ByteRange {
+    size_t begin, end;
+};
 
 // tokenize() refuses text this long: symbol offsets are 32-bit, and escaping
 // spaces for SentencePiece triples them.
@@ -76,6 +85,15 @@ public:
     // shared scratch). Returns false if memory runs out or text is
     // kMaxTokenizeBytes or more; `out` is then left as it was.
     bool tokenize(std::string_view text, bool parse_special, std::vector<int32_t> &out) const;
+
+    // As above, but a control or unknown token's text is matched only where it
+    // lies wholly inside one of `controls` (sorted, not overlapping, within the
+    // text). If `offsets` is not null it gets, per id appended, the byte offset
+    // in text where that token starts (a SentencePiece prefix space starts with
+    // the text after it), or -1 inside a stretch whose pieces do not spell its
+    // text (a byte read as U+FFFD or as the unknown token).
+    bool tokenize(std::string_view text, const std::vector<ByteRange> &controls, std::vector<int32_t> &out,
+                  std::vector<int64_t> *offsets) const;
 
     // The token's raw bytes (may be part of a UTF-8 character). Control, unknown
     // and user-defined tokens give their text. Empty for an out-of-range id.
@@ -130,6 +148,8 @@ private:
     void settle_specials(const VocabData &data);
     int32_t settle_unknown(const VocabData &data) const;
     void encode(std::string_view text, bool after_special, Scratch &s, std::vector<int32_t> &out) const;
+    void text_offsets(std::string_view text, size_t begin, bool prefixed, const int32_t *ids, size_t n,
+                      std::vector<int64_t> &offsets) const;
     void bpe_word(std::string_view word, Scratch &s, std::vector<int32_t> &out) const;
     void spm_text(std::string_view text, Scratch &s, std::vector<int32_t> &out) const;
     void byte_fallback(std::string_view bytes, std::vector<int32_t> &out) const;

@@ -1,0 +1,289 @@
+"""Sessions on disk (`--session-dir`): one file per named session, so that a session
+pushed out of memory by eviction, or alive when the server stopped, resumes warm.
+
+A file wraps the engine's exported state (the ids in the KV cache and their keys and
+values, native/src/session_state.h) in what makes it safe to load:
+
+    8 bytes   magic b"LLMDSESS"
+    u32       format version (FORMAT_VERSION)
+    u32       metadata length
+    u64       payload length
+    u32       CRC-32 of metadata + payload
+    metadata  JSON: session_id, model (fingerprint), n_ctx, n_tokens, saved_at, and
+              replies (the session's remembered replies: fingerprint, generated ids)
+    payload   the engine's state bytes
+
+A file is loaded only when every check passes: magic, version, length, checksum,
+the session id it names, the model fingerprint (model_fingerprint) and the context
+size; the engine checks the payload's shape once more as it imports it. A file that
+fails any check is refused with a log line naming the reason, and the request runs
+cold: it is never loaded into a session.
+
+Files are written atomically (a temporary file in the same directory, fsync, rename,
+fsync of the directory): a crash leaves the old file or the new one, never a half
+file that loads. A file's name is a digest of its session id, so any id is a safe
+name and none can reach outside the directory. Disk use stays within max_bytes:
+before a write the least recently used files (by modification time, which a load
+refreshes) are removed to make room. A write that fails (disk full, read-only
+directory, no permission) is a warning, and the session is not kept, as without
+--session-dir; it is never an error for a client.
+
+Every method does blocking file I/O: callers run them on a worker thread, never on
+the event loop.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+
+log = logging.getLogger("llmd.sessions")
+
+MAGIC = b"LLMDSESS"
+FORMAT_VERSION = 1
+SUFFIX = ".session"
+_PREFIX = struct.Struct("<8sIIQI")  # magic, version, metadata length, payload length, crc32
+_MAX_METADATA = 64 << 20            # far above what MAX_REPLIES replies take
+_SAMPLES, _SAMPLE_BYTES = 64, 4096  # tensor data read into the model fingerprint
+
+
+def model_fingerprint(model_path: str, header_bytes: int, file_bytes: int, engine_library: str) -> str:
+    """What a session file must have been written by: the model file's header,
+    metadata and tensor table, its size, 64 samples of 4 KiB spread over its tensor
+    data (two files that agree on all that hold the same weights in practice), and
+    the engine library itself, whose kernels computed the keys and values (a rebuilt
+    engine may round differently, and a restored cache must equal a fresh prefill)."""
+    h = hashlib.sha256(b"llmd model fingerprint 1\0")
+    h.update(file_bytes.to_bytes(8, "little"))
+    with open(model_path, "rb") as f:
+        left = header_bytes
+        while left > 0 and (chunk := f.read(min(left, 8 << 20))):
+            h.update(chunk)
+            left -= len(chunk)
+        data = file_bytes - header_bytes
+        for i in range(_SAMPLES if data > 0 else 0):
+            f.seek(header_bytes + data * i // _SAMPLES)
+            h.update(f.read(_SAMPLE_BYTES))
+    with open(engine_library, "rb") as f:
+        h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A session as its file holds it."""
+
+    session_id: str
+    payload: memoryview                 # the engine's state bytes (Session.import_state)
+    replies: list[tuple[str, list[int]]]
+    n_tokens: int
+
+
+class Refused(Exception):
+    """A session file that must not be loaded; the message says why."""
+
+
+def file_name(session_id: str) -> str:
+    """A session's file name: a digest of its id, safe whatever the id holds."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:40] + SUFFIX
+
+
+def encode(session_id: str, fingerprint: str, n_ctx: int, n_tokens: int, replies: list[tuple[str, list[int]]],
+           payload: bytes | memoryview) -> list[bytes | memoryview]:
+    """A session file's bytes, in pieces to write one after the other."""
+    meta = json.dumps({"session_id": session_id, "model": fingerprint, "n_ctx": n_ctx, "n_tokens": n_tokens,
+                       "saved_at": round(time.time(), 3), "replies": [[fp, ids] for fp, ids in replies]},
+                      separators=(",", ":")).encode()
+    crc = zlib.crc32(payload, zlib.crc32(meta))
+    return [_PREFIX.pack(MAGIC, FORMAT_VERSION, len(meta), len(payload), crc), meta, payload]
+
+
+def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int) -> Saved:
+    """The session a file's bytes hold, if they may be loaded for session_id by this
+    model at this context; else Refused with the reason."""
+    if len(data) < _PREFIX.size or data[:len(MAGIC)] != MAGIC:
+        raise Refused("not an llmd session file")
+    _, version, meta_len, payload_len, crc = _PREFIX.unpack_from(data)
+    if version != FORMAT_VERSION:
+        raise Refused(f"format version {version}; this llmd reads version {FORMAT_VERSION}")
+    expected = _PREFIX.size + meta_len + payload_len
+    if meta_len > _MAX_METADATA or len(data) != expected:
+        raise Refused(f"truncated or padded: {len(data)} bytes where its header says {expected}")
+    view = memoryview(data)
+    meta_bytes, payload = view[_PREFIX.size:_PREFIX.size + meta_len], view[_PREFIX.size + meta_len:]
+    if zlib.crc32(payload, zlib.crc32(meta_bytes)) != crc:
+        raise Refused("checksum mismatch: the file is corrupted")
+    try:
+        meta = json.loads(bytes(meta_bytes))
+        replies = [(str(fp), [int(i) for i in ids]) for fp, ids in meta["replies"]]
+        saved_id, model, ctx, n_tokens = meta["session_id"], meta["model"], meta["n_ctx"], int(meta["n_tokens"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise Refused(f"unreadable metadata ({exc})") from None
+    if saved_id != session_id:
+        raise Refused("it belongs to another session id")
+    if model != fingerprint:
+        raise Refused("it was written for another model file or another llmd engine build")
+    if ctx != n_ctx:
+        raise Refused(f"it was written at a context of {ctx} tokens; this server runs {n_ctx}")
+    return Saved(session_id, payload, replies, n_tokens)
+
+
+class SessionStore:
+    """The session files of one directory, within a disk budget (see the module doc)."""
+
+    def __init__(self, directory: str | os.PathLike, max_bytes: int, fingerprint: str, n_ctx: int):
+        self.directory = pathlib.Path(directory)
+        self.max_bytes = max_bytes  # 0: no limit
+        self.fingerprint = fingerprint
+        self.n_ctx = n_ctx
+        self._files: dict[str, tuple[int, float]] = {}  # file name -> (bytes, mtime)
+        self._lock = threading.Lock()        # guards _files and the counts
+        self.saved = self.loaded = self.refused = self.failed = 0  # files written, loaded, refused; failed writes
+        self._write_lock = threading.Lock()  # one write at a time: make room, then write
+
+    def scan(self) -> None:
+        """Create the directory if need be and list its session files; temporary files
+        a crash left behind are removed. OSError if the directory cannot be listed."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        files = {}
+        for entry in os.scandir(self.directory):
+            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                self._unlink(entry.name)
+            elif entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                files[entry.name] = (st.st_size, st.st_mtime)
+        with self._lock:
+            self._files = files
+
+    @property
+    def count(self) -> int:
+        return len(self._files)
+
+    @property
+    def bytes_used(self) -> int:
+        with self._lock:
+            return sum(size for size, _ in self._files.values())
+
+    def has(self, session_id: str) -> bool:
+        """Whether a file for the session is listed (no disk access)."""
+        return file_name(session_id) in self._files
+
+    def load(self, session_id: str) -> Saved | None:
+        """The saved session, or None when there is no file or it is refused (logged)."""
+        name = file_name(session_id)
+        path = self.directory / name
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read the file of session %r (%s): %s; it starts cold", session_id, path, exc)
+            self.count_refused()
+            return None
+        try:
+            saved = decode(data, session_id, self.fingerprint, self.n_ctx)
+        except Refused as exc:
+            log.warning("session file %s refused for session %r: %s; it starts cold", path, session_id, exc)
+            self.count_refused()
+            return None
+        with self._lock:
+            self.loaded += 1
+        try:  # a load is a use: the file is now the most recently used
+            os.utime(path)
+            with self._lock:
+                self._files[name] = (len(data), time.time())
+        except OSError:
+            pass  # a read-only directory still restores
+        return saved
+
+    def count_refused(self) -> None:
+        """Count a file that was not loaded (also when the engine refused its payload)."""
+        with self._lock:
+            self.refused += 1
+
+    def save(self, session_id: str, payload: bytes | memoryview, replies: list[tuple[str, list[int]]],
+             n_tokens: int) -> bool:
+        """Write the session's file atomically, removing the least recently used files
+        if the budget needs room. False (logged) if it cannot be written."""
+        pieces = encode(session_id, self.fingerprint, self.n_ctx, n_tokens, replies, payload)
+        size = sum(len(p) for p in pieces)
+        if self.max_bytes and size > self.max_bytes:
+            log.warning("session %r takes %d bytes, more than --session-dir-max (%d): not saved",
+                        session_id, size, self.max_bytes)
+            with self._lock:
+                self.failed += 1
+            return False
+        name = file_name(session_id)
+        path, tmp = self.directory / name, self.directory / f".{name}.{os.getpid()}.tmp"
+        with self._write_lock:
+            self._make_room(name, size)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with open(fd, "wb") as f:
+                    for piece in pieces:
+                        f.write(piece)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                self._sync_directory()
+            except OSError as exc:
+                self._unlink(tmp.name)
+                log.warning("cannot save session %r in %s: %s; it is kept in memory only, as without "
+                            "--session-dir", session_id, self.directory, exc)
+                with self._lock:
+                    self.failed += 1
+                return False
+        with self._lock:
+            self._files[name] = (size, time.time())
+            self.saved += 1
+        return True
+
+    def remove(self, session_id: str) -> bool:
+        """Delete the session's file; whether there was one."""
+        name = file_name(session_id)
+        with self._lock:
+            self._files.pop(name, None)
+        return self._unlink(name)
+
+    def _make_room(self, name: str, size: int) -> None:
+        """Remove the least recently used files (not `name`, which the write replaces)
+        until `size` more bytes fit the budget."""
+        if not self.max_bytes:
+            return
+        with self._lock:
+            others = sorted((mtime, n, b) for n, (b, mtime) in self._files.items() if n != name)
+            used = sum(b for _, _, b in others)
+        for _, victim, victim_bytes in others:
+            if used + size <= self.max_bytes:
+                break
+            with self._lock:
+                self._files.pop(victim, None)
+            self._unlink(victim)
+            used -= victim_bytes
+            log.info("removed session file %s to stay within --session-dir-max", victim)
+
+    def _unlink(self, name: str) -> bool:
+        try:
+            os.unlink(self.directory / name)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            log.warning("cannot remove %s: %s", self.directory / name, exc)
+            return False
+
+    def _sync_directory(self) -> None:
+        """Make the rename itself durable."""
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

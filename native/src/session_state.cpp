@@ -1,0 +1,143 @@
+#include "session_state.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace llmd {
+namespace {
+
+constexpr uint32_t kHeaderWords = 8; // magic .. high
+
+// The first position a layer's cache still holds of [0, n_tokens): all of them for a
+// layer that attends every position; for a ring, those its later writes (up to high)
+// have not overwritten.
+int first_held(const KVCache::Layer &L, int high, int n_tokens) {
+    if (L.window == 0) return 0;
+    return std::clamp(high - L.slots + 1, 0, n_tokens);
+}
+
+// Where position pos's key starts: its block's row, then its place inside the block;
+// element d is kKeyBlock elements after element d - 1 (attention.h: key_at).
+size_t key_start(const HParams &hp, const KVCache &kv, int layer, int head, int pos) {
+    return kv.row(hp, layer, head, pos - pos % kKeyBlock) + key_at(pos % kKeyBlock, 0, hp.head_dim);
+}
+
+struct Writer {
+    uint8_t *at;
+    template <typename T> void put(T v) {
+        std::memcpy(at, &v, sizeof v);
+        at += sizeof v;
+    }
+};
+
+struct Reader {
+    const uint8_t *at, *end;
+    bool take(void *out, size_t n) {
+        if (static_cast<size_t>(end - at) < n) return false;
+        std::memcpy(out, at, n);
+        at += n;
+        return true;
+    }
+};
+
+} // namespace
+
+size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens) {
+    size_t bytes = (kHeaderWords + static_cast<size_t>(n_tokens)) * 4;
+    for (const KVCache::Layer &L : kv.layers) {
+        const size_t rows = static_cast<size_t>(n_tokens - first_held(L, kv.high, n_tokens)) * hp.n_head_kv;
+        bytes += 4 + 2 * rows * hp.head_dim * sizeof(uint16_t);
+    }
+    return bytes;
+}
+
+void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t *tokens, int n, uint8_t *out) {
+    const int hd = hp.head_dim;
+    Writer w{out};
+    for (const uint32_t word : {kStateMagic, kStateVersion, uint32_t(hp.n_layer), uint32_t(hp.n_head_kv),
+                                uint32_t(hd), uint32_t(n_ctx), uint32_t(n)})
+        w.put(word);
+    w.put(int32_t(n > 0 ? kv.high : -1));
+    for (int i = 0; i < n; ++i) w.put(tokens[i]);
+    for (int l = 0; l < hp.n_layer; ++l) {
+        const int first = first_held(kv.layers[l], kv.high, n);
+        w.put(uint32_t(first));
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int p = first; p < n; ++p) {
+                const uint16_t *key = &kv.k[key_start(hp, kv, l, h, p)];
+                for (int d = 0; d < hd; ++d) w.put(key[d * kKeyBlock]);
+            }
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int p = first; p < n; ++p) {
+                std::memcpy(w.at, &kv.v[kv.row(hp, l, h, p)], hd * sizeof(uint16_t));
+                w.at += hd * sizeof(uint16_t);
+            }
+    }
+}
+
+bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, size_t len,
+                std::vector<int32_t> *tokens, std::string *error) {
+    const auto refuse = [&](const std::string &why) {
+        *error = "session state: " + why;
+        return false;
+    };
+    Reader r{data, data + len};
+    uint32_t words[kHeaderWords - 1];
+    int32_t high = 0;
+    if (!r.take(words, sizeof words) || !r.take(&high, sizeof high)) return refuse("truncated header");
+    if (words[0] != kStateMagic) return refuse("not a session state (bad magic)");
+    if (words[1] != kStateVersion)
+        return refuse("format version " + std::to_string(words[1]) + ", this build reads " +
+                      std::to_string(kStateVersion));
+    const uint32_t want[] = {uint32_t(hp.n_layer), uint32_t(hp.n_head_kv), uint32_t(hp.head_dim), uint32_t(n_ctx)};
+    const char *names[] = {"n_layer", "n_head_kv", "head_dim", "n_ctx"};
+    for (int i = 0; i < 4; ++i)
+        if (words[2 + i] != want[i])
+            return refuse(std::string(names[i]) + " " + std::to_string(words[2 + i]) + " does not match this engine's " +
+                          std::to_string(want[i]));
+    const uint32_t n = words[6];
+    if (n > static_cast<uint32_t>(n_ctx)) return refuse("more tokens than the context holds");
+    const int count = static_cast<int>(n);
+    if (count == 0 ? high != -1 : high < count - 1 || high >= n_ctx)
+        return refuse("highest written position " + std::to_string(high) + " is impossible for " +
+                      std::to_string(count) + " tokens");
+    std::vector<int32_t> ids(count);
+    if (!r.take(ids.data(), ids.size() * sizeof(int32_t))) return refuse("truncated token ids");
+    for (const int32_t id : ids)
+        if (id < 0 || id >= hp.n_vocab) return refuse("token id " + std::to_string(id) + " is outside the vocabulary");
+    // Check the whole layout (and so the length) before writing a single row.
+    KVCache probe;
+    probe.layers = kv.layers;
+    probe.high = high;
+    if (len != state_bytes(hp, probe, count)) return refuse("length does not match its header");
+    const uint8_t *rows = r.at;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        uint32_t first = 0;
+        std::memcpy(&first, rows, sizeof first);
+        if (first != static_cast<uint32_t>(first_held(kv.layers[l], high, count)))
+            return refuse("layer " + std::to_string(l) + " holds positions from " + std::to_string(first) +
+                          ", which does not fit this engine's cache layout");
+        rows += 4 + 2 * static_cast<size_t>(count - first) * hp.n_head_kv * hp.head_dim * sizeof(uint16_t);
+    }
+    // The length is checked: the rows are read without further bounds checks.
+    const int hd = hp.head_dim;
+    const uint8_t *at = r.at;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        uint32_t first = 0;
+        std::memcpy(&first, at, sizeof first);
+        at += sizeof first;
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int p = static_cast<int>(first); p < count; ++p) {
+                uint16_t *key = &kv.k[key_start(hp, kv, l, h, p)];
+                for (int d = 0; d < hd; ++d, at += sizeof(uint16_t)) std::memcpy(&key[d * kKeyBlock], at, sizeof(uint16_t));
+            }
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int p = static_cast<int>(first); p < count; ++p, at += hd * sizeof(uint16_t))
+                std::memcpy(&kv.v[kv.row(hp, l, h, p)], at, hd * sizeof(uint16_t));
+    }
+    kv.high = high;
+    *tokens = std::move(ids);
+    return true;
+}
+
+} // namespace llmd

@@ -1,0 +1,45 @@
+// session_state.h — a session's resident token ids and their keys and values as
+// bytes, and back: what `--session-dir` writes to disk (llmd/session_store.py wraps
+// these bytes in a file with the model fingerprint and a checksum).
+//
+// The bytes are canonical, independent of how a KVCache lays out its memory: rows
+// are read and written through KVCache::row() (keys inside their block by key_at),
+// so a change of layout does not change the format. Little-endian throughout:
+//
+//   u32 magic "LKVS", u32 version, u32 n_layer, n_head_kv, head_dim, n_ctx,
+//   u32 n_tokens, i32 high (highest position the cache wrote, -1: none),
+//   i32 tokens[n_tokens],
+//   per layer: u32 first (the first position stored), then keys as f16
+//     (kv head, position in [first, n_tokens), head_dim), then values alike.
+//
+// A layer that attends every position stores them all (first = 0). A sliding-window
+// layer stores the positions its ring still holds, those above high − slots, so a
+// restored session resumes exactly where the saved one could: the same positions,
+// the same resume_floor().
+#pragma once
+
+#include "model.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmd {
+
+constexpr uint32_t kStateMagic = 0x53564b4c; // "LKVS"
+constexpr uint32_t kStateVersion = 1;
+
+// Bytes state_write() writes for the cache's first n_tokens positions.
+size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens);
+
+// Writes tokens[0, n) and their K/V into out, which holds state_bytes() bytes. The
+// cache must hold them: n is 0, or at least kv.resume_floor() (as for a truncate).
+void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t *tokens, int n, uint8_t *out);
+
+// Checks every field of `data` against this model and context before it touches
+// anything; then fills kv and *tokens. False with *error (and kv, *tokens unchanged)
+// for bytes of another shape, another context, a bad token id, or a wrong length.
+bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, size_t len,
+                std::vector<int32_t> *tokens, std::string *error);
+
+} // namespace llmd
