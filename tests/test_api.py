@@ -410,8 +410,8 @@ def test_n_choices_each_sample_with_their_own_seed_and_share_the_prompt(server):
 def test_n_choices_stream_one_after_another_with_their_index(server):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 2,
             "stream_options": {"include_usage": True}}
-    whole = server.post_json("/completions", body).json()
-    chunks = server.post_stream("/completions", {**body, "stream": True}).chunks
+    whole = server.post_json("/completions", {**body, "cache_salt": "whole"}).json()
+    chunks = server.post_stream("/completions", {**body, "stream": True, "cache_salt": "streamed"}).chunks
     texts = ["".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
              for i in range(2)]
     assert texts == [c["text"] for c in whole["choices"]]
@@ -540,6 +540,67 @@ def test_n_choices_hold_their_session_until_the_last_and_free_it_when_the_client
     assert server.chat([{"role": "user", "content": "Hi"}], session_id="left", max_tokens=2).status == 200
 
 
+# ---- reasoning asked of a model without it ---------------------------------------------------
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2000,
+                   "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ("/responses", {"input": "Hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ("/responses", {"input": "Hi", "reasoning": {"effort": "low"}}, "reasoning.effort"),
+])
+def test_reasoning_asked_of_a_model_that_does_not_reason_is_400_naming_the_field(server, path, fields, param):
+    reply = server.post_json(path, {"model": MODEL, **fields})
+    error = reply.json()["error"]
+    assert reply.status == 400 and error.get("param", param) == param and param in json.dumps(error), error
+
+
+def test_thinking_disabled_on_a_model_that_does_not_reason_is_accepted(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "thinking": {"type": "disabled"}}
+    reply = server.post_json("/messages", body)
+    assert reply.status == 200 and [b["type"] for b in reply.json()["content"]] == ["text"]
+
+
+# ---- return_progress (llama.cpp's prompt_progress chunks) ---------------------------------------
+
+def test_return_progress_streams_prompt_progress_before_the_reply(server):
+    messages = [{"role": "user", "content": "Count the words: " + "one two three " * 30}]
+    cache = {}
+    for attempt in ("cold", "warm"):  # the second request reuses the session's cache
+        stream = server.post_stream("/chat/completions", server.chat_body(
+            messages, stream=True, max_tokens=3, return_progress=True, session_id="progress"))
+        progress = [c["prompt_progress"] for c in stream.chunks if "prompt_progress" in c]
+        first, last = progress[0], progress[-1]
+        assert first["processed"] == first["cache"] and last["processed"] == last["total"] > 100, progress
+        assert all(p["total"] == last["total"] and p["cache"] == first["cache"] for p in progress)
+        assert all(p["time_ms"] >= 0 for p in progress)
+        cache[attempt] = first["cache"]
+        text = [c for c in stream.chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+        assert text and stream.chunks.index(text[0]) > max(i for i, c in enumerate(stream.chunks)
+                                                            if "prompt_progress" in c)
+    # Cold, only the chat template's opening may come from the prefix cache.
+    assert cache["cold"] < 40 and cache["warm"] > 100, cache
+    plain = server.post_stream("/completions", server.completion_body("Hello", stream=True, max_tokens=2))
+    assert not [c for c in plain.chunks if "prompt_progress" in c]
+    completion = server.post_stream("/completions", server.completion_body(
+        "Hello", stream=True, max_tokens=2, return_progress=True))
+    assert [c["choices"][0]["text"] for c in completion.chunks if "prompt_progress" in c] == ["", ""]
+
+
+# ---- responses/compact: llmd's compaction holds the model's own summary ------------------------
+
+def test_compaction_content_is_the_models_greedy_summary_of_the_conversation(server):
+    import base64
+    from llmd.openai import COMPACTION_PREFIX
+    body = {"model": MODEL, "input": [{"role": "user", "content": "We launch on Tuesday."},
+                                      {"role": "assistant", "content": "Noted: Tuesday."}]}
+    first, again = (server.post_json("/responses/compact", body).json() for _ in range(2))
+    content = first["output"][-1]["encrypted_content"]
+    assert content.startswith(COMPACTION_PREFIX) and again["output"][-1]["encrypted_content"] == content
+    summary = base64.b64decode(content[len(COMPACTION_PREFIX):]).decode()
+    assert summary.strip() and first["usage"]["output_tokens"] > 0
+
+
 MISTRAL_SHAPED_TEMPLATE = ("{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}"
                            "{% if false %}[TOOL_CALLS]{% endif %}")
 
@@ -581,3 +642,28 @@ def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
                                 logit_bias={"65": 100})  # "A", over and over
         message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
         assert message["reasoning_content"] == "AAAAAA" and not message["content"]
+
+
+@pytest.mark.parametrize("template_name, written_as", [
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", '{"name": "get_weather", "parameters": {'),  # Llama's JSON reply
+    ("openai-gpt-oss-120b.jinja", " to=functions.get_weather<|channel|>commentary json<|message|>{"),  # harmony
+])
+def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as):
+    """A family's real template on a random-weight model: a required call is written in
+    the layout that family's model writes calls in, and comes back as a tool call."""
+    from tests.gguf_writer import build_tiny_llama
+    from tests.reference_data import require
+    template = require(f"models/templates/{template_name}").read_text("utf-8")
+    path = build_tiny_llama(chat_template=template, n_ctx=2048).write(tmp_path / "family.gguf")
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+    with running_llmd("--model", str(path), "--ctx", "2048", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="family")
+        body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=80, tools=[tool],
+                                tool_choice="required", parallel_tool_calls=False, logprobs=True)
+        choice = client.post_json("/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    written = "".join(t["token"] for t in choice["logprobs"]["content"])
+    assert written.startswith(written_as)

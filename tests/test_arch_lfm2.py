@@ -3,7 +3,7 @@ models (tests/gguf_writer.py: build_tiny_lfm2): short-convolution layers interle
 with attention layers, checked against llama.cpp, and the checkpoints through which a
 recurrent state rewinds.
 
-Golden numbers: `python -m tests.make_arch_golden LLAMA_DIR --module tests.test_arch_lfm2`
+Golden numbers: `python -m tests.make_arch_golden LLAMA_DIR --tests tests.test_arch_lfm2`
 (llama-perplexity -c 128 -b 128, and a greedy continuation through libllama with the
 top-2 logit margins) on exactly the models build() writes, with the llama.cpp of the
 llama-cpp-python 0.3.36 sdist. Perplexity within PPL_TOLERANCE (F32; the Q8_0 model
@@ -88,6 +88,8 @@ def test_convolution_layers_keep_a_state_instead_of_keys_and_values(engine):
     # once live and once per checkpoint it may hold.
     assert info.recurrent_bytes == conv_layers * 2 * dim * 4 * (1 + 8)
     assert info.bytes_per_session == info.kv_bytes_per_token * N_CTX + info.recurrent_bytes + info.n_vocab * 4
+    # A shared prefix of blocks would come without the recurrent state at its end.
+    assert info.kv_shares_prefixes is False
 
 
 def test_a_prefill_in_chunks_or_token_by_token_gives_exactly_the_same_logits(engine, ids):

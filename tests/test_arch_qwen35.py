@@ -3,7 +3,7 @@ build_tiny_qwen35): Gated DeltaNet layers (recurrent.h) interleaved with gated
 attention layers, checked against llama.cpp; the DeltaNet scan kernel against its
 scalar reference; and the recurrent state's checkpoints on this family.
 
-Golden numbers: `python -m tests.make_arch_golden LLAMA_DIR --module tests.test_arch_qwen35`
+Golden numbers: `python -m tests.make_arch_golden LLAMA_DIR --tests tests.test_arch_qwen35`
 (llama-perplexity -c 128 -b 128, and a greedy continuation through libllama with the
 top-2 logit margins) on exactly the models build() writes, with the llama.cpp of the
 llama-cpp-python 0.3.36 sdist. Perplexity within PPL_TOLERANCE (F32; the Q8_0 model

@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "gguf.h"
+#include "kvpool.h"
 #include "quants.h"
 #include "threadpool.h"
 
@@ -73,6 +74,7 @@ struct HParams {
     int n_ff_exp = 0;           // hidden dim of one expert
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
+    int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
     bool recurrent(int layer) const { return state[layer] > 0; }
@@ -116,6 +118,10 @@ struct LayerWeights {
     const float *delta_a = nullptr;   // (v_heads) -exp(A_log), negative
     const float *delta_norm = nullptr; // (head_dim) RMS norm of each head's output
     Matrix delta_out;                 // (dim, v_dim)
+    const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this)
+    Matrix gate_shexp;                // (n_ff_shexp, dim)
+    Matrix up_shexp;                  // (n_ff_shexp, dim)
+    Matrix down_shexp;                // (dim, n_ff_shexp)
 };
 
 // Every tensor whose type the engine has no kernels for, grouped by type and named
@@ -181,35 +187,89 @@ struct Binder {
     // gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L);
+    // The Qwen MoE families' metadata (expert counts and widths, expert_weights_norm
+    // defaulting to `norm`, expert_weights_scale, the shared expert's width), and the
+    // FFN of block l: ffn_norm, the router, the expert stacks and, when the file has
+    // one (hp.n_ff_shexp), the shared expert and its gate.
+    void moe_hparams(HParams &hp, bool norm);
+    void moe_ffn(const HParams &hp, int l, LayerWeights &L);
 };
 
-// One session's attention memory: per layer, keys and values as f16, (kv head,
-// slots, head_dim), so that attending one KV head streams contiguous memory; keys
-// are in blocks of positions inside that (attention.h: key_at). A layer that attends
-// every position keeps n_ctx slots; a sliding-window layer keeps a ring, position p
-// in slot p % slots, just large enough for its window and one forward batch.
+// One session's attention memory: per layer, keys and values as f16, per KV head in
+// runs of positions (row()): keys in blocks of positions inside a run (attention.h:
+// key_at), values as rows. A layer that attends every position keeps its positions
+// in the engine's pool (kvpool.h), in blocks of kKVBlock that `blocks` lists in
+// order, allocated as positions are written and shared with sessions that hold the
+// same tokens; a sliding-window layer keeps a ring of its own, position p in slot
+// p % slots, just large enough for its window and one forward batch.
 struct KVCache {
     struct Layer {
-        size_t offset = 0; // element offset of the layer's first row
-        int slots = 0;     // a whole number of key blocks
+        size_t offset = 0; // ring: element offset of the layer's first row in k and v
+        int slots = 0;     // ring: a whole number of key blocks; 0 for a paged layer
         int window = 0;    // positions attended, its own included; 0: all
+        int paged = -1;    // paged: the layer's place in a pool block
     };
     std::vector<Layer> layers;
     int high = -1; // highest position written since the cache was last emptied
-    std::unique_ptr<uint16_t[]> k;
+    std::unique_ptr<uint16_t[]> k; // the rings
     std::unique_ptr<uint16_t[]> v;
+    KVPool *pool = nullptr;
+    std::vector<int> blocks; // pool blocks of positions [i * kKVBlock, (i + 1) * kKVBlock)
+    // The prefix cache (kvpool.h): full blocks are published in `scope` while
+    // `sharing`; blocks [0, published) are published or were offered. A cache that
+    // still holds tokens computed for another scope is `foreign` until it is emptied:
+    // it neither publishes nor lends them, so no scope learns another's prompts.
+    bool sharing = false;
+    bool foreign = false;
+    std::string scope;
+    int published = 0;
 
-    // The layers' slots for a context of n_ctx and the elements of k (and of v).
-    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *elements);
-    // Bytes of keys and values per position of the layers that attend every
-    // position, and the fixed bytes of the sliding-window layers at n_ctx.
-    static uint64_t bytes_per_token(const HParams &hp);
+    KVCache() = default;
+    KVCache(const KVCache &) = delete;
+    KVCache &operator=(const KVCache &) = delete;
+    ~KVCache() { if (pool != nullptr) truncate(0); }
+
+    // The layers' places for a context of n_ctx, the elements of the rings' k (and
+    // of v), and of one pool block's keys (and values).
+    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_elements, size_t *block_elements);
+    // Bytes of keys and values per position of the paged layers (those that attend
+    // every position, or a window no shorter than n_ctx), and the fixed bytes of the
+    // sliding-window layers' rings at n_ctx.
+    static uint64_t bytes_per_token(const HParams &hp, int n_ctx);
     static uint64_t ring_bytes(const HParams &hp, int n_ctx);
-    // Offset of (layer, kv head, position)'s row.
-    size_t row(const HParams &hp, int layer, int head, int pos) const {
+
+    // Where (layer, kv head, position) is stored: the run of positions holding it, as
+    // its keys and values, and its index there: element d of its key is
+    // keys[key_at(index, d, hd)], its value row values + index * hd, and positions
+    // up to the run's `count` follow it contiguously. The one place that maps a
+    // position to memory; the block of a paged position must exist (prepare()).
+    struct Row {
+        uint16_t *keys;
+        uint16_t *values;
+        int index;
+        int count;
+    };
+    Row row(const HParams &hp, int layer, int head, int pos) const {
         const Layer &L = layers[layer];
-        return L.offset + (static_cast<size_t>(head) * L.slots + pos % L.slots) * hp.head_dim;
+        if (L.paged < 0) {
+            const size_t base = L.offset + static_cast<size_t>(head) * L.slots * hp.head_dim;
+            return {&k[base], &v[base], pos % L.slots, L.slots};
+        }
+        const int block = blocks[pos / kKVBlock];
+        const size_t base = (static_cast<size_t>(L.paged) * hp.n_head_kv + head) * kKVBlock * hp.head_dim;
+        return {pool->keys(block) + base, pool->values(block) + base, pos % kKVBlock, kKVBlock};
     }
+    // Makes the block of position pos (the next one written, or one before it after
+    // a truncate) this session's own to write: allocated, or copied if published.
+    void prepare(int pos);
+    // Keeps positions [0, pos): releases the blocks past them; 0 also empties the rings.
+    void truncate(int pos);
+    // Publishes the full blocks of `tokens` (the ids in this cache) not yet offered.
+    void publish(const std::vector<int32_t> &tokens);
+    // Replaces the contents with a prefix the pool matched (kvpool.h): its full
+    // blocks held, its tail copied into a block of its own.
+    void adopt(const HParams &hp, const PrefixMatch &m);
+
     // Positions written at or below `high` that a ring has overwritten are gone: the
     // cache can be cut back to 0 or to any position from resume_floor() on, where
     // every ring still holds the window the next position attends.
@@ -243,10 +303,16 @@ struct MatJob {
     const float *up_bias = nullptr;
     float *scratch = nullptr;
     bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
+    int n = 0;         // tokens of this job when not the region's (an expert's own group)
 };
 
 // Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
 void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
+
+// gate[i] = act(gate[i]) * up[i], act SiLU or (gelu) GELU's tanh approximation: the
+// fast kernel and its scalar reference (exposed for tests through llmd_kernel_glu).
+void glu(bool gelu, float *gate, const float *up, int64_t n);
+void glu_ref(bool gelu, float *gate, const float *up, int64_t n);
 
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
@@ -258,9 +324,13 @@ struct Workspace {
     std::vector<BlockQ8A> xq;
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
-    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // one expert's tokens and results
-    std::vector<int> moe_tokens;        // the tokens routed to one expert
-    std::vector<float> moe_weights;     // and their weights
+    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // the grouped rows and their results
+    std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
+    struct ExpertGroup { int expert, row, n; }; // rows [row, row + n) of moe_in are its tokens
+    std::vector<ExpertGroup> moe_groups; // the experts any token of the batch was routed to
+    std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
+    std::vector<float> moe_weights;     // (n, n_expert) each token's weight for each expert
+    std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
     std::vector<float> recurrent, recurrent_in; // a recurrent block's projections (recurrent.h)
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
@@ -269,9 +339,11 @@ struct Workspace {
 constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are chunked
 
 // Runs the tokens through the model, writing their K/V into their caches and,
-// for every token with `logits` set, n_vocab logits (in batch order) to `logits`.
+// for every token with `logits` set, n_vocab logits (in batch order) to `logits`;
+// with `hidden`, that token's final-normed hidden state (dim floats, the input
+// of the output head, which is then skipped) to `hidden` instead: embeddings.
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
-             ThreadPool &pool, float *logits);
+             ThreadPool &pool, float *logits, float *hidden = nullptr);
 
 // ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
 
@@ -312,9 +384,10 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): each token's top
 // n_expert_used experts by softmax of its router scores, weighted by those
-// probabilities (renormalised if hp.expert_norm). Each expert runs once over the
-// tokens routed to it, so its weights are read once per batch; each token sums its
-// experts in expert order, whatever else is in the batch.
+// probabilities (renormalised if hp.expert_norm), plus the shared expert if L has
+// one, weighted by sigmoid(xb · shexp_gate). Each expert runs once over the tokens
+// routed to it, so its weights are read once per batch; each token sums its experts
+// in expert order, then the shared one, whatever else is in the batch.
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x);
 // x (n, dim) += y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y);
