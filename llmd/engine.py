@@ -82,6 +82,8 @@ class EngineInfo:
     max_sessions: int
     add_eos: bool = False
     vocab_only: bool = False  # a GGUF without weights: tokenizes, refuses sessions
+    n_recurrent_layers: int = 0  # layers with a recurrent state: sessions rewind only to checkpoints
+    recurrent_bytes: int = 0     # per session: that state and room for its checkpoints
     kv_block_positions: int = 0  # KV memory is paged in blocks of this many positions
     kv_block_bytes: int = 0      # bytes of one block
     kv_shares_prefixes: bool = False  # sessions can share blocks (no sliding-window rings)
@@ -163,6 +165,7 @@ class Engine:
             kv_ring_bytes=raw.kv_ring_bytes,
             bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions,
             add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only),
+            n_recurrent_layers=raw.n_recurrent_layers, recurrent_bytes=raw.recurrent_bytes,
             kv_block_positions=raw.kv_block_positions, kv_block_bytes=raw.kv_block_bytes,
             kv_shares_prefixes=bool(raw.kv_shares_prefixes))
         self._token_out = ffi.new("llmd_token[]", 64)
@@ -330,6 +333,28 @@ class Session:
         pos = ffi.new("int32_t *")
         _check(lib.llmd_session_resume_floor(self.handle, pos))
         return pos[0]
+
+    @property
+    def checkpoints(self) -> list[int] | None:
+        """Where truncate() may rewind a model with recurrent layers besides 0 and the
+        current position (ascending); None for a model without them (any position)."""
+        if self._engine.info.n_recurrent_layers == 0:
+            return None
+        n = ffi.new("size_t *")
+        out = ffi.new("int32_t[]", 64)
+        status = lib.llmd_session_checkpoints(self.handle, out, 64, n)
+        if status == lib.LLMD_ERR_INVALID_ARGUMENT and n[0] > 64:
+            out = ffi.new("int32_t[]", n[0])
+            status = lib.llmd_session_checkpoints(self.handle, out, n[0], n)
+        _check(status)
+        return list(ffi.unpack(out, n[0]))
+
+    @property
+    def resume_points(self) -> list[int] | None:
+        """The positions truncate() accepts besides 0 on a model with recurrent layers:
+        its checkpoints and the current position; None when it accepts any."""
+        points = self.checkpoints
+        return None if points is None else sorted({*points, self.position})
 
     def tokens(self) -> list[int]:
         """The ids in the KV cache, oldest first."""

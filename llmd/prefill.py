@@ -18,11 +18,22 @@ Rules, in order of precedence:
     otherwise (0 < lcp, and the resident continues past lcp; this includes a prompt
     that is a strict prefix of resident)
                                   -> keep min(lcp, len(prompt) - 1), reason "common_prefix"
+    and then, if points is given and 0 < keep is not one of them
+                                  -> keep the largest point below keep, reason "checkpoint",
+                                     or keep 0, reason "no_checkpoint" if none is
     and then, if 0 < keep < floor -> keep 0, reason "window"
+
+`points` are where a model with recurrent layers can resume (Session.resume_points):
+its state cannot be cut back, only restored from a checkpoint (taken at the end of
+every prefill, and at the end of a reply that a prefill continues) or kept where it
+is. So a conversation that appends a turn resumes from the live state, and one whose
+last turn changed (a template that rewrites the previous reply) from the newest
+checkpoint before the change. None (a model of attention layers only) allows any.
 
 The prefix cache (llmd_session_share_prefix) may then offer more: `with_cached`
 turns a plan into one that reuses `cached` tokens, reason "prefix_cache", when
-that is more than the plan keeps of the session's own cache.
+that is more than the plan keeps of the session's own cache (never for a model with
+recurrent layers, whose engine shares no blocks).
 
 `floor` is the session's resume floor (Session.resume_floor): a model with
 sliding-window layers keeps only their recent positions in a ring, so once the ring
@@ -39,7 +50,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 REASONS = ("new", "exact_prefix", "common_prefix", "equal", "mismatch", "dirty", "disabled", "window",
-           "prefix_cache")
+           "checkpoint", "no_checkpoint", "prefix_cache")
 SCOPES = ("off", "key", "global")  # --prefix-cache
 
 
@@ -52,7 +63,7 @@ class PrefillPlan:
 
 
 def plan_prefill(resident: Sequence[int], prompt: Sequence[int], dirty: bool,
-                 enabled: bool = True, floor: int = 0) -> PrefillPlan:
+                 enabled: bool = True, floor: int = 0, points: Sequence[int] | None = None) -> PrefillPlan:
     """Plan a warm resume by the rules in the module docstring.
 
     Raises ValueError for an empty prompt (there would be nothing to compute logits from).
@@ -62,6 +73,9 @@ def plan_prefill(resident: Sequence[int], prompt: Sequence[int], dirty: bool,
         raise ValueError("plan_prefill: the prompt is empty")
 
     def plan(keep: int, reason: str) -> PrefillPlan:
+        if points is not None and 0 < keep and keep not in points:
+            below = [p for p in points if 0 < p < keep]
+            keep, reason = (max(below), "checkpoint") if below else (0, "no_checkpoint")
         if 0 < keep < floor:
             keep, reason = 0, "window"
         return PrefillPlan(keep, n_prompt - keep, n_resident - keep, reason)

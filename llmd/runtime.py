@@ -169,8 +169,9 @@ class Runtime:
     def submit(self, g: Generation) -> None:
         """Plan the prefill against the slot's cache and queue the generation."""
         if g.reuse and g.prompt_logprobs is None:
+            session = g.slot.session
             g.plan = plan_prefill(g.slot.resident, g.prompt, g.slot.dirty, enabled=self.warm_resume,
-                                  floor=g.slot.session.resume_floor)
+                                  floor=session.resume_floor, points=session.resume_points)
         else:
             g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
         g.next_prefill = g.plan.keep
@@ -253,10 +254,8 @@ class Runtime:
             chunk = g.prompt[start:end]
             if g.prompt_logprobs is None or len(chunk) < 2:
                 slot.session.prefill(chunk)
-            else:  # then the last token again, for the next-token logits score leaves out
+            else:  # scoring leaves the next-token logits as a prefill does
                 g.prompt_scores = slot.session.score_top(chunk, 0, g.prompt_logprobs)
-                slot.session.truncate(len(chunk) - 1)
-                slot.session.prefill(chunk[-1:])
             return len(chunk)
 
         try:

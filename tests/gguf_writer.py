@@ -949,6 +949,140 @@ def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, 
     return w
 
 
+def build_tiny_lfm2(*, n_embd: int = 128, n_head: int = 4, kv_heads: tuple[int, ...] = (0, 2, 0, 0, 2),
+                    n_ff: int = 256, conv_len: int = 3, n_ctx: int = 128, window: int = 0,
+                    weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight lfm2 model laid out as llama.cpp's converter
+    writes one, with build_tiny_llama's tokenizer: one layer per entry of kv_heads, a
+    short-convolution block (over conv_len positions) where it is 0 and Qwen3-style
+    attention elsewhere (over a sliding window when window > 0), the final norm named
+    token_embd_norm, the output head tied to the embeddings."""
+    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-lfm2")
+    w.set("general.architecture", STRING, "lfm2")
+    for kv in w.kvs:
+        if kv.key.startswith("llama."):
+            kv.key = "lfm2." + kv.key[len("llama."):]
+    n_layer, n_head_kv = len(kv_heads), max(kv_heads)
+    w.set("lfm2.block_count", U32, n_layer)
+    w.set("lfm2.feed_forward_length", U32, n_ff)
+    w.set("lfm2.attention.head_count", U32, n_head)
+    w.set("lfm2.attention.head_count_kv", ARRAY, (I32, list(kv_heads)))
+    w.set("lfm2.shortconv.l_cache", U32, conv_len)
+    if window:
+        w.set("lfm2.attention.sliding_window", U32, window)
+    rng = random.Random(seed)
+    n_vocab = w.get("lfm2.vocab_size").value
+    head_dim = n_embd // n_head
+    w.tensors = []
+
+    def matrix(name: str, ne: list[int], std: float) -> None:
+        values = [rng.gauss(0.0, std) for _ in range(math.prod(ne))]
+        w.add_tensor(name, ne, weight_type, encode_tensor(weight_type, values))
+
+    def norm(name: str, n: int = n_embd) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+
+    matrix("token_embd.weight", [n_embd, n_vocab], 0.15)  # also the output head: logits of std ~1.7
+    norm("token_embd_norm.weight")
+    for layer, kv in enumerate(kv_heads):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        if kv == 0:
+            matrix(blk + "shortconv.in_proj.weight", [n_embd, 3 * n_embd], 1.0 / math.sqrt(n_embd))
+            w.add_tensor(blk + "shortconv.conv.weight", [conv_len, n_embd], GGML_F32,
+                         encode_f32([rng.gauss(0.0, 0.6) for _ in range(conv_len * n_embd)]))
+            matrix(blk + "shortconv.out_proj.weight", [n_embd, n_embd], 2.0 / math.sqrt(n_embd))
+        else:
+            matrix(blk + "attn_q.weight", [n_embd, n_head * head_dim], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_k.weight", [n_embd, kv * head_dim], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_v.weight", [n_embd, kv * head_dim], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_output.weight", [n_head * head_dim, n_embd], 2.0 / math.sqrt(n_embd))
+            norm(blk + "attn_q_norm.weight", head_dim)
+            norm(blk + "attn_k_norm.weight", head_dim)
+        norm(blk + "ffn_norm.weight")
+        matrix(blk + "ffn_gate.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down.weight", [n_ff, n_embd], 2.0 / math.sqrt(n_ff))
+    return w
+
+
+def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4, n_head: int = 2,
+                      n_head_kv: int = 1, head_dim: int = 64, rope_dim: int = 16,
+                      sections: tuple[int, ...] = (3, 3, 2, 0), n_ff: int = 256, k_heads: int = 2,
+                      v_heads: int = 4, state: int = 32, conv_len: int = 4, n_ctx: int = 128,
+                      weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight qwen35 model laid out as llama.cpp's converter
+    writes one, with build_tiny_llama's tokenizer: every `interval`-th layer gated
+    attention (queries and gate interleaved per head in attn_q, q/k head norms, RoPE over
+    rope_dim dims of each head in multi-`sections`), the others Gated DeltaNet layers
+    (k_heads query/key heads and v_heads value heads of `state` dims, a convolution over
+    conv_len positions); post_attention_norm before every SwiGLU FFN."""
+    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35")
+    w.set("general.architecture", STRING, "qwen35")
+    for kv in w.kvs:
+        if kv.key.startswith("llama."):
+            kv.key = "qwen35." + kv.key[len("llama."):]
+    w.set("qwen35.block_count", U32, n_layer)
+    w.set("qwen35.feed_forward_length", U32, n_ff)
+    w.set("qwen35.attention.head_count", U32, n_head)
+    w.set("qwen35.attention.head_count_kv", U32, n_head_kv)
+    w.set("qwen35.attention.key_length", U32, head_dim)
+    w.set("qwen35.attention.value_length", U32, head_dim)
+    w.set("qwen35.rope.dimension_count", U32, rope_dim)
+    w.set("qwen35.rope.dimension_sections", ARRAY, (I32, list(sections)))
+    w.set("qwen35.full_attention_interval", U32, interval)
+    w.set("qwen35.ssm.conv_kernel", U32, conv_len)
+    w.set("qwen35.ssm.inner_size", U32, v_heads * state)
+    w.set("qwen35.ssm.state_size", U32, state)
+    w.set("qwen35.ssm.time_step_rank", U32, v_heads)
+    w.set("qwen35.ssm.group_count", U32, k_heads)
+    rng = random.Random(seed)
+    n_vocab = w.get("qwen35.vocab_size").value
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    qk_dim, v_dim = k_heads * state, v_heads * state
+    conv_dim = 2 * qk_dim + v_dim
+    w.tensors = []
+
+    def matrix(name: str, ne: list[int], std: float) -> None:
+        values = [rng.gauss(0.0, std) for _ in range(math.prod(ne))]
+        w.add_tensor(name, ne, weight_type, encode_tensor(weight_type, values))
+
+    def f32(name: str, ne: list[int], make) -> None:
+        w.add_tensor(name, ne, GGML_F32, encode_f32([make() for _ in range(math.prod(ne))]))
+
+    def norm(name: str, n: int = n_embd) -> None:
+        f32(name, [n], lambda: 1.0 + rng.uniform(-0.2, 0.2))
+
+    matrix("token_embd.weight", [n_embd, n_vocab], 0.3)
+    norm("output_norm.weight")
+    matrix("output.weight", [n_embd, n_vocab], 0.15)  # logits of std ~1.7
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        if (layer + 1) % interval == 0:
+            matrix(blk + "attn_q.weight", [n_embd, 2 * q_dim], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_k.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_v.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_output.weight", [q_dim, n_embd], 2.0 / math.sqrt(q_dim))
+            norm(blk + "attn_q_norm.weight", head_dim)
+            norm(blk + "attn_k_norm.weight", head_dim)
+        else:
+            matrix(blk + "attn_qkv.weight", [n_embd, conv_dim], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_gate.weight", [n_embd, v_dim], 1.0 / math.sqrt(n_embd))
+            f32(blk + "ssm_conv1d.weight", [conv_len, conv_dim], lambda: rng.gauss(0.0, 0.5))
+            f32(blk + "ssm_dt.bias", [v_heads], lambda: rng.uniform(-1.0, 1.0))
+            f32(blk + "ssm_a", [v_heads], lambda: -math.exp(rng.uniform(-1.0, 1.0)))
+            matrix(blk + "ssm_beta.weight", [n_embd, v_heads], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ssm_alpha.weight", [n_embd, v_heads], 1.0 / math.sqrt(n_embd))
+            norm(blk + "ssm_norm.weight", state)
+            matrix(blk + "ssm_out.weight", [v_dim, n_embd], 2.0 / math.sqrt(v_dim))
+        norm(blk + "post_attention_norm.weight")
+        matrix(blk + "ffn_gate.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down.weight", [n_ff, n_embd], 2.0 / math.sqrt(n_ff))
+    return w
+
+
 # ---- vocabularies without weights ------------------------------------------------
 
 def _vocab_only_writer(name: str) -> GGUFWriter:

@@ -97,6 +97,49 @@ def test_common_prefix_length():
     assert common_prefix_length([1, 2, 3], (1, 2, 3)) == 3
 
 
+# ---- recurrent models: resume only at a checkpoint or the live state ------------------------
+
+def test_an_appended_turn_resumes_from_the_live_recurrent_state():
+    resident, prompt = [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7]
+    assert plan_prefill(resident, prompt, dirty=False, points=[3, 5]) == PrefillPlan(5, 2, 0, "exact_prefix")
+
+
+def test_a_mismatch_inside_the_last_turn_falls_back_to_the_checkpoint_before_it():
+    # The previous turn's prompt ended at 3 (a checkpoint); its reply 4, 5 was re-rendered.
+    plan = plan_prefill([1, 2, 3, 4, 5], [1, 2, 3, 4, 9, 9], dirty=False, points=[2, 3, 5])
+    assert plan == PrefillPlan(3, 3, 2, "checkpoint")
+
+
+def test_a_prefix_before_every_checkpoint_reprefills_everything():
+    plan = plan_prefill([1, 2, 3, 4, 5], [1, 9, 9], dirty=False, points=[3, 5])
+    assert plan == PrefillPlan(0, 3, 5, "no_checkpoint")
+
+
+def test_a_common_prefix_that_ends_at_a_checkpoint_keeps_all_of_it():
+    plan = plan_prefill([1, 2, 3, 4, 5], [1, 2, 3, 7], dirty=False, points=[3, 5])
+    assert plan == PrefillPlan(3, 1, 2, "common_prefix")
+
+
+def test_a_resent_prompt_on_a_recurrent_model_resumes_before_its_last_token():
+    # keep would be 3 (one token must be prefilled): the newest checkpoint below it.
+    plan = plan_prefill([1, 2, 3, 4], [1, 2, 3, 4], dirty=False, points=[2, 4])
+    assert plan == PrefillPlan(2, 2, 2, "checkpoint")
+
+
+def test_no_points_means_any_position_as_before():
+    assert plan_prefill([1, 2, 3, 4, 5], [1, 2, 3, 4, 9], dirty=False, points=None).keep == 4
+
+
+def test_checkpoints_do_not_revive_a_dirty_or_disabled_cache():
+    assert plan_prefill([1, 2, 3], [1, 2, 3, 4], dirty=True, points=[3]).reason == "dirty"
+    assert plan_prefill([1, 2, 3], [1, 2, 3, 4], dirty=False, enabled=False, points=[3]).keep == 0
+
+
+def test_a_checkpoint_below_the_window_floor_is_no_use():
+    plan = plan_prefill([1, 2, 3, 4, 5], [1, 2, 3, 4, 9], dirty=False, floor=3, points=[2, 5])
+    assert plan == PrefillPlan(0, 5, 5, "window")
+
+
 # ---- the prefix cache -------------------------------------------------------------
 
 def test_a_longer_cached_prefix_replaces_the_own_plan():

@@ -74,6 +74,8 @@ typedef struct {
     int32_t max_sessions;       /* serving capacity, scratch session included */
     int32_t add_eos;            /* 1 if prompts end with EOS */
     int32_t vocab_only;         /* 1 for a GGUF without weights: it tokenizes, sessions are refused */
+    int32_t n_recurrent_layers; /* layers that keep a recurrent state instead of keys and values */
+    uint64_t recurrent_bytes;   /* per session: that state and room for its checkpoints */
     int32_t kv_block_positions; /* KV memory is paged in blocks of this many positions */
     uint64_t kv_block_bytes;    /* bytes of one block (every layer that attends all positions) */
     int32_t kv_shares_prefixes; /* 1 if sessions can share blocks (no sliding-window rings) */
@@ -209,10 +211,18 @@ llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
 /* Keep the first pos tokens of the KV cache; drop the pending token and logits.
  * A sliding-window layer keeps a ring of recent positions, so once it has wrapped,
  * pos must be 0 or at least resume_floor (else LLMD_ERR_INVALID_ARGUMENT and the
- * session is unchanged). */
+ * session is unchanged). A model with recurrent layers (n_recurrent_layers > 0)
+ * rewinds only to 0, to one of its checkpoints, or to the current position; any
+ * other pos is LLMD_ERR_STATE and the session is unchanged. */
 llmd_status llmd_session_truncate(llmd_session *session, int32_t pos);
 /* The smallest pos > 0 that truncate accepts now (0 when every one is). */
 llmd_status llmd_session_resume_floor(const llmd_session *session, int32_t *pos);
+/* The positions of the recurrent state's checkpoints, ascending (none for a model
+ * without recurrent layers). Prefill and score take one where they start (the end of
+ * a reply they continue) and one where they end; a session keeps the newest few, and
+ * truncating to one forgets those after it. *n is the count; LLMD_ERR_INVALID_ARGUMENT
+ * if capacity is smaller (call again with *n). */
+llmd_status llmd_session_checkpoints(const llmd_session *session, int32_t *out, size_t capacity, size_t *n);
 llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
 
 /* The prefix cache. Joins the session to `scope` (bytes; sessions share only within
@@ -242,7 +252,9 @@ llmd_status llmd_session_tokens(const llmd_session *session, int32_t *out, size_
  * logits are dropped, as by truncate): bytes of another shape, another context or
  * format version, a bad token id or a wrong length are LLMD_ERR_FORMAT with the
  * reason, and the session is left unchanged. The bytes carry no checksum and no
- * model identity: whoever stores them must (llmd/session_store.py). */
+ * model identity: whoever stores them must (llmd/session_store.py). A model with
+ * recurrent layers (n_recurrent_layers > 0) refuses all three with
+ * LLMD_ERR_UNSUPPORTED: its state is not in the format. */
 llmd_status llmd_session_state_size(const llmd_session *session, int32_t n_tokens, size_t *bytes);
 llmd_status llmd_session_export(const llmd_session *session, int32_t n_tokens, uint8_t *out, size_t len);
 llmd_status llmd_session_import(llmd_session *session, const uint8_t *data, size_t len);
@@ -276,7 +288,8 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
 llmd_status llmd_session_logits(const llmd_session *session, float *out, size_t n);
 
 /* Prefill ids and, for every i in [first, n - 1), write log p(ids[i+1] | ids[..i])
- * to logprobs[i - first]. For perplexity. */
+ * to logprobs[i - first]; the next-token logits after ids are then ready, as after
+ * prefill. For perplexity and prompt log-probabilities. */
 llmd_status llmd_session_score(llmd_session *session, const int32_t *ids, size_t n,
                                size_t first, float *logprobs);
 
@@ -328,6 +341,12 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
                                   int32_t n_pos, int32_t head_dim, int32_t n_ranges, float *out,
                                   int32_t fast);
 
+/* One token through one Gated DeltaNet head: the state m (hd x hd floats, updated in
+ * place) decays by `decay`, learns v (hd) from k (hd) at rate beta, and answers q (hd)
+ * into out (hd), scaled by 1/sqrt(hd); by the scalar reference (fast == 0) or the
+ * engine's kernel. */
+llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, const float *v, float decay,
+                                   float beta, int32_t hd, float *out, int32_t fast);
 /* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
  * approximation (gelu == 1), by the scalar reference (fast == 0) or the fast kernel. */
 llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, int32_t fast);

@@ -9,6 +9,7 @@
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
+#include "recurrent.h"
 #include "sampler.h"
 #include "session_state.h"
 #include "vocab.h"
@@ -46,9 +47,12 @@ struct llmd_engine {
     bool kv_shares = false;          // no ring layers: a prefix's KV is its blocks alone
     std::vector<std::unique_ptr<llmd_session>> sessions;
 
+    // Each layer's memory (keys and values per position, a ring, or a recurrent state
+    // with its checkpoints) and the logits.
     uint64_t bytes_per_session() const {
         return KVCache::bytes_per_token(model->hp, n_ctx) * static_cast<uint64_t>(n_ctx) +
-               KVCache::ring_bytes(model->hp, n_ctx) + static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
+               KVCache::ring_bytes(model->hp, n_ctx) + RecurrentState::session_bytes(model->hp) +
+               static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
     }
     bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }
 };
@@ -56,6 +60,7 @@ struct llmd_engine {
 struct llmd_session {
     llmd_engine *engine = nullptr;
     KVCache kv;
+    RecurrentState rs;           // the recurrent layers' state at position, and its checkpoints
     std::vector<int32_t> tokens; // ids in the KV cache: tokens.size() == position
     int32_t pending = -1;        // sampled, enters the cache at the next decode step
     std::vector<float> logits;   // next-token logits after tokens (+ nothing pending)
@@ -252,7 +257,7 @@ llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out
         if (s->pending >= 0) {
             if (static_cast<int>(s->tokens.size()) >= e->n_ctx)
                 return fail(LLMD_ERR_CONTEXT_FULL, "the context is full (" + std::to_string(e->n_ctx) + " tokens)");
-            batch.push_back({&s->kv, s->pending, static_cast<int32_t>(s->tokens.size()), true});
+            batch.push_back({&s->kv, s->pending, static_cast<int32_t>(s->tokens.size()), true, &s->rs});
             fed.push_back(s);
         } else if (!s->logits_valid) {
             return fail(LLMD_ERR_STATE, "decode needs a prefill first");
@@ -349,7 +354,8 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->ws.reserve(hp, 1);
         size_t ring = 0, block = 0;
         KVCache::layout(hp, e->n_ctx, &ring, &block);
-        e->kv_shares = ring == 0 && block > 0;
+        // A recurrent state is no prefix of blocks: a hybrid model shares none.
+        e->kv_shares = ring == 0 && block > 0 && RecurrentState::state_bytes(hp) == 0;
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
                                                              : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
         e->kv_pool = std::make_unique<KVPool>(block, fingerprint, retired);
@@ -401,6 +407,8 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;
+        out->n_recurrent_layers = static_cast<int32_t>(std::count_if(hp.state.begin(), hp.state.end(), [](int n) { return n > 0; }));
+        out->recurrent_bytes = RecurrentState::session_bytes(hp);
         out->kv_block_positions = kKVBlock;
         out->kv_block_bytes = e->kv_pool->block_bytes();
         out->kv_shares_prefixes = e->kv_shares ? 1 : 0;
@@ -528,6 +536,7 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         s->kv.k.reset(new (std::nothrow) uint16_t[ring]);
         s->kv.v.reset(new (std::nothrow) uint16_t[ring]);
         if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
+        s->rs.init(hp);
         s->logits.resize(hp.n_vocab);
         llmd_sampling greedy{};
         greedy.repeat_penalty = 1.0f;
@@ -567,15 +576,17 @@ llmd_status llmd_session_prefill(llmd_session *s, const int32_t *ids, size_t n) 
                                                    std::to_string(e->n_ctx));
         s->pending = -1; // a sampled token that was never fed is not part of the sequence
         s->logits_valid = false;
+        s->rs.checkpoint(); // the end of a reply that this prefill continues
         std::vector<BatchToken> batch(std::min<size_t>(n, kMaxBatch));
         for (size_t i = 0; i < n; i += kMaxBatch) {
             const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
             for (int j = 0; j < m; ++j)
-                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1};
+                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1, &s->rs};
             forward(*e->model, batch.data(), m, e->ws, *e->pool, s->logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
             s->kv.publish(s->tokens);
         }
+        s->rs.checkpoint();
         s->logits_valid = true;
         return LLMD_OK;
     });
@@ -620,7 +631,19 @@ llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
             return fail(LLMD_ERR_INVALID_ARGUMENT,
                         "truncate position " + std::to_string(pos) + " is before " + std::to_string(floor) +
                             ": the sliding-window layers no longer hold the positions it attends (truncate to 0)");
+        // A recurrent state cannot be cut back: only to 0, to a checkpoint, or nowhere.
+        const bool here = static_cast<size_t>(pos) == s->tokens.size();
+        if (!s->rs.empty() && pos > 0 && !here && !s->rs.has_checkpoint(pos)) {
+            std::string at;
+            for (const auto &c : s->rs.checkpoints) at += (at.empty() ? "" : ", ") + std::to_string(c.pos);
+            return fail(LLMD_ERR_STATE, "truncate position " + std::to_string(pos) +
+                                            " is not a checkpoint of the recurrent layers' state (they can return to 0, " +
+                                            (at.empty() ? "" : at + ", ") + "or stay at " +
+                                            std::to_string(s->tokens.size()) + ")");
+        }
         s->kv.truncate(pos);
+        if (pos == 0) s->rs.reset();
+        else if (!here && !s->rs.empty()) s->rs.restore(pos);
         s->tokens.resize(pos);
         s->pending = -1;
         s->logits_valid = false;
@@ -667,6 +690,17 @@ llmd_status llmd_session_resume_floor(const llmd_session *s, int32_t *pos) {
     });
 }
 
+llmd_status llmd_session_checkpoints(const llmd_session *s, int32_t *out, size_t capacity, size_t *n) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (n == nullptr || (out == nullptr && capacity > 0)) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        *n = s->rs.checkpoints.size();
+        if (*n > capacity) return fail(LLMD_ERR_INVALID_ARGUMENT, "checkpoint buffer too small");
+        for (size_t i = 0; i < *n; ++i) out[i] = s->rs.checkpoints[i].pos;
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_session_position(const llmd_session *s, int32_t *pos) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
@@ -689,6 +723,8 @@ llmd_status llmd_session_tokens(const llmd_session *s, int32_t *out, size_t capa
 
 // A prefix of the session that its cache holds whole: 0, or from resume_floor on.
 llmd_status check_state_prefix(const llmd_session *s, int32_t n) {
+    if (!s->rs.empty()) // the format holds ids and keys and values: importing them alone would be wrong state
+        return fail(LLMD_ERR_UNSUPPORTED, "sessions of a model with recurrent layers cannot be exported or imported");
     if (n < 0 || static_cast<size_t>(n) > s->tokens.size())
         return fail(LLMD_ERR_INVALID_ARGUMENT, "n_tokens " + std::to_string(n) + " is outside 0.." +
                                                    std::to_string(s->tokens.size()));
@@ -725,6 +761,8 @@ llmd_status llmd_session_import(llmd_session *s, const uint8_t *data, size_t len
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (data == nullptr && len > 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "data must not be null");
+        if (!s->rs.empty())
+            return fail(LLMD_ERR_UNSUPPORTED, "sessions of a model with recurrent layers cannot be exported or imported");
         std::string err;
         std::vector<int32_t> tokens;
         bool read = false;
@@ -879,6 +917,7 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
         // The input runs from position 0; the cache then holds it, with no logits.
         s->tokens.clear();
         s->kv.high = -1;
+        s->rs.reset();
         s->pending = -1;
         s->logits_valid = false;
         const bool mean = pooling == 1;
@@ -889,7 +928,7 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
         for (size_t i = 0; i < n; i += kMaxBatch) {
             const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
             for (int j = 0; j < m; ++j)
-                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(i + j), mean || i + j == pooled};
+                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(i + j), mean || i + j == pooled, &s->rs};
             forward(*e->model, batch.data(), m, e->ws, *e->pool, nullptr, hidden.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
             if (mean) {
@@ -937,11 +976,12 @@ llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n
         std::vector<BatchToken> batch(kChunk);
         s->pending = -1;
         s->logits_valid = false;
+        s->rs.checkpoint(); // as prefill: the end of a reply this continues
         for (size_t i = 0; i < n; i += kChunk) {
             const int m = static_cast<int>(std::min<size_t>(kChunk, n - i));
             for (int j = 0; j < m; ++j) {
                 const size_t t = i + j;
-                batch[j] = {&s->kv, ids[t], static_cast<int32_t>(pos + t), t >= first && t + 1 < n};
+                batch[j] = {&s->kv, ids[t], static_cast<int32_t>(pos + t), t >= first, &s->rs};
             }
             forward(*e->model, batch.data(), m, e->ws, *e->pool, logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
@@ -950,11 +990,17 @@ llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n
             for (int j = 0; j < m; ++j) {
                 if (!batch[j].logits) continue;
                 const float *l = logits.data() + static_cast<size_t>(row++) * n_vocab;
+                if (i + j + 1 == n) { // the last token's: the next-token logits, as prefill leaves them
+                    std::copy_n(l, n_vocab, s->logits.data());
+                    continue;
+                }
                 const size_t k = i + j - first;
                 logprobs[k] = log_softmax_top(l, n_vocab, ids[i + j + 1], n_top, top_ids + k * n_top,
                                               top_logprobs + k * n_top);
             }
         }
+        s->rs.checkpoint();
+        s->logits_valid = true;
         return LLMD_OK;
     });
 }
@@ -1050,6 +1096,17 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
             attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
         attend_finish(out, acc.data(), n_q, head_dim);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta,
+                                   int32_t hd, float *out, int32_t fast) {
+    return guarded([&]() -> llmd_status {
+        if (m == nullptr || q == nullptr || k == nullptr || v == nullptr || out == nullptr || hd < 1 || hd > 1024)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad delta step arguments");
+        const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        (fast ? delta_step : delta_step_ref)(m, q, k, v, decay, beta, hd, scale, out);
         return LLMD_OK;
     });
 }

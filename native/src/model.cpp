@@ -6,11 +6,13 @@
 
 #include "arch/arch.h"
 #include "attention.h"
+#include "recurrent.h"
 #include "simd.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -39,6 +41,37 @@ int Binder::get_int(const std::string &key, int fallback, bool required) {
         return fallback;
     }
     return static_cast<int>(v);
+}
+
+int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values) {
+    const GGUFKV *kv = file.find(key);
+    if (kv == nullptr || kv->type != GGUF_ARRAY) {
+        const int v = get_int(key, fallback, required);
+        values->assign(n_layer, v);
+        return v;
+    }
+    if ((kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || kv->arr_count != static_cast<uint64_t>(n_layer)) {
+        fail("model metadata " + key + " must be one integer per layer");
+        return fallback;
+    }
+    values->resize(n_layer);
+    int most = 0;
+    for (int l = 0; l < n_layer; ++l) {
+        int32_t v;
+        std::memcpy(&v, kv->arr_data + 4 * l, 4);
+        if (v < 0 || v > (1 << 20)) {
+            fail("model metadata " + key + " holds " + std::to_string(v) + ", out of range");
+            return fallback;
+        }
+        // Layers that have heads have the same number: the shared attention assumes it.
+        if (v != 0 && most != 0 && v != most) {
+            fail("model metadata " + key + " gives layers different head counts, which llmd does not run");
+            return fallback;
+        }
+        (*values)[l] = v;
+        most = std::max(most, v);
+    }
+    return most;
 }
 
 float Binder::get_float(const std::string &key, float fallback) {
@@ -125,6 +158,20 @@ const float *Binder::vector(const std::string &name, int64_t n, bool required) {
     return reinterpret_cast<const float *>(t->data);
 }
 
+const float *Binder::filters(const std::string &name, int64_t cols, int64_t rows) {
+    const GGUFTensor *t = find(name, true);
+    if (t == nullptr) return nullptr;
+    if (t->type != GGML_F32 || t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+        fail("tensor " + name + " should be F32 of shape [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+        return nullptr;
+    }
+    if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+        fail("tensor " + name + " is misaligned");
+        return nullptr;
+    }
+    return reinterpret_cast<const float *>(t->data);
+}
+
 void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const int dim = hp.n_embd;
@@ -184,7 +231,7 @@ void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen3Moe, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kLfm2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen3Moe, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -251,6 +298,7 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::
             if (!(div > 0.0f)) return b.fail("tensor " + factors + " holds a non-positive factor");
             f /= div;
         }
+        if (!hp.rope_fixed.empty() && hp.rope_fixed[i]) f = 0.0; // an angle of 0 at every position
         if (rs.kind == RopeScaling::linear) f /= rs.factor;
         if (rs.kind == RopeScaling::yarn) {
             const double extrapolated = 1.0 - std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0);
@@ -318,8 +366,16 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     hp.n_ctx_train = b.get_int(p + "context_length", 0, true);
     hp.n_embd = b.get_int(p + "embedding_length", 0, true);
     hp.n_layer = b.get_int(p + "block_count", 0, true);
-    hp.n_head = b.get_int(p + "attention.head_count", 0, true);
-    hp.n_head_kv = b.get_int(p + "attention.head_count_kv", hp.n_head, false);
+    // Every layer has a norm and a matrix at least: refuse an absurd block count
+    // before allocating for it.
+    if (static_cast<uint64_t>(hp.n_layer) * 2 > file.tensors().size()) {
+        *error = p + "block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
+                 std::to_string(file.tensors().size()) + " tensors";
+        return nullptr;
+    }
+    std::vector<int> heads, kv_heads; // per layer: hybrid models give 0 to their recurrent layers
+    hp.n_head = b.per_layer_int(p + "attention.head_count", hp.n_layer, 0, true, &heads);
+    hp.n_head_kv = b.per_layer_int(p + "attention.head_count_kv", hp.n_layer, hp.n_head, false, &kv_heads);
     hp.n_ff = b.get_int(p + "feed_forward_length", 0, true);
     hp.rope_base = b.get_float(p + "rope.freq_base", 10000.0f);
     hp.norm_eps = b.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5f);
@@ -349,19 +405,21 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     RopeScaling scaling;
     if (!read_rope_scaling(b, hp, &scaling)) return nullptr;
     hp.window.assign(hp.n_layer, 0);
+    hp.state.assign(hp.n_layer, 0);
     arch.load_hparams(b, hp);
     if (!error->empty()) return nullptr;
-
-    // Every layer has a norm and a matrix at least: refuse an absurd block count
-    // before allocating for it.
-    if (static_cast<uint64_t>(hp.n_layer) * 2 > file.tensors().size()) {
-        *error = p + "block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
-                 std::to_string(file.tensors().size()) + " tensors";
-        return nullptr;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        // A layer without heads computes nothing unless the family gives it a recurrent state.
+        if ((heads[l] == 0 || kv_heads[l] == 0) && !hp.recurrent(l)) {
+            *error = "layer " + std::to_string(l) + " has no attention heads, and the " + arch.name +
+                     " architecture gives it no recurrent state";
+            return nullptr;
+        }
     }
+
     const int dim = hp.n_embd;
     if (!b.matrix("token_embd.weight", dim, n_vocab, &model->tok_embd)) return nullptr;
-    model->output_norm = b.vector("output_norm.weight", dim);
+    model->output_norm = b.vector("output_norm.weight", dim, false); // or the family's own name, in bind
     if (file.tensor("output.weight") != nullptr) {
         if (!b.matrix("output.weight", dim, n_vocab, &model->output)) return nullptr;
     } else {
@@ -370,6 +428,10 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     model->layers.resize(hp.n_layer);
     arch.bind(b, *model);
     if (!error->empty()) return nullptr;
+    if (model->output_norm == nullptr) {
+        *error = "model lacks tensor output_norm.weight";
+        return nullptr;
+    }
 
     if (!rope_frequencies(b, scaling, *model)) return nullptr;
     hp.rope_mscale = scaling.attn_factor;
@@ -419,7 +481,8 @@ void Model::pack() {
     std::vector<Matrix *> matrices{&output};
     for (LayerWeights &L : layers) {
         for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp,
-                          &L.up_shexp, &L.down_shexp})
+                          &L.up_shexp, &L.down_shexp, &L.conv_in, &L.conv_out, &L.delta_in, &L.delta_gate,
+                          &L.delta_beta, &L.delta_alpha, &L.delta_out})
             if (m->data != nullptr) matrices.push_back(m);
         for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
             for (Matrix &m : *stack) matrices.push_back(&m);
@@ -454,7 +517,9 @@ std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t
         // ring holds its window behind the batch's first position plus the batch.
         const int w = hp.window[l];
         const int slots = w > 0 ? std::min(blocks(n_ctx), blocks(int64_t{w} + kMaxBatch - 1)) : 0;
-        if (w > 0 && slots < blocks(n_ctx)) {
+        if (hp.recurrent(l)) { // keeps a recurrent state (recurrent.h), no keys and values
+            layers[l] = {0, 0, 0};
+        } else if (w > 0 && slots < blocks(n_ctx)) {
             layers[l] = {offset, slots, w};
             offset += static_cast<size_t>(slots) * hp.kv_dim();
         } else { // a window as long as the context attends everything a ring would hold
@@ -482,7 +547,7 @@ int KVCache::resume_floor() const {
     int floor = 0;
     for (const Layer &L : layers) {
         const int lost = high - L.slots + 1; // positions below this one were overwritten
-        if (L.paged < 0 && lost > 0) floor = std::max(floor, lost + L.window - 1);
+        if (L.paged < 0 && L.window > 0 && lost > 0) floor = std::max(floor, lost + L.window - 1); // a ring
     }
     return floor;
 }
@@ -687,6 +752,8 @@ void run_matmuls(ThreadPool &pool, int n, const std::vector<MatJob> &jobs) {
     });
 }
 
+} // namespace
+
 void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0.0;
     int i = 0;
@@ -703,6 +770,8 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) 
     const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
     for (i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
+
+namespace {
 
 // cs (rope_dim): cos and sin of each rotated pair's angle at position pos.
 void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_freq, int pos) {
@@ -1060,6 +1129,16 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
     ws.reserve(hp, n);
     for (int t = 0; t < n; ++t) batch[t].kv->prepare(batch[t].pos); // every block the pass writes, before it writes
     const Pass pass{model, hp, batch, n, ws, pool};
+    // A recurrent state holds positions 0..pos-1: each token must be the next one of
+    // its session (in batch order), or its layers would fold it into the wrong state.
+    for (int t = 0; t < n; ++t) {
+        RecurrentState *rs = batch[t].rs;
+        if (rs == nullptr || rs->empty()) continue;
+        if (rs->pos != batch[t].pos)
+            throw std::logic_error("recurrent state at position " + std::to_string(rs->pos) + " is fed position " +
+                                   std::to_string(batch[t].pos));
+        rs->pos = batch[t].pos + 1;
+    }
 
     float *x = pass.x;
     for (int t = 0; t < n; ++t) {

@@ -57,6 +57,18 @@ struct HParams {
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
     std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
+    std::vector<int> state;     // (n_layer) floats of recurrent state a layer keeps per session
+                                // instead of keys and values (recurrent.h); 0: an attention layer
+    int conv_len = 0;           // short convolutions: positions each one spans, its own included
+    struct DeltaNet {           // Gated DeltaNet layers (Qwen3.5)
+        int k_heads = 0;        // query and key heads; value head h reads key head h % k_heads
+        int v_heads = 0;        // value heads, each with its own (head_dim × head_dim) state
+        int head_dim = 0;       // of queries, keys and values alike
+        int qk_dim() const { return k_heads * head_dim; }
+        int v_dim() const { return v_heads * head_dim; }
+        int conv_dim() const { return 2 * qk_dim() + v_dim(); } // q, k, v: the convolved channels
+    } delta;
+    std::vector<bool> rope_fixed; // (rope_dim / 2) pairs text positions leave unrotated (multi-section RoPE)
     int n_expert = 0;           // MoE: experts per layer,
     int n_expert_used = 0;      // experts each token is routed to,
     int n_ff_exp = 0;           // hidden dim of one expert
@@ -65,6 +77,7 @@ struct HParams {
     int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
+    bool recurrent(int layer) const { return state[layer] > 0; }
 };
 
 // One layer's weights; a tensor the architecture does not have, or the file leaves
@@ -94,6 +107,17 @@ struct LayerWeights {
     std::vector<Matrix> gate_exps;    // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
+    Matrix conv_in;                   // (3 · dim, dim) short convolution (LFM2): gates b, c and input x
+    const float *conv_w = nullptr;    // (channels, conv_len) each channel's filter, oldest position first
+    Matrix conv_out;                  // (dim, dim)
+    Matrix delta_in;                  // (conv_dim, dim) Gated DeltaNet (Qwen3.5): q, k, v before the convolution
+    Matrix delta_gate;                // (v_dim, dim) z, the output gate
+    Matrix delta_beta;                // (v_heads, dim) learning rate, through a sigmoid
+    Matrix delta_alpha;               // (v_heads, dim) decay, through softplus(· + delta_dt) · delta_a
+    const float *delta_dt = nullptr;  // (v_heads)
+    const float *delta_a = nullptr;   // (v_heads) -exp(A_log), negative
+    const float *delta_norm = nullptr; // (head_dim) RMS norm of each head's output
+    Matrix delta_out;                 // (dim, v_dim)
     const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this)
     Matrix gate_shexp;                // (n_ff_shexp, dim)
     Matrix up_shexp;                  // (n_ff_shexp, dim)
@@ -144,6 +168,9 @@ struct Binder {
     Binder(const GGUFFile &file, std::string *error, const std::string &arch_name);
     bool fail(const std::string &msg);
     int get_int(const std::string &key, int fallback, bool required);
+    // A count the file gives once or per layer (an array of n_layer): *values per layer,
+    // returning the common non-zero value (layers that have any must agree).
+    int per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values);
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
@@ -152,6 +179,8 @@ struct Binder {
     // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
     bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
     const float *vector(const std::string &name, int64_t n, bool required = true);
+    // An F32 [cols, rows] tensor used as rows × cols floats (convolution filters).
+    const float *filters(const std::string &name, int64_t cols, int64_t rows);
 
     // The tensors of block l that most families name alike: "blk.<l>.attn_norm",
     // attn_q/k/v/output weights with optional q/k/v biases; ffn_norm and the
@@ -248,11 +277,14 @@ struct KVCache {
 };
 
 // One token of a forward batch.
+struct RecurrentState; // recurrent.h
+
 struct BatchToken {
     KVCache *kv;
     int32_t token;
     int32_t pos;   // its position in kv; positions 0..pos-1 must already be there
     bool logits;   // compute next-token logits after this token
+    RecurrentState *rs = nullptr; // the session's recurrent layers' state (at pos), if the model has any
 };
 
 // One matrix product of a parallel region: y (n, w.rows) = x (n, w.cols) · wᵀ + bias,
@@ -299,6 +331,7 @@ struct Workspace {
     std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
     std::vector<float> moe_weights;     // (n, n_expert) each token's weight for each expert
     std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
+    std::vector<float> recurrent, recurrent_in; // a recurrent block's projections (recurrent.h)
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -345,6 +378,8 @@ MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch);
 // Runs the jobs, all reading x (n, cols of their weights), as one parallel region.
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
 
+// out (n) = x / rms(x) * weight, in double precision; out may be x.
+void rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): each token's top

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "model.h"
+#include "recurrent.h"
 
 #include <string>
 #include <string_view>
@@ -25,7 +26,7 @@ struct Arch {
     void (*layer)(const Pass &p, const LayerWeights &L, int l);
 };
 
-extern const Arch kLlama, kGemma3, kPhi3, kQwen2, kQwen2Moe, kQwen3, kQwen3Moe, kSmolLM3;
+extern const Arch kLlama, kGemma3, kLfm2, kPhi3, kQwen2, kQwen2Moe, kQwen3, kQwen35, kQwen3Moe, kSmolLM3;
 
 // The architecture named `name`, or nullptr.
 const Arch *find_arch(std::string_view name);

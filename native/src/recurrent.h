@@ -1,0 +1,83 @@
+// recurrent.h — what a hybrid model's recurrent layers keep per session instead of keys
+// and values, and the ops that read and update it.
+//
+// A recurrent layer folds every token into a fixed-size state (LFM2's short
+// convolution keeps the last conv_len - 1 inputs of each channel; Qwen3.5's Gated
+// DeltaNet those of its convolution and a head_dim² matrix per value head). Unlike a KV cache,
+// such a state cannot be cut back to an earlier position: the session therefore keeps
+// checkpoints, copies of the whole state at chosen positions (the end of every prefill,
+// and the end of a reply when the next prefill continues it), and can rewind only to
+// one of them, to 0, or stay where it is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace llmd {
+
+struct HParams;
+struct LayerWeights;
+struct Pass;
+
+constexpr int kMaxCheckpoints = 8; // per session; the oldest is dropped for a newer one
+
+struct RecurrentState {
+    std::vector<size_t> offset; // (n_layer) first float of a recurrent layer's state in `now`
+    std::vector<float> now;     // every recurrent layer's state after positions 0..pos-1
+    int pos = 0;
+    struct Checkpoint {
+        int pos;
+        std::vector<float> state;
+    };
+    std::vector<Checkpoint> checkpoints; // ascending pos, none at 0, at most kMaxCheckpoints
+
+    // Sized for hp's recurrent layers (empty when it has none), at position 0.
+    void init(const HParams &hp);
+    bool empty() const { return now.empty(); }
+    float *layer(int l) { return now.data() + offset[l]; }
+    // Back to position 0: a zero state, no checkpoints.
+    void reset();
+    // Remembers the state at pos (once per position; nothing at 0), dropping the
+    // oldest checkpoint when kMaxCheckpoints are kept.
+    void checkpoint();
+    bool has_checkpoint(int at) const;
+    // The state of the checkpoint at `at`, forgetting the checkpoints after it.
+    void restore(int at);
+
+    // Bytes of one state, and of a session's: its state and room for every checkpoint.
+    static uint64_t state_bytes(const HParams &hp);
+    static uint64_t session_bytes(const HParams &hp) { return state_bytes(hp) * (1 + kMaxCheckpoints); }
+};
+
+// The short-convolution block of LFM2, for layer `layer` of the pass: with
+// xb = rmsnorm(x), (b, c, u) = xb · conv_inᵀ split in three, each channel of b * u
+// convolved over its last conv_len positions (the earlier ones from the session's
+// state, which then moves on), and x += (c * conv) · conv_outᵀ.
+void short_conv(const Pass &p, const LayerWeights &L, int layer);
+
+// out (dim) = for each channel d, Σ_j w[d][j] · window_j[d] over the conv_len
+// positions window = (state rows oldest first, then in), accumulated in that order;
+// the state (conv_len - 1 rows of dim) then drops its oldest row and appends in.
+void conv_step(const float *w, int conv_len, float *state, const float *in, int dim, float *out);
+
+// One token through one Gated DeltaNet head. m (hd × hd) holds the delta rule's state
+// transposed (row j is column j of S), so that every step reads rows:
+//   m *= decay;  delta_j = (v_j - m_j · k) · beta;  m_j += delta_j · k;  out_j = (m_j · q) · scale
+// delta_step_ref is the scalar reference (sums in index order); delta_step is the
+// engine's kernel (AVX-512 when built for it), whose fixed 16-lane sums make its result
+// independent of anything but its arguments.
+void delta_step_ref(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
+                    float scale, float *out);
+void delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
+                float scale, float *out);
+
+// The Gated DeltaNet block of Qwen3.5, for layer `layer`: with xb = rmsnorm(x), the
+// mixed q, k, v = xb · delta_inᵀ go through a causal convolution over conv_len positions
+// (the session's state holds the earlier ones) and SiLU; q and k are L2-normalised per
+// head; each value head's state decays by exp(softplus(xb · alphaᵀ + dt) · a) and learns
+// at rate sigmoid(xb · betaᵀ) (delta_step); its output is RMS-normed, gated by
+// silu(xb · delta_gateᵀ), and x += that · delta_outᵀ.
+void gated_delta_net(const Pass &p, const LayerWeights &L, int layer);
+
+} // namespace llmd
