@@ -207,46 +207,28 @@ inline void scales_mins_k4(const uint8_t *packed, uint8_t scale[8], uint8_t min[
     std::memcpy(min, mins, 8);
 }
 
-// Q4_K: sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
-float dot_q4_k_avx2(const uint8_t *w, const float *, const BlockQ8A *x, int64_t n) {
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
-    for (int64_t s = 0; s < n / QK_K; ++s, w += 144, x += 8) {
-        uint8_t scale[8], min[8];
-        scales_mins_k4(w + 4, scale, min);
-        __m256i isum = _mm256_setzero_si256();
-        int32_t msum = 0;
-        for (int j = 0; j < 8; j += 2) {
-            const __m256i v = load256(w + 16 + 16 * j);
-            isum = _mm256_add_epi32(isum, dot_scaled(_mm256_and_si256(v, low), load256(x[j].qs), _mm256_set1_epi16(scale[j])));
-            isum = _mm256_add_epi32(isum, dot_scaled(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), load256(x[j + 1].qs),
-                                                     _mm256_set1_epi16(scale[j + 1])));
-            msum += min[j] * x[j].sum + min[j + 1] * x[j + 1].sum;
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(w) * x[0].d), _mm256_cvtepi32_ps(isum), acc);
-        mins += half(w + 2) * x[0].d * static_cast<float>(msum);
-    }
-    return hsum(acc) - mins;
-}
-
-// Q5_K: Q4_K's nibbles plus bit j of the 32 bytes at qh as sub-block j's fifth bit;
-// qh shifts right as j advances, bringing bit j to bit 0 (then moved to 0x10).
-float dot_q5_k_avx2(const uint8_t *w, const float *, const BlockQ8A *x, int64_t n) {
+// Q4_K (144 bytes) and Q5_K (176): sub-blocks 2i and 2i + 1 are the low and high
+// nibbles of the same 32 bytes. Q5_K adds bit j of the 32 bytes at qh as sub-block j's
+// fifth bit: qh shifts right as j advances, bringing bit j to bit 0 (then to 0x10).
+template <bool kFifth> float dot_q4_5_k_avx2(const uint8_t *w, const float *, const BlockQ8A *x, int64_t n) {
+    constexpr int64_t kBytes = kFifth ? 176 : 144;
+    constexpr int kNibbles = kFifth ? 48 : 16;
     const __m256i low = _mm256_set1_epi8(0x0f), fifth = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps();
     float mins = 0.0f;
-    for (int64_t s = 0; s < n / QK_K; ++s, w += 176, x += 8) {
+    for (int64_t s = 0; s < n / QK_K; ++s, w += kBytes, x += 8) {
         uint8_t scale[8], min[8];
         scales_mins_k4(w + 4, scale, min);
-        __m256i qh = load256(w + 16), isum = _mm256_setzero_si256();
+        __m256i qh = kFifth ? load256(w + 16) : _mm256_setzero_si256(), isum = _mm256_setzero_si256();
         int32_t msum = 0;
         for (int j = 0; j < 8; j += 2) {
-            const __m256i v = load256(w + 48 + 16 * j);
-            const __m256i u0 = _mm256_or_si256(_mm256_and_si256(v, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), fifth));
-            const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
-                                               _mm256_and_si256(_mm256_slli_epi16(qh, 3), fifth));
-            qh = _mm256_srli_epi16(qh, 2);
+            const __m256i v = load256(w + kNibbles + 16 * j);
+            __m256i u0 = _mm256_and_si256(v, low), u1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if constexpr (kFifth) {
+                u0 = _mm256_or_si256(u0, _mm256_and_si256(_mm256_slli_epi16(qh, 4), fifth));
+                u1 = _mm256_or_si256(u1, _mm256_and_si256(_mm256_slli_epi16(qh, 3), fifth));
+                qh = _mm256_srli_epi16(qh, 2);
+            }
             isum = _mm256_add_epi32(isum, dot_scaled(u0, load256(x[j].qs), _mm256_set1_epi16(scale[j])));
             isum = _mm256_add_epi32(isum, dot_scaled(u1, load256(x[j + 1].qs), _mm256_set1_epi16(scale[j + 1])));
             msum += min[j] * x[j].sum + min[j + 1] * x[j + 1].sum;
@@ -417,8 +399,8 @@ constexpr DotFn fast_dot_q4_0 = dot_q4_0_avx2, fast_dot_q4_1 = dot_q4_1_avx2, fa
                 fast_dot_q5_1 = dot_q5_1_avx2, fast_dot_q8_0 = dot_q8_0_avx2;
 template <const int8_t (&Table)[16]> constexpr DotFn fast_dot_iq4_nl = dot_iq4_nl_avx2<Table>;
 template <const int8_t (&Table)[16]> constexpr DotFn fast_dot_mxfp4 = dot_mxfp4_avx2<Table>;
-constexpr DotFn fast_dot_q2_k = dot_q2_k_avx2, fast_dot_q3_k = dot_q3_k_avx2, fast_dot_q4_k = dot_q4_k_avx2,
-                fast_dot_q5_k = dot_q5_k_avx2, fast_dot_q6_k = dot_q6_k_avx2;
+constexpr DotFn fast_dot_q2_k = dot_q2_k_avx2, fast_dot_q3_k = dot_q3_k_avx2, fast_dot_q4_k = dot_q4_5_k_avx2<false>,
+                fast_dot_q5_k = dot_q4_5_k_avx2<true>, fast_dot_q6_k = dot_q6_k_avx2;
 template <const int8_t (&Table)[16]> constexpr DotFn fast_dot_iq4_xs = dot_iq4_xs_avx2<Table>;
 constexpr DotFn fast_dot_f32 = dot_f32_avx2, fast_dot_f16 = dot_f16_avx2, fast_dot_bf16 = dot_bf16_avx2;
 
