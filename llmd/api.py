@@ -456,7 +456,8 @@ class Api:
         openai.check_vocab(req, self.info.n_vocab)
         prompt, text, tools = await self._chat_prompt(req)
         # compiling may take a while
-        grammar = await asyncio.to_thread(constrain.chat_grammar, req, not self.calls_open_with_control)
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req, chat.call_layout(self.template),
+                                          not self.calls_open_with_control)
         return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt,
                                     reasoning=chat.reasoning_start(self.template, text))
 

@@ -48,7 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmd import harmony, jinja, reasoning
-from llmd.tools import FORMAT_MARKERS, GEMMA_CALL, MISTRAL_CALLS, TAGGED_CALLS
+from llmd.tools import (FORMAT_MARKERS, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT, MISTRAL_CALLS, TAGGED_CALLS,
+                        CallLayout)
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -272,6 +273,14 @@ def output_markers(template: ChatTemplate | JinjaTemplate) -> tuple[str, ...]:
     that opens a tool call first."""
     fmt = tool_format(template)
     return harmony.MARKERS if fmt == "harmony" else FORMAT_MARKERS[fmt]
+
+
+def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
+    """The layout constrained calls are written in: the family's own where a grammar can
+    write it (Llama 3.x's JSON reply, gpt-oss's messages to functions.NAME), else Hermes
+    blocks, which every format's parser also reads."""
+    fmt = tool_format(template)
+    return LLAMA3_LAYOUT if fmt == "llama3_json" else harmony.CALL_LAYOUT if fmt == "harmony" else HERMES_LAYOUT
 
 
 def control_pieces(engine: Any, texts: tuple[str, ...]) -> dict[int, bytes]:

@@ -2,13 +2,14 @@
 response_format (json_object, json_schema) of chat and completions, and the tool
 calls of chat (tool_choice "auto", "required" or a named function).
 
-Tool calls are written in the layout tools.py streams (OPEN_TAG CALL_HEAD name
-CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), the arguments following the tool's
-parameters schema. With parallel_tool_calls, more blocks may follow, each after
-CALL_SEPARATOR (which may also end the answer). "required" starts with a call; a
-named function allows only that function; "auto" lets the model first write text,
-any text without OPEN_TAG (the call, if any, starts at the tag), or the response
-format when one is given.
+Tool calls are written in a tools.CallLayout: by default the Hermes layout tools.py
+streams (OPEN_TAG CALL_HEAD name CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), for
+Llama 3.x its JSON reply, for gpt-oss a message to functions.NAME; the arguments follow
+the tool's parameters schema. With
+parallel_tool_calls, more calls may follow, each after the layout's separator (which
+may also end the answer). "required" starts with a call; a named function allows only
+that function; "auto" lets the model first write text, any text without the layout's
+opening (the call, if any, starts there), or the response format when one is given.
 
 Compiling a schema costs milliseconds, so grammars are cached by request content.
 A schema outside the supported subset (llmd/jsonschema.py) is a 400 naming the
@@ -17,6 +18,7 @@ keyword, before any response byte.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -27,16 +29,17 @@ from llmd.grammar import (
 )
 from llmd.jsonschema import SchemaCompiler, SchemaError
 from llmd.openai import ChatRequest, CompletionRequest, ResponseFormat
-from llmd.tools import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG
+from llmd.tools import HERMES_LAYOUT, CallLayout
 
 
-def chat_grammar(req: ChatRequest, grammar_writes_calls: bool = True) -> str | None:
-    """Grammar text for a chat request, or None when its output is free.
-    `grammar_writes_calls` False: the model opens its own calls with a control token
-    (Mistral's [TOOL_CALLS]), which a grammar cannot write; with tool_choice "auto" and
-    no response_format the output is then free and its calls are parsed in the model's
-    format, while "required" or a named function still constrain to the blocks above,
-    which every format's parser also reads."""
+def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
+                 grammar_writes_calls: bool = True) -> str | None:
+    """Grammar text for a chat request, or None when its output is free; calls in
+    `layout` (chat.call_layout of the model's template). `grammar_writes_calls` False:
+    the model opens its own calls with a control token (Mistral's [TOOL_CALLS]), which
+    a grammar cannot write; with tool_choice "auto" and no response_format the output
+    is then free and its calls are parsed in the model's format, while "required" or a
+    named function still constrain to `layout` (Hermes blocks for such a family)."""
     tools = [[t.name, t.parameters] for t in req.tools] if req.tool_choice != "none" else []
     if req.tool_name is not None:
         tools = [t for t in tools if t[0] == req.tool_name]
@@ -45,7 +48,8 @@ def chat_grammar(req: ChatRequest, grammar_writes_calls: bool = True) -> str | N
         return None
     indexes = {t.name: i for i, t in enumerate(req.tools)}
     key = {"format": fmt, "tools": tools, "indexes": [indexes[name] for name, _ in tools],
-           "required": req.tool_choice == "required", "parallel": req.parallel_tool_calls}
+           "required": req.tool_choice == "required", "parallel": req.parallel_tool_calls,
+           "layout": dataclasses.astuple(layout)}
     return _compile(json.dumps(key))
 
 
@@ -55,7 +59,7 @@ def completion_grammar(req: CompletionRequest) -> str | None:
     if fmt is None:
         return None
     return _compile(json.dumps({"format": fmt, "tools": [], "indexes": [], "required": False,
-                                "parallel": False}))
+                                "parallel": False, "layout": dataclasses.astuple(HERMES_LAYOUT)}))
 
 
 def _format_key(rf: ResponseFormat | None) -> Any:
@@ -90,6 +94,7 @@ def _compile(key: str) -> str:
         else:
             fmt = _schema(compiler, spec["format"]["schema"], "response_format.json_schema.schema")
     calls = None
+    layout = CallLayout(*spec["layout"])
     if spec["tools"]:
         blocks = []
         for (name, parameters), index in zip(spec["tools"], spec["indexes"]):
@@ -97,11 +102,10 @@ def _compile(key: str) -> str:
             if parameters and parameters.get("type", "object") != "object":
                 raise errors.invalid_request("A tool's parameters must describe an object.", param)
             args = _schema(SchemaCompiler(rules, f"tool{index}:"), _object_schema(parameters), param)
-            blocks.append(seq(lit(OPEN_TAG + CALL_HEAD + name + CALL_ARGUMENTS), args,
-                              lit(CALL_TAIL + CLOSE_TAG)))
+            blocks.append(seq(lit(layout.head + name + layout.between), args, lit(layout.tail)))
         block = alt(*blocks)
         if spec["parallel"]:  # a separator may also end the answer: a newline is no promise of a call
-            calls = seq(block, star(seq(lit(CALL_SEPARATOR), block)), opt(lit(CALL_SEPARATOR)))
+            calls = seq(block, star(seq(lit(layout.separator), block)), opt(lit(layout.separator)))
         else:
             calls = block
     if calls is None:
@@ -109,7 +113,7 @@ def _compile(key: str) -> str:
     elif spec["required"]:
         rules["root"] = calls
     else:
-        free = fmt if fmt is not None else _text_without(OPEN_TAG.encode())
+        free = fmt if fmt is not None else _text_without(layout.opens.encode())
         rules["root"] = alt(free, calls) if fmt is not None else seq(free, opt(calls))
     param = "tools" if calls is not None else "response_format.json_schema.schema"
     try:

@@ -31,12 +31,17 @@ from typing import Any, Callable, Iterable, Union
 
 from llmd.reasoning import ReasoningDelta
 from llmd.text import partial_suffix
-from llmd.tools import ContentDelta, ToolCallDelta, ToolCallStream, new_call_id, tool_names
+from llmd.tools import CallLayout, ContentDelta, ToolCallDelta, ToolCallStream, new_call_id, tool_names
 
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
 # What only a harmony template writes; the strings its replies are read by.
 TEMPLATE_SIGN = CHANNEL + "analysis" + MESSAGE
 MARKERS = (START, CHANNEL, MESSAGE, END)
+
+# Constrained calls: a message to functions.NAME, a JSON body; <|call|> (an end-of-
+# generation id) closes it, and parallel calls are messages of their own.
+CALL_LAYOUT = CallLayout(" to=functions.", " to=functions.", CHANNEL + "commentary json" + MESSAGE, "",
+                         END + START + "assistant")
 
 HarmonyEvent = Union[ReasoningDelta, ContentDelta, ToolCallDelta]
 

@@ -627,6 +627,25 @@ def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
     return None if found is None else [(name, arguments, None) for name, arguments in found]
 
 
+@dataclass(frozen=True)
+class CallLayout:
+    """How constrained decoding writes a call (llmd/constrain.py): `head`, the tool's
+    name, `between`, the arguments object, `tail`; `separator` between parallel calls
+    (it may also end the answer). Free text before a call may not contain `opens`."""
+
+    opens: str
+    head: str
+    between: str
+    tail: str
+    separator: str
+
+
+HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_TAIL + CLOSE_TAG, CALL_SEPARATOR)
+# Llama 3.1-3.3: the JSON reply their templates ask for; parallel calls separated by ';'.
+LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ")
+
+
+
 # Each tool format by name (chat.tool_format): the strings its calls are written with,
 # the one that opens a call first. Where they are control tokens, the output parser
 # must see them as text.

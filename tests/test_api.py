@@ -581,3 +581,28 @@ def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
                                 logit_bias={"65": 100})  # "A", over and over
         message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
         assert message["reasoning_content"] == "AAAAAA" and not message["content"]
+
+
+@pytest.mark.parametrize("template_name, written_as", [
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", '{"name": "get_weather", "parameters": {'),  # Llama's JSON reply
+    ("openai-gpt-oss-120b.jinja", " to=functions.get_weather<|channel|>commentary json<|message|>{"),  # harmony
+])
+def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as):
+    """A family's real template on a random-weight model: a required call is written in
+    the layout that family's model writes calls in, and comes back as a tool call."""
+    from tests.gguf_writer import build_tiny_llama
+    from tests.reference_data import require
+    template = require(f"models/templates/{template_name}").read_text("utf-8")
+    path = build_tiny_llama(chat_template=template, n_ctx=2048).write(tmp_path / "family.gguf")
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+    with running_llmd("--model", str(path), "--ctx", "2048", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="family")
+        body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=80, tools=[tool],
+                                tool_choice="required", parallel_tool_calls=False, logprobs=True)
+        choice = client.post_json("/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"]
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    written = "".join(t["token"] for t in choice["logprobs"]["content"])
+    assert written.startswith(written_as)

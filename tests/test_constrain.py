@@ -144,3 +144,33 @@ def test_malformed_schemas_and_non_object_parameters_are_invalid_values():
     looping = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
         "$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}
     assert refused(response_format=looping).code == "invalid_value"
+
+
+def test_llama3_calls_are_constrained_in_llamas_own_json_reply():
+    from llmd.tools import LLAMA3_LAYOUT, JsonReplyCallStream, merge_tool_calls
+    req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER, TIME],
+                                         "tool_choice": "required"}).encode())
+    g = constrain.chat_grammar(req, LLAMA3_LAYOUT)
+    one = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    assert match(g, one) == MAY_END
+    assert match(g, one + "; " + '{"name": "get_time", "parameters": {}}') == MAY_END
+    assert match(g, block("get_weather", '{"city": "Paris"}')) == NO  # not the Hermes block
+    stream = JsonReplyCallStream([WEATHER, TIME], lambda: "c")
+    events = stream.feed(one + "; ") + stream.finish()
+    assert [c["function"]["name"] for c in merge_tool_calls(events)] == ["get_weather"]
+    auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
+    g = constrain.chat_grammar(auto, LLAMA3_LAYOUT)
+    assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + one) == MAY_END
+    # Llama's opening starts a call wherever it occurs: a Hermes body then is no call
+    assert match(g, "x" + block("get_weather", '{"city": "Paris"}')) == NO
+
+
+def test_gpt_oss_calls_are_constrained_as_harmony_messages_to_the_function():
+    from llmd.harmony import CALL_LAYOUT
+    auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
+    g = constrain.chat_grammar(auto, CALL_LAYOUT)
+    call = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
+    thinking = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+    assert match(g, thinking + call) == MAY_END
+    assert match(g, "<|channel|>final<|message|>Hi.") == MAY_END
+    assert match(g, thinking + " to=functions.get_time<|channel|>commentary json<|message|>{}") == NO

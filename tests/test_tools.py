@@ -460,7 +460,7 @@ def test_mistral_control_tokens_reach_the_parser_as_text_and_auto_calls_are_left
     auto = openai.parse_chat_request(json.dumps(body).encode())
     required = openai.parse_chat_request(json.dumps({**body, "tool_choice": "required"}).encode())
     assert constrain.chat_grammar(auto, grammar_writes_calls=False) is None
-    assert constrain.chat_grammar(auto) is not None and constrain.chat_grammar(required, False) is not None
+    assert constrain.chat_grammar(auto) is not None and constrain.chat_grammar(required, grammar_writes_calls=False) is not None
 
 
 @pytest.mark.parametrize("fmt", ["mistral", "gemma4", "tagged_json", "llama3_json"])
