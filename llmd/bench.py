@@ -5,7 +5,10 @@ after the HTTP figures' 252-token prompt and after a 2048-token context. HTTP (a
 real `python -m llmd` subprocess on a free port): first-token latency of a
 252-token chat prompt, cold (fresh cache) and warm (same session, same prompt:
 warm resume), and streaming tok/s, also as a share of the engine's rate at short
-context and at the same context (what HTTP itself costs). Memory:
+context and at the same context (what HTTP itself costs). Bandwidth: generation at
+short context as a share of the memory limit, read bandwidth ÷ the weight bytes a
+decode step reads, the bandwidth measured right after generation by the engine's
+own threads reading a buffer at least as large as the weights. Memory:
 resident set after load and after each of 4 sessions with a full 2048-token cache.
 With --conversation: a 10-turn chat through HTTP, with and without warm resume.
 With --sessions: sessions on disk (--session-dir), first-token latency of a turn whose session
@@ -99,7 +102,23 @@ def engine_figures(path: str, threads: int, runs: int) -> dict:
                         s.decode_one()
                     rates.append(128 / (time.perf_counter() - t))
                 figures[key] = round(statistics.median(rates), 1)
+        figures.update(bandwidth_figures(engine, figures["tg128_tok_s"], runs))
     return figures
+
+
+BANDWIDTH_BUFFER = (256 << 20, 1 << 30)  # bytes the probe reads: the weights' size, within these
+
+
+def bandwidth_figures(engine: Engine, tg_tok_s: float, runs: int) -> dict:
+    """Generation as a share of what memory allows: a decode step reads every weight
+    it uses once, so tokens/s <= read bandwidth / bytes per token. The engine's threads
+    read a buffer of the weights' size (at least 256 MiB, more than any cache here;
+    at most 1 GiB) in 4 MiB pieces claimed as matmul rows are; median of `runs` passes."""
+    low, high = BANDWIDTH_BUFFER
+    per_token, rate = engine.bandwidth(min(max(engine.info.weight_bytes, low), high), runs)
+    limit = rate / per_token
+    return {"bytes_per_token_mb": round(per_token / 1e6, 1), "read_bandwidth_gb_s": round(rate / 1e9, 1),
+            "tg128_bandwidth_limit_tok_s": round(limit, 1), "tg128_share_of_bandwidth_limit": round(tg_tok_s / limit, 3)}
 
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"

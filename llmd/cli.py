@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                        default=_env("session_eviction", "lru", choices=("lru", "none")),
                        help="when the table is full: evict the least recently used idle session, or refuse")
     serve.add_argument("--session-dir", default=_env("session_dir", None),
-                       help="keep named sessions in files here: an evicted session, and every session "
-                            "alive at shutdown, resumes warm from its file (off when not set)")
+                       help="keep named sessions in files in this directory: idle, evicted and (at "
+                            "shutdown) live sessions are written, and resume warm from their files")
     serve.add_argument("--session-dir-max", type=_size, default=_env("session_dir_max", 4 << 30, _size),
                        help="disk space for --session-dir, e.g. 20G; the least recently used files go "
                             "first (0: no limit)")

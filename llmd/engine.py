@@ -33,10 +33,16 @@ class TokenError(EngineError):
     """A token id outside the vocabulary."""
 
 
+class UnsupportedError(EngineError):
+    """The model asks for what the engine does not run (an architecture, a tensor
+    type, a kind of pooling or attention)."""
+
+
 _ERRORS = {
     lib.LLMD_ERR_CAPACITY: CapacityError,
     lib.LLMD_ERR_CONTEXT_FULL: ContextFullError,
     lib.LLMD_ERR_TOKEN: TokenError,
+    lib.LLMD_ERR_UNSUPPORTED: UnsupportedError,
 }
 
 
@@ -180,6 +186,13 @@ class Engine:
         if self._handle is None:
             raise EngineError(lib.LLMD_ERR_HANDLE, "the engine is closed")
         return self._handle
+
+    def bandwidth(self, nbytes: int, passes: int = 5) -> tuple[int, float]:
+        """(weight bytes one decode step reads, bytes per second the engine's threads
+        read from a buffer of nbytes, median of `passes` passes)."""
+        per_token, rate = ffi.new("uint64_t *"), ffi.new("double *")
+        _check(lib.llmd_engine_bandwidth(self.handle, nbytes, passes, per_token, rate))
+        return per_token[0], rate[0]
 
     def pooling_type(self) -> int:
         """The embedding pooling the file declares: 0 none, 1 mean, 2 cls, 3 last, 4 rank."""
@@ -415,6 +428,14 @@ class Session:
         return [(out[k], tuple((top_ids[k * n_top + j], top_lps[k * n_top + j]) for j in range(n_top)))
                 for k in range(n)]
 
+    def embed(self, ids: list[int]) -> list[float]:
+        """The pooled, unnormalised embedding of ids (n_embd floats), computed from
+        position 0 of this session as the model file's pooling says."""
+        n = self._engine.info.n_embd
+        out = ffi.new("float[]", n)
+        _check(lib.llmd_session_embed(self.handle, ffi.new("int32_t[]", ids), len(ids), out, n))
+        return list(ffi.unpack(out, n))
+
     def token_logprobs(self, n_top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
         """The pending token's logprob and the n_top most likely (id, logprob) of its step."""
         logprob = ffi.new("float *")
@@ -462,6 +483,16 @@ def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_
                                      ffi.from_buffer("uint16_t[]", v), n_pos, head_dim, n_ranges, out, int(fast)))
     flat = list(ffi.unpack(out, len(q) * head_dim))
     return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
+
+
+def kernel_glu(gelu: bool, gate: list[float], up: list[float], fast: bool) -> list[float]:
+    """act(gate) * up elementwise, act SiLU or GELU (tanh approximation), by the scalar
+    reference or the fast kernel (for tests)."""
+    if len(gate) != len(up):
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "gate and up differ in length")
+    out = ffi.new("float[]", gate)
+    _check(lib.llmd_kernel_glu(int(gelu), out, ffi.new("float[]", up), len(gate), int(fast)))
+    return list(ffi.unpack(out, len(gate)))
 
 
 def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[list[float]],

@@ -191,6 +191,11 @@ class GGUFWriter:
         return 32
 
     def to_bytes(self) -> bytes:
+        return b"".join(self.chunks())
+
+    def chunks(self):
+        """The file's bytes in pieces: the header and infos, then each tensor's padding
+        and data (so that writing a model of gigabytes never holds a second copy)."""
         align = self.alignment
         lay = Layout()
         n_kv = len(self.kvs) if self.n_kv_override is None else self.n_kv_override
@@ -216,20 +221,22 @@ class GGUFWriter:
 
         lay.data_start = (len(out) + align - 1) // align * align
         out += bytes(lay.data_start - len(out))
+        self.layout = lay
+        yield bytes(out)
         cursor = 0
         for t in self.tensors:  # data always in list order at the computed places
             cursor_aligned = (cursor + align - 1) // align * align
-            out += bytes(cursor_aligned - cursor)
+            yield bytes(cursor_aligned - cursor)
             lay.tensor_offsets[t.name] = lay.data_start + cursor_aligned
-            out += t.data
+            yield t.data
             cursor = cursor_aligned + len(t.data)
-        lay.size = len(out)
-        self.layout = lay
-        return bytes(out)
+        lay.size = lay.data_start + cursor
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_bytes(self.to_bytes())
+        with open(path, "wb") as f:
+            for chunk in self.chunks():
+                f.write(chunk)
         return path
 
 
@@ -777,14 +784,17 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
 def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_head_kv: int = 1,
                       head_dim: int = 256, n_ff: int = 128, n_ctx: int = 512, window: int = 32,
                       pattern: int | list[bool] | None = None, rope_base_local: float | None = None,
-                      softcap: float = 0.0, weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+                      softcap: float = 0.0, weight_type: int = GGML_F32, seed: int = 1, tied: bool = False,
+                      n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
     """A GGUFWriter holding a random-weight gemma3 model laid out as llama.cpp's
     converter writes one, with build_tiny_llama's tokenizer: heads of head_dim (256
     as Gemma 3's), sliding-window layers by `pattern` (a period, or a bool per layer;
     None leaves the key out: period 6) over `window` positions (0: no window key),
     rope.freq_base_swa only when given, final_logit_softcapping when > 0. Norm
-    weights are stored as the converter stores them, with Gemma's 1 + w folded in."""
-    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-gemma3")
+    weights are stored as the converter stores them, with Gemma's 1 + w folded in.
+    n_vocab, reserved and random_matrix as build_tiny_llama takes them."""
+    w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type,
+                         name="tiny-gemma3", reserved=reserved, random_matrix=random_matrix)
     w.set("general.architecture", STRING, "gemma3")
     for kv in w.kvs:
         if kv.key.startswith("llama."):
@@ -815,8 +825,11 @@ def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_
     w.tensors = []
 
     def matrix(name: str, cols: int, rows: int, std: float) -> None:
-        values = [rng.gauss(0.0, std) for _ in range(cols * rows)]
-        w.add_tensor(name, [cols, rows], weight_type, encode_tensor(weight_type, values))
+        if random_matrix is not None:
+            data = random_matrix(cols, rows, std, rng)
+        else:
+            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
+        w.add_tensor(name, [cols, rows], weight_type, data)
 
     def norm(name: str, n: int = n_embd) -> None:
         w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
@@ -825,7 +838,8 @@ def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_
     # scale of the norms' output, and a separate output head keeps the logits varied.
     matrix("token_embd.weight", n_embd, n_vocab, 1.0 / math.sqrt(n_embd))
     norm("output_norm.weight")
-    matrix("output.weight", n_embd, n_vocab, 0.3)
+    if not tied:
+        matrix("output.weight", n_embd, n_vocab, 0.3)
     for layer in range(n_layer):
         blk = f"blk.{layer}."
         norm(blk + "attn_norm.weight")
@@ -849,45 +863,65 @@ def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_
 def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,
                         head_dim: int = 32, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
                         n_ctx: int = 128, norm: bool | None = None, scale: float | None = None,
-                        weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+                        weight_type: int = GGML_F32, seed: int = 1, n_ff_shexp: int = 0,
+                        arch: str = "qwen3moe", n_vocab: int = 300, reserved: int = 0, tied: bool = False,
+                        random_matrix=None) -> GGUFWriter:
     """A GGUFWriter holding a random-weight qwen3moe model laid out as llama.cpp's
     converter writes one, with build_tiny_llama's tokenizer: q/k head norms, a router
     (ffn_gate_inp) over n_expert experts stored as 3-d tensors, n_expert_used per
-    token; expert_weights_norm and expert_weights_scale only when given."""
-    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen3moe")
-    w.set("general.architecture", STRING, "qwen3moe")
+    token; expert_weights_norm and expert_weights_scale only when given. With
+    n_ff_shexp, a shared SwiGLU expert of that width behind a sigmoid gate
+    (ffn_gate_inp_shexp, one row). arch "qwen2moe" writes Qwen2-MoE instead: q/k/v
+    biases in place of the head norms, heads n_embd / n_head wide, and always a shared
+    expert (n_ff_shexp, default 2 * n_ff_exp). n_vocab, reserved and random_matrix as
+    build_tiny_llama takes them (random_matrix(cols, rows * n, ...) for a stack of n)."""
+    assert arch in ("qwen3moe", "qwen2moe"), arch
+    if arch == "qwen2moe":
+        head_dim, n_ff_shexp = n_embd // n_head, n_ff_shexp or 2 * n_ff_exp
+    w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type,
+                         name=f"tiny-{arch}", reserved=reserved, random_matrix=random_matrix)
+    w.set("general.architecture", STRING, arch)
     for kv in w.kvs:
         if kv.key.startswith("llama."):
-            kv.key = "qwen3moe." + kv.key[len("llama."):]
-    w.set("qwen3moe.block_count", U32, n_layer)
-    w.set("qwen3moe.feed_forward_length", U32, n_ff_exp * n_expert_used)
-    w.set("qwen3moe.expert_feed_forward_length", U32, n_ff_exp)
-    w.set("qwen3moe.expert_count", U32, n_expert)
-    w.set("qwen3moe.expert_used_count", U32, n_expert_used)
-    w.set("qwen3moe.attention.head_count", U32, n_head)
-    w.set("qwen3moe.attention.head_count_kv", U32, n_head_kv)
-    w.set("qwen3moe.attention.key_length", U32, head_dim)
-    w.set("qwen3moe.attention.value_length", U32, head_dim)
-    w.set("qwen3moe.rope.dimension_count", U32, head_dim)
+            kv.key = arch + "." + kv.key[len("llama."):]
+    w.set(f"{arch}.block_count", U32, n_layer)
+    w.set(f"{arch}.feed_forward_length", U32, n_ff_exp * n_expert_used)
+    w.set(f"{arch}.expert_feed_forward_length", U32, n_ff_exp)
+    w.set(f"{arch}.expert_count", U32, n_expert)
+    w.set(f"{arch}.expert_used_count", U32, n_expert_used)
+    w.set(f"{arch}.attention.head_count", U32, n_head)
+    w.set(f"{arch}.attention.head_count_kv", U32, n_head_kv)
+    if head_dim != n_embd // n_head:
+        w.set(f"{arch}.attention.key_length", U32, head_dim)
+        w.set(f"{arch}.attention.value_length", U32, head_dim)
+    w.set(f"{arch}.rope.dimension_count", U32, head_dim)
+    if n_ff_shexp:
+        w.set(f"{arch}.expert_shared_feed_forward_length", U32, n_ff_shexp)
     if norm is not None:
-        w.set("qwen3moe.expert_weights_norm", BOOL, norm)
+        w.set(f"{arch}.expert_weights_norm", BOOL, norm)
     if scale is not None:
-        w.set("qwen3moe.expert_weights_scale", F32, scale)
+        w.set(f"{arch}.expert_weights_scale", F32, scale)
     rng = random.Random(seed)
-    n_vocab = w.get("qwen3moe.vocab_size").value
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     w.tensors = []
 
     def matrix(name: str, ne: list[int], std: float) -> None:
-        values = [rng.gauss(0.0, std) for _ in range(math.prod(ne))]
-        w.add_tensor(name, ne, weight_type, encode_tensor(weight_type, values))
+        if random_matrix is not None:
+            data = random_matrix(ne[0], math.prod(ne[1:]), std, rng)
+        else:
+            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(math.prod(ne))])
+        w.add_tensor(name, ne, weight_type, data)
+
+    def vector(name: str, n: int, mean: float, spread: float) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([mean + rng.uniform(-spread, spread) for _ in range(n)]))
 
     def norm_vector(name: str, n: int = n_embd) -> None:
-        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+        vector(name, n, 1.0, 0.2)
 
     matrix("token_embd.weight", [n_embd, n_vocab], 0.3)
     norm_vector("output_norm.weight")
-    matrix("output.weight", [n_embd, n_vocab], 0.3)
+    if not tied:
+        matrix("output.weight", [n_embd, n_vocab], 0.3)
     for layer in range(n_layer):
         blk = f"blk.{layer}."
         norm_vector(blk + "attn_norm.weight")
@@ -895,14 +929,23 @@ def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, 
         matrix(blk + "attn_k.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_v.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_output.weight", [q_dim, n_embd], 2.0 / math.sqrt(q_dim))
-        norm_vector(blk + "attn_q_norm.weight", head_dim)
-        norm_vector(blk + "attn_k_norm.weight", head_dim)
+        if arch == "qwen2moe":
+            for part, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                vector(blk + f"attn_{part}.bias", n, 0.0, 0.5)
+        else:
+            norm_vector(blk + "attn_q_norm.weight", head_dim)
+            norm_vector(blk + "attn_k_norm.weight", head_dim)
         norm_vector(blk + "ffn_norm.weight")
         w.add_tensor(blk + "ffn_gate_inp.weight", [n_embd, n_expert], GGML_F32,
                      encode_f32([rng.gauss(0.0, 1.0) for _ in range(n_embd * n_expert)]))
         matrix(blk + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_down_exps.weight", [n_ff_exp, n_embd, n_expert], 2.0 / math.sqrt(n_ff_exp))
+        if n_ff_shexp:
+            vector(blk + "ffn_gate_inp_shexp.weight", n_embd, 0.0, 2.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_gate_shexp.weight", [n_embd, n_ff_shexp], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_up_shexp.weight", [n_embd, n_ff_shexp], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_down_shexp.weight", [n_ff_shexp, n_embd], 2.0 / math.sqrt(n_ff_shexp))
     return w
 
 

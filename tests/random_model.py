@@ -1,4 +1,4 @@
-"""Random-weight llama GGUFs at real sizes, for benchmarks and reference checks.
+"""Random-weight GGUFs at real sizes, for benchmarks and reference checks.
 
     python -m tests.random_model OUT.gguf --shape llama-3.2-1b
     python -m tests.random_model OUT.gguf --shape k256
@@ -13,6 +13,15 @@ Shapes:
   k256          n_embd 512, 4 layers, 8 / 4 heads, ff 1536, vocab 1024: every row a
                 whole number of 256-element K-quant super-blocks, so llama-quantize
                 has no reason to fall back to 32-element types for any matrix
+  qwen3-1.7b    qwen3: n_embd 2048, 28 layers, 16 / 8 heads of 128, ff 6144, vocab
+                151936, tied, RoPE base 1e6 (Qwen3-1.7B's config)
+  gemma-3-1b    gemma3: n_embd 1152, 26 layers, 4 / 1 heads of 256, ff 6912, vocab
+                262144, tied; a 512-position window on five layers of six, local RoPE
+                base 1e4, global 1e6 (Gemma-3-1B's config)
+  qwen3moe-1b   qwen3moe: Qwen3-30B-A3B's layer (heads of 128, q wider than n_embd,
+                experts of 768, 8 routed per token) at half its width and with half
+                its experts: n_embd 1024, 6 layers, 16 / 2 heads, 64 experts, vocab
+                151936, untied; 1.25 B weights, 0.3 B of them read per token
 """
 from __future__ import annotations
 
@@ -20,12 +29,24 @@ import argparse
 import math
 import random
 
-from tests.gguf_writer import GGML_F16, build_tiny_llama
+from tests.gguf_writer import F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
 
+# shape -> (builder, its arguments, metadata it sets afterwards)
 SHAPES = {
-    "llama-3.2-1b": dict(n_vocab=128256, n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192,
-                         n_ctx=4096, reserved=127000),
-    "k256": dict(n_vocab=1024, n_embd=512, n_layer=4, n_head=8, n_head_kv=4, n_ff=1536, n_ctx=2048, reserved=256),
+    "llama-3.2-1b": (build_tiny_llama, dict(n_vocab=128256, n_embd=2048, n_layer=16, n_head=32, n_head_kv=8,
+                                            n_ff=8192, n_ctx=4096, reserved=127000), {}),
+    "k256": (build_tiny_llama, dict(n_vocab=1024, n_embd=512, n_layer=4, n_head=8, n_head_kv=4, n_ff=1536,
+                                    n_ctx=2048, reserved=256), {}),
+    "qwen3-1.7b": (build_tiny_llama, dict(arch="qwen3", n_vocab=151936, n_embd=2048, n_layer=28, n_head=16,
+                                          n_head_kv=8, head_dim=128, n_ff=6144, n_ctx=4096, reserved=150000),
+                   {"qwen3.rope.freq_base": 1e6, "qwen3.attention.layer_norm_rms_epsilon": 1e-6}),
+    "gemma-3-1b": (build_tiny_gemma3, dict(n_vocab=262144, n_embd=1152, n_layer=26, n_head=4, n_head_kv=1,
+                                           head_dim=256, n_ff=6912, n_ctx=4096, window=512, pattern=6,
+                                           rope_base_local=10000.0, tied=True, reserved=260000), {}),
+    "qwen3moe-1b": (build_tiny_qwen3moe, dict(n_vocab=151936, n_embd=1024, n_layer=6, n_head=16, n_head_kv=2,
+                                              head_dim=128, n_expert=64, n_expert_used=8, n_ff_exp=768,
+                                              n_ctx=4096, reserved=150000),
+                    {"qwen3moe.rope.freq_base": 1e6, "qwen3moe.attention.layer_norm_rms_epsilon": 1e-6}),
 }
 
 
@@ -48,8 +69,11 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    w = build_tiny_llama(**SHAPES[args.shape], weight_type=GGML_F16, seed=args.seed, name=f"random-{args.shape}",
-                         random_matrix=random_f16)
+    builder, shape, floats = SHAPES[args.shape]
+    w = builder(**shape, weight_type=GGML_F16, seed=args.seed, random_matrix=random_f16)
+    w.set("general.name", STRING, f"random-{args.shape}")
+    for key, value in floats.items():
+        w.set(key, F32, value)
     w.write(args.out)
 
 

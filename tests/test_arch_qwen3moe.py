@@ -1,9 +1,14 @@
-"""arch/qwen3moe.cpp on tiny random qwen3moe models (tests/gguf_writer.py:
+"""arch/qwen3moe.cpp and arch/qwen2moe.cpp on tiny random models (tests/gguf_writer.py:
 build_tiny_qwen3moe): 8 experts, 2 per token, checked against llama.cpp (which always
 renormalises the chosen experts' weights and never scales them for qwen3moe, as the
 converted files assume); the file's expert_weights_norm / _scale keys, which llmd
 honours when present, are checked by their effect; then the batch properties that
 grouping tokens per expert must keep.
+
+The shared expert (ffn_*_shexp behind a sigmoid gate) is checked against llama.cpp
+through qwen2moe, whose files always have one. llama.cpp's qwen3moe loads no shared
+expert (its loader refuses the extra tensors), so on qwen3moe, where llmd runs the same
+op when a file has one, it is checked by its effect.
 
 Golden numbers: llama.cpp's llama-perplexity (-c 128 -b 128) and a greedy
 continuation through libllama (n_ctx 128, top-2 log-prob margins) on exactly the
@@ -27,6 +32,8 @@ CONFIGS = {
     "qwen3moe": dict(),
     "qwen3moe_3_of_6": dict(n_expert=6, n_expert_used=3),
     "qwen3moe_q8_0": dict(weight_type=GGML_Q8_0),
+    "qwen2moe": dict(arch="qwen2moe"),
+    "qwen2moe_4_of_8_shexp_96": dict(arch="qwen2moe", n_expert_used=4, n_ff_shexp=96),
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -40,6 +47,12 @@ GOLDEN = {
     "qwen3moe_q8_0": (6541.852,
                       [278, 180, 85, 226, 252, 252, 252, 252, 82, 25, 82, 226],
                       [0.876, 0.837, 1.03, 0.225, 1.589, 0.378, 0.676, 0.263, 0.155, 1.175, 0.758, 0.454]),
+    "qwen2moe": (4764.4152,
+                 [100, 39, 239, 239, 239, 239, 226, 239, 239, 239, 239, 239],
+                 [1.644, 2.041, 1.449, 2.246, 4.341, 3.746, 0.359, 0.597, 1.802, 1.17, 0.698, 0.457]),
+    "qwen2moe_4_of_8_shexp_96": (3347.2383,
+                                 [107, 206, 153, 108, 153, 153, 153, 153, 153, 153, 153, 153],
+                                 [0.4, 0.575, 1.174, 0.195, 0.604, 1.428, 2.014, 2.735, 2.291, 2.0, 2.474, 2.417]),
 }
 
 
@@ -115,6 +128,36 @@ def test_decode_batch_equals_decode_one_on_qwen3moe(models, ids):
                 alone.append([s.decode_one().id for _ in range(10)])
     assert [row[0] for row in batched] == alone[0]
     assert [row[1] for row in batched] == alone[1]
+
+
+def without_shared_expert(w):
+    for t in [t for t in w.tensors if "_shexp." in t.name]:
+        w.remove_tensor(t.name)
+    w.remove("qwen3moe.expert_shared_feed_forward_length")
+    return w
+
+
+def test_qwen3moe_adds_its_shared_expert_when_the_file_has_one(tmp_path, ids):
+    def logits(w):
+        return last_logits(w.write(tmp_path / "m.gguf"), ids[:30])
+
+    with_shared = build_tiny_qwen3moe(n_ctx=N_CTX, n_ff_shexp=64)
+    plain = logits(without_shared_expert(build_tiny_qwen3moe(n_ctx=N_CTX, n_ff_shexp=64)))
+    assert logits(with_shared) != plain
+    # A shared expert whose output rows are zero adds exactly nothing.
+    for t in with_shared.tensors:
+        if t.name.endswith("ffn_down_shexp.weight"):
+            t.data = bytes(len(t.data))
+    assert logits(with_shared) == plain
+
+
+def test_qwen2moe_without_a_shared_expert_is_refused(tmp_path):
+    from llmd.engine import EngineError
+    w = build_tiny_qwen3moe(n_ctx=N_CTX, arch="qwen2moe")
+    for t in [t for t in w.tensors if "_shexp." in t.name]:
+        w.remove_tensor(t.name)
+    with pytest.raises(EngineError, match="shared expert"):
+        Engine(str(w.write(tmp_path / "bad.gguf")), max_sessions=2)
 
 
 def test_wrong_expert_counts_are_refused(tmp_path):

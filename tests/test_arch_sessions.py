@@ -14,6 +14,7 @@ FAMILIES = {
     "gemma3": lambda: build_tiny_gemma3(n_ctx=N_CTX, window=32),
     "phi3": lambda: build_tiny_llama(n_ctx=N_CTX, arch="phi3"),
     "qwen3moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX),
+    "qwen2moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX, arch="qwen2moe"),  # with a shared expert
 }
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from llmd.engine import Engine
-from tests.gguf_writer import build_tiny_llama, GGML_F16
+from tests.gguf_writer import GGML_F16
 from tests.random_model import SHAPES, random_f16
 
 
 def test_k256_model_loads_with_whole_super_block_rows(tmp_path):
-    shape = SHAPES["k256"]
-    w = build_tiny_llama(**shape, weight_type=GGML_F16, random_matrix=random_f16)
+    builder, shape, _ = SHAPES["k256"]
+    w = builder(**shape, weight_type=GGML_F16, random_matrix=random_f16)
     assert all(t.ne[0] % 256 == 0 for t in w.tensors if len(t.ne) == 2)
     assert len(w.get("tokenizer.ggml.tokens").value[1]) == shape["n_vocab"]
     with Engine(w.write(tmp_path / "k256.gguf"), n_threads=1, max_sessions=1) as engine:

@@ -88,6 +88,22 @@ llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *ou
  * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
 llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
 
+/* The generation limit set by memory (benchmarks): *bytes_per_token, the weight bytes
+ * one decode step reads, and *read_bytes_per_s, how fast the engine's threads read a
+ * buffer of `bytes` (median of `passes` passes). Runs on the engine's threads, like
+ * prefill. bytes: 1 MiB .. 64 GiB; passes: 1 .. 100. */
+llmd_status llmd_engine_bandwidth(llmd_engine *engine, uint64_t bytes, int32_t passes,
+                                  uint64_t *bytes_per_token, double *read_bytes_per_s);
+
+/* The pooled embedding of ids (out: n_embd floats, not normalised): the ids run
+ * through the session from position 0 (its cache then holds them, with no logits),
+ * and the final-normed hidden states (the output head's input) are pooled as the
+ * file declares: the mean over the ids, the first id's (cls) or the last id's.
+ * LLMD_ERR_UNSUPPORTED for a model that declares no pooling, rank pooling, or
+ * non-causal attention (`<arch>.attention.causal` false). */
+llmd_status llmd_session_embed(llmd_session *session, const int32_t *ids, size_t n, float *out,
+                               size_t n_out);
+
 /* The model file's size and the bytes before its tensor data (GGUF header, metadata
  * and tensor table): what llmd/session_store.py hashes into a model fingerprint. */
 llmd_status llmd_engine_file_layout(const llmd_engine *engine, uint64_t *header_bytes, uint64_t *file_bytes);
@@ -311,6 +327,10 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
                                   int32_t n_pos, int32_t head_dim, int32_t n_ranges, float *out,
                                   int32_t fast);
+
+/* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
+ * approximation (gelu == 1), by the scalar reference (fast == 0) or the fast kernel. */
+llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, int32_t fast);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 #include "llmd.h"
 
 #include "arch/arch.h"
+#include "bandwidth.h"
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
@@ -801,19 +802,101 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
     });
 }
 
+llmd_status llmd_engine_bandwidth(llmd_engine *e, uint64_t bytes, int32_t passes, uint64_t *bytes_per_token,
+                                  double *read_bytes_per_s) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || bytes_per_token == nullptr || read_bytes_per_s == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and outs must not be null");
+        if (bytes < (uint64_t{1} << 20) || bytes > (uint64_t{64} << 30))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bandwidth: bytes must be 1 MiB .. 64 GiB");
+        if (passes < 1 || passes > 100) return fail(LLMD_ERR_INVALID_ARGUMENT, "bandwidth: passes must be 1 .. 100");
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
+        *bytes_per_token = decode_bytes(*e->model);
+        *read_bytes_per_s = read_bandwidth(*e->pool, static_cast<size_t>(bytes), passes);
+        return LLMD_OK;
+    });
+}
+
+namespace {
+
+// A metadata key of the model's family as the file names it: "<general.architecture>.<name>".
+std::string family_key(const llmd_engine *e, const char *name) {
+    std::string err;
+    std::string_view arch;
+    e->file->get_string("general.architecture", &arch, &err); // checked when the engine opened
+    return std::string(arch) + "." + name;
+}
+
+// The file's `<arch>.pooling_type` (0 when it declares none) into *pooling.
+llmd_status read_pooling(const llmd_engine *e, int32_t *pooling) {
+    std::string err;
+    int64_t value = 0;
+    if (!e->file->get_int(family_key(e, "pooling_type"), &value, &err)) {
+        if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+        value = 0;
+    }
+    if (value < 0 || value > 4) return fail(LLMD_ERR_FORMAT, "GGUF: pooling_type " + std::to_string(value) + " is unknown");
+    *pooling = static_cast<int32_t>(value);
+    return LLMD_OK;
+}
+
+} // namespace
+
 llmd_status llmd_engine_pooling_type(const llmd_engine *e, int32_t *pooling_type) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || pooling_type == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
+        return read_pooling(e, pooling_type);
+    });
+}
+
+llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, float *out, size_t n_out) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        llmd_engine *e = s->engine;
+        const int dim = e->model->hp.n_embd;
+        if (n == 0 || out == nullptr || n_out != static_cast<size_t>(dim))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "embed needs at least one token and an output of n_embd floats");
+        int32_t pooling = 0;
+        if (const llmd_status st = read_pooling(e, &pooling); st != LLMD_OK) return st;
+        if (pooling < 1 || pooling > 3)
+            return fail(LLMD_ERR_UNSUPPORTED, pooling == 0 ? "the model declares no pooling: it makes no embeddings"
+                                                           : "rank pooling (a reranker's classification head) is not supported");
         std::string err;
-        std::string_view arch;
-        int64_t value = 0;
-        if (!e->file->get_string("general.architecture", &arch, &err) ||
-            !e->file->get_int(std::string(arch) + ".pooling_type", &value, &err)) {
-            if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
-            value = 0;
+        bool causal = true;
+        const std::string causal_key = family_key(e, "attention.causal");
+        if (!e->file->get_bool(causal_key, &causal, &err) && !err.empty()) return fail(LLMD_ERR_FORMAT, err);
+        if (!causal) // every token would attend the whole input, which the forward pass does not do
+            return fail(LLMD_ERR_UNSUPPORTED, "the model's attention is not causal (" + causal_key +
+                                                  " is false); llmd runs causal attention only");
+        if (const llmd_status st = check_ids(e, ids, n); st != LLMD_OK) return st;
+        if (n > static_cast<size_t>(e->n_ctx))
+            return fail(LLMD_ERR_CONTEXT_FULL, std::to_string(n) + " tokens do not fit the context of " +
+                                                   std::to_string(e->n_ctx));
+        // The input runs from position 0; the cache then holds it, with no logits.
+        s->tokens.clear();
+        s->kv.high = -1;
+        s->pending = -1;
+        s->logits_valid = false;
+        const bool mean = pooling == 1;
+        const size_t pooled = pooling == 2 ? 0 : n - 1; // the token CLS or LAST pooling takes
+        std::vector<float> hidden(static_cast<size_t>(std::min<size_t>(n, kMaxBatch)) * dim);
+        std::vector<double> sum(mean ? dim : 0);
+        std::vector<BatchToken> batch(std::min<size_t>(n, kMaxBatch));
+        for (size_t i = 0; i < n; i += kMaxBatch) {
+            const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
+            for (int j = 0; j < m; ++j)
+                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(i + j), mean || i + j == pooled};
+            forward(*e->model, batch.data(), m, e->ws, *e->pool, nullptr, hidden.data());
+            s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
+            if (mean) {
+                for (int j = 0; j < m; ++j)
+                    for (int d = 0; d < dim; ++d) sum[d] += hidden[static_cast<size_t>(j) * dim + d];
+            } else if (pooled >= i && pooled < i + m) {
+                std::copy_n(hidden.data(), dim, out);
+            }
         }
-        if (value < 0 || value > 4) return fail(LLMD_ERR_FORMAT, "GGUF: pooling_type " + std::to_string(value) + " is unknown");
-        *pooling_type = static_cast<int32_t>(value);
+        if (mean)
+            for (int d = 0; d < dim; ++d) out[d] = static_cast<float>(sum[d] / static_cast<double>(n));
         return LLMD_OK;
     });
 }
@@ -963,6 +1046,15 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
             attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
         attend_finish(out, acc.data(), n_q, head_dim);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, int32_t fast) {
+    return guarded([&]() -> llmd_status {
+        if (gate == nullptr || up == nullptr || n < 0 || (gelu != 0 && gelu != 1))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad glu arguments");
+        (fast ? glu : glu_ref)(gelu == 1, gate, up, n);
         return LLMD_OK;
     });
 }

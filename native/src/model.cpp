@@ -147,9 +147,44 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L) {
     matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
 }
 
+void Binder::moe_hparams(HParams &hp, bool norm) {
+    hp.n_expert = get_int(prefix + "expert_count", 0, true);
+    hp.n_expert_used = get_int(prefix + "expert_used_count", 0, true);
+    if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert) {
+        fail("model expert counts are inconsistent (" + std::to_string(hp.n_expert_used) + " of " +
+             std::to_string(hp.n_expert) + ")");
+        return;
+    }
+    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+    std::string err;
+    if (!file.get_bool(prefix + "expert_weights_norm", &norm, &err) && !err.empty()) fail(err);
+    hp.expert_norm = norm;
+    const float scale = get_float(prefix + "expert_weights_scale", 0.0f);
+    hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
+    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_scale)) fail("model expert FFN length or weight scale is invalid");
+    // A shared expert is as wide as the file says, else as the dense FFN would be.
+    if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr)
+        hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", hp.n_ff, false);
+}
+
+void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    L.ffn_norm = vector(blk + "ffn_norm.weight", dim);
+    matrix(blk + "ffn_gate_inp.weight", dim, hp.n_expert, &L.router);
+    experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
+    experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+    experts(blk + "ffn_down_exps.weight", hp.n_ff_exp, dim, hp.n_expert, &L.down_exps);
+    if (hp.n_ff_shexp == 0) return;
+    L.shexp_gate = vector(blk + "ffn_gate_inp_shexp.weight", dim);
+    matrix(blk + "ffn_gate_shexp.weight", dim, hp.n_ff_shexp, &L.gate_shexp);
+    matrix(blk + "ffn_up_shexp.weight", dim, hp.n_ff_shexp, &L.up_shexp);
+    matrix(blk + "ffn_down_shexp.weight", hp.n_ff_shexp, dim, &L.down_shexp);
+}
+
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3, &kQwen2, &kQwen3, &kQwen3Moe, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen3Moe, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -383,7 +418,8 @@ void release_mapping(const Matrix &m) {
 void Model::pack() {
     std::vector<Matrix *> matrices{&output};
     for (LayerWeights &L : layers) {
-        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router})
+        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp,
+                          &L.up_shexp, &L.down_shexp})
             if (m->data != nullptr) matrices.push_back(m);
         for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
             for (Matrix &m : *stack) matrices.push_back(&m);
@@ -533,6 +569,38 @@ void KVCache::adopt(const HParams &hp, const PrefixMatch &m) {
 
 // ---- kernels -------------------------------------------------------------
 
+namespace {
+constexpr float kGeluK = 0.7978845608028654f; // √(2/π)
+constexpr float kGeluC = 0.044715f;
+} // namespace
+
+void glu_ref(bool gelu, float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        const float act = gelu ? 0.5f * g * (1.0f + std::tanh(kGeluK * g * (1.0f + kGeluC * g * g)))
+                               : g / (1.0f + std::exp(-g));
+        gate[i] = act * up[i];
+    }
+}
+
+// Both activations are g · sigmoid(z): z = g for SiLU, and for GELU, since
+// (1 + tanh(u)) / 2 = sigmoid(2u), z = 2u = 2√(2/π) (g + 0.044715 g³). One exp and
+// one division per element, and no cancellation near 0 as 1 + tanh would have.
+void glu(bool gelu, float *gate, const float *up, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f), k2 = _mm512_set1_ps(-2.0f * kGeluK), c = _mm512_set1_ps(kGeluC);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + i);
+        const __m512 minus_z = gelu ? _mm512_mul_ps(_mm512_mul_ps(k2, g), _mm512_fmadd_ps(_mm512_mul_ps(c, g), g, one))
+                                    : _mm512_sub_ps(_mm512_setzero_ps(), g);
+        const __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp512(minus_z)));
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(act, _mm512_loadu_ps(up + i)));
+    }
+#endif
+    glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
+}
+
 void Workspace::reserve(const HParams &hp, int n_tokens) {
     if (n_tokens <= capacity) return;
     const size_t n = static_cast<size_t>(n_tokens);
@@ -547,7 +615,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
-    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp});
+    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp});
     xq.resize(quantized_blocks(n_tokens, (widest + QK - 1) / QK * QK));
     capacity = n_tokens;
 }
@@ -578,27 +646,6 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
 
 namespace {
 
-// gate[i] = silu(gate[i]) * up[i]
-void silu_mul(float *gate, const float *up, int64_t n) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-        const __m512 g = _mm512_loadu_ps(gate + i);
-        const __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-        _mm512_storeu_ps(gate + i, _mm512_mul_ps(sig, _mm512_loadu_ps(up + i)));
-    }
-#endif
-    for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-}
-
-// gate[i] = gelu(gate[i]) * up[i], GELU's tanh approximation
-void gelu_mul(float *gate, const float *up, int64_t n) {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + 0.044715f * g * g))) * up[i];
-    }
-}
 
 // y[t * rows + r] += bias[r] for rows [r0, r1) of n tokens.
 void add_bias(float *y, const float *bias, int n, int64_t rows, int64_t r0, int64_t r1) {
@@ -614,7 +661,7 @@ void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     if (j.up == nullptr) return;
     matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
     if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, n, rows, r0, r1);
-    for (int t = 0; t < n; ++t) (j.gelu ? gelu_mul : silu_mul)(j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
+    for (int t = 0; t < n; ++t) glu(j.gelu, j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
 }
 
 // Runs the jobs (which share one input) as one parallel region. Their panels, taken
@@ -631,7 +678,7 @@ void run_matmuls(ThreadPool &pool, int n, const std::vector<MatJob> &jobs) {
         for (const MatJob &j : jobs) {
             const int64_t own = (j.w->rows + kPanel - 1) / kPanel;
             const int64_t a = std::max(p0, first) - first, b = std::min(p1, first + own) - first;
-            if (a < b) run_job(j, n, a * kPanel, std::min(b * kPanel, j.w->rows));
+            if (a < b) run_job(j, j.n > 0 ? j.n : n, a * kPanel, std::min(b * kPanel, j.w->rows));
             first += own;
         }
     });
@@ -820,8 +867,25 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
     const HParams &hp = p.hp;
     const int n = p.n, dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
     Workspace &ws = p.ws;
+    const size_t ff = static_cast<size_t>(hp.n_ff_exp), shared_ff = static_cast<size_t>(hp.n_ff_shexp);
     ws.router.resize(static_cast<size_t>(n) * n_exp);
-    matmuls(p, xb, {project(L.router, ws.router.data())});
+    const size_t rows = static_cast<size_t>(n) * k; // (token, chosen expert) pairs
+    ws.moe_in.resize(rows * dim);
+    ws.moe_out.resize(rows * dim);
+    ws.moe_h.resize(rows * ff);
+    ws.moe_h2.resize(std::max(rows * ff, n * shared_ff)); // the up-projection scratch of either
+    ws.moe_xq.resize(std::max(quantized_blocks(static_cast<int>(rows), dim), quantized_blocks(static_cast<int>(rows), hp.n_ff_exp)));
+    ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
+    // The shared expert reads xb as the router does: one region computes both, and its
+    // hidden rows wait in moe_shared until the routed experts are summed.
+    const bool shared = L.up_shexp.data != nullptr;
+    if (shared) {
+        ws.moe_shared.resize(n * shared_ff);
+        matmuls(p, xb, {project(L.router, ws.router.data()),
+                        swiglu(L.gate_shexp, L.up_shexp, ws.moe_shared.data(), ws.moe_h2.data())});
+    } else {
+        matmuls(p, xb, {project(L.router, ws.router.data())});
+    }
     // Per token: softmax over the experts, the top k (ties to the lower index), and
     // their weights; chosen (n, n_expert) holds a token's weight for each chosen expert.
     std::vector<float> &chosen = ws.moe_weights;
@@ -843,28 +907,59 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
             chosen[static_cast<size_t>(t) * n_exp + order[i]] = w * hp.expert_scale;
         }
     }
-    const size_t ff = static_cast<size_t>(hp.n_ff_exp);
-    ws.moe_in.resize(static_cast<size_t>(n) * dim);
-    ws.moe_out.resize(static_cast<size_t>(n) * dim);
-    ws.moe_h.resize(n * ff);
-    ws.moe_h2.resize(n * ff);
-    ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
+    // The tokens grouped per expert, expert after expert, in moe_in. Every group is
+    // its jobs' whole batch (quantized on its own), and all groups run as one parallel
+    // region for gate and up, then one for down: two regions however many experts the
+    // batch reaches and however few tokens each gets (one, in a decode step).
+    ws.moe_groups.clear();
+    ws.moe_tokens.clear();
     for (int e = 0; e < n_exp; ++e) {
-        ws.moe_tokens.clear();
+        const int row = static_cast<int>(ws.moe_tokens.size());
         for (int t = 0; t < n; ++t)
             if (chosen[static_cast<size_t>(t) * n_exp + e] != 0.0f) ws.moe_tokens.push_back(t);
-        const int m = static_cast<int>(ws.moe_tokens.size());
-        if (m == 0) continue;
-        for (int i = 0; i < m; ++i)
-            std::copy_n(xb + static_cast<size_t>(ws.moe_tokens[i]) * dim, dim, ws.moe_in.data() + static_cast<size_t>(i) * dim);
-        const Pass sub{p.model, hp, p.batch, m, ws, p.pool}; // the expert's tokens only
-        matmuls(sub, ws.moe_in.data(), {swiglu(L.gate_exps[e], L.up_exps[e], ws.moe_h.data(), ws.moe_h2.data())});
-        matmuls(sub, ws.moe_h.data(), {project(L.down_exps[e], ws.moe_out.data())});
-        for (int i = 0; i < m; ++i) {
+        if (static_cast<int>(ws.moe_tokens.size()) > row)
+            ws.moe_groups.push_back({e, row, static_cast<int>(ws.moe_tokens.size()) - row});
+    }
+    for (size_t i = 0; i < ws.moe_tokens.size(); ++i)
+        std::copy_n(xb + static_cast<size_t>(ws.moe_tokens[i]) * dim, dim, ws.moe_in.data() + i * dim);
+    // Each group's jobs over its rows of `in` (cols wide), quantized into moe_xq.
+    const auto run_groups = [&](const float *in, int64_t cols, const auto &job_of) {
+        ws.jobs.clear();
+        size_t q = 0;
+        for (const Workspace::ExpertGroup &g : ws.moe_groups) {
+            MatJob job = job_of(g);
+            job.x = in + static_cast<size_t>(g.row) * cols;
+            job.xq = ws.moe_xq.data() + q;
+            job.n = g.n;
+            quantize_rows(job.x, g.n, cols, ws.moe_xq.data() + q);
+            q += quantized_blocks(g.n, cols);
+            ws.jobs.push_back(job);
+        }
+        run_matmuls(p.pool, n, ws.jobs);
+    };
+    run_groups(ws.moe_in.data(), dim, [&](const Workspace::ExpertGroup &g) {
+        return swiglu(L.gate_exps[g.expert], L.up_exps[g.expert], ws.moe_h.data() + g.row * ff,
+                      ws.moe_h2.data() + g.row * ff);
+    });
+    run_groups(ws.moe_h.data(), hp.n_ff_exp, [&](const Workspace::ExpertGroup &g) {
+        return project(L.down_exps[g.expert], ws.moe_out.data() + static_cast<size_t>(g.row) * dim);
+    });
+    for (const Workspace::ExpertGroup &g : ws.moe_groups) // each token sums its experts in expert order
+        for (int i = g.row; i < g.row + g.n; ++i) {
             const int t = ws.moe_tokens[i];
-            const float w = chosen[static_cast<size_t>(t) * n_exp + e];
+            const float w = chosen[static_cast<size_t>(t) * n_exp + g.expert];
             float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
             const float *y = ws.moe_out.data() + static_cast<size_t>(i) * dim;
+            for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
+        }
+    if (shared) {
+        matmuls(p, ws.moe_shared.data(), {project(L.down_shexp, ws.moe_out.data())});
+        for (int t = 0; t < n; ++t) {
+            const float *in = xb + static_cast<size_t>(t) * dim, *y = ws.moe_out.data() + static_cast<size_t>(t) * dim;
+            float gate = 0.0f;
+            for (int d = 0; d < dim; ++d) gate += in[d] * L.shexp_gate[d];
+            const float w = 1.0f / (1.0f + std::exp(-gate));
+            float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
             for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
         }
     }
@@ -943,7 +1038,7 @@ void attend(const Pass &p, int layer) {
 // ---- the forward pass ------------------------------------------------------
 
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, ThreadPool &pool,
-             float *logits) {
+             float *logits, float *hidden) {
     const HParams &hp = model.hp;
     const int dim = hp.n_embd;
     ws.reserve(hp, n);
@@ -962,11 +1057,12 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
 
     for (int l = 0; l < hp.n_layer; ++l) model.arch->layer(pass, model.layers[l], l);
 
+    float *normed = hidden != nullptr ? hidden : ws.logits_in.data();
     int n_out = 0;
     for (int t = 0; t < n; ++t)
         if (batch[t].logits)
-            rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
-    if (n_out > 0) {
+            rmsnorm(normed + static_cast<size_t>(n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
+    if (n_out > 0 && hidden == nullptr) {
         const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
         matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
         if (hp.logit_softcap > 0.0f)

@@ -62,6 +62,7 @@ struct HParams {
     int n_ff_exp = 0;           // hidden dim of one expert
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
+    int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
 };
@@ -93,6 +94,10 @@ struct LayerWeights {
     std::vector<Matrix> gate_exps;    // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
+    const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this)
+    Matrix gate_shexp;                // (n_ff_shexp, dim)
+    Matrix up_shexp;                  // (n_ff_shexp, dim)
+    Matrix down_shexp;                // (dim, n_ff_shexp)
 };
 
 // Every tensor whose type the engine has no kernels for, grouped by type and named
@@ -153,6 +158,12 @@ struct Binder {
     // gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L);
+    // The Qwen MoE families' metadata (expert counts and widths, expert_weights_norm
+    // defaulting to `norm`, expert_weights_scale, the shared expert's width), and the
+    // FFN of block l: ffn_norm, the router, the expert stacks and, when the file has
+    // one (hp.n_ff_shexp), the shared expert and its gate.
+    void moe_hparams(HParams &hp, bool norm);
+    void moe_ffn(const HParams &hp, int l, LayerWeights &L);
 };
 
 // One session's attention memory: per layer, keys and values as f16, per KV head in
@@ -260,10 +271,16 @@ struct MatJob {
     const float *up_bias = nullptr;
     float *scratch = nullptr;
     bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
+    int n = 0;         // tokens of this job when not the region's (an expert's own group)
 };
 
 // Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
 void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
+
+// gate[i] = act(gate[i]) * up[i], act SiLU or (gelu) GELU's tanh approximation: the
+// fast kernel and its scalar reference (exposed for tests through llmd_kernel_glu).
+void glu(bool gelu, float *gate, const float *up, int64_t n);
+void glu_ref(bool gelu, float *gate, const float *up, int64_t n);
 
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
@@ -275,9 +292,13 @@ struct Workspace {
     std::vector<BlockQ8A> xq;
     std::vector<MatJob> jobs;           // the jobs of the running parallel region
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
-    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // one expert's tokens and results
-    std::vector<int> moe_tokens;        // the tokens routed to one expert
-    std::vector<float> moe_weights;     // and their weights
+    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // the grouped rows and their results
+    std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
+    struct ExpertGroup { int expert, row, n; }; // rows [row, row + n) of moe_in are its tokens
+    std::vector<ExpertGroup> moe_groups; // the experts any token of the batch was routed to
+    std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
+    std::vector<float> moe_weights;     // (n, n_expert) each token's weight for each expert
+    std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -285,9 +306,11 @@ struct Workspace {
 constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are chunked
 
 // Runs the tokens through the model, writing their K/V into their caches and,
-// for every token with `logits` set, n_vocab logits (in batch order) to `logits`.
+// for every token with `logits` set, n_vocab logits (in batch order) to `logits`;
+// with `hidden`, that token's final-normed hidden state (dim floats, the input
+// of the output head, which is then skipped) to `hidden` instead: embeddings.
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
-             ThreadPool &pool, float *logits);
+             ThreadPool &pool, float *logits, float *hidden = nullptr);
 
 // ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
 
@@ -326,9 +349,10 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): each token's top
 // n_expert_used experts by softmax of its router scores, weighted by those
-// probabilities (renormalised if hp.expert_norm). Each expert runs once over the
-// tokens routed to it, so its weights are read once per batch; each token sums its
-// experts in expert order, whatever else is in the batch.
+// probabilities (renormalised if hp.expert_norm), plus the shared expert if L has
+// one, weighted by sigmoid(xb · shexp_gate). Each expert runs once over the tokens
+// routed to it, so its weights are read once per batch; each token sums its experts
+// in expert order, then the shared one, whatever else is in the batch.
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x);
 // x (n, dim) += y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y);

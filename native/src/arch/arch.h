@@ -25,7 +25,7 @@ struct Arch {
     void (*layer)(const Pass &p, const LayerWeights &L, int l);
 };
 
-extern const Arch kLlama, kGemma3, kPhi3, kQwen2, kQwen3, kQwen3Moe, kSmolLM3;
+extern const Arch kLlama, kGemma3, kPhi3, kQwen2, kQwen2Moe, kQwen3, kQwen3Moe, kSmolLM3;
 
 // The architecture named `name`, or nullptr.
 const Arch *find_arch(std::string_view name);

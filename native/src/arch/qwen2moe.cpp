@@ -1,0 +1,36 @@
+// arch/qwen2moe.cpp — Qwen1.5-MoE and Qwen2-MoE: Qwen2's attention (q/k/v biases,
+// NEOX RoPE) and a mixture of experts whose chosen weights are left as the softmax
+// gave them (unless the file sets expert_weights_norm), plus a shared SwiGLU expert
+// that every token runs, weighted by sigmoid(xb · ffn_gate_inp_shexp).
+#include "arch/arch.h"
+
+namespace llmd {
+namespace {
+
+void load_hparams(Binder &b, HParams &hp) {
+    b.moe_hparams(hp, false);
+    if (hp.n_ff_shexp == 0) b.fail("model lacks tensor blk.0.ffn_up_shexp.weight (qwen2moe's shared expert)");
+}
+
+void bind(Binder &b, Model &m) {
+    for (int l = 0; l < m.hp.n_layer; ++l) {
+        b.attention(m.hp, l, m.layers[l]); // q/k/v biases as the file has them
+        b.moe_ffn(m.hp, l, m.layers[l]);
+    }
+}
+
+void layer(const Pass &p, const LayerWeights &L, int l) {
+    project_qkv(p, L); // q, k, v of rmsnorm(x)
+    rope(p, p.q, p.hp.n_head, Rope::neox);
+    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
+    attend(p, l);                             // att = softmax(q kᵀ / √hd) v
+    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    moe(p, L, p.xb, p.x);                     // x += Σ weight · swiglu expert(xb) + the shared expert
+}
+
+} // namespace
+
+const Arch kQwen2Moe{"qwen2moe", load_hparams, bind, layer};
+
+} // namespace llmd
