@@ -221,11 +221,10 @@ class Api:
         longest = max((len(self.engine.piece(i, special=True)) for i in range(self.info.n_vocab)), default=1)
         self.max_text_bytes = self.info.n_ctx * max(longest, 1)
         # The control tokens a chat's tool format writes reach its parser as their text
-        # (a Mistral model's [TOOL_CALLS] opens its calls). A grammar cannot write control
-        # tokens, so where one opens a call, tool_choice "auto" leaves the output free.
+        # (a Mistral model's [TOOL_CALLS] opens its calls), and constrained calls write them.
         markers = () if isinstance(template, chat.Unavailable) else chat.output_markers(template)
         self.shown = chat.control_pieces(engine, markers)
-        self.calls_open_with_control = bool(markers) and markers[0].encode() in self.shown.values()
+        self.controls = {piece.decode(): i for i, piece in self.shown.items()}
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
@@ -524,7 +523,7 @@ class Api:
                                                "reasoning block.")
         # compiling may take a while
         grammar = await asyncio.to_thread(constrain.chat_grammar, req, chat.call_layout(self.template),
-                                          not self.calls_open_with_control)
+                                          self.controls)
         return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
 
     async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
@@ -779,7 +778,8 @@ class Reply:
     def _feed(self, token: Token) -> list[Delta]:
         if not token.is_terminal:
             self.generated_ids.append(token.id)
-        if token.logprob is not None and token.piece:  # an end-of-turn token is no text
+        # an end-of-turn token is no text; a control token the parser reads is
+        if token.logprob is not None and (token.piece or token.id in self.api.shown):
             self.logprobs.append(TokenLogprob(token.id, token.logprob, token.top))
         piece = self.api.shown.get(token.id, token.piece) if self.output.reads_markers else token.piece
         deltas, hit = self.output.feed(piece)

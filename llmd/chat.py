@@ -30,7 +30,7 @@ assistant message's content when the template wrote it unchanged.
 
 What a template writes also says how the model answers: `tool_format` (Hermes blocks,
 Llama 3.x's JSON reply or <|python_tag|>, Mistral's [TOOL_CALLS], Gemma 4's
-<|tool_call>, Granite's <|tool_call|>, gpt-oss's harmony channels), `output_markers`
+<|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> blocks, gpt-oss's harmony channels), `output_markers`
 (the strings that format is read by) and `reasoning_start` (whether replies carry a
 <think> block, and whether the prompt already opened it).
 
@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmd import harmony, jinja, reasoning
-from llmd.tools import (FORMAT_MARKERS, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT, MISTRAL_CALLS, TAGGED_CALLS,
-                        CallLayout)
+from llmd.tools import (FORMAT_MARKERS, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT, MISTRAL_ARGS, MISTRAL_CALLS,
+                        MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, PHI4_LAYOUT, PHI4_TOOLS, TAGGED_CALLS, CallLayout)
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -254,6 +254,9 @@ _TOOL_FORMAT_SIGNS = (
     ("gemma4", GEMMA_CALL + "call:"),
     # Nemo: [TOOL_CALLS] then a JSON array; Small 3.x, Magistral, Devstral: name[ARGS]{...}
     ("mistral", MISTRAL_CALLS),
+    # Phi-4-mini declares its tools between <|tool|> and <|/tool|>; it closes each
+    # <|tool_call|> block, which Granite (below) does not
+    ("phi4", PHI4_TOOLS),
     # Granite 3.3 asks for <|tool_call|> and a JSON list
     ("tagged_json", TAGGED_CALLS),
 )
@@ -276,11 +279,16 @@ def output_markers(template: ChatTemplate | JinjaTemplate) -> tuple[str, ...]:
 
 
 def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
-    """The layout constrained calls are written in: the family's own where a grammar can
-    write it (Llama 3.x's JSON reply, gpt-oss's messages to functions.NAME), else Hermes
-    blocks, which every format's parser also reads."""
+    """The layout constrained calls are written in: the family's own where its arguments
+    are JSON (Llama 3.x's JSON reply, gpt-oss's messages to functions.NAME, Mistral's
+    [TOOL_CALLS] as its template writes them, Phi-4's <|tool_call|> blocks), else Hermes
+    blocks, which every format's parser also reads (Gemma 4's call syntax is not JSON;
+    Granite's unclosed <|tool_call|> list cannot be followed by another call)."""
     fmt = tool_format(template)
-    return LLAMA3_LAYOUT if fmt == "llama3_json" else harmony.CALL_LAYOUT if fmt == "harmony" else HERMES_LAYOUT
+    if fmt == "mistral":
+        return MISTRAL_LAYOUT if any(MISTRAL_ARGS in s for s in template.template.literals()) else MISTRAL_NEMO_LAYOUT
+    layouts = {"llama3_json": LLAMA3_LAYOUT, "harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT}
+    return layouts.get(fmt, HERMES_LAYOUT)
 
 
 def control_pieces(engine: Any, texts: tuple[str, ...]) -> dict[int, bytes]:

@@ -4,8 +4,11 @@ calls of chat (tool_choice "auto", "required" or a named function).
 
 Tool calls are written in a tools.CallLayout: by default the Hermes layout tools.py
 streams (OPEN_TAG CALL_HEAD name CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), for
-Llama 3.x its JSON reply, for gpt-oss a message to functions.NAME; the arguments follow
-the tool's parameters schema. With
+Llama 3.x its JSON reply, for gpt-oss a message to functions.NAME, for Mistral and
+Phi-4 their [TOOL_CALLS] and <|tool_call|> layouts; the arguments follow the tool's
+parameters schema. Where a layout's marker is a control token of the model (`controls`),
+the grammar writes that one token (llmd.grammar.token), never the marker's spelling in
+text bytes. With
 parallel_tool_calls, more calls may follow, each after the layout's separator (which
 may also end the answer). "required" starts with a call; a named function allows only
 that function; "auto" lets the model first write text, any text without the layout's
@@ -25,7 +28,7 @@ from typing import Any
 
 from llmd import errors
 from llmd.grammar import (
-    ANY_BYTE, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, one_of, opt, seq, star,
+    ANY_BYTE, EMPTY, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, one_of, opt, seq, star, token,
 )
 from llmd.jsonschema import SchemaCompiler, SchemaError
 from llmd.openai import ChatRequest, CompletionRequest, ResponseFormat
@@ -33,23 +36,21 @@ from llmd.tools import HERMES_LAYOUT, CallLayout
 
 
 def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
-                 grammar_writes_calls: bool = True) -> str | None:
+                 controls: dict[str, int] | None = None) -> str | None:
     """Grammar text for a chat request, or None when its output is free; calls in
-    `layout` (chat.call_layout of the model's template). `grammar_writes_calls` False:
-    the model opens its own calls with a control token (Mistral's [TOOL_CALLS]), which
-    a grammar cannot write; with tool_choice "auto" and no response_format the output
-    is then free and its calls are parsed in the model's format, while "required" or a
-    named function still constrain to `layout` (Hermes blocks for such a family)."""
+    `layout` (chat.call_layout of the model's template). `controls`: the strings of
+    the layout that are control tokens of the model, with their ids (Mistral's
+    [TOOL_CALLS], Phi-4's <|tool_call|>); the grammar writes those as the token."""
     tools = [[t.name, t.parameters] for t in req.tools] if req.tool_choice != "none" else []
     if req.tool_name is not None:
         tools = [t for t in tools if t[0] == req.tool_name]
     fmt = _format_key(req.response_format)
-    if fmt is None and (not tools or not grammar_writes_calls and req.tool_choice == "auto"):
+    if fmt is None and not tools:
         return None
     indexes = {t.name: i for i, t in enumerate(req.tools)}
     key = {"format": fmt, "tools": tools, "indexes": [indexes[name] for name, _ in tools],
            "required": req.tool_choice == "required", "parallel": req.parallel_tool_calls,
-           "layout": dataclasses.astuple(layout)}
+           "layout": dataclasses.astuple(layout), "controls": sorted((controls or {}).items())}
     return _compile(json.dumps(key))
 
 
@@ -59,7 +60,8 @@ def completion_grammar(req: CompletionRequest) -> str | None:
     if fmt is None:
         return None
     return _compile(json.dumps({"format": fmt, "tools": [], "indexes": [], "required": False,
-                                "parallel": False, "layout": dataclasses.astuple(HERMES_LAYOUT)}))
+                                "parallel": False, "layout": dataclasses.astuple(HERMES_LAYOUT),
+                                "controls": []}))
 
 
 def _format_key(rf: ResponseFormat | None) -> Any:
@@ -82,6 +84,22 @@ def _text_without(marker: bytes) -> Expr:
     return seq(star(free), star(seq(lit(first), piece)))
 
 
+def _written(text: str, controls: dict[str, int]) -> Expr:
+    """text as the model writes it: each control token's string in it as that token,
+    the rest as bytes."""
+    items, at = [], 0
+    while at < len(text):
+        found = min(((text.find(c, at), c) for c in controls if text.find(c, at) >= 0), default=None)
+        if found is None:
+            items.append(lit(text[at:]))
+            break
+        start, control = found
+        items += [lit(text[at:start])] if start > at else []
+        items.append(token(controls[control]))
+        at = start + len(control)
+    return seq(*items) if items else EMPTY
+
+
 @functools.lru_cache(maxsize=64)
 def _compile(key: str) -> str:
     spec = json.loads(key)
@@ -95,6 +113,7 @@ def _compile(key: str) -> str:
             fmt = _schema(compiler, spec["format"]["schema"], "response_format.json_schema.schema")
     calls = None
     layout = CallLayout(*spec["layout"])
+    controls = dict(spec["controls"])
     if spec["tools"]:
         blocks = []
         for (name, parameters), index in zip(spec["tools"], spec["indexes"]):
@@ -102,10 +121,12 @@ def _compile(key: str) -> str:
             if parameters and parameters.get("type", "object") != "object":
                 raise errors.invalid_request("A tool's parameters must describe an object.", param)
             args = _schema(SchemaCompiler(rules, f"tool{index}:"), _object_schema(parameters), param)
-            blocks.append(seq(lit(layout.head + name + layout.between), args, lit(layout.tail)))
+            blocks.append(seq(_written(layout.head + name + layout.between, controls), args,
+                              _written(layout.tail, controls)))
         block = alt(*blocks)
         if spec["parallel"]:  # a separator may also end the answer: a newline is no promise of a call
-            calls = seq(block, star(seq(lit(layout.separator), block)), opt(lit(layout.separator)))
+            separator = _written(layout.separator, controls)
+            calls = seq(block, star(seq(separator, block)), opt(separator))
         else:
             calls = block
     if calls is None:

@@ -4,7 +4,9 @@ in native/src/grammar.h).
 
 Theory of operation. A grammar is a mapping of rule names to expressions over
 bytes: `Chars` (a set of bytes), `Seq`, `Alt`, `Repeat` (bounded or not) and `Ref`
-(another rule, by name). Rules may be recursive but not left-recursive (the engine
+(another rule, by name), and `token(id)` for one control token: it writes no bytes
+(so no byte expression can produce it), and the engine lets the model write exactly
+that token id there. Rules may be recursive but not left-recursive (the engine
 refuses that). `compile_grammar` turns every rule reachable from the root into a
 deterministic automaton: Thompson construction gives an NFA whose edges read a
 byte set or call a rule, and subset construction over the byte classes the rule
@@ -36,7 +38,8 @@ class GrammarTooLarge(GrammarError):
 
 @dataclass(frozen=True)
 class Chars:
-    """One byte out of a set: bit b of `mask` set means byte b matches."""
+    """One input symbol out of a set: bit b of `mask` set means byte b matches (b <
+    256), bit 256 + id that control token id does (`token`)."""
     mask: int
 
     def __or__(self, other: Chars) -> Chars:
@@ -70,7 +73,8 @@ class Ref:
 
 Expr = Union[Chars, Seq, Alt, Repeat, Ref]
 
-ANY_BYTE = Chars((1 << 256) - 1)
+_BYTES = 256  # symbols below are bytes, from here on control token ids
+ANY_BYTE = Chars((1 << _BYTES) - 1)
 EMPTY = Seq(())
 
 
@@ -86,6 +90,13 @@ def one_of(data: bytes | str) -> Chars:
     for b in raw:
         mask |= 1 << b
     return Chars(mask)
+
+
+def token(token_id: int) -> Chars:
+    """The control token token_id, written as that one token."""
+    if token_id < 0:
+        raise ValueError(f"bad token id {token_id}")
+    return Chars(1 << (_BYTES + token_id))
 
 
 def lit(text: str | bytes) -> Expr:
@@ -271,9 +282,19 @@ def _minimize(states: list[_DState]) -> list[_DState]:
     return merged
 
 
+def _token_ids(mask: int) -> list[int]:
+    """The control token ids in mask."""
+    ids, rest = [], mask >> _BYTES
+    while rest:
+        low = rest & -rest
+        ids.append(low.bit_length() - 1)
+        rest ^= low
+    return ids
+
+
 def _runs(mask: int) -> list[tuple[int, int]]:
     """The byte ranges (lo, hi) making up mask."""
-    runs, b = [], 0
+    runs, b, mask = [], 0, mask & ANY_BYTE.mask
     while mask >> b:
         if mask >> b & 1:
             lo = b
@@ -373,6 +394,7 @@ def compile_grammar(rules: Mapping[str, Expr], root: str) -> str:
                             for lo, hi in _runs(mask))
             items = ["$"] if st.accept else []
             items += [f"{lo:02x}>{t}" if lo == hi else f"{lo:02x}-{hi:02x}>{t}" for lo, hi, t in ranges]
+            items += [f"t{i}>{base + target}" for target, mask in st.moves.items() for i in _token_ids(mask)]
             items += [f"@{bases[index[rule]]}>{base + target}" for rule, target in st.calls]
             lines.append(" ".join(items))
     return "\n".join(lines) + "\n"

@@ -24,7 +24,7 @@ runs the same machine over the whole text, so streamed and non-streamed answers 
 
 Other families: Llama 3.x's JSON reply or <|python_tag|> (`JsonReplyCallStream`), and
 formats whose calls a marker opens (`MarkedCallStream`: Mistral's [TOOL_CALLS], Gemma
-4's <|tool_call>, Granite's <|tool_call|>). Both read Hermes blocks too, since
+4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>). Both read Hermes blocks too, since
 constrained decoding writes those for every family. gpt-oss's channels are llmd.harmony's.
 """
 
@@ -615,11 +615,12 @@ def _pythonic_call(body: str, names: frozenset[str]) -> tuple[str, str] | None:
 
 
 TAGGED_CALLS, TAGGED_CALLS_END = "<|tool_call|>", "<|/tool_call|>"
+PHI4_TOOLS = "<|tool|>"  # where Phi-4's system turn declares its tools
 
 
 def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
-    """What follows Granite's <|tool_call|>: a JSON list of {"name", "arguments"} calls
-    (closed by <|/tool_call|> where the model writes one)."""
+    """What follows <|tool_call|>: a JSON list of {"name", "arguments"} calls, or one
+    such object (closed by <|/tool_call|> where the model writes one: Phi-4 does)."""
     body = body.strip()
     if body.endswith(TAGGED_CALLS_END):
         body = body[:-len(TAGGED_CALLS_END)]
@@ -643,6 +644,12 @@ class CallLayout:
 HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_TAIL + CLOSE_TAG, CALL_SEPARATOR)
 # Llama 3.1-3.3: the JSON reply their templates ask for; parallel calls separated by ';'.
 LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ")
+# Mistral Small 3.x, Magistral, Devstral: [TOOL_CALLS]name[ARGS]{...}, each call opened again.
+MISTRAL_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS, MISTRAL_ARGS, "", "")
+# Mistral Nemo: [TOOL_CALLS] then a JSON array (one call per array here).
+MISTRAL_NEMO_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS + '[{"name": "', '", "arguments": ', "}]", "")
+# Phi-4: each call a closed <|tool_call|> block holding a JSON list.
+PHI4_LAYOUT = CallLayout(TAGGED_CALLS, TAGGED_CALLS + '[{"name": "', '", "arguments": ', "}]" + TAGGED_CALLS_END, "")
 
 
 
@@ -655,6 +662,7 @@ FORMAT_MARKERS: dict[str, tuple[str, ...]] = {
     "mistral": (MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID),
     "gemma4": (GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE),
     "tagged_json": (TAGGED_CALLS, TAGGED_CALLS_END),
+    "phi4": (TAGGED_CALLS, TAGGED_CALLS_END),
 }
 
 
@@ -671,6 +679,8 @@ def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None
         return MarkedCallStream(tools, GEMMA_CALL, gemma_calls, GEMMA_CALL_END)
     if tool_format == "tagged_json":
         return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls)
+    if tool_format == "phi4":  # each block closed, so text and more blocks may follow
+        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, TAGGED_CALLS_END)
     raise ValueError(f"unknown tool format {tool_format!r}")
 
 

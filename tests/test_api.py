@@ -605,11 +605,11 @@ MISTRAL_SHAPED_TEMPLATE = ("{% for m in messages %}[INST]{{ m.content }}[/INST]{
                            "{% if false %}[TOOL_CALLS]{% endif %}")
 
 
-def test_a_familys_control_token_reaches_its_parser_and_auto_calls_are_unconstrained(tmp_path):
+def test_a_familys_control_token_opens_a_constrained_call_under_auto(tmp_path):
     """A random-weight model whose vocabulary has Mistral's [TOOL_CALLS] as a control
-    token and whose template writes it: with tool_choice "auto" the model may write it
-    (no grammar refuses it) and it reaches the parser as text; "required" still
-    constrains to a call."""
+    token and whose template writes it: with tool_choice "auto" the model may write the
+    token, which opens a call the grammar then holds to (Nemo's layout here), and it
+    reaches the parser as text; free text never spells it."""
     from tests.gguf_writer import ARRAY, STRING, build_tiny_llama
     w = build_tiny_llama(n_vocab=300, reserved=2, chat_template=MISTRAL_SHAPED_TEMPLATE)
     tokens = list(w.get("tokenizer.ggml.tokens").value[1])
@@ -620,13 +620,16 @@ def test_a_familys_control_token_reaches_its_parser_and_auto_calls_are_unconstra
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     with running_llmd("--model", str(path), "--ctx", "128", "--max-sessions", "2") as url:
         client = Client(url + "/v1", model="mistral-shaped")
-        body = client.chat_body([{"role": "user", "content": "hi"}], max_tokens=2, tools=[tool],
-                                logit_bias={str(marker): 100})
-        message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
-        assert message["content"] == "[TOOL_CALLS][TOOL_CALLS]"  # no call in it: content as written
-        body.update(tool_choice="required", max_tokens=40)
+        body = client.chat_body([{"role": "user", "content": "hi"}], max_tokens=40, tools=[tool],
+                                logit_bias={str(marker): 100}, parallel_tool_calls=False)
         choice = client.post_json("/chat/completions", body).json()["choices"][0]
-        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["f"]
+        assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"]
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [
+            ("f", "{}")]
+        body.update(logit_bias={str(marker): -100}, max_tokens=8)  # no call: text, never the marker's spelling
+        message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
+        assert "tool_calls" not in message or not message["tool_calls"]
+        assert "[TOOL_CALLS]" not in message["content"]
 
 
 def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
@@ -644,26 +647,42 @@ def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
         assert message["reasoning_content"] == "AAAAAA" and not message["content"]
 
 
-@pytest.mark.parametrize("template_name, written_as", [
-    ("meta-llama-Llama-3.1-8B-Instruct.jinja", '{"name": "get_weather", "parameters": {'),  # Llama's JSON reply
-    ("openai-gpt-oss-120b.jinja", " to=functions.get_weather<|channel|>commentary json<|message|>{"),  # harmony
+@pytest.mark.parametrize("template_name, written_as, controls", [
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", '{"name": "get_weather", "parameters": {', ()),  # Llama's JSON reply
+    ("openai-gpt-oss-120b.jinja", " to=functions.get_weather<|channel|>commentary json<|message|>{", ()),  # harmony
+    # Mistral Small 3.2 and Phi-4: their markers are control tokens of the vocabulary
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "[TOOL_CALLS]get_weather[ARGS]{", ("[TOOL_CALLS]", "[ARGS]")),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", '[TOOL_CALLS][{"name": "get_weather", "arguments": {',
+     ("[TOOL_CALLS]",)),
+    ("phi4", '<|tool_call|>[{"name": "get_weather", "arguments": {', ("<|tool_call|>", "<|/tool_call|>")),
 ])
-def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as):
+def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as, controls):
     """A family's real template on a random-weight model: a required call is written in
-    the layout that family's model writes calls in, and comes back as a tool call."""
-    from tests.gguf_writer import build_tiny_llama
+    the layout that family's model writes calls in (its markers as the control tokens
+    they are), and comes back as a tool call."""
+    from tests.gguf_writer import ARRAY, STRING, build_tiny_llama
+    from tests.phi4_template import PHI4_MINI_TEMPLATE
     from tests.reference_data import require
-    template = require(f"models/templates/{template_name}").read_text("utf-8")
-    path = build_tiny_llama(chat_template=template, n_ctx=2048).write(tmp_path / "family.gguf")
+    template = PHI4_MINI_TEMPLATE if template_name == "phi4" else \
+        require(f"models/templates/{template_name}").read_text("utf-8")
+    w = build_tiny_llama(chat_template=template, n_ctx=4096, reserved=len(controls))  # Mistral's system prompt is long
+    tokens = list(w.get("tokenizer.ggml.tokens").value[1])
+    for i, marker in enumerate(controls):
+        tokens[tokens.index(f"<|reserved_{i}|>")] = marker
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    path = w.write(tmp_path / "family.gguf")
     tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
-    with running_llmd("--model", str(path), "--ctx", "2048", "--max-sessions", "2") as url:
+    with running_llmd("--model", str(path), "--ctx", "4096", "--max-sessions", "2") as url:
         client = Client(url + "/v1", model="family")
         body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=80, tools=[tool],
                                 tool_choice="required", parallel_tool_calls=False, logprobs=True)
-        choice = client.post_json("/chat/completions", body).json()["choices"][0]
+        answer = client.post_json("/chat/completions", body).json()
+        assert "choices" in answer, answer
+        choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"]
     (call,) = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather" and isinstance(json.loads(call["function"]["arguments"])["city"], str)
-    written = "".join(t["token"] for t in choice["logprobs"]["content"])
-    assert written.startswith(written_as)
+    written = [t["token"] for t in choice["logprobs"]["content"]]
+    assert "".join(written).startswith(written_as)
+    assert all(marker in written for marker in controls)  # each marker one token

@@ -416,6 +416,21 @@ def test_tool_format_follows_the_templates_instructions(name, expected):
     assert tool_format(SMOLLM2) == "hermes"
 
 
+def test_phi4_template_is_read_as_phi4_and_renders_its_tools_and_calls():
+    """tests/phi4_template.py (written from Phi-4-mini's published format): detected by
+    its <|tool|> declaration, not as Granite's unclosed <|tool_call|>."""
+    from tests.phi4_template import PHI4_MINI_TEMPLATE
+    template = JinjaTemplate(jinja.Template(PHI4_MINI_TEMPLATE))
+    assert tool_format(template) == "phi4"
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    msgs = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    text = render_chat(template, msgs, tools=[{"name": "get_weather", "parameters": {"type": "object"}}]).text
+    assert text == ('<|system|><|tool|>[{"name": "get_weather", "parameters": {"type": "object"}}]<|/tool|><|end|>'
+                    '<|user|>Weather?<|end|><|assistant|><|tool_call|>[{"name": "get_weather", "arguments": '
+                    '{"city": "Paris"}}]<|/tool_call|><|end|><|tool_response|>sunny<|end|><|assistant|>')
+
+
 def test_mistral_template_accepts_the_call_ids_llmd_generates_for_it():
     from llmd.tools import new_mistral_call_id
     from tests.reference_data import require

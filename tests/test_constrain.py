@@ -174,3 +174,33 @@ def test_gpt_oss_calls_are_constrained_as_harmony_messages_to_the_function():
     assert match(g, thinking + call) == MAY_END
     assert match(g, "<|channel|>final<|message|>Hi.") == MAY_END
     assert match(g, thinking + " to=functions.get_time<|channel|>commentary json<|message|>{}") == NO
+
+
+@pytest.mark.parametrize("layout_name, call", [
+    ("PHI4_LAYOUT", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]<|/tool_call|>'),
+    ("MISTRAL_LAYOUT", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'),
+    ("MISTRAL_NEMO_LAYOUT", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
+])
+def test_family_layouts_write_their_markers_as_text_or_as_control_tokens(layout_name, call):
+    """Where the markers are plain text in the model, the call is these bytes (and, in
+    parallel, the next call follows at once); where they are control tokens, the same
+    bytes are refused: only the token (llmd.grammar.token) can write a marker, and free
+    text under "auto" never spells one."""
+    from llmd import tools
+    from llmd.tools import call_stream, merge_tool_calls
+    layout = getattr(tools, layout_name)
+    req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER, TIME],
+                                         "tool_choice": "required"}).encode())
+    g = constrain.chat_grammar(req, layout)
+    assert match(g, call) == MAY_END and match(g, call + call.replace("Oslo", "Rome")) == MAY_END
+    assert match(g, block("get_weather", '{"city": "Oslo"}')) == NO
+    fmt = "phi4" if layout_name == "PHI4_LAYOUT" else "mistral"
+    stream = call_stream(fmt, [WEATHER, TIME])
+    events = stream.feed(call + call) + stream.finish()
+    assert [c["function"]["arguments"] for c in merge_tool_calls(events)] == ['{"city": "Oslo"}'] * 2
+    markers = [m for m in ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>") if m in call]
+    controls = {m: 1000 + i for i, m in enumerate(markers)}
+    assert match(constrain.chat_grammar(req, layout, controls), call) == NO
+    auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
+    g = constrain.chat_grammar(auto, layout, controls)
+    assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + call) == NO

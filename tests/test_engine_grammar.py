@@ -135,3 +135,37 @@ def test_set_grammar_refuses_malformed_text_and_none_removes_the_constraint(engi
             s.grammar_mask()
         with pytest.raises(EngineError):
             s.set_grammar(object_grammar(), -1)
+
+
+def test_a_control_token_terminal_allows_exactly_that_token_and_is_written(engine, tiny_model):
+    """A token edge: the control token <|im_start|> (no bytes) is allowed where the
+    grammar names it and nowhere else, counts as one token of the budget, and the fast
+    mask (trie walk plus token edges) equals the per-token reference."""
+    from llmd.grammar import lit, seq, token
+    (control,) = engine.tokenize("<|im_start|>", special=True)
+    (other,) = engine.tokenize("<|im_end|>", special=True)
+    grammar = compile_grammar({"root": seq(lit("A"), token(control), lit("B"))}, "root")
+    with engine.new_session() as s:
+        s.set_grammar(grammar, 3)
+        s.prefill(PROMPT)
+        assert s.grammar_mask()[control] == 0 and s.grammar_mask()[engine.tokenize("A")[0]] == 2
+        s.set_sampling(Sampling(logit_bias={engine.tokenize("A")[0]: 100.0}))
+        assert s.decode_one().piece == b"A"
+        fast = s.grammar_mask(fast=True)
+        assert fast == s.grammar_mask(fast=False)
+        assert [i for i, b in enumerate(fast) if b] == [control] and fast[control] == 2  # "B" still fits
+        s.set_sampling(Sampling(logit_bias={other: 100.0}))  # the grammar wins over the bias
+        tok = s.decode_one()
+        assert tok.id == control and tok.piece == b"" and not tok.is_terminal
+        assert [i for i, b in enumerate(s.grammar_mask()) if b] == engine.tokenize("B")
+        tok = s.decode_one()
+        assert tok.piece == b"B" and tok.is_terminal
+
+
+def test_a_token_edge_must_name_a_control_token_that_is_not_end_of_generation(engine, tiny_model):
+    from llmd.grammar import seq, lit, token
+    text_token = engine.tokenize("A")[0]
+    with engine.new_session() as s:
+        for bad in (text_token, tiny_model.eos_id, tiny_model.n_vocab):
+            with pytest.raises(EngineError, match=f"token {bad} is not a control token"):
+                s.set_grammar(compile_grammar({"root": seq(lit("x"), token(bad))}, "root"))

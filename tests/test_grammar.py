@@ -8,7 +8,7 @@ from llmd import grammar
 from llmd.engine import EngineError, grammar_match
 from llmd.grammar import (
     EMPTY, GrammarError, GrammarTooLarge, Ref, alt, byte_range, compile_grammar, lit, one_of, opt,
-    repeat, seq, star,
+    repeat, seq, star, token,
 )
 
 NO, PREFIX, MAY_END, COMPLETE = 0, 1, 2, 3
@@ -117,10 +117,27 @@ def test_bad_repeat_bounds_are_refused():
     ("llmd-grammar 1 2 0\n@0>1\n$\n", "accepts nothing"),
     ("llmd-grammar 1 2 0\n61>1 @0>1\n$\n", "left recursion"),
     ("llmd-grammar 1 3 0\n@1>2\n@0>2 $\n$\n", "left recursion"),
+    ("llmd-grammar 1 2 0\nt5>7\n$\n", "out of range"),
+    ("llmd-grammar 1 2 0\nt3000000000>1\n$\n", "out of range"),
+    ("llmd-grammar 1 2 0\nt5\n$\n", "tID>T"),
+    ("llmd-grammar 1 2 0\ntx>1\n$\n", "tID>T"),
+    ("llmd-grammar 1 3 0\nt5>1 t5>2\n$\n$\n", "two edges"),
 ])
 def test_malformed_or_hostile_automata_are_refused_with_a_reason(text, reason):
     with pytest.raises(EngineError, match=reason):
         grammar_match(text, b"a")
+
+
+def test_a_control_token_compiles_to_a_token_edge_no_bytes_can_take():
+    """token(id) is its own symbol: bytes alone never pass it (the spelling of the
+    token's text included), while the automaton around it still reads bytes."""
+    text = compile_grammar({"root": seq(lit("a"), alt(token(7), lit("b")), star(token(300000)))}, "root")
+    assert " t7>" in text and " t300000>" in text
+    assert grammar_match(text, b"a") == PREFIX
+    assert grammar_match(text, b"ab") == MAY_END
+    assert grammar_match(text, b"a<7>") == NO
+    with pytest.raises(ValueError):
+        token(-1)
 
 
 def test_garbage_bytes_are_refused():

@@ -417,7 +417,23 @@ def test_granite_tool_call_tag_with_a_json_list():
     assert content is None and calls == [call(0, "search", '{"q": "x"}')]
 
 
-@pytest.mark.parametrize("fmt", ["mistral", "gemma4", "tagged_json"])
+@pytest.mark.parametrize("step", [0, 1, 4])
+def test_phi4_closed_tool_call_blocks_then_text_and_another_block(step):
+    """Phi-4 closes each <|tool_call|> block: a list or a single object inside, text
+    after it stays content, and a later block is another call."""
+    text = ('Looking.<|tool_call|>[{"name": "search", "arguments": {"q": "x"}}]<|/tool_call|> then '
+            '<|tool_call|>{"name": "get_weather", "arguments": {"city": "Oslo"}}<|/tool_call|>')
+    content, calls = collapse(_marked("phi4", text, step))
+    assert content == "Looking.then"  # whitespace around calls is layout
+    assert calls == [call(0, "search", '{"q": "x"}'), call(1, "get_weather", '{"city": "Oslo"}')]
+
+
+def test_phi4_block_of_an_undeclared_tool_stays_content():
+    text = '<|tool_call|>[{"name": "nope", "arguments": {}}]<|/tool_call|>'
+    assert collapse(_marked("phi4", text, 2)) == (text, [])
+
+
+@pytest.mark.parametrize("fmt", ["mistral", "gemma4", "tagged_json", "phi4"])
 def test_marked_formats_still_read_the_hermes_blocks_constrained_decoding_writes(fmt):
     content, calls = collapse(_marked(fmt, 'Ok.\n<tool_call>\n{"name": "search", "arguments": {"q": 1}}\n</tool_call>', 5))
     assert content == "Ok." and calls == [call(0, "search", '{"q": 1}')]
@@ -429,7 +445,7 @@ def test_unknown_tool_format_is_refused():
         call_stream("nope", LLAMA_TOOLS)
 
 
-def test_mistral_control_tokens_reach_the_parser_as_text_and_auto_calls_are_left_free(tmp_path):
+def test_mistral_control_tokens_reach_the_parser_as_text_and_the_grammar_writes_them(tmp_path):
     """The path of a reply through the API: a Mistral-shaped vocabulary whose
     [TOOL_CALLS] and [ARGS] are control tokens (empty pieces), the real Mistral Small
     3.2 template, the pieces chat.control_pieces shows, the chat Output."""
@@ -459,18 +475,22 @@ def test_mistral_control_tokens_reach_the_parser_as_text_and_auto_calls_are_left
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": LLAMA_TOOLS}
     auto = openai.parse_chat_request(json.dumps(body).encode())
     required = openai.parse_chat_request(json.dumps({**body, "tool_choice": "required"}).encode())
-    assert constrain.chat_grammar(auto, grammar_writes_calls=False) is None
-    assert constrain.chat_grammar(auto) is not None and constrain.chat_grammar(required, grammar_writes_calls=False) is not None
+    layout = chat.call_layout(template)
+    assert (layout.head, layout.between) == ("[TOOL_CALLS]", "[ARGS]")
+    controls = {piece.decode(): i for i, piece in shown.items()}
+    for req in (auto, required):  # the markers are written as their tokens, never as text
+        grammar = constrain.chat_grammar(req, layout, controls)
+        assert all(re.search(rf"(?m)(^| )t{controls[m]}>", grammar) for m in ("[TOOL_CALLS]", "[ARGS]"))
 
 
-@pytest.mark.parametrize("fmt", ["mistral", "gemma4", "tagged_json", "llama3_json"])
+@pytest.mark.parametrize("fmt", ["mistral", "gemma4", "tagged_json", "phi4", "llama3_json"])
 def test_marked_formats_agree_whole_and_streamed_on_random_text(fmt):
     """Fragments of every format, shuffled: any cut into pieces gives what the whole
     text gives (content and calls), and nothing raises."""
     import random
     rng = random.Random(fmt)
     fragments = ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|tool_call>", "<tool_call|>", '<|"|>', "call:",
-                 "<|tool_call|>", "<|python_tag|>", "get_weather", "search", '{"city": "Paris"}', "{", "}", "[",
+                 "<|tool_call|>", "<|/tool_call|>", "<|python_tag|>", "get_weather", "search", '{"city": "Paris"}', "{", "}", "[",
                  "]", ",", ":", " ", "\n", "text", '"q"', "<tool_call>", "</tool_call>", ".call(q=1)"]
     for _ in range(200):
         text = "".join(rng.choice(fragments) for _ in range(rng.randint(1, 12)))

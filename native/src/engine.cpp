@@ -765,6 +765,10 @@ llmd_status llmd_session_set_grammar(llmd_session *s, const char *grammar, size_
         if (!g) return fail(LLMD_ERR_INVALID_ARGUMENT, "grammar: " + err);
         llmd_engine *e = s->engine;
         if (!e->trie) e->trie = std::make_unique<TokenTrie>(*e->vocab, e->eog_ids);
+        for (const int32_t id : g->token_ids()) // a token edge stands for a control token that writes no bytes
+            if (id >= e->vocab->size() || !e->vocab->is_control(id) || e->trie->is_eog(id))
+                return fail(LLMD_ERR_INVALID_ARGUMENT,
+                            "grammar: token " + std::to_string(id) + " is not a control token of this model");
         s->grammar = std::make_unique<GrammarMatcher>(std::move(g), e->trie.get(), token_budget);
         return LLMD_OK;
     });

@@ -77,6 +77,7 @@ std::unique_ptr<const Grammar> Grammar::parse(std::string_view text, std::string
         State &st = g->states_[i];
         st.range_begin = static_cast<uint32_t>(g->ranges_.size());
         st.call_begin = static_cast<uint32_t>(g->calls_.size());
+        st.token_begin = static_cast<uint32_t>(g->tokens_.size());
         const std::string where = "state " + std::to_string(i) + ": ";
         while (!r.at_end() && r.peek() != '\n') {
             if (r.eat('$')) {
@@ -86,6 +87,13 @@ std::unique_ptr<const Grammar> Grammar::parse(std::string_view text, std::string
                 if (!r.decimal(&c.callee) || !r.eat('>') || !r.decimal(&c.ret)) return fail(where + "a call is not '@C>R'");
                 if (c.callee >= n || c.ret >= n) return fail(where + "a call names a state out of range");
                 g->calls_.push_back(c);
+            } else if (r.eat('t')) {
+                uint32_t id = 0;
+                TokenEdge te{};
+                if (!r.decimal(&id) || !r.eat('>') || !r.decimal(&te.target)) return fail(where + "a token edge is not 'tID>T'");
+                if (id > INT32_MAX || te.target >= n) return fail(where + "a token edge's id or target is out of range");
+                te.id = static_cast<int32_t>(id);
+                g->tokens_.push_back(te);
             } else {
                 Range rg{};
                 if (!r.hex_byte(&rg.lo)) return fail(where + "unexpected character");
@@ -95,12 +103,17 @@ std::unique_ptr<const Grammar> Grammar::parse(std::string_view text, std::string
                 if (rg.hi < rg.lo || rg.target >= n) return fail(where + "a byte range is empty or its target is out of range");
                 g->ranges_.push_back(rg);
             }
-            if (g->ranges_.size() + g->calls_.size() > kMaxEdges) return fail("the grammar has too many edges");
+            if (g->ranges_.size() + g->calls_.size() + g->tokens_.size() > kMaxEdges) return fail("the grammar has too many edges");
             if (!r.eat(' ') && !r.at_end() && r.peek() != '\n') return fail(where + "items must be separated by one space");
         }
         if (!r.eat('\n')) return fail("the text has fewer state lines than the header says (each ends with a newline)");
         st.range_end = static_cast<uint32_t>(g->ranges_.size());
         st.call_end = static_cast<uint32_t>(g->calls_.size());
+        st.token_end = static_cast<uint32_t>(g->tokens_.size());
+        auto tfirst = g->tokens_.begin() + st.token_begin, tlast = g->tokens_.begin() + st.token_end;
+        std::sort(tfirst, tlast, [](const TokenEdge &a, const TokenEdge &b) { return a.id < b.id; });
+        if (std::adjacent_find(tfirst, tlast, [](const TokenEdge &a, const TokenEdge &b) { return a.id == b.id; }) != tlast)
+            return fail(where + "a token id has two edges (the state must be deterministic)");
         auto first = g->ranges_.begin() + st.range_begin, last = g->ranges_.begin() + st.range_end;
         std::sort(first, last, [](const Range &a, const Range &b) { return a.lo < b.lo; });
         for (auto it = first; it != last && it + 1 != last; ++it)
@@ -110,6 +123,9 @@ std::unique_ptr<const Grammar> Grammar::parse(std::string_view text, std::string
     if (!g->compute_min_bytes(error)) return nullptr;
     g->drop_dead_edges();
     if (!g->check_left_recursion(error)) return nullptr;
+    for (const TokenEdge &te : g->tokens_) g->token_ids_.push_back(te.id);
+    std::sort(g->token_ids_.begin(), g->token_ids_.end());
+    g->token_ids_.erase(std::unique(g->token_ids_.begin(), g->token_ids_.end()), g->token_ids_.end());
     return g;
 }
 
@@ -123,16 +139,24 @@ uint32_t Grammar::next(uint32_t s, uint8_t b) const {
     return kNone;
 }
 
+uint32_t Grammar::next_token(uint32_t s, int32_t id) const {
+    const State &st = states_[s];
+    for (uint32_t i = st.token_begin; i < st.token_end; ++i)
+        if (tokens_[i].id == id) return tokens_[i].target;
+    return kNone;
+}
+
 // Shortest distances to acceptance. A call's cost is the sum of its callee's and
 // its return state's, so this is Knuth's generalisation of Dijkstra: a state is
 // final when popped, and a call edge is relaxed once both its ends are final.
 bool Grammar::compute_min_bytes(std::string *error) {
     const uint32_t n = size();
-    // Reverse adjacency in CSR form: byte predecessors of each state, and the
+    // Reverse adjacency in CSR form: byte (and token) predecessors of each state, and the
     // call edges in which each state is the callee or the return state.
     std::vector<uint32_t> pred_off(n + 1, 0), watch_off(n + 1, 0), call_owner(calls_.size());
     for (uint32_t s = 0; s < n; ++s) {
         for (uint32_t i = states_[s].range_begin; i < states_[s].range_end; ++i) ++pred_off[ranges_[i].target + 1];
+        for (uint32_t i = states_[s].token_begin; i < states_[s].token_end; ++i) ++pred_off[tokens_[i].target + 1];
         for (uint32_t k = states_[s].call_begin; k < states_[s].call_end; ++k) {
             call_owner[k] = s;
             ++watch_off[calls_[k].callee + 1];
@@ -147,6 +171,7 @@ bool Grammar::compute_min_bytes(std::string *error) {
     std::vector<uint32_t> pred_fill(pred_off.begin(), pred_off.end() - 1), watch_fill(watch_off.begin(), watch_off.end() - 1);
     for (uint32_t s = 0; s < n; ++s) {
         for (uint32_t i = states_[s].range_begin; i < states_[s].range_end; ++i) pred[pred_fill[ranges_[i].target]++] = s;
+        for (uint32_t i = states_[s].token_begin; i < states_[s].token_end; ++i) pred[pred_fill[tokens_[i].target]++] = s;
         for (uint32_t k = states_[s].call_begin; k < states_[s].call_end; ++k) {
             watch[watch_fill[calls_[k].callee]++] = k;
             if (calls_[k].ret != calls_[k].callee) watch[watch_fill[calls_[k].ret]++] = k;
@@ -190,8 +215,12 @@ void Grammar::drop_dead_edges() {
     auto live = [&](uint32_t s) { return min_bytes_[s] != kInfinite; };
     std::vector<Range> ranges;
     std::vector<Call> calls;
+    std::vector<TokenEdge> tokens;
     for (State &st : states_) {
         const uint32_t rb = static_cast<uint32_t>(ranges.size()), cb = static_cast<uint32_t>(calls.size());
+        const uint32_t tb = static_cast<uint32_t>(tokens.size());
+        for (uint32_t i = st.token_begin; i < st.token_end; ++i)
+            if (live(tokens_[i].target)) tokens.push_back(tokens_[i]);
         for (uint32_t i = st.range_begin; i < st.range_end; ++i)
             if (live(ranges_[i].target)) ranges.push_back(ranges_[i]);
         for (uint32_t k = st.call_begin; k < st.call_end; ++k)
@@ -200,9 +229,12 @@ void Grammar::drop_dead_edges() {
         st.range_end = static_cast<uint32_t>(ranges.size());
         st.call_begin = cb;
         st.call_end = static_cast<uint32_t>(calls.size());
+        st.token_begin = tb;
+        st.token_end = static_cast<uint32_t>(tokens.size());
     }
     ranges_ = std::move(ranges);
     calls_ = std::move(calls);
+    tokens_ = std::move(tokens);
 }
 
 // Moves that read no byte: a call pushes a frame (s -> callee), and a call of a
@@ -341,7 +373,7 @@ void GrammarMatcher::fail(const char *why) {
 uint32_t GrammarMatcher::intern(uint32_t ret, uint32_t parent) {
     // Returning to a state that only accepts returns on to the parent at once:
     // a tail call needs no frame, so right recursion does not grow the stack.
-    if (g_->accepts(ret) && !g_->reads_bytes(ret) && g_->calls_begin(ret) == g_->calls_end(ret)) return parent;
+    if (g_->accepts(ret) && !g_->reads_input(ret) && g_->calls_begin(ret) == g_->calls_end(ret)) return parent;
     const uint64_t k = (static_cast<uint64_t>(ret) << 32) | parent;
     if (const auto it = node_ids_.find(k); it != node_ids_.end()) return it->second;
     if (nodes_.size() >= kMaxNodes) {
@@ -370,7 +402,7 @@ void GrammarMatcher::closure(Config seed, StateSet &out) {
             return;
         }
         seen_.push_back(c);
-        if (g_->reads_bytes(c.state)) out.active.push_back(c);
+        if (g_->reads_input(c.state)) out.active.push_back(c);
         if (g_->accepts(c.state)) {
             if (c.stack == Grammar::kNone) {
                 out.can_end = true;
@@ -389,14 +421,23 @@ void GrammarMatcher::closure(Config seed, StateSet &out) {
     }
 }
 
-void GrammarMatcher::advance(const StateSet &in, uint8_t byte, StateSet &out) {
+template <class Next>
+void GrammarMatcher::step(const StateSet &in, Next next, StateSet &out) {
     out.active.clear();
     out.can_end = false;
     seen_.clear();
     for (const Config &c : in.active) {
-        const uint32_t t = g_->next(c.state, byte);
+        const uint32_t t = next(c.state);
         if (t != Grammar::kNone) closure({t, c.stack}, out);
     }
+}
+
+void GrammarMatcher::advance(const StateSet &in, uint8_t byte, StateSet &out) {
+    step(in, [&](uint32_t s) { return g_->next(s, byte); }, out);
+}
+
+void GrammarMatcher::advance_token(const StateSet &in, int32_t id, StateSet &out) {
+    step(in, [&](uint32_t s) { return g_->next_token(s, id); }, out);
 }
 
 // The set after `bytes`, in one of the scratch sets (or `in` itself for no bytes);
@@ -440,9 +481,15 @@ uint32_t GrammarMatcher::token_cost(int32_t id) {
     if (current_costs_ != nullptr) return (*current_costs_)[id];
     if (trie_->is_eog(id)) return current_.can_end ? 0 : kRejected;
     const std::string_view piece = trie_->piece(id);
-    if (piece.empty()) return kRejected;
+    if (piece.empty()) return control_token_cost(id);
     const StateSet *after = advance_bytes(current_, piece);
     return after == nullptr ? kRejected : cost(*after);
+}
+
+// A token that writes no bytes: allowed only where a token edge names it.
+uint32_t GrammarMatcher::control_token_cost(int32_t id) {
+    advance_token(current_, id, scratch_a_);
+    return scratch_a_.active.empty() && !scratch_a_.can_end ? kRejected : cost(scratch_a_);
 }
 
 const std::vector<uint32_t> &GrammarMatcher::token_costs() {
@@ -471,6 +518,8 @@ const std::vector<uint32_t> &GrammarMatcher::token_costs() {
         }
         i = here.active.empty() ? n.end : i + 1;
     }
+    for (const int32_t id : g_->token_ids())
+        if (id < trie_->n_vocab() && trie_->piece(id).empty() && !trie_->is_eog(id)) costs[id] = control_token_cost(id);
     current_costs_ = &costs;
     return costs;
 }
@@ -483,6 +532,8 @@ void GrammarMatcher::token_costs_reference(std::vector<uint32_t> &out) {
         } else if (!trie_->piece(id).empty()) {
             const StateSet *after = advance_bytes(current_, trie_->piece(id));
             if (after != nullptr) out[id] = cost(*after);
+        } else {
+            out[id] = control_token_cost(id);
         }
     }
 }
@@ -503,6 +554,16 @@ void GrammarMatcher::accept(int32_t id) {
     if (trie_->is_eog(id)) {
         current_.active.clear();
         current_.can_end = true;
+        return;
+    }
+    if (trie_->piece(id).empty()) {
+        advance_token(current_, id, scratch_a_);
+        if (scratch_a_.active.empty() && !scratch_a_.can_end) {
+            fail("the sampler picked a token the grammar rejects");
+            current_.active.clear();
+            return;
+        }
+        current_ = scratch_a_;
         return;
     }
     const StateSet *after = advance_bytes(current_, trie_->piece(id));

@@ -23,6 +23,11 @@
 // string the set repeats at every character. token_cost() checks one token alone,
 // which is all greedy decoding needs while the model's favourite is allowed.
 //
+// Control tokens ([TOOL_CALLS], <|tool_call|>) write no bytes, so a byte grammar
+// could never produce them: a state may also have token edges, each taken by one
+// specific control token id. They count as one byte (one token) towards finishing,
+// and masking checks them after the trie walk, which only holds text tokens.
+//
 // Token budget: the shortest way to finish from any state is known in bytes, and
 // every byte is a token of its own in a byte-level vocabulary, so a token is kept
 // only if what must follow it still fits the tokens left. Once some token fits,
@@ -56,7 +61,8 @@ public:
     //     $          the state accepts (its rule may end here)
     //     LO-HI>T    bytes LO..HI (hex) go to state T; "LO>T" for one byte
     //     @C>R       call: enter state C, continue at state R when it accepts
-    // Refuses overlapping byte ranges in a state, indices out of range, sizes over
+    //     tID>T      control token ID (decimal) goes to state T
+    // Refuses overlapping byte ranges or repeated token ids in a state, indices out of range, sizes over
     // the limits, a start state that cannot finish and left recursion (a call
     // cycle that reads no byte, which would grow the stack forever). Never throws
     // except std::bad_alloc.
@@ -65,9 +71,16 @@ public:
     uint32_t start() const { return start_; }
     uint32_t size() const { return static_cast<uint32_t>(states_.size()); }
     bool accepts(uint32_t s) const { return states_[s].accept; }
-    bool reads_bytes(uint32_t s) const { return states_[s].range_begin != states_[s].range_end; }
+    // The state reads a byte or a control token.
+    bool reads_input(uint32_t s) const {
+        return states_[s].range_begin != states_[s].range_end || states_[s].token_begin != states_[s].token_end;
+    }
     // The state after reading b in s, or kNone.
     uint32_t next(uint32_t s, uint8_t b) const;
+    // The state after control token id in s, or kNone.
+    uint32_t next_token(uint32_t s, int32_t id) const;
+    // Every control token id a token edge names, each once.
+    const std::vector<int32_t> &token_ids() const { return token_ids_; }
     // The fewest bytes that take s to acceptance (callees included).
     uint32_t min_bytes(uint32_t s) const { return min_bytes_[s]; }
 
@@ -82,8 +95,12 @@ private:
         uint8_t lo, hi;
         uint32_t target;
     };
+    struct TokenEdge {
+        int32_t id;
+        uint32_t target;
+    };
     struct State {
-        uint32_t range_begin = 0, range_end = 0, call_begin = 0, call_end = 0;
+        uint32_t range_begin = 0, range_end = 0, call_begin = 0, call_end = 0, token_begin = 0, token_end = 0;
         bool accept = false;
     };
 
@@ -94,6 +111,8 @@ private:
     std::vector<State> states_;
     std::vector<Range> ranges_;
     std::vector<Call> calls_;
+    std::vector<TokenEdge> tokens_;
+    std::vector<int32_t> token_ids_;
     std::vector<uint32_t> min_bytes_;
     uint32_t start_ = 0;
 };
@@ -115,7 +134,8 @@ public:
     const int32_t *ids(const Node &n) const { return ids_.data() + n.tok_begin; }
     int n_vocab() const { return static_cast<int>(pieces_.size()); }
     int max_depth() const { return max_depth_; }
-    // The bytes a token writes; empty for control tokens, which a grammar never allows.
+    // The bytes a token writes; empty for control tokens, which only a grammar's token
+    // edges allow.
     std::string_view piece(int32_t id) const { return pieces_[id]; }
     bool is_eog(int32_t id) const { return eog_[id] != 0; }
     const std::vector<int32_t> &eog_ids() const { return eog_ids_; }
@@ -177,7 +197,11 @@ private:
     };
 
     void closure(Config seed, StateSet &out);
+    // The configurations of `in` that next(state) moves (to a state, or kNone), closed.
+    template <class Next> void step(const StateSet &in, Next next, StateSet &out);
     void advance(const StateSet &in, uint8_t byte, StateSet &out);
+    void advance_token(const StateSet &in, int32_t id, StateSet &out);
+    uint32_t control_token_cost(int32_t id);
     const StateSet *advance_bytes(const StateSet &in, std::string_view bytes);
     uint32_t cost(const StateSet &set) const;
     uint32_t frame_rest(uint32_t stack) const { return stack == Grammar::kNone ? 0 : nodes_[stack].min_rest; }
