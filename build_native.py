@@ -3,6 +3,8 @@
 pip runs this (setup.py names it in cffi_modules): `pip install -e .` rebuilds
 the engine. Environment switches:
   LLMD_PORTABLE=1   no -march=native: a build that runs on any x86-64 / arm64 CPU
+  LLMD_MARCH=ARCH   -march=ARCH instead of -march=native, e.g. x86-64-v3 (AVX2, no
+                    AVX-512) to build and test the AVX2 kernels on an AVX-512 machine
   LLMD_SANITIZE=1   AddressSanitizer + UndefinedBehaviorSanitizer, for tests
 """
 import os
@@ -34,7 +36,7 @@ def compile_args() -> list[str]:
         return args + ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
     args.append("-O3")
     if os.environ.get("LLMD_PORTABLE") != "1":
-        args.append("-march=native")
+        args.append("-march=" + os.environ.get("LLMD_MARCH", "native"))
     return args
 
 

@@ -71,11 +71,13 @@ class Guard:
                 and "access-control-request-method" in request.headers):
             return Response(204, headers=self._preflight_headers(origin, request))
         refusal = self._refusal(request, origin)
+        principal = self._principal(request) if self._keys else ""
         if refusal is not None:
             response: Response | StreamResponse = error_response(refusal, error_shape(request.path))
-        elif self._keys and not self._is_open(request) and not self._authorized(request):
+        elif self._keys and not self._is_open(request) and principal is None:
             response = error_response(errors.authentication(), error_shape(request.path))
         else:
+            request.principal = principal or ""
             response = await self.app(request)
         if origin is not None:
             response.headers += [("Access-Control-Allow-Origin", origin), ("Vary", "Origin"),
@@ -137,17 +139,20 @@ class Guard:
     def _is_open(request: HttpRequest) -> bool:
         return request.method in ("GET", "HEAD") and request.path in OPEN_PATHS
 
-    def _authorized(self, request: HttpRequest) -> bool:
+    def _principal(self, request: HttpRequest) -> str | None:
+        """The configured key the request presents, as its digest in hex (what the
+        prefix cache's "key" scope compares), or None when it presents none of them."""
         presented = [request.headers.get("x-api-key") or ""]
         scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
         if scheme.lower() == "bearer":
             presented.append(token.strip())
-        matched = False
+        matched = None
         for value in filter(None, presented):  # an empty header is no key, not a wrong one
             # Header values arrive decoded as latin-1: encoding back gives the bytes sent.
             digest = _digest(value.encode("latin-1"))
             for key in self._keys:  # no early exit: the time does not say which key matched
-                matched |= hmac.compare_digest(digest, key)
+                if hmac.compare_digest(digest, key) and matched is None:
+                    matched = key.hex()
         return matched
 
 

@@ -17,15 +17,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Callable, Mapping, Protocol, TypeVar
 
-from llmd import chat, constrain, errors, messages, metrics, openai, sse
+from llmd import chat, constrain, embeddings, errors, messages, metrics, openai, sse
 from llmd.chat_completions import ChatCompletionFormat
 from llmd.completions import CompletionFormat
-from llmd.engine import Engine, Sampling, Token
+from llmd.engine import Engine, Sampling, Token, UnsupportedError
 from llmd.errors import ApiError, as_api_error, error_body, refusal_log
 from llmd.logprobs import TokenLogprob
 from llmd.runtime import Generation, Runtime
 from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.responses import ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.responses import CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.prefill import cache_scope
 from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.stops import StopMatcher
 from llmd.text import Utf8Stream
@@ -92,6 +93,7 @@ class Options:
     max_queue: int = 0            # generations waiting to start; more → 503 (0: no limit)
     max_tokens_limit: int = 0     # cap on any request's max_tokens (0: the context)
     log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
+    prefix_cache: str = "key"     # who shares cached prompt prefixes (llmd.prefill.cache_scope)
 
 
 @dataclass
@@ -135,6 +137,7 @@ class Output:
         self.tools = call_stream(tool_format, tools) if tools and self.harmony is None else None
         self.text: list[str] = []
         self.reasoning: list[str] = []
+        self.reasoning_tokens = 0
         self.calls: list[ToolCallDelta] = []
 
     @property
@@ -150,8 +153,17 @@ class Output:
         return merge_tool_calls(self.calls)
 
     def feed(self, piece: bytes) -> tuple[list[Delta], bool]:
+        """One token's piece; counts it in `reasoning_tokens` if it was part of the
+        reasoning (a `<think>` block's tags included)."""
+        inside = self._inside()
         text, hit = self.stops.feed(self.utf8.feed(piece))
-        return self._route(text, final=False), hit
+        deltas = self._route(text, final=False)
+        if inside or self._inside() or any(isinstance(d, ReasoningDelta) for d in deltas):
+            self.reasoning_tokens += 1
+        return deltas, hit
+
+    def _inside(self) -> bool:
+        return self.thinking is not None and self.thinking.state == "inside"
 
     def finish(self) -> list[Delta]:
         text, hit = self.stops.feed(self.utf8.flush())  # ("", True) once a stop was hit
@@ -199,7 +211,7 @@ class Api:
         self.template = template
         self.options = options
         self.metrics = runtime.metrics
-        self.metrics.watch(runtime, table, self.info.kv_bytes_per_token)
+        self.metrics.watch(runtime, table)
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
@@ -223,6 +235,7 @@ class Api:
             (re.compile(r"(?:/v1)?/chat/completions"), {"POST": self.chat_completions}),
             (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
             (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
+            (re.compile(r"(?:/v1)?/responses/compact"), {"POST": self.compact_conversation}),
             (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
             (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
@@ -422,9 +435,27 @@ class Api:
         fmt.on_done = store if req.store else None
         return await self._chat(request, chat_req, sid, fmt)
 
+    async def compact_conversation(self, request: HttpRequest) -> Response:
+        """The conversation (a stored one and/or input items) as its user messages and
+        one compaction item: the model's summary of the rest."""
+        req = await parse(openai.parse_compact_request, request.body)
+        chat_req, history = req.chat, req.input
+        previous = None
+        if req.previous_response_id is not None:
+            previous = self.responses.get(key_scope(request), req.previous_response_id)
+            if previous is None:
+                raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
+                                             "found.", "previous_response_id", "previous_response_not_found")
+            history = previous.history + req.input
+            system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
+            chat_req = dataclasses.replace(chat_req, messages=system + history + chat_req.messages[-1:])
+        fmt = CompactionFormat([m for m in history if m.role == "user"])
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
+        return await self._chat(request, chat_req, sid, fmt)
+
     async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(messages.parse_request, request.body)
-        return await self._chat(request, req, self._session_of(req, request), messages.MessagesFormat())
+        return await self._chat(request, req, self._session_of(req, request), messages.MessagesFormat(req))
 
     async def count_message_tokens(self, request: HttpRequest) -> Response:
         req = await parse(messages.parse_count_request, request.body)
@@ -440,8 +471,41 @@ class Api:
             raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
                                          "makes no embeddings. Serve an embedding model.", "model",
                                          "model_has_no_pooling")
-        raise errors.unsupported_parameter("model", "This model declares pooling, but llmd does not compute "
-                                           "embeddings yet.")
+        if req.dimensions is not None and req.dimensions != self.info.n_embd:
+            raise errors.unsupported_parameter(
+                "dimensions", f"This model makes {self.info.n_embd}-dimensional embeddings and its GGUF declares "
+                              f"no shortened ones: 'dimensions' may only be {self.info.n_embd}.")
+        bos = self.info.bos_id if self.info.add_bos else None
+        eos = self.info.eos_id if self.info.add_eos else None
+        inputs: list[list[int]] = []
+        for i, item in enumerate(req.inputs):
+            param = "input" if len(req.inputs) == 1 else f"input[{i}]"
+            if isinstance(item, str):
+                self._check_text(item, param)
+                item = embeddings.input_ids(await self.runtime.call(self.engine.tokenize, item), bos, eos)
+            else:
+                openai.check_token_ids(item, self.info.n_vocab, param)
+            if len(item) > self.info.n_ctx:
+                raise errors.context_length_exceeded(len(item), self.info.n_ctx, param)
+            inputs.append(item)
+        self._admit()
+        self.waiting += 1
+        try:
+            lease = await self.table.acquire(None)
+        finally:
+            self.waiting -= 1
+        slot, vectors = lease.slot, []
+        try:
+            # The cache ends up holding an embedding input, no conversation's prefix.
+            slot.resident, slot.dirty = [], True
+            for ids in inputs:  # one call per input: generations step in between
+                vectors.append(embeddings.normalize(await self.runtime.call(slot.session.embed, ids)))
+        except UnsupportedError as exc:  # rank pooling, non-causal attention: the engine says which
+            raise errors.unsupported_parameter("model", f"This model's embeddings cannot be computed: {exc}.")
+        finally:
+            lease.release()
+        return json_response(embeddings.body(vectors, req.encoding_format, self.options.model_ids[0],
+                                             sum(map(len, inputs))))
 
     def _session_of(self, req: openai.ChatRequest | openai.CompletionRequest, request: HttpRequest) -> str | None:
         """The body's session_id, else a session header, else the prompt_cache_key's session."""
@@ -453,18 +517,28 @@ class Api:
         self._check_model(req.model)
         openai.check_vocab(req, self.info.n_vocab)
         prompt, text, tools = await self._chat_prompt(req)
+        reasoning = chat.reasoning_start(self.template, text)
+        if req.reasoning and reasoning is None and chat.tool_format(self.template) != "harmony":
+            raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' asks for reasoning, "
+                                               "but the served model does not reason: its chat template has no "
+                                               "reasoning block.")
         # compiling may take a while
         grammar = await asyncio.to_thread(constrain.chat_grammar, req, chat.call_layout(self.template),
                                           not self.calls_open_with_control)
-        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt,
-                                    reasoning=chat.reasoning_start(self.template, text))
+        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
 
     async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
         """The conversation rendered by the chat template: its ids, its text and the
         tools it offers (None when tool_choice is "none")."""
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
+        kwargs = req.template_kwargs
+        if req.reasoning is False and chat.tool_format(self.template) == "harmony":
+            raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' turns reasoning off, "
+                                               "but gpt-oss always reasons; ask for a low reasoning effort instead.")
+        if req.reasoning is False and isinstance(self.template, chat.JinjaTemplate) and self.template.thinks:
+            kwargs = {**kwargs, "enable_thinking": False}  # Qwen3's switch; a template without one refuses it
         # a Jinja template over a long conversation takes milliseconds: off the event loop
-        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, req.template_kwargs)
+        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, kwargs, req.template_params)
         self._check_text(rendered.text, "messages")
         tokens = await self.runtime.call(chat.tokenize_prompt, rendered, self.engine.tokenize_marked)
         prompt = self._prompt_ids(tokens.ids)
@@ -494,8 +568,10 @@ class Api:
                                     prompt_logprobs=req.logprobs if req.echo else None)
 
     def _render(self, messages: list[openai.Message], tools: list[dict], add_generation_prompt: bool = True,
-                template_kwargs: dict | None = None) -> chat.Prompt:
-        """The chat prompt; 400 when there is no usable template or it refuses the input."""
+                template_kwargs: dict | None = None, template_params: dict | None = None) -> chat.Prompt:
+        """The chat prompt; 400 when there is no usable template or it refuses the input.
+        template_params names the request field that set a template variable, for the
+        400 when the template has no use for it."""
         if isinstance(self.template, chat.Unavailable):
             raise errors.invalid_request(self.template.reason, "messages")
         try:
@@ -504,8 +580,9 @@ class Api:
         except chat.UnsupportedToolsError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
         except chat.UnusedVariableError as exc:
-            raise errors.unsupported_parameter(
-                "reasoning_effort" if exc.name == "reasoning_effort" else f"chat_template_kwargs.{exc.name}", str(exc))
+            param = (template_params or {}).get(exc.name) or (
+                "reasoning_effort" if exc.name == "reasoning_effort" else f"chat_template_kwargs.{exc.name}")
+            raise errors.unsupported_parameter(param, str(exc))
         except chat.ChatTemplateError as exc:
             raise errors.invalid_request(str(exc), "messages")
 
@@ -555,14 +632,17 @@ class Api:
             cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
             max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
             sampling = self._sampling(req.sampling)
+            scope = cache_scope(self.options.prefix_cache, request.principal, req.cache_salt)
 
             def generation(index: int) -> Generation:
                 """Choice `index`: its own seed; after the first, the prompt is in the slot's
                 cache. The last choice holds the lease (Reply.close hands it on if the
                 reply ends sooner)."""
                 return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
-                                  max_tokens, reuse=reuse or index > 0, grammar=grammar, logprobs=req.logprobs,
+                                  max_tokens, reuse=reuse or index > 0, cache_scope=scope, grammar=grammar,
+                                  logprobs=req.logprobs,
                                   prompt_logprobs=prompt_logprobs if index == 0 else None,
+                                  progress=req.return_progress and req.stream and index == 0,
                                   lease=lease if index == req.n - 1 else None)
 
             g = generation(0)
@@ -597,6 +677,8 @@ class Format(Protocol):
     def deltas(self, reply: Reply, deltas: list[Delta]) -> list[bytes]: ...
     def end(self, reply: Reply) -> list[bytes]: ...  # after each choice; the last also closes
     def error(self, reply: Reply, err: ApiError) -> list[bytes]: ...
+    # prompt processing, for the surfaces whose requests can ask for it (return_progress)
+    def progress(self, reply: Reply, progress: dict) -> list[bytes]: ...
 
 
 @dataclass
@@ -671,7 +753,8 @@ class Reply:
                      json.dumps(completion, ensure_ascii=False))
 
     async def _events(self, ping: bool) -> AsyncIterator[tuple[str, object]]:
-        """The generation's events; ("ping", None) while nothing comes for a while."""
+        """The generation's events up to its end; ("ping", None) while nothing comes
+        for a while."""
         while True:
             try:
                 kind, value = await asyncio.wait_for(self.api.runtime.next_event(self.g),
@@ -680,7 +763,7 @@ class Reply:
                 yield "ping", None
                 continue
             yield kind, value
-            if kind != "token":
+            if kind not in ("token", "progress"):
                 return
 
     def piece(self, token_id: int) -> bytes:
@@ -749,7 +832,9 @@ class Reply:
     def usage(self) -> dict:
         prompt, done = len(self.g.prompt), sum(c.g.generated for c in self.choices())
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-                "prompt_tokens_details": {"cached_tokens": self.first.plan.keep}}
+                "prompt_tokens_details": {"cached_tokens": self.first.plan.keep},
+                "completion_tokens_details": {"reasoning_tokens": sum(c.output.reasoning_tokens
+                                                                      for c in self.choices())}}
 
     def extensions(self) -> dict:
         return {"timings": self.first.timings(), "session_reset_reason": self.first.plan.reason}
@@ -767,7 +852,7 @@ class Reply:
                         self._feed(value)
                     elif kind == "error":
                         raise as_api_error(value)
-                    else:
+                    elif kind == "end":
                         self._end(value)
         finally:
             watcher.cancel()
@@ -787,6 +872,9 @@ class Reply:
                 async for kind, value in self._events(ping=True):
                     if kind == "ping":
                         yield sse.PING
+                    elif kind == "progress":
+                        for frame in self.fmt.progress(self, value):
+                            yield frame
                     elif kind == "token":
                         for frame in self.fmt.deltas(self, self._shown(self._feed(value))):
                             yield frame

@@ -5,7 +5,10 @@ after the HTTP figures' 252-token prompt and after a 2048-token context. HTTP (a
 real `python -m llmd` subprocess on a free port): first-token latency of a
 252-token chat prompt, cold (fresh cache) and warm (same session, same prompt:
 warm resume), and streaming tok/s, also as a share of the engine's rate at short
-context and at the same context (what HTTP itself costs). Memory:
+context and at the same context (what HTTP itself costs). Bandwidth: generation at
+short context as a share of the memory limit, read bandwidth ÷ the weight bytes a
+decode step reads, the bandwidth measured right after generation by the engine's
+own threads reading a buffer at least as large as the weights. Memory:
 resident set after load and after each of 4 sessions with a full 2048-token cache.
 With --conversation: a 10-turn chat through HTTP, with and without warm resume.
 With --sessions: sessions on disk (--session-dir), first-token latency of a turn whose session
@@ -99,19 +102,36 @@ def engine_figures(path: str, threads: int, runs: int) -> dict:
                         s.decode_one()
                     rates.append(128 / (time.perf_counter() - t))
                 figures[key] = round(statistics.median(rates), 1)
+        figures.update(bandwidth_figures(engine, figures["tg128_tok_s"], runs))
     return figures
+
+
+BANDWIDTH_BUFFER = (256 << 20, 1 << 30)  # bytes the probe reads: the weights' size, within these
+
+
+def bandwidth_figures(engine: Engine, tg_tok_s: float, runs: int) -> dict:
+    """Generation as a share of what memory allows: a decode step reads every weight
+    it uses once, so tokens/s <= read bandwidth / bytes per token. The engine's threads
+    read a buffer of the weights' size (at least 256 MiB, more than any cache here;
+    at most 1 GiB) in 4 MiB pieces claimed as matmul rows are; median of `runs` passes."""
+    low, high = BANDWIDTH_BUFFER
+    per_token, rate = engine.bandwidth(min(max(engine.info.weight_bytes, low), high), runs)
+    limit = rate / per_token
+    return {"bytes_per_token_mb": round(per_token / 1e6, 1), "read_bandwidth_gb_s": round(rate / 1e9, 1),
+            "tg128_bandwidth_limit_tok_s": round(limit, 1), "tg128_share_of_bandwidth_limit": round(tg_tok_s / limit, 3)}
 
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
 
-def _stream(port: int, body: dict, headers: dict, route: str = CHAT) -> tuple[float, float, list[str], dict]:
+def _stream(port: int, body: dict, headers: dict,
+            route: str = CHAT) -> tuple[float, float, list[str], dict, dict]:
     """One streamed request: (seconds to the first content delta, seconds in all,
-    the content deltas, usage if the stream reported it)."""
+    the content deltas, usage and timings if the stream reported them)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     start = time.perf_counter()
     conn.request("POST", route, json.dumps(body), {"Content-Type": "application/json", **headers})
-    first, deltas, usage = 0.0, [], {}
+    first, deltas, usage, timings = 0.0, [], {}, {}
     for line in conn.getresponse():
         if not line.startswith(b"data: {"):
             continue
@@ -119,12 +139,13 @@ def _stream(port: int, body: dict, headers: dict, route: str = CHAT) -> tuple[fl
         if "error" in chunk:
             raise RuntimeError(f"{route} failed: {chunk['error'].get('message')}")
         usage = chunk.get("usage") or usage
+        timings = chunk.get("timings") or timings
         choice = chunk["choices"][0] if chunk.get("choices") else {}
         if piece := choice.get("delta", {}).get("content") if route == CHAT else choice.get("text"):
             first = first or time.perf_counter() - start
             deltas.append(piece)
     conn.close()
-    return first, time.perf_counter() - start, deltas, usage
+    return first, time.perf_counter() - start, deltas, usage, timings
 
 
 def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, ...]) -> dict:
@@ -148,10 +169,10 @@ def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, 
         cold, warm, rates = [], [], []
         for _ in range(runs):
             sid = uuid.uuid4().hex
-            first, total, _, usage = _stream(port, body, {"X-Session-ID": sid}, route)
+            first, total, _, usage, _ = _stream(port, body, {"X-Session-ID": sid}, route)
             cold.append(first)
             rates.append((usage["completion_tokens"] - 1) / (total - first))
-            first, _, _, _ = _stream(port, body, {"X-Session-ID": sid}, route)
+            first, _, _, _, _ = _stream(port, body, {"X-Session-ID": sid}, route)
             warm.append(first)
             _request(port, "DELETE", f"/v1/sessions/{sid}")
         return {"http_route": route, "http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
@@ -175,23 +196,30 @@ def _start(path: str | None, threads: int, *flags: str) -> tuple[subprocess.Pope
 
 
 def conversation_figures(path: str | None, threads: int) -> list[dict]:
-    """A 10-turn chat in one named session, with and without warm resume: per turn the
-    prompt tokens, cached tokens and first-token latency."""
+    """A 10-turn chat three ways: in one named session (warm resume), without a session
+    id (the prefix cache), and named with --no-warm-resume (cold): per turn the prompt
+    tokens, the previous turn's total, cached tokens, first-token latency and the
+    prefill's milliseconds (`timings.prompt_ms`, which a model that writes no text has too)."""
     rows: list[dict] = [{"turn": t + 1} for t in range(len(QUESTIONS))]
-    for mode, flags in (("warm", ()), ("cold", ("--no-warm-resume",))):
+    for mode, flags, headers in (("warm", (), {"X-Session-ID": "bench"}), ("anon", (), {}),
+                                 ("cold", ("--no-warm-resume",), {"X-Session-ID": "bench"})):
         proc, port = _start(path, threads, "--max-sessions", "2", *flags)
         try:
             model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
             history: list[dict] = [{"role": "system", "content": FILLER * 4}]
+            previous = 0
             for row, question in zip(rows, QUESTIONS):
                 history.append({"role": "user", "content": question})
                 body = {"model": model, "messages": history, "stream": True, "temperature": 0,
                         "max_tokens": 24, "stream_options": {"include_usage": True}}
-                first, _, deltas, usage = _stream(port, body, {"X-Session-ID": "bench"})
+                first, _, deltas, usage, timings = _stream(port, body, headers)
                 history.append({"role": "assistant", "content": "".join(deltas)})
                 row["prompt_tokens"] = usage["prompt_tokens"]
+                row["previous_total"] = previous
                 row[f"{mode}_cached"] = usage["prompt_tokens_details"]["cached_tokens"]
                 row[f"{mode}_ttft_ms"] = round(first * 1000, 1)
+                row[f"{mode}_prompt_ms"] = timings.get("prompt_ms", 0.0)  # also when no text came
+                previous = usage["total_tokens"]
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -301,10 +329,13 @@ def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: 
         if as_json:
             print(json.dumps(rows))
             return 0
-        print("turn  prompt  warm: cached  ttft_ms   cold (--no-warm-resume): cached  ttft_ms")
+        print("turn  prompt  previous total  named: cached  ttft_ms  prefill_ms   anonymous: cached  ttft_ms"
+              "  prefill_ms   named, --no-warm-resume: cached  ttft_ms  prefill_ms")
         for r in rows:
-            print(f"{r['turn']:>4}  {r['prompt_tokens']:>6}  {r['warm_cached']:>12}  {r['warm_ttft_ms']:>7}"
-                  f"   {r['cold_cached']:>31}  {r['cold_ttft_ms']:>7}")
+            print(f"{r['turn']:>4}  {r['prompt_tokens']:>6}  {r['previous_total']:>14}  {r['warm_cached']:>13}"
+                  f"  {r['warm_ttft_ms']:>7}  {r['warm_prompt_ms']:>10}  {r['anon_cached']:>18}"
+                  f"  {r['anon_ttft_ms']:>7}  {r['anon_prompt_ms']:>10}   {r['cold_cached']:>31}"
+                  f"  {r['cold_ttft_ms']:>7}  {r['cold_prompt_ms']:>10}")
         return 0
     model = path or _default()
     figures = memory_figures(model, threads)

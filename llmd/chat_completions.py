@@ -44,6 +44,14 @@ class ChunkStream:
     def _finish(self, reply: Reply) -> bytes:
         raise NotImplementedError
 
+    def _empty_choice(self, reply: Reply) -> dict:
+        raise NotImplementedError
+
+    def progress(self, reply: Reply, progress: dict) -> list[bytes]:
+        """A chunk with llama.cpp's `prompt_progress` (total, cache, processed, time_ms)
+        and an empty choice, sent before and after each prefill chunk."""
+        return [self._chunk(reply, self._empty_choice(reply), prompt_progress=progress)]
+
     def end(self, reply: Reply) -> list[bytes]:
         out = [self._finish(reply)]
         if not reply.last:
@@ -107,3 +115,6 @@ class ChatCompletionFormat(ChunkStream):
 
     def _finish(self, reply: Reply) -> bytes:
         return self._delta(reply, {}, reply.finish_reason)
+
+    def _empty_choice(self, reply: Reply) -> dict:
+        return {"index": reply.index, "delta": {}, "logprobs": None, "finish_reason": None}

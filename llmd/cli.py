@@ -19,6 +19,7 @@ import sys
 import time
 
 from llmd import logs, models
+from llmd.prefill import SCOPES
 
 log = logging.getLogger("llmd")
 
@@ -114,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                        default=_env("session_eviction", "lru", choices=("lru", "none")),
                        help="when the table is full: evict the least recently used idle session, or refuse")
     serve.add_argument("--session-dir", default=_env("session_dir", None),
-                       help="keep named sessions in files here: an evicted session, and every session "
-                            "alive at shutdown, resumes warm from its file (off when not set)")
+                       help="keep named sessions in files in this directory: idle, evicted and (at "
+                            "shutdown) live sessions are written, and resume warm from their files")
     serve.add_argument("--session-dir-max", type=_size, default=_env("session_dir_max", 4 << 30, _size),
                        help="disk space for --session-dir, e.g. 20G; the least recently used files go "
                             "first (0: no limit)")
@@ -123,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let anonymous requests reuse the scratch session's cache")
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),
                        help="never reuse a session's KV cache (for A/B measurement)")
+    serve.add_argument("--prefix-cache", choices=SCOPES, default=_env("prefix_cache", "key", choices=SCOPES),
+                       help="share cached prompt prefixes between requests: among those with the same API key "
+                            "(all of them when no key is configured), among all, or not at all")
+    serve.add_argument("--prefix-cache-size", type=_size, default=_env("prefix_cache_size", 0, _size),
+                       help="memory for cached prefixes no session holds any more, e.g. 512M "
+                            "(default: 0 = one full context's KV)")
     serve.add_argument("--max-body-bytes", type=_size, default=_env("max_body_bytes", 16 << 20, _size),
                        help="largest request body")
     # Read from LLMD_API_KEY only when serving, so that --help never prints a key.
@@ -182,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="runs per figure (the median is reported)")
     bench.add_argument("--json", action="store_true", default=_env("json", False, bool), help="print one JSON object")
     bench.add_argument("--conversation", action="store_true", default=_env("conversation", False, bool),
-                       help="instead: a 10-turn chat, first-token latency with and without warm resume")
+                       help="instead: a 10-turn chat, first-token latency in a named session, without a session "
+                            "id (prefix cache), and without warm resume")
     bench.add_argument("--sessions", action="store_true", default=_env("sessions", False, bool),
                        help="instead: sessions on disk, first-token latency after eviction and after a "
                             "restart next to a warm turn in memory")
@@ -324,7 +332,8 @@ async def serve(args) -> None:
         started = time.perf_counter()
         await asyncio.to_thread(models.preload, path)
         engine = await runtime.load(str(path), n_threads=args.threads, n_ctx=args.ctx,
-                                    max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget)
+                                    max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget,
+                                    prefix_cache_bytes=args.prefix_cache_size)
         if engine.info.vocab_only:
             raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized "
                                     "(`python -m llmd tokenize --model FILE TEXT`), not served")
@@ -356,7 +365,8 @@ async def serve(args) -> None:
     await table.start()
     app.api = Api(engine, runtime, table, template,
                   Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,
-                          max_tokens_limit=args.max_tokens_limit, log_prompts=args.log_prompts))
+                          max_tokens_limit=args.max_tokens_limit, log_prompts=args.log_prompts,
+                          prefix_cache=args.prefix_cache))
     log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads",
              model_id, load_seconds, info.n_ctx, info.max_sessions, info.bytes_per_session / 1e6, info.n_threads,
              extra={"fields": {"event": "ready", "url": url, "model": model_id, "path": str(path),

@@ -78,3 +78,6 @@ class CompletionFormat(ChunkStream):
 
     def _finish(self, reply: Reply) -> bytes:
         return self._text(reply, "", reply.finish_reason)
+
+    def _empty_choice(self, reply: Reply) -> dict:
+        return {"index": reply.index, "text": "", "logprobs": None, "finish_reason": None}

@@ -33,10 +33,16 @@ class TokenError(EngineError):
     """A token id outside the vocabulary."""
 
 
+class UnsupportedError(EngineError):
+    """The model asks for what the engine does not run (an architecture, a tensor
+    type, a kind of pooling or attention)."""
+
+
 _ERRORS = {
     lib.LLMD_ERR_CAPACITY: CapacityError,
     lib.LLMD_ERR_CONTEXT_FULL: ContextFullError,
     lib.LLMD_ERR_TOKEN: TokenError,
+    lib.LLMD_ERR_UNSUPPORTED: UnsupportedError,
 }
 
 
@@ -70,12 +76,23 @@ class EngineInfo:
     add_bos: bool
     eog_ids: tuple[int, ...]
     weight_bytes: int
-    kv_bytes_per_token: int  # of the layers that attend every position
+    kv_bytes_per_token: int  # of the paged layers: all but the sliding-window rings
     kv_ring_bytes: int       # fixed bytes of the sliding-window layers' rings
     bytes_per_session: int
     max_sessions: int
     add_eos: bool = False
     vocab_only: bool = False  # a GGUF without weights: tokenizes, refuses sessions
+    kv_block_positions: int = 0  # KV memory is paged in blocks of this many positions
+    kv_block_bytes: int = 0      # bytes of one block
+    kv_shares_prefixes: bool = False  # sessions can share blocks (no sliding-window rings)
+
+
+@dataclass(frozen=True)
+class KVStats:
+    """The paged KV memory now (llmd_engine_kv_stats)."""
+    blocks_live: int     # held by sessions, each block once
+    blocks_retired: int  # the prefix cache's, held by none
+    block_refs: int      # holds over all live blocks: refs - live blocks are shared holds
 
 
 @dataclass(frozen=True)
@@ -124,10 +141,10 @@ class Engine:
     """A loaded model. Close it (or use `with`) to free weights and sessions."""
 
     def __init__(self, path: str, *, n_threads: int = 0, n_ctx: int = 0, max_sessions: int = 0,
-                 kv_budget_bytes: int = 0):
+                 kv_budget_bytes: int = 0, prefix_cache_bytes: int = 0):
         opts = ffi.new("llmd_engine_options *", {
             "n_threads": n_threads, "n_ctx": n_ctx, "max_sessions": max_sessions,
-            "kv_budget_bytes": kv_budget_bytes})
+            "kv_budget_bytes": kv_budget_bytes, "prefix_cache_bytes": prefix_cache_bytes})
         out = ffi.new("llmd_engine **")
         _check(lib.llmd_engine_open(str(path).encode(), opts, out))
         self._handle = out[0]
@@ -145,7 +162,9 @@ class Engine:
             weight_bytes=raw.weight_bytes, kv_bytes_per_token=raw.kv_bytes_per_token,
             kv_ring_bytes=raw.kv_ring_bytes,
             bytes_per_session=raw.bytes_per_session, max_sessions=raw.max_sessions,
-            add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only))
+            add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only),
+            kv_block_positions=raw.kv_block_positions, kv_block_bytes=raw.kv_block_bytes,
+            kv_shares_prefixes=bool(raw.kv_shares_prefixes))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:
@@ -167,6 +186,13 @@ class Engine:
         if self._handle is None:
             raise EngineError(lib.LLMD_ERR_HANDLE, "the engine is closed")
         return self._handle
+
+    def bandwidth(self, nbytes: int, passes: int = 5) -> tuple[int, float]:
+        """(weight bytes one decode step reads, bytes per second the engine's threads
+        read from a buffer of nbytes, median of `passes` passes)."""
+        per_token, rate = ffi.new("uint64_t *"), ffi.new("double *")
+        _check(lib.llmd_engine_bandwidth(self.handle, nbytes, passes, per_token, rate))
+        return per_token[0], rate[0]
 
     def pooling_type(self) -> int:
         """The embedding pooling the file declares: 0 none, 1 mean, 2 cls, 3 last, 4 rank."""
@@ -191,6 +217,12 @@ class Engine:
         n = ffi.new("int32_t *")
         _check(lib.llmd_engine_live_sessions(self.handle, n))
         return n[0]
+
+    def kv_stats(self) -> KVStats:
+        """The paged KV memory now; safe from any thread."""
+        out = ffi.new("llmd_kv_stats *")
+        _check(lib.llmd_engine_kv_stats(self.handle, out))
+        return KVStats(out.blocks_live, out.blocks_retired, out.block_refs)
 
     def tokenize(self, text: str | bytes, special: bool = False) -> list[int]:
         """Token ids of text; with special, control-token text becomes control ids. No BOS."""
@@ -326,6 +358,16 @@ class Session:
     def prefill(self, ids: list[int]) -> None:
         _check(lib.llmd_session_prefill(self.handle, ffi.new("int32_t[]", ids), len(ids)))
 
+    def share_prefix(self, scope: str, ids: list[int], keep: int) -> int:
+        """Join the prefix cache of `scope`; if it holds more of ids than the `keep`
+        tokens of the session's own cache, make the cache that prefix and return its
+        length, else 0 (the session unchanged). See llmd_session_share_prefix."""
+        data = scope.encode("utf-8", "surrogatepass")
+        out = ffi.new("int32_t *")
+        _check(lib.llmd_session_share_prefix(self.handle, data, len(data), ffi.new("int32_t[]", ids), len(ids),
+                                             keep, out))
+        return out[0]
+
     def set_sampling(self, s: Sampling) -> None:
         ids = ffi.new("int32_t[]", list(s.logit_bias.keys()))
         values = ffi.new("float[]", list(s.logit_bias.values()))
@@ -385,6 +427,14 @@ class Session:
                                           top_ids, top_lps))
         return [(out[k], tuple((top_ids[k * n_top + j], top_lps[k * n_top + j]) for j in range(n_top)))
                 for k in range(n)]
+
+    def embed(self, ids: list[int]) -> list[float]:
+        """The pooled, unnormalised embedding of ids (n_embd floats), computed from
+        position 0 of this session as the model file's pooling says."""
+        n = self._engine.info.n_embd
+        out = ffi.new("float[]", n)
+        _check(lib.llmd_session_embed(self.handle, ffi.new("int32_t[]", ids), len(ids), out, n))
+        return list(ffi.unpack(out, n))
 
     def token_logprobs(self, n_top: int) -> tuple[float, tuple[tuple[int, float], ...]]:
         """The pending token's logprob and the n_top most likely (id, logprob) of its step."""

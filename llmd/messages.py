@@ -5,11 +5,16 @@ Anthropic's event stream.
 Request mapping: `system` becomes the first system message; a user turn's
 `tool_result` blocks become tool messages (before the turn's own text); an assistant
 turn's `tool_use` blocks become its tool calls (`input` as JSON text); `thinking`
-blocks a client sends back are dropped (this model produces none); images and
-documents are refused. `tool_choice` any/tool map to required/a named function.
+blocks a client sends back are left out of the prompt (as chat templates leave out
+past reasoning); images and documents are refused. `tool_choice` any/tool map to
+required/a named function. `thinking` enabled needs a model whose template reasons
+(else 400); disabled turns a reasoning template's `enable_thinking` off.
+
+A reasoning model's `<think>` text becomes a `thinking` block before the answer (its
+text left out with `display: "omitted"`; `signature` is empty: llmd signs nothing).
 
 Stream: message_start, ping, then per content block content_block_start, its
-deltas (text_delta or input_json_delta) and content_block_stop, then message_delta
+deltas (thinking_delta, text_delta or input_json_delta) and content_block_stop, then message_delta
 (stop_reason, output usage) and message_stop. Errors use Anthropic's shape
 (llmd.errors.error_body with ANTHROPIC), as one `error` event once streaming.
 """
@@ -40,6 +45,7 @@ from llmd.openai import (
     parse_json_object,
     text_parts,
 )
+from llmd.reasoning import ReasoningDelta
 from llmd.tools import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
@@ -70,13 +76,7 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
     model = _str(_required(obj, "model", "model"), "model")
     max_tokens = None if counting else _int(_required(obj, "max_tokens", "max_tokens"), "max_tokens", 1,
                                             INT32_MAX)
-    thinking = obj.get("thinking")
-    if thinking is not None:
-        if not isinstance(thinking, dict):
-            raise invalid_type("thinking", "an object", thinking)
-        if thinking.get("type") != "disabled":
-            raise unsupported_parameter("thinking", "The served model does not think: only thinking "
-                                        "{'type': 'disabled'} is supported.")
+    reasoning, show = _parse_thinking(obj.get("thinking"), max_tokens)
     system = _parse_system(obj.get("system"))
     turns = _required(obj, "messages", "messages")
     if not isinstance(turns, list):
@@ -107,7 +107,41 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
         session_id=sid,
         tool_name=tool_name,
         prompt_cache_key=None if key is None else _str(key, "prompt_cache_key"),
+        reasoning=reasoning,
+        reasoning_param="thinking",
+        template_params={"enable_thinking": "thinking"},
+        show_reasoning=show,
     )
+
+
+def _parse_thinking(v: Any, max_tokens: int | None) -> tuple[bool | None, bool]:
+    """`thinking` as (reasoning asked for: True enabled, False disabled, None adaptive or
+    absent; whether its text is shown). budget_tokens is checked as Anthropic checks it;
+    thinking and the answer share max_tokens."""
+    if v is None:
+        return None, True
+    if not isinstance(v, dict):
+        raise invalid_type("thinking", "an object", v)
+    kind = _str(_required(v, "type", "thinking.type"), "thinking.type")
+    allowed = {"enabled": ("type", "budget_tokens", "display"), "adaptive": ("type", "display"),
+               "disabled": ("type",)}.get(kind)
+    if allowed is None:
+        raise invalid_request(f"Invalid value for 'thinking.type': {_show(kind)}; expected enabled, adaptive or "
+                              "disabled.", "thinking.type")
+    for key in v:
+        if key not in allowed:
+            raise invalid_request(f"'thinking.{key}' is not allowed with thinking type {kind!r}.", f"thinking.{key}")
+    if kind == "enabled":
+        budget = _int(_required(v, "budget_tokens", "thinking.budget_tokens"), "thinking.budget_tokens", 1024,
+                      INT32_MAX)
+        if max_tokens is not None and budget >= max_tokens:
+            raise invalid_request("'thinking.budget_tokens' must be less than 'max_tokens'.",
+                                  "thinking.budget_tokens")
+    display = v.get("display")
+    if display is not None and _str(display, "thinking.display") not in ("summarized", "omitted"):
+        raise invalid_request(f"Invalid value for 'thinking.display': {_show(display)}; expected summarized or "
+                              "omitted.", "thinking.display")
+    return {"enabled": True, "disabled": False}.get(kind), display != "omitted"
 
 
 def parse_count_request(body: bytes) -> ChatRequest:
@@ -235,12 +269,13 @@ class MessagesFormat:
 
     prompt_param = "messages"
     remembers_replies = True
-    shows_reasoning = False  # Anthropic thinking blocks are not produced
+    shows_reasoning = True   # as a thinking block
 
-    def __init__(self) -> None:
+    def __init__(self, req: ChatRequest) -> None:
         self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.show_thinking = req.show_reasoning  # else thinking blocks come empty (display "omitted")
         self.blocks = 0            # content blocks started so far
-        self.open: str | None = None  # "text" or "tool_use" while a block is open
+        self.open: str | None = None  # "thinking", "text" or "tool_use" while a block is open
         self.calls: dict[int, int] = {}  # tool call index -> its block index
 
     def _stop(self, reply: Reply) -> tuple[str, str | None]:
@@ -254,7 +289,7 @@ class MessagesFormat:
         return {"input_tokens": len(reply.g.prompt) - cached, "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": cached, "output_tokens": output_tokens,
                 "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
-                "output_tokens_details": {"thinking_tokens": 0}, "server_tool_use": None,
+                "output_tokens_details": {"thinking_tokens": reply.output.reasoning_tokens}, "server_tool_use": None,
                 "inference_geo": None, "service_tier": "standard"}
 
     def _message(self, reply: Reply, content: list[dict], stop: tuple[str | None, str | None],
@@ -263,9 +298,13 @@ class MessagesFormat:
                 "content": content, "stop_reason": stop[0], "stop_sequence": stop[1], "stop_details": None,
                 "container": None, "usage": self._usage(reply, output_tokens)}
 
+    def _thinking(self, text: str) -> dict:
+        return {"type": "thinking", "thinking": text if self.show_thinking else "", "signature": ""}
+
     def body(self, reply: Reply) -> dict:
         text = reply.output.content()
-        content = [{"type": "text", "text": text, "citations": None}] if text or not reply.output.calls else []
+        content = [self._thinking("".join(reply.output.reasoning))] if reply.output.reasoning else []
+        content += [{"type": "text", "text": text, "citations": None}] if text or not reply.output.calls else []
         content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"], "caller": {"type": "direct"},
                      "input": _tool_input(c["function"]["arguments"])} for c in reply.output.tool_calls()]
         return self._message(reply, content, self._stop(reply), reply.g.generated)
@@ -289,9 +328,16 @@ class MessagesFormat:
         self.blocks += 1
         return out + [self._event("content_block_start", index=self.blocks - 1, content_block=block)]
 
-    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta | ReasoningDelta]) -> list[bytes]:
         out: list[bytes] = []
         for d in deltas:
+            if isinstance(d, ReasoningDelta):
+                if self.open != "thinking":
+                    out += self._begin("thinking", self._thinking(""))
+                if self.show_thinking:
+                    out.append(self._event("content_block_delta", index=self.blocks - 1,
+                                           delta={"type": "thinking_delta", "thinking": d.text}))
+                continue
             if isinstance(d, ContentDelta):
                 if self.open != "text":
                     out += self._begin("text", {"type": "text", "text": "", "citations": None})

@@ -202,7 +202,22 @@ class ServerMetrics:
             "llmd_sessions_held", "Engine sessions the session table holds, scratch included; equal to "
                                   "llmd_engine_sessions_live whenever no engine call is queued.")
         self.kv_bytes = r.gauge("llmd_kv_cache_bytes",
-                                "KV cache bytes holding the tokens of named sessions and the scratch session.")
+                                "KV cache bytes sessions hold: their blocks (a shared block once) and rings.")
+        self.kv_blocks = r.gauge("llmd_kv_blocks_live", "KV blocks held by sessions, each block once.")
+        self.prefix_cache_hits = r.counter(
+            "llmd_prefix_cache_hits_total",
+            "Generations whose prompt prefix came from the prefix cache (blocks another session computed).")
+        self.prefix_cache_misses = r.counter(
+            "llmd_prefix_cache_misses_total",
+            "Generations that looked in the prefix cache and found no more than their own session held.")
+        self.blocks_shared = r.gauge(
+            "llmd_prefix_cache_blocks_shared",
+            "Holds of a KV block that another session holds too: blocks stored once instead of twice.")
+        self.bytes_saved = r.gauge("llmd_prefix_cache_bytes_saved",
+                                   "KV bytes sessions would hold without sharing blocks, beyond what they hold.")
+        self.retired_blocks = r.gauge("llmd_prefix_cache_retired_blocks",
+                                      "KV blocks no session holds, kept for the prefix cache (LRU).")
+        self.retired_bytes = r.gauge("llmd_prefix_cache_retired_bytes", "Bytes of those retired blocks.")
         self.evictions = r.counter("llmd_session_evictions_total",
                                    "Idle named sessions evicted to make room for a new one.")
         self.model_load = r.gauge("llmd_model_load_seconds", "Seconds it took to read and load the model.")
@@ -218,7 +233,7 @@ class ServerMetrics:
             "Session files that could not be written (disk full, read-only directory, over --session-dir-max).")
         self.session_dir_bytes = r.gauge("llmd_session_dir_bytes", "Bytes of session files in --session-dir.")
 
-    def watch(self, runtime: Runtime, table: SessionTable, kv_bytes_per_token: int) -> None:
+    def watch(self, runtime: Runtime, table: SessionTable) -> None:
         """Sample the state gauges from the runtime and the session table at each scrape."""
         self.generations_active.read = lambda: runtime.active
         self.generations_queued.read = lambda: table.waiting
@@ -226,7 +241,18 @@ class ServerMetrics:
         self.sessions_capacity.read = lambda: table.capacity - 1
         self.engine_sessions.read = table.engine.live_sessions
         self.table_sessions.read = lambda: table.engine_sessions
-        self.kv_bytes.read = lambda: table.resident_tokens * kv_bytes_per_token
+        engine, block = table.engine, table.engine.info.kv_block_bytes
+        self.kv_bytes.read = lambda: engine.kv_stats().blocks_live * block + table.ring_bytes
+        self.kv_blocks.read = lambda: engine.kv_stats().blocks_live
+
+        def shared_holds() -> int:
+            stats = engine.kv_stats()
+            return stats.block_refs - stats.blocks_live
+
+        self.blocks_shared.read = shared_holds
+        self.bytes_saved.read = lambda: shared_holds() * block
+        self.retired_blocks.read = lambda: engine.kv_stats().blocks_retired
+        self.retired_bytes.read = lambda: engine.kv_stats().blocks_retired * block
         self.evictions.read = lambda: table.evictions
         if (store := table.store) is not None:
             self.session_files_saved.read = lambda: store.saved

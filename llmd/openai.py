@@ -22,11 +22,12 @@ Field policy (the reasoned choice):
   `store`, `service_tier`, `safety_identifier`, `prompt_cache_retention`) are accepted;
   `user` and `prompt_cache_retention` are checked. `prompt_cache_key` names the
   session when no session id is given. llama.cpp's `cache_prompt`, `id_slot` (-1
-  only), `n_probs` (top logprobs) and `timings_per_token` are accepted too.
+  only), `n_probs` (top logprobs), `timings_per_token` and `return_progress` (prompt
+  progress chunks in a stream, as llama.cpp's server sends them) are accepted too.
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
   `verbosity`, tool_choice "allowed_tools"/custom,
-  suffix, best_of > 1, image/audio/file content parts, `return_progress`) are refused with 400
+  suffix, best_of > 1, image/audio/file content parts) are refused with 400
   `unsupported_parameter`, because the design says what cannot be honoured is never
   silently ignored. response_format json_object / json_schema and tool_choice
   "required" / a named function are honoured by constrained decoding (constrain.py,
@@ -52,6 +53,8 @@ be given only if equal; token ids are checked against the vocabulary later by
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from dataclasses import dataclass, field
@@ -139,8 +142,17 @@ class ChatRequest:
     template_kwargs: dict = field(default_factory=dict)  # extra chat-template variables
     logprobs: int | None = None        # None: off; else how many top logprobs per token
     timings_per_token: bool = False    # every stream chunk carries `timings` (llama.cpp)
+    return_progress: bool = False      # a stream reports prompt processing (llama.cpp's prompt_progress)
     prompt_cache_key: str | None = None  # names a session when nothing else does
     n: int = 1                         # choices, each with its own seed stream
+    # The client asked for reasoning (True: refused on a model without it) or for none
+    # (False: a reasoning template's `enable_thinking` off); None: the template's default.
+    reasoning: bool | None = None
+    reasoning_param: str | None = None  # the request field that asked, named in a refusal
+    show_reasoning: bool = True        # False: reasoning blocks come without their text (Anthropic "omitted")
+    # template variable -> the request field that set it (named when the template has no use for it)
+    template_params: dict = field(default_factory=dict)
+    cache_salt: str | None = None      # shares cached prefixes only with the same salt
 
 
 @dataclass(frozen=True)
@@ -157,8 +169,10 @@ class CompletionRequest:
     logprobs: int | None = None        # None: off; else how many top logprobs per token
     echo: bool = False                 # the prompt (and its logprobs) before the completion
     timings_per_token: bool = False
+    return_progress: bool = False
     prompt_cache_key: str | None = None
     n: int = 1
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -336,8 +350,11 @@ _NO_EFFECT_KEYS = frozenset({
     "prompt_cache_retention"})
 # llama.cpp server fields: cache_prompt (llmd always reuses the cache), id_slot (refused
 # unless -1, "any slot": sessions are named by session_id), n_probs (top logprobs),
-# timings_per_token; return_progress (prompt progress events) is refused when true.
+# timings_per_token, return_progress (prompt progress chunks while a stream's prompt is processed).
 _LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
+# vLLM's cache_salt: only requests that send the same salt share cached prompt prefixes.
+_CACHE_KEYS = frozenset({"cache_salt"})
+MAX_CACHE_SALT = 256
 MAX_TOP_LOGPROBS = 20                  # the engine's bound (LLMD_MAX_TOP_LOGPROBS)
 MAX_CHOICES = 16                       # n: choices run one after another, so few
 _CACHE_RETENTION = ("in_memory", "24h")
@@ -428,9 +445,24 @@ def _parse_timings_per_token(body: dict) -> bool:
     return False if v is None else _bool(v, "timings_per_token")
 
 
+def _parse_return_progress(body: dict) -> bool:
+    v = body.get("return_progress")
+    return False if v is None else _bool(v, "return_progress")
+
+
 def _parse_prompt_cache_key(body: dict) -> str | None:
     v = body.get("prompt_cache_key")
     return None if v is None else _str(v, "prompt_cache_key")
+
+
+def _parse_cache_salt(body: dict) -> str | None:
+    v = body.get("cache_salt")
+    if v is None:
+        return None
+    salt = _str(v, "cache_salt")
+    if not 1 <= len(salt) <= MAX_CACHE_SALT:
+        raise invalid_request(f"'cache_salt' must be 1 to {MAX_CACHE_SALT} characters.", "cache_salt")
+    return salt
 
 
 def _parse_n_probs(body: dict) -> int | None:
@@ -445,8 +477,7 @@ def _parse_n(v: Any) -> int:
 
 def _parse_common(body: dict) -> tuple[str, str | None]:
     """Return (model, session_id); also type-checks `user`, `prompt_cache_retention`
-    and the llama.cpp fields that need no further use (cache_prompt, id_slot,
-    return_progress)."""
+    and the llama.cpp fields that need no further use (cache_prompt, id_slot)."""
     model = _str(_required(body, "model", "model"), "model")
     if body.get("user") is not None:
         _str(body["user"], "user")
@@ -459,9 +490,6 @@ def _parse_common(body: dict) -> tuple[str, str | None]:
     if body.get("id_slot") is not None and _int(body["id_slot"], "id_slot", -1, INT32_MAX) != -1:
         raise unsupported_parameter("id_slot", "'id_slot' is not supported: name a session with "
                                     "'session_id' (or the X-Session-ID header) to keep its cache.")
-    if body.get("return_progress") is not None and _bool(body["return_progress"], "return_progress"):
-        raise unsupported_parameter("return_progress", "'return_progress' (prompt progress events) "
-                                    "is not supported.")
     sid = body.get("session_id")
     if sid is not None and not isinstance(sid, str):
         raise invalid_session_id("Invalid type for 'session_id': expected a string.")
@@ -473,7 +501,8 @@ def _parse_common(body: dict) -> tuple[str, str | None]:
 _CHAT_KEYS = _SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort"}) | _LLAMA_KEYS
+    "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort",
+    "reasoning"}) | _LLAMA_KEYS | _CACHE_KEYS
 _CHAT_UNSUPPORTED = {
     "audio": "Audio output is not supported: this server generates text only.",
     "prediction": "Predicted outputs ('prediction') are not supported.",
@@ -514,6 +543,16 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     tools = _parse_tools(obj.get("tools"))
     tool_choice, tool_name = _parse_tool_choice(obj.get("tool_choice"), tools)
     ptc = obj.get("parallel_tool_calls")
+    # `reasoning` as the Responses API (and OpenRouter's chat) write it: its effort is
+    # reasoning_effort's, a summary asks for the reasoning (reasoning_content) itself.
+    template_kwargs, template_params = _parse_template_kwargs(obj), {}
+    effort, summary = _parse_reasoning(obj.get("reasoning"))
+    if effort is not None:
+        if template_kwargs.get("reasoning_effort", effort) != effort:
+            raise invalid_request("'reasoning.effort' and 'reasoning_effort' disagree; give one.",
+                                  "reasoning.effort")
+        template_kwargs["reasoning_effort"] = effort
+        template_params["reasoning_effort"] = "reasoning.effort"
     return ChatRequest(
         model=model,
         messages=messages,
@@ -528,11 +567,16 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         session_id=session_id,
         response_format=response_format,
         tool_name=tool_name,
-        template_kwargs=_parse_template_kwargs(obj),
+        template_kwargs=template_kwargs,
+        template_params=template_params,
+        reasoning=True if summary is not None else None,
+        reasoning_param="reasoning.summary",
         logprobs=(top_logprobs or 0) if logprobs else n_probs,
         timings_per_token=_parse_timings_per_token(obj),
+        return_progress=_parse_return_progress(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
         n=n,
+        cache_salt=_parse_cache_salt(obj),
     )
 
 
@@ -774,7 +818,7 @@ def _parse_modalities(v: Any) -> None:
 _COMPLETION_KEYS = _SAMPLING_KEYS | frozenset({
     "model", "prompt", "max_tokens", "stream", "stream_options", "stop", "n", "best_of",
     "echo", "suffix", "logprobs", "user", "session_id", "response_format", "prompt_cache_key",
-    "prompt_cache_retention"}) | _LLAMA_KEYS
+    "prompt_cache_retention"}) | _LLAMA_KEYS | _CACHE_KEYS
 
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
@@ -806,8 +850,10 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         logprobs=logprobs if logprobs is not None else _parse_n_probs(obj),
         echo=echo,
         timings_per_token=_parse_timings_per_token(obj),
+        return_progress=_parse_return_progress(obj),
         prompt_cache_key=_parse_prompt_cache_key(obj),
         n=n,
+        cache_salt=_parse_cache_salt(obj),
     )
 
 
@@ -914,6 +960,7 @@ class ResponsesRequest:
     previous_response_id: str | None
     store: bool
     echo: dict                         # request fields the Response object repeats
+    summary: str | None = None         # reasoning.summary: the reasoning item carries a summary
 
 
 _RESPONSES_KEYS = frozenset({
@@ -944,7 +991,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     top_logprobs = obj.get("top_logprobs")
     top_logprobs = 0 if top_logprobs is None else _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     with_logprobs = _parse_include(obj.get("include")) or top_logprobs > 0
-    _parse_reasoning(obj.get("reasoning"))
+    effort, summary = _parse_reasoning(obj.get("reasoning"))
     truncation = obj.get("truncation")
     if truncation is not None and _str(truncation, "truncation") != "disabled":
         raise unsupported_parameter("truncation", "Only truncation 'disabled' is supported: a prompt "
@@ -983,6 +1030,11 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         tool_name=tool_name,
         prompt_cache_key=_parse_prompt_cache_key(obj),
         logprobs=top_logprobs if with_logprobs else None,
+        # the effort is the template's `reasoning_effort`, as in chat completions
+        template_kwargs={"reasoning_effort": effort} if effort is not None else {},
+        template_params={"reasoning_effort": "reasoning.effort"},
+        reasoning=True if summary is not None else None,
+        reasoning_param="reasoning.summary",
     )
     echo = {
         "instructions": instructions,
@@ -1000,7 +1052,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
                    "strict": raw.get("strict")} for t, raw in zip(tools, obj.get("tools") or [])],
         "truncation": "disabled",
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": effort, "summary": summary},
         "service_tier": "default",
         "safety_identifier": obj.get("safety_identifier"),
         "prompt_cache_key": chat.prompt_cache_key,
@@ -1013,6 +1065,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         previous_response_id=None if previous is None else _str(previous, "previous_response_id"),
         store=True if store is None else _bool(store, "store"),
         echo=echo,
+        summary=summary,
     )
 
 
@@ -1023,23 +1076,36 @@ def _parse_include(v: Any) -> bool:
     if not isinstance(v, list):
         raise invalid_type("include", "an array of strings", v)
     for i, item in enumerate(v):
-        # Encrypted reasoning is empty for a model without reasoning: nothing to add.
+        # llmd's reasoning items carry their text, never encrypted content: nothing to add.
         if _str(item, f"include[{i}]") not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
             raise unsupported_parameter(f"include[{i}]", f"include {_show(item)} is not supported.")
     return "message.output_text.logprobs" in v
 
 
-def _parse_reasoning(v: Any) -> None:
+_SUMMARIES = ("auto", "concise", "detailed")
+
+
+def _parse_reasoning(v: Any) -> tuple[str | None, str | None]:
+    """`reasoning` as (effort, summary); `generate_summary` is summary's older name."""
     if v is None:
-        return
+        return None, None
     if not isinstance(v, dict):
         raise invalid_type("reasoning", "an object", v)
-    for key, value in v.items():
+    for key in v:
         if key not in ("effort", "summary", "generate_summary"):
             raise unknown_parameter(f"reasoning.{key}")
-        if value is not None:
-            raise unsupported_parameter(f"reasoning.{key}", "The served model does not reason: "
-                                        f"'reasoning.{key}' is not supported.")
+    effort = v.get("effort")
+    if effort is not None and _str(effort, "reasoning.effort") not in _REASONING_EFFORTS:
+        raise invalid_request(f"'reasoning.effort' must be one of {', '.join(_REASONING_EFFORTS)}.",
+                              "reasoning.effort")
+    summary = None
+    for key in ("summary", "generate_summary"):
+        if v.get(key) is not None:
+            if _str(v[key], f"reasoning.{key}") not in _SUMMARIES:
+                raise invalid_request(f"'reasoning.{key}' must be one of {', '.join(_SUMMARIES)}.",
+                                      f"reasoning.{key}")
+            summary = v[key]
+    return effort, summary
 
 
 def _parse_input(v: Any) -> list[Message]:
@@ -1076,7 +1142,11 @@ def _parse_input(v: Any) -> list[Message]:
             messages.append(Message("tool", content, None, (),
                                     _str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
         elif kind == "reasoning":
-            continue  # a reasoning item echoed back: this model produced none, it adds nothing
+            continue  # reasoning sent back is left out of the prompt, as chat templates leave out past turns
+        elif kind == "compaction":
+            summary = _compaction_summary(_required(item, "encrypted_content", f"{p}.encrypted_content"),
+                                          f"{p}.encrypted_content")
+            messages.append(Message("assistant", COMPACTED + summary))
         elif kind is None:
             raise missing_parameter(f"{p}.type")
         else:
@@ -1142,6 +1212,81 @@ def _parse_text_format(v: Any) -> ResponseFormat | None:
     return _parse_response_format({"type": "json_schema", "json_schema": spec})
 
 
+# --- responses/compact ---------------------------------------------------------------
+# POST /v1/responses/compact has the model summarise a conversation; the answer keeps
+# the user's messages and replaces everything else with one `compaction` item carrying
+# the summary. Sent back as input, that item becomes an assistant message with the
+# summary. Its `encrypted_content` is not encrypted (the client holds the conversation
+# anyway): the summary in base64 behind a prefix that marks it as llmd's.
+
+COMPACTION_PREFIX = "llmd-compaction-v1:"
+COMPACTED = "Summary of the conversation so far:\n"  # heads the summary when it is fed back
+COMPACT_PROMPT = ("Summarize the conversation so far for your own later use, so that it can continue from the "
+                  "summary alone: keep every fact, decision, name, number, tool result and open task; leave out "
+                  "pleasantries. Write only the summary.")
+COMPACT_MAX_TOKENS = 512  # tokens of a summary
+
+
+def compaction_content(summary: str) -> str:
+    """A compaction item's `encrypted_content` for summary."""
+    return COMPACTION_PREFIX + base64.b64encode(summary.encode("utf-8")).decode("ascii")
+
+
+def _compaction_summary(v: Any, p: str) -> str:
+    text = _str(v, p)
+    if text.startswith(COMPACTION_PREFIX):
+        try:
+            return base64.b64decode(text[len(COMPACTION_PREFIX):], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    raise invalid_request(f"Invalid value for '{p}': not a compaction this server made (with "
+                          "/v1/responses/compact); another server's encrypted content cannot be read here.", p)
+
+
+@dataclass(frozen=True)
+class CompactRequest:
+    """A /v1/responses/compact body: `chat` asks for the summary of the conversation
+    (instructions, input items, then COMPACT_PROMPT)."""
+    chat: ChatRequest
+    input: list[Message]               # this request's own input items
+    instructions: str | None
+    previous_response_id: str | None
+
+
+_COMPACT_KEYS = frozenset({"model", "input", "instructions", "previous_response_id", "prompt_cache_key",
+                           "prompt_cache_retention", "service_tier", "session_id"})
+
+
+def parse_compact_request(body: bytes) -> CompactRequest:
+    """Validate a /v1/responses/compact body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _COMPACT_KEYS, {})
+    model, session_id = _parse_common(obj)
+    instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
+    previous = obj.get("previous_response_id")
+    previous = None if previous is None else _str(previous, "previous_response_id")
+    if obj.get("input") is None and previous is None:
+        raise invalid_request("Either 'input' or 'previous_response_id' is required: there is nothing to "
+                              "compact.", "input", "missing_required_parameter")
+    items = [] if obj.get("input") is None else _parse_input(obj["input"])
+    chat = ChatRequest(
+        model=model,
+        messages=([Message("system", instructions)] if instructions is not None else []) + items +
+        [Message("user", COMPACT_PROMPT)],
+        sampling=Sampling(temperature=0.0),  # a summary to build on: the most likely one
+        max_tokens=COMPACT_MAX_TOKENS,
+        stop=[],
+        stream=False,
+        include_usage=True,
+        tools=[],
+        tool_choice="none",
+        parallel_tool_calls=True,
+        session_id=session_id,
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+    )
+    return CompactRequest(chat, items, instructions, previous)
+
+
 # --- embeddings ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -1149,6 +1294,10 @@ class EmbeddingsRequest:
     model: str
     inputs: list[str | list[int]]      # one entry per embedding asked for
     encoding_format: str               # "float" | "base64"
+    dimensions: int | None = None      # None: the model's own size
+
+
+MAX_EMBEDDING_INPUTS = 2048  # inputs in one request, as OpenAI allows
 
 
 def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
@@ -1160,6 +1309,9 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     if isinstance(v, str) or (isinstance(v, list) and v and all(_is_int(x) for x in v)):
         inputs = [_parse_prompt_one(v, "input")]
     elif isinstance(v, list) and v:
+        if len(v) > MAX_EMBEDDING_INPUTS:
+            raise invalid_request(f"Invalid value for 'input': at most {MAX_EMBEDDING_INPUTS} inputs are "
+                                  f"allowed in one request, not {len(v)}.", "input")
         inputs = [_parse_prompt_one(x, f"input[{i}]") for i, x in enumerate(v)]
     else:
         raise invalid_type("input", "a string, an array of strings or an array of token ids", v)
@@ -1167,7 +1319,7 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     if fmt is not None and _str(fmt, "encoding_format") not in ("float", "base64"):
         raise invalid_request(f"Invalid value for 'encoding_format': {_show(fmt)}; expected 'float' or "
                               "'base64'.", "encoding_format")
-    if obj.get("dimensions") is not None:
-        _int(obj["dimensions"], "dimensions", 1, INT32_MAX)
-        raise unsupported_parameter("dimensions", "'dimensions' (shortened embeddings) is not supported.")
-    return EmbeddingsRequest(model, inputs, fmt or "float")
+    dimensions = obj.get("dimensions")
+    if dimensions is not None:
+        _int(dimensions, "dimensions", 1, INT32_MAX)
+    return EmbeddingsRequest(model, inputs, fmt or "float", dimensions)

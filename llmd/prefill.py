@@ -20,6 +20,10 @@ Rules, in order of precedence:
                                   -> keep min(lcp, len(prompt) - 1), reason "common_prefix"
     and then, if 0 < keep < floor -> keep 0, reason "window"
 
+The prefix cache (llmd_session_share_prefix) may then offer more: `with_cached`
+turns a plan into one that reuses `cached` tokens, reason "prefix_cache", when
+that is more than the plan keeps of the session's own cache.
+
 `floor` is the session's resume floor (Session.resume_floor): a model with
 sliding-window layers keeps only their recent positions in a ring, so once the ring
 has wrapped, the cache can be cut back to 0 or to `floor` and later, never between.
@@ -30,10 +34,13 @@ The reason names the relation between resident and prompt, so for a one-token pr
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Sequence
 
-REASONS = ("new", "exact_prefix", "common_prefix", "equal", "mismatch", "dirty", "disabled", "window")
+REASONS = ("new", "exact_prefix", "common_prefix", "equal", "mismatch", "dirty", "disabled", "window",
+           "prefix_cache")
+SCOPES = ("off", "key", "global")  # --prefix-cache
 
 
 @dataclass(frozen=True)
@@ -84,3 +91,29 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def with_cached(plan: PrefillPlan, cached: int) -> PrefillPlan:
+    """The plan when the prefix cache holds the prompt's first `cached` tokens: those
+    are reused instead of the session's own when they are more (the whole resident
+    cache is replaced, so all of it counts as discarded)."""
+    if cached <= plan.keep:
+        return plan
+    n_prompt = plan.keep + plan.prefill
+    if cached >= n_prompt:
+        raise ValueError("with_cached: at least one prompt token must be prefilled")
+    return PrefillPlan(cached, n_prompt - cached, plan.keep + plan.discard, "prefix_cache")
+
+
+def cache_scope(mode: str, principal: str, salt: str | None) -> str | None:
+    """Who a request shares cached prefixes with (--prefix-cache), as the scope the
+    engine compares; None when it shares with nobody. "key": requests made with the
+    same API key (`principal`, "" when the server has none: then all requests);
+    "global": all requests. A `cache_salt` narrows either to the requests that send
+    the same salt."""
+    if mode == "off":
+        return None
+    if mode not in SCOPES:
+        raise ValueError(f"cache_scope: unknown mode {mode!r}")
+    owner = principal if mode == "key" else ""
+    return json.dumps([owner, salt])

@@ -1,10 +1,13 @@
 """The OpenAI Responses surface (`POST /v1/responses`): the Response object and its
 event stream, and the bounded store that lets `previous_response_id` continue one.
 
-A reply becomes output items: one `message` item holding one `output_text` part for
-the text, then one `function_call` item per tool call, in the order they appear. The
-stream announces each item (`response.output_item.added`), streams its text or
-arguments, and closes it (`...done` events) before the next one starts, between
+A reply becomes output items: for a reasoning model, first one `reasoning` item holding
+the reasoning text as one `reasoning_text` part (and, when `reasoning.summary` asks for
+one, the same text as its `summary_text`: llmd does not summarise), then one `message`
+item holding one `output_text` part for the text, then one `function_call` item per
+tool call, in the order they appear. The stream announces each item
+(`response.output_item.added`), streams its text, reasoning or arguments, and closes
+it (`...done` events) before the next one starts, between
 `response.created` / `response.in_progress` and `response.completed` (or
 `response.incomplete` when `max_output_tokens` cut the reply). Every event carries
 its `type` and a `sequence_number`, and is sent as a named SSE event.
@@ -21,7 +24,8 @@ from typing import TYPE_CHECKING, Callable
 
 from llmd import logprobs, sse
 from llmd.errors import ApiError
-from llmd.openai import Message, ResponsesRequest, ToolCall
+from llmd.openai import Message, ResponsesRequest, ToolCall, compaction_content
+from llmd.reasoning import ReasoningDelta
 from llmd.tools import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
@@ -67,12 +71,22 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+def usage_of(reply: Reply) -> dict:
+    """A reply's usage in the Responses shape."""
+    u = reply.usage()
+    return {"input_tokens": u["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": u["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": u["completion_tokens_details"]["reasoning_tokens"]},
+            "total_tokens": u["total_tokens"]}
+
+
 class ResponsesFormat:
     """A reply as a Response object or its event stream (see module doc)."""
 
     prompt_param = "input"
     remembers_replies = True
-    shows_reasoning = False  # reasoning output items are not produced
+    shows_reasoning = True   # as a reasoning output item
 
     def __init__(self, req: ResponsesRequest, on_done: Callable[[str, Message], None] | None) -> None:
         self.id = _item_id("resp")
@@ -88,14 +102,7 @@ class ResponsesFormat:
 
     def _response(self, reply: Reply, status: str, output: list[dict]) -> dict:
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-        usage = None
-        if status != "in_progress":
-            u = reply.usage()
-            usage = {"input_tokens": u["prompt_tokens"],
-                     "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
-                     "output_tokens": u["completion_tokens"],
-                     "output_tokens_details": {"reasoning_tokens": 0},
-                     "total_tokens": u["total_tokens"]}
+        usage = usage_of(reply) if status != "in_progress" else None
         completed_at = int(time.time()) if status in ("completed", "incomplete") else None
         return {"id": self.id, "object": "response", "created_at": self.created_at, "completed_at": completed_at,
                 "status": status,
@@ -119,6 +126,8 @@ class ResponsesFormat:
 
     def body(self, reply: Reply) -> dict:
         output = []
+        if reply.output.reasoning:
+            output.append(self._reasoning_item("".join(reply.output.reasoning), "completed"))
         text = reply.output.content()
         if text or not reply.output.calls:
             output.append(self._message_item(text, "completed", lp=self._logprobs(reply, reply.logprobs)))
@@ -135,6 +144,17 @@ class ResponsesFormat:
         content = [self._text_part(text, lp)] if status == "completed" else []
         return {"type": "message", "id": item_id or _item_id("msg"), "status": status, "role": "assistant",
                 "content": content}
+
+    def _summary(self, text: str) -> list[dict]:
+        return [{"type": "summary_text", "text": text}] if self.req.summary is not None else []
+
+    def _reasoning_item(self, text: str, status: str, item_id: str | None = None) -> dict:
+        """A reasoning item; it has no `encrypted_content`, as llmd encrypts nothing (the
+        text is in `content`)."""
+        done = status == "completed"
+        return {"type": "reasoning", "id": item_id or _item_id("rs"), "status": status,
+                "summary": self._summary(text) if done else [],
+                "content": [{"type": "reasoning_text", "text": text}] if done else []}
 
     @staticmethod
     def _call_item(call_id: str, name: str, arguments: str, status: str, item_id: str | None = None) -> dict:
@@ -159,6 +179,19 @@ class ResponsesFormat:
         if item is None:
             return []
         index = len(self.items) - 1
+        if item["type"] == "reasoning":
+            text = item.pop("_text")
+            item.update(self._reasoning_item(text, "completed", item["id"]))
+            out = [self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                               content_index=0, text=text)]
+            for part in item["summary"]:
+                where = {"item_id": item["id"], "output_index": index, "summary_index": 0}
+                out += [self._event("response.reasoning_summary_part.added", **where,
+                                    part={"type": "summary_text", "text": ""}),
+                        self._event("response.reasoning_summary_text.delta", **where, delta=text),
+                        self._event("response.reasoning_summary_text.done", **where, text=text),
+                        self._event("response.reasoning_summary_part.done", **where, part=part)]
+            return out + [self._event("response.output_item.done", output_index=index, item=item)]
         if item["type"] == "message":
             text = item.pop("_text")
             lp = self._logprobs(reply, reply.logprobs)
@@ -181,10 +214,18 @@ class ResponsesFormat:
         shown = {k: v for k, v in item.items() if not k.startswith("_")}
         return out + [self._event("response.output_item.added", output_index=len(self.items) - 1, item=shown)]
 
-    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta]) -> list[bytes]:
+    def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta | ReasoningDelta]) -> list[bytes]:
         out: list[bytes] = []
         for d in deltas:
-            if isinstance(d, ContentDelta):
+            if isinstance(d, ReasoningDelta):
+                if self.open is None or self.open["type"] != "reasoning":
+                    item = self._reasoning_item("", "in_progress")
+                    item["_text"] = ""
+                    out += self._add(reply, item)
+                self.open["_text"] += d.text
+                out.append(self._event("response.reasoning_text.delta", item_id=self.open["id"],
+                                       output_index=len(self.items) - 1, content_index=0, delta=d.text))
+            elif isinstance(d, ContentDelta):
                 if self.open is None or self.open["type"] != "message":
                     item = self._message_item("", "in_progress")
                     item["_text"] = ""
@@ -210,7 +251,7 @@ class ResponsesFormat:
 
     def end(self, reply: Reply) -> list[bytes]:
         out = self._close(reply)
-        if not self.items:  # an empty reply is still one (empty) message
+        if all(item["type"] == "reasoning" for item in self.items):  # no answer is still one (empty) message
             out += self.deltas(reply, [ContentDelta("")]) + self._close(reply)
         self._finish(reply)
         status = self._status(reply)
@@ -223,3 +264,25 @@ class ResponsesFormat:
         failed["error"] = {"code": err.code or err.type, "message": err.message}
         return [self._event("error", code=err.code, message=err.message, param=err.param),
                 self._event("response.failed", response=failed)]
+
+
+class CompactionFormat:
+    """The compacted conversation (`POST /v1/responses/compact`, never streamed): the
+    user's messages as they were, then one `compaction` item holding the reply, the
+    model's summary of the conversation (see llmd.openai's responses/compact)."""
+
+    prompt_param = "input"
+    remembers_replies = False  # the summary is never sent back as a reply
+    shows_reasoning = False    # a reasoning model's thinking is not part of the summary
+
+    def __init__(self, user_messages: list[Message]) -> None:
+        self.id = _item_id("resp")
+        self.user_messages = user_messages
+
+    def body(self, reply: Reply) -> dict:
+        output = [{"type": "message", "id": _item_id("msg"), "status": "completed", "role": "user",
+                   "content": [{"type": "input_text", "text": m.content or ""}]} for m in self.user_messages]
+        output.append({"type": "compaction", "id": _item_id("cmp"),
+                       "encrypted_content": compaction_content(reply.output.content().strip())})
+        return {"id": self.id, "object": "response.compaction", "created_at": reply.created, "output": output,
+                "usage": usage_of(reply)}

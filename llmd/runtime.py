@@ -14,7 +14,8 @@ request's tokenization) ends the burst after the step in flight, and while a
 prompt is being prefilled each burst is one step: a long prompt never holds up
 other streams longer than one chunk, nor they it longer than one step.
 Tokens go back to the handler through the generation's queue as events:
-("token", Token), ("end", finish_reason) or ("error", exception). A generation
+("token", Token), ("end", finish_reason) or ("error", exception), and, when asked
+for, ("progress", prompt_progress) before and after each prefill chunk. A generation
 whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
 its stream) is not decoded until the reader takes events again through
 `next_event`, so a stalled client costs no compute while its write times out.
@@ -40,7 +41,7 @@ from typing import Any, Callable
 
 from llmd.engine import Engine, Sampling, Token
 from llmd.metrics import ServerMetrics
-from llmd.prefill import PrefillPlan, plan_prefill
+from llmd.prefill import PrefillPlan, plan_prefill, with_cached
 from llmd.sessions import Lease, Slot
 
 PREFILL_CHUNK = 256   # tokens per prefill step
@@ -56,9 +57,11 @@ class Generation:
     sampling: Sampling
     max_tokens: int
     reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
+    cache_scope: str | None = None  # shares cached prefixes in this scope (llmd.prefill.cache_scope)
     grammar: str | None = None     # constrained decoding (llmd.constrain), None: free
     logprobs: int | None = None    # tokens carry their logprob and this many top ones
     prompt_logprobs: int | None = None  # score the prompt (with this many top ones): no reuse
+    progress: bool = False         # ("progress", prompt_progress()) events as the prompt is processed
     prompt_scores: list = field(default_factory=list)  # (logprob, top) of prompt[1:]
     lease: Lease | None = None     # released when the generation ends
     plan: PrefillPlan | None = None
@@ -80,6 +83,12 @@ class Generation:
     def first_token_ms(self) -> float:
         """Milliseconds from submission to the first generated token (0 if none)."""
         return (self.t_first_token - self.t_submit) * 1000 if self.t_first_token else 0.0
+
+    def prompt_progress(self) -> dict[str, Any]:
+        """How far the prompt is processed, as llama.cpp's `prompt_progress`: tokens in
+        all, reused from the cache, in the cache now, and milliseconds since it began."""
+        return {"total": len(self.prompt), "cache": self.plan.keep, "processed": self.next_prefill,
+                "time_ms": round((time.perf_counter() - self.t_prefill_start) * 1000)}
 
     def timings(self) -> dict[str, Any]:
         """The llama.cpp-style `timings` extension of a response."""
@@ -169,7 +178,6 @@ class Runtime:
             self._finish(g, "error", self._ending)
             return
         self.metrics.prompt_tokens.inc(len(g.prompt))
-        self.metrics.cached_tokens.inc(g.plan.keep)
         self._active.append(g)
         self._interrupt = True
         self._wake.set()
@@ -217,38 +225,66 @@ class Runtime:
                         self._active.append(g)
 
     async def _prefill_step(self, g: Generation) -> None:
-        slot, first = g.slot, g.next_prefill == g.plan.keep
-        # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
-        # engine's logits may differ in the last bits with how a prompt is split.
-        end = len(g.prompt) if g.prompt_logprobs is not None else g.next_prefill + PREFILL_CHUNK
-        chunk = g.prompt[g.next_prefill:end]
+        slot, first = g.slot, not g.t_prefill_start
+        scope = g.cache_scope if self.warm_resume else None
+        # A scored prompt reuses nothing (every position is scored), but it still joins
+        # its scope, so that what it computes is offered there and nowhere else.
+        reusable = g.plan.keep if g.prompt_logprobs is None else len(g.prompt)
 
-        def run() -> None:
-            if first:
+        def claim() -> int:
+            """Readies the session for g's prompt: the prompt tokens the prefix cache supplied."""
+            cached = 0
+            if scope is not None:  # replaces the cache with a longer shared prefix, if any
+                if g.plan.reason == "dirty":  # nothing of its own is trusted, not even as a tail
+                    slot.session.truncate(0)
+                cached = slot.session.share_prefix(scope, g.prompt, reusable)
+            if not cached:
                 slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
-                slot.session.set_sampling(g.sampling)
-                slot.session.set_grammar(g.grammar, g.max_tokens)
+            slot.session.set_sampling(g.sampling)
+            slot.session.set_grammar(g.grammar, g.max_tokens)
+            return cached
+
+        def run() -> int:
+            """Prefills the next chunk: the tokens prefilled."""
+            start = g.next_prefill
+            # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
+            # engine's logits may differ in the last bits with how a prompt is split.
+            end = len(g.prompt) if g.prompt_logprobs is not None else start + PREFILL_CHUNK
+            chunk = g.prompt[start:end]
             if g.prompt_logprobs is None or len(chunk) < 2:
                 slot.session.prefill(chunk)
             else:  # then the last token again, for the next-token logits score leaves out
                 g.prompt_scores = slot.session.score_top(chunk, 0, g.prompt_logprobs)
                 slot.session.truncate(len(chunk) - 1)
                 slot.session.prefill(chunk[-1:])
+            return len(chunk)
 
-        if first:
-            g.t_prefill_start = time.perf_counter()
-            slot.resident = slot.resident[:g.plan.keep]
-            slot.dirty = False  # the truncate clears it; a reset from now on sets it again
         try:
-            await self.call(run)
+            if first:
+                g.t_prefill_start = time.perf_counter()
+                slot.resident = slot.resident[:g.plan.keep]
+                slot.dirty = False  # the truncate clears it; a reset from now on sets it again
+                cached = await self.call(claim)
+                if g.finished:  # ended meanwhile (end_all): the slot may already serve another
+                    return
+                if scope is not None and g.prompt_logprobs is None:
+                    (self.metrics.prefix_cache_hits if cached else self.metrics.prefix_cache_misses).inc()
+                g.plan = with_cached(g.plan, cached)
+                g.next_prefill = g.plan.keep
+                self.metrics.cached_tokens.inc(g.plan.keep)
+                if g.progress:
+                    g.events.put_nowait(("progress", g.prompt_progress()))
+            n = await self.call(run)
         except Exception as exc:
             slot.dirty = True
             self._finish(g, "error", exc)
             return
         if g.finished:  # ended meanwhile (end_all): the slot may already serve another
             return
-        g.next_prefill += len(chunk)
+        g.next_prefill += n
         slot.resident = g.prompt[:g.next_prefill]
+        if g.progress:
+            g.events.put_nowait(("progress", g.prompt_progress()))
         if g.next_prefill == len(g.prompt):
             g.decoding = True
             g.t_prefill_end = time.perf_counter()

@@ -50,6 +50,7 @@ class HttpRequest:
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     client: tuple[str, int] | None = None
     id: str = ""              # X-Request-Id: the client's, else one made up; logged, echoed
+    principal: str = ""       # the API key it authenticated with, as a digest ("" without keys)
 
 
 @dataclass

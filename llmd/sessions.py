@@ -419,17 +419,26 @@ class SessionTable:
         return sum(s.users - s.lock.locked() for s in self._lasting_slots())
 
     @property
-    def resident_tokens(self) -> int:
-        """Tokens held in the KV caches of named sessions and the scratch session."""
-        return sum(len(s.resident) for s in self._lasting_slots())
+    def ring_bytes(self) -> int:
+        """Bytes of the sliding-window rings of the sessions that hold tokens (their
+        other layers' bytes are the engine's blocks, Engine.kv_stats)."""
+        return sum(1 for s in self._lasting_slots() if s.resident) * self.engine.info.kv_ring_bytes
+
+    def kv_bytes(self, slot: Slot) -> int:
+        """Bytes the slot's cache holds: the blocks its tokens fill (a block it shares
+        with other sessions counted here too) and its rings."""
+        info = self.engine.info
+        if not slot.resident:
+            return 0
+        blocks = -(-len(slot.resident) // info.kv_block_positions) if info.kv_block_positions else 0
+        return blocks * info.kv_block_bytes + info.kv_ring_bytes
 
     def describe(self, slot: Slot) -> dict:
         return {
             "id": slot.id,
             "object": "session",
             "resident_tokens": len(slot.resident),
-            "kv_bytes": len(slot.resident) * self.engine.info.kv_bytes_per_token
-                        + (self.engine.info.kv_ring_bytes if slot.resident else 0),
+            "kv_bytes": self.kv_bytes(slot),
             "idle_seconds": round(time.monotonic() - slot.last_used, 3) if slot.users == 0 else 0.0,
             "in_flight": slot.users,
         }

@@ -410,8 +410,8 @@ def test_n_choices_each_sample_with_their_own_seed_and_share_the_prompt(server):
 def test_n_choices_stream_one_after_another_with_their_index(server):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 2,
             "stream_options": {"include_usage": True}}
-    whole = server.post_json("/completions", body).json()
-    chunks = server.post_stream("/completions", {**body, "stream": True}).chunks
+    whole = server.post_json("/completions", {**body, "cache_salt": "whole"}).json()
+    chunks = server.post_stream("/completions", {**body, "stream": True, "cache_salt": "streamed"}).chunks
     texts = ["".join(c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i)
              for i in range(2)]
     assert texts == [c["text"] for c in whole["choices"]]
@@ -538,6 +538,67 @@ def test_n_choices_hold_their_session_until_the_last_and_free_it_when_the_client
         time.sleep(0.05)
     assert info["in_flight"] == 0 and info["resident_tokens"] < 200
     assert server.chat([{"role": "user", "content": "Hi"}], session_id="left", max_tokens=2).status == 200
+
+
+# ---- reasoning asked of a model without it ---------------------------------------------------
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2000,
+                   "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ("/responses", {"input": "Hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ("/responses", {"input": "Hi", "reasoning": {"effort": "low"}}, "reasoning.effort"),
+])
+def test_reasoning_asked_of_a_model_that_does_not_reason_is_400_naming_the_field(server, path, fields, param):
+    reply = server.post_json(path, {"model": MODEL, **fields})
+    error = reply.json()["error"]
+    assert reply.status == 400 and error.get("param", param) == param and param in json.dumps(error), error
+
+
+def test_thinking_disabled_on_a_model_that_does_not_reason_is_accepted(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "thinking": {"type": "disabled"}}
+    reply = server.post_json("/messages", body)
+    assert reply.status == 200 and [b["type"] for b in reply.json()["content"]] == ["text"]
+
+
+# ---- return_progress (llama.cpp's prompt_progress chunks) ---------------------------------------
+
+def test_return_progress_streams_prompt_progress_before_the_reply(server):
+    messages = [{"role": "user", "content": "Count the words: " + "one two three " * 30}]
+    cache = {}
+    for attempt in ("cold", "warm"):  # the second request reuses the session's cache
+        stream = server.post_stream("/chat/completions", server.chat_body(
+            messages, stream=True, max_tokens=3, return_progress=True, session_id="progress"))
+        progress = [c["prompt_progress"] for c in stream.chunks if "prompt_progress" in c]
+        first, last = progress[0], progress[-1]
+        assert first["processed"] == first["cache"] and last["processed"] == last["total"] > 100, progress
+        assert all(p["total"] == last["total"] and p["cache"] == first["cache"] for p in progress)
+        assert all(p["time_ms"] >= 0 for p in progress)
+        cache[attempt] = first["cache"]
+        text = [c for c in stream.chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+        assert text and stream.chunks.index(text[0]) > max(i for i, c in enumerate(stream.chunks)
+                                                            if "prompt_progress" in c)
+    # Cold, only the chat template's opening may come from the prefix cache.
+    assert cache["cold"] < 40 and cache["warm"] > 100, cache
+    plain = server.post_stream("/completions", server.completion_body("Hello", stream=True, max_tokens=2))
+    assert not [c for c in plain.chunks if "prompt_progress" in c]
+    completion = server.post_stream("/completions", server.completion_body(
+        "Hello", stream=True, max_tokens=2, return_progress=True))
+    assert [c["choices"][0]["text"] for c in completion.chunks if "prompt_progress" in c] == ["", ""]
+
+
+# ---- responses/compact: llmd's compaction holds the model's own summary ------------------------
+
+def test_compaction_content_is_the_models_greedy_summary_of_the_conversation(server):
+    import base64
+    from llmd.openai import COMPACTION_PREFIX
+    body = {"model": MODEL, "input": [{"role": "user", "content": "We launch on Tuesday."},
+                                      {"role": "assistant", "content": "Noted: Tuesday."}]}
+    first, again = (server.post_json("/responses/compact", body).json() for _ in range(2))
+    content = first["output"][-1]["encrypted_content"]
+    assert content.startswith(COMPACTION_PREFIX) and again["output"][-1]["encrypted_content"] == content
+    summary = base64.b64decode(content[len(COMPACTION_PREFIX):]).decode()
+    assert summary.strip() and first["usage"]["output_tokens"] > 0
 
 
 MISTRAL_SHAPED_TEMPLATE = ("{% for m in messages %}[INST]{{ m.content }}[/INST]{% endfor %}"

@@ -8,9 +8,9 @@ SHUT_WR) after the request, which must still get its whole answer; a disconnect
 while a long prompt is being prefilled; DELETE and reset of a session; and, since
 more session ids are used than there are slots, evictions. After each round: no
 5xx, no generation or request left running, the engine's live sessions equal the
-table's, every session id is usable, RSS and open file descriptors are back to
-their baseline, and every temperature-0 answer that arrived equals the answer the
-same prompt gets alone.
+table's, no KV block is held once its sessions are gone, every session id is
+usable, RSS and open file descriptors are back to their baseline, and every
+temperature-0 answer that arrived equals the answer the same prompt gets alone.
 
 Seeded and bounded: LLMD_CHAOS_SEED (default 14) and LLMD_CHAOS_ROUNDS (default 6)
 choose the run; a larger round count is for soak runs by hand.
@@ -253,6 +253,10 @@ def test_sessions_survive_random_client_behaviour():
                         assert text == solo[prompt], (round, name, prompt, text)
                 check_invariants(server, solo, baseline_fds)
                 rss, _ = clean()
+                # No block leaked: the scratch session alone is left, holding one short
+                # chat (check_invariants' last request) in one block.
+                wait_for(lambda: server.metrics()["llmd_engine_sessions_live"] == 1, "deleted sessions freed")
+                assert server.metrics()["llmd_kv_blocks_live"] == 1, round
                 assert rss <= baseline_rss + RSS_SLACK, (round, rss, baseline_rss)
         rss, fds = server.rss_and_fds()
         print(f"\nchaos seed {SEED}: {ROUNDS} rounds, {sum(kinds.values())} behaviours {dict(kinds)}, "

@@ -18,6 +18,7 @@ from llmd.engine import (
 from tests.gguf_writer import (
     GGML_BF16, GGML_F16, GGML_F32, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K, GGML_Q4_0,
     GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, TYPE_NAMES, U32,
+    build_tiny_qwen3moe,
 )
 
 ALL_TYPES = [GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1]
@@ -633,3 +634,40 @@ def test_every_weight_type_runs_and_prefill_equals_token_by_token(tiny_llama_fac
             assert logits == single.logits()
             assert len(set(logits)) > 100  # the weights were read, not zeros
             assert decode(whole, 4) == decode(single, 4)
+
+
+# ---- the bandwidth limit (llmd_engine_bandwidth, native/src/bandwidth.cpp) ------------
+
+MIB = 1 << 20
+
+
+def test_bandwidth_counts_every_weight_of_a_tied_model(tiny_llama_factory):
+    model = tiny_llama_factory()  # F32: nothing is repacked, so weight_bytes is the file's tensors
+    with Engine(model.path, n_threads=2) as e:
+        per_token, rate = e.bandwidth(MIB, passes=3)
+        assert per_token == e.info.weight_bytes == model.weight_bytes
+        assert rate > 0
+
+
+def test_bandwidth_counts_one_row_of_an_untied_embedding(tiny_llama_factory):
+    model = tiny_llama_factory(tied=False)
+    with Engine(model.path, n_threads=2) as e:
+        per_token, _ = e.bandwidth(MIB, passes=1)
+    embedding = model.n_vocab * model.n_embd * 4
+    assert per_token == model.weight_bytes - embedding + model.n_embd * 4
+
+
+def test_bandwidth_counts_only_the_experts_a_token_uses(tmp_path):
+    path = build_tiny_qwen3moe(n_expert=8, n_expert_used=2).write(tmp_path / "moe.gguf")
+    with Engine(str(path), n_threads=2) as e:
+        per_token, _ = e.bandwidth(MIB, passes=1)
+        weight_bytes, n_vocab, n_embd, n_layer = e.info.weight_bytes, e.info.n_vocab, e.info.n_embd, e.info.n_layer
+    experts = n_layer * 3 * 8 * 32 * n_embd * 4  # gate, up, down: 8 experts of 32 × n_embd F32
+    assert per_token == weight_bytes - (n_vocab * n_embd * 4 - n_embd * 4) - experts * 6 // 8
+
+
+@pytest.mark.parametrize("nbytes, passes, match", [(MIB - 1, 1, "bytes"), ((64 << 30) + 1, 1, "bytes"),
+                                                   (MIB, 0, "passes"), (MIB, 101, "passes")])
+def test_bandwidth_refuses_bad_arguments(engine, nbytes, passes, match):
+    with pytest.raises(EngineError, match=match):
+        engine.bandwidth(nbytes, passes)

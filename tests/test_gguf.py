@@ -23,8 +23,9 @@ import pytest
 from llmd._native import lib
 from llmd.engine import CapacityError, Engine, EngineError
 from tests.gguf_writer import (
-    ARRAY, BOOL, F32, F64, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_Q4_0, GGML_Q4_1, GGML_Q4_K, GGML_Q8_0, I8,
-    I16, I32, I64, STRING,
+    ARRAY, BOOL, F32, F64, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_XS, GGML_Q2_K, GGML_Q3_K, GGML_Q4_0,
+    GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, I8, I16, I32, I64, STRING,
+    TYPE_NAMES,
     U8, U16, U32, U64, GGUFWriter, build_tiny_llama, encode_array_header, encode_f32,
 )
 
@@ -518,17 +519,28 @@ def test_types_without_kernels_are_refused_naming_every_tensor_by_type(tmp_path)
                             "Q8_K (blk.1.ffn_up.weight)")
 
 
-def test_k_quant_model_loads_and_counts_its_packed_bytes(tmp_path):
+# Bytes of the packed form of 16 rows × 256 columns (native/src/quants.h PanelLayout): for
+# the K-quants each row's f16 d (and m) once, then 8 panel-blocks of 16 × 32 weights
+# at the type's own bits and each row's int8 scales (and mins): Q4_K 64 + 8 * (256 +
+# 32). Next to the file's 16 rows of the type: the same size for Q6_K, Q5_0 and Q5_1,
+# a little more where the file packs scales tighter than a byte.
+PACKED_16x256 = {GGML_Q4_K: (2368, 16 * 144), GGML_Q6_K: (32 + 8 * (384 + 32), 16 * 210),
+                 GGML_Q5_K: (64 + 8 * (320 + 32), 16 * 176), GGML_Q3_K: (32 + 8 * (192 + 32), 16 * 110),
+                 GGML_Q2_K: (64 + 8 * (128 + 64), 16 * 84), GGML_IQ4_XS: (32 + 8 * (256 + 16), 16 * 136),
+                 GGML_Q5_0: (8 * (320 + 32), 16 * 8 * 22), GGML_Q5_1: (8 * (320 + 64), 16 * 8 * 24)}
+
+
+@pytest.mark.parametrize("weight_type", list(PACKED_16x256), ids=lambda t: TYPE_NAMES[t])
+def test_packed_models_count_their_packed_bytes_near_the_file_size(weight_type, tmp_path):
     w = build_tiny_llama(n_vocab=280, n_embd=256, n_layer=1, n_head=4, n_head_kv=2, n_ff=256, n_ctx=64,
-                         weight_type=GGML_Q4_K)
-    with Engine(w.write(tmp_path / "q4k.gguf"), n_threads=1, max_sessions=1) as engine:
+                         weight_type=weight_type)
+    packed, file = PACKED_16x256[weight_type]
+    assert packed <= 1.2 * file  # native size, or close
+    with Engine(w.write(tmp_path / "k.gguf"), n_threads=1, max_sessions=1) as engine:
         expected = sum(len(t.data) for t in w.tensors)
         if "repacked" in engine.info.kernels:
-            # Packed forms replace the originals, rows padded to 16: per 16 rows and 256
-            # columns, each row's f16 d and m (64 bytes), then 8 panel-blocks of 16 x 32
-            # nibbles and each row's int8 scale and min (288 bytes): 2368 for the
-            # file's 16 x 144.
-            expected += sum(-(-t.ne[1] // 16) * t.ne[0] // 256 * 2368 - len(t.data)
+            # Packed forms replace the originals, rows padded to whole 16-row panels.
+            expected += sum(-(-t.ne[1] // 16) * t.ne[0] // 256 * packed - len(t.data)
                             for t in w.tensors if len(t.ne) == 2)
         assert engine.info.weight_bytes == expected
 

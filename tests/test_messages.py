@@ -68,7 +68,12 @@ def test_count_tokens_needs_no_max_tokens_but_messages_does():
 
 @pytest.mark.parametrize("fields, param", [
     ({"temperature": 1.5}, "temperature"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.budget_tokens"),  # not < max_tokens
+    ({"thinking": {"type": "enabled", "budget_tokens": 100}, "max_tokens": 4096}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "enabled"}, "max_tokens": 4096}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "disabled", "budget_tokens": 2000}}, "thinking.budget_tokens"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+    ({"thinking": {"type": "adaptive", "display": "full"}}, "thinking.display"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]}]},
@@ -82,5 +87,14 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field(fields, param):
     assert refused(**fields).param == param
 
 
-def test_thinking_disabled_is_accepted():
-    assert parse(thinking={"type": "disabled"}).model == "m"
+@pytest.mark.parametrize("thinking, expected", [
+    (None, (None, True)),
+    ({"type": "disabled"}, (False, True)),
+    ({"type": "adaptive"}, (None, True)),
+    ({"type": "enabled", "budget_tokens": 2048, "display": "summarized"}, (True, True)),
+    ({"type": "enabled", "budget_tokens": 2048, "display": "omitted"}, (True, False)),
+])
+def test_thinking_asks_for_reasoning_or_none_and_says_whether_its_text_shows(thinking, expected):
+    req = parse(thinking=thinking, max_tokens=4096) if thinking else parse()
+    assert (req.reasoning, req.show_reasoning) == expected and req.reasoning_param == "thinking"
+    assert req.template_params == {"enable_thinking": "thinking"}

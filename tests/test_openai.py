@@ -515,14 +515,16 @@ def test_llama_cpp_n_probs_are_top_logprobs():
 
 def test_llama_cpp_fields_that_cost_nothing_are_accepted():
     req = chat(cache_prompt=True, id_slot=-1, timings_per_token=True, return_progress=False)
-    assert req.timings_per_token is True
+    assert req.timings_per_token is True and req.return_progress is False
+    assert chat(return_progress=True).return_progress is True
+    assert completion(return_progress=True).return_progress is True
     assert chat_refused(cache_prompt="yes").code == "invalid_type"
+    assert completion_refused(return_progress="yes").param == "return_progress"
 
 
 def test_id_slot_is_refused_pointing_to_session_id():
     err = chat_refused(id_slot=2)
     assert err.param == "id_slot" and "session_id" in err.message
-    assert completion_refused(return_progress=True).code == "unsupported_parameter"
 
 
 def test_prompt_cache_retention_values_are_validated():
@@ -798,6 +800,21 @@ def test_embeddings_inputs_are_one_or_many_texts_or_id_lists():
     with pytest.raises(ApiError) as info:
         parse(input=[])
     assert info.value.param == "input"
+    assert parse(input="a", dimensions=8).dimensions == 8 and parse(input="a").dimensions is None
     with pytest.raises(ApiError) as info:
-        parse(input="a", dimensions=8)
-    assert info.value.code == "unsupported_parameter"
+        parse(input="a", dimensions=0)
+    assert info.value.param == "dimensions"
+    with pytest.raises(ApiError) as info:
+        parse(input=["a"] * 2049)
+    assert info.value.param == "input" and "2048" in info.value.message
+
+
+def test_chat_reasoning_object_sets_the_effort_and_asks_for_the_reasoning():
+    req = chat(reasoning={"effort": "low", "summary": "auto"})
+    assert req.template_kwargs == {"reasoning_effort": "low"} and req.template_params == {
+        "reasoning_effort": "reasoning.effort"}
+    assert (req.reasoning, req.reasoning_param) == (True, "reasoning.summary")
+    assert chat(reasoning_effort="low", reasoning={"effort": "low"}).template_kwargs == {"reasoning_effort": "low"}
+    assert chat_refused(reasoning_effort="low", reasoning={"effort": "high"}).param == "reasoning.effort"
+    assert chat_refused(reasoning={"summary": "short"}).param == "reasoning.summary"
+    assert chat().reasoning is None

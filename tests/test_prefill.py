@@ -1,6 +1,6 @@
 import pytest
 
-from llmd.prefill import PrefillPlan, common_prefix_length, plan_prefill
+from llmd.prefill import PrefillPlan, cache_scope, common_prefix_length, plan_prefill, with_cached
 
 
 def test_empty_resident_is_new_and_prefills_everything():
@@ -95,3 +95,40 @@ def test_common_prefix_length():
     assert common_prefix_length([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix_length([1, 2], [1, 2, 3]) == 2
     assert common_prefix_length([1, 2, 3], (1, 2, 3)) == 3
+
+
+# ---- the prefix cache -------------------------------------------------------------
+
+def test_a_longer_cached_prefix_replaces_the_own_plan():
+    own = plan_prefill([1, 2, 9], [1, 2, 3, 4, 5, 6], dirty=False)
+    assert own == PrefillPlan(2, 4, 1, "common_prefix")
+    assert with_cached(own, 5) == PrefillPlan(5, 1, 3, "prefix_cache")
+
+
+@pytest.mark.parametrize("cached", [0, 1, 2])
+def test_a_cached_prefix_no_longer_than_the_own_keeps_the_plan(cached):
+    own = plan_prefill([1, 2, 9], [1, 2, 3, 4], dirty=False)
+    assert with_cached(own, cached) is own
+
+
+def test_a_cached_prefix_must_leave_a_token_to_prefill():
+    with pytest.raises(ValueError):
+        with_cached(plan_prefill([], [1, 2, 3], dirty=False), 3)
+
+
+def test_key_scope_separates_api_keys_and_salts():
+    assert cache_scope("key", "aa", None) != cache_scope("key", "bb", None)
+    assert cache_scope("key", "aa", None) == cache_scope("key", "aa", None)
+    assert cache_scope("key", "aa", "s1") != cache_scope("key", "aa", "s2")
+    assert cache_scope("key", "aa", "s1") != cache_scope("key", "aa", None)
+
+
+def test_global_scope_ignores_the_key_but_not_the_salt():
+    assert cache_scope("global", "aa", None) == cache_scope("global", "bb", None) == cache_scope("key", "", None)
+    assert cache_scope("global", "aa", "s") != cache_scope("global", "aa", None)
+
+
+def test_off_shares_with_nobody_and_unknown_modes_are_refused():
+    assert cache_scope("off", "aa", "s") is None
+    with pytest.raises(ValueError):
+        cache_scope("everyone", "", None)

@@ -67,7 +67,9 @@ def test_sampling_and_token_limit_are_read():
     ({"input": [{"type": "message", "role": "user", "content": [{"type": "input_image"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"input": "x", "reasoning": {"summary": "brief"}}, "reasoning.summary"),
+    ({"input": "x", "reasoning": {"depth": 3}}, "reasoning.depth"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "conversation": "conv_1"}, "conversation"),
@@ -99,3 +101,55 @@ def test_output_text_logprobs_are_asked_for_through_include_or_top_logprobs():
     assert parse(input="x", include=["message.output_text.logprobs"]).chat.logprobs == 0
     req = parse(input="x", top_logprobs=3)
     assert req.chat.logprobs == 3 and req.echo["top_logprobs"] == 3
+
+
+def test_reasoning_effort_is_the_templates_reasoning_effort_and_a_summary_asks_for_reasoning():
+    req = parse(input="x", reasoning={"effort": "low", "summary": "auto"})
+    assert req.chat.template_kwargs == {"reasoning_effort": "low"}
+    assert req.chat.template_params["reasoning_effort"] == "reasoning.effort"
+    assert (req.chat.reasoning, req.chat.reasoning_param, req.summary) == (True, "reasoning.summary", "auto")
+    assert req.echo["reasoning"] == {"effort": "low", "summary": "auto"}
+    plain = parse(input="x")
+    assert (plain.chat.reasoning, plain.chat.template_kwargs, plain.summary) == (None, {}, None)
+    assert parse(input="x", reasoning={"generate_summary": "concise"}).summary == "concise"
+
+
+# ---- responses/compact ------------------------------------------------------------------------
+
+def test_a_compaction_item_sent_back_becomes_an_assistant_message_with_the_summary():
+    from llmd.openai import COMPACTED, compaction_content
+    req = parse(input=[{"role": "user", "content": "Launch on Tuesday."},
+                       {"type": "compaction", "id": "cmp_1", "encrypted_content": compaction_content("Launch: Tue.")},
+                       {"role": "user", "content": "When?"}])
+    assert req.chat.messages == [Message("user", "Launch on Tuesday."), Message("assistant", COMPACTED + "Launch: Tue."),
+                                 Message("user", "When?")]
+
+
+@pytest.mark.parametrize("content", ["gAAAAABo-foreign-ciphertext", "llmd-compaction-v1:not base64!", 5])
+def test_a_compaction_this_server_did_not_make_is_refused_naming_it(content):
+    err = refused(input=[{"type": "compaction", "encrypted_content": content}])
+    assert err.param == "input[0].encrypted_content"
+
+
+def test_a_compact_request_asks_for_a_greedy_bounded_summary_after_the_conversation():
+    from llmd.openai import COMPACT_MAX_TOKENS, COMPACT_PROMPT, parse_compact_request
+    req = parse_compact_request(json.dumps({"model": "m", "instructions": "Be brief.", "input": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}).encode())
+    assert req.chat.messages == [Message("system", "Be brief."), Message("user", "a"), Message("assistant", "b"),
+                                 Message("user", COMPACT_PROMPT)]
+    assert req.input == req.chat.messages[1:3] and req.instructions == "Be brief."
+    assert (req.chat.sampling.temperature, req.chat.max_tokens, req.chat.stream) == (0.0, COMPACT_MAX_TOKENS, False)
+    assert parse_compact_request(b'{"model": "m", "previous_response_id": "resp_1"}').input == []
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "x"}, "model"),
+    ({"model": "m"}, "input"),
+    ({"model": "m", "input": "x", "stream": True}, "stream"),
+    ({"model": "m", "input": "x", "previous_response_id": 3}, "previous_response_id"),
+])
+def test_bad_compact_requests_are_refused_naming_the_field(body, param):
+    from llmd.openai import parse_compact_request
+    with pytest.raises(ApiError) as info:
+        parse_compact_request(json.dumps(body).encode())
+    assert info.value.param == param

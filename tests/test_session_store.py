@@ -205,8 +205,9 @@ async def stack(tiny_model, tmp_path):
         table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store)
         await table.start()
         app = App()
+        # No prefix cache: what is cached here came from the session or its file alone.
         app.api = Api(engine, runtime, table, chat.load_template(engine.info.chat_template, None, engine),
-                      Options(["model"]))
+                      Options(["model"], prefix_cache="off"))
         server = HttpServer(app)
         await server.start("127.0.0.1", 0)
 

@@ -95,11 +95,13 @@ def test_session_routes_list_get_reset_delete(server):
 def test_warm_resume_reuses_the_previous_turns(server):
     delete_all(server)
     history = []
-    first = chat(server, "Name three colours.", {"X-Session-ID": "warm"}, max_tokens=12).json()
+    # A salt of its own: no other session's cached prefix, so that only warm resume is seen.
+    first = chat(server, "Name three colours.", {"X-Session-ID": "warm"}, max_tokens=12, cache_salt="warm").json()
     assert first["session_reset_reason"] == "new"
     history += [{"role": "user", "content": "Name three colours."},
                 {"role": "assistant", "content": first["choices"][0]["message"]["content"]}]
-    second = chat(server, "And three animals?", {"X-Session-ID": "warm"}, history=history, max_tokens=4).json()
+    second = chat(server, "And three animals?", {"X-Session-ID": "warm"}, history=history, max_tokens=4,
+                  cache_salt="warm").json()
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 0.9 * first["usage"]["prompt_tokens"]
     assert second["timings"]["cache_n"] == cached
@@ -144,7 +146,8 @@ def test_edited_or_stop_trimmed_replies_fall_back_to_their_text(server):
     for reply in (trimmed, trimmed + " edited"):
         history = question + [{"role": "assistant", "content": reply}]
         resumed = chat(server, "Go on.", history=history, max_tokens=8, session_id="trim").json()
-        fresh = chat(server, "Go on.", history=history, max_tokens=8, session_id="fresh").json()
+        fresh = chat(server, "Go on.", history=history, max_tokens=8, session_id="fresh",
+                     cache_salt=f"cold {reply}").json()  # a scope of its own: a cold prefill
         assert fresh["session_reset_reason"] == "new"
         assert resumed["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
         assert resumed["usage"]["prompt_tokens"] == fresh["usage"]["prompt_tokens"]

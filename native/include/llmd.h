@@ -45,6 +45,7 @@ typedef struct {
     int32_t n_ctx;          /* 0: the model's trained context length */
     int32_t max_sessions;   /* 0: as many as kv_budget_bytes allows */
     uint64_t kv_budget_bytes; /* 0: a default share of physical memory */
+    uint64_t prefix_cache_bytes; /* retired prefix-cache blocks kept (LRU); 0: one context's worth */
 } llmd_engine_options;
 
 typedef struct {
@@ -67,12 +68,15 @@ typedef struct {
     int32_t n_eog;              /* end-of-generation ids (EOS, EOT, ...) */
     const int32_t *eog_ids;
     uint64_t weight_bytes;      /* mapped tensor bytes */
-    uint64_t kv_bytes_per_token; /* of the layers that attend every position */
+    uint64_t kv_bytes_per_token; /* of the paged layers: all but the sliding-window rings */
     uint64_t kv_ring_bytes;     /* fixed bytes of the sliding-window layers' rings at n_ctx */
     uint64_t bytes_per_session; /* KV cache + per-session buffers at n_ctx */
     int32_t max_sessions;       /* serving capacity, scratch session included */
     int32_t add_eos;            /* 1 if prompts end with EOS */
     int32_t vocab_only;         /* 1 for a GGUF without weights: it tokenizes, sessions are refused */
+    int32_t kv_block_positions; /* KV memory is paged in blocks of this many positions */
+    uint64_t kv_block_bytes;    /* bytes of one block (every layer that attends all positions) */
+    int32_t kv_shares_prefixes; /* 1 if sessions can share blocks (no sliding-window rings) */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
@@ -84,6 +88,22 @@ llmd_status llmd_engine_get_info(const llmd_engine *engine, llmd_engine_info *ou
  * GGUF numbers it: 0 none, 1 mean, 2 cls, 3 last, 4 rank); 0 when it declares none. */
 llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling_type);
 
+/* The generation limit set by memory (benchmarks): *bytes_per_token, the weight bytes
+ * one decode step reads, and *read_bytes_per_s, how fast the engine's threads read a
+ * buffer of `bytes` (median of `passes` passes). Runs on the engine's threads, like
+ * prefill. bytes: 1 MiB .. 64 GiB; passes: 1 .. 100. */
+llmd_status llmd_engine_bandwidth(llmd_engine *engine, uint64_t bytes, int32_t passes,
+                                  uint64_t *bytes_per_token, double *read_bytes_per_s);
+
+/* The pooled embedding of ids (out: n_embd floats, not normalised): the ids run
+ * through the session from position 0 (its cache then holds them, with no logits),
+ * and the final-normed hidden states (the output head's input) are pooled as the
+ * file declares: the mean over the ids, the first id's (cls) or the last id's.
+ * LLMD_ERR_UNSUPPORTED for a model that declares no pooling, rank pooling, or
+ * non-causal attention (`<arch>.attention.causal` false). */
+llmd_status llmd_session_embed(llmd_session *session, const int32_t *ids, size_t n, float *out,
+                               size_t n_out);
+
 /* The model file's size and the bytes before its tensor data (GGUF header, metadata
  * and tensor table): what llmd/session_store.py hashes into a model fingerprint. */
 llmd_status llmd_engine_file_layout(const llmd_engine *engine, uint64_t *header_bytes, uint64_t *file_bytes);
@@ -91,6 +111,17 @@ llmd_status llmd_engine_file_layout(const llmd_engine *engine, uint64_t *header_
 /* Sessions of this engine not yet freed. Any thread may call it (it is how a server
  * checks that its own bookkeeping agrees with the engine). */
 llmd_status llmd_engine_live_sessions(const llmd_engine *engine, int32_t *n);
+
+/* The paged KV memory now; any thread may call it. `live` blocks are held by
+ * sessions (`refs` holds in all: a block several sessions share counts once in
+ * live and once per session in refs); `retired` blocks are the prefix cache's,
+ * held by none and kept for reuse under the engine's prefix_cache_bytes. */
+typedef struct {
+    int64_t blocks_live;
+    int64_t blocks_retired;
+    int64_t block_refs;
+} llmd_kv_stats;
+llmd_status llmd_engine_kv_stats(const llmd_engine *engine, llmd_kv_stats *out);
 
 /* How many sessions fit in budget_bytes of KV memory at the engine's context. */
 llmd_status llmd_engine_capacity(const llmd_engine *engine, uint64_t budget_bytes,
@@ -183,6 +214,19 @@ llmd_status llmd_session_truncate(llmd_session *session, int32_t pos);
 /* The smallest pos > 0 that truncate accepts now (0 when every one is). */
 llmd_status llmd_session_resume_floor(const llmd_session *session, int32_t *pos);
 llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
+
+/* The prefix cache. Joins the session to `scope` (bytes; sessions share only within
+ * one scope), so that its full blocks of positions are offered to others of that
+ * scope from now on; then, if the engine holds a longer prefix of ids than the
+ * `keep` tokens the caller would reuse of the session's own cache (at most n - 1,
+ * so one token is left to prefill), makes the session's cache that prefix and sets
+ * *reused to its length; else leaves the session as it is and sets *reused to 0.
+ * The prefix is whole blocks published in the scope (by any session, or retired
+ * ones) and then the longest run of further ids another live session of the scope
+ * holds, copied. What is reused is exactly what prefilling those ids computes.
+ * An engine whose kv_shares_prefixes is 0 always answers 0. */
+llmd_status llmd_session_share_prefix(llmd_session *session, const char *scope, size_t scope_len,
+                                      const int32_t *ids, size_t n, int32_t keep, int32_t *reused);
 
 /* The ids in the KV cache, oldest first: writes up to capacity ids, *n_out is the
  * count (LLMD_ERR_INVALID_ARGUMENT when capacity was too small). */

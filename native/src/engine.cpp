@@ -5,6 +5,7 @@
 #include "llmd.h"
 
 #include "arch/arch.h"
+#include "bandwidth.h"
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
@@ -41,10 +42,12 @@ struct llmd_engine {
     bool add_bos = false, add_eos = false;
     int n_ctx = 0;
     int max_sessions = 0;
+    std::unique_ptr<KVPool> kv_pool; // before the sessions, whose caches hold its blocks
+    bool kv_shares = false;          // no ring layers: a prefix's KV is its blocks alone
     std::vector<std::unique_ptr<llmd_session>> sessions;
 
     uint64_t bytes_per_session() const {
-        return KVCache::bytes_per_token(model->hp) * static_cast<uint64_t>(n_ctx) +
+        return KVCache::bytes_per_token(model->hp, n_ctx) * static_cast<uint64_t>(n_ctx) +
                KVCache::ring_bytes(model->hp, n_ctx) + static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
     }
     bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }
@@ -212,6 +215,23 @@ uint64_t physical_memory() {
     return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : (1ull << 32);
 }
 
+// The start of every prefix-cache key (kvpool.h): the tensors' names, types, shapes
+// and places, and the first bytes of each, FNV-1a over them.
+uint64_t model_fingerprint(const GGUFFile &file) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const auto add = [&](const void *data, size_t n) {
+        for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t *>(data)[i]) * 0x100000001b3ull;
+    };
+    for (const GGUFTensor &t : file.tensors()) {
+        add(t.name.data(), t.name.size());
+        add(&t.type, sizeof t.type);
+        add(t.ne, sizeof t.ne);
+        add(&t.offset, sizeof t.offset);
+        if (t.data != nullptr) add(t.data, std::min<uint64_t>(t.size, 64));
+    }
+    return h;
+}
+
 int capacity_for(const llmd_engine *e, uint64_t budget) {
     const uint64_t n = budget / std::max<uint64_t>(1, e->bytes_per_session());
     return static_cast<int>(std::min<uint64_t>(n, 4096));
@@ -247,6 +267,7 @@ llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out
         for (size_t j = 0; j < fed.size(); ++j) {
             llmd_session *s = fed[j];
             s->tokens.push_back(s->pending);
+            s->kv.publish(s->tokens);
             s->pending = -1;
             std::copy_n(logits.data() + j * hp.n_vocab, hp.n_vocab, s->logits.data());
             s->logits_valid = true;
@@ -309,6 +330,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         }
         if (std::string refused = unsupported_tensors(*e->file); !refused.empty())
             return fail(LLMD_ERR_UNSUPPORTED, refused);
+        const uint64_t fingerprint = model_fingerprint(*e->file); // before loading releases mapped pages
         e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
         if (!e->model) return fail(LLMD_ERR_FORMAT, err);
 
@@ -325,6 +347,12 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         if (n_threads > 256) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large");
         e->pool = std::make_unique<ThreadPool>(n_threads);
         e->ws.reserve(hp, 1);
+        size_t ring = 0, block = 0;
+        KVCache::layout(hp, e->n_ctx, &ring, &block);
+        e->kv_shares = ring == 0 && block > 0;
+        const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
+                                                             : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
+        e->kv_pool = std::make_unique<KVPool>(block, fingerprint, retired);
         *out = e.release();
         return LLMD_OK;
     });
@@ -369,10 +397,13 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->n_head_kv = hp.n_head_kv;
         out->n_threads = e->pool->size();
         out->weight_bytes = e->model->weight_bytes;
-        out->kv_bytes_per_token = KVCache::bytes_per_token(hp);
+        out->kv_bytes_per_token = KVCache::bytes_per_token(hp, e->n_ctx);
         out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;
+        out->kv_block_positions = kKVBlock;
+        out->kv_block_bytes = e->kv_pool->block_bytes();
+        out->kv_shares_prefixes = e->kv_shares ? 1 : 0;
         return LLMD_OK;
     });
 }
@@ -394,6 +425,15 @@ llmd_status llmd_engine_live_sessions(const llmd_engine *e, int32_t *n) {
         std::lock_guard<std::mutex> lock(g_live_mutex);
         *n = static_cast<int32_t>(std::count_if(g_live.begin(), g_live.end(),
                                                 [&](const llmd_session *s) { return s->engine == e; }));
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_engine_kv_stats(const llmd_engine *e, llmd_kv_stats *out) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
+        *out = {e->kv_pool->live(), e->kv_pool->retired(), e->kv_pool->refs()};
         return LLMD_OK;
     });
 }
@@ -481,11 +521,12 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         auto s = std::make_unique<llmd_session>();
         s->engine = e;
         const HParams &hp = e->model->hp;
-        size_t cells = 0;
-        s->kv.layers = KVCache::layout(hp, e->n_ctx, &cells);
+        size_t ring = 0, block = 0;
+        s->kv.layers = KVCache::layout(hp, e->n_ctx, &ring, &block);
+        s->kv.pool = e->kv_pool.get();
         // Uninitialised on purpose: pages are touched only as positions fill.
-        s->kv.k.reset(new (std::nothrow) uint16_t[cells]);
-        s->kv.v.reset(new (std::nothrow) uint16_t[cells]);
+        s->kv.k.reset(new (std::nothrow) uint16_t[ring]);
+        s->kv.v.reset(new (std::nothrow) uint16_t[ring]);
         if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
         s->logits.resize(hp.n_vocab);
         llmd_sampling greedy{};
@@ -533,6 +574,7 @@ llmd_status llmd_session_prefill(llmd_session *s, const int32_t *ids, size_t n) 
                 batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1};
             forward(*e->model, batch.data(), m, e->ws, *e->pool, s->logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
+            s->kv.publish(s->tokens);
         }
         s->logits_valid = true;
         return LLMD_OK;
@@ -578,10 +620,40 @@ llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
             return fail(LLMD_ERR_INVALID_ARGUMENT,
                         "truncate position " + std::to_string(pos) + " is before " + std::to_string(floor) +
                             ": the sliding-window layers no longer hold the positions it attends (truncate to 0)");
-        if (pos == 0) s->kv.high = -1;
+        s->kv.truncate(pos);
         s->tokens.resize(pos);
         s->pending = -1;
         s->logits_valid = false;
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t scope_len, const int32_t *ids,
+                                      size_t n, int32_t keep, int32_t *reused) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (reused == nullptr || (scope == nullptr && scope_len > 0) || keep < 0 || n == 0)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "share_prefix needs ids, keep >= 0 and an output");
+        llmd_engine *e = s->engine;
+        if (const llmd_status st = check_ids(e, ids, n); st != LLMD_OK) return st;
+        *reused = 0;
+        if (!e->kv_shares) return LLMD_OK;
+        const std::string joined(scope ? scope : "", scope_len);
+        if (!s->tokens.empty() && (!s->kv.sharing || s->kv.scope != joined)) s->kv.foreign = true;
+        s->kv.sharing = true;
+        s->kv.scope = joined;
+        std::vector<PrefixHolder> holders;
+        for (const auto &other : e->sessions)
+            if (other->kv.sharing && !other->kv.foreign && other->kv.scope == joined)
+                holders.push_back({&other->kv, &other->tokens});
+        const int limit = static_cast<int>(std::min<size_t>(n - 1, static_cast<size_t>(e->n_ctx)));
+        const PrefixMatch m = e->kv_pool->match(s->kv.scope, ids, limit, holders);
+        if (m.length() <= keep) return LLMD_OK;
+        s->kv.adopt(e->model->hp, m);
+        s->tokens.assign(ids, ids + m.length());
+        s->pending = -1;
+        s->logits_valid = false;
+        *reused = m.length();
         return LLMD_OK;
     });
 }
@@ -655,8 +727,17 @@ llmd_status llmd_session_import(llmd_session *s, const uint8_t *data, size_t len
         if (data == nullptr && len > 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "data must not be null");
         std::string err;
         std::vector<int32_t> tokens;
-        if (!state_read(s->engine->model->hp, s->kv, s->engine->n_ctx, data, len, &tokens, &err))
-            return fail(LLMD_ERR_FORMAT, err);
+        bool read = false;
+        try {
+            read = state_read(s->engine->model->hp, s->kv, s->engine->n_ctx, data, len, &tokens, &err);
+        } catch (...) { // out of blocks part way: the cache is emptied, and so are its ids
+            s->kv.truncate(0);
+            s->tokens.clear();
+            s->pending = -1;
+            s->logits_valid = false;
+            throw;
+        }
+        if (!read) return fail(LLMD_ERR_FORMAT, err);
         s->tokens = std::move(tokens);
         s->pending = -1;
         s->logits_valid = false;
@@ -721,19 +802,101 @@ llmd_status llmd_grammar_match(const char *grammar, size_t grammar_len, const ch
     });
 }
 
+llmd_status llmd_engine_bandwidth(llmd_engine *e, uint64_t bytes, int32_t passes, uint64_t *bytes_per_token,
+                                  double *read_bytes_per_s) {
+    return guarded([&]() -> llmd_status {
+        if (e == nullptr || bytes_per_token == nullptr || read_bytes_per_s == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and outs must not be null");
+        if (bytes < (uint64_t{1} << 20) || bytes > (uint64_t{64} << 30))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bandwidth: bytes must be 1 MiB .. 64 GiB");
+        if (passes < 1 || passes > 100) return fail(LLMD_ERR_INVALID_ARGUMENT, "bandwidth: passes must be 1 .. 100");
+        if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
+        *bytes_per_token = decode_bytes(*e->model);
+        *read_bytes_per_s = read_bandwidth(*e->pool, static_cast<size_t>(bytes), passes);
+        return LLMD_OK;
+    });
+}
+
+namespace {
+
+// A metadata key of the model's family as the file names it: "<general.architecture>.<name>".
+std::string family_key(const llmd_engine *e, const char *name) {
+    std::string err;
+    std::string_view arch;
+    e->file->get_string("general.architecture", &arch, &err); // checked when the engine opened
+    return std::string(arch) + "." + name;
+}
+
+// The file's `<arch>.pooling_type` (0 when it declares none) into *pooling.
+llmd_status read_pooling(const llmd_engine *e, int32_t *pooling) {
+    std::string err;
+    int64_t value = 0;
+    if (!e->file->get_int(family_key(e, "pooling_type"), &value, &err)) {
+        if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
+        value = 0;
+    }
+    if (value < 0 || value > 4) return fail(LLMD_ERR_FORMAT, "GGUF: pooling_type " + std::to_string(value) + " is unknown");
+    *pooling = static_cast<int32_t>(value);
+    return LLMD_OK;
+}
+
+} // namespace
+
 llmd_status llmd_engine_pooling_type(const llmd_engine *e, int32_t *pooling_type) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || pooling_type == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "engine and out must not be null");
+        return read_pooling(e, pooling_type);
+    });
+}
+
+llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, float *out, size_t n_out) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        llmd_engine *e = s->engine;
+        const int dim = e->model->hp.n_embd;
+        if (n == 0 || out == nullptr || n_out != static_cast<size_t>(dim))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "embed needs at least one token and an output of n_embd floats");
+        int32_t pooling = 0;
+        if (const llmd_status st = read_pooling(e, &pooling); st != LLMD_OK) return st;
+        if (pooling < 1 || pooling > 3)
+            return fail(LLMD_ERR_UNSUPPORTED, pooling == 0 ? "the model declares no pooling: it makes no embeddings"
+                                                           : "rank pooling (a reranker's classification head) is not supported");
         std::string err;
-        std::string_view arch;
-        int64_t value = 0;
-        if (!e->file->get_string("general.architecture", &arch, &err) ||
-            !e->file->get_int(std::string(arch) + ".pooling_type", &value, &err)) {
-            if (!err.empty()) return fail(LLMD_ERR_FORMAT, err);
-            value = 0;
+        bool causal = true;
+        const std::string causal_key = family_key(e, "attention.causal");
+        if (!e->file->get_bool(causal_key, &causal, &err) && !err.empty()) return fail(LLMD_ERR_FORMAT, err);
+        if (!causal) // every token would attend the whole input, which the forward pass does not do
+            return fail(LLMD_ERR_UNSUPPORTED, "the model's attention is not causal (" + causal_key +
+                                                  " is false); llmd runs causal attention only");
+        if (const llmd_status st = check_ids(e, ids, n); st != LLMD_OK) return st;
+        if (n > static_cast<size_t>(e->n_ctx))
+            return fail(LLMD_ERR_CONTEXT_FULL, std::to_string(n) + " tokens do not fit the context of " +
+                                                   std::to_string(e->n_ctx));
+        // The input runs from position 0; the cache then holds it, with no logits.
+        s->tokens.clear();
+        s->kv.high = -1;
+        s->pending = -1;
+        s->logits_valid = false;
+        const bool mean = pooling == 1;
+        const size_t pooled = pooling == 2 ? 0 : n - 1; // the token CLS or LAST pooling takes
+        std::vector<float> hidden(static_cast<size_t>(std::min<size_t>(n, kMaxBatch)) * dim);
+        std::vector<double> sum(mean ? dim : 0);
+        std::vector<BatchToken> batch(std::min<size_t>(n, kMaxBatch));
+        for (size_t i = 0; i < n; i += kMaxBatch) {
+            const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
+            for (int j = 0; j < m; ++j)
+                batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(i + j), mean || i + j == pooled};
+            forward(*e->model, batch.data(), m, e->ws, *e->pool, nullptr, hidden.data());
+            s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
+            if (mean) {
+                for (int j = 0; j < m; ++j)
+                    for (int d = 0; d < dim; ++d) sum[d] += hidden[static_cast<size_t>(j) * dim + d];
+            } else if (pooled >= i && pooled < i + m) {
+                std::copy_n(hidden.data(), dim, out);
+            }
         }
-        if (value < 0 || value > 4) return fail(LLMD_ERR_FORMAT, "GGUF: pooling_type " + std::to_string(value) + " is unknown");
-        *pooling_type = static_cast<int32_t>(value);
+        if (mean)
+            for (int d = 0; d < dim; ++d) out[d] = static_cast<float>(sum[d] / static_cast<double>(n));
         return LLMD_OK;
     });
 }
@@ -778,6 +941,7 @@ llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n
             }
             forward(*e->model, batch.data(), m, e->ws, *e->pool, logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
+            s->kv.publish(s->tokens);
             int row = 0;
             for (int j = 0; j < m; ++j) {
                 if (!batch[j].logits) continue;

@@ -443,42 +443,128 @@ void Model::pack() {
 
 // ---- attention memory ----------------------------------------------------
 
-std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t *elements) {
+std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t *ring_elements,
+                                            size_t *block_elements) {
     const auto blocks = [](int64_t n) { return static_cast<int>((n + kKeyBlock - 1) / kKeyBlock * kKeyBlock); };
     std::vector<Layer> layers(hp.n_layer);
     size_t offset = 0;
+    int paged = 0;
     for (int l = 0; l < hp.n_layer; ++l) {
         // A forward batch writes all its positions before any of them attends, so a
         // ring holds its window behind the batch's first position plus the batch.
-        const int full = blocks(n_ctx), w = hp.window[l];
-        const int slots = w > 0 ? std::min(full, blocks(int64_t{w} + kMaxBatch - 1)) : full;
-        layers[l] = {offset, slots, w};
-        offset += static_cast<size_t>(slots) * hp.kv_dim();
+        const int w = hp.window[l];
+        const int slots = w > 0 ? std::min(blocks(n_ctx), blocks(int64_t{w} + kMaxBatch - 1)) : 0;
+        if (w > 0 && slots < blocks(n_ctx)) {
+            layers[l] = {offset, slots, w};
+            offset += static_cast<size_t>(slots) * hp.kv_dim();
+        } else { // a window as long as the context attends everything a ring would hold
+            layers[l] = {0, 0, w, paged++};
+        }
     }
-    *elements = offset;
+    *ring_elements = offset;
+    *block_elements = static_cast<size_t>(paged) * hp.kv_dim() * kKVBlock;
     return layers;
 }
 
-uint64_t KVCache::bytes_per_token(const HParams &hp) {
-    const auto full = std::count(hp.window.begin(), hp.window.end(), 0);
-    return 2ull * static_cast<uint64_t>(full) * hp.kv_dim() * sizeof(uint16_t);
+uint64_t KVCache::bytes_per_token(const HParams &hp, int n_ctx) {
+    size_t ring = 0, block = 0;
+    layout(hp, n_ctx, &ring, &block);
+    return 2ull * block / kKVBlock * sizeof(uint16_t);
 }
 
 uint64_t KVCache::ring_bytes(const HParams &hp, int n_ctx) {
-    size_t elements = 0;
-    uint64_t rows = 0;
-    for (const Layer &L : layout(hp, n_ctx, &elements))
-        if (L.window > 0) rows += static_cast<uint64_t>(L.slots);
-    return 2ull * rows * hp.kv_dim() * sizeof(uint16_t);
+    size_t elements = 0, block = 0;
+    layout(hp, n_ctx, &elements, &block);
+    return 2ull * elements * sizeof(uint16_t);
 }
 
 int KVCache::resume_floor() const {
     int floor = 0;
     for (const Layer &L : layers) {
         const int lost = high - L.slots + 1; // positions below this one were overwritten
-        if (L.window > 0 && lost > 0) floor = std::max(floor, lost + L.window - 1);
+        if (L.paged < 0 && lost > 0) floor = std::max(floor, lost + L.window - 1);
     }
     return floor;
+}
+
+void KVCache::prepare(int pos) {
+    if (pool == nullptr || pool->elements() == 0) return;
+    const size_t b = static_cast<size_t>(pos / kKVBlock);
+    if (b >= blocks.size()) {
+        blocks.reserve(b + 1); // so that no push_back throws with a block acquired
+        while (blocks.size() <= b) blocks.push_back(pool->acquire());
+    } else if (pool->published(blocks[b])) { // immutable: write on a copy
+        const int copy = pool->acquire();
+        std::memcpy(pool->keys(copy), pool->keys(blocks[b]), 2 * pool->elements() * sizeof(uint16_t));
+        pool->release(blocks[b]);
+        blocks[b] = copy;
+        published = std::min(published, static_cast<int>(b));
+    }
+}
+
+void KVCache::truncate(int pos) {
+    if (pos == 0) {
+        high = -1;
+        foreign = false;
+    }
+    const size_t keep = static_cast<size_t>((pos + kKVBlock - 1) / kKVBlock);
+    while (blocks.size() > keep) { // the last first: a retired parent outlives its children
+        pool->release(blocks.back());
+        blocks.pop_back();
+    }
+    published = std::min(published, pos / kKVBlock);
+}
+
+void KVCache::publish(const std::vector<int32_t> &tokens) {
+    if (!sharing || foreign) return;
+    const int full = static_cast<int>(tokens.size()) / kKVBlock;
+    for (; published < full; ++published) {
+        const int i = published, parent = i > 0 ? blocks[i - 1] : -1;
+        if (parent >= 0 && !pool->published(parent)) return; // the chain stopped before it
+        const int held = pool->publish(blocks[i], parent, scope, tokens.data() + static_cast<size_t>(i) * kKVBlock);
+        if (held < 0) return;
+        if (held != blocks[i]) { // the same tokens were computed elsewhere: hold that copy
+            pool->retain(held);
+            pool->release(blocks[i]);
+            blocks[i] = held;
+        }
+    }
+}
+
+void KVCache::adopt(const HParams &hp, const PrefixMatch &m) {
+    std::vector<int> next;
+    next.reserve(m.blocks.size() + 1);
+    for (const int id : m.blocks) {
+        pool->retain(id);
+        next.push_back(id);
+    }
+    const size_t i = m.blocks.size();
+    if (m.tail_len > 0) {
+        if (i < blocks.size() && blocks[i] == m.tail_block && !pool->published(m.tail_block)) {
+            pool->retain(m.tail_block); // this session's own block: kept where it is
+            next.push_back(m.tail_block);
+        } else {
+            try {
+                next.push_back(pool->acquire());
+            } catch (...) {
+                for (const int id : next) pool->release(id);
+                throw;
+            }
+            // Per layer and head, the tail's key blocks whole and its value rows.
+            const size_t hd = static_cast<size_t>(hp.head_dim), run = kKVBlock * hd, runs = pool->elements() / run;
+            const size_t key_rows = (m.tail_len + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+            for (size_t r = 0; r < runs; ++r) {
+                std::memcpy(pool->keys(next.back()) + r * run, pool->keys(m.tail_block) + r * run,
+                            key_rows * hd * sizeof(uint16_t));
+                std::memcpy(pool->values(next.back()) + r * run, pool->values(m.tail_block) + r * run,
+                            m.tail_len * hd * sizeof(uint16_t));
+            }
+        }
+    }
+    truncate(0); // which also ends `foreign`: the blocks matched are the scope's own
+    blocks = std::move(next);
+    high = m.length() - 1;
+    published = static_cast<int>(m.blocks.size());
 }
 
 // ---- kernels -------------------------------------------------------------
@@ -637,20 +723,22 @@ void to_f16(const float *x, uint16_t *y, int n) {
 
 // Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
 // cache into out/part (attend_range's partial). The kernels read whole key blocks
-// from a block start: a span that starts inside a block (a sliding window's first
-// positions) has that block's part copied into a block of its own, and a span that
-// wraps around a ring is read as two. Either way the pieces are fixed by the
-// positions alone, never by the batch.
+// from a block start, contiguous: a span that starts inside a key block (a sliding
+// window's first positions) has that block's part copied into a block of its own,
+// and a span over several runs (pool blocks, or a ring's end and start) is read a
+// run at a time, the partials folded in order. Either way the pieces are fixed by
+// the positions alone, never by the batch.
 void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
                  int n_q, float scale, float *out, AttnPartial *part) {
-    const int hd = hp.head_dim, slots = kv.layers[layer].slots;
-    const size_t base = kv.row(hp, layer, head, 0);
+    const int hd = hp.head_dim;
     const int head_end = std::min(p1, (p0 + kKeyBlock - 1) / kKeyBlock * kKeyBlock); // end of the unaligned part
-    const int first_slot = head_end % slots;
-    if (head_end == p0 && (p1 - p0 == 0 || first_slot + (p1 - p0) <= slots)) { // one aligned, unwrapped piece
-        const size_t row = base + static_cast<size_t>(first_slot) * hd;
-        attend_range(q, n_q, &kv.k[row], &kv.v[row], p1 - p0, hd, scale, out, part);
-        return;
+    if (p1 == p0) return attend_range(q, n_q, nullptr, nullptr, 0, hd, scale, out, part);
+    if (head_end == p0) {
+        const KVCache::Row r = kv.row(hp, layer, head, p0);
+        if (r.index + (p1 - p0) <= r.count) { // one aligned piece
+            const size_t at = static_cast<size_t>(r.index) * hd;
+            return attend_range(q, n_q, r.keys + at, r.values + at, p1 - p0, hd, scale, out, part);
+        }
     }
     thread_local std::vector<uint16_t> keys, values;
     thread_local std::vector<float> piece;
@@ -667,16 +755,18 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
         keys.assign(static_cast<size_t>(kKeyBlock) * hd, 0);
         values.resize(static_cast<size_t>(kKeyBlock) * hd);
         for (int p = p0; p < head_end; ++p) {
-            const int slot = p % slots, i = p - p0;
-            for (int d = 0; d < hd; ++d) keys[key_at(i, d, hd)] = kv.k[base + key_at(slot, d, hd)];
-            std::copy_n(&kv.v[base + static_cast<size_t>(slot) * hd], hd, &values[static_cast<size_t>(i) * hd]);
+            const KVCache::Row r = kv.row(hp, layer, head, p);
+            const int i = p - p0;
+            for (int d = 0; d < hd; ++d) keys[key_at(i, d, hd)] = r.keys[key_at(r.index, d, hd)];
+            std::copy_n(r.values + static_cast<size_t>(r.index) * hd, hd, &values[static_cast<size_t>(i) * hd]);
         }
         add(keys.data(), values.data(), head_end - p0);
     }
-    for (int p = head_end; p < p1;) { // whole blocks, up to the end of the ring at a time
-        const int slot = p % slots, n_pos = std::min(p1 - p, slots - slot);
-        const size_t row = base + static_cast<size_t>(slot) * hd;
-        add(&kv.k[row], &kv.v[row], n_pos);
+    for (int p = head_end; p < p1;) { // whole key blocks, up to the end of a run at a time
+        const KVCache::Row r = kv.row(hp, layer, head, p);
+        const int n_pos = std::min(p1 - p, r.count - r.index);
+        const size_t at = static_cast<size_t>(r.index) * hd;
+        add(r.keys + at, r.values + at, n_pos);
         p += n_pos;
     }
 }
@@ -940,13 +1030,14 @@ void attend(const Pass &p, int layer) {
     const int kv_dim = hp.kv_dim();
     for (int t = 0; t < p.n; ++t) {
         KVCache &kv = *p.batch[t].kv;
-        const int pos = p.batch[t].pos, slot = pos % kv.layers[layer].slots;
+        const int pos = p.batch[t].pos;
         kv.high = std::max(kv.high, pos);
         for (int h = 0; h < hp.n_head_kv; ++h) {
+            const KVCache::Row r = kv.row(hp, layer, h, pos);
             const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
-            uint16_t *keys = &kv.k[kv.row(hp, layer, h, 0)];
-            for (int d = 0; d < hp.head_dim; ++d) keys[key_at(slot, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
-            to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, &kv.v[kv.row(hp, layer, h, pos)], hp.head_dim);
+            for (int d = 0; d < hp.head_dim; ++d) r.keys[key_at(r.index, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
+            to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, r.values + static_cast<size_t>(r.index) * hp.head_dim,
+                   hp.head_dim);
         }
     }
     attention(p.model, p.batch, p.n, layer, p.ws, p.pool);
@@ -955,10 +1046,11 @@ void attend(const Pass &p, int layer) {
 // ---- the forward pass ------------------------------------------------------
 
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, ThreadPool &pool,
-             float *logits) {
+             float *logits, float *hidden) {
     const HParams &hp = model.hp;
     const int dim = hp.n_embd;
     ws.reserve(hp, n);
+    for (int t = 0; t < n; ++t) batch[t].kv->prepare(batch[t].pos); // every block the pass writes, before it writes
     const Pass pass{model, hp, batch, n, ws, pool};
 
     float *x = pass.x;
@@ -973,11 +1065,12 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
 
     for (int l = 0; l < hp.n_layer; ++l) model.arch->layer(pass, model.layers[l], l);
 
+    float *normed = hidden != nullptr ? hidden : ws.logits_in.data();
     int n_out = 0;
     for (int t = 0; t < n; ++t)
         if (batch[t].logits)
-            rmsnorm(ws.logits_in.data() + (n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
-    if (n_out > 0) {
+            rmsnorm(normed + static_cast<size_t>(n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
+    if (n_out > 0 && hidden == nullptr) {
         const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
         matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
         if (hp.logit_softcap > 0.0f)

@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "gguf.h"
+#include "kvpool.h"
 #include "quants.h"
 #include "threadpool.h"
 
@@ -165,33 +166,81 @@ struct Binder {
     void moe_ffn(const HParams &hp, int l, LayerWeights &L);
 };
 
-// One session's attention memory: per layer, keys and values as f16, (kv head,
-// slots, head_dim), so that attending one KV head streams contiguous memory; keys
-// are in blocks of positions inside that (attention.h: key_at). A layer that attends
-// every position keeps n_ctx slots; a sliding-window layer keeps a ring, position p
-// in slot p % slots, just large enough for its window and one forward batch.
+// One session's attention memory: per layer, keys and values as f16, per KV head in
+// runs of positions (row()): keys in blocks of positions inside a run (attention.h:
+// key_at), values as rows. A layer that attends every position keeps its positions
+// in the engine's pool (kvpool.h), in blocks of kKVBlock that `blocks` lists in
+// order, allocated as positions are written and shared with sessions that hold the
+// same tokens; a sliding-window layer keeps a ring of its own, position p in slot
+// p % slots, just large enough for its window and one forward batch.
 struct KVCache {
     struct Layer {
-        size_t offset = 0; // element offset of the layer's first row
-        int slots = 0;     // a whole number of key blocks
+        size_t offset = 0; // ring: element offset of the layer's first row in k and v
+        int slots = 0;     // ring: a whole number of key blocks; 0 for a paged layer
         int window = 0;    // positions attended, its own included; 0: all
+        int paged = -1;    // paged: the layer's place in a pool block
     };
     std::vector<Layer> layers;
     int high = -1; // highest position written since the cache was last emptied
-    std::unique_ptr<uint16_t[]> k;
+    std::unique_ptr<uint16_t[]> k; // the rings
     std::unique_ptr<uint16_t[]> v;
+    KVPool *pool = nullptr;
+    std::vector<int> blocks; // pool blocks of positions [i * kKVBlock, (i + 1) * kKVBlock)
+    // The prefix cache (kvpool.h): full blocks are published in `scope` while
+    // `sharing`; blocks [0, published) are published or were offered. A cache that
+    // still holds tokens computed for another scope is `foreign` until it is emptied:
+    // it neither publishes nor lends them, so no scope learns another's prompts.
+    bool sharing = false;
+    bool foreign = false;
+    std::string scope;
+    int published = 0;
 
-    // The layers' slots for a context of n_ctx and the elements of k (and of v).
-    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *elements);
-    // Bytes of keys and values per position of the layers that attend every
-    // position, and the fixed bytes of the sliding-window layers at n_ctx.
-    static uint64_t bytes_per_token(const HParams &hp);
+    KVCache() = default;
+    KVCache(const KVCache &) = delete;
+    KVCache &operator=(const KVCache &) = delete;
+    ~KVCache() { if (pool != nullptr) truncate(0); }
+
+    // The layers' places for a context of n_ctx, the elements of the rings' k (and
+    // of v), and of one pool block's keys (and values).
+    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_elements, size_t *block_elements);
+    // Bytes of keys and values per position of the paged layers (those that attend
+    // every position, or a window no shorter than n_ctx), and the fixed bytes of the
+    // sliding-window layers' rings at n_ctx.
+    static uint64_t bytes_per_token(const HParams &hp, int n_ctx);
     static uint64_t ring_bytes(const HParams &hp, int n_ctx);
-    // Offset of (layer, kv head, position)'s row.
-    size_t row(const HParams &hp, int layer, int head, int pos) const {
+
+    // Where (layer, kv head, position) is stored: the run of positions holding it, as
+    // its keys and values, and its index there: element d of its key is
+    // keys[key_at(index, d, hd)], its value row values + index * hd, and positions
+    // up to the run's `count` follow it contiguously. The one place that maps a
+    // position to memory; the block of a paged position must exist (prepare()).
+    struct Row {
+        uint16_t *keys;
+        uint16_t *values;
+        int index;
+        int count;
+    };
+    Row row(const HParams &hp, int layer, int head, int pos) const {
         const Layer &L = layers[layer];
-        return L.offset + (static_cast<size_t>(head) * L.slots + pos % L.slots) * hp.head_dim;
+        if (L.paged < 0) {
+            const size_t base = L.offset + static_cast<size_t>(head) * L.slots * hp.head_dim;
+            return {&k[base], &v[base], pos % L.slots, L.slots};
+        }
+        const int block = blocks[pos / kKVBlock];
+        const size_t base = (static_cast<size_t>(L.paged) * hp.n_head_kv + head) * kKVBlock * hp.head_dim;
+        return {pool->keys(block) + base, pool->values(block) + base, pos % kKVBlock, kKVBlock};
     }
+    // Makes the block of position pos (the next one written, or one before it after
+    // a truncate) this session's own to write: allocated, or copied if published.
+    void prepare(int pos);
+    // Keeps positions [0, pos): releases the blocks past them; 0 also empties the rings.
+    void truncate(int pos);
+    // Publishes the full blocks of `tokens` (the ids in this cache) not yet offered.
+    void publish(const std::vector<int32_t> &tokens);
+    // Replaces the contents with a prefix the pool matched (kvpool.h): its full
+    // blocks held, its tail copied into a block of its own.
+    void adopt(const HParams &hp, const PrefixMatch &m);
+
     // Positions written at or below `high` that a ring has overwritten are gone: the
     // cache can be cut back to 0 or to any position from resume_floor() on, where
     // every ring still holds the window the next position attends.
@@ -257,9 +306,11 @@ struct Workspace {
 constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are chunked
 
 // Runs the tokens through the model, writing their K/V into their caches and,
-// for every token with `logits` set, n_vocab logits (in batch order) to `logits`.
+// for every token with `logits` set, n_vocab logits (in batch order) to `logits`;
+// with `hidden`, that token's final-normed hidden state (dim floats, the input
+// of the output head, which is then skipped) to `hidden` instead: embeddings.
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
-             ThreadPool &pool, float *logits);
+             ThreadPool &pool, float *logits, float *hidden = nullptr);
 
 // ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
 

@@ -342,20 +342,20 @@ void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
 // Panel layouts: {bits, offset, split, mins, f16, lut, k_scales}.
 constexpr PanelLayout kPanelQ4_0{4, 8, false, false, true, nullptr, false};
 constexpr PanelLayout kPanelQ4_1{4, 0, false, true, true, nullptr, false};
-constexpr PanelLayout kPanelQ5_0{8, 16, false, false, true, nullptr, false};
-constexpr PanelLayout kPanelQ5_1{8, 0, false, true, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_0{5, 16, false, false, true, nullptr, false};
+constexpr PanelLayout kPanelQ5_1{5, 0, false, true, true, nullptr, false};
 constexpr PanelLayout kPanelQ8_0{8, 128, false, false, true, nullptr, false};
 constexpr PanelLayout kPanelIQ4NL{4, 128, false, false, true, kIQ4NL, false};
 constexpr PanelLayout kPanelMXFP4{4, 128, false, false, false, kFP4, false};
-constexpr PanelLayout kPanelQ2_K{8, 0, true, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ3_K{8, 4, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelQ2_K{2, 0, true, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ3_K{3, 4, true, false, true, nullptr, true};
 constexpr PanelLayout kPanelQ4_K{4, 0, false, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ5_K{8, 0, false, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ6_K{8, 32, true, false, true, nullptr, true};
+constexpr PanelLayout kPanelQ5_K{5, 0, false, true, true, nullptr, true};
+constexpr PanelLayout kPanelQ6_K{6, 32, true, false, true, nullptr, true};
 constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, true, kIQ4NL, true};
 
 // A type the engine computes with, dotted against BlockQ8A.
-template <DecodeFn Decode, const PanelLayout &Panel, DotFn Fast = fast_dot_pieces<Decode>>
+template <DecodeFn Decode, const PanelLayout &Panel, DotFn Fast>
 constexpr TypeTraits quantized(const char *name, int64_t elems, int64_t bytes) {
     // Super-block types take activations quantized like llama.cpp's Q8_K for them.
     return {name, elems, bytes, elems == QK_K ? Activation::Q8K : Activation::Q8A, Decode, to_float_pieces<Decode>, dot_ref_pieces<Decode>,
@@ -383,24 +383,24 @@ const TypeTraits kTraits[kTypeCount] = {
     /*  3 */ quantized<decode_q4_1, kPanelQ4_1, fast_dot_q4_1>("Q4_1", 32, 20),
     /*  4 */ {},
     /*  5 */ {},
-    /*  6 */ quantized<decode_q5_0, kPanelQ5_0>("Q5_0", 32, 22),
-    /*  7 */ quantized<decode_q5_1, kPanelQ5_1>("Q5_1", 32, 24),
+    /*  6 */ quantized<decode_q5_0, kPanelQ5_0, fast_dot_q5_0>("Q5_0", 32, 22),
+    /*  7 */ quantized<decode_q5_1, kPanelQ5_1, fast_dot_q5_1>("Q5_1", 32, 24),
     /*  8 */ quantized<decode_q8_0, kPanelQ8_0, fast_dot_q8_0>("Q8_0", 32, 34),
     /*  9 */ sized("Q8_1", 32, 36),
-    /* 10 */ quantized<decode_q2_k, kPanelQ2_K>("Q2_K", 256, 84),
-    /* 11 */ quantized<decode_q3_k, kPanelQ3_K>("Q3_K", 256, 110),
-    /* 12 */ quantized<decode_q4_k, kPanelQ4_K>("Q4_K", 256, 144),
-    /* 13 */ quantized<decode_q5_k, kPanelQ5_K>("Q5_K", 256, 176),
-    /* 14 */ quantized<decode_q6_k, kPanelQ6_K>("Q6_K", 256, 210),
+    /* 10 */ quantized<decode_q2_k, kPanelQ2_K, fast_dot_q2_k>("Q2_K", 256, 84),
+    /* 11 */ quantized<decode_q3_k, kPanelQ3_K, fast_dot_q3_k>("Q3_K", 256, 110),
+    /* 12 */ quantized<decode_q4_k, kPanelQ4_K, fast_dot_q4_k>("Q4_K", 256, 144),
+    /* 13 */ quantized<decode_q5_k, kPanelQ5_K, fast_dot_q5_k>("Q5_K", 256, 176),
+    /* 14 */ quantized<decode_q6_k, kPanelQ6_K, fast_dot_q6_k>("Q6_K", 256, 210),
     /* 15 */ sized("Q8_K", 256, 292),
     /* 16 */ sized("IQ2_XXS", 256, 66),
     /* 17 */ sized("IQ2_XS", 256, 74),
     /* 18 */ sized("IQ3_XXS", 256, 98),
     /* 19 */ sized("IQ1_S", 256, 50),
-    /* 20 */ quantized<decode_iq4_nl, kPanelIQ4NL>("IQ4_NL", 32, 18),
+    /* 20 */ quantized<decode_iq4_nl, kPanelIQ4NL, fast_dot_iq4_nl<kIQ4NL>>("IQ4_NL", 32, 18),
     /* 21 */ sized("IQ3_S", 256, 110),
     /* 22 */ sized("IQ2_S", 256, 82),
-    /* 23 */ quantized<decode_iq4_xs, kPanelIQ4XS>("IQ4_XS", 256, 136),
+    /* 23 */ quantized<decode_iq4_xs, kPanelIQ4XS, fast_dot_iq4_xs<kIQ4NL>>("IQ4_XS", 256, 136),
     /* 24 */ sized("I8", 1, 1),
     /* 25 */ sized("I16", 1, 2),
     /* 26 */ sized("I32", 1, 4),
@@ -416,7 +416,7 @@ const TypeTraits kTraits[kTypeCount] = {
     /* 36 */ {},
     /* 37 */ {},
     /* 38 */ {},
-    /* 39 */ quantized<decode_mxfp4, kPanelMXFP4>("MXFP4", 32, 17),
+    /* 39 */ quantized<decode_mxfp4, kPanelMXFP4, fast_dot_mxfp4<kFP4>>("MXFP4", 32, 17),
     /* 40 */ sized("NVFP4", 64, 36),
     /* 41 */ sized("Q1_0", 128, 18),
     /* 42 */ sized("Q2_0", 64, 18),

@@ -61,14 +61,21 @@ enum class Activation : uint8_t {
 
 // How a type is repacked into panels of kPanel rows for the AVX-512 VNNI kernels
 // (quants_packed.h). Every panel-block is 16 rows × 32 elements: the weights as
-// unsigned bytes u = q + offset (or nibbles, pairs of elements as GGUF pairs them:
-// i and 16 + i), then the rows' scales d * scale (one set, or two when the scale
-// changes every 16 elements), then their mins likewise when the type has them.
+// unsigned integers u = q + offset of `bits` bits, then the rows' scales d * scale
+// (one set, or two when the scale changes every 16 elements), then their mins
+// likewise when the type has them. The kernel multiplies 8 vectors w[g] of 64
+// bytes, rows 0..15 × elements 4g..4g+3 (byte 4 i + k: row i, element 4 g + k).
+// 8-bit layouts store them as they are. Narrower ones keep the file's size: the
+// same byte positions hold a low plane of nibbles (4 slots of 64 bytes, slot j
+// w[j] in bits 0..3 and w[j + 4] in bits 4..7) for 4 to 6 bits, or of bit pairs
+// (2 slots, slot m w[4 m + c] in bits 2 c..2 c + 1) for 2 and 3 bits; then a high
+// plane with u's remaining bits: pairs as above, or single bits (1 slot, w[g] in
+// bit g).
 // K-quants keep their two-level scales (`k_scales`): per panel-block the rows'
 // integer scales (and min scales) as int8, and before every 8 panel-blocks (256
 // elements) each row's d (and m) as f16, as compact as the file's own.
 struct PanelLayout {
-    uint8_t bits = 0;            // 4 or 8; 0: no packed form
+    uint8_t bits = 0;            // bits of u: 2 to 6 or 8; 0: no packed form
     int16_t offset = 0;          // u = q + offset
     bool split = false;          // separate scales (and mins) for elements 0..15 and 16..31
     bool mins = false;           // the type has additive mins
@@ -129,18 +136,22 @@ const char *kernel_path();
 // Row dot products spend most of their instructions unpacking one row's blocks and
 // reducing one accumulator. Packed weights interleave kPanel rows piece by piece
 // (PanelLayout) so that one 512-bit VNNI instruction multiplies 16 rows by the same
-// 4 activations: load j of a piece's weights is rows 0..15 × elements 4j..4j+3 as
-// unsigned bytes (a nibble byte also carries elements 16 + 4j.. in its high half).
+// 4 activations: w[g] of a piece's weights is rows 0..15 × elements 4g..4g+3 as
+// unsigned bytes, unpacked from the layout's planes.
 // Scales next to their weights make one sequential stream, which the hardware
 // prefetchers follow (scales gathered at the panel's end halved the rate at which
 // one core streams a matrix from memory). Rows past the end of the matrix are zero.
 constexpr int kPanel = 16;
 
+// Bits of a layout's low plane (PanelLayout): nibbles, bit pairs, or whole bytes.
+constexpr int panel_low_bits(const PanelLayout &l) { return l.bits == 8 ? 8 : l.bits >= 4 ? 4 : 2; }
+// Bytes of the weights of one panel-block: 16 × 32 of `bits` bits.
+constexpr size_t panel_weight_bytes(const PanelLayout &l) { return size_t{64} * l.bits; }
 // Bytes of one panel-block (16 rows × 32 elements) in a layout: weights, then
 // scales and mins.
 constexpr size_t panel_piece_bytes(const PanelLayout &l) {
     const size_t sets = (l.split ? 2 : 1) * (l.mins ? 2 : 1);
-    return (l.bits == 4 ? 256 : 512) + sets * kPanel * (l.k_scales ? 1 : l.f16 ? 2 : 4);
+    return panel_weight_bytes(l) + sets * kPanel * (l.k_scales ? 1 : l.f16 ? 2 : 4);
 }
 // Bytes before every 8 panel-blocks of a k_scales layout: each row's d (and m) as f16.
 constexpr size_t panel_header_bytes(const PanelLayout &l) {

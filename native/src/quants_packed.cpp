@@ -39,7 +39,8 @@ void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t
     const TypeTraits &t = *type_traits(type);
     const PanelLayout &l = t.panel;
     const int64_t nb = cols / QK, panels = (rows + kPanel - 1) / kPanel;
-    const size_t pbytes = panel_bytes(l, nb), weights = l.bits == 4 ? 256 : 512;
+    const size_t pbytes = panel_bytes(l, nb), weights = panel_weight_bytes(l);
+    const int low = panel_low_bits(l);
     const size_t set = kPanel * (l.k_scales ? 1 : l.f16 ? 2 : 4); // one set of 16 scales or mins
     const int sets = l.split ? 2 : 1;
     const size_t src_row = row_bytes(type, cols);
@@ -52,11 +53,16 @@ void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t
         for (int64_t b = 0; b < nb; ++b) {
             uint8_t *blk = panel + panel_piece_offset(l, b);
             t.decode(row, b, &p);
-            for (int e = 0; e < QK; ++e) {
+            for (int e = 0; e < QK; ++e) { // into w[g]'s byte at: planes as PanelLayout lays them out
                 const uint8_t u = stored_weight(l, p.q[e]);
-                if (l.bits == 8) blk[e / 4 * 64 + i * 4 + e % 4] = u;
-                else if (e < 16) blk[e / 4 * 64 + i * 4 + e % 4] |= u;
-                else blk[(e - 16) / 4 * 64 + i * 4 + e % 4] |= static_cast<uint8_t>(u << 4);
+                const int g = e / 4, at = i * 4 + e % 4;
+                if (low == 8) blk[g * 64 + at] = u;
+                else if (low == 4) blk[g % 4 * 64 + at] |= static_cast<uint8_t>((u & 15) << 4 * (g / 4));
+                else blk[g / 4 * 64 + at] |= static_cast<uint8_t>((u & 3) << 2 * (g % 4));
+                uint8_t *high = blk + 64 * low;
+                const uint8_t rest = static_cast<uint8_t>(u >> low);
+                if (l.bits - low == 2) high[g / 4 * 64 + at] |= static_cast<uint8_t>(rest << 2 * (g % 4));
+                else if (l.bits - low == 1) high[at] |= static_cast<uint8_t>(rest << g);
             }
             uint8_t *scales = blk + weights, *mins = scales + sets * set;
             for (int h = 0; h < sets; ++h) {

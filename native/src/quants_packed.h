@@ -2,11 +2,12 @@
 // instantiation per panel layout, for the traits table in quants.cpp.
 //
 // For each 32-element piece the kernel unpacks 16 rows' weights once and reuses
-// them for a tile of up to 4 tokens. Weights are unsigned bytes u = q + offset;
-// the offset is taken off exactly in integers (offset × the sum of x's int8
-// values, which BlockQ8A carries), so a piece's integer dot is exact and only the
-// float scaling rounds. Each token accumulates its pieces in one fixed order
-// whatever tile or thread it runs in: results are batch-invariant.
+// them for a tile of up to 6 tokens (with 8, the accumulators spill out of the
+// 32 registers). Weights are unsigned bytes u = q + offset; the offset is taken
+// off exactly in integers (offset × the sum of x's int8 values, which BlockQ8A
+// carries), so a piece's integer dot is exact and only the float scaling rounds.
+// Each token accumulates its pieces in one fixed order whatever tile or thread it
+// runs in: results are batch-invariant.
 #pragma once
 
 #include "quants.h"
@@ -44,30 +45,68 @@ inline __m512 int8_floats(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
 }
 
+// Each byte of v shifted by s bits (left for s > 0), within 16-bit lanes: a byte's
+// bits that stay inside it are its own, which is all the masks below keep.
+inline __m512i shift_bytes(__m512i v, int s) {
+    if (s > 0) return _mm512_sll_epi16(v, _mm_cvtsi32_si128(s));
+    if (s < 0) return _mm512_srl_epi16(v, _mm_cvtsi32_si128(-s));
+    return v;
+}
+
+// A panel-block's weights as 8 vectors of bytes u (PanelLayout's planes).
+template <const PanelLayout &L> inline void unpack_weights(const uint8_t *blk, __m512i w[8]) {
+    constexpr int low = panel_low_bits(L), high = L.bits - low;
+    if constexpr (low == 8) {
+        for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(blk + 64 * g);
+        return;
+    } else if constexpr (low == 4) {
+        const __m512i mask = _mm512_set1_epi8(0x0f);
+        for (int j = 0; j < 4; ++j) {
+            const __m512i v = _mm512_loadu_si512(blk + 64 * j);
+            w[j] = _mm512_and_si512(v, mask);
+            w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        }
+    } else {
+        const __m512i mask = _mm512_set1_epi8(3);
+        for (int m = 0; m < 2; ++m) {
+            const __m512i v = _mm512_loadu_si512(blk + 64 * m);
+            for (int c = 0; c < 4; ++c) w[4 * m + c] = _mm512_and_si512(shift_bytes(v, -2 * c), mask);
+        }
+    }
+    // The high plane's bits for w[g], moved above the low ones: w |= (h shifted) & mask
+    // (ternary-logic table 0xF8 is a | (b & c)).
+    const uint8_t *hp = blk + 64 * low;
+    if constexpr (high == 2) {
+        const __m512i mask = _mm512_set1_epi8(static_cast<char>(3 << low));
+        for (int m = 0; m < 2; ++m) {
+            const __m512i h = _mm512_loadu_si512(hp + 64 * m);
+            for (int c = 0; c < 4; ++c)
+                w[4 * m + c] = _mm512_ternarylogic_epi32(w[4 * m + c], shift_bytes(h, low - 2 * c), mask, 0xF8);
+        }
+    } else if constexpr (high == 1) {
+        const __m512i mask = _mm512_set1_epi8(static_cast<char>(1 << low));
+        const __m512i h = _mm512_loadu_si512(hp);
+        for (int g = 0; g < 8; ++g) w[g] = _mm512_ternarylogic_epi32(w[g], shift_bytes(h, low - g), mask, 0xF8);
+    }
+}
+
 template <const PanelLayout &L, int T>
 void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid, bool add) {
-    constexpr size_t kW = L.bits == 4 ? 256 : 512, kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
+    constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
     constexpr int kSets = L.split ? 2 : 1;
-    __m512 acc[T];
-    for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0f), table = code_table<L>();
+    // k_scales layouts serve 256-element types, whose activations (Q8K) share one d
+    // per 256: a super-block's scaled piece sums gather in part[t] and meet the rows'
+    // d and the token's x.d once, at its end.
+    __m512 acc[T], part[T];
+    for (int t = 0; t < T; ++t) acc[t] = part[t] = _mm512_setzero_ps();
+    const __m512i table = code_table<L>();
     __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk = panel + panel_piece_offset(L, b);
         __m512i w[8]; // w[g]: rows × elements 4g..4g+3
-        if constexpr (L.bits == 4) {
-            for (int j = 0; j < 4; ++j) {
-                const __m512i v = _mm512_loadu_si512(blk + 64 * j);
-                w[j] = _mm512_and_si512(v, low);
-                w[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                if constexpr (L.lut != nullptr) {
-                    w[j] = _mm512_shuffle_epi8(table, w[j]);
-                    w[j + 4] = _mm512_shuffle_epi8(table, w[j + 4]);
-                }
-            }
-        } else {
-            for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 64 * j);
-        }
+        unpack_weights<L>(blk, w);
+        if constexpr (L.lut != nullptr)
+            for (int g = 0; g < 8; ++g) w[g] = _mm512_shuffle_epi8(table, w[g]);
         __m512 scale[2], min[2];
         if constexpr (L.k_scales) {
             if (b % 8 == 0) {
@@ -76,8 +115,8 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
                 if constexpr (L.mins)
                     m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header + 2 * kPanel)));
             }
-            for (int h = 0; h < kSets; ++h) { // f16 times a small integer: exact
-                scale[h] = _mm512_mul_ps(d, int8_floats(blk + kW + h * kSet));
+            for (int h = 0; h < kSets; ++h) { // the integer scales; mins: f16 times a small integer, exact
+                scale[h] = int8_floats(blk + kW + h * kSet);
                 if constexpr (L.mins) min[h] = _mm512_mul_ps(m, int8_floats(blk + kW + (kSets + h) * kSet));
             }
         } else {
@@ -99,7 +138,23 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
                 hi = _mm512_dpbusd_epi32(hi, w[g + 4], _mm512_set1_epi32(c));
             }
             const __m512 xd = _mm512_set1_ps(xb.d);
-            if constexpr (L.split) {
+            if constexpr (L.k_scales) {
+                if constexpr (L.split) {
+                    part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), part[t]);
+                    part[t] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), part[t]);
+                    if constexpr (L.mins) {
+                        acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum_lo)), acc[t]);
+                        acc[t] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum - xb.sum_lo)), acc[t]);
+                    }
+                } else {
+                    part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), part[t]);
+                    if constexpr (L.mins) acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc[t]);
+                }
+                if (b % 8 == 7) {
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), part[t], acc[t]);
+                    part[t] = _mm512_setzero_ps();
+                }
+            } else if constexpr (L.split) {
                 acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(lo), acc[t]);
                 acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[1], xd), _mm512_cvtepi32_ps(hi), acc[t]);
                 if constexpr (L.mins) {
@@ -124,7 +179,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
 template <const PanelLayout &L>
 void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1, const BlockQ8A *xq,
                   int n, float *y, int64_t y_stride, bool add) {
-    constexpr int kTile = 4; // tokens sharing one unpacking of the panel's weights
+    constexpr int kTile = 6; // tokens sharing one unpacking of the panel's weights; fewer at the end
     const int64_t nb = cols / QK;
     const size_t pbytes = panel_bytes(L, nb);
     for (int64_t p = p0; p < p1; ++p) {
@@ -132,16 +187,17 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
         const int valid = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
         const BlockQ8A *x[kTile];
         float *out[kTile];
-        for (int t0 = 0; t0 < n; t0 += kTile) {
-            const int tn = std::min(kTile, n - t0);
+        for (int t0 = 0; t0 < n;) {
+            const int left = n - t0, tn = left >= kTile ? kTile : left >= 4 ? 4 : left >= 2 ? 2 : 1;
             for (int t = 0; t < tn; ++t) {
                 x[t] = xq + static_cast<int64_t>(t0 + t) * nb;
                 out[t] = y + static_cast<int64_t>(t0 + t) * y_stride + p * kPanel;
             }
-            if (tn == 4) panel_tile<L, 4>(panel, nb, x, out, valid, add);
-            else if (tn == 3) panel_tile<L, 3>(panel, nb, x, out, valid, add);
+            if (tn == kTile) panel_tile<L, kTile>(panel, nb, x, out, valid, add);
+            else if (tn == 4) panel_tile<L, 4>(panel, nb, x, out, valid, add);
             else if (tn == 2) panel_tile<L, 2>(panel, nb, x, out, valid, add);
             else panel_tile<L, 1>(panel, nb, x, out, valid, add);
+            t0 += tn;
         }
     }
 }

@@ -12,15 +12,14 @@ constexpr uint32_t kHeaderWords = 8; // magic .. high
 // layer that attends every position; for a ring, those its later writes (up to high)
 // have not overwritten.
 int first_held(const KVCache::Layer &L, int high, int n_tokens) {
-    if (L.window == 0) return 0;
+    if (L.paged >= 0) return 0;
     return std::clamp(high - L.slots + 1, 0, n_tokens);
 }
 
-// Where position pos's key starts: its block's row, then its place inside the block;
-// element d is kKeyBlock elements after element d - 1 (attention.h: key_at).
-size_t key_start(const HParams &hp, const KVCache &kv, int layer, int head, int pos) {
-    return kv.row(hp, layer, head, pos - pos % kKeyBlock) + key_at(pos % kKeyBlock, 0, hp.head_dim);
-}
+// Where a position's key starts (KVCache::row); element d is kKeyBlock elements after
+// element d - 1 (attention.h: key_at).
+uint16_t *key_start(const KVCache::Row &r, int hd) { return r.keys + key_at(r.index, 0, hd); }
+uint16_t *value_row(const KVCache::Row &r, int hd) { return r.values + static_cast<size_t>(r.index) * hd; }
 
 struct Writer {
     uint8_t *at;
@@ -64,12 +63,12 @@ void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t 
         w.put(uint32_t(first));
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = first; p < n; ++p) {
-                const uint16_t *key = &kv.k[key_start(hp, kv, l, h, p)];
+                const uint16_t *key = key_start(kv.row(hp, l, h, p), hd);
                 for (int d = 0; d < hd; ++d) w.put(key[d * kKeyBlock]);
             }
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = first; p < n; ++p) {
-                std::memcpy(w.at, &kv.v[kv.row(hp, l, h, p)], hd * sizeof(uint16_t));
+                std::memcpy(w.at, value_row(kv.row(hp, l, h, p), hd), hd * sizeof(uint16_t));
                 w.at += hd * sizeof(uint16_t);
             }
     }
@@ -119,7 +118,11 @@ bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, 
                           ", which does not fit this engine's cache layout");
         rows += 4 + 2 * static_cast<size_t>(count - first) * hp.n_head_kv * hp.head_dim * sizeof(uint16_t);
     }
-    // The length is checked: the rows are read without further bounds checks.
+    // The length is checked: the rows are read without further bounds checks, into
+    // blocks of this session's own (any it held may be shared with others).
+    kv.truncate(0);
+    kv.sharing = false; // what it restores may be another scope's: not offered until emptied
+    for (int p = 0; p < count; p += kKVBlock) kv.prepare(p);
     const int hd = hp.head_dim;
     const uint8_t *at = r.at;
     for (int l = 0; l < hp.n_layer; ++l) {
@@ -128,12 +131,12 @@ bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, 
         at += sizeof first;
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = static_cast<int>(first); p < count; ++p) {
-                uint16_t *key = &kv.k[key_start(hp, kv, l, h, p)];
+                uint16_t *key = key_start(kv.row(hp, l, h, p), hd);
                 for (int d = 0; d < hd; ++d, at += sizeof(uint16_t)) std::memcpy(&key[d * kKeyBlock], at, sizeof(uint16_t));
             }
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = static_cast<int>(first); p < count; ++p, at += hd * sizeof(uint16_t))
-                std::memcpy(&kv.v[kv.row(hp, l, h, p)], at, hd * sizeof(uint16_t));
+                std::memcpy(value_row(kv.row(hp, l, h, p), hd), at, hd * sizeof(uint16_t));
     }
     kv.high = high;
     *tokens = std::move(ids);

@@ -37,8 +37,9 @@ size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens);
 void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t *tokens, int n, uint8_t *out);
 
 // Checks every field of `data` against this model and context before it touches
-// anything; then fills kv and *tokens. False with *error (and kv, *tokens unchanged)
-// for bytes of another shape, another context, a bad token id, or a wrong length.
+// anything; then empties kv and fills it and *tokens. False with *error (and kv,
+// *tokens unchanged) for bytes of another shape, another context, a bad token id, or
+// a wrong length. Throws bad_alloc when blocks cannot be had, kv then emptied.
 bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, size_t len,
                 std::vector<int32_t> *tokens, std::string *error);
 

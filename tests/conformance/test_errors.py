@@ -116,3 +116,22 @@ def test_server_still_answers_after_errors(client):
 def test_wrong_api_key_is_401(client):
     wrong = Client(client.base_url, "wrong-" + os.environ["OPENAI_API_KEY"], client.model)
     assert_error(wrong.chat(HI, max_tokens=1), 401)
+
+
+# A text-only model refuses images (as llm-comply's Image Input test sends them) with a
+# 400 naming the part, never a 500 or a reply that silently ignored the picture.
+IMAGE = "data:image/jpeg;base64,/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAP////////////////////////////////////////" \
+        "//////////////////////////////////////////////8AAEQgAAQABAwEiAAIRAQMRAf/EABQAAQAAAAAAAAAAAAAAAAAAAAn/"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Describe this image briefly."},
+        {"type": "image_url", "image_url": {"url": IMAGE}}]}], "max_tokens": 5}, "messages[0].content[1].type"),
+    ("/responses", {"input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Describe this image briefly."},
+        {"type": "input_image", "image_url": IMAGE}]}]}, "input[0].content[1].type"),
+])
+def test_image_input_to_a_text_only_model_is_400_naming_the_part(client, path, body, param):
+    err = assert_error(client.post_json(path, {"model": client.model, **body}), 400, param=param)
+    assert "image" in err["message"] and "text only" in err["message"], err

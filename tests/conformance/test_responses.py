@@ -147,3 +147,44 @@ def test_model_is_required(client: Client):
     b = body(client)
     del b["model"]
     assert_error(client.post_json("/responses", b), 400, param="model")
+
+
+# ---- POST /responses/compact ------------------------------------------------------------------
+
+CONVERSATION = [{"type": "message", "role": "user", "content": "We launch on Tuesday and tell support first."},
+                {"type": "message", "role": "assistant", "content": "Understood: Tuesday, support first."}]
+
+
+def assert_compaction(resp: dict, user_texts: list[str]) -> dict:
+    """A compacted conversation: the user's messages as they were, then one compaction
+    item (returned)."""
+    assert resp["object"] == "response.compaction" and resp["id"] and is_int(resp["created_at"]), resp
+    *messages, compaction = resp["output"]
+    assert [(m["type"], m["role"]) for m in messages] == [("message", "user")] * len(user_texts), resp
+    assert ["".join(p["text"] for p in m["content"]) for m in messages] == user_texts, resp
+    assert compaction["type"] == "compaction" and compaction["encrypted_content"], resp
+    usage = resp["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0, usage
+    return compaction
+
+
+def test_compact_keeps_the_user_messages_and_adds_one_compaction_item(client: Client):
+    resp = assert_ok(client.post_json("/responses/compact", {"model": client.model, "input": CONVERSATION}))
+    assert_compaction(resp, [CONVERSATION[0]["content"]])
+
+
+def test_a_compacted_conversation_continues_as_input(client: Client):
+    compacted = assert_ok(client.post_json("/responses/compact", {"model": client.model, "input": CONVERSATION}))
+    follow_up = {"type": "message", "role": "user", "content": "When do we launch?"}
+    assert_response(assert_ok(client.post_json("/responses", body(client, input=compacted["output"] + [follow_up]))))
+
+
+def test_compact_continues_a_stored_response(client: Client):
+    first = assert_ok(client.post_json("/responses", body(client, input="My name is Alice.")))
+    resp = assert_ok(client.post_json("/responses/compact", {"model": client.model,
+                                                             "previous_response_id": first["id"]}))
+    assert_compaction(resp, ["My name is Alice."])
+
+
+def test_compact_needs_a_model(client: Client):
+    assert_error(client.post_json("/responses/compact", {"input": CONVERSATION}), 400, param="model")

@@ -1,0 +1,113 @@
+// kvpool.h — the paged attention memory of an engine: blocks of kKVBlock positions
+// that sessions hold through block tables (KVCache::blocks, model.h), with reference
+// counts, and the prefix index that lets a session reuse another's blocks.
+//
+// Theory of operation. A block holds the keys and values of kKVBlock consecutive
+// positions of every layer that attends all positions. A session writes only blocks
+// it alone holds; a full block may be published: content-addressed by a chain key
+// over (model fingerprint, scope, every token id up to the block's end), it becomes
+// immutable, and any session of the same scope whose prompt starts with those tokens
+// may hold it too. The key only finds a candidate; a match is exact: the block's
+// scope and tokens equal the prompt's and its parent (the block before it) is the
+// very block already matched, by a serial number that is never reused, so a hit
+// returns exactly the KV a fresh prefill of those tokens computes (prefill is
+// chunk- and batch-invariant, attention.h). Writing into a published block (after a
+// truncate into it) copies it first. A published block nobody holds is retired: kept,
+// least recently released first out, while the retired blocks fit the budget.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace llmd {
+
+// Positions per block: the fast attention kernel's block of positions (attention.cpp),
+// so that a range of kAttnRange positions is two whole runs for it, and sessions that
+// share a prompt differ by at most one partly filled block each.
+constexpr int kKVBlock = 64;
+
+struct KVCache; // model.h
+
+// The full blocks of a prompt's longest cached prefix, and the block whose first
+// tail_len positions hold the rest of it (copied, never shared: the tail is written on).
+struct PrefixMatch {
+    std::vector<int> blocks;
+    int tail_block = -1;
+    int tail_len = 0;
+    int length() const { return static_cast<int>(blocks.size()) * kKVBlock + tail_len; }
+};
+
+// A session that may lend its partly filled block: its cache and the ids in it.
+struct PrefixHolder {
+    const KVCache *kv;
+    const std::vector<int32_t> *tokens;
+};
+
+class KVPool {
+public:
+    // `elements`: f16 values of the keys (and as many of the values) of one block;
+    // `fingerprint`: the model's, the start of every chain key; `retired_budget`:
+    // bytes of retired blocks kept.
+    KVPool(size_t elements, uint64_t fingerprint, uint64_t retired_budget);
+
+    size_t elements() const { return elements_; }
+    uint64_t block_bytes() const { return 2 * elements_ * sizeof(uint16_t); }
+
+    int acquire();          // a new private block, held once; throws bad_alloc
+    void retain(int id);
+    void release(int id);   // the last release frees the block, or retires a published one
+    uint16_t *keys(int id) const { return blocks_[id].data.get(); }
+    uint16_t *values(int id) const { return blocks_[id].data.get() + elements_; }
+    bool published(int id) const { return blocks_[id].serial != 0; }
+
+    // Publishes block `id` of a session, full with `tokens` (kKVBlock ids) after
+    // `parent` (the published block before it, -1 for the first) in `scope`. Returns
+    // the block that holds this content from now on: `id` itself, an equal block
+    // published earlier (the caller holds that one instead), or -1 when the chain key
+    // is taken by other content (nothing published; the chain stops there).
+    int publish(int id, int parent, const std::string &scope, const int32_t *tokens);
+
+    // The longest prefix of ids[0, limit) that the scope's published blocks chain, then
+    // the holder whose block after them shares the most further ids.
+    PrefixMatch match(const std::string &scope, const int32_t *ids, int limit,
+                      const std::vector<PrefixHolder> &holders) const;
+
+    // Any thread may read these (metrics).
+    int64_t live() const { return live_.load(); }       // blocks held by sessions
+    int64_t retired() const { return retired_.load(); } // published blocks nobody holds
+    int64_t refs() const { return refs_.load(); }       // holds over all live blocks
+
+private:
+    struct Block {
+        std::unique_ptr<uint16_t[]> data; // keys, then values: (paged layer, kv head, kKVBlock, head_dim) each
+        int refs = 0;
+        uint64_t serial = 0; // published: never reused; 0: private
+        uint64_t parent = 0; // the parent's serial (0: the first block of its sequence)
+        uint64_t key = 0;
+        std::string scope;
+        std::vector<int32_t> tokens;
+        std::list<int>::iterator retired; // its place in retired_lru_ while retired
+    };
+    uint64_t chain_key(uint64_t parent_key, const int32_t *tokens) const;
+    uint64_t scope_key(const std::string &scope) const;
+    int find(uint64_t key, uint64_t parent_serial, const std::string &scope, const int32_t *tokens) const;
+    void free_block(int id);
+
+    size_t elements_;
+    uint64_t fingerprint_;
+    uint64_t retired_max_; // blocks
+    uint64_t next_serial_ = 1;
+    std::vector<Block> blocks_;
+    std::vector<int> free_ids_;
+    std::unordered_map<uint64_t, int> index_; // chain key -> published block
+    std::list<int> retired_lru_;              // most recently retired first
+    std::atomic<int64_t> live_{0}, retired_{0}, refs_{0};
+};
+
+} // namespace llmd

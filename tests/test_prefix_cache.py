@@ -1,0 +1,205 @@
+"""The engine's paged KV memory and prefix cache (native/src/kvpool.h): blocks shared
+between sessions of one scope, reference counts, copy on write, retired blocks under
+their budget, and outputs equal to a fresh prefill's. Tiny random-weight models."""
+import random
+
+import pytest
+
+from llmd.engine import Engine, EngineError, Sampling
+from tests.gguf_writer import build_tiny_gemma3
+
+BLOCK = 64  # positions per block (kKVBlock)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama_factory):
+    return tiny_llama_factory(n_ctx=1024)
+
+
+@pytest.fixture
+def engine(model):
+    with Engine(model.path, n_threads=2, max_sessions=8) as e:
+        yield e
+
+
+def prompt(n: int, seed: int = 1) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(0, 250) for _ in range(n)]
+
+
+def greedy(session, n: int = 12) -> list[int]:
+    session.set_sampling(Sampling())
+    return [session.decode_one().id for _ in range(n)]
+
+
+def fresh(engine: Engine, ids: list[int]) -> tuple[list[float], list[int]]:
+    """Logits after ids and the greedy continuation, from a session that prefilled them all."""
+    with engine.new_session() as s:
+        s.prefill(ids)
+        return s.logits(), greedy(s)
+
+
+def joined(engine: Engine, scope: str, ids: list[int]):
+    """A new session in `scope` that has prefilled ids."""
+    s = engine.new_session()
+    reused = s.share_prefix(scope, ids, 0)
+    s.prefill(ids[reused:])
+    return s
+
+
+def test_the_engine_reports_its_blocks(engine):
+    info = engine.info
+    assert info.kv_block_positions == BLOCK
+    assert info.kv_block_bytes == BLOCK * info.kv_bytes_per_token
+    assert info.kv_shares_prefixes
+    assert engine.kv_stats().blocks_live == 0
+
+
+def test_blocks_are_allocated_as_positions_are_written(engine):
+    with engine.new_session() as s:
+        assert engine.kv_stats().blocks_live == 0
+        s.prefill(prompt(1))
+        assert engine.kv_stats().blocks_live == 1
+        s.prefill(prompt(BLOCK))
+        assert engine.kv_stats().blocks_live == 2
+        s.truncate(BLOCK)
+        assert engine.kv_stats().blocks_live == 1
+    assert engine.kv_stats().blocks_live == 0
+
+
+def test_a_cached_prefix_gives_the_logits_and_tokens_of_a_fresh_prefill(engine):
+    ids = prompt(300)
+    a = joined(engine, "", ids)
+    b = engine.new_session()
+    assert b.share_prefix("", ids, 0) == 299  # four shared blocks and 43 positions copied from a's fifth
+    b.prefill(ids[299:])
+    assert (b.logits(), greedy(b)) == fresh(engine, ids)
+    a.close()
+    b.close()
+
+
+def test_blocks_filled_while_decoding_are_shared_exactly(engine):
+    a = joined(engine, "", prompt(60))
+    generated = greedy(a, 10)  # positions 60..68 enter the cache while decoding
+    ids = prompt(60) + generated[:9] + prompt(5, seed=2)
+    b = engine.new_session()
+    assert b.share_prefix("", ids, 0) == 69
+    b.prefill(ids[69:])
+    assert (b.logits(), greedy(b)) == fresh(engine, ids)
+    a.close()
+    b.close()
+
+
+def test_sessions_sharing_a_prompt_store_its_blocks_once(engine):
+    system = prompt(4 * BLOCK)
+    sessions = [joined(engine, "", system + prompt(10, seed=10 + i)) for i in range(4)]
+    stats = engine.kv_stats()
+    assert stats.blocks_live == 4 + 4          # the prompt's blocks once, a tail block each
+    assert stats.block_refs == 4 * 5
+    for s in sessions:
+        s.close()
+    assert engine.kv_stats().blocks_live == 0
+    assert engine.kv_stats().block_refs == 0
+
+
+def test_another_scope_never_reuses_the_prefix(engine):
+    ids = prompt(200)
+    a = joined(engine, "key-a", ids)
+    with engine.new_session() as b:
+        assert b.share_prefix("key-b", ids, 0) == 0
+        assert b.position == 0
+    with engine.new_session() as c:
+        assert c.share_prefix("key-a", ids, 0) == 199
+    a.close()
+
+
+def test_a_longer_own_cache_is_kept(engine):
+    ids = prompt(200)
+    a = joined(engine, "", ids[:100])
+    with engine.new_session() as b:
+        b.share_prefix("", ids[:150], 0)
+        b.prefill(ids[100:150])
+        assert b.share_prefix("", ids, 150) == 0  # nothing longer than its own 150
+        assert b.position == 150
+    a.close()
+
+
+def test_a_cache_that_served_another_scope_neither_lends_nor_publishes(engine):
+    ids = prompt(200)
+    with engine.new_session() as s:
+        s.prefill(ids)  # computed before it joined any scope
+        assert s.share_prefix("key-b", ids + [1], 200) == 0  # kept by its owner, as its own cache
+        s.prefill([1])
+        with engine.new_session() as other:
+            assert other.share_prefix("key-b", ids + [1, 2], 0) == 0
+        s.truncate(0)  # emptied: what it computes from now on is key-b's
+        s.prefill(ids)
+        with engine.new_session() as other:
+            assert other.share_prefix("key-b", ids, 0) == 199
+
+
+def test_writing_into_a_shared_block_copies_it(engine):
+    ids = prompt(200)
+    a = joined(engine, "", ids)
+    b = engine.new_session()
+    assert b.share_prefix("", ids, 0) == 199
+    a.truncate(100)  # inside the second block, which b holds too
+    a.prefill(prompt(80, seed=3))
+    b.prefill(ids[199:])
+    assert (b.logits(), greedy(b)) == fresh(engine, ids)
+    assert (a.logits(), greedy(a)) == fresh(engine, ids[:100] + prompt(80, seed=3))
+    a.close()
+    b.close()
+    assert engine.kv_stats().blocks_live == 0
+
+
+def test_retired_blocks_serve_later_sessions(engine):
+    ids = prompt(5 * BLOCK + 7)
+    joined(engine, "", ids).close()
+    stats = engine.kv_stats()
+    assert (stats.blocks_live, stats.blocks_retired) == (0, 5)  # full blocks kept, the partial one freed
+    with engine.new_session() as b:
+        assert b.share_prefix("", ids, 0) == 5 * BLOCK
+        b.prefill(ids[5 * BLOCK:])
+        assert (b.logits(), greedy(b)) == fresh(engine, ids)
+
+
+def test_retired_blocks_beyond_the_budget_are_evicted_least_recent_first(model):
+    with Engine(model.path, n_threads=2, max_sessions=4) as probe:
+        block_bytes = probe.info.kv_block_bytes
+    with Engine(model.path, n_threads=2, max_sessions=4, prefix_cache_bytes=2 * block_bytes) as engine:
+        ids = prompt(5 * BLOCK + 1)
+        joined(engine, "", ids).close()
+        assert engine.kv_stats().blocks_retired == 2
+        # Released last block first, so the prompt's first two blocks are the ones kept.
+        with engine.new_session() as b:
+            assert b.share_prefix("", ids, 0) == 2 * BLOCK
+        other = prompt(3 * BLOCK + 1, seed=9)
+        joined(engine, "", other).close()
+        assert engine.kv_stats().blocks_retired == 2
+        with engine.new_session() as c:
+            assert c.share_prefix("", ids, 0) == 0  # pushed out by the newer prompt's blocks
+            assert c.share_prefix("", other, 0) == 2 * BLOCK
+
+
+def test_share_prefix_refuses_bad_arguments(engine, model):
+    with engine.new_session() as s:
+        with pytest.raises(EngineError):
+            s.share_prefix("", [], 0)
+        with pytest.raises(EngineError):
+            s.share_prefix("", [1, 2, 3], -1)
+        with pytest.raises(EngineError, match="outside the vocabulary"):
+            s.share_prefix("", [1, model.n_vocab], 0)
+        assert s.position == 0
+
+
+def test_a_model_with_sliding_window_rings_shares_nothing(tmp_path):
+    path = build_tiny_gemma3(n_ctx=512, window=32).write(tmp_path / "gemma3.gguf")
+    with Engine(path, n_threads=2, max_sessions=4) as engine:
+        assert not engine.info.kv_shares_prefixes
+        ids = prompt(200)
+        a = joined(engine, "", ids)
+        with engine.new_session() as b:
+            assert b.share_prefix("", ids, 0) == 0
+        a.close()
+        assert engine.kv_stats().blocks_live == 0
