@@ -878,23 +878,18 @@ def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, 
     assert arch in ("qwen3moe", "qwen2moe"), arch
     if arch == "qwen2moe":
         head_dim, n_ff_shexp = n_embd // n_head, n_ff_shexp or 2 * n_ff_exp
-    w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type,
+    # The shared keys (heads, widths) as build_tiny_llama writes them, renamed.
+    w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=0, n_head=n_head, n_head_kv=n_head_kv,
+                         head_dim=head_dim, n_ff=n_ff_exp * n_expert_used, n_ctx=n_ctx, weight_type=weight_type,
                          name=f"tiny-{arch}", reserved=reserved, random_matrix=random_matrix)
     w.set("general.architecture", STRING, arch)
     for kv in w.kvs:
         if kv.key.startswith("llama."):
             kv.key = arch + "." + kv.key[len("llama."):]
     w.set(f"{arch}.block_count", U32, n_layer)
-    w.set(f"{arch}.feed_forward_length", U32, n_ff_exp * n_expert_used)
     w.set(f"{arch}.expert_feed_forward_length", U32, n_ff_exp)
     w.set(f"{arch}.expert_count", U32, n_expert)
     w.set(f"{arch}.expert_used_count", U32, n_expert_used)
-    w.set(f"{arch}.attention.head_count", U32, n_head)
-    w.set(f"{arch}.attention.head_count_kv", U32, n_head_kv)
-    if head_dim != n_embd // n_head:
-        w.set(f"{arch}.attention.key_length", U32, head_dim)
-        w.set(f"{arch}.attention.value_length", U32, head_dim)
-    w.set(f"{arch}.rope.dimension_count", U32, head_dim)
     if n_ff_shexp:
         w.set(f"{arch}.expert_shared_feed_forward_length", U32, n_ff_shexp)
     if norm is not None:

@@ -1086,6 +1086,14 @@ void project_qkv(const Pass &p, const LayerWeights &L) {
     matmuls(p, p.xb, {project(L.wq, p.q, L.bq), project(L.wk, p.k, L.bk), project(L.wv, p.v, L.bv)});
 }
 
+void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style) {
+    project_qkv(p, L);
+    rope(p, p.q, p.hp.n_head, style);
+    rope(p, p.k, p.hp.n_head_kv, style);
+    attend(p, layer);                               // att = softmax(q kᵀ / √hd) v
+    matmuls(p, p.att, {residual(L.wo, p.x, L.bo)}); // x += att woᵀ
+}
+
 void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer) {
     project_qkv(p, L);
     rmsnorm_heads(p, p.q, p.hp.n_head, L.q_norm); // each head to unit RMS, then scaled

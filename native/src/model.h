@@ -407,6 +407,10 @@ void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false);
 // q, k, v = xb · wq/wk/wvᵀ (+ biases where L has them) in one parallel region.
 void project_qkv(const Pass &p, const LayerWeights &L);
 
+// The attention sublayer most families share: project_qkv, RoPE of q and k in
+// `style`, attention, and x += att · woᵀ (+ bo where L has it).
+void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style);
+
 // The attention sublayer of the Qwen3 families: project_qkv, each query and key
 // head RMS-normed, NEOX RoPE, attention, and x += att · woᵀ.
 void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer);

@@ -17,11 +17,7 @@ void bind(Binder &b, Model &m) {
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
-    project_qkv(p, L); // q, k, v of rmsnorm(x)
-    rope(p, p.q, p.hp.n_head, Rope::neox);
-    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
-    attend(p, l);                             // att = softmax(q kᵀ / √hd) v
-    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
+    rope_attention(p, L, l, Rope::neox);
     swiglu_ffn(p, L);
 }
 

@@ -20,13 +20,9 @@ void bind(Binder &b, Model &m) {
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
-    project_qkv(p, L); // q, k, v of rmsnorm(x)
-    rope(p, p.q, p.hp.n_head, Rope::neox);
-    rope(p, p.k, p.hp.n_head_kv, Rope::neox);
-    attend(p, l);                             // att = softmax(q kᵀ / √hd) v
-    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
+    rope_attention(p, L, l, Rope::neox);
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    moe(p, L, p.xb, p.x);                     // x += Σ weight · swiglu expert(xb) + the shared expert
+    moe(p, L, p.xb, p.x); // x += Σ weight · swiglu expert(xb) + the shared expert
 }
 
 } // namespace
