@@ -781,6 +781,17 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
 
 # ---- a tiny gemma3 model ----------------------------------------------------------
 
+def build_llama_base(arch: str, **kwargs) -> GGUFWriter:
+    """build_tiny_llama's tokenizer and shared keys, with no layers, under another
+    architecture: its "llama." keys renamed "<arch>.", for that family's builder."""
+    w = build_tiny_llama(n_layer=0, **kwargs)
+    w.set("general.architecture", STRING, arch)
+    for kv in w.kvs:
+        if kv.key.startswith("llama."):
+            kv.key = arch + "." + kv.key[len("llama."):]
+    return w
+
+
 def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_head_kv: int = 1,
                       head_dim: int = 256, n_ff: int = 128, n_ctx: int = 512, window: int = 32,
                       pattern: int | list[bool] | None = None, rope_base_local: float | None = None,
@@ -793,12 +804,8 @@ def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_
     rope.freq_base_swa only when given, final_logit_softcapping when > 0. Norm
     weights are stored as the converter stores them, with Gemma's 1 + w folded in.
     n_vocab, reserved and random_matrix as build_tiny_llama takes them."""
-    w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type,
+    w = build_llama_base("gemma3", n_vocab=n_vocab, n_embd=n_embd, n_ctx=n_ctx, weight_type=weight_type,
                          name="tiny-gemma3", reserved=reserved, random_matrix=random_matrix)
-    w.set("general.architecture", STRING, "gemma3")
-    for kv in w.kvs:
-        if kv.key.startswith("llama."):
-            kv.key = "gemma3." + kv.key[len("llama."):]
     w.set("gemma3.block_count", U32, n_layer)
     w.set("gemma3.feed_forward_length", U32, n_ff)
     w.set("gemma3.attention.head_count", U32, n_head)
@@ -879,13 +886,9 @@ def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, 
     if arch == "qwen2moe":
         head_dim, n_ff_shexp = n_embd // n_head, n_ff_shexp or 2 * n_ff_exp
     # The shared keys (heads, widths) as build_tiny_llama writes them, renamed.
-    w = build_tiny_llama(n_vocab=n_vocab, n_embd=n_embd, n_layer=0, n_head=n_head, n_head_kv=n_head_kv,
+    w = build_llama_base(arch, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                          head_dim=head_dim, n_ff=n_ff_exp * n_expert_used, n_ctx=n_ctx, weight_type=weight_type,
                          name=f"tiny-{arch}", reserved=reserved, random_matrix=random_matrix)
-    w.set("general.architecture", STRING, arch)
-    for kv in w.kvs:
-        if kv.key.startswith("llama."):
-            kv.key = arch + "." + kv.key[len("llama."):]
     w.set(f"{arch}.block_count", U32, n_layer)
     w.set(f"{arch}.expert_feed_forward_length", U32, n_ff_exp)
     w.set(f"{arch}.expert_count", U32, n_expert)
@@ -952,11 +955,7 @@ def build_tiny_lfm2(*, n_embd: int = 128, n_head: int = 4, kv_heads: tuple[int, 
     short-convolution block (over conv_len positions) where it is 0 and Qwen3-style
     attention elsewhere (over a sliding window when window > 0), the final norm named
     token_embd_norm, the output head tied to the embeddings."""
-    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-lfm2")
-    w.set("general.architecture", STRING, "lfm2")
-    for kv in w.kvs:
-        if kv.key.startswith("llama."):
-            kv.key = "lfm2." + kv.key[len("llama."):]
+    w = build_llama_base("lfm2", n_embd=n_embd, n_ctx=n_ctx, weight_type=weight_type, name="tiny-lfm2")
     n_layer, n_head_kv = len(kv_heads), max(kv_heads)
     w.set("lfm2.block_count", U32, n_layer)
     w.set("lfm2.feed_forward_length", U32, n_ff)
@@ -1012,11 +1011,7 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
     rope_dim dims of each head in multi-`sections`), the others Gated DeltaNet layers
     (k_heads query/key heads and v_heads value heads of `state` dims, a convolution over
     conv_len positions); post_attention_norm before every SwiGLU FFN."""
-    w = build_tiny_llama(n_embd=n_embd, n_layer=0, n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35")
-    w.set("general.architecture", STRING, "qwen35")
-    for kv in w.kvs:
-        if kv.key.startswith("llama."):
-            kv.key = "qwen35." + kv.key[len("llama."):]
+    w = build_llama_base("qwen35", n_embd=n_embd, n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35")
     w.set("qwen35.block_count", U32, n_layer)
     w.set("qwen35.feed_forward_length", U32, n_ff)
     w.set("qwen35.attention.head_count", U32, n_head)
