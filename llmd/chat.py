@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmd import harmony, jinja, reasoning
-from llmd.tools import (FORMAT_MARKERS, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT, MISTRAL_ARGS, MISTRAL_CALLS,
-                        MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, PHI4_LAYOUT, PHI4_TOOLS, TAGGED_CALLS, CallLayout)
+from llmd.tools import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT, LLAMA3_TAG_LAYOUT,
+                        MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG, PHI4_LAYOUT,
+                        PHI4_TOOLS, PYTHON_TAG, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -259,6 +260,8 @@ _TOOL_FORMAT_SIGNS = (
     ("phi4", PHI4_TOOLS),
     # Granite 3.3 asks for <|tool_call|> and a JSON list
     ("tagged_json", TAGGED_CALLS),
+    # Qwen3-Coder, Qwen3.5 (and Nemotron 3, Step 3.5): Hermes blocks holding <function=NAME>
+    ("qwen3_coder", OPEN_TAG + "\n<function="),
 )
 
 
@@ -279,15 +282,19 @@ def output_markers(template: ChatTemplate | JinjaTemplate) -> tuple[str, ...]:
 
 
 def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
-    """The layout constrained calls are written in: the family's own where its arguments
-    are JSON (Llama 3.x's JSON reply, gpt-oss's messages to functions.NAME, Mistral's
-    [TOOL_CALLS] as its template writes them, Phi-4's <|tool_call|> blocks), else Hermes
-    blocks, which every format's parser also reads (Gemma 4's call syntax is not JSON;
-    Granite's unclosed <|tool_call|> list cannot be followed by another call)."""
+    """The layout constrained calls are written in: the family's own (Llama 3.x's JSON
+    reply, after <|python_tag|> where the template writes that tag; gpt-oss's messages
+    to functions.NAME; Mistral's [TOOL_CALLS] as its template writes them; Phi-4's
+    <|tool_call|> blocks; Gemma 4's <|tool_call> blocks in its call syntax; Qwen3-Coder's
+    XML), else Hermes blocks, which every format's parser also reads (Granite's unclosed
+    <|tool_call|> list cannot be followed by another call)."""
     fmt = tool_format(template)
     if fmt == "mistral":
         return MISTRAL_LAYOUT if any(MISTRAL_ARGS in s for s in template.template.literals()) else MISTRAL_NEMO_LAYOUT
-    layouts = {"llama3_json": LLAMA3_LAYOUT, "harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT}
+    if fmt == "llama3_json":
+        return LLAMA3_TAG_LAYOUT if any(PYTHON_TAG in s for s in template.template.literals()) else LLAMA3_LAYOUT
+    layouts = {"harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT, "gemma4": GEMMA4_LAYOUT,
+               "qwen3_coder": QWEN3_CODER_LAYOUT}
     return layouts.get(fmt, HERMES_LAYOUT)
 
 

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import re
+from typing import Any, Callable
 
 from llmd.grammar import (
-    EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star,
+    EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star, text_without,
 )
 
 ANNOTATIONS = frozenset({
@@ -97,24 +98,22 @@ BOOLEAN = alt(lit("true"), lit("false"))
 NULL = lit("null")
 
 
-def _object(member: Expr) -> Expr:
-    """{ member, member, ... } with any number of members."""
-    return seq(lit("{"), WS, opt(seq(member, star(seq(COMMA, member)))), WS, lit("}"))
+def _any_value_rules(syntax: str, ws: Expr, comma: Expr, key: Expr, string: Expr) -> dict[str, Expr]:
+    """Rules `<syntax>:value` and `<syntax>:object`, any value and any object of a syntax
+    with JSON's brackets, colons, numbers, booleans and null (nesting is recursion)."""
+    value, obj = Ref(f"{syntax}:value"), Ref(f"{syntax}:object")
+
+    def bracketed(opening: str, item: Expr, closing: str) -> Expr:
+        return seq(lit(opening), ws, opt(seq(item, star(seq(comma, item)))), ws, lit(closing))
+    return {obj.name: bracketed("{", seq(key, lit(":"), ws, value), "}"),
+            value.name: alt(obj, bracketed("[", value, "]"), string, NUMBER, BOOLEAN, NULL)}
 
 
-def _member(key: Expr, value: Expr) -> Expr:
-    return seq(key, lit(":"), WS, value)
-
-
-# Whitespace, any JSON value, and any JSON object, as rules (nesting is recursion).
+# Whitespace, any JSON value, and any JSON object, as rules.
 VALUE_RULE, OBJECT_RULE = "json:value", "json:object"
 JSON_RULES: dict[str, Expr] = {
     WS_RULE: opt(alt(lit(" "), seq(lit("\n"), repeat(lit(" "), 0, 16)))),
-    OBJECT_RULE: _object(_member(STRING, Ref(VALUE_RULE))),
-    VALUE_RULE: alt(
-        Ref(OBJECT_RULE),
-        seq(lit("["), WS, opt(seq(Ref(VALUE_RULE), star(seq(COMMA, Ref(VALUE_RULE))))), WS, lit("]")),
-        STRING, NUMBER, BOOLEAN, NULL),
+    **_any_value_rules("json", WS, COMMA, STRING, STRING),
 }
 
 
@@ -255,13 +254,41 @@ def _bad(message: str) -> SchemaError:
 class SchemaCompiler:
     """Compiles JSON Schemas into rules of one grammar. Objects and arrays get a rule
     each (their members are calls), so optional members do not copy big subtrees;
-    rule names start with `prefix`, so several schemas can share the grammar."""
+    rule names start with `prefix`, so several schemas can share the grammar.
+
+    Values are spelled as JSON; a subclass spells them otherwise by overriding the
+    syntax hooks below (ws, comma, quoted, chars, key, any_key, literal, any_value,
+    any_object): GemmaSchemaCompiler writes Gemma 4's call syntax."""
+
+    ws: Expr = WS        # what may stand after { [ , : and before } ]
+    comma: Expr = COMMA  # between members and items
 
     def __init__(self, rules: dict[str, Expr], prefix: str):
         self.rules = rules
         self.rules.update(JSON_RULES)  # compiled only if reached from the root
         self.prefix = prefix
         self.root: Any = None
+
+    # --- syntax hooks --------------------------------------------------------------
+
+    def quoted(self, body: Expr) -> Expr:
+        """A string value whose characters are body."""
+        return seq(lit('"'), body, lit('"'))
+
+    def chars(self, lo: int, hi: int | None) -> Expr:
+        """lo to hi characters of a string value (hi None: no limit)."""
+        return repeat(CHAR, lo, hi)
+
+    def key(self, name: str) -> Expr:
+        """A declared property name, as a member's key."""
+        return json_literal(name)
+
+    def any_key(self) -> Expr:
+        return STRING
+
+    def literal(self, value: Any) -> Expr:
+        """Exactly this value (enum, const)."""
+        return json_literal(value)
 
     def compile_root(self, schema: Any) -> Expr:
         """The expression for a whole schema document ($ref "#" points at it)."""
@@ -273,6 +300,8 @@ class SchemaCompiler:
 
     def any_object(self) -> Expr:
         return Ref(OBJECT_RULE)
+
+    # --- schemas -------------------------------------------------------------------
 
     def _named(self, key: str, schema: Any, path: str) -> Ref:
         name = f"{self.prefix}{key}"
@@ -362,7 +391,7 @@ class SchemaCompiler:
             values = [v for v in values if _json_type(v) & set(types)]
         if not values:
             raise _bad(f"no value of 'enum'/'const'{where} fits the schema")
-        return alt(*(json_literal(v) for v in values))
+        return alt(*(self.literal(v) for v in values))
 
     def _typed(self, kind: str, schema: dict, path: str, where: str) -> Expr:
         if kind == "string":
@@ -393,19 +422,23 @@ class SchemaCompiler:
         return v
 
     def _string(self, schema: dict, where: str) -> Expr:
+        return self.quoted(self._string_body(schema, where, self.chars))
+
+    def _string_body(self, schema: dict, where: str, chars: Callable[[int, int | None], Expr]) -> Expr:
+        """The characters of a string schema's values, `chars(lo, hi)` for free text."""
         lo = self._count(schema, "minLength", where) or 0
         hi = self._count(schema, "maxLength", where)
         if hi is not None and hi < lo:
             raise _bad(f"'maxLength' is below 'minLength'{where}")
         fmt = schema.get("format")
         if fmt is None:
-            return seq(lit('"'), repeat(CHAR, lo, hi), lit('"'))
+            return chars(lo, hi)
         if fmt not in FORMATS:
             raise SchemaError(f"'format' {fmt!r}{where} is not supported: only "
                               f"{', '.join(FORMATS)}", "format")
         if "minLength" in schema or "maxLength" in schema:
             raise SchemaError(f"'minLength'/'maxLength' with 'format'{where} are not supported", "maxLength")
-        return seq(lit('"'), FORMATS[fmt], lit('"'))
+        return FORMATS[fmt]
 
     def _number(self, kind: str, schema: dict, where: str) -> Expr:
         bounds = {}
@@ -434,6 +467,22 @@ class SchemaCompiler:
                             None if hi is None else int(hi), hi_strict)
 
     def _object(self, schema: dict, path: str, where: str) -> Expr:
+        members, extra = self._members(schema, path, where)
+        if not members:
+            if extra is False:
+                return seq(lit("{"), self.ws, lit("}"))
+            member = self._member(self.any_key(), self.compile(extra, f"{path}.additionalProperties"))
+            return seq(lit("{"), self.ws, opt(seq(member, star(seq(self.comma, member)))), self.ws, lit("}"))
+        compiled = [(self._member(self.key(name), self.compile(sub, f"{path}.properties.{name}")), req)
+                    for name, sub, req in members]
+        return seq(lit("{"), self.ws, self._ordered_members(compiled, self.comma), self.ws, lit("}"))
+
+    def _member(self, key: Expr, value: Expr) -> Expr:
+        return seq(key, lit(":"), self.ws, value)
+
+    def _members(self, schema: dict, path: str, where: str) -> tuple[list[tuple[str, Any, bool]], Any]:
+        """An object schema's (name, schema, required) members in declared order, the
+        required names it does not declare last, and its additionalProperties."""
         props = schema.get("properties", {})
         if not isinstance(props, dict):
             raise _bad(f"'properties'{where} must be an object")
@@ -449,16 +498,10 @@ class SchemaCompiler:
                 if extra is False:
                     raise _bad(f"required property {name!r}{where} is not allowed by 'additionalProperties'")
                 members.append((name, extra, True))
-        if not members:
-            if extra is False:
-                return seq(lit("{"), WS, lit("}"))
-            return _object(_member(STRING, self.compile(extra, f"{path}.additionalProperties")))
-        compiled = [(_member(json_literal(name), self.compile(sub, f"{path}.properties.{name}")), req)
-                    for name, sub, req in members]
-        return seq(lit("{"), WS, self._ordered_members(compiled), WS, lit("}"))
+        return members, extra
 
-    def _ordered_members(self, members: list[tuple[Expr, bool]]) -> Expr:
-        """Members in their declared order, optional ones skippable, commas between.
+    def _ordered_members(self, members: list[tuple[Expr, bool]], comma: Expr) -> Expr:
+        """Members in their declared order, optional ones skippable, `comma` between.
 
         With a required member, the optional ones before it carry their comma after
         them and the ones after it before them. Without one, the first member present
@@ -466,15 +509,15 @@ class SchemaCompiler:
         rule per k, so the choices share it instead of copying it."""
         first = next((i for i, (_, req) in enumerate(members) if req), None)
         if first is not None:
-            parts = [opt(seq(m, COMMA)) for m, _ in members[:first]]
+            parts = [opt(seq(m, comma)) for m, _ in members[:first]]
             parts.append(members[first][0])
-            parts += [seq(COMMA, m) if req else opt(seq(COMMA, m)) for m, req in members[first + 1:]]
+            parts += [seq(comma, m) if req else opt(seq(comma, m)) for m, req in members[first + 1:]]
             return seq(*parts)
         rest: Expr = EMPTY  # what may follow the last member
         choices = []
         for m, _ in reversed(members):
             choices.append(seq(m, rest))
-            rest = self._rule(seq(opt(seq(COMMA, m)), rest))
+            rest = self._rule(seq(opt(seq(comma, m)), rest))
         return opt(alt(*reversed(choices)))
 
     def _array(self, schema: dict, path: str, where: str) -> Expr:
@@ -486,10 +529,10 @@ class SchemaCompiler:
         if hi is not None and hi < lo:
             raise _bad(f"'maxItems' is below 'minItems'{where}")
         if hi == 0:
-            return seq(lit("["), WS, lit("]"))
+            return seq(lit("["), self.ws, lit("]"))
         item = self.compile(items, f"{path}.items")
-        body = seq(item, repeat(seq(COMMA, item), max(lo - 1, 0), None if hi is None else hi - 1))
-        return seq(lit("["), WS, body if lo > 0 else opt(body), WS, lit("]"))
+        body = seq(item, repeat(seq(self.comma, item), max(lo - 1, 0), None if hi is None else hi - 1))
+        return seq(lit("["), self.ws, body if lo > 0 else opt(body), self.ws, lit("]"))
 
 
 def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[float | None, bool]:
@@ -500,3 +543,138 @@ def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[fl
         return inclusive, False
     best = pick(inclusive, exclusive)
     return best, best == exclusive
+
+
+# --- other spellings of the same values ---------------------------------------------
+
+# A character of raw text (Gemma 4's strings, Qwen3-Coder's string parameters): any
+# printable or wide character, newline or tab; "<" only where no marker begins.
+_TEXT_UNIT = byte_range(0x20, 0x7E) | one_of("\n\t")
+_TEXT_CHAR = alt(_TEXT_UNIT - one_of("<"), _UTF8_MULTI)
+
+
+def _raw_text(lo: int, hi: int | None, markers: tuple[str, ...]) -> Expr:
+    """lo to hi characters of text in which no marker occurs. Unbounded, the text may
+    hold "<" wherever no marker begins; with a bound it holds no "<", so that the bound
+    counts characters plainly."""
+    if lo == 0 and hi is None:
+        return text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
+    return repeat(_TEXT_CHAR, lo, hi)
+
+
+def _spelled_in(markers: tuple[str, ...], text: str) -> str | None:
+    return next((m for m in markers if m in text), None)
+
+
+class GemmaSchemaCompiler(SchemaCompiler):
+    """Values in the syntax Gemma 4 writes a call's arguments in (llmd.tools.gemma_calls
+    reads it): `{key:value,...}` with bare keys, `[a,b]`, a string between two `quote`
+    marks (the model's <|"|> token, or its spelling), numbers, true, false and null bare,
+    and no whitespace. `markers` are the spellings that would end a string or the call
+    in the parser's eyes (the quote's, the call's closing): no string holds them; a key
+    the parser could not read bare (empty, with whitespace or one of `:,{}[]<`) is quoted."""
+
+    ws = EMPTY
+    comma = lit(",")
+
+    def __init__(self, rules: dict[str, Expr], prefix: str, quote: Expr, markers: tuple[str, ...]):
+        super().__init__(rules, prefix)
+        self.quote, self.markers = quote, markers
+        self.rules.update(_any_value_rules("gemma", EMPTY, self.comma, self.any_key(), self.quoted(self.chars(0, None))))
+
+    def quoted(self, body: Expr) -> Expr:
+        return seq(self.quote, body, self.quote)
+
+    def chars(self, lo: int, hi: int | None) -> Expr:
+        return _raw_text(lo, hi, self.markers)
+
+    def key(self, name: str) -> Expr:
+        if name and not any(c.isspace() or c in ':,{}[]<' for c in name):
+            return lit(name)
+        return self.literal(name)
+
+    def any_key(self) -> Expr:
+        return seq(one_of("_") | byte_range(0x41, 0x5A) | byte_range(0x61, 0x7A),
+                   star(one_of("_") | byte_range(0x41, 0x5A) | byte_range(0x61, 0x7A) | DIGIT))
+
+    def literal(self, value: Any) -> Expr:
+        if isinstance(value, str):
+            marker = _spelled_in(self.markers, value)
+            if marker is not None:
+                raise SchemaError(f"the value {value!r} holds {marker!r}, which Gemma 4's calls cannot "
+                                  "carry in a string", "enum")
+            return self.quoted(lit(value))
+        if isinstance(value, dict):
+            items = [seq(self.key(k), lit(":"), self.literal(v)) for k, v in value.items()]
+            return seq(lit("{"), *_joined(items, self.comma), lit("}"))
+        if isinstance(value, list):
+            return seq(lit("["), *_joined([self.literal(v) for v in value], self.comma), lit("]"))
+        return json_literal(value)
+
+    def any_value(self) -> Expr:
+        return Ref("gemma:value")
+
+    def any_object(self) -> Expr:
+        return Ref("gemma:object")
+
+
+def _joined(items: list[Expr], separator: Expr) -> list[Expr]:
+    return [part for i, item in enumerate(items) for part in ((separator, item) if i else (item,))]
+
+
+_XML_NAME = re.compile(r"[^>\n]+")
+
+
+class XmlParameterCompiler(SchemaCompiler):
+    """Qwen3-Coder's call body for a tool's parameters (llmd.tools.decode_call reads it):
+    each argument `<parameter=NAME>` newline VALUE newline `</parameter>` newline, the
+    declared ones in declared order (optional ones skippable; without properties, any
+    names). VALUE is raw text where the property's own type is "string" (the parser,
+    llmd.tools.string_params, keeps exactly those as text), else the JSON value.
+    `markers` end raw text in the parser's eyes (`</parameter>`, `</tool_call>`): raw
+    text never holds them."""
+
+    def __init__(self, rules: dict[str, Expr], prefix: str, markers: tuple[str, ...]):
+        super().__init__(rules, prefix)
+        self.markers = markers
+
+    def compile_root(self, schema: Any) -> Expr:
+        self.root = schema
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise SchemaError("parameters other than an object with 'properties' are not supported "
+                              "in Qwen3-Coder's XML calls", "type")
+        for key in schema:
+            if key not in ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
+                raise SchemaError(f"JSON Schema keyword '{key}' of the parameters is not supported "
+                                  "in Qwen3-Coder's XML calls", key)
+        members, extra = self._members(schema, "", "")
+        for name, _, _ in members:
+            if not _XML_NAME.fullmatch(name):
+                raise SchemaError(f"the parameter name {name!r} cannot be written in Qwen3-Coder's XML calls",
+                                  "properties")
+        if not members:
+            if extra is False:
+                return EMPTY
+            name = seq(_TEXT_CHAR - one_of(">\n"), star(_TEXT_CHAR - one_of(">\n")))
+            return star(self._parameter(name, self._value(extra, "additionalProperties")))
+        return self._ordered_members([(self._parameter(lit(name), self._value(sub, f"properties.{name}")), req)
+                                      for name, sub, req in members], EMPTY)
+
+    def _parameter(self, name: Expr, value: Expr) -> Expr:
+        return seq(lit("<parameter="), name, lit(">\n"), value, lit("\n</parameter>\n"))
+
+    def _value(self, schema: Any, path: str) -> Expr:
+        value = self.compile(schema, path)  # also checks the schema
+        if not (isinstance(schema, dict) and schema.get("type") == "string"):
+            return value
+        where = f" at {path}"
+        if "const" in schema or "enum" in schema:
+            values = [v for v in ([schema["const"]] if "const" in schema else schema["enum"])
+                      if isinstance(v, str) and ("enum" not in schema or v in schema["enum"])]
+            for v in values:
+                marker = _spelled_in(self.markers, v)
+                if marker is not None:
+                    raise SchemaError(f"the value {v!r}{where} holds {marker!r}, which Qwen3-Coder's XML "
+                                      "calls cannot carry", "enum")
+            return alt(*(lit(v) for v in values))
+        return self._string_body(schema, where, lambda lo, hi: _raw_text(lo, hi, self.markers))

@@ -631,25 +631,36 @@ def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
 @dataclass(frozen=True)
 class CallLayout:
     """How constrained decoding writes a call (llmd/constrain.py): `head`, the tool's
-    name, `between`, the arguments object, `tail`; `separator` between parallel calls
-    (it may also end the answer). Free text before a call may not contain `opens`."""
+    name, `between`, the arguments, `tail`; `separator` between parallel calls (it may
+    also end the answer). Free text before a call may not contain `opens`. The
+    arguments are spelled as `arguments` says: "json" (an object), "gemma4" (Gemma 4's
+    call syntax, gemma_calls) or "xml" (Qwen3-Coder's <parameter=P> elements)."""
 
     opens: str
     head: str
     between: str
     tail: str
     separator: str
+    arguments: str = "json"
 
 
 HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_TAIL + CLOSE_TAG, CALL_SEPARATOR)
 # Llama 3.1-3.3: the JSON reply their templates ask for; parallel calls separated by ';'.
 LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ")
+# Llama 3.1 and 3.3, whose templates write <|python_tag|>: that token, then the same JSON.
+LLAMA3_TAG_LAYOUT = CallLayout(PYTHON_TAG, PYTHON_TAG + '{"name": "', '", "parameters": ', "}", "; ")
 # Mistral Small 3.x, Magistral, Devstral: [TOOL_CALLS]name[ARGS]{...}, each call opened again.
 MISTRAL_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS, MISTRAL_ARGS, "", "")
 # Mistral Nemo: [TOOL_CALLS] then a JSON array (one call per array here).
 MISTRAL_NEMO_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS + '[{"name": "', '", "arguments": ', "}]", "")
 # Phi-4: each call a closed <|tool_call|> block holding a JSON list.
 PHI4_LAYOUT = CallLayout(TAGGED_CALLS, TAGGED_CALLS + '[{"name": "', '", "arguments": ', "}]" + TAGGED_CALLS_END, "")
+# Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, each call a block of its own.
+GEMMA4_LAYOUT = CallLayout(GEMMA_CALL, GEMMA_CALL + "call:", "", GEMMA_CALL_END, "", "gemma4")
+# Qwen3-Coder (and Qwen3.5): a Hermes block around <function=NAME> and its <parameter=P> elements.
+XML_PARAMETER_END = "</parameter>"
+QWEN3_CODER_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + "\n<function=", ">\n", "</function>\n" + CLOSE_TAG,
+                                CALL_SEPARATOR, "xml")
 
 
 
@@ -663,13 +674,14 @@ FORMAT_MARKERS: dict[str, tuple[str, ...]] = {
     "gemma4": (GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE),
     "tagged_json": (TAGGED_CALLS, TAGGED_CALLS_END),
     "phi4": (TAGGED_CALLS, TAGGED_CALLS_END),
+    "qwen3_coder": (),
 }
 
 
 def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None
                 ) -> ToolCallStream | JsonReplyCallStream | MarkedCallStream:
     """The incremental parser of a tool format named in FORMAT_MARKERS."""
-    if tool_format == "hermes":
+    if tool_format in ("hermes", "qwen3_coder"):  # the Hermes parser reads both bodies
         return ToolCallStream(tools)
     if tool_format == "llama3_json":
         return JsonReplyCallStream(tools)

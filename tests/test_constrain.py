@@ -99,16 +99,6 @@ def test_auto_with_a_response_format_is_that_json_or_calls():
     assert match(g, "plain text") == NO
 
 
-def test_text_without_the_marker_is_exactly_the_texts_that_lack_it():
-    marker = b"<tool_call>"
-    check = compile_grammar({"root": constrain._text_without(marker)}, "root")
-    rng = random.Random(11)
-    for _ in range(400):
-        text = "".join(rng.choice(["<", "tool", "_call", ">", "<tool_call", "x", "\n"])
-                       for _ in range(rng.randint(0, 6))).encode()
-        assert (grammar_match(check, text) >= MAY_END) == (marker not in text), text
-
-
 def test_grammars_are_cached_by_content():
     a = chat_grammar(tools=[WEATHER], tool_choice="required")
     assert chat_grammar(tools=[WEATHER], tool_choice="required") is a
