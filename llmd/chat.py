@@ -29,8 +29,9 @@ at start-up, `template_markers`) in the template's own text only. A reply part i
 assistant message's content when the template wrote it unchanged.
 
 What a template writes also says how the model answers: `tool_format` (Hermes blocks,
-Llama 3.x's JSON reply or <|python_tag|>, Mistral's [TOOL_CALLS], Gemma 4's
-<|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> blocks, gpt-oss's harmony channels), `output_markers`
+Qwen3-Coder's XML in them, Llama 3.x's JSON reply or <|python_tag|>, Mistral's [TOOL_CALLS],
+Gemma 4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> blocks, gpt-oss's
+harmony channels), `call_layout` (how constrained decoding writes calls), `output_markers`
 (the strings that format is read by) and `reasoning_start` (whether replies carry a
 <think> block, and whether the prompt already opened it).
 

@@ -84,11 +84,10 @@ _UTF8_MULTI = alt(
     seq(lit(b"\xf4"), byte_range(0x80, 0x8F), _CONT, _CONT),
 )
 # One character of a string: printable ASCII but '"' and '\', an escape, or a UTF-8 sequence.
-CHAR = alt(
-    byte_range(0x20, 0x7F) - one_of('"\\'),
-    seq(lit("\\"), alt(one_of('"\\/bfnrt'), seq(lit("u"), HEX, HEX, HEX, HEX))),
-    _UTF8_MULTI,
-)
+_JSON_UNIT = byte_range(0x20, 0x7F) - one_of('"\\')
+_JSON_ESCAPE = seq(lit("\\"), alt(one_of('"\\/bfnrt'), seq(lit("u"), HEX, HEX, HEX, HEX)))
+_JSON_WIDE = alt(_JSON_ESCAPE, _UTF8_MULTI)
+CHAR = alt(_JSON_UNIT, _JSON_ESCAPE, _UTF8_MULTI)
 STRING = seq(lit('"'), star(CHAR), lit('"'))
 _UINT = alt(lit("0"), seq(NONZERO, repeat(DIGIT, 0, MAX_DIGITS - 1)))
 INTEGER = seq(opt(lit("-")), _UINT)
@@ -547,19 +546,11 @@ def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[fl
 
 # --- other spellings of the same values ---------------------------------------------
 
-# A character of raw text (Gemma 4's strings, Qwen3-Coder's string parameters): any
-# printable or wide character, newline or tab; "<" only where no marker begins.
+# Raw text (Gemma 4's strings, Qwen3-Coder's string parameters): printable and wide
+# characters, newline and tab, with "<" wherever no marker begins (text_without).
+# With a length bound, no "<" at all (_TEXT_CHAR), so that the bound counts characters.
 _TEXT_UNIT = byte_range(0x20, 0x7E) | one_of("\n\t")
 _TEXT_CHAR = alt(_TEXT_UNIT - one_of("<"), _UTF8_MULTI)
-
-
-def _raw_text(lo: int, hi: int | None, markers: tuple[str, ...]) -> Expr:
-    """lo to hi characters of text in which no marker occurs. Unbounded, the text may
-    hold "<" wherever no marker begins; with a bound it holds no "<", so that the bound
-    counts characters plainly."""
-    if lo == 0 and hi is None:
-        return text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
-    return repeat(_TEXT_CHAR, lo, hi)
 
 
 def _spelled_in(markers: tuple[str, ...], text: str) -> str | None:
@@ -580,13 +571,15 @@ class GemmaSchemaCompiler(SchemaCompiler):
     def __init__(self, rules: dict[str, Expr], prefix: str, quote: Expr, markers: tuple[str, ...]):
         super().__init__(rules, prefix)
         self.quote, self.markers = quote, markers
+        # free text is a rule: inlined, its marker-avoiding states would be copied at every string
+        self.rules["gemma:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
         self.rules.update(_any_value_rules("gemma", EMPTY, self.comma, self.any_key(), self.quoted(self.chars(0, None))))
 
     def quoted(self, body: Expr) -> Expr:
         return seq(self.quote, body, self.quote)
 
     def chars(self, lo: int, hi: int | None) -> Expr:
-        return _raw_text(lo, hi, self.markers)
+        return Ref("gemma:text") if lo == 0 and hi is None else repeat(_TEXT_CHAR, lo, hi)
 
     def key(self, name: str) -> Expr:
         if name and not any(c.isspace() or c in ':,{}[]<' for c in name):
@@ -631,12 +624,31 @@ class XmlParameterCompiler(SchemaCompiler):
     declared ones in declared order (optional ones skippable; without properties, any
     names). VALUE is raw text where the property's own type is "string" (the parser,
     llmd.tools.string_params, keeps exactly those as text), else the JSON value.
-    `markers` end raw text in the parser's eyes (`</parameter>`, `</tool_call>`): raw
-    text never holds them."""
+    `markers` end a value in the parser's eyes (`</parameter>`, `</tool_call>`): neither
+    raw text nor a JSON string spells them (JSON can escape the "/" or the "<")."""
 
     def __init__(self, rules: dict[str, Expr], prefix: str, markers: tuple[str, ...]):
         super().__init__(rules, prefix)
         self.markers = markers
+        # free text and JSON string characters are rules: inlined, their marker-avoiding
+        # states would be copied at every value
+        self.rules["xml:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
+        self.rules["xml:chars"] = text_without(markers, _JSON_UNIT, _JSON_WIDE)
+        self.rules.update(_any_value_rules("xmljson", WS, COMMA, self.any_key(), self.any_key()))
+
+    def chars(self, lo: int, hi: int | None) -> Expr:
+        if lo == 0 and hi is None:
+            return Ref("xml:chars")
+        return repeat(alt(_JSON_UNIT - one_of("<"), _JSON_WIDE), lo, hi)
+
+    def any_key(self) -> Expr:
+        return self.quoted(self.chars(0, None))
+
+    def any_value(self) -> Expr:
+        return Ref("xmljson:value")
+
+    def any_object(self) -> Expr:
+        return Ref("xmljson:object")
 
     def compile_root(self, schema: Any) -> Expr:
         self.root = schema
@@ -655,7 +667,8 @@ class XmlParameterCompiler(SchemaCompiler):
         if not members:
             if extra is False:
                 return EMPTY
-            name = seq(_TEXT_CHAR - one_of(">\n"), star(_TEXT_CHAR - one_of(">\n")))
+            letter = alt(_TEXT_UNIT - one_of("<>\n"), _UTF8_MULTI)
+            name = seq(letter, star(letter))
             return star(self._parameter(name, self._value(extra, "additionalProperties")))
         return self._ordered_members([(self._parameter(lit(name), self._value(sub, f"properties.{name}")), req)
                                       for name, sub, req in members], EMPTY)
@@ -677,4 +690,5 @@ class XmlParameterCompiler(SchemaCompiler):
                     raise SchemaError(f"the value {v!r}{where} holds {marker!r}, which Qwen3-Coder's XML "
                                       "calls cannot carry", "enum")
             return alt(*(lit(v) for v in values))
-        return self._string_body(schema, where, lambda lo, hi: _raw_text(lo, hi, self.markers))
+        return self._string_body(schema, where, lambda lo, hi: Ref("xml:text") if lo == 0 and hi is None
+                                 else repeat(_TEXT_CHAR, lo, hi))

@@ -9,7 +9,8 @@ Theory of operation. The model answers with text in which each call is a block
 
 A block is a call when its body is a JSON object whose `name` is one of the declared
 tools and whose `arguments` is an object (or a JSON string holding one; missing means
-{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values). Any other block, and a block never closed, stays in the content as written.
+{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values). Any
+other block, and a block never closed, stays in the content as written.
 Whitespace between content and a call block is layout, not content, and is dropped.
 
 `ToolCallStream` works on text deltas for SSE: text outside blocks is released at
@@ -24,8 +25,11 @@ runs the same machine over the whole text, so streamed and non-streamed answers 
 
 Other families: Llama 3.x's JSON reply or <|python_tag|> (`JsonReplyCallStream`), and
 formats whose calls a marker opens (`MarkedCallStream`: Mistral's [TOOL_CALLS], Gemma
-4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>). Both read Hermes blocks too, since
-constrained decoding writes those for every family. gpt-oss's channels are llmd.harmony's.
+4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>).
+Both read Hermes blocks too (Granite's calls are constrained as those). Qwen3-Coder's
+XML blocks are Hermes blocks with another body. gpt-oss's channels are llmd.harmony's.
+Each family's CallLayout (below) is how constrained decoding writes its calls; the
+family's parser reads back whatever that grammar allows.
 """
 
 from __future__ import annotations
@@ -359,44 +363,42 @@ class JsonReplyCallStream:
     """Tool calls written as a JSON reply. Llama 3.x: an object {"name": <tool>,
     "parameters": {...}} (or several, separated by ';'), as the Llama 3.1-3.3 templates
     ask, or what follows <|python_tag|> (python_tag_calls). A reply starting with "{"
-    or the tag is held to its end, then becomes calls when all of it is calls of declared
-    tools, else content as written. Any other reply goes through the Hermes parser,
-    which also reads the `<tool_call>` blocks constrained decoding writes."""
+    is held to its end, then becomes calls when all of it is calls of declared tools,
+    else content as written. Any other reply is read as one the tag marks
+    (MarkedCallStream): text before the tag streams as content through the Hermes
+    parser, which also reads `<tool_call>` blocks, and what follows the tag is held to
+    the end of the reply."""
 
     def __init__(self, tools: Iterable[dict[str, Any]] | None, new_id: Callable[[], str] = new_call_id) -> None:
         self._names = tool_names(tools)
         self._new_id = new_id
-        self._openers = ("{", PYTHON_TAG)
-        self._hermes = ToolCallStream(tools, new_id)
+        self._tagged = MarkedCallStream(tools, PYTHON_TAG, python_tag_calls, new_id=new_id)
         self._held = ""
-        self._mode = "start"  # start, json (held), hermes
+        self._mode = "start"  # start, json (held), tagged
 
     def feed(self, text: str) -> list[ToolEvent]:
-        if self._mode == "hermes":
-            return self._hermes.feed(text)
+        if self._mode == "tagged":
+            return self._tagged.feed(text)
         self._held += text
         if self._mode == "start":
             head = self._held.lstrip()
-            if not head or any(opener.startswith(head) for opener in self._openers):
+            if not head:
                 return []
-            if not head.startswith(self._openers):
-                self._mode, held, self._held = "hermes", self._held, ""
-                return self._hermes.feed(held)
+            if not head.startswith("{"):
+                self._mode, held, self._held = "tagged", self._held, ""
+                return self._tagged.feed(held)
             self._mode = "json"
         return []
 
     def finish(self) -> list[ToolEvent]:
-        if self._mode == "hermes":
-            return self._hermes.finish()
+        if self._mode != "json":
+            held, self._held = self._held, ""
+            return self._tagged.feed(held) + self._tagged.finish()
         held, self._held = self._held, ""
-        head = held.lstrip()
-        if head.startswith(PYTHON_TAG):
-            calls = python_tag_calls(head[len(PYTHON_TAG):], self._names)
-        else:
-            calls = [(name, arguments, None) for name, arguments in _json_calls(held, self._names) or ()] or None
+        calls = _json_calls(held, self._names)
         if calls is None:
-            return [ContentDelta(held)] if held else []
-        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments, _) in enumerate(calls)]
+            return [ContentDelta(held)]
+        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments) in enumerate(calls)]
 
 
 def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
@@ -584,8 +586,14 @@ PYTHON_TAG = "<|python_tag|>"
 def python_tag_calls(body: str, names: frozenset[str]) -> list[Call] | None:
     """What Llama 3.1 writes after <|python_tag|>: JSON calls, a built-in tool's
     `name.call(arg="value", ...)`, or code for a declared `python` / `code_interpreter`
-    tool (its arguments then {"code": ...})."""
+    tool (its arguments then {"code": ...}). JSON calls may each be opened by the tag
+    again, as constrained decoding writes parallel calls (LLAMA3_TAG_LAYOUT)."""
     body = body.strip()
+    if PYTHON_TAG in body:
+        segments = [_json_calls(segment, names) for segment in body.split(PYTHON_TAG)]
+        if any(found is None for found in segments):
+            return None
+        return [(name, arguments, None) for found in segments for name, arguments in found]
     found = _json_calls(body, names)
     if found is not None:
         return [(name, arguments, None) for name, arguments in found]
@@ -678,21 +686,23 @@ FORMAT_MARKERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None
+def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None, new_id: Callable[[], str] | None = None
                 ) -> ToolCallStream | JsonReplyCallStream | MarkedCallStream:
-    """The incremental parser of a tool format named in FORMAT_MARKERS."""
+    """The incremental parser of a tool format named in FORMAT_MARKERS; `new_id` makes
+    the ids of calls the model wrote none for (new_call_id, Mistral's new_mistral_call_id)."""
+    ids = new_id or new_call_id
     if tool_format in ("hermes", "qwen3_coder"):  # the Hermes parser reads both bodies
-        return ToolCallStream(tools)
+        return ToolCallStream(tools, ids)
     if tool_format == "llama3_json":
-        return JsonReplyCallStream(tools)
+        return JsonReplyCallStream(tools, ids)
     if tool_format == "mistral":
-        return MarkedCallStream(tools, MISTRAL_CALLS, mistral_calls, new_id=new_mistral_call_id)
+        return MarkedCallStream(tools, MISTRAL_CALLS, mistral_calls, new_id=new_id or new_mistral_call_id)
     if tool_format == "gemma4":
-        return MarkedCallStream(tools, GEMMA_CALL, gemma_calls, GEMMA_CALL_END)
+        return MarkedCallStream(tools, GEMMA_CALL, gemma_calls, GEMMA_CALL_END, ids)
     if tool_format == "tagged_json":
-        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls)
+        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, new_id=ids)
     if tool_format == "phi4":  # each block closed, so text and more blocks may follow
-        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, TAGGED_CALLS_END)
+        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, TAGGED_CALLS_END, ids)
     raise ValueError(f"unknown tool format {tool_format!r}")
 
 

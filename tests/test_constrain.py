@@ -194,3 +194,39 @@ def test_family_layouts_write_their_markers_as_text_or_as_control_tokens(layout_
     auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
     g = constrain.chat_grammar(auto, layout, controls)
     assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + call) == NO
+
+
+@pytest.mark.parametrize("layout_name, fmt, call", [
+    ("GEMMA4_LAYOUT", "gemma4", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>'),
+    ("QWEN3_CODER_LAYOUT", "qwen3_coder",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"),
+    ("LLAMA3_TAG_LAYOUT", "llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+])
+def test_gemma_qwen3_coder_and_python_tag_calls_are_constrained_in_their_own_layouts(layout_name, fmt, call):
+    """Each layout's call is accepted as the family writes it and read back by its parser;
+    the Hermes block is not; with the markers as control tokens only the tokens write
+    them, and under "auto" text may come first."""
+    from llmd import tools
+    from llmd.tools import FORMAT_MARKERS, call_stream, merge_tool_calls
+    layout = getattr(tools, layout_name)
+    req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER, TIME],
+                                         "tool_choice": "required"}).encode())
+    g = constrain.chat_grammar(req, layout)
+    separator = layout.separator
+    assert match(g, call) == MAY_END and match(g, call + separator + call.replace("Oslo", "Rome")) == MAY_END
+    assert match(g, block("get_weather", '{"city": "Oslo"}')) == NO
+    stream = call_stream(fmt, [WEATHER, TIME])
+    events = stream.feed(call + separator + call) + stream.finish()
+    assert [c["function"]["arguments"] for c in merge_tool_calls(events)] == ['{"city": "Oslo"}'] * 2
+    controls = {m: 1000 + i for i, m in enumerate(FORMAT_MARKERS[fmt]) if m in call}
+    if controls:
+        g = constrain.chat_grammar(req, layout, controls)
+        assert match(g, call) == NO
+        assert all(f"t{i}>" in g for i in controls.values())
+    auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
+    g = constrain.chat_grammar(auto, layout)
+    assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + call) == MAY_END
+    stream = call_stream(fmt, [WEATHER])
+    events = stream.feed("Sure: " + call) + stream.finish()
+    assert "".join(e.text for e in events if hasattr(e, "text")) == "Sure:"
+    assert [c["function"]["name"] for c in merge_tool_calls(events)] == ["get_weather"]
