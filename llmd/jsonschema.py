@@ -573,7 +573,8 @@ class GemmaSchemaCompiler(SchemaCompiler):
         self.quote, self.markers = quote, markers
         # free text is a rule: inlined, its marker-avoiding states would be copied at every string
         self.rules["gemma:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
-        self.rules.update(_any_value_rules("gemma", EMPTY, self.comma, self.any_key(), self.quoted(self.chars(0, None))))
+        self.rules.update(_any_value_rules("gemma", EMPTY, self.comma, self.any_key(),
+                                           self.quoted(self.chars(0, None))))
 
     def quoted(self, body: Expr) -> Expr:
         return seq(self.quote, body, self.quote)
@@ -622,8 +623,8 @@ class XmlParameterCompiler(SchemaCompiler):
     """Qwen3-Coder's call body for a tool's parameters (llmd.tools.decode_call reads it):
     each argument `<parameter=NAME>` newline VALUE newline `</parameter>` newline, the
     declared ones in declared order (optional ones skippable; without properties, any
-    names). VALUE is raw text where the property's own type is "string" (the parser,
-    llmd.tools.string_params, keeps exactly those as text), else the JSON value.
+    names). VALUE is raw text where a declared property's own type is "string" (the
+    parser, llmd.tools.string_params, keeps exactly those as text), else JSON.
     `markers` end a value in the parser's eyes (`</parameter>`, `</tool_call>`): neither
     raw text nor a JSON string spells them (JSON can escape the "/" or the "<")."""
 
@@ -669,16 +670,20 @@ class XmlParameterCompiler(SchemaCompiler):
                 return EMPTY
             letter = alt(_TEXT_UNIT - one_of("<>\n"), _UTF8_MULTI)
             name = seq(letter, star(letter))
-            return star(self._parameter(name, self._value(extra, "additionalProperties")))
-        return self._ordered_members([(self._parameter(lit(name), self._value(sub, f"properties.{name}")), req)
-                                      for name, sub, req in members], EMPTY)
+            return star(self._parameter(name, self.compile(extra, "additionalProperties")))
+        declared = schema.get("properties", {})
+        return self._ordered_members(
+            [(self._parameter(lit(name), self._value(sub, f"properties.{name}", name in declared)), req)
+             for name, sub, req in members], EMPTY)
 
     def _parameter(self, name: Expr, value: Expr) -> Expr:
         return seq(lit("<parameter="), name, lit(">\n"), value, lit("\n</parameter>\n"))
 
-    def _value(self, schema: Any, path: str) -> Expr:
+    def _value(self, schema: Any, path: str, declared: bool) -> Expr:
+        """A parameter's value: raw text for a declared property of type "string"
+        (only those does the parser know to keep as text), else JSON."""
         value = self.compile(schema, path)  # also checks the schema
-        if not (isinstance(schema, dict) and schema.get("type") == "string"):
+        if not (declared and isinstance(schema, dict) and schema.get("type") == "string"):
             return value
         where = f" at {path}"
         if "const" in schema or "enum" in schema:

@@ -329,6 +329,20 @@ def test_xml_parameters_accept_the_templates_spelling_and_the_parser_reads_it_ba
     assert json.loads(arguments) == value and not errors(value, WEATHER)
 
 
+def test_xml_raw_text_only_for_declared_string_properties():
+    """The parser keeps text only for declared string properties: a required name that
+    additionalProperties types as a string is written as JSON, or it would come back a number."""
+    from llmd.tools import decode_call, string_params
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"],
+              "additionalProperties": {"type": "string"}}
+    ok = xml_grammar_of(schema)
+    assert ok('<parameter=a>\n123\n</parameter>\n<parameter=b>\n"123"\n</parameter>\n')
+    assert not ok("<parameter=a>\n123\n</parameter>\n<parameter=b>\n123\n</parameter>\n")
+    body = '<function=f>\n<parameter=a>\n123\n</parameter>\n<parameter=b>\n"123"\n</parameter>\n</function>'
+    strings = string_params([{"name": "f", "parameters": schema}])
+    assert decode_call(body, frozenset({"f"}), strings) == ("f", '{"a": "123", "b": "123"}')
+
+
 def test_xml_json_values_write_a_marker_only_escaped():
     from llmd.tools import decode_call
     ok = xml_grammar_of({"type": "object", "properties": {"tags": {"type": "array"}}})
