@@ -13,7 +13,8 @@ parameters: _ARGUMENTS). Where a layout's marker is a control token of the model
 marker's spelling in text bytes. With parallel_tool_calls, more calls may follow, each after the layout's separator (which
 may also end the answer). "required" starts with a call; a named function allows only
 that function; "auto" lets the model first write text, any text without the layout's
-opening (the call, if any, starts there), or the response format when one is given.
+opening (the call, if any, starts there, unless the layout's calls must open the reply),
+or the response format when one is given.
 
 Compiling a schema costs milliseconds, so grammars are cached by request content.
 A schema outside the supported subset (llmd/jsonschema.py) is a 400 naming the
@@ -133,7 +134,7 @@ def _compile(key: str) -> str:
         rules["root"] = calls
     else:
         free = fmt if fmt is not None else text_without((layout.opens,))
-        rules["root"] = alt(free, calls) if fmt is not None else seq(free, opt(calls))
+        rules["root"] = seq(free, opt(calls)) if fmt is None and layout.after_text else alt(free, calls)
     param = "tools" if calls is not None else "response_format.json_schema.schema"
     try:
         return compile_grammar(rules, "root")

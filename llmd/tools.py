@@ -364,7 +364,7 @@ class JsonReplyCallStream:
     "parameters": {...}} (or several, separated by ';'), as the Llama 3.1-3.3 templates
     ask, or what follows <|python_tag|> (python_tag_calls). A reply starting with "{"
     is held to its end, then becomes calls when all of it is calls of declared tools,
-    else content as written. Any other reply is read as one the tag marks
+    else it is read as any other reply: as one the tag marks
     (MarkedCallStream): text before the tag streams as content through the Hermes
     parser, which also reads `<tool_call>` blocks, and what follows the tag is held to
     the end of the reply."""
@@ -391,13 +391,10 @@ class JsonReplyCallStream:
         return []
 
     def finish(self) -> list[ToolEvent]:
-        if self._mode != "json":
-            held, self._held = self._held, ""
-            return self._tagged.feed(held) + self._tagged.finish()
         held, self._held = self._held, ""
-        calls = _json_calls(held, self._names)
-        if calls is None:
-            return [ContentDelta(held)]
+        calls = _json_calls(held, self._names) if self._mode == "json" else None
+        if calls is None:  # text that merely starts with "{" may still hold a tagged call
+            return self._tagged.feed(held) + self._tagged.finish()
         return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments) in enumerate(calls)]
 
 
@@ -640,7 +637,8 @@ def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
 class CallLayout:
     """How constrained decoding writes a call (llmd/constrain.py): `head`, the tool's
     name, `between`, the arguments, `tail`; `separator` between parallel calls (it may
-    also end the answer). Free text before a call may not contain `opens`. The
+    also end the answer). Free text before a call may not contain `opens`; without
+    `after_text`, calls only open the reply (the parser reads no call after text). The
     arguments are spelled as `arguments` says: "json" (an object), "gemma4" (Gemma 4's
     call syntax, gemma_calls) or "xml" (Qwen3-Coder's <parameter=P> elements)."""
 
@@ -650,11 +648,13 @@ class CallLayout:
     tail: str
     separator: str
     arguments: str = "json"
+    after_text: bool = True
 
 
 HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_TAIL + CLOSE_TAG, CALL_SEPARATOR)
-# Llama 3.1-3.3: the JSON reply their templates ask for; parallel calls separated by ';'.
-LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ")
+# Llama 3.x: the JSON reply their templates ask for, the whole reply (JsonReplyCallStream
+# reads JSON only at its start); parallel calls separated by ';'.
+LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ", after_text=False)
 # Llama 3.1 and 3.3, whose templates write <|python_tag|>: that token, then the same JSON.
 LLAMA3_TAG_LAYOUT = CallLayout(PYTHON_TAG, PYTHON_TAG + '{"name": "', '", "parameters": ', "}", "; ")
 # Mistral Small 3.x, Magistral, Devstral: [TOOL_CALLS]name[ARGS]{...}, each call opened again.

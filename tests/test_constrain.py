@@ -150,8 +150,12 @@ def test_llama3_calls_are_constrained_in_llamas_own_json_reply():
     assert [c["function"]["name"] for c in merge_tool_calls(events)] == ["get_weather"]
     auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
     g = constrain.chat_grammar(auto, LLAMA3_LAYOUT)
-    assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + one) == MAY_END
-    # Llama's opening starts a call wherever it occurs: a Hermes body then is no call
+    assert match(g, "It is sunny.") == MAY_END and match(g, one) == MAY_END
+    # the parser reads a JSON reply only as the whole reply: no call after text
+    assert match(g, "Sure: " + one) == NO
+    events = JsonReplyCallStream([WEATHER], lambda: "c").feed("Sure: " + one)
+    assert not merge_tool_calls(events)
+    # text never spells Llama's opening: a Hermes block then is no call either
     assert match(g, "x" + block("get_weather", '{"city": "Paris"}')) == NO
 
 

@@ -412,6 +412,8 @@ def test_llama31_python_tag_after_text_and_calls_each_opened_by_the_tag(step):
     assert [c["function"]["arguments"] for c in calls] == ['{"city": "Oslo"}', '{"city": "Rome"}']
     text = "Let me check. <|python_tag|>{\"name\": \"nope\", \"parameters\": {}}"
     assert collapse(_json_reply(text, step)) == (text, [])
+    content, calls = collapse(_json_reply("{braces} first " + call, step))
+    assert content == "{braces} first" and [c["function"]["name"] for c in calls] == ["get_weather"]
 
 
 def test_llama31_python_tag_code_goes_to_a_declared_code_tool_else_stays_content():
