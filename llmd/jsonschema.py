@@ -22,6 +22,11 @@ The JSON Schema subset (what tools and response formats use in practice):
   array: items, minItems, maxItems; boolean; null.
 Annotations (title, description, default, examples, ...) are ignored; any other
 keyword raises SchemaError naming it.
+
+Other spellings of the same values, for tool calls in a family's own layout:
+GemmaSchemaCompiler writes Gemma 4's call syntax, XmlParameterCompiler Qwen3-Coder's
+<parameter=P> elements (raw text for string parameters, JSON otherwise). Neither lets a
+string spell a marker that would end it early in that family's parser.
 """
 
 from __future__ import annotations
@@ -553,8 +558,12 @@ _TEXT_UNIT = byte_range(0x20, 0x7E) | one_of("\n\t")
 _TEXT_CHAR = alt(_TEXT_UNIT - one_of("<"), _UTF8_MULTI)
 
 
-def _spelled_in(markers: tuple[str, ...], text: str) -> str | None:
-    return next((m for m in markers if m in text), None)
+def _check_spelling(markers: tuple[str, ...], text: str, what: str, keyword: str) -> None:
+    """Refuse a fixed string (an enum value, a property name) that would spell a marker."""
+    marker = next((m for m in markers if m in text), None)
+    if marker is not None:
+        raise SchemaError(f"the {what} {text!r} holds {marker!r}, which cannot be written in this "
+                          "model's tool calls", keyword)
 
 
 class GemmaSchemaCompiler(SchemaCompiler):
@@ -583,6 +592,7 @@ class GemmaSchemaCompiler(SchemaCompiler):
         return Ref("gemma:text") if lo == 0 and hi is None else repeat(_TEXT_CHAR, lo, hi)
 
     def key(self, name: str) -> Expr:
+        _check_spelling(self.markers, name, "property name", "properties")
         if name and not any(c.isspace() or c in ':,{}[]<' for c in name):
             return lit(name)
         return self.literal(name)
@@ -593,10 +603,7 @@ class GemmaSchemaCompiler(SchemaCompiler):
 
     def literal(self, value: Any) -> Expr:
         if isinstance(value, str):
-            marker = _spelled_in(self.markers, value)
-            if marker is not None:
-                raise SchemaError(f"the value {value!r} holds {marker!r}, which Gemma 4's calls cannot "
-                                  "carry in a string", "enum")
+            _check_spelling(self.markers, value, "value", "enum")
             return self.quoted(lit(value))
         if isinstance(value, dict):
             items = [seq(self.key(k), lit(":"), self.literal(v)) for k, v in value.items()]
@@ -645,6 +652,14 @@ class XmlParameterCompiler(SchemaCompiler):
     def any_key(self) -> Expr:
         return self.quoted(self.chars(0, None))
 
+    def key(self, name: str) -> Expr:
+        _check_spelling(self.markers, json.dumps(name, ensure_ascii=False), "property name", "properties")
+        return super().key(name)
+
+    def literal(self, value: Any) -> Expr:
+        _check_spelling(self.markers, json.dumps(value, ensure_ascii=False), "value", "enum")
+        return super().literal(value)
+
     def any_value(self) -> Expr:
         return Ref("xmljson:value")
 
@@ -690,10 +705,7 @@ class XmlParameterCompiler(SchemaCompiler):
             values = [v for v in ([schema["const"]] if "const" in schema else schema["enum"])
                       if isinstance(v, str) and ("enum" not in schema or v in schema["enum"])]
             for v in values:
-                marker = _spelled_in(self.markers, v)
-                if marker is not None:
-                    raise SchemaError(f"the value {v!r}{where} holds {marker!r}, which Qwen3-Coder's XML "
-                                      "calls cannot carry", "enum")
+                _check_spelling(self.markers, v, "value", "enum")
             return alt(*(lit(v) for v in values))
         return self._string_body(schema, where, lambda lo, hi: Ref("xml:text") if lo == 0 and hi is None
                                  else repeat(_TEXT_CHAR, lo, hi))

@@ -371,6 +371,8 @@ def test_xml_parameters_refuse_what_the_parser_would_misread_or_the_schema_forbi
     ({"type": "object", "minProperties": 1}, "minProperties"),
     ({"type": "object", "properties": {"a>b": {}}}, "properties"),
     ({"type": "object", "properties": {"a": {"type": "string", "enum": ["x</parameter>"]}}}, "enum"),
+    ({"type": "object", "properties": {"a": {"enum": [1, "x</tool_call>"]}}}, "enum"),        # as JSON too
+    ({"type": "object", "properties": {"a": {"type": "object", "properties": {"</parameter>": {}}}}}, "properties"),
 ])
 def test_xml_parameters_refuse_what_they_cannot_write(schema, keyword):
     with pytest.raises(SchemaError) as info:
