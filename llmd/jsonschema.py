@@ -568,11 +568,12 @@ def _check_spelling(markers: tuple[str, ...], text: str, what: str, keyword: str
 
 class GemmaSchemaCompiler(SchemaCompiler):
     """Values in the syntax Gemma 4 writes a call's arguments in (llmd.tools.gemma_calls
-    reads it): `{key:value,...}` with bare keys, `[a,b]`, a string between two `quote`
-    marks (the model's <|"|> token, or its spelling), numbers, true, false and null bare,
-    and no whitespace. `markers` are the spellings that would end a string or the call
-    in the parser's eyes (the quote's, the call's closing): no string holds them; a key
-    the parser could not read bare (empty, with whitespace or one of `:,{}[]<`) is quoted."""
+    reads it): `{key:value,...}` with bare keys in the template's order (_members),
+    `[a,b]`, a string between two `quote` marks (the model's <|"|> token, or its
+    spelling), numbers, true, false and null bare, and no whitespace. `markers` are the
+    spellings that would end a string or the call in the parser's eyes (the quote's, the
+    call's closing): no string holds them; a key the parser could not read bare (empty,
+    with whitespace or one of `:,{}[]<`) is quoted."""
 
     ws = EMPTY
     comma = lit(",")
@@ -584,6 +585,13 @@ class GemmaSchemaCompiler(SchemaCompiler):
         self.rules["gemma:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
         self.rules.update(_any_value_rules("gemma", EMPTY, self.comma, self.any_key(),
                                            self.quoted(self.chars(0, None))))
+
+    def _members(self, schema: dict, path: str, where: str) -> tuple[list[tuple[str, Any, bool]], Any]:
+        """Members in the order Gemma 4's template writes a call's arguments (dictsort:
+        by name, ignoring case), so a call the model made renders back into the prompt
+        as it was written and the session's cache stays warm."""
+        members, extra = super()._members(schema, path, where)
+        return sorted(members, key=lambda member: member[0].lower()), extra
 
     def quoted(self, body: Expr) -> Expr:
         return seq(self.quote, body, self.quote)
@@ -606,7 +614,8 @@ class GemmaSchemaCompiler(SchemaCompiler):
             _check_spelling(self.markers, value, "value", "enum")
             return self.quoted(lit(value))
         if isinstance(value, dict):
-            items = [seq(self.key(k), lit(":"), self.literal(v)) for k, v in value.items()]
+            ordered = sorted(value.items(), key=lambda item: item[0].lower())
+            items = [seq(self.key(k), lit(":"), self.literal(v)) for k, v in ordered]
             return seq(lit("{"), *_joined(items, self.comma), lit("}"))
         if isinstance(value, list):
             return seq(lit("["), *_joined([self.literal(v) for v in value], self.comma), lit("]"))

@@ -234,3 +234,28 @@ def test_gemma_qwen3_coder_and_python_tag_calls_are_constrained_in_their_own_lay
     events = stream.feed("Sure: " + call) + stream.finish()
     assert "".join(e.text for e in events if hasattr(e, "text")) == "Sure:"
     assert [c["function"]["name"] for c in merge_tool_calls(events)] == ["get_weather"]
+
+
+def test_a_constrained_gemma_call_renders_back_into_the_prompt_as_it_was_written():
+    """Gemma 4's template writes a call's arguments sorted by name (ignoring case): the
+    grammar writes them in that order, so the call the model made, sent back, renders
+    into the next prompt byte for byte and the session's cache stays warm."""
+    from llmd import jinja
+    from llmd.chat import JinjaTemplate, render_chat
+    from llmd.tools import GEMMA4_LAYOUT, call_stream, merge_tool_calls
+    from tests.reference_data import require
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "zeta": {"type": "string"}, "Alpha": {"type": "integer"}, "mid": {"type": "object", "properties": {
+            "y": {"type": "boolean"}, "X": {"type": "number"}}}}, "required": ["zeta", "Alpha", "mid"]}}}
+    req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [tool],
+                                         "tool_choice": "required"}).encode())
+    g = constrain.chat_grammar(req, GEMMA4_LAYOUT)
+    call = '<|tool_call>call:get_weather{Alpha:1,mid:{X:2.5,y:true},zeta:<|"|>x<|"|>}<tool_call|>'
+    assert match(g, call) == MAY_END
+    assert match(g, '<|tool_call>call:get_weather{zeta:<|"|>x<|"|>,Alpha:1,mid:{y:true,X:2.5}}<tool_call|>') == NO
+    stream = call_stream("gemma4", [tool])
+    (made,) = merge_tool_calls(stream.feed(call) + stream.finish())
+    template = JinjaTemplate(jinja.Template(require("models/templates/google-gemma-4-31B-it.jinja").read_text("utf-8")))
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [made]},
+                {"role": "tool", "tool_call_id": made["id"], "content": "sunny"}]
+    assert call in render_chat(template, messages, [tool]).text

@@ -71,7 +71,8 @@ def test_random_strings_agree_with_a_python_regex():
 def test_text_without_markers_is_exactly_the_texts_that_contain_none(markers):
     match = matcher({"root": text_without(markers)})
     rng = random.Random(11)
-    fragments = ["<", "|", "/", '"', "tool", "_call", ">", "para", "meter", "x", "\n", *markers, *(m[:-1] for m in markers)]
+    fragments = ["<", "|", "/", '"', "tool", "_call", ">", "para", "meter", "x", "\n",
+                 *markers, *(m[:-1] for m in markers)]
     for _ in range(400):
         text = "".join(rng.choice(fragments) for _ in range(rng.randint(0, 6)))
         assert (match(text) >= MAY_END) == (not any(m in text for m in markers)), text

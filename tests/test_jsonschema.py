@@ -258,8 +258,9 @@ def gemma_spelled(value):
     """A value as Gemma 4's template writes a call's arguments (bare keys, <|"|> strings)."""
     if isinstance(value, str):
         return '<|"|>' + value + '<|"|>'
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{gemma_spelled(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, dict):  # sorted by name ignoring case, as the template's dictsort does
+        ordered = sorted(value.items(), key=lambda item: item[0].lower())
+        return "{" + ",".join(f"{k}:{gemma_spelled(v)}" for k, v in ordered) + "}"
     if isinstance(value, list):
         return "[" + ",".join(gemma_spelled(v) for v in value) + "]"
     return json.dumps(value)
@@ -283,7 +284,7 @@ def test_gemma_syntax_accepts_the_templates_spelling_and_the_parser_reads_it_bac
     '{city:<|"|>Oslo!!!<|"|>}',                     # longer than maxLength
     '{city:<|"|>a<b<|"|>}',                         # a bounded string holds no "<"
     '{city:<|"|>x<|"|>,note:<|"|>a<tool_call|>b<|"|>}', '{city:<|"|>x<|"|>,note:<|"|>a<|"|>b<|"|>}',
-    '{days:1,city:<|"|>x<|"|>}',                    # declared order
+    '{days:1,city:<|"|>x<|"|>}',                    # the template's order: sorted by name
     '{city:<|"|>x<|"|>,units:<|"|>k<|"|>}', '{city:<|"|>x<|"|>,days:10}', '{city:Oslo}',
 ])
 def test_gemma_syntax_refuses_what_the_parser_would_misread_or_the_schema_forbids(text):
