@@ -363,11 +363,10 @@ class JsonReplyCallStream:
     """Tool calls written as a JSON reply. Llama 3.x: an object {"name": <tool>,
     "parameters": {...}} (or several, separated by ';'), as the Llama 3.1-3.3 templates
     ask, or what follows <|python_tag|> (python_tag_calls). A reply starting with "{"
-    is held to its end, then becomes calls when all of it is calls of declared tools,
-    else it is read as any other reply: as one the tag marks
-    (MarkedCallStream): text before the tag streams as content through the Hermes
-    parser, which also reads `<tool_call>` blocks, and what follows the tag is held to
-    the end of the reply."""
+    is held to its end, then becomes calls when all of it is calls of declared tools;
+    any other reply is read as one the tag may mark (MarkedCallStream): text before the
+    tag streams as content through the Hermes parser, which also reads `<tool_call>`
+    blocks, and what follows the tag is held to the end of the reply."""
 
     def __init__(self, tools: Iterable[dict[str, Any]] | None, new_id: Callable[[], str] = new_call_id) -> None:
         self._names = tool_names(tools)
