@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmd import harmony, jinja, reasoning
-from llmd.tools import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT, LLAMA3_TAG_LAYOUT,
+from llmd.tools import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT,
                         MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG, PHI4_LAYOUT,
-                        PHI4_TOOLS, PYTHON_TAG, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
+                        PHI4_TOOLS, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -284,7 +284,8 @@ def output_markers(template: ChatTemplate | JinjaTemplate) -> tuple[str, ...]:
 
 def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
     """The layout constrained calls are written in: the family's own (Llama 3.x's JSON
-    reply, after <|python_tag|> where the template writes that tag; gpt-oss's messages
+    reply, as their templates render a custom tool's call back into the prompt: Llama
+    3.1's <|python_tag|> opens only built-in tools' `name.call(...)`; gpt-oss's messages
     to functions.NAME; Mistral's [TOOL_CALLS] as its template writes them; Phi-4's
     <|tool_call|> blocks; Gemma 4's <|tool_call> blocks in its call syntax; Qwen3-Coder's
     XML), else Hermes blocks, which every format's parser also reads (Granite's unclosed
@@ -292,10 +293,8 @@ def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
     fmt = tool_format(template)
     if fmt == "mistral":
         return MISTRAL_LAYOUT if any(MISTRAL_ARGS in s for s in template.template.literals()) else MISTRAL_NEMO_LAYOUT
-    if fmt == "llama3_json":
-        return LLAMA3_TAG_LAYOUT if any(PYTHON_TAG in s for s in template.template.literals()) else LLAMA3_LAYOUT
-    layouts = {"harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT, "gemma4": GEMMA4_LAYOUT,
-               "qwen3_coder": QWEN3_CODER_LAYOUT}
+    layouts = {"llama3_json": LLAMA3_LAYOUT, "harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT,
+               "gemma4": GEMMA4_LAYOUT, "qwen3_coder": QWEN3_CODER_LAYOUT}
     return layouts.get(fmt, HERMES_LAYOUT)
 
 

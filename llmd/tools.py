@@ -583,7 +583,7 @@ def python_tag_calls(body: str, names: frozenset[str]) -> list[Call] | None:
     """What Llama 3.1 writes after <|python_tag|>: JSON calls, a built-in tool's
     `name.call(arg="value", ...)`, or code for a declared `python` / `code_interpreter`
     tool (its arguments then {"code": ...}). JSON calls may each be opened by the tag
-    again, as constrained decoding writes parallel calls (LLAMA3_TAG_LAYOUT)."""
+    again."""
     body = body.strip()
     if PYTHON_TAG in body:
         segments = [_json_calls(segment, names) for segment in body.split(PYTHON_TAG)]
@@ -654,8 +654,6 @@ HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_
 # Llama 3.x: the JSON reply their templates ask for, the whole reply (JsonReplyCallStream
 # reads JSON only at its start); parallel calls separated by ';'.
 LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ", after_text=False)
-# Llama 3.1 and 3.3, whose templates write <|python_tag|>: that token, then the same JSON.
-LLAMA3_TAG_LAYOUT = CallLayout(PYTHON_TAG, PYTHON_TAG + '{"name": "', '", "parameters": ', "}", "; ")
 # Mistral Small 3.x, Magistral, Devstral: [TOOL_CALLS]name[ARGS]{...}, each call opened again.
 MISTRAL_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS, MISTRAL_ARGS, "", "")
 # Mistral Nemo: [TOOL_CALLS] then a JSON array (one call per array here).
