@@ -14,6 +14,9 @@
 // chunk- and batch-invariant, attention.h). Writing into a published block (after a
 // truncate into it) copies it first. A published block nobody holds is retired: kept,
 // least recently released first out, while the retired blocks fit the budget.
+// Sliding-window layers keep rings, not blocks (model.h: KVCache): a prefix of such a
+// model is reused only with a copy of the rings of a live session that still holds
+// its window (llmd_session_share_prefix).
 #pragma once
 
 #include <atomic>
@@ -41,6 +44,18 @@ struct PrefixMatch {
     int tail_block = -1;
     int tail_len = 0;
     int length() const { return static_cast<int>(blocks.size()) * kKVBlock + tail_len; }
+    // Keeps only the first n <= length() positions: a block cut short becomes the tail.
+    void trim(int n) {
+        if (n >= static_cast<int>(blocks.size()) * kKVBlock) {
+            tail_len = n - static_cast<int>(blocks.size()) * kKVBlock;
+            if (tail_len == 0) tail_block = -1;
+            return;
+        }
+        const size_t full = static_cast<size_t>(n / kKVBlock);
+        tail_len = n % kKVBlock;
+        tail_block = tail_len > 0 ? blocks[full] : -1;
+        blocks.resize(full);
+    }
 };
 
 // A session that may lend its partly filled block: its cache and the ids in it.
