@@ -61,6 +61,8 @@ void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, f
         const uint16_t *k = runs[r].k, *v = runs[r].v;
         for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
             const int len = std::min(kBlock, runs[r].n_pos - p0);
+            if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
+                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd);
             // Scores, a key block at a time: each load is one dimension of 16 keys, and
             // every query of the group accumulates 16 scores from it (two chains each, as
             // an FMA's latency exceeds its issue interval).

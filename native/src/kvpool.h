@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -100,7 +101,7 @@ public:
 
 private:
     struct Block {
-        std::unique_ptr<uint16_t[]> data; // keys, then values: (paged layer, kv head, kKVBlock, head_dim) each
+        std::unique_ptr<uint16_t, void (*)(void *)> data{nullptr, std::free}; // keys, then values: (paged layer, kv head, kKVBlock, head_dim) each
         int refs = 0;
         uint64_t serial = 0; // published: never reused; 0: private
         uint64_t parent = 0; // the parent's serial (0: the first block of its sequence)

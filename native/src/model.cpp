@@ -842,6 +842,11 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
         runs[n_runs++] = {r.keys + at, r.values + at, n_pos};
         p += n_pos;
     }
+    if (kv.layers[layer].paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
+        const KVCache::Row next = kv.row(hp, layer, head, p1); // where the next range starts
+        const size_t at = static_cast<size_t>(next.index) * hd;
+        prefetch_run(next.keys + at, next.values + at, next.count - next.index, hd);
+    }
     attend_range(q, n_q, runs, n_runs, hd, scale, out, part);
 }
 
