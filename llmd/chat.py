@@ -29,8 +29,9 @@ at start-up, `template_markers`) in the template's own text only. A reply part i
 assistant message's content when the template wrote it unchanged.
 
 What a template writes also says how the model answers: `tool_format` (Hermes blocks,
-Llama 3.x's JSON reply or <|python_tag|>, Mistral's [TOOL_CALLS], Gemma 4's
-<|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> blocks, gpt-oss's harmony channels), `output_markers`
+Qwen3-Coder's XML in them, Llama 3.x's JSON reply or <|python_tag|>, Mistral's [TOOL_CALLS],
+Gemma 4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> blocks, gpt-oss's
+harmony channels), `call_layout` (how constrained decoding writes calls), `output_markers`
 (the strings that format is read by) and `reasoning_start` (whether replies carry a
 <think> block, and whether the prompt already opened it).
 
@@ -48,8 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmd import harmony, jinja, reasoning
-from llmd.tools import (FORMAT_MARKERS, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT, MISTRAL_ARGS, MISTRAL_CALLS,
-                        MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, PHI4_LAYOUT, PHI4_TOOLS, TAGGED_CALLS, CallLayout)
+from llmd.tools import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT,
+                        MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG, PHI4_LAYOUT,
+                        PHI4_TOOLS, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -259,6 +261,8 @@ _TOOL_FORMAT_SIGNS = (
     ("phi4", PHI4_TOOLS),
     # Granite 3.3 asks for <|tool_call|> and a JSON list
     ("tagged_json", TAGGED_CALLS),
+    # Qwen3-Coder, Qwen3.5 (and Nemotron 3, Step 3.5): Hermes blocks holding <function=NAME>
+    ("qwen3_coder", OPEN_TAG + "\n<function="),
 )
 
 
@@ -279,15 +283,18 @@ def output_markers(template: ChatTemplate | JinjaTemplate) -> tuple[str, ...]:
 
 
 def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
-    """The layout constrained calls are written in: the family's own where its arguments
-    are JSON (Llama 3.x's JSON reply, gpt-oss's messages to functions.NAME, Mistral's
-    [TOOL_CALLS] as its template writes them, Phi-4's <|tool_call|> blocks), else Hermes
-    blocks, which every format's parser also reads (Gemma 4's call syntax is not JSON;
-    Granite's unclosed <|tool_call|> list cannot be followed by another call)."""
+    """The layout constrained calls are written in: the family's own (Llama 3.x's JSON
+    reply, as their templates render a custom tool's call back into the prompt: Llama
+    3.1's <|python_tag|> opens only built-in tools' `name.call(...)`; gpt-oss's messages
+    to functions.NAME; Mistral's [TOOL_CALLS] as its template writes them; Phi-4's
+    <|tool_call|> blocks; Gemma 4's <|tool_call> blocks in its call syntax; Qwen3-Coder's
+    XML), else Hermes blocks, which every format's parser also reads (Granite's unclosed
+    <|tool_call|> list cannot be followed by another call)."""
     fmt = tool_format(template)
     if fmt == "mistral":
         return MISTRAL_LAYOUT if any(MISTRAL_ARGS in s for s in template.template.literals()) else MISTRAL_NEMO_LAYOUT
-    layouts = {"llama3_json": LLAMA3_LAYOUT, "harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT}
+    layouts = {"llama3_json": LLAMA3_LAYOUT, "harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT,
+               "gemma4": GEMMA4_LAYOUT, "qwen3_coder": QWEN3_CODER_LAYOUT}
     return layouts.get(fmt, HERMES_LAYOUT)
 
 

@@ -4,15 +4,17 @@ calls of chat (tool_choice "auto", "required" or a named function).
 
 Tool calls are written in a tools.CallLayout: by default the Hermes layout tools.py
 streams (OPEN_TAG CALL_HEAD name CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), for
-Llama 3.x its JSON reply, for gpt-oss a message to functions.NAME, for Mistral and
-Phi-4 their [TOOL_CALLS] and <|tool_call|> layouts; the arguments follow the tool's
-parameters schema. Where a layout's marker is a control token of the model (`controls`),
-the grammar writes that one token (llmd.grammar.token), never the marker's spelling in
-text bytes. With
-parallel_tool_calls, more calls may follow, each after the layout's separator (which
-may also end the answer). "required" starts with a call; a named function allows only
-that function; "auto" lets the model first write text, any text without the layout's
-opening (the call, if any, starts there), or the response format when one is given.
+Llama 3.x its JSON reply (after <|python_tag|> for 3.1 and 3.3), for gpt-oss a message
+to functions.NAME, for Mistral, Phi-4 and Gemma 4 their [TOOL_CALLS], <|tool_call|> and
+<|tool_call> layouts, for Qwen3-Coder its XML; the arguments follow the tool's
+parameters schema, spelled as the layout says (JSON, Gemma 4's call syntax, XML
+parameters: _ARGUMENTS). Where a layout's marker is a control token of the model
+(`controls`), the grammar writes that one token (llmd.grammar.token), never the
+marker's spelling in text bytes. With parallel_tool_calls, more calls may follow, each
+after the layout's separator (which may also end the answer). "required" starts with a
+call; a named function allows only that function; "auto" lets the model first write
+text, any text without the layout's opening (the call, if any, starts there, unless the
+layout's calls must open the reply), or the response format when one is given.
 
 Compiling a schema costs milliseconds, so grammars are cached by request content.
 A schema outside the supported subset (llmd/jsonschema.py) is a 400 naming the
@@ -24,15 +26,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any
+from typing import Any, Callable
 
 from llmd import errors
 from llmd.grammar import (
-    ANY_BYTE, EMPTY, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, one_of, opt, seq, star, token,
+    EMPTY, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, opt, seq, star, text_without, token,
 )
-from llmd.jsonschema import SchemaCompiler, SchemaError
+from llmd.jsonschema import GemmaSchemaCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler
 from llmd.openai import ChatRequest, CompletionRequest, ResponseFormat
-from llmd.tools import HERMES_LAYOUT, CallLayout
+from llmd.tools import CLOSE_TAG, GEMMA_CALL_END, GEMMA_QUOTE, HERMES_LAYOUT, XML_PARAMETER_END, CallLayout
 
 
 def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
@@ -70,20 +72,6 @@ def _format_key(rf: ResponseFormat | None) -> Any:
     return {"object": True} if rf.type == "json_object" else {"schema": rf.schema}
 
 
-def _text_without(marker: bytes) -> Expr:
-    """Any bytes in which marker does not occur (its first byte must not recur in it).
-
-    Cut at each occurrence of the first byte: every piece after a cut must not
-    begin with the rest of the marker, so it is a proper prefix of the rest,
-    possibly followed by a byte that breaks the match and then anything else."""
-    first, rest = marker[:1], marker[1:]
-    assert first not in rest, "the construction needs a marker whose first byte does not recur"
-    free = ANY_BYTE - one_of(first)
-    piece = alt(*(seq(lit(rest[:k]), opt(seq(free - one_of(rest[k:k + 1]), star(free))))
-                  for k in range(len(rest))))
-    return seq(star(free), star(seq(lit(first), piece)))
-
-
 def _written(text: str, controls: dict[str, int]) -> Expr:
     """text as the model writes it: each control token's string in it as that token,
     the rest as bytes."""
@@ -98,6 +86,16 @@ def _written(text: str, controls: dict[str, int]) -> Expr:
         items.append(token(controls[control]))
         at = start + len(control)
     return seq(*items) if items else EMPTY
+
+
+# How each CallLayout.arguments spelling compiles a tool's parameters schema: a
+# SchemaCompiler over (rules, rule-name prefix, the layout's control tokens).
+_ARGUMENTS: dict[str, Callable[[dict[str, Expr], str, dict[str, int]], SchemaCompiler]] = {
+    "json": lambda rules, prefix, controls: SchemaCompiler(rules, prefix),
+    "gemma4": lambda rules, prefix, controls: GemmaSchemaCompiler(
+        rules, prefix, _written(GEMMA_QUOTE, controls), (GEMMA_QUOTE, GEMMA_CALL_END)),
+    "xml": lambda rules, prefix, controls: XmlParameterCompiler(rules, prefix, (XML_PARAMETER_END, CLOSE_TAG)),
+}
 
 
 @functools.lru_cache(maxsize=64)
@@ -120,7 +118,8 @@ def _compile(key: str) -> str:
             param = f"tools[{index}].function.parameters"
             if parameters and parameters.get("type", "object") != "object":
                 raise errors.invalid_request("A tool's parameters must describe an object.", param)
-            args = _schema(SchemaCompiler(rules, f"tool{index}:"), _object_schema(parameters), param)
+            compiler = _ARGUMENTS[layout.arguments](rules, f"tool{index}:", controls)
+            args = _schema(compiler, _object_schema(parameters), param)
             blocks.append(seq(_written(layout.head + name + layout.between, controls), args,
                               _written(layout.tail, controls)))
         block = alt(*blocks)
@@ -134,8 +133,8 @@ def _compile(key: str) -> str:
     elif spec["required"]:
         rules["root"] = calls
     else:
-        free = fmt if fmt is not None else _text_without(layout.opens.encode())
-        rules["root"] = alt(free, calls) if fmt is not None else seq(free, opt(calls))
+        free = fmt if fmt is not None else text_without((layout.opens,))
+        rules["root"] = seq(free, opt(calls)) if fmt is None and layout.after_text else alt(free, calls)
     param = "tools" if calls is not None else "response_format.json_schema.schema"
     try:
         return compile_grammar(rules, "root")

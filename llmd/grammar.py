@@ -128,6 +128,33 @@ def repeat(item: Expr, lo: int, hi: int | None) -> Expr:
     return Repeat(item, lo, hi)
 
 
+def text_without(markers: Iterable[str], unit: Chars = ANY_BYTE, wide: Expr | None = None) -> Expr:
+    """Any text in which none of `markers` occurs: a sequence of single bytes out of
+    `unit` and of `wide` items (multi-byte characters, when given). The markers are
+    ASCII and begin with one byte that recurs in none of them.
+
+    Cut at each occurrence of that first byte: what follows a cut up to the next one
+    must not begin with the rest of any marker, so it is a proper prefix of such a
+    rest, possibly followed by a unit that breaks every match and then anything."""
+    markers = tuple(markers)
+    first = markers[0][:1]
+    rests = {m[1:] for m in markers}
+    assert all(m[:1] == first and first not in m[1:] and m.isascii() for m in markers), \
+        "the construction needs ASCII markers sharing a first byte that does not recur in them"
+    free = unit - one_of(first)
+
+    def units(single: Chars) -> Expr:
+        return single if wide is None else alt(single, wide)
+
+    pieces = []
+    for prefix in dict.fromkeys(r[:k] for r in sorted(rests) for k in range(len(r))):
+        if prefix.startswith(tuple(rests)):
+            continue  # a whole marker already: nothing may continue it
+        following = one_of("".join(r[len(prefix)] for r in rests if r.startswith(prefix) and len(r) > len(prefix)))
+        pieces.append(seq(lit(prefix), opt(seq(units(free - following), star(units(free))))))
+    return seq(star(units(free)), star(seq(lit(first), alt(*pieces))))
+
+
 # --- compilation -------------------------------------------------------------------
 
 class _Nfa:

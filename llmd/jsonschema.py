@@ -22,16 +22,22 @@ The JSON Schema subset (what tools and response formats use in practice):
   array: items, minItems, maxItems; boolean; null.
 Annotations (title, description, default, examples, ...) are ignored; any other
 keyword raises SchemaError naming it.
+
+Other spellings of the same values, for tool calls in a family's own layout:
+GemmaSchemaCompiler writes Gemma 4's call syntax, XmlParameterCompiler Qwen3-Coder's
+<parameter=P> elements (raw text for string parameters, JSON otherwise). Neither lets a
+string spell a marker that would end it early in that family's parser.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import re
+from typing import Any, Callable
 
 from llmd.grammar import (
-    EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star,
+    EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star, text_without,
 )
 
 ANNOTATIONS = frozenset({
@@ -83,11 +89,10 @@ _UTF8_MULTI = alt(
     seq(lit(b"\xf4"), byte_range(0x80, 0x8F), _CONT, _CONT),
 )
 # One character of a string: printable ASCII but '"' and '\', an escape, or a UTF-8 sequence.
-CHAR = alt(
-    byte_range(0x20, 0x7F) - one_of('"\\'),
-    seq(lit("\\"), alt(one_of('"\\/bfnrt'), seq(lit("u"), HEX, HEX, HEX, HEX))),
-    _UTF8_MULTI,
-)
+_JSON_UNIT = byte_range(0x20, 0x7F) - one_of('"\\')
+_JSON_ESCAPE = seq(lit("\\"), alt(one_of('"\\/bfnrt'), seq(lit("u"), HEX, HEX, HEX, HEX)))
+_JSON_WIDE = alt(_JSON_ESCAPE, _UTF8_MULTI)
+CHAR = alt(_JSON_UNIT, _JSON_ESCAPE, _UTF8_MULTI)
 STRING = seq(lit('"'), star(CHAR), lit('"'))
 _UINT = alt(lit("0"), seq(NONZERO, repeat(DIGIT, 0, MAX_DIGITS - 1)))
 INTEGER = seq(opt(lit("-")), _UINT)
@@ -97,24 +102,22 @@ BOOLEAN = alt(lit("true"), lit("false"))
 NULL = lit("null")
 
 
-def _object(member: Expr) -> Expr:
-    """{ member, member, ... } with any number of members."""
-    return seq(lit("{"), WS, opt(seq(member, star(seq(COMMA, member)))), WS, lit("}"))
+def _any_value_rules(syntax: str, ws: Expr, comma: Expr, key: Expr, string: Expr) -> dict[str, Expr]:
+    """Rules `<syntax>:value` and `<syntax>:object`, any value and any object of a syntax
+    with JSON's brackets, colons, numbers, booleans and null (nesting is recursion)."""
+    value, obj = Ref(f"{syntax}:value"), Ref(f"{syntax}:object")
+
+    def bracketed(opening: str, item: Expr, closing: str) -> Expr:
+        return seq(lit(opening), ws, opt(seq(item, star(seq(comma, item)))), ws, lit(closing))
+    return {obj.name: bracketed("{", seq(key, lit(":"), ws, value), "}"),
+            value.name: alt(obj, bracketed("[", value, "]"), string, NUMBER, BOOLEAN, NULL)}
 
 
-def _member(key: Expr, value: Expr) -> Expr:
-    return seq(key, lit(":"), WS, value)
-
-
-# Whitespace, any JSON value, and any JSON object, as rules (nesting is recursion).
+# Whitespace, any JSON value, and any JSON object, as rules.
 VALUE_RULE, OBJECT_RULE = "json:value", "json:object"
 JSON_RULES: dict[str, Expr] = {
     WS_RULE: opt(alt(lit(" "), seq(lit("\n"), repeat(lit(" "), 0, 16)))),
-    OBJECT_RULE: _object(_member(STRING, Ref(VALUE_RULE))),
-    VALUE_RULE: alt(
-        Ref(OBJECT_RULE),
-        seq(lit("["), WS, opt(seq(Ref(VALUE_RULE), star(seq(COMMA, Ref(VALUE_RULE))))), WS, lit("]")),
-        STRING, NUMBER, BOOLEAN, NULL),
+    **_any_value_rules("json", WS, COMMA, STRING, STRING),
 }
 
 
@@ -255,13 +258,41 @@ def _bad(message: str) -> SchemaError:
 class SchemaCompiler:
     """Compiles JSON Schemas into rules of one grammar. Objects and arrays get a rule
     each (their members are calls), so optional members do not copy big subtrees;
-    rule names start with `prefix`, so several schemas can share the grammar."""
+    rule names start with `prefix`, so several schemas can share the grammar.
+
+    Values are spelled as JSON; a subclass spells them otherwise by overriding the
+    syntax hooks below (ws, comma, quoted, chars, key, any_key, literal, any_value,
+    any_object): GemmaSchemaCompiler writes Gemma 4's call syntax."""
+
+    ws: Expr = WS        # what may stand after { [ , : and before } ]
+    comma: Expr = COMMA  # between members and items
 
     def __init__(self, rules: dict[str, Expr], prefix: str):
         self.rules = rules
         self.rules.update(JSON_RULES)  # compiled only if reached from the root
         self.prefix = prefix
         self.root: Any = None
+
+    # --- syntax hooks --------------------------------------------------------------
+
+    def quoted(self, body: Expr) -> Expr:
+        """A string value whose characters are body."""
+        return seq(lit('"'), body, lit('"'))
+
+    def chars(self, lo: int, hi: int | None) -> Expr:
+        """lo to hi characters of a string value (hi None: no limit)."""
+        return repeat(CHAR, lo, hi)
+
+    def key(self, name: str) -> Expr:
+        """A declared property name, as a member's key."""
+        return json_literal(name)
+
+    def any_key(self) -> Expr:
+        return STRING
+
+    def literal(self, value: Any) -> Expr:
+        """Exactly this value (enum, const)."""
+        return json_literal(value)
 
     def compile_root(self, schema: Any) -> Expr:
         """The expression for a whole schema document ($ref "#" points at it)."""
@@ -273,6 +304,8 @@ class SchemaCompiler:
 
     def any_object(self) -> Expr:
         return Ref(OBJECT_RULE)
+
+    # --- schemas -------------------------------------------------------------------
 
     def _named(self, key: str, schema: Any, path: str) -> Ref:
         name = f"{self.prefix}{key}"
@@ -362,7 +395,7 @@ class SchemaCompiler:
             values = [v for v in values if _json_type(v) & set(types)]
         if not values:
             raise _bad(f"no value of 'enum'/'const'{where} fits the schema")
-        return alt(*(json_literal(v) for v in values))
+        return alt(*(self.literal(v) for v in values))
 
     def _typed(self, kind: str, schema: dict, path: str, where: str) -> Expr:
         if kind == "string":
@@ -393,19 +426,23 @@ class SchemaCompiler:
         return v
 
     def _string(self, schema: dict, where: str) -> Expr:
+        return self.quoted(self._string_body(schema, where, self.chars))
+
+    def _string_body(self, schema: dict, where: str, chars: Callable[[int, int | None], Expr]) -> Expr:
+        """The characters of a string schema's values, `chars(lo, hi)` for free text."""
         lo = self._count(schema, "minLength", where) or 0
         hi = self._count(schema, "maxLength", where)
         if hi is not None and hi < lo:
             raise _bad(f"'maxLength' is below 'minLength'{where}")
         fmt = schema.get("format")
         if fmt is None:
-            return seq(lit('"'), repeat(CHAR, lo, hi), lit('"'))
+            return chars(lo, hi)
         if fmt not in FORMATS:
             raise SchemaError(f"'format' {fmt!r}{where} is not supported: only "
                               f"{', '.join(FORMATS)}", "format")
         if "minLength" in schema or "maxLength" in schema:
             raise SchemaError(f"'minLength'/'maxLength' with 'format'{where} are not supported", "maxLength")
-        return seq(lit('"'), FORMATS[fmt], lit('"'))
+        return FORMATS[fmt]
 
     def _number(self, kind: str, schema: dict, where: str) -> Expr:
         bounds = {}
@@ -434,6 +471,22 @@ class SchemaCompiler:
                             None if hi is None else int(hi), hi_strict)
 
     def _object(self, schema: dict, path: str, where: str) -> Expr:
+        members, extra = self._members(schema, path, where)
+        if not members:
+            if extra is False:
+                return seq(lit("{"), self.ws, lit("}"))
+            member = self._member(self.any_key(), self.compile(extra, f"{path}.additionalProperties"))
+            return seq(lit("{"), self.ws, opt(seq(member, star(seq(self.comma, member)))), self.ws, lit("}"))
+        compiled = [(self._member(self.key(name), self.compile(sub, f"{path}.properties.{name}")), req)
+                    for name, sub, req in members]
+        return seq(lit("{"), self.ws, self._ordered_members(compiled, self.comma), self.ws, lit("}"))
+
+    def _member(self, key: Expr, value: Expr) -> Expr:
+        return seq(key, lit(":"), self.ws, value)
+
+    def _members(self, schema: dict, path: str, where: str) -> tuple[list[tuple[str, Any, bool]], Any]:
+        """An object schema's (name, schema, required) members in declared order, the
+        required names it does not declare last, and its additionalProperties."""
         props = schema.get("properties", {})
         if not isinstance(props, dict):
             raise _bad(f"'properties'{where} must be an object")
@@ -449,16 +502,10 @@ class SchemaCompiler:
                 if extra is False:
                     raise _bad(f"required property {name!r}{where} is not allowed by 'additionalProperties'")
                 members.append((name, extra, True))
-        if not members:
-            if extra is False:
-                return seq(lit("{"), WS, lit("}"))
-            return _object(_member(STRING, self.compile(extra, f"{path}.additionalProperties")))
-        compiled = [(_member(json_literal(name), self.compile(sub, f"{path}.properties.{name}")), req)
-                    for name, sub, req in members]
-        return seq(lit("{"), WS, self._ordered_members(compiled), WS, lit("}"))
+        return members, extra
 
-    def _ordered_members(self, members: list[tuple[Expr, bool]]) -> Expr:
-        """Members in their declared order, optional ones skippable, commas between.
+    def _ordered_members(self, members: list[tuple[Expr, bool]], comma: Expr) -> Expr:
+        """Members in their declared order, optional ones skippable, `comma` between.
 
         With a required member, the optional ones before it carry their comma after
         them and the ones after it before them. Without one, the first member present
@@ -466,15 +513,15 @@ class SchemaCompiler:
         rule per k, so the choices share it instead of copying it."""
         first = next((i for i, (_, req) in enumerate(members) if req), None)
         if first is not None:
-            parts = [opt(seq(m, COMMA)) for m, _ in members[:first]]
+            parts = [opt(seq(m, comma)) for m, _ in members[:first]]
             parts.append(members[first][0])
-            parts += [seq(COMMA, m) if req else opt(seq(COMMA, m)) for m, req in members[first + 1:]]
+            parts += [seq(comma, m) if req else opt(seq(comma, m)) for m, req in members[first + 1:]]
             return seq(*parts)
         rest: Expr = EMPTY  # what may follow the last member
         choices = []
         for m, _ in reversed(members):
             choices.append(seq(m, rest))
-            rest = self._rule(seq(opt(seq(COMMA, m)), rest))
+            rest = self._rule(seq(opt(seq(comma, m)), rest))
         return opt(alt(*reversed(choices)))
 
     def _array(self, schema: dict, path: str, where: str) -> Expr:
@@ -486,10 +533,10 @@ class SchemaCompiler:
         if hi is not None and hi < lo:
             raise _bad(f"'maxItems' is below 'minItems'{where}")
         if hi == 0:
-            return seq(lit("["), WS, lit("]"))
+            return seq(lit("["), self.ws, lit("]"))
         item = self.compile(items, f"{path}.items")
-        body = seq(item, repeat(seq(COMMA, item), max(lo - 1, 0), None if hi is None else hi - 1))
-        return seq(lit("["), WS, body if lo > 0 else opt(body), WS, lit("]"))
+        body = seq(item, repeat(seq(self.comma, item), max(lo - 1, 0), None if hi is None else hi - 1))
+        return seq(lit("["), self.ws, body if lo > 0 else opt(body), self.ws, lit("]"))
 
 
 def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[float | None, bool]:
@@ -500,3 +547,174 @@ def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[fl
         return inclusive, False
     best = pick(inclusive, exclusive)
     return best, best == exclusive
+
+
+# --- other spellings of the same values ---------------------------------------------
+
+# Raw text (Gemma 4's strings, Qwen3-Coder's string parameters): printable and wide
+# characters, newline and tab, with "<" wherever no marker begins (text_without).
+# With a length bound, no "<" at all (_TEXT_CHAR), so that the bound counts characters.
+_TEXT_UNIT = byte_range(0x20, 0x7E) | one_of("\n\t")
+_TEXT_CHAR = alt(_TEXT_UNIT - one_of("<"), _UTF8_MULTI)
+
+
+def _check_spelling(markers: tuple[str, ...], text: str, what: str, keyword: str) -> None:
+    """Refuse a fixed string (an enum value, a property name) that would spell a marker."""
+    marker = next((m for m in markers if m in text), None)
+    if marker is not None:
+        raise SchemaError(f"the {what} {text!r} holds {marker!r}, which cannot be written in this "
+                          "model's tool calls", keyword)
+
+
+class GemmaSchemaCompiler(SchemaCompiler):
+    """Values in the syntax Gemma 4 writes a call's arguments in (llmd.tools.gemma_calls
+    reads it): `{key:value,...}` with bare keys in the template's order (_members),
+    `[a,b]`, a string between two `quote` marks (the model's <|"|> token, or its
+    spelling), numbers, true, false and null bare, and no whitespace. `markers` are the
+    spellings that would end a string or the call in the parser's eyes (the quote's, the
+    call's closing): no string holds them; a key the parser could not read bare (empty,
+    with whitespace or one of `:,{}[]<`) is quoted."""
+
+    ws = EMPTY
+    comma = lit(",")
+
+    def __init__(self, rules: dict[str, Expr], prefix: str, quote: Expr, markers: tuple[str, ...]):
+        super().__init__(rules, prefix)
+        self.quote, self.markers = quote, markers
+        # free text is a rule: inlined, its marker-avoiding states would be copied at every string
+        self.rules["gemma:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
+        self.rules.update(_any_value_rules("gemma", EMPTY, self.comma, self.any_key(),
+                                           self.quoted(self.chars(0, None))))
+
+    def _members(self, schema: dict, path: str, where: str) -> tuple[list[tuple[str, Any, bool]], Any]:
+        """Members in the order Gemma 4's template writes a call's arguments (dictsort:
+        by name, ignoring case), so a call the model made renders back into the prompt
+        as it was written and the session's cache stays warm."""
+        members, extra = super()._members(schema, path, where)
+        return sorted(members, key=lambda member: member[0].lower()), extra
+
+    def quoted(self, body: Expr) -> Expr:
+        return seq(self.quote, body, self.quote)
+
+    def chars(self, lo: int, hi: int | None) -> Expr:
+        return Ref("gemma:text") if lo == 0 and hi is None else repeat(_TEXT_CHAR, lo, hi)
+
+    def key(self, name: str) -> Expr:
+        _check_spelling(self.markers, name, "property name", "properties")
+        if name and not any(c.isspace() or c in ':,{}[]<' for c in name):
+            return lit(name)
+        return self.literal(name)
+
+    def any_key(self) -> Expr:
+        return seq(one_of("_") | byte_range(0x41, 0x5A) | byte_range(0x61, 0x7A),
+                   star(one_of("_") | byte_range(0x41, 0x5A) | byte_range(0x61, 0x7A) | DIGIT))
+
+    def literal(self, value: Any) -> Expr:
+        if isinstance(value, str):
+            _check_spelling(self.markers, value, "value", "enum")
+            return self.quoted(lit(value))
+        if isinstance(value, dict):
+            ordered = sorted(value.items(), key=lambda item: item[0].lower())
+            items = [seq(self.key(k), lit(":"), self.literal(v)) for k, v in ordered]
+            return seq(lit("{"), *_joined(items, self.comma), lit("}"))
+        if isinstance(value, list):
+            return seq(lit("["), *_joined([self.literal(v) for v in value], self.comma), lit("]"))
+        return json_literal(value)
+
+    def any_value(self) -> Expr:
+        return Ref("gemma:value")
+
+    def any_object(self) -> Expr:
+        return Ref("gemma:object")
+
+
+def _joined(items: list[Expr], separator: Expr) -> list[Expr]:
+    return [part for i, item in enumerate(items) for part in ((separator, item) if i else (item,))]
+
+
+_XML_NAME = re.compile(r"[^>\n]+")
+
+
+class XmlParameterCompiler(SchemaCompiler):
+    """Qwen3-Coder's call body for a tool's parameters (llmd.tools.decode_call reads it):
+    each argument `<parameter=NAME>` newline VALUE newline `</parameter>` newline, the
+    declared ones in declared order (optional ones skippable; without properties, any
+    names). VALUE is raw text where a declared property's own type is "string" (the
+    parser, llmd.tools.string_params, keeps exactly those as text), else JSON.
+    `markers` end a value in the parser's eyes (`</parameter>`, `</tool_call>`): neither
+    raw text nor a JSON string spells them (JSON can escape the "/" or the "<")."""
+
+    def __init__(self, rules: dict[str, Expr], prefix: str, markers: tuple[str, ...]):
+        super().__init__(rules, prefix)
+        self.markers = markers
+        # free text and JSON string characters are rules: inlined, their marker-avoiding
+        # states would be copied at every value
+        self.rules["xml:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
+        self.rules["xml:chars"] = text_without(markers, _JSON_UNIT, _JSON_WIDE)
+        self.rules.update(_any_value_rules("xmljson", WS, COMMA, self.any_key(), self.any_key()))
+
+    def chars(self, lo: int, hi: int | None) -> Expr:
+        if lo == 0 and hi is None:
+            return Ref("xml:chars")
+        return repeat(alt(_JSON_UNIT - one_of("<"), _JSON_WIDE), lo, hi)
+
+    def any_key(self) -> Expr:
+        return self.quoted(self.chars(0, None))
+
+    def key(self, name: str) -> Expr:
+        _check_spelling(self.markers, json.dumps(name, ensure_ascii=False), "property name", "properties")
+        return super().key(name)
+
+    def literal(self, value: Any) -> Expr:
+        _check_spelling(self.markers, json.dumps(value, ensure_ascii=False), "value", "enum")
+        return super().literal(value)
+
+    def any_value(self) -> Expr:
+        return Ref("xmljson:value")
+
+    def any_object(self) -> Expr:
+        return Ref("xmljson:object")
+
+    def compile_root(self, schema: Any) -> Expr:
+        self.root = schema
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise SchemaError("parameters other than an object with 'properties' are not supported "
+                              "in Qwen3-Coder's XML calls", "type")
+        for key in schema:
+            if key not in ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
+                raise SchemaError(f"JSON Schema keyword '{key}' of the parameters is not supported "
+                                  "in Qwen3-Coder's XML calls", key)
+        members, extra = self._members(schema, "", "")
+        for name, _, _ in members:
+            if not _XML_NAME.fullmatch(name):
+                raise SchemaError(f"the parameter name {name!r} cannot be written in Qwen3-Coder's XML calls",
+                                  "properties")
+        if not members:
+            if extra is False:
+                return EMPTY
+            letter = alt(_TEXT_UNIT - one_of("<>\n"), _UTF8_MULTI)
+            name = seq(letter, star(letter))
+            return star(self._parameter(name, self.compile(extra, "additionalProperties")))
+        declared = schema.get("properties", {})
+        return self._ordered_members(
+            [(self._parameter(lit(name), self._value(sub, f"properties.{name}", name in declared)), req)
+             for name, sub, req in members], EMPTY)
+
+    def _parameter(self, name: Expr, value: Expr) -> Expr:
+        return seq(lit("<parameter="), name, lit(">\n"), value, lit("\n</parameter>\n"))
+
+    def _value(self, schema: Any, path: str, declared: bool) -> Expr:
+        """A parameter's value: raw text for a declared property of type "string"
+        (only those does the parser know to keep as text), else JSON."""
+        value = self.compile(schema, path)  # also checks the schema
+        if not (declared and isinstance(schema, dict) and schema.get("type") == "string"):
+            return value
+        where = f" at {path}"
+        if "const" in schema or "enum" in schema:
+            values = [v for v in ([schema["const"]] if "const" in schema else schema["enum"])
+                      if isinstance(v, str) and ("enum" not in schema or v in schema["enum"])]
+            for v in values:
+                _check_spelling(self.markers, v, "value", "enum")
+            return alt(*(lit(v) for v in values))
+        return self._string_body(schema, where, lambda lo, hi: Ref("xml:text") if lo == 0 and hi is None
+                                 else repeat(_TEXT_CHAR, lo, hi))

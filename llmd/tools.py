@@ -9,7 +9,8 @@ Theory of operation. The model answers with text in which each call is a block
 
 A block is a call when its body is a JSON object whose `name` is one of the declared
 tools and whose `arguments` is an object (or a JSON string holding one; missing means
-{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values). Any other block, and a block never closed, stays in the content as written.
+{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values). Any
+other block, and a block never closed, stays in the content as written.
 Whitespace between content and a call block is layout, not content, and is dropped.
 
 `ToolCallStream` works on text deltas for SSE: text outside blocks is released at
@@ -24,8 +25,11 @@ runs the same machine over the whole text, so streamed and non-streamed answers 
 
 Other families: Llama 3.x's JSON reply or <|python_tag|> (`JsonReplyCallStream`), and
 formats whose calls a marker opens (`MarkedCallStream`: Mistral's [TOOL_CALLS], Gemma
-4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>). Both read Hermes blocks too, since
-constrained decoding writes those for every family. gpt-oss's channels are llmd.harmony's.
+4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>).
+Both read Hermes blocks too (Granite's calls are constrained as those). Qwen3-Coder's
+XML blocks are Hermes blocks with another body. gpt-oss's channels are llmd.harmony's.
+Each family's CallLayout (below) is how constrained decoding writes its calls; the
+family's parser reads back whatever that grammar allows.
 """
 
 from __future__ import annotations
@@ -359,44 +363,38 @@ class JsonReplyCallStream:
     """Tool calls written as a JSON reply. Llama 3.x: an object {"name": <tool>,
     "parameters": {...}} (or several, separated by ';'), as the Llama 3.1-3.3 templates
     ask, or what follows <|python_tag|> (python_tag_calls). A reply starting with "{"
-    or the tag is held to its end, then becomes calls when all of it is calls of declared
-    tools, else content as written. Any other reply goes through the Hermes parser,
-    which also reads the `<tool_call>` blocks constrained decoding writes."""
+    is held to its end, then becomes calls when all of it is calls of declared tools;
+    any other reply is read as one the tag may mark (MarkedCallStream): text before the
+    tag streams as content through the Hermes parser, which also reads `<tool_call>`
+    blocks, and what follows the tag is held to the end of the reply."""
 
     def __init__(self, tools: Iterable[dict[str, Any]] | None, new_id: Callable[[], str] = new_call_id) -> None:
         self._names = tool_names(tools)
         self._new_id = new_id
-        self._openers = ("{", PYTHON_TAG)
-        self._hermes = ToolCallStream(tools, new_id)
+        self._tagged = MarkedCallStream(tools, PYTHON_TAG, python_tag_calls, new_id=new_id)
         self._held = ""
-        self._mode = "start"  # start, json (held), hermes
+        self._mode = "start"  # start, json (held), tagged
 
     def feed(self, text: str) -> list[ToolEvent]:
-        if self._mode == "hermes":
-            return self._hermes.feed(text)
+        if self._mode == "tagged":
+            return self._tagged.feed(text)
         self._held += text
         if self._mode == "start":
             head = self._held.lstrip()
-            if not head or any(opener.startswith(head) for opener in self._openers):
+            if not head:
                 return []
-            if not head.startswith(self._openers):
-                self._mode, held, self._held = "hermes", self._held, ""
-                return self._hermes.feed(held)
+            if not head.startswith("{"):
+                self._mode, held, self._held = "tagged", self._held, ""
+                return self._tagged.feed(held)
             self._mode = "json"
         return []
 
     def finish(self) -> list[ToolEvent]:
-        if self._mode == "hermes":
-            return self._hermes.finish()
         held, self._held = self._held, ""
-        head = held.lstrip()
-        if head.startswith(PYTHON_TAG):
-            calls = python_tag_calls(head[len(PYTHON_TAG):], self._names)
-        else:
-            calls = [(name, arguments, None) for name, arguments in _json_calls(held, self._names) or ()] or None
-        if calls is None:
-            return [ContentDelta(held)] if held else []
-        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments, _) in enumerate(calls)]
+        calls = _json_calls(held, self._names) if self._mode == "json" else None
+        if calls is None:  # text that merely starts with "{" may still hold a tagged call
+            return self._tagged.feed(held) + self._tagged.finish()
+        return [ToolCallDelta(i, self._new_id(), name, arguments) for i, (name, arguments) in enumerate(calls)]
 
 
 def _json_calls(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
@@ -584,8 +582,14 @@ PYTHON_TAG = "<|python_tag|>"
 def python_tag_calls(body: str, names: frozenset[str]) -> list[Call] | None:
     """What Llama 3.1 writes after <|python_tag|>: JSON calls, a built-in tool's
     `name.call(arg="value", ...)`, or code for a declared `python` / `code_interpreter`
-    tool (its arguments then {"code": ...})."""
+    tool (its arguments then {"code": ...}). JSON calls may each be opened by the tag
+    again."""
     body = body.strip()
+    if PYTHON_TAG in body:
+        segments = [_json_calls(segment, names) for segment in body.split(PYTHON_TAG)]
+        if any(found is None for found in segments):
+            return None
+        return [(name, arguments, None) for found in segments for name, arguments in found]
     found = _json_calls(body, names)
     if found is not None:
         return [(name, arguments, None) for name, arguments in found]
@@ -631,25 +635,37 @@ def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
 @dataclass(frozen=True)
 class CallLayout:
     """How constrained decoding writes a call (llmd/constrain.py): `head`, the tool's
-    name, `between`, the arguments object, `tail`; `separator` between parallel calls
-    (it may also end the answer). Free text before a call may not contain `opens`."""
+    name, `between`, the arguments, `tail`; `separator` between parallel calls (it may
+    also end the answer). Free text before a call may not contain `opens`; without
+    `after_text`, calls only open the reply (the parser reads no call after text). The
+    arguments are spelled as `arguments` says: "json" (an object), "gemma4" (Gemma 4's
+    call syntax, gemma_calls) or "xml" (Qwen3-Coder's <parameter=P> elements)."""
 
     opens: str
     head: str
     between: str
     tail: str
     separator: str
+    arguments: str = "json"
+    after_text: bool = True
 
 
 HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_TAIL + CLOSE_TAG, CALL_SEPARATOR)
-# Llama 3.1-3.3: the JSON reply their templates ask for; parallel calls separated by ';'.
-LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ")
+# Llama 3.x: the JSON reply their templates ask for, the whole reply (JsonReplyCallStream
+# reads JSON only at its start); parallel calls separated by ';'.
+LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ", after_text=False)
 # Mistral Small 3.x, Magistral, Devstral: [TOOL_CALLS]name[ARGS]{...}, each call opened again.
 MISTRAL_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS, MISTRAL_ARGS, "", "")
 # Mistral Nemo: [TOOL_CALLS] then a JSON array (one call per array here).
 MISTRAL_NEMO_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS + '[{"name": "', '", "arguments": ', "}]", "")
 # Phi-4: each call a closed <|tool_call|> block holding a JSON list.
 PHI4_LAYOUT = CallLayout(TAGGED_CALLS, TAGGED_CALLS + '[{"name": "', '", "arguments": ', "}]" + TAGGED_CALLS_END, "")
+# Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, each call a block of its own.
+GEMMA4_LAYOUT = CallLayout(GEMMA_CALL, GEMMA_CALL + "call:", "", GEMMA_CALL_END, "", "gemma4")
+# Qwen3-Coder (and Qwen3.5): a Hermes block around <function=NAME> and its <parameter=P> elements.
+XML_PARAMETER_END = "</parameter>"
+QWEN3_CODER_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + "\n<function=", ">\n", "</function>\n" + CLOSE_TAG,
+                                CALL_SEPARATOR, "xml")
 
 
 
@@ -663,24 +679,27 @@ FORMAT_MARKERS: dict[str, tuple[str, ...]] = {
     "gemma4": (GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE),
     "tagged_json": (TAGGED_CALLS, TAGGED_CALLS_END),
     "phi4": (TAGGED_CALLS, TAGGED_CALLS_END),
+    "qwen3_coder": (),
 }
 
 
-def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None
+def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None, new_id: Callable[[], str] | None = None
                 ) -> ToolCallStream | JsonReplyCallStream | MarkedCallStream:
-    """The incremental parser of a tool format named in FORMAT_MARKERS."""
-    if tool_format == "hermes":
-        return ToolCallStream(tools)
+    """The incremental parser of a tool format named in FORMAT_MARKERS; `new_id` makes
+    the ids of calls the model wrote none for (new_call_id, Mistral's new_mistral_call_id)."""
+    ids = new_id or new_call_id
+    if tool_format in ("hermes", "qwen3_coder"):  # the Hermes parser reads both bodies
+        return ToolCallStream(tools, ids)
     if tool_format == "llama3_json":
-        return JsonReplyCallStream(tools)
+        return JsonReplyCallStream(tools, ids)
     if tool_format == "mistral":
-        return MarkedCallStream(tools, MISTRAL_CALLS, mistral_calls, new_id=new_mistral_call_id)
+        return MarkedCallStream(tools, MISTRAL_CALLS, mistral_calls, new_id=new_id or new_mistral_call_id)
     if tool_format == "gemma4":
-        return MarkedCallStream(tools, GEMMA_CALL, gemma_calls, GEMMA_CALL_END)
+        return MarkedCallStream(tools, GEMMA_CALL, gemma_calls, GEMMA_CALL_END, ids)
     if tool_format == "tagged_json":
-        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls)
+        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, new_id=ids)
     if tool_format == "phi4":  # each block closed, so text and more blocks may follow
-        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, TAGGED_CALLS_END)
+        return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, TAGGED_CALLS_END, ids)
     raise ValueError(f"unknown tool format {tool_format!r}")
 
 

@@ -781,11 +781,13 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
 
 # ---- a tiny gemma3 model ----------------------------------------------------------
 
-def build_llama_base(arch: str, **kwargs) -> GGUFWriter:
-    """build_tiny_llama's tokenizer and shared keys, with no layers, under another
+def build_llama_base(arch: str, n_layer: int, **kwargs) -> GGUFWriter:
+    """build_tiny_llama's tokenizer and shared keys (widths, heads, RoPE as it writes
+    them from kwargs; block_count n_layer) with no layer tensors, under another
     architecture: its "llama." keys renamed "<arch>.", for that family's builder."""
     w = build_tiny_llama(n_layer=0, **kwargs)
     w.set("general.architecture", STRING, arch)
+    w.set("llama.block_count", U32, n_layer)
     for kv in w.kvs:
         if kv.key.startswith("llama."):
             kv.key = arch + "." + kv.key[len("llama."):]
@@ -804,15 +806,11 @@ def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_
     rope.freq_base_swa only when given, final_logit_softcapping when > 0. Norm
     weights are stored as the converter stores them, with Gemma's 1 + w folded in.
     n_vocab, reserved and random_matrix as build_tiny_llama takes them."""
-    w = build_llama_base("gemma3", n_vocab=n_vocab, n_embd=n_embd, n_ctx=n_ctx, weight_type=weight_type,
+    w = build_llama_base("gemma3", n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                         head_dim=head_dim, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type,
                          name="tiny-gemma3", reserved=reserved, random_matrix=random_matrix)
-    w.set("gemma3.block_count", U32, n_layer)
-    w.set("gemma3.feed_forward_length", U32, n_ff)
-    w.set("gemma3.attention.head_count", U32, n_head)
-    w.set("gemma3.attention.head_count_kv", U32, n_head_kv)
-    w.set("gemma3.attention.key_length", U32, head_dim)
+    w.set("gemma3.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
     w.set("gemma3.attention.value_length", U32, head_dim)
-    w.set("gemma3.rope.dimension_count", U32, head_dim)
     w.set("gemma3.rope.freq_base", F32, 1000000.0)
     w.set("gemma3.attention.layer_norm_rms_epsilon", F32, 1e-6)
     if window:
@@ -886,10 +884,9 @@ def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, 
     if arch == "qwen2moe":
         head_dim, n_ff_shexp = n_embd // n_head, n_ff_shexp or 2 * n_ff_exp
     # The shared keys (heads, widths) as build_tiny_llama writes them, renamed.
-    w = build_llama_base(arch, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+    w = build_llama_base(arch, n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                          head_dim=head_dim, n_ff=n_ff_exp * n_expert_used, n_ctx=n_ctx, weight_type=weight_type,
                          name=f"tiny-{arch}", reserved=reserved, random_matrix=random_matrix)
-    w.set(f"{arch}.block_count", U32, n_layer)
     w.set(f"{arch}.expert_feed_forward_length", U32, n_ff_exp)
     w.set(f"{arch}.expert_count", U32, n_expert)
     w.set(f"{arch}.expert_used_count", U32, n_expert_used)
@@ -955,11 +952,9 @@ def build_tiny_lfm2(*, n_embd: int = 128, n_head: int = 4, kv_heads: tuple[int, 
     short-convolution block (over conv_len positions) where it is 0 and Qwen3-style
     attention elsewhere (over a sliding window when window > 0), the final norm named
     token_embd_norm, the output head tied to the embeddings."""
-    w = build_llama_base("lfm2", n_embd=n_embd, n_ctx=n_ctx, weight_type=weight_type, name="tiny-lfm2")
     n_layer, n_head_kv = len(kv_heads), max(kv_heads)
-    w.set("lfm2.block_count", U32, n_layer)
-    w.set("lfm2.feed_forward_length", U32, n_ff)
-    w.set("lfm2.attention.head_count", U32, n_head)
+    w = build_llama_base("lfm2", n_layer, n_embd=n_embd, n_head=n_head, n_ff=n_ff, n_ctx=n_ctx,
+                         weight_type=weight_type, name="tiny-lfm2")
     w.set("lfm2.attention.head_count_kv", ARRAY, (I32, list(kv_heads)))
     w.set("lfm2.shortconv.l_cache", U32, conv_len)
     if window:
@@ -1011,12 +1006,9 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
     rope_dim dims of each head in multi-`sections`), the others Gated DeltaNet layers
     (k_heads query/key heads and v_heads value heads of `state` dims, a convolution over
     conv_len positions); post_attention_norm before every SwiGLU FFN."""
-    w = build_llama_base("qwen35", n_embd=n_embd, n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35")
-    w.set("qwen35.block_count", U32, n_layer)
-    w.set("qwen35.feed_forward_length", U32, n_ff)
-    w.set("qwen35.attention.head_count", U32, n_head)
-    w.set("qwen35.attention.head_count_kv", U32, n_head_kv)
-    w.set("qwen35.attention.key_length", U32, head_dim)
+    w = build_llama_base("qwen35", n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                         n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35")
+    w.set("qwen35.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
     w.set("qwen35.attention.value_length", U32, head_dim)
     w.set("qwen35.rope.dimension_count", U32, rope_dim)
     w.set("qwen35.rope.dimension_sections", ARRAY, (I32, list(sections)))

@@ -6,8 +6,12 @@ difference may legitimately pick the other token)."""
 from __future__ import annotations
 
 import math
+from typing import Callable
+
+import pytest
 
 from llmd.engine import Engine
+from tests.gguf_writer import GGML_F32, GGUFWriter
 
 NEAR_TIE = 0.05
 
@@ -33,3 +37,30 @@ def assert_greedy_matches(path, text: str, n_ctx: int, prompt_tokens: int, expec
         if margin < NEAR_TIE:
             break
         assert a == b, f"step {step}: llmd {got}, llama.cpp {expected}"
+
+
+def golden_tests(build: Callable[[str], GGUFWriter], configs: dict[str, dict], golden: dict[str, tuple],
+                 text: str, n_ctx: int, prompt_tokens: int, greedy_steps: int,
+                 tolerance: float, quantized_tolerance: float):
+    """The checks every architecture test module makes against its GOLDEN table, for the
+    module to bind under these names: a module-scoped `models` fixture (config name ->
+    the GGUF file build(name) wrote), then per config llmd's perplexity over text within
+    `tolerance` of llama.cpp's (`quantized_tolerance` where the config's weight_type is
+    quantized) and its greedy ids equal to llama.cpp's up to the first near-tie."""
+    @pytest.fixture(scope="module")
+    def models(tmp_path_factory):
+        directory = tmp_path_factory.mktemp("golden")
+        return {name: build(name).write(directory / f"{name}.gguf") for name in configs}
+
+    @pytest.mark.parametrize("name", list(configs))
+    def test_perplexity_matches_llama_cpp(models, name):
+        quantized = configs[name].get("weight_type", GGML_F32) != GGML_F32
+        assert perplexity(models[name], text, n_ctx) == pytest.approx(
+            golden[name][0], rel=quantized_tolerance if quantized else tolerance)
+
+    @pytest.mark.parametrize("name", list(configs))
+    def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(models, name):
+        _, expected, margins = golden[name]
+        assert_greedy_matches(models[name], text, n_ctx, prompt_tokens, expected[:greedy_steps], margins)
+
+    return models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie

@@ -647,19 +647,9 @@ def test_a_reasoning_template_sends_the_thinking_to_reasoning_content(tmp_path):
         assert message["reasoning_content"] == "AAAAAA" and not message["content"]
 
 
-@pytest.mark.parametrize("template_name, written_as, controls", [
-    ("meta-llama-Llama-3.1-8B-Instruct.jinja", '{"name": "get_weather", "parameters": {', ()),  # Llama's JSON reply
-    ("openai-gpt-oss-120b.jinja", " to=functions.get_weather<|channel|>commentary json<|message|>{", ()),  # harmony
-    # Mistral Small 3.2 and Phi-4: their markers are control tokens of the vocabulary
-    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "[TOOL_CALLS]get_weather[ARGS]{", ("[TOOL_CALLS]", "[ARGS]")),
-    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", '[TOOL_CALLS][{"name": "get_weather", "arguments": {',
-     ("[TOOL_CALLS]",)),
-    ("phi4", '<|tool_call|>[{"name": "get_weather", "arguments": {', ("<|tool_call|>", "<|/tool_call|>")),
-])
-def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as, controls):
-    """A family's real template on a random-weight model: a required call is written in
-    the layout that family's model writes calls in (its markers as the control tokens
-    they are), and comes back as a tool call."""
+def _family_model(tmp_path, template_name: str, controls: tuple[str, ...]) -> Path:
+    """A random-weight model carrying a family's real template (tests/phi4_template.py
+    for "phi4"), with that family's markers as control tokens of its vocabulary."""
     from tests.gguf_writer import ARRAY, STRING, build_tiny_llama
     from tests.phi4_template import PHI4_MINI_TEMPLATE
     from tests.reference_data import require
@@ -670,12 +660,36 @@ def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template
     for i, marker in enumerate(controls):
         tokens[tokens.index(f"<|reserved_{i}|>")] = marker
     w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
-    path = w.write(tmp_path / "family.gguf")
+    return w.write(tmp_path / "family.gguf")
+
+
+GEMMA4_MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
+
+
+@pytest.mark.parametrize("template_name, written_as, controls", [
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", '{"name": "get_weather", "parameters": {', ()),  # Llama's JSON reply
+    # Llama 3.1 and 3.3: the same JSON, as the template renders a custom tool's call back
+    # (its <|python_tag|> opens built-in tools' calls only)
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", '{"name": "get_weather", "parameters": {', ()),
+    ("openai-gpt-oss-120b.jinja", " to=functions.get_weather<|channel|>commentary json<|message|>{", ()),  # harmony
+    # Mistral Small 3.2 and Phi-4: their markers are control tokens of the vocabulary
+    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "[TOOL_CALLS]get_weather[ARGS]{", ("[TOOL_CALLS]", "[ARGS]")),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", '[TOOL_CALLS][{"name": "get_weather", "arguments": {',
+     ("[TOOL_CALLS]",)),
+    ("phi4", '<|tool_call|>[{"name": "get_weather", "arguments": {', ("<|tool_call|>", "<|/tool_call|>")),
+    ("google-gemma-4-31B-it.jinja", '<|tool_call>call:get_weather{city:<|"|>', GEMMA4_MARKERS),
+    ("Qwen3-Coder.jinja", "<tool_call>\n<function=get_weather>\n<parameter=city>\n", ()),
+])
+def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as, controls):
+    """A family's real template on a random-weight model: a required call is written in
+    the layout that family's model writes calls in (its markers as the control tokens
+    they are), and comes back as a tool call."""
+    path = _family_model(tmp_path, template_name, controls)
     tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
     with running_llmd("--model", str(path), "--ctx", "4096", "--max-sessions", "2") as url:
         client = Client(url + "/v1", model="family")
-        body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=80, tools=[tool],
+        body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=160, tools=[tool],
                                 tool_choice="required", parallel_tool_calls=False, logprobs=True)
         answer = client.post_json("/chat/completions", body).json()
         assert "choices" in answer, answer
@@ -686,3 +700,72 @@ def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template
     written = [t["token"] for t in choice["logprobs"]["content"]]
     assert "".join(written).startswith(written_as)
     assert all(marker in written for marker in controls)  # each marker one token
+
+
+# Every kind of value the argument syntaxes spell differently: raw and quoted text
+# (bounded, unbounded, enum), bounded integers, numbers, booleans, nested objects,
+# arrays, optional members.
+STRICT_WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city", "days"], "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "units": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "note": {"type": "string"},
+        "metric": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 2},
+        "where": {"type": "object", "additionalProperties": False, "required": ["lat"], "properties": {
+            "lat": {"type": "number", "minimum": -90, "maximum": 90}, "label": {"type": "string"}}}}}}}
+STRICT_TIME = {"type": "function", "function": {"name": "get_time", "strict": True, "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["zone"],
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}}}}
+
+
+@pytest.mark.parametrize("template_name, controls", [
+    ("google-gemma-4-31B-it.jinja", GEMMA4_MARKERS),
+    ("Qwen3-Coder.jinja", ()),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", ("<|python_tag|>",)),
+])
+def test_constrained_calls_in_a_familys_layout_parse_and_validate_for_any_sampling(tmp_path, template_name,
+                                                                                  controls):
+    """Whatever a random-weight model samples under the grammar of a family's own layout
+    (tool_choice "required" or a named function, strict schemas, streamed or not,
+    several seeds) reads back through that family's parser as calls of the tools it
+    allows, whose arguments satisfy the tool's schema: the grammar admits nothing the
+    parser cannot read. The bias towards the bytes markers are made of (`<`, `|`, `/`,
+    `"`, `,`) has strings try to spell them and objects take their optional members."""
+    from tests.schema_validator import errors
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (STRICT_WEATHER, STRICT_TIME)}
+    path = _family_model(tmp_path, template_name, controls)
+    with running_llmd("--model", str(path), "--ctx", "4096", "--max-sessions", "2") as url:
+        client = Client(url + "/v1", model="family")
+        for seed in range(6):
+            named = seed % 3 == 2
+            choice = {"type": "function", "function": {"name": "get_time"}} if named else "required"
+            tools = [STRICT_WEATHER] if seed % 3 == 0 else [STRICT_WEATHER, STRICT_TIME]
+            body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=160,
+                                    temperature=1.0, seed=seed, tools=tools, tool_choice=choice,
+                                    parallel_tool_calls=seed % 2 == 0, logit_bias={str(ord(c)): 4 for c in '<|/",'})
+            if seed % 2:
+                stream = client.post_stream("/chat/completions", {**body, "stream": True})
+                assert stream.status == 200, stream.body
+                deltas = [c["choices"][0] for c in stream.chunks if c.get("choices")]
+                parts = [p for d in deltas for p in d["delta"].get("tool_calls") or []]
+                calls = {}
+                for p in parts:
+                    call = calls.setdefault(p["index"], {"name": p["function"].get("name"), "arguments": ""})
+                    call["arguments"] += p["function"]["arguments"]
+                content = "".join(d["delta"].get("content") or "" for d in deltas)
+                finish = deltas[-1]["finish_reason"]
+                calls = [calls[i] for i in sorted(calls)]
+            else:
+                answer = client.post_json("/chat/completions", body).json()
+                assert "choices" in answer, answer
+                finish = answer["choices"][0]["finish_reason"]
+                content = answer["choices"][0]["message"]["content"] or ""
+                calls = [c["function"] for c in answer["choices"][0]["message"]["tool_calls"]]
+            assert finish == "tool_calls" and not content, (seed, content)
+            assert calls and (len(calls) == 1 or seed % 2 == 0), (seed, calls)
+            for call in calls:
+                assert call["name"] == "get_time" or not named, (seed, call)
+                arguments = json.loads(call["arguments"])
+                assert errors(arguments, schemas[call["name"]]) == [], (seed, call)

@@ -17,6 +17,7 @@ session tests over one model per family too).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 
 import pytest
 
@@ -26,7 +27,7 @@ from tests.conftest import running_llmd
 from tests.gguf_writer import (
     F32, GGML_F32, GGML_Q8_0, STRING, U32, GGUFWriter, build_tiny_llama, encode_f32,
 )
-from tests.llama_cpp_golden import assert_greedy_matches, perplexity
+from tests.llama_cpp_golden import golden_tests
 
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "
@@ -128,23 +129,8 @@ def build(name: str) -> GGUFWriter:
     return w
 
 
-@pytest.fixture(scope="module")
-def golden_models(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("arch")
-    return {name: build(name).write(directory / f"{name}.gguf") for name in CONFIGS}
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_perplexity_matches_llama_cpp(golden_models, name):
-    ppl = perplexity(golden_models[name], TEXT, N_CTX)
-    quantized = CONFIGS[name].get("weight_type", GGML_F32) != GGML_F32
-    assert ppl == pytest.approx(GOLDEN[name][0], rel=QUANTIZED_TOLERANCE if quantized else PPL_TOLERANCE)
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(golden_models, name):
-    _, expected, margins = GOLDEN[name]
-    assert_greedy_matches(golden_models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
+models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(
+    build, CONFIGS, GOLDEN, TEXT, N_CTX, PROMPT_TOKENS, GREEDY_STEPS, PPL_TOLERANCE, QUANTIZED_TOLERANCE)
 
 PROMPT = "once upon a time there was a little server"
 
@@ -188,19 +174,24 @@ def test_each_llama_bias_on_its_own_changes_the_logits(tmp_path, bias):
 # ---- sessions through HTTP on every family ------------------------------------------------
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3", "smollm3", "phi3_long", "qwen3moe"])
-def family_server(request, golden_models):
+def family_server(request, models):
     """llmd serving the tiny model of one family: 3 named slots + scratch."""
-    with running_llmd("--model", str(golden_models[request.param]), "--max-sessions", "4", "--ctx", "128",
+    with running_llmd("--model", str(models[request.param]), "--max-sessions", "4", "--ctx", "128",
                       "--session-eviction", "none") as url:
-        client = Client(url + "/v1")
-        client.model = client.get_json("/models").json()["data"][0]["id"]
-        yield client
+        yield model_client(url)
 
 
 def chat(client: Client, messages: list[dict], session: str | None = None) -> dict:
     headers = {"X-Session-ID": session} if session else None
     body = client.chat_body(messages, max_tokens=6, logit_bias={})
     return client.request("POST", "/chat/completions", body, headers).json()
+
+
+def model_client(url: str) -> Client:
+    """A client of the llmd at url, asking for the one model it serves."""
+    client = Client(url + "/v1")
+    client.model = client.get_json("/models").json()["data"][0]["id"]
+    return client
 
 
 def test_warm_resume_answers_as_a_cold_request_on_every_family(family_server):
@@ -217,12 +208,46 @@ def test_warm_resume_answers_as_a_cold_request_on_every_family(family_server):
     assert warm["choices"][0]["message"] == cold["choices"][0]["message"]
 
 
-def test_sessions_are_isolated_under_concurrency_on_every_family(family_server):
+def assert_sessions_are_isolated_under_concurrency(client: Client) -> None:
+    """Two named sessions asked at once answer as each prompt does alone."""
     prompts = {"iso1": "once upon a time", "iso2": "the lazy dog"}
-    solo = {sid: chat(family_server, [{"role": "user", "content": text}]) for sid, text in prompts.items()}
+    solo = {sid: chat(client, [{"role": "user", "content": text}]) for sid, text in prompts.items()}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = {sid: pool.submit(chat, family_server, [{"role": "user", "content": text}], sid)
+        futures = {sid: pool.submit(chat, client, [{"role": "user", "content": text}], sid)
                    for sid, text in prompts.items()}
         together = {sid: f.result() for sid, f in futures.items()}
     for sid in prompts:
         assert together[sid]["choices"][0]["message"] == solo[sid]["choices"][0]["message"]
+
+
+def test_sessions_are_isolated_under_concurrency_on_every_family(family_server):
+    assert_sessions_are_isolated_under_concurrency(family_server)
+
+
+# ---- engine checks the other architecture modules make on their own models ---------------
+
+def assert_prefill_does_not_depend_on_chunks(engine: Engine, ids: list[int], chunk: int = 37) -> None:
+    """One prefill of ids, prefills of `chunk` tokens, and one token at a time leave
+    bit-identical logits."""
+    with engine.new_session() as whole, engine.new_session() as chunks, engine.new_session() as single:
+        whole.prefill(ids)
+        for i in range(0, len(ids), chunk):
+            chunks.prefill(ids[i:i + chunk])
+        for token in ids:
+            single.prefill([token])
+        assert chunks.logits() == whole.logits() == single.logits()
+
+
+def assert_decode_batch_equals_decode_one(engine: Engine, prompts: list[list[int]], steps: int = 10) -> None:
+    """Sessions decoded together by decode_batch give each the greedy ids it gives alone."""
+    alone = []
+    for prompt in prompts:
+        with engine.new_session() as s:
+            s.prefill(prompt)
+            alone.append([s.decode_one().id for _ in range(steps)])
+    with contextlib.ExitStack() as stack:
+        sessions = [stack.enter_context(engine.new_session()) for _ in prompts]
+        for s, prompt in zip(sessions, prompts):
+            s.prefill(prompt)
+        together = [engine.decode_batch(sessions) for _ in range(steps)]
+    assert [[step[i].id for step in together] for i in range(len(prompts))] == alone

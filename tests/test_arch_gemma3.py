@@ -15,7 +15,8 @@ from llmd.engine import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import GGML_Q8_0, build_tiny_gemma3
-from tests.llama_cpp_golden import assert_greedy_matches, perplexity
+from tests.llama_cpp_golden import golden_tests
+from tests.test_arch import assert_decode_batch_equals_decode_one
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his "
         "father had taught him: one hundred and twelve, no more and no less. At the top he trimmed the wick, "
@@ -58,10 +59,8 @@ def build(name: str):
     return build_tiny_gemma3(n_ctx=N_CTX, window=WINDOW, **CONFIGS[name])
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gemma3")
-    return {name: build(name).write(directory / f"{name}.gguf") for name in CONFIGS}
+models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(
+    build, CONFIGS, GOLDEN, TEXT, N_CTX, PROMPT_TOKENS, GREEDY_STEPS, PPL_TOLERANCE, PPL_TOLERANCE)
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +82,6 @@ def local_engine(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ids(engine):
     return engine.tokenize(TEXT)
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_perplexity_matches_llama_cpp(models, name):
-    assert perplexity(models[name], TEXT, N_CTX) == pytest.approx(GOLDEN[name][0], rel=PPL_TOLERANCE)
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(models, name):
-    _, expected, margins = GOLDEN[name]
-    assert_greedy_matches(models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
 
 
 def test_sliding_window_layers_keep_a_ring_and_capacity_counts_it(engine):
@@ -133,17 +121,7 @@ def test_logits_do_not_depend_on_chunks_or_decode_steps(local_engine, ids):
 
 
 def test_decode_batch_equals_decode_one_on_gemma3(engine, ids):
-    with engine.new_session() as a, engine.new_session() as b:
-        a.prefill(ids[:330])
-        b.prefill(ids[5:40])
-        batched = [[t.id for t in engine.decode_batch([a, b])] for _ in range(10)]
-    alone = []
-    for start, stop in ((0, 330), (5, 40)):
-        with engine.new_session() as s:
-            s.prefill(ids[start:stop])
-            alone.append([s.decode_one().id for _ in range(10)])
-    assert [row[0] for row in batched] == alone[0]
-    assert [row[1] for row in batched] == alone[1]
+    assert_decode_batch_equals_decode_one(engine, [ids[:330], ids[5:40]])
 
 
 def test_resume_floor_follows_the_ring(engine, ids):

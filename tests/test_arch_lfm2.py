@@ -11,17 +11,18 @@ within QUANTIZED_TOLERANCE, as in tests/test_arch.py); greedy ids up to the firs
 """
 from __future__ import annotations
 
-import concurrent.futures
-
 import pytest
 
 from llmd._native import lib
 from llmd.engine import Engine, EngineError
-from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.gguf_writer import ARRAY, GGML_F32, GGML_Q8_0, I32, build_tiny_lfm2, build_tiny_llama
-from tests.llama_cpp_golden import assert_greedy_matches, perplexity
-from tests.test_arch import GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT, chat
+from tests.gguf_writer import ARRAY, GGML_Q8_0, I32, build_tiny_lfm2, build_tiny_llama
+from tests.llama_cpp_golden import golden_tests
+from tests.test_arch import (
+    GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT,
+    assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks,
+    assert_sessions_are_isolated_under_concurrency, chat, model_client,
+)
 
 CONFIGS = {
     "lfm2": dict(),                                 # conv, attention, conv, conv, attention
@@ -47,23 +48,8 @@ def build(name: str):
     return build_tiny_lfm2(n_ctx=N_CTX, **CONFIGS[name])
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("lfm2")
-    return {name: build(name).write(directory / f"{name}.gguf") for name in CONFIGS}
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_perplexity_matches_llama_cpp(models, name):
-    quantized = CONFIGS[name].get("weight_type", GGML_F32) != GGML_F32
-    assert perplexity(models[name], TEXT, N_CTX) == pytest.approx(
-        GOLDEN[name][0], rel=QUANTIZED_TOLERANCE if quantized else PPL_TOLERANCE)
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(models, name):
-    _, expected, margins = GOLDEN[name]
-    assert_greedy_matches(models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
+models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(
+    build, CONFIGS, GOLDEN, TEXT, N_CTX, PROMPT_TOKENS, GREEDY_STEPS, PPL_TOLERANCE, QUANTIZED_TOLERANCE)
 
 
 # ---- the session's memory ------------------------------------------------------------------
@@ -93,13 +79,7 @@ def test_convolution_layers_keep_a_state_instead_of_keys_and_values(engine):
 
 
 def test_a_prefill_in_chunks_or_token_by_token_gives_exactly_the_same_logits(engine, ids):
-    with engine.new_session() as whole, engine.new_session() as chunks, engine.new_session() as single:
-        whole.prefill(ids)
-        for i in range(0, len(ids), 37):
-            chunks.prefill(ids[i:i + 37])
-        for token in ids:
-            single.prefill([token])
-        assert chunks.logits() == whole.logits() == single.logits()
+    assert_prefill_does_not_depend_on_chunks(engine, ids)
 
 
 def test_prefill_takes_a_checkpoint_where_it_starts_and_where_it_ends(engine, ids):
@@ -161,17 +141,7 @@ def test_truncate_to_zero_forgets_the_state_and_its_checkpoints(engine, ids):
 
 
 def test_interleaved_sessions_decode_as_they_do_alone(engine, ids):
-    prompts = [ids[:25], ids[30:70]]
-    solo = []
-    for prompt in prompts:
-        with engine.new_session() as s:
-            s.prefill(prompt)
-            solo.append([s.decode_one().id for _ in range(10)])
-    with engine.new_session() as a, engine.new_session() as b:
-        a.prefill(prompts[0])
-        b.prefill(prompts[1])
-        together = [engine.decode_batch([a, b]) for _ in range(10)]
-    assert [[step[i].id for step in together] for i in range(2)] == solo
+    assert_decode_batch_equals_decode_one(engine, [ids[:25], ids[30:70]])
 
 
 def test_score_leaves_the_next_token_logits_as_prefill_does(engine, ids):
@@ -226,9 +196,7 @@ def test_a_convolution_filter_of_the_wrong_shape_is_refused(tmp_path):
 def server(models):
     with running_llmd("--model", str(models["lfm2"]), "--max-sessions", "6", "--ctx", "128",
                       "--session-eviction", "none") as url:
-        client = Client(url + "/v1")
-        client.model = client.get_json("/models").json()["data"][0]["id"]
-        yield client
+        yield model_client(url)
 
 
 def test_a_conversation_resumes_from_the_live_state_and_answers_as_a_cold_request(server):
@@ -256,14 +224,7 @@ def test_a_rewritten_reply_resumes_from_the_checkpoint_where_its_prompt_ended(se
 
 
 def test_sessions_are_isolated_under_concurrency(server):
-    prompts = {"iso1": "once upon a time", "iso2": "the lazy dog"}
-    solo = {sid: chat(server, [{"role": "user", "content": text}]) for sid, text in prompts.items()}
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = {sid: pool.submit(chat, server, [{"role": "user", "content": text}], sid)
-                   for sid, text in prompts.items()}
-        together = {sid: f.result() for sid, f in futures.items()}
-    for sid in prompts:
-        assert together[sid]["choices"][0]["message"] == solo[sid]["choices"][0]["message"]
+    assert_sessions_are_isolated_under_concurrency(server)
 
 
 def test_a_recurrent_session_refuses_export_and_import_rather_than_lose_its_state(engine, ids):
@@ -280,8 +241,6 @@ def test_session_dir_keeps_a_recurrent_model_s_sessions_in_memory(models, tmp_pa
     log = tmp_path / "log.txt"
     with open(log, "w") as stderr, running_llmd("--model", str(models["lfm2"]), "--max-sessions", "3",
                                                 "--session-dir", str(tmp_path / "dir"), stderr=stderr) as url:
-        client = Client(url + "/v1")
-        client.model = client.get_json("/models").json()["data"][0]["id"]
-        assert chat(client, [{"role": "user", "content": "hello"}], "kept")["choices"]
+        assert chat(model_client(url), [{"role": "user", "content": "hello"}], "kept")["choices"]
     assert "sessions of a model with recurrent layers (lfm2) are not saved to disk" in log.read_text()
     assert not (tmp_path / "dir").exists()  # never opened

@@ -18,11 +18,13 @@ import pytest
 
 from llmd._native import ffi, lib
 from llmd.engine import Engine, EngineError
-from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.gguf_writer import ARRAY, BOOL, GGML_F32, GGML_Q8_0, build_tiny_qwen35
-from tests.llama_cpp_golden import assert_greedy_matches, perplexity
-from tests.test_arch import GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT, chat
+from tests.gguf_writer import ARRAY, BOOL, GGML_Q8_0, build_tiny_qwen35
+from tests.llama_cpp_golden import golden_tests
+from tests.test_arch import (
+    GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT,
+    assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks, chat, model_client,
+)
 from tests.test_arch_lfm2 import open_error
 
 CONFIGS = {
@@ -49,23 +51,8 @@ def build(name: str):
     return build_tiny_qwen35(n_ctx=N_CTX, **CONFIGS[name])
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("qwen35")
-    return {name: build(name).write(directory / f"{name}.gguf") for name in CONFIGS}
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_perplexity_matches_llama_cpp(models, name):
-    quantized = CONFIGS[name].get("weight_type", GGML_F32) != GGML_F32
-    assert perplexity(models[name], TEXT, N_CTX) == pytest.approx(
-        GOLDEN[name][0], rel=QUANTIZED_TOLERANCE if quantized else PPL_TOLERANCE)
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(models, name):
-    _, expected, margins = GOLDEN[name]
-    assert_greedy_matches(models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
+models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(
+    build, CONFIGS, GOLDEN, TEXT, N_CTX, PROMPT_TOKENS, GREEDY_STEPS, PPL_TOLERANCE, QUANTIZED_TOLERANCE)
 
 
 # ---- the DeltaNet scan kernel ----------------------------------------------------------------
@@ -123,13 +110,7 @@ def test_deltanet_layers_keep_a_state_instead_of_keys_and_values(engine):
 
 
 def test_a_prefill_in_chunks_or_token_by_token_gives_exactly_the_same_logits(engine, ids):
-    with engine.new_session() as whole, engine.new_session() as chunks, engine.new_session() as single:
-        whole.prefill(ids)
-        for i in range(0, len(ids), 37):
-            chunks.prefill(ids[i:i + 37])
-        for token in ids:
-            single.prefill([token])
-        assert chunks.logits() == whole.logits() == single.logits()
+    assert_prefill_does_not_depend_on_chunks(engine, ids)
 
 
 def test_decode_after_a_warm_resume_from_a_checkpoint_equals_a_full_reprefill(engine, ids):
@@ -154,17 +135,7 @@ def test_truncate_between_checkpoints_is_a_state_error(engine, ids):
 
 
 def test_interleaved_sessions_decode_as_they_do_alone(engine, ids):
-    prompts = [ids[:25], ids[30:70], ids[5:15]]
-    solo = []
-    for prompt in prompts:
-        with engine.new_session() as s:
-            s.prefill(prompt)
-            solo.append([s.decode_one().id for _ in range(10)])
-    with engine.new_session() as a, engine.new_session() as b, engine.new_session() as c:
-        for s, prompt in zip((a, b, c), prompts):
-            s.prefill(prompt)
-        together = [engine.decode_batch([a, b, c]) for _ in range(10)]
-    assert [[step[i].id for step in together] for i in range(3)] == solo
+    assert_decode_batch_equals_decode_one(engine, [ids[:25], ids[30:70], ids[5:15]])
 
 
 # ---- files the engine refuses -------------------------------------------------------------
@@ -202,9 +173,7 @@ def server(tmp_path_factory):
     path = build_tiny_qwen35(n_ctx=1024).write(tmp_path_factory.mktemp("qwen35_http") / "qwen35.gguf")
     with running_llmd("--model", str(path), "--max-sessions", "4", "--ctx", "1024",
                       "--session-eviction", "none") as url:
-        client = Client(url + "/v1")
-        client.model = client.get_json("/models").json()["data"][0]["id"]
-        yield client
+        yield model_client(url)
 
 
 def test_a_ten_turn_conversation_resumes_warm_every_turn(server):

@@ -20,7 +20,8 @@ import pytest
 
 from llmd.engine import Engine
 from tests.gguf_writer import GGML_Q8_0, build_tiny_qwen3moe
-from tests.llama_cpp_golden import assert_greedy_matches, perplexity
+from tests.llama_cpp_golden import golden_tests
+from tests.test_arch import assert_decode_batch_equals_decode_one
 from tests.test_arch_gemma3 import TEXT
 
 N_CTX = 128
@@ -60,22 +61,8 @@ def build(name: str):
     return build_tiny_qwen3moe(n_ctx=N_CTX, **CONFIGS[name])
 
 
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("qwen3moe")
-    return {name: build(name).write(directory / f"{name}.gguf") for name in CONFIGS}
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_perplexity_matches_llama_cpp(models, name):
-    assert perplexity(models[name], TEXT, N_CTX) == pytest.approx(GOLDEN[name][0], rel=PPL_TOLERANCE)
-
-
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_greedy_tokens_match_llama_cpp_up_to_a_near_tie(models, name):
-    _, expected, margins = GOLDEN[name]
-    assert_greedy_matches(models[name], TEXT, N_CTX, PROMPT_TOKENS, expected[:GREEDY_STEPS], margins)
+models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(
+    build, CONFIGS, GOLDEN, TEXT, N_CTX, PROMPT_TOKENS, GREEDY_STEPS, PPL_TOLERANCE, PPL_TOLERANCE)
 
 
 def last_logits(path, ids):
@@ -117,17 +104,7 @@ def test_grouping_per_expert_keeps_each_token_independent_of_its_batch(models, i
 
 def test_decode_batch_equals_decode_one_on_qwen3moe(models, ids):
     with Engine(str(models["qwen3moe"]), n_threads=2, n_ctx=N_CTX, max_sessions=3) as engine:
-        with engine.new_session() as a, engine.new_session() as b:
-            a.prefill(ids[:50])
-            b.prefill(ids[7:20])
-            batched = [[t.id for t in engine.decode_batch([a, b])] for _ in range(10)]
-        alone = []
-        for start, stop in ((0, 50), (7, 20)):
-            with engine.new_session() as s:
-                s.prefill(ids[start:stop])
-                alone.append([s.decode_one().id for _ in range(10)])
-    assert [row[0] for row in batched] == alone[0]
-    assert [row[1] for row in batched] == alone[1]
+        assert_decode_batch_equals_decode_one(engine, [ids[:50], ids[7:20]])
 
 
 def without_shared_expert(w):

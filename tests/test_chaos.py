@@ -25,7 +25,7 @@ import time
 from collections import Counter
 
 from tests.conftest import llmd_process
-from tests.test_limits import address
+from tests.test_limits import address, wait_for
 from tests.test_sessions import read_all, read_until, reset
 
 SEED = int(os.environ.get("LLMD_CHAOS_SEED", "14"))
@@ -178,14 +178,6 @@ BEHAVIOURS = [plain, close_at_done, reset_before_head, reset_after_head, half_cl
               delete, reset_session]
 
 
-def wait_for(condition, what: str, seconds: float = 15.0):
-    deadline = time.monotonic() + seconds
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
 def check_invariants(server: Server, solo: dict[str, str], fds: int) -> None:
     """Everything that must hold once a round's clients are done (see module doc).
     `fds`: the server's open descriptors with no client connected; until it is back
@@ -199,7 +191,7 @@ def check_invariants(server: Server, solo: dict[str, str], fds: int) -> None:
         return (m["llmd_generations_active"] == 0 and m["llmd_generations_queued"] == 0
                 and all(s["in_flight"] == 0 for s in listing["data"])
                 and listing["engine_sessions"] == listing["table_sessions"])
-    wait_for(idle, "no connection, generation or request left, and the engine and the table to agree")
+    wait_for(idle, seconds=15, what="no connection, generation or request left, and the engine and the table to agree")
     listing, m = server.json("/v1/sessions"), server.metrics()
     assert listing["engine_sessions"] == 1 + len(listing["data"]), listing  # + the scratch session
     assert m["llmd_engine_sessions_live"] == m["llmd_sessions_held"] == 1 + len(listing["data"])
@@ -255,7 +247,8 @@ def test_sessions_survive_random_client_behaviour():
                 rss, _ = clean()
                 # No block leaked: the scratch session alone is left, holding one short
                 # chat (check_invariants' last request) in one block.
-                wait_for(lambda: server.metrics()["llmd_engine_sessions_live"] == 1, "deleted sessions freed")
+                wait_for(lambda: server.metrics()["llmd_engine_sessions_live"] == 1, seconds=15,
+                         what="deleted sessions freed")
                 assert server.metrics()["llmd_kv_blocks_live"] == 1, round
                 assert rss <= baseline_rss + RSS_SLACK, (round, rss, baseline_rss)
         rss, fds = server.rss_and_fds()

@@ -406,6 +406,8 @@ def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
     ("google-gemma-4-31B-it.jinja", "gemma4"),
     ("ibm-granite-granite-3.3-2B-Instruct.jinja", "tagged_json"),
     ("openai-gpt-oss-120b.jinja", "harmony"),
+    ("Qwen3-Coder.jinja", "qwen3_coder"),
+    ("Qwen3.5-4B.jinja", "qwen3_coder"),
     ("Qwen-Qwen3-0.6B.jinja", "hermes"),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
 ])

@@ -99,16 +99,6 @@ def test_auto_with_a_response_format_is_that_json_or_calls():
     assert match(g, "plain text") == NO
 
 
-def test_text_without_the_marker_is_exactly_the_texts_that_lack_it():
-    marker = b"<tool_call>"
-    check = compile_grammar({"root": constrain._text_without(marker)}, "root")
-    rng = random.Random(11)
-    for _ in range(400):
-        text = "".join(rng.choice(["<", "tool", "_call", ">", "<tool_call", "x", "\n"])
-                       for _ in range(rng.randint(0, 6))).encode()
-        assert (grammar_match(check, text) >= MAY_END) == (marker not in text), text
-
-
 def test_grammars_are_cached_by_content():
     a = chat_grammar(tools=[WEATHER], tool_choice="required")
     assert chat_grammar(tools=[WEATHER], tool_choice="required") is a
@@ -160,8 +150,12 @@ def test_llama3_calls_are_constrained_in_llamas_own_json_reply():
     assert [c["function"]["name"] for c in merge_tool_calls(events)] == ["get_weather"]
     auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
     g = constrain.chat_grammar(auto, LLAMA3_LAYOUT)
-    assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + one) == MAY_END
-    # Llama's opening starts a call wherever it occurs: a Hermes body then is no call
+    assert match(g, "It is sunny.") == MAY_END and match(g, one) == MAY_END
+    # the parser reads a JSON reply only as the whole reply: no call after text
+    assert match(g, "Sure: " + one) == NO
+    events = JsonReplyCallStream([WEATHER], lambda: "c").feed("Sure: " + one)
+    assert not merge_tool_calls(events)
+    # text never spells Llama's opening: a Hermes block then is no call either
     assert match(g, "x" + block("get_weather", '{"city": "Paris"}')) == NO
 
 
@@ -204,3 +198,63 @@ def test_family_layouts_write_their_markers_as_text_or_as_control_tokens(layout_
     auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
     g = constrain.chat_grammar(auto, layout, controls)
     assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + call) == NO
+
+
+@pytest.mark.parametrize("layout_name, fmt, call", [
+    ("GEMMA4_LAYOUT", "gemma4", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>'),
+    ("QWEN3_CODER_LAYOUT", "qwen3_coder",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_gemma_and_qwen3_coder_calls_are_constrained_in_their_own_layouts(layout_name, fmt, call):
+    """Each layout's call is accepted as the family writes it and read back by its parser;
+    the Hermes block is not; with the markers as control tokens only the tokens write
+    them, and under "auto" text may come first."""
+    from llmd import tools
+    from llmd.tools import FORMAT_MARKERS, call_stream, merge_tool_calls
+    layout = getattr(tools, layout_name)
+    req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER, TIME],
+                                         "tool_choice": "required"}).encode())
+    g = constrain.chat_grammar(req, layout)
+    separator = layout.separator
+    assert match(g, call) == MAY_END and match(g, call + separator + call.replace("Oslo", "Rome")) == MAY_END
+    assert match(g, block("get_weather", '{"city": "Oslo"}')) == NO
+    stream = call_stream(fmt, [WEATHER, TIME])
+    events = stream.feed(call + separator + call) + stream.finish()
+    assert [c["function"]["arguments"] for c in merge_tool_calls(events)] == ['{"city": "Oslo"}'] * 2
+    controls = {m: 1000 + i for i, m in enumerate(FORMAT_MARKERS[fmt]) if m in call}
+    if controls:
+        g = constrain.chat_grammar(req, layout, controls)
+        assert match(g, call) == NO
+        assert all(f"t{i}>" in g for i in controls.values())
+    auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
+    g = constrain.chat_grammar(auto, layout)
+    assert match(g, "It is sunny.") == MAY_END and match(g, "Sure: " + call) == MAY_END
+    stream = call_stream(fmt, [WEATHER])
+    events = stream.feed("Sure: " + call) + stream.finish()
+    assert "".join(e.text for e in events if hasattr(e, "text")) == "Sure:"
+    assert [c["function"]["name"] for c in merge_tool_calls(events)] == ["get_weather"]
+
+
+def test_a_constrained_gemma_call_renders_back_into_the_prompt_as_it_was_written():
+    """Gemma 4's template writes a call's arguments sorted by name (ignoring case): the
+    grammar writes them in that order, so the call the model made, sent back, renders
+    into the next prompt byte for byte and the session's cache stays warm."""
+    from llmd import jinja
+    from llmd.chat import JinjaTemplate, render_chat
+    from llmd.tools import GEMMA4_LAYOUT, call_stream, merge_tool_calls
+    from tests.reference_data import require
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "zeta": {"type": "string"}, "Alpha": {"type": "integer"}, "mid": {"type": "object", "properties": {
+            "y": {"type": "boolean"}, "X": {"type": "number"}}}}, "required": ["zeta", "Alpha", "mid"]}}}
+    req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [tool],
+                                         "tool_choice": "required"}).encode())
+    g = constrain.chat_grammar(req, GEMMA4_LAYOUT)
+    call = '<|tool_call>call:get_weather{Alpha:1,mid:{X:2.5,y:true},zeta:<|"|>x<|"|>}<tool_call|>'
+    assert match(g, call) == MAY_END
+    assert match(g, '<|tool_call>call:get_weather{zeta:<|"|>x<|"|>,Alpha:1,mid:{y:true,X:2.5}}<tool_call|>') == NO
+    stream = call_stream("gemma4", [tool])
+    (made,) = merge_tool_calls(stream.feed(call) + stream.finish())
+    template = JinjaTemplate(jinja.Template(require("models/templates/google-gemma-4-31B-it.jinja").read_text("utf-8")))
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [made]},
+                {"role": "tool", "tool_call_id": made["id"], "content": "sunny"}]
+    assert call in render_chat(template, messages, [tool]).text

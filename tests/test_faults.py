@@ -21,7 +21,7 @@ from llmd.server import HttpServer
 from llmd.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
-from tests.test_limits import address, long_body, stalled_stream
+from tests.test_limits import address, long_body, stalled_stream, wait_for
 
 # ---- a native error mid-generation ---------------------------------------------------
 
@@ -116,7 +116,10 @@ def refused(url: str) -> bool:
 
 
 def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(long_model):
-    with llmd_process("--model", str(long_model.path)) as llmd:
+    # A keep-alive timeout and a grace far past the exit wait below: the kept-alive
+    # connection must not hold the exit up to either (room for a loaded machine).
+    flags = ("--model", str(long_model.path), "--keepalive-timeout", "120", "--shutdown-grace", "120")
+    with llmd_process(*flags) as llmd:
         conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
         body = {**long_body(long_model, max_tokens=300), "stream": True,
                 "stream_options": {"include_usage": True}}
@@ -125,15 +128,12 @@ def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(long_model):
         first = resp.readline()
         assert first.startswith(b"data: ")
         llmd.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while not refused(llmd.url):  # new connections are no longer accepted
-            assert time.monotonic() < deadline, "still accepting after SIGTERM"
-            time.sleep(0.02)
+        wait_for(lambda: refused(llmd.url), seconds=30, what="new connections to be refused after SIGTERM")
         rest = resp.read().decode()
         assert rest.rstrip().endswith("data: [DONE]")
         usage = [json.loads(line[6:]) for line in rest.splitlines() if '"usage"' in line][-1]["usage"]
         assert usage["completion_tokens"] == 300  # finished, not cut
-        assert llmd.proc.wait(timeout=3) == 0  # at once: the kept-alive connection is not waited for
+        assert llmd.proc.wait(timeout=30) == 0  # the kept-alive connection is not waited for
 
 
 def test_when_the_grace_period_ends_streams_end_with_an_error_event_then_done(long_model):
@@ -143,11 +143,9 @@ def test_when_the_grace_period_ends_streams_end_with_an_error_event_then_done(lo
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.readline().startswith(b"data: ")
-        start = time.monotonic()
         llmd.proc.send_signal(signal.SIGTERM)
         rest = resp.read().decode()  # http.client checks the chunk framing up to its end
-        assert llmd.proc.wait(timeout=10) == 0
-        assert time.monotonic() - start < 4
+        assert llmd.proc.wait(timeout=30) == 0
         events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
@@ -158,10 +156,9 @@ def test_when_the_grace_period_ends_a_stalled_stream_is_cut_and_it_exits_0(long_
     with llmd_process("--model", str(long_model.path), "--shutdown-grace", "0.5") as llmd:
         sock = stalled_stream(llmd.url, long_body(long_model))  # would last forever, unread
         time.sleep(0.3)
-        start = time.monotonic()
         llmd.proc.send_signal(signal.SIGTERM)
-        assert llmd.proc.wait(timeout=10) == 0
-        assert time.monotonic() - start < 4
+        # Well before the write timeout (60 s) could end the stalled stream instead.
+        assert llmd.proc.wait(timeout=30) == 0
         sock.close()
 
 
@@ -172,8 +169,7 @@ def test_a_second_signal_exits_at_once(long_model):
         llmd.proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         assert llmd.proc.poll() is None  # still waiting for the stream
-        start = time.monotonic()
         llmd.proc.send_signal(signal.SIGINT)
-        assert llmd.proc.wait(timeout=5) == 128 + signal.SIGINT
-        assert time.monotonic() - start < 2
+        # "At once": well inside the 60 s grace, with room for a loaded machine.
+        assert llmd.proc.wait(timeout=30) == 128 + signal.SIGINT
         sock.close()

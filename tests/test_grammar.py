@@ -8,7 +8,7 @@ from llmd import grammar
 from llmd.engine import EngineError, grammar_match
 from llmd.grammar import (
     EMPTY, GrammarError, GrammarTooLarge, Ref, alt, byte_range, compile_grammar, lit, one_of, opt,
-    repeat, seq, star, token,
+    repeat, seq, star, text_without, token,
 )
 
 NO, PREFIX, MAY_END, COMPLETE = 0, 1, 2, 3
@@ -65,6 +65,24 @@ def test_random_strings_agree_with_a_python_regex():
     for _ in range(300):
         text = "".join(rng.choice("abcde") for _ in range(rng.randint(0, 8)))
         assert (match(text) >= MAY_END) == bool(pattern.fullmatch(text)), text
+
+
+@pytest.mark.parametrize("markers", [("<tool_call>",), ("</parameter>", "</tool_call>"), ('<|"|>', "<tool_call|>")])
+def test_text_without_markers_is_exactly_the_texts_that_contain_none(markers):
+    match = matcher({"root": text_without(markers)})
+    rng = random.Random(11)
+    fragments = ["<", "|", "/", '"', "tool", "_call", ">", "para", "meter", "x", "\n",
+                 *markers, *(m[:-1] for m in markers)]
+    for _ in range(400):
+        text = "".join(rng.choice(fragments) for _ in range(rng.randint(0, 6)))
+        assert (match(text) >= MAY_END) == (not any(m in text for m in markers)), text
+
+
+def test_text_without_markers_over_characters_takes_wide_units_and_no_stray_bytes():
+    wide = seq(byte_range(0xC2, 0xDF), byte_range(0x80, 0xBF))
+    match = matcher({"root": text_without(["</p>"], byte_range(0x20, 0x7E), wide)})
+    assert [match(t) for t in ["a</b>é<", "é</p>", "a\n", "<é/p>", "</pé"]] == [MAY_END, NO, NO, MAY_END, MAY_END]
+    assert match(b"a\xc3") == PREFIX and match(b"\x80") == NO
 
 
 def test_states_with_the_same_future_are_merged():

@@ -318,5 +318,6 @@ def test_reference_renderings_with_data_marked_are_the_same_text(template_dir):
 
 
 def test_clock_defaults_to_now():
+    before = datetime.datetime.now().year
     year = Template("{{ strftime_now('%Y') }}").render({})
-    assert year == str(datetime.datetime.now().year)
+    assert int(year) in (before, datetime.datetime.now().year)  # the year may turn meanwhile

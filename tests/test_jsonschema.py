@@ -233,3 +233,149 @@ def test_the_independent_validator_agrees_on_accepted_values():
         for s in (None, "x", "z"):
             value = {"n": n} if s is None else {"n": n, "s": s}
             assert ok(json.dumps(value)) == (not errors(value, schema)), value
+
+
+# --- Gemma 4's call syntax and Qwen3-Coder's XML parameters --------------------------------
+
+GEMMA_MARKERS = ('<|"|>', "<tool_call|>")
+WEATHER = {"type": "object", "required": ["city"], "properties": {
+    "city": {"type": "string", "maxLength": 6}, "note": {"type": "string"},
+    "days": {"type": "integer", "minimum": 1, "maximum": 9}, "units": {"enum": ["c", "f"]},
+    "where": {"type": "object", "properties": {"lat": {"type": "number"}, "ok": {"type": "boolean"}}},
+    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}, "any": {}}}
+
+
+def gemma_grammar_of(schema):
+    from llmd.grammar import lit
+    from llmd.jsonschema import GemmaSchemaCompiler
+    rules = {}
+    rules["root"] = GemmaSchemaCompiler(rules, "g:", lit('<|"|>'), GEMMA_MARKERS).compile_root(schema)
+    text = compile_grammar(rules, "root")
+    return lambda value: grammar_match(text, value.encode()) >= 2
+
+
+def gemma_spelled(value):
+    """A value as Gemma 4's template writes a call's arguments (bare keys, <|"|> strings)."""
+    if isinstance(value, str):
+        return '<|"|>' + value + '<|"|>'
+    if isinstance(value, dict):  # sorted by name ignoring case, as the template's dictsort does
+        ordered = sorted(value.items(), key=lambda item: item[0].lower())
+        return "{" + ",".join(f"{k}:{gemma_spelled(v)}" for k, v in ordered) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(gemma_spelled(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+@pytest.mark.parametrize("value", [
+    {"city": "Oslo"}, {"city": "", "note": "a <b> c, {d}: [e]\n\u00e9"}, {"city": "x", "days": 9, "units": "f"},
+    {"city": "Rome", "where": {"lat": -1.5, "ok": False}, "tags": ["a", "b"]},
+    {"city": "Rome", "any": {"k": [1, None, "s", {"n": True}]}}, {"city": "Rome", "any": None},
+])
+def test_gemma_syntax_accepts_the_templates_spelling_and_the_parser_reads_it_back(value):
+    from llmd.tools import gemma_calls
+    spelled = gemma_spelled(value)
+    assert gemma_grammar_of(WEATHER)(spelled), spelled
+    (call,) = gemma_calls("call:get_weather" + spelled, frozenset({"get_weather"}))
+    assert json.loads(call[1]) == value and not errors(value, WEATHER)
+
+
+@pytest.mark.parametrize("text", [
+    '{"city":"Oslo"}', '{city: <|"|>Oslo<|"|>}', '{ city:<|"|>Oslo<|"|>}', '{city:<|"|>Oslo<|"|>,}',
+    '{city:<|"|>Oslo!!!<|"|>}',                     # longer than maxLength
+    '{city:<|"|>a<b<|"|>}',                         # a bounded string holds no "<"
+    '{city:<|"|>x<|"|>,note:<|"|>a<tool_call|>b<|"|>}', '{city:<|"|>x<|"|>,note:<|"|>a<|"|>b<|"|>}',
+    '{days:1,city:<|"|>x<|"|>}',                    # the template's order: sorted by name
+    '{city:<|"|>x<|"|>,units:<|"|>k<|"|>}', '{city:<|"|>x<|"|>,days:10}', '{city:Oslo}',
+])
+def test_gemma_syntax_refuses_what_the_parser_would_misread_or_the_schema_forbids(text):
+    assert not gemma_grammar_of(WEATHER)(text)
+
+
+def test_gemma_keys_the_parser_cannot_read_bare_are_quoted_and_markers_in_values_are_refused():
+    from llmd.tools import gemma_calls
+    schema = {"type": "object", "properties": {"a b:c": {"type": "integer"}}, "required": ["a b:c"]}
+    assert gemma_grammar_of(schema)('{<|"|>a b:c<|"|>:1}') and not gemma_grammar_of(schema)("{a b:c:1}")
+    assert json.loads(gemma_calls('call:f{<|"|>a b:c<|"|>:1}', frozenset({"f"}))[0][1]) == {"a b:c": 1}
+    with pytest.raises(SchemaError) as info:
+        gemma_grammar_of({"enum": ['say <|"|>']})
+    assert info.value.keyword == "enum"
+
+
+def xml_grammar_of(schema):
+    from llmd.jsonschema import XmlParameterCompiler
+    rules = {}
+    rules["root"] = XmlParameterCompiler(rules, "x:", ("</parameter>", "</tool_call>")).compile_root(schema)
+    text = compile_grammar(rules, "root")
+    return lambda value: grammar_match(text, value.encode()) >= 2
+
+
+def xml_spelled(arguments, strings):
+    """Arguments as Qwen3-Coder's template writes them, JSON for what is not a string parameter."""
+    return "".join(f"<parameter={k}>\n{v if k in strings else json.dumps(v)}\n</parameter>\n"
+                   for k, v in arguments.items())
+
+
+@pytest.mark.parametrize("value", [
+    {"city": "Oslo"}, {"city": "", "note": "line one\n<b>two</b>\n", "days": 3, "units": "c"},
+    {"city": "Rome", "where": {"lat": 1.5}, "tags": ["x", "</b>"], "any": {"k": ["v"]}},
+])
+def test_xml_parameters_accept_the_templates_spelling_and_the_parser_reads_it_back(value):
+    from llmd.tools import decode_call, string_params
+    tools = [{"name": "get_weather", "parameters": WEATHER}]
+    strings = {p for _, p in string_params(tools)}
+    spelled = xml_spelled(value, strings)
+    assert xml_grammar_of({**WEATHER, "type": "object"})(spelled), spelled
+    name, arguments = decode_call(f"\n<function=get_weather>\n{spelled}</function>\n", frozenset({"get_weather"}),
+                                  string_params(tools))
+    assert json.loads(arguments) == value and not errors(value, WEATHER)
+
+
+def test_xml_raw_text_only_for_declared_string_properties():
+    """The parser keeps text only for declared string properties: a required name that
+    additionalProperties types as a string is written as JSON, or it would come back a number."""
+    from llmd.tools import decode_call, string_params
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"],
+              "additionalProperties": {"type": "string"}}
+    ok = xml_grammar_of(schema)
+    assert ok('<parameter=a>\n123\n</parameter>\n<parameter=b>\n"123"\n</parameter>\n')
+    assert not ok("<parameter=a>\n123\n</parameter>\n<parameter=b>\n123\n</parameter>\n")
+    body = '<function=f>\n<parameter=a>\n123\n</parameter>\n<parameter=b>\n"123"\n</parameter>\n</function>'
+    strings = string_params([{"name": "f", "parameters": schema}])
+    assert decode_call(body, frozenset({"f"}), strings) == ("f", '{"a": "123", "b": "123"}')
+
+
+def test_xml_json_values_write_a_marker_only_escaped():
+    from llmd.tools import decode_call
+    ok = xml_grammar_of({"type": "object", "properties": {"tags": {"type": "array"}}})
+    text = '<parameter=tags>\n["<\\/parameter>"]\n</parameter>\n'
+    assert ok(text) and not ok(text.replace("\\/", "/"))
+    assert decode_call(f"<function=f>\n{text}</function>", frozenset({"f"})) == ("f", '{"tags": ["</parameter>"]}')
+
+
+@pytest.mark.parametrize("text", [
+    "<parameter=city>\nOs</parameter>lo\n</parameter>\n",        # raw text ends at </parameter>
+    "<parameter=city>\nOs</tool_call>\n</parameter>\n",
+    "<parameter=city>\nToo long\n</parameter>\n",
+    "<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n\"3\"\n</parameter>\n",  # an integer is JSON
+    "<parameter=days>\n3\n</parameter>\n<parameter=city>\nOslo\n</parameter>\n",     # declared order
+    "<parameter=note>\nx\n</parameter>\n",                                           # city is required
+    "<parameter=city>\nOslo</parameter>\n",
+    '<parameter=city>\nx\n</parameter>\n<parameter=tags>\n["</parameter>"]\n</parameter>\n',  # nor does JSON
+    '<parameter=city>\nx\n</parameter>\n<parameter=any>\n{"</tool_call>": 1}\n</parameter>\n',
+])
+def test_xml_parameters_refuse_what_the_parser_would_misread_or_the_schema_forbids(text):
+    assert not xml_grammar_of({**WEATHER, "type": "object"})(text)
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"anyOf": [{"type": "object"}]}, "type"),
+    ({"type": "object", "minProperties": 1}, "minProperties"),
+    ({"type": "object", "properties": {"a>b": {}}}, "properties"),
+    ({"type": "object", "properties": {"a": {"type": "string", "enum": ["x</parameter>"]}}}, "enum"),
+    ({"type": "object", "properties": {"a": {"enum": [1, "x</tool_call>"]}}}, "enum"),        # as JSON too
+    ({"type": "object", "properties": {"a": {"type": "object", "properties": {"</parameter>": {}}}}}, "properties"),
+])
+def test_xml_parameters_refuse_what_they_cannot_write(schema, keyword):
+    with pytest.raises(SchemaError) as info:
+        xml_grammar_of(schema)
+    assert info.value.keyword == keyword and info.value.unsupported

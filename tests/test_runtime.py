@@ -99,9 +99,12 @@ async def test_a_cancelled_generation_ends_at_the_next_step(runtime):
     while len(log) < 5:
         await asyncio.sleep(0.005)
     runtime.cancel(g)
+    delivered = g.generated  # tokens handed to the reader (some maybe not yet logged)
     await reader
     assert log[-1] == ("c", "end", "cancelled")
-    assert len(log) <= 5 + 2  # at most the step in flight when cancel() was called
+    # No token after the cancel, however many steps a loaded machine let the executor
+    # finish before the event loop took their tokens.
+    assert [kind for _, kind, _ in log] == ["token"] * delivered + ["end"]
 
 
 async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime):

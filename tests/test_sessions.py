@@ -256,4 +256,8 @@ async def test_half_closed_client_gets_the_whole_answer(model, stream):
             assert reply["choices"][0]["finish_reason"] == "length"
             assert reply["usage"]["completion_tokens"] == 40
         assert text == solo
-        assert b"Connection: close" in head  # nothing more can come from this client
+        # The server closed the connection after this one answer (read_all returned).
+        # Whether the answer's head says "Connection: close" depends on whether the
+        # client's FIN beat the tiny model's 40 tokens, which a loaded machine decides;
+        # test_server checks that header where the FIN surely comes first.
+        assert received.count(b"HTTP/1.1 ") == 1

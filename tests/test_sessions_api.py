@@ -1,12 +1,12 @@
 """Named sessions through HTTP on the default model: routing, admission, eviction,
 the session routes, ordering, isolation and warm resume."""
 import concurrent.futures
-import time
 
 import pytest
 
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
+from tests.test_limits import wait_for
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -187,7 +187,9 @@ def test_requests_for_one_session_run_in_arrival_order(server):
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         first = pool.submit(run, 1, 48)
-        time.sleep(0.2)
+        # The session exists once request 1 holds it: only then has it surely arrived
+        # first (a fixed pause is not enough on a loaded machine).
+        wait_for(lambda: server.get_json("/sessions/ordered").status == 200, what="request 1 to hold the session")
         second = pool.submit(run, 2, 1)
         assert first.result() == 200 and second.result() == 200
     assert order == [1, 2]  # the short request waited for the long one

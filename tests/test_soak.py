@@ -159,7 +159,11 @@ def test_soak_keeps_statuses_sessions_descriptors_and_memory_in_bounds(tiny_llam
         started = time.perf_counter()
         run(llmd.url, model, seed=2, per_thread=PER_THREAD, tally=tally)
         wall = time.perf_counter() - started
-        fds_after, rss_after = settled_fds(pid), rss_kb(pid)
+        # No connection or descriptor left open. A leaked one never closes, while a
+        # loaded machine may only be slow to close the clients' connections: wait for
+        # the count to come back down rather than for it to stop changing for a moment.
+        wait_for(lambda: fd_count(pid) <= fds_before, seconds=30, what="descriptors back to their warm-up count")
+        fds_after, rss_after = fd_count(pid), rss_kb(pid)
 
         lat = sorted(tally.latencies)
         p50, p99 = statistics.median(lat), lat[int(0.99 * (len(lat) - 1))]
@@ -174,7 +178,6 @@ def test_soak_keeps_statuses_sessions_descriptors_and_memory_in_bounds(tiny_llam
         # Most refusals are by design (the mix asks for them); generations still get through.
         assert tally.statuses[200] > len(lat) // 3
         assert all(tally.by_kind[k][200] > 0 for k in ("chat_stream_named", "chat_anonymous", "completion_named"))
-        assert fds_after == fds_before                      # no connection or descriptor left open
         assert rss_after - rss_before < 6 * 1024            # kB: flat, allowing allocator noise
 
         # No session or slot leaked: nothing in flight, and exactly the 5 named slots can

@@ -335,8 +335,7 @@ def _marked(tool_format: str, text: str, step: int = 0) -> list:
     """Events of `text` through the format's parser, whole (step 0) or in pieces."""
     from llmd.tools import call_stream
     counter = itertools.count()
-    parser = call_stream(tool_format, LLAMA_TOOLS)
-    parser._new_id = parser._hermes._new_id = lambda: f"call_{next(counter)}"
+    parser = call_stream(tool_format, LLAMA_TOOLS, lambda: f"call_{next(counter)}")
     pieces = [text] if not step else [text[i:i + step] for i in range(0, len(text), step)]
     return [e for p in pieces for e in parser.feed(p)] + parser.finish()
 
@@ -401,6 +400,20 @@ def test_llama31_python_tag_builtin_call_and_json(step):
     assert merge_tool_calls(events) == [call(0, "search", '{"query": "weather in Paris", "limit": 3}')]
     events = _json_reply('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}', step)
     assert [(e.name, e.arguments) for e in events] == [("get_weather", '{"city": "Oslo"}')]
+
+
+@pytest.mark.parametrize("step", [0, 1, 4])
+def test_llama31_python_tag_after_text_and_calls_each_opened_by_the_tag(step):
+    """Text may come before the tag (as "auto" constrained decoding allows), and parallel
+    calls may each be opened by the tag again (as LLAMA3_TAG_LAYOUT writes them)."""
+    call = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+    content, calls = collapse(_json_reply("Let me check. " + call + "; " + call.replace("Oslo", "Rome"), step))
+    assert content == "Let me check."
+    assert [c["function"]["arguments"] for c in calls] == ['{"city": "Oslo"}', '{"city": "Rome"}']
+    text = "Let me check. <|python_tag|>{\"name\": \"nope\", \"parameters\": {}}"
+    assert collapse(_json_reply(text, step)) == (text, [])
+    content, calls = collapse(_json_reply("{braces} first " + call, step))
+    assert content == "{braces} first" and [c["function"]["name"] for c in calls] == ["get_weather"]
 
 
 def test_llama31_python_tag_code_goes_to_a_declared_code_tool_else_stays_content():
