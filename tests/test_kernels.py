@@ -196,7 +196,9 @@ def test_fast_kernels_match_reference_and_reference_matches_python_model(ggml_ty
     worst_model = (0.0, 0.0)
     for rows, cols in shapes(ggml_type):
         fast_tol = (4 * max(1, cols // QK) + 16) * 2.0 ** -24
-        for n_tokens in (1, 2, 11):  # every token tile size of the prefill kernels (6, 4, 2, 1)
+        # Every token tile of the packed kernels (panel_tile_tokens): 7 = 4 + 2 + 1 (or 6 + 1),
+        # 17 = 8 + 8 + 1, 10 + 4 + 2 + 1 or 6 + 6 + 4 + 1.
+        for n_tokens in (1, 7, 17):
             weights = random_weights(ggml_type, rows, cols, rng)
             matrix = Matrix(ggml_type, weights, rows, cols)
             xs = [random_x(cols, rng) for _ in range(n_tokens)]
@@ -226,11 +228,12 @@ def test_fast_kernels_are_batch_invariant(ggml_type):
     rng = random.Random(77 + ggml_type)
     rows, cols = 37, 512
     weights = random_weights(ggml_type, rows, cols, rng)
-    xs = [random_x(cols, rng) for _ in range(9)]
+    xs = [random_x(cols, rng) for _ in range(23)]  # tiles of 6, 8 and 10 tokens, then the rest
     for path in (1, 2):
         alone = [kernel_matvec(ggml_type, weights, rows, cols, x, path) for x in xs]
         assert kernel_matmul(ggml_type, weights, rows, cols, xs, path) == alone
         assert kernel_matmul(ggml_type, weights, rows, cols, xs[3:8], path) == alone[3:8]
+        assert kernel_matmul(ggml_type, weights, rows, cols, xs[1:12], path) == alone[1:12]
 
 
 @pytest.mark.parametrize("ggml_type", QUANTIZED, ids=Q_NAMES)

@@ -107,19 +107,28 @@ async def test_a_cancelled_generation_ends_at_the_next_step(runtime):
     assert [kind for _, kind, _ in log] == ["token"] * delivered + ["end"]
 
 
-async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime):
+async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime, monkeypatch):
     """Decode steps run in bursts on the executor; a call queued there (a new request's
     tokenization) ends the burst, so it waits for the step in flight, not the burst."""
+    steps = [0]  # decode steps the executor has finished, counted on the executor
+    decode_batch = runtime.engine.decode_batch
+
+    def counted(*args):
+        tokens = decode_batch(*args)
+        steps[0] += 1
+        return tokens
+    monkeypatch.setattr(runtime.engine, "decode_batch", counted)
     log: list = []
     g, reader = await start(runtime, "d", FILLER, 1000, log)
     while len(log) < 3:
         await asyncio.sleep(0.005)
     for _ in range(5):
-        before = g.generated
-        await runtime.call(lambda: None)
-        # The step in flight, and one finished whose tokens were not yet delivered.
-        assert g.generated - before <= 2
+        before = steps[0]
+        at_call = await runtime.call(lambda: steps[0])  # read when the call runs, not when the loop wakes
+        # The step in flight, and one that could end between the two reads above.
+        assert at_call - before <= 2
         await asyncio.sleep(0.01)
+    assert steps[0] >= 2  # the tokens after the first came from the counted steps
     runtime.cancel(g)
     await reader
 

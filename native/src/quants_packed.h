@@ -2,8 +2,7 @@
 // instantiation per panel layout, for the traits table in quants.cpp.
 //
 // For each 32-element piece the kernel unpacks 16 rows' weights once and reuses
-// them for a tile of up to 6 tokens (with 8, the accumulators spill out of the
-// 32 registers). Weights are unsigned bytes u = q + offset; the offset is taken
+// them for a tile of 6 to 10 tokens (panel_tile_tokens). Weights are unsigned bytes u = q + offset; the offset is taken
 // off exactly in integers (offset × the sum of x's int8 values, which BlockQ8A
 // carries), so a piece's integer dot is exact and only the float scaling rounds.
 // Each token accumulates its pieces in one fixed order whatever tile or thread it
@@ -39,7 +38,6 @@ template <const PanelLayout &L> inline __m512i code_table() {
     return _mm512_load_si512(t);
 }
 
-// T tokens against one panel: the 16 rows' dot products for each token.
 // 16 rows' int8 scales of a k_scales layout, as floats.
 inline __m512 int8_floats(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))));
@@ -90,83 +88,95 @@ template <const PanelLayout &L> inline void unpack_weights(const uint8_t *blk, _
     }
 }
 
+// T tokens against one panel: the 16 rows' dot products for each token.
 template <const PanelLayout &L, int T>
 void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid, bool add) {
     constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
     constexpr int kSets = L.split ? 2 : 1;
     // k_scales layouts serve 256-element types, whose activations (Q8K) share one d
     // per 256: a super-block's scaled piece sums gather in part[t] and meet the rows'
-    // d and the token's x.d once, at its end.
+    // d and the token's x.d once, after its 8 pieces (a loop of its own, so that no
+    // test for a super-block's end sits among the tokens' work).
+    constexpr int64_t kGroup = L.k_scales ? QK_K / QK : 1;
     __m512 acc[T], part[T];
     for (int t = 0; t < T; ++t) acc[t] = part[t] = _mm512_setzero_ps();
     const __m512i table = code_table<L>();
-    __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *blk = panel + panel_piece_offset(L, b);
-        __m512i w[8]; // w[g]: rows × elements 4g..4g+3
-        unpack_weights<L>(blk, w);
-        if constexpr (L.lut != nullptr)
-            for (int g = 0; g < 8; ++g) w[g] = _mm512_shuffle_epi8(table, w[g]);
-        __m512 scale[2], min[2];
+    for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
+        __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
         if constexpr (L.k_scales) {
-            if (b % 8 == 0) {
-                const uint8_t *header = blk - panel_header_bytes(L);
-                d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header)));
-                if constexpr (L.mins)
-                    m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header + 2 * kPanel)));
-            }
-            for (int h = 0; h < kSets; ++h) { // the integer scales; mins: f16 times a small integer, exact
-                scale[h] = int8_floats(blk + kW + h * kSet);
-                if constexpr (L.mins) min[h] = _mm512_mul_ps(m, int8_floats(blk + kW + (kSets + h) * kSet));
-            }
-        } else {
-            for (int h = 0; h < kSets; ++h) {
-                scale[h] = panel_floats<L>(blk + kW, h);
-                if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
-            }
+            const uint8_t *header = panel + panel_piece_offset(L, b0) - panel_header_bytes(L);
+            d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header)));
+            if constexpr (L.mins)
+                m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header + 2 * kPanel)));
         }
-        for (int t = 0; t < T; ++t) {
-            const BlockQ8A &xb = x[t][b];
-            const int32_t lo_sum = L.split ? xb.sum_lo : xb.sum;
-            // Elements 0..15 and 16..31 in two chains: a dpbusd's latency exceeds its issue interval.
-            __m512i lo = _mm512_set1_epi32(-L.offset * lo_sum), hi = _mm512_set1_epi32(-L.offset * (xb.sum - lo_sum));
-            for (int g = 0; g < 4; ++g) {
-                int32_t a, c;
-                std::memcpy(&a, xb.qs + 4 * g, 4);
-                std::memcpy(&c, xb.qs + 16 + 4 * g, 4);
-                lo = _mm512_dpbusd_epi32(lo, w[g], _mm512_set1_epi32(a));
-                hi = _mm512_dpbusd_epi32(hi, w[g + 4], _mm512_set1_epi32(c));
-            }
-            const __m512 xd = _mm512_set1_ps(xb.d);
+        for (int64_t i = 0; i < kGroup; ++i) {
+            const int64_t b = b0 + i;
+            const uint8_t *blk = panel + panel_piece_offset(L, b);
+            __m512i w[8]; // w[g]: rows × elements 4g..4g+3
+            unpack_weights<L>(blk, w);
+            if constexpr (L.lut != nullptr)
+                for (int g = 0; g < 8; ++g) w[g] = _mm512_shuffle_epi8(table, w[g]);
+            __m512 scale[2], min[2];
             if constexpr (L.k_scales) {
-                if constexpr (L.split) {
-                    part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), part[t]);
-                    part[t] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), part[t]);
+                for (int h = 0; h < kSets; ++h) { // the integer scales; mins: f16 times a small integer, exact
+                    scale[h] = int8_floats(blk + kW + h * kSet);
+                    if constexpr (L.mins) min[h] = _mm512_mul_ps(m, int8_floats(blk + kW + (kSets + h) * kSet));
+                }
+            } else {
+                for (int h = 0; h < kSets; ++h) {
+                    scale[h] = panel_floats<L>(blk + kW, h);
+                    if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
+                }
+            }
+            // Unrolled, so that each token's acc and part stay in registers: the extension
+            // builds with Python's CFLAGS, whose -fwrapv leaves GCC 12 keeping this loop
+            // rolled for 8 and 10 tokens (and the accumulators in memory, 20 % slower).
+#pragma GCC unroll 16
+            for (int t = 0; t < T; ++t) {
+                const BlockQ8A &xb = x[t][b];
+                const int32_t lo_sum = L.split ? xb.sum_lo : xb.sum;
+                // Elements 0..15 and 16..31 in two chains: a dpbusd's latency exceeds its issue interval.
+                __m512i lo = _mm512_set1_epi32(-L.offset * lo_sum), hi = _mm512_set1_epi32(-L.offset * (xb.sum - lo_sum));
+                for (int g = 0; g < 4; ++g) {
+                    int32_t a, c;
+                    std::memcpy(&a, xb.qs + 4 * g, 4);
+                    std::memcpy(&c, xb.qs + 16 + 4 * g, 4);
+                    lo = _mm512_dpbusd_epi32(lo, w[g], _mm512_set1_epi32(a));
+                    hi = _mm512_dpbusd_epi32(hi, w[g + 4], _mm512_set1_epi32(c));
+                }
+                if constexpr (L.k_scales) {
+                    if constexpr (L.split) {
+                        part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), part[t]);
+                        part[t] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), part[t]);
+                        if constexpr (L.mins) {
+                            acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum_lo)), acc[t]);
+                            acc[t] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum - xb.sum_lo)), acc[t]);
+                        }
+                    } else {
+                        part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), part[t]);
+                        if constexpr (L.mins) acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc[t]);
+                    }
+                } else if constexpr (L.split) {
+                    const __m512 xd = _mm512_set1_ps(xb.d);
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(lo), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[1], xd), _mm512_cvtepi32_ps(hi), acc[t]);
                     if constexpr (L.mins) {
                         acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum_lo)), acc[t]);
                         acc[t] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum - xb.sum_lo)), acc[t]);
                     }
                 } else {
-                    part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), part[t]);
+                    const __m512 xd = _mm512_set1_ps(xb.d);
+                    const __m512i sum = _mm512_add_epi32(lo, hi);
+                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(sum), acc[t]);
                     if constexpr (L.mins) acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc[t]);
                 }
-                if (b % 8 == 7) {
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), part[t], acc[t]);
-                    part[t] = _mm512_setzero_ps();
-                }
-            } else if constexpr (L.split) {
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(lo), acc[t]);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[1], xd), _mm512_cvtepi32_ps(hi), acc[t]);
-                if constexpr (L.mins) {
-                    acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum_lo)), acc[t]);
-                    acc[t] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum - xb.sum_lo)), acc[t]);
-                }
-            } else {
-                const __m512i sum = _mm512_add_epi32(lo, hi);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(sum), acc[t]);
-                if constexpr (L.mins) acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc[t]);
             }
         }
+        if constexpr (L.k_scales)
+            for (int t = 0; t < T; ++t) {
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x[t][b0 + kGroup - 1].d)), part[t], acc[t]);
+                part[t] = _mm512_setzero_ps();
+            }
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     for (int t = 0; t < T; ++t) {
@@ -176,10 +186,22 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
     }
 }
 
+// Tokens sharing one unpacking of a panel's weights: as many as the 32 vector
+// registers hold (each token keeps one or two accumulators beside the 8 weight
+// vectors); past that the spills cost more than the unpacking saved. Measured per
+// kind of layout on the 2-core Zen 5 (the tile of each width against the others,
+// one thread, 256 tokens): 8 where a token keeps acc and part (or its mins), 10 for
+// the K-quants without mins (Q3_K, Q6_K, IQ4_XS: +8 % over 8), and 6 for 8-bit
+// weights, which have nothing to unpack and lost 9 % at 8.
+constexpr int panel_tile_tokens(const PanelLayout &l) {
+    if (l.bits == 8) return 6;
+    return l.k_scales && !l.mins ? 10 : 8;
+}
+
 template <const PanelLayout &L>
 void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1, const BlockQ8A *xq,
                   int n, float *y, int64_t y_stride, bool add) {
-    constexpr int kTile = 6; // tokens sharing one unpacking of the panel's weights; fewer at the end
+    constexpr int kTile = panel_tile_tokens(L); // fewer at the end: 4, 2, 1
     const int64_t nb = cols / QK;
     const size_t pbytes = panel_bytes(L, nb);
     for (int64_t p = p0; p < p1; ++p) {
