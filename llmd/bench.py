@@ -13,7 +13,9 @@ resident set after load and after each of 4 sessions with a full 2048-token cach
 With --conversation: a 10-turn chat through HTTP, with and without warm resume.
 With --sessions: sessions on disk (--session-dir), first-token latency of a turn whose session
 comes back from its file (after LRU eviction, and after SIGTERM and a restart) next
-to a warm turn in memory, and the share of each turn that was cached.
+to a warm turn in memory, and the share of each turn that was cached. With
+--shared-prompt: the KV bytes of 8 named sessions sharing a long system prompt (the
+prefix cache stores it once) next to one session's.
 """
 from __future__ import annotations
 
@@ -293,6 +295,36 @@ def session_dir_figures(path: str | None, threads: int, runs: int) -> dict:
             "sessions_after_restart_over_memory": round(statistics.median(restarted) / statistics.median(after), 2)}
 
 
+SHARED_SESSIONS = 8
+
+
+def shared_prompt_figures(path: str | None, threads: int) -> dict:
+    """SHARED_SESSIONS named sessions whose chats start with the same system prompt of
+    170 short rules (about 1,500 tokens), each asking one question: the engine's KV
+    bytes (`llmd_kv_cache_bytes`, each block once) after the first and after the last,
+    and the fewest prompt tokens a later session found cached."""
+    system = " ".join(f"Rule {i}: answer briefly and politely." for i in range(170))
+    proc, port = _start(path, threads, "--ctx", "4096", "--max-sessions", str(SHARED_SESSIONS + 2))
+    try:
+        model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+        held, cached, prompt = [], [], 0
+        for i in range(SHARED_SESSIONS):
+            body = {"model": model, "temperature": 0, "max_tokens": 8,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Say {i}."}]}
+            usage = json.loads(_request(port, "POST", CHAT, body, {"X-Session-ID": f"shared-{i}"}))["usage"]
+            prompt = usage["prompt_tokens"]
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+            metrics = _request(port, "GET", "/metrics").decode()
+            held.append(float(re.search(r"^llmd_kv_cache_bytes (\S+)$", metrics, re.M).group(1)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"shared_prompt_tokens": prompt, "shared_sessions": SHARED_SESSIONS,
+            "shared_min_cached_tokens_after_the_first": min(cached[1:]),
+            "shared_kv_bytes_one_session": int(held[0]), "shared_kv_bytes_all_sessions": int(held[-1]),
+            "shared_all_over_one": round(held[-1] / held[0], 2)}
+
+
 def _request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> bytes:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
     conn.request(method, path, json.dumps(body) if body else None,
@@ -319,9 +351,9 @@ def _default() -> str:
 
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
-        sessions: bool = False) -> int:
-    if sessions:
-        figures = session_dir_figures(path, threads, runs)
+        sessions: bool = False, shared_prompt: bool = False) -> int:
+    if sessions or shared_prompt:
+        figures = session_dir_figures(path, threads, runs) if sessions else shared_prompt_figures(path, threads)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
         return 0
     if conversation:

@@ -194,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sessions", action="store_true", default=_env("sessions", False, bool),
                        help="instead: sessions on disk, first-token latency after eviction and after a "
                             "restart next to a warm turn in memory")
+    bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
+                       help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
     return parser
 
 
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_perplexity(args)
         if args.command == "bench":
             from llmd import bench
-            return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions)
+            return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
+                             args.shared_prompt)
         return cmd_serve(args)
     except models.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

@@ -86,7 +86,7 @@ class EngineInfo:
     recurrent_bytes: int = 0     # per session: that state and room for its checkpoints
     kv_block_positions: int = 0  # KV memory is paged in blocks of this many positions
     kv_block_bytes: int = 0      # bytes of one block
-    kv_shares_prefixes: bool = False  # sessions can share blocks (no sliding-window rings)
+    kv_shares_prefixes: bool = False  # sessions can share blocks (no recurrent layers)
 
 
 @dataclass(frozen=True)
@@ -498,14 +498,15 @@ def kernel_dequantize(type_id: int, data: bytes, n: int) -> list[float]:
 
 
 def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_dim: int,
-                     n_ranges: int, fast: bool) -> list[list[float]]:
+                     n_ranges: int, fast: bool, run: int = 0) -> list[list[float]]:
     """Attention of the query heads q over n_pos f16 key and value rows (k, v), the
-    rows split into n_ranges ranges, by the scalar reference or the fast kernel (for tests)."""
+    rows split into n_ranges ranges and stored in runs of `run` positions (0: one
+    run), by the scalar reference or the fast kernel (for tests)."""
     if any(len(h) != head_dim for h in q) or min(len(k), len(v)) < 2 * n_pos * head_dim:
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "q, k or v do not match n_pos x head_dim")
     out = ffi.new("float[]", len(q) * head_dim)
     _check(lib.llmd_kernel_attention(ffi.new("float[]", [x for h in q for x in h]), len(q), ffi.from_buffer("uint16_t[]", k),
-                                     ffi.from_buffer("uint16_t[]", v), n_pos, head_dim, n_ranges, out, int(fast)))
+                                     ffi.from_buffer("uint16_t[]", v), n_pos, head_dim, n_ranges, run, out, int(fast)))
     flat = list(ffi.unpack(out, len(q) * head_dim))
     return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
 

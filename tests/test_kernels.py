@@ -387,10 +387,27 @@ def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, 
     v = encode_f16([x for row in values for x in row])
     expected = [softmax_attention(h, keys, values) for h in q]
     for ranges in sorted({1, min(3, n_pos)}):
-        for fast in (False, True):
-            got = kernel_attention(q, k, v, n_pos, head_dim, ranges, fast)
-            diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
-            assert diff < 2e-5, (ranges, fast, diff)
+        for run in (0, 16, 64):  # one buffer, or runs in buffers of their own as a paged cache's blocks
+            for fast in (False, True):
+                got = kernel_attention(q, k, v, n_pos, head_dim, ranges, fast, run)
+                diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+                assert diff < 2e-5, (ranges, run, fast, diff)
+
+
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_or_in_runs(group):
+    """A paged cache hands the kernel a range as pool blocks of 64 positions; a
+    contiguous cache as one buffer. Runs of whole 64-position blocks are read as one
+    sequence, so the bits cannot depend on where memory breaks (ranges start at
+    multiples of 64 here, as the engine's ranges of 128 positions do)."""
+    rng = random.Random(group)
+    n_pos, head_dim = 250, 64
+    k = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
+    v = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
+    q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(group)]
+    for ranges in (1, 2):
+        whole = kernel_attention(q, k, v, n_pos, head_dim, ranges, True)
+        assert kernel_attention(q, k, v, n_pos, head_dim, ranges, True, run=64) == whole
 
 
 def test_bad_attention_arguments_raise():
@@ -399,6 +416,8 @@ def test_bad_attention_arguments_raise():
         kernel_attention([[0.0] * 64], k, k, 1, 64, 2, True)  # more ranges than rows
     with pytest.raises(EngineError, match="bad attention arguments"):
         kernel_attention([[0.0] * 64], k, k, 1, 64, 0, True)
+    with pytest.raises(EngineError, match="bad attention arguments"):
+        kernel_attention([[0.0] * 64], k, k, 1, 64, 1, True, run=24)  # runs must hold whole key blocks
 
 
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])

@@ -193,13 +193,69 @@ def test_share_prefix_refuses_bad_arguments(engine, model):
         assert s.position == 0
 
 
-def test_a_model_with_sliding_window_rings_shares_nothing(tmp_path):
-    path = build_tiny_gemma3(n_ctx=512, window=32).write(tmp_path / "gemma3.gguf")
-    with Engine(path, n_threads=2, max_sessions=4) as engine:
-        assert not engine.info.kv_shares_prefixes
-        ids = prompt(200)
-        a = joined(engine, "", ids)
-        with engine.new_session() as b:
-            assert b.share_prefix("", ids, 0) == 0
-        a.close()
-        assert engine.kv_stats().blocks_live == 0
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    """A tiny gemma3: five of six layers keep a ring of 288 slots for their 32-position
+    window (plus a prefill chunk), the sixth attends everything from pool blocks."""
+    path = build_tiny_gemma3(n_ctx=1024, window=32).write(tmp_path_factory.mktemp("gemma3") / "gemma3.gguf")
+    with Engine(path, n_threads=2, max_sessions=6) as e:
+        yield e
+
+
+def other_than(token: int) -> int:
+    return (token + 1) % 250
+
+
+def test_a_model_with_sliding_window_rings_shares_a_prefix_that_a_live_session_still_holds(gemma):
+    assert gemma.info.kv_shares_prefixes
+    ids = prompt(500)
+    a = joined(gemma, "t1", ids)
+    greedy(a, 20)  # a moves on, its rings still holding the window before position 500
+    b_ids = ids + [other_than(a.tokens()[500])]
+    b = joined(gemma, "t1", prompt(700, seed=9))  # rings full of another prompt
+    assert b.share_prefix("t1", b_ids, 0) == 500  # longer than a ring: blocks, and a's rings' window copied
+    b.prefill(b_ids[500:])
+    assert (b.logits(), greedy(b)) == fresh(gemma, b_ids)
+    # Its rings start where the copy did, not where rings of 501 written positions
+    # would: cut back to its resume floor, it still computes what a fresh prefill does.
+    b.truncate(500)
+    floor = b.resume_floor
+    assert 0 < floor < 500
+    b.truncate(floor)
+    b.prefill(b_ids[floor:floor + 1])
+    assert b.logits() == fresh(gemma, b_ids[:floor + 1])[0]
+    a.close()
+    b.close()
+    assert gemma.kv_stats().blocks_live == 0
+
+
+def test_a_prefix_that_no_live_ring_holds_any_more_is_prefilled(gemma):
+    ids = prompt(300)
+    a = joined(gemma, "t2", ids + prompt(400, seed=2))  # a's rings moved 400 positions past the shared 300
+    assert a.resume_floor > 300
+    with gemma.new_session() as b:
+        b_ids = ids + [other_than(a.tokens()[300])]
+        assert b.share_prefix("t2", b_ids, 0) == 0
+        b.prefill(b_ids)
+        assert (b.logits(), greedy(b)) == fresh(gemma, b_ids)
+    a.close()
+
+
+def test_a_prefix_with_copied_rings_saves_and_restores_exactly(gemma):
+    ids = prompt(450, seed=3)
+    a = joined(gemma, "t3", ids)
+    greedy(a, 3)
+    b_ids = ids + [other_than(a.tokens()[450]), 7]
+    b = gemma.new_session()
+    assert b.share_prefix("t3", b_ids, 0) == 450
+    b.prefill(b_ids[450:])
+    state, floor = bytes(b.export_state()), b.resume_floor
+    expected = (b.logits(), greedy(b))
+    with gemma.new_session() as c:
+        c.import_state(state)
+        assert c.resume_floor == floor > 0  # the rings start where b's copy did
+        c.truncate(len(b_ids) - 1)
+        c.prefill(b_ids[-1:])
+        assert (c.logits(), greedy(c)) == expected
+    a.close()
+    b.close()

@@ -78,7 +78,7 @@ typedef struct {
     uint64_t recurrent_bytes;   /* per session: that state and room for its checkpoints */
     int32_t kv_block_positions; /* KV memory is paged in blocks of this many positions */
     uint64_t kv_block_bytes;    /* bytes of one block (every layer that attends all positions) */
-    int32_t kv_shares_prefixes; /* 1 if sessions can share blocks (no sliding-window rings) */
+    int32_t kv_shares_prefixes; /* 1 if sessions can share blocks (no recurrent layers) */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
@@ -233,7 +233,10 @@ llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
  * *reused to its length; else leaves the session as it is and sets *reused to 0.
  * The prefix is whole blocks published in the scope (by any session, or retired
  * ones) and then the longest run of further ids another live session of the scope
- * holds, copied. What is reused is exactly what prefilling those ids computes.
+ * holds, copied. A model with sliding-window layers (rings, not blocks) reuses a
+ * prefix only up to where a live session of the scope holds it in its rings too
+ * (at or past that session's resume floor), and copies those rings' window.
+ * What is reused is exactly what prefilling those ids computes.
  * An engine whose kv_shares_prefixes is 0 always answers 0. */
 llmd_status llmd_session_share_prefix(llmd_session *session, const char *scope, size_t scope_len,
                                       const int32_t *ids, size_t n, int32_t keep, int32_t *reused);
@@ -336,9 +339,11 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
 /* Attention of n_q query heads (q: n_q x head_dim floats) over n_pos cached rows
  * (k, v: n_pos x head_dim f16 bits), the rows split into n_ranges ranges whose
  * partial results are combined: out (n_q x head_dim), by the scalar reference
- * (fast == 0) or the engine's fast kernel. */
+ * (fast == 0) or the engine's fast kernel. run > 0 (a multiple of 16) stores the
+ * rows in runs of that many positions, each in a buffer of its own, as a paged
+ * cache's blocks are; 0 stores them in one. */
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
-                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, float *out,
+                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, int32_t run, float *out,
                                   int32_t fast);
 
 /* One token through one Gated DeltaNet head: the state m (hd x hd floats, updated in

@@ -14,25 +14,28 @@
 
 namespace llmd {
 
-void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
-                      float *out, AttnPartial *part) {
-    std::vector<double> scores(static_cast<size_t>(n_pos));
+void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+                      AttnPartial *part) {
     for (int g = 0; g < n_q; ++g) {
         const float *qg = q + g * hd;
+        std::vector<double> scores;
         double mx = -INFINITY;
-        for (int p = 0; p < n_pos; ++p) {
-            double s = 0.0;
-            for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * fp16_to_fp32(k[key_at(p, d, hd)]);
-            scores[p] = s * scale;
-            mx = std::max(mx, scores[p]);
-        }
+        for (int r = 0; r < n_runs; ++r)
+            for (int p = 0; p < runs[r].n_pos; ++p) {
+                double s = 0.0;
+                for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * fp16_to_fp32(runs[r].k[key_at(p, d, hd)]);
+                scores.push_back(s * scale);
+                mx = std::max(mx, scores.back());
+            }
         double sum = 0.0;
         std::vector<double> acc(static_cast<size_t>(hd), 0.0);
-        for (int p = 0; p < n_pos; ++p) {
-            const double e = std::exp(scores[p] - mx);
-            sum += e;
-            for (int d = 0; d < hd; ++d) acc[d] += e * fp16_to_fp32(v[static_cast<size_t>(p) * hd + d]);
-        }
+        size_t i = 0;
+        for (int r = 0; r < n_runs; ++r)
+            for (int p = 0; p < runs[r].n_pos; ++p) {
+                const double e = std::exp(scores[i++] - mx);
+                sum += e;
+                for (int d = 0; d < hd; ++d) acc[d] += e * fp16_to_fp32(runs[r].v[static_cast<size_t>(p) * hd + d]);
+            }
         for (int d = 0; d < hd; ++d) out[g * hd + d] = static_cast<float>(acc[d]);
         part[g] = {static_cast<float>(mx), static_cast<float>(sum)};
     }
@@ -46,69 +49,74 @@ constexpr int kBlock = 64;        // positions scored before their values are su
 // G query heads, or n_q of them when G is 0: a fixed G keeps the group's value
 // sums in registers.
 template <int G>
-void attend(const float *q, int n_q_, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
-            float *out, AttnPartial *part) {
+void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+            AttnPartial *part) {
     const int n_q = G > 0 ? G : n_q_;
     alignas(64) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
     std::fill(mx, mx + n_q, -INFINITY);
     std::fill(sum, sum + n_q, 0.0f);
     std::fill(out, out + n_q * hd, 0.0f);
-    for (int p0 = 0; p0 < n_pos; p0 += kBlock) {
-        const int len = std::min(kBlock, n_pos - p0);
-        // Scores, a key block at a time: each load is one dimension of 16 keys, and
-        // every query of the group accumulates 16 scores from it (two chains each, as
-        // an FMA's latency exceeds its issue interval).
-        for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
-            const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
-            __m512 acc[kMaxGroup][2];
-            for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
-            for (int d = 0; d < hd; d += 2)
-                for (int h = 0; h < 2; ++h) {
-                    const __m512 kd = _mm512_cvtph_ps(
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(kb + (d + h) * kKeyBlock)));
-                    for (int g = 0; g < n_q; ++g)
-                        acc[g][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d + h]), kd, acc[g][h]);
+    for (int r = 0; r < n_runs; ++r) { // the runs' positions as one sequence
+        const uint16_t *k = runs[r].k, *v = runs[r].v;
+        for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
+            const int len = std::min(kBlock, runs[r].n_pos - p0);
+            if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
+                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd);
+            // Scores, a key block at a time: each load is one dimension of 16 keys, and
+            // every query of the group accumulates 16 scores from it (two chains each, as
+            // an FMA's latency exceeds its issue interval).
+            for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
+                const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
+                __m512 acc[kMaxGroup][2];
+                for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+                for (int d = 0; d < hd; d += 2)
+                    for (int h = 0; h < 2; ++h) {
+                        const __m512 kd = _mm512_cvtph_ps(
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(kb + (d + h) * kKeyBlock)));
+                        for (int g = 0; g < n_q; ++g)
+                            acc[g][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d + h]), kd, acc[g][h]);
+                    }
+                // Positions past the range (the block's unwritten rest) score -inf.
+                const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kKeyBlock, len - i0)) - 1);
+                for (int g = 0; g < n_q; ++g) {
+                    const __m512 dots = _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_set1_ps(scale));
+                    _mm512_store_ps(&scores[g][i0], _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), dots));
                 }
-            // Positions past the range (the block's unwritten rest) score -inf.
-            const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kKeyBlock, len - i0)) - 1);
+            }
+            for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
+                for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
+            // Softmax weights, rescaling what was summed so far when the max grows.
             for (int g = 0; g < n_q; ++g) {
-                const __m512 dots = _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_set1_ps(scale));
-                _mm512_store_ps(&scores[g][i0], _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), dots));
+                __m512 bm = _mm512_set1_ps(-INFINITY);
+                for (int i = 0; i < kBlock; i += 16) bm = _mm512_max_ps(bm, _mm512_load_ps(&scores[g][i]));
+                const float new_max = std::max(mx[g], _mm512_reduce_max_ps(bm));
+                if (new_max > mx[g]) {
+                    const float shrink = std::exp(mx[g] - new_max); // 0 on the first block
+                    sum[g] *= shrink;
+                    for (int d = 0; d < hd; ++d) out[g * hd + d] *= shrink;
+                    mx[g] = new_max;
+                }
+                __m512 s = _mm512_setzero_ps();
+                for (int i = 0; i < kBlock; i += 16) {
+                    const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(&scores[g][i]), _mm512_set1_ps(new_max)));
+                    _mm512_store_ps(&scores[g][i], e);
+                    s = _mm512_add_ps(s, e);
+                }
+                sum[g] += _mm512_reduce_add_ps(s);
             }
-        }
-        for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
-            for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
-        // Softmax weights, rescaling what was summed so far when the max grows.
-        for (int g = 0; g < n_q; ++g) {
-            __m512 bm = _mm512_set1_ps(-INFINITY);
-            for (int i = 0; i < kBlock; i += 16) bm = _mm512_max_ps(bm, _mm512_load_ps(&scores[g][i]));
-            const float new_max = std::max(mx[g], _mm512_reduce_max_ps(bm));
-            if (new_max > mx[g]) {
-                const float shrink = std::exp(mx[g] - new_max); // 0 on the first block
-                sum[g] *= shrink;
-                for (int d = 0; d < hd; ++d) out[g * hd + d] *= shrink;
-                mx[g] = new_max;
+            // Values, 16 dimensions at a time: the group's outputs stay in registers while
+            // each value row's slice is converted once for all of them.
+            for (int d = 0; d < hd; d += 16) {
+                __m512 acc[kMaxGroup];
+                for (int g = 0; g < n_q; ++g) acc[g] = _mm512_loadu_ps(out + g * hd + d);
+                for (int i = 0; i < len; ++i) {
+                    const __m512 vf = _mm512_cvtph_ps(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + static_cast<size_t>(p0 + i) * hd + d)));
+                    for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][i]), vf, acc[g]);
+                }
+                for (int g = 0; g < n_q; ++g) _mm512_storeu_ps(out + g * hd + d, acc[g]);
             }
-            __m512 s = _mm512_setzero_ps();
-            for (int i = 0; i < kBlock; i += 16) {
-                const __m512 e = exp512(_mm512_sub_ps(_mm512_load_ps(&scores[g][i]), _mm512_set1_ps(new_max)));
-                _mm512_store_ps(&scores[g][i], e);
-                s = _mm512_add_ps(s, e);
-            }
-            sum[g] += _mm512_reduce_add_ps(s);
-        }
-        // Values, 16 dimensions at a time: the group's outputs stay in registers while
-        // each value row's slice is converted once for all of them.
-        for (int d = 0; d < hd; d += 16) {
-            __m512 acc[kMaxGroup];
-            for (int g = 0; g < n_q; ++g) acc[g] = _mm512_loadu_ps(out + g * hd + d);
-            for (int i = 0; i < len; ++i) {
-                const __m512 vf = _mm512_cvtph_ps(
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + static_cast<size_t>(p0 + i) * hd + d)));
-                for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][i]), vf, acc[g]);
-            }
-            for (int g = 0; g < n_q; ++g) _mm512_storeu_ps(out + g * hd + d, acc[g]);
         }
     }
     for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
@@ -116,29 +124,29 @@ void attend(const float *q, int n_q_, const uint16_t *k, const uint16_t *v, int 
 
 } // namespace
 
-void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
-                  float *out, AttnPartial *part) {
+void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+                  AttnPartial *part) {
     if (hd % 16 != 0 || n_q > kMaxGroup) {
-        attend_range_ref(q, n_q, k, v, n_pos, hd, scale, out, part);
+        attend_range_ref(q, n_q, runs, n_runs, hd, scale, out, part);
         return;
     }
     switch (n_q) { // the group sizes of common models
-    case 1: return attend<1>(q, n_q, k, v, n_pos, hd, scale, out, part);
-    case 2: return attend<2>(q, n_q, k, v, n_pos, hd, scale, out, part);
-    case 3: return attend<3>(q, n_q, k, v, n_pos, hd, scale, out, part);
-    case 4: return attend<4>(q, n_q, k, v, n_pos, hd, scale, out, part);
-    case 6: return attend<6>(q, n_q, k, v, n_pos, hd, scale, out, part);
-    case 7: return attend<7>(q, n_q, k, v, n_pos, hd, scale, out, part);
-    case 8: return attend<8>(q, n_q, k, v, n_pos, hd, scale, out, part);
-    default: return attend<0>(q, n_q, k, v, n_pos, hd, scale, out, part);
+    case 1: return attend<1>(q, n_q, runs, n_runs, hd, scale, out, part);
+    case 2: return attend<2>(q, n_q, runs, n_runs, hd, scale, out, part);
+    case 3: return attend<3>(q, n_q, runs, n_runs, hd, scale, out, part);
+    case 4: return attend<4>(q, n_q, runs, n_runs, hd, scale, out, part);
+    case 6: return attend<6>(q, n_q, runs, n_runs, hd, scale, out, part);
+    case 7: return attend<7>(q, n_q, runs, n_runs, hd, scale, out, part);
+    case 8: return attend<8>(q, n_q, runs, n_runs, hd, scale, out, part);
+    default: return attend<0>(q, n_q, runs, n_runs, hd, scale, out, part);
     }
 }
 
 #else
 
-void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
-                  float *out, AttnPartial *part) {
-    attend_range_ref(q, n_q, k, v, n_pos, hd, scale, out, part);
+void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+                  AttnPartial *part) {
+    attend_range_ref(q, n_q, runs, n_runs, hd, scale, out, part);
 }
 
 #endif

@@ -29,13 +29,34 @@ struct AttnPartial {
     float sum; // sum of exp(score - max)
 };
 
-// q: (n_q, hd) queries; k: n_pos keys of f16 in blocks (key_at); v: n_pos rows of hd
-// f16. Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
-// part (n_q). The fast kernel may read the unwritten rest of the last key block.
-void attend_range(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
-                  float *out, AttnPartial *part);
-void attend_range_ref(const float *q, int n_q, const uint16_t *k, const uint16_t *v, int n_pos, int hd, float scale,
-                      float *out, AttnPartial *part);
+// A range's positions as one or more runs, each contiguous in memory: keys in blocks
+// from the run's start (key_at), values as rows of hd. A range of a paged cache
+// spans pool blocks (kvpool.h), a ring's range may wrap: the kernel reads their
+// runs in order as if they were one, so where memory breaks never changes a bit
+// while each run but the last is a whole number of the kernel's 64-position blocks.
+struct AttnRun {
+    const uint16_t *k;
+    const uint16_t *v;
+    int n_pos;
+};
+
+// Asks the memory system for the first n_pos positions of a run (keys and values)
+// ahead of their use: a paged cache's next block lies elsewhere in memory, where the
+// hardware's prefetchers, which follow a stream, have not gone yet.
+inline void prefetch_run(const uint16_t *k, const uint16_t *v, int n_pos, int hd) {
+    const size_t bytes = static_cast<size_t>(n_pos) * hd * sizeof(uint16_t);
+    for (size_t at = 0; at < bytes; at += 64) {
+        __builtin_prefetch(reinterpret_cast<const char *>(k) + at);
+        __builtin_prefetch(reinterpret_cast<const char *>(v) + at);
+    }
+}
+
+// q: (n_q, hd) queries over the positions of the n_runs `runs`. Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
+// part (n_q). The fast kernel may read the unwritten rest of a run's last key block.
+void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+                  AttnPartial *part);
+void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+                      AttnPartial *part);
 
 // ---- a whole context ------------------------------------------------------
 //

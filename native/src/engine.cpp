@@ -44,7 +44,7 @@ struct llmd_engine {
     int n_ctx = 0;
     int max_sessions = 0;
     std::unique_ptr<KVPool> kv_pool; // before the sessions, whose caches hold its blocks
-    bool kv_shares = false;          // no ring layers: a prefix's KV is its blocks alone
+    bool kv_shares = false;          // no recurrent layers: a prefix's KV is its blocks (and a ring's copy)
     std::vector<std::unique_ptr<llmd_session>> sessions;
 
     // Each layer's memory (keys and values per position, a ring, or a recurrent state
@@ -355,7 +355,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         size_t ring = 0, block = 0;
         KVCache::layout(hp, e->n_ctx, &ring, &block);
         // A recurrent state is no prefix of blocks: a hybrid model shares none.
-        e->kv_shares = ring == 0 && block > 0 && RecurrentState::state_bytes(hp) == 0;
+        e->kv_shares = block > 0 && RecurrentState::state_bytes(hp) == 0;
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
                                                              : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
         e->kv_pool = std::make_unique<KVPool>(block, fingerprint, retired);
@@ -670,9 +670,35 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
             if (other->kv.sharing && !other->kv.foreign && other->kv.scope == joined)
                 holders.push_back({&other->kv, &other->tokens});
         const int limit = static_cast<int>(std::min<size_t>(n - 1, static_cast<size_t>(e->n_ctx)));
-        const PrefixMatch m = e->kv_pool->match(s->kv.scope, ids, limit, holders);
+        PrefixMatch m = e->kv_pool->match(s->kv.scope, ids, limit, holders);
+        // Sliding-window layers keep no blocks: their part of a prefix comes from a live
+        // session of the scope whose rings still hold the window the prefix's next
+        // position attends (the prefix reaches its resume floor), copied.
+        const HParams &hp = e->model->hp;
+        const KVCache *rings = nullptr;
+        int ring_begin = 0;
+        if (s->kv.has_rings()) {
+            int best = 0;
+            for (const PrefixHolder &h : holders) {
+                const int end = std::min({m.length(), static_cast<int>(h.tokens->size())});
+                int common = 0;
+                while (common < end && (*h.tokens)[common] == ids[common]) ++common;
+                if (common > best && common >= h.kv->resume_floor()) {
+                    best = common;
+                    rings = h.kv;
+                }
+            }
+            m.trim(best);
+            for (const KVCache::Layer &L : s->kv.layers) // no more than a ring holds, nothing its source lost
+                if (L.paged < 0 && L.slots > 0 && rings != nullptr)
+                    ring_begin = std::max({ring_begin, rings->held_from(L), best - L.slots});
+        }
         if (m.length() <= keep) return LLMD_OK;
-        s->kv.adopt(e->model->hp, m);
+        s->kv.adopt(hp, m);
+        if (rings != nullptr) {
+            if (rings != &s->kv) s->kv.copy_rings(hp, *rings, ring_begin, m.length()); // its own are in place
+            s->kv.ring_low = ring_begin;
+        }
         s->tokens.assign(ids, ids + m.length());
         s->pending = -1;
         s->logits_valid = false;
@@ -1072,17 +1098,27 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
 }
 
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
-                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, float *out, int32_t fast) {
+                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, int32_t run, float *out,
+                                  int32_t fast) {
     return guarded([&]() -> llmd_status {
         if (q == nullptr || k == nullptr || v == nullptr || out == nullptr || n_q < 1 || n_q > 1024 ||
-            n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos)
+            n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos || run < 0 ||
+            run % kKeyBlock != 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad attention arguments");
         const size_t hd = static_cast<size_t>(head_dim);
-        // The caller's keys are rows; the kernels read them in blocks (attention.h).
-        const int32_t blocks = (n_pos + kKeyBlock - 1) / kKeyBlock;
-        std::vector<uint16_t> keys(static_cast<size_t>(blocks) * kKeyBlock * hd);
-        for (int32_t p = 0; p < n_pos; ++p)
-            for (int32_t d = 0; d < head_dim; ++d) keys[key_at(p, d, head_dim)] = k[p * hd + d];
+        // The caller's keys are rows; the kernels read them in blocks (attention.h),
+        // from runs of `run` positions each in a buffer of its own, as pool blocks are.
+        const int32_t blocks = (n_pos + kKeyBlock - 1) / kKeyBlock, per_run = run > 0 ? run : blocks * kKeyBlock;
+        std::vector<std::vector<uint16_t>> keys, values;
+        for (int32_t p = 0; p < n_pos; ++p) {
+            const int32_t i = p % per_run;
+            if (i == 0) {
+                keys.emplace_back(static_cast<size_t>(per_run) * hd);
+                values.emplace_back(static_cast<size_t>(per_run) * hd);
+            }
+            for (int32_t d = 0; d < head_dim; ++d) keys.back()[key_at(i, d, head_dim)] = k[p * hd + d];
+            std::copy_n(v + p * hd, hd, &values.back()[i * hd]);
+        }
         std::vector<float> part_out(static_cast<size_t>(n_q) * hd);
         std::vector<AttnPartial> part(n_q), acc(n_q);
         const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -1091,7 +1127,14 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
             const auto p0 = static_cast<int32_t>(std::min<int64_t>(n_pos, int64_t{blocks} * r / n_ranges * kKeyBlock));
             const auto p1 = static_cast<int32_t>(std::min<int64_t>(n_pos, int64_t{blocks} * (r + 1) / n_ranges * kKeyBlock));
             if (p1 == p0) continue;
-            (fast ? attend_range : attend_range_ref)(q, n_q, keys.data() + p0 * hd, v + p0 * hd, p1 - p0, head_dim,
+            std::vector<AttnRun> runs;
+            for (int32_t p = p0; p < p1;) {
+                const int32_t n = std::min(p1 - p, per_run - p % per_run);
+                const size_t at = static_cast<size_t>(p % per_run) * hd;
+                runs.push_back({keys[p / per_run].data() + at, values[p / per_run].data() + at, n});
+                p += n;
+            }
+            (fast ? attend_range : attend_range_ref)(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim,
                                                      scale, part_out.data(), part.data());
             attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }

@@ -14,9 +14,13 @@
 // chunk- and batch-invariant, attention.h). Writing into a published block (after a
 // truncate into it) copies it first. A published block nobody holds is retired: kept,
 // least recently released first out, while the retired blocks fit the budget.
+// Sliding-window layers keep rings, not blocks (model.h: KVCache): a prefix of such a
+// model is reused only with a copy of the rings of a live session that still holds
+// its window (llmd_session_share_prefix).
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -41,6 +45,18 @@ struct PrefixMatch {
     int tail_block = -1;
     int tail_len = 0;
     int length() const { return static_cast<int>(blocks.size()) * kKVBlock + tail_len; }
+    // Keeps only the first n <= length() positions: a block cut short becomes the tail.
+    void trim(int n) {
+        if (n >= static_cast<int>(blocks.size()) * kKVBlock) {
+            tail_len = n - static_cast<int>(blocks.size()) * kKVBlock;
+            if (tail_len == 0) tail_block = -1;
+            return;
+        }
+        const size_t full = static_cast<size_t>(n / kKVBlock);
+        tail_len = n % kKVBlock;
+        tail_block = tail_len > 0 ? blocks[full] : -1;
+        blocks.resize(full);
+    }
 };
 
 // A session that may lend its partly filled block: its cache and the ids in it.
@@ -85,7 +101,7 @@ public:
 
 private:
     struct Block {
-        std::unique_ptr<uint16_t[]> data; // keys, then values: (paged layer, kv head, kKVBlock, head_dim) each
+        std::unique_ptr<uint16_t, void (*)(void *)> data{nullptr, std::free}; // keys, then values: (paged layer, kv head, kKVBlock, head_dim) each
         int refs = 0;
         uint64_t serial = 0; // published: never reused; 0: private
         uint64_t parent = 0; // the parent's serial (0: the first block of its sequence)

@@ -546,10 +546,24 @@ uint64_t KVCache::ring_bytes(const HParams &hp, int n_ctx) {
 int KVCache::resume_floor() const {
     int floor = 0;
     for (const Layer &L : layers) {
-        const int lost = high - L.slots + 1; // positions below this one were overwritten
-        if (L.paged < 0 && L.window > 0 && lost > 0) floor = std::max(floor, lost + L.window - 1); // a ring
+        const int held = held_from(L); // positions below this one were overwritten, or never written
+        if (L.paged < 0 && L.window > 0 && held > 0) floor = std::max(floor, held + L.window - 1); // a ring
     }
     return floor;
+}
+
+void KVCache::copy_rings(const HParams &hp, const KVCache &from, int begin, int end) {
+    const int hd = hp.head_dim;
+    for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
+        if (layers[l].paged >= 0 || layers[l].slots == 0) continue;
+        for (int h = 0; h < hp.n_head_kv; ++h)
+            for (int p = begin; p < end; ++p) {
+                const Row src = from.row(hp, l, h, p), dst = row(hp, l, h, p);
+                for (int d = 0; d < hd; ++d) dst.keys[key_at(dst.index, d, hd)] = src.keys[key_at(src.index, d, hd)];
+                std::copy_n(src.values + static_cast<size_t>(src.index) * hd, hd,
+                            dst.values + static_cast<size_t>(dst.index) * hd);
+            }
+    }
 }
 
 void KVCache::prepare(int pos) {
@@ -570,6 +584,7 @@ void KVCache::prepare(int pos) {
 void KVCache::truncate(int pos) {
     if (pos == 0) {
         high = -1;
+        ring_low = 0;
         foreign = false;
     }
     const size_t keep = static_cast<size_t>((pos + kKVBlock - 1) / kKVBlock);
@@ -794,36 +809,22 @@ void to_f16(const float *x, uint16_t *y, int n) {
 }
 
 // Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
-// cache into out/part (attend_range's partial). The kernels read whole key blocks
-// from a block start, contiguous: a span that starts inside a key block (a sliding
-// window's first positions) has that block's part copied into a block of its own,
-// and a span over several runs (pool blocks, or a ring's end and start) is read a
-// run at a time, the partials folded in order. Either way the pieces are fixed by
-// the positions alone, never by the batch.
+// cache into out/part (attend_range's partial), in one kernel call over the span's
+// runs (attention.h: AttnRun): its pool blocks, or a ring's end and start. Runs start
+// at a key block, so a span that starts inside one (a sliding window's first
+// positions) has that block's part copied into a block of its own first. The runs
+// are fixed by the positions alone, never by the batch. A span lies inside one range
+// of kAttnRange positions: at most two pool blocks or two pieces of a ring (whose
+// slots are at least kMaxBatch, KVCache::layout) after the copied start.
 void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
                  int n_q, float scale, float *out, AttnPartial *part) {
+    static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
     const int hd = hp.head_dim;
     const int head_end = std::min(p1, (p0 + kKeyBlock - 1) / kKeyBlock * kKeyBlock); // end of the unaligned part
-    if (p1 == p0) return attend_range(q, n_q, nullptr, nullptr, 0, hd, scale, out, part);
-    if (head_end == p0) {
-        const KVCache::Row r = kv.row(hp, layer, head, p0);
-        if (r.index + (p1 - p0) <= r.count) { // one aligned piece
-            const size_t at = static_cast<size_t>(r.index) * hd;
-            return attend_range(q, n_q, r.keys + at, r.values + at, p1 - p0, hd, scale, out, part);
-        }
-    }
-    thread_local std::vector<uint16_t> keys, values;
-    thread_local std::vector<float> piece;
-    thread_local std::vector<AttnPartial> piece_part;
-    piece.resize(static_cast<size_t>(n_q) * hd);
-    piece_part.resize(n_q);
-    bool started = false;
-    const auto add = [&](const uint16_t *k, const uint16_t *v, int n_pos) {
-        attend_range(q, n_q, k, v, n_pos, hd, scale, started ? piece.data() : out, started ? piece_part.data() : part);
-        if (started) attend_fold(out, part, piece.data(), piece_part.data(), n_q, hd);
-        started = true;
-    };
+    AttnRun runs[3];
+    int n_runs = 0;
     if (head_end > p0) {
+        thread_local std::vector<uint16_t> keys, values;
         keys.assign(static_cast<size_t>(kKeyBlock) * hd, 0);
         values.resize(static_cast<size_t>(kKeyBlock) * hd);
         for (int p = p0; p < head_end; ++p) {
@@ -832,15 +833,21 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
             for (int d = 0; d < hd; ++d) keys[key_at(i, d, hd)] = r.keys[key_at(r.index, d, hd)];
             std::copy_n(r.values + static_cast<size_t>(r.index) * hd, hd, &values[static_cast<size_t>(i) * hd]);
         }
-        add(keys.data(), values.data(), head_end - p0);
+        runs[n_runs++] = {keys.data(), values.data(), head_end - p0};
     }
     for (int p = head_end; p < p1;) { // whole key blocks, up to the end of a run at a time
         const KVCache::Row r = kv.row(hp, layer, head, p);
         const int n_pos = std::min(p1 - p, r.count - r.index);
         const size_t at = static_cast<size_t>(r.index) * hd;
-        add(r.keys + at, r.values + at, n_pos);
+        runs[n_runs++] = {r.keys + at, r.values + at, n_pos};
         p += n_pos;
     }
+    if (kv.layers[layer].paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
+        const KVCache::Row next = kv.row(hp, layer, head, p1); // where the next range starts
+        const size_t at = static_cast<size_t>(next.index) * hd;
+        prefetch_run(next.keys + at, next.values + at, next.count - next.index, hd);
+    }
+    attend_range(q, n_q, runs, n_runs, hd, scale, out, part);
 }
 
 // Each token's queries against its session's cache (which already holds this

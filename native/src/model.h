@@ -11,6 +11,7 @@
 #include "quants.h"
 #include "threadpool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
 #include <memory>
@@ -211,6 +212,7 @@ struct KVCache {
     };
     std::vector<Layer> layers;
     int high = -1; // highest position written since the cache was last emptied
+    int ring_low = 0; // the rings hold no position below this one (a prefix copied from another cache starts here)
     std::unique_ptr<uint16_t[]> k; // the rings
     std::unique_ptr<uint16_t[]> v;
     KVPool *pool = nullptr;
@@ -274,6 +276,17 @@ struct KVCache {
     // cache can be cut back to 0 or to any position from resume_floor() on, where
     // every ring still holds the window the next position attends.
     int resume_floor() const;
+    // The first position layer L still holds (of those up to `high`): 0 for a paged
+    // layer; for a ring, the oldest its later writes have not overwritten, from ring_low.
+    int held_from(const Layer &L) const {
+        return L.paged >= 0 ? 0 : std::max({0, ring_low, high - L.slots + 1});
+    }
+    bool has_rings() const {
+        return std::any_of(layers.begin(), layers.end(), [](const Layer &L) { return L.paged < 0 && L.slots > 0; });
+    }
+    // Copies positions [begin, end) of every ring from `from`, a cache of the same
+    // layout that holds them (begin >= from.held_from of each ring).
+    void copy_rings(const HParams &hp, const KVCache &from, int begin, int end);
 };
 
 // One token of a forward batch.

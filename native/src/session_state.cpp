@@ -8,12 +8,9 @@ namespace {
 
 constexpr uint32_t kHeaderWords = 8; // magic .. high
 
-// The first position a layer's cache still holds of [0, n_tokens): all of them for a
-// layer that attends every position; for a ring, those its later writes (up to high)
-// have not overwritten.
-int first_held(const KVCache::Layer &L, int high, int n_tokens) {
-    if (L.paged >= 0) return 0;
-    return std::clamp(high - L.slots + 1, 0, n_tokens);
+// The first position a layer's cache holds of [0, n_tokens) (KVCache::held_from).
+int first_held(const KVCache &kv, const KVCache::Layer &L, int n_tokens) {
+    return std::min(kv.held_from(L), n_tokens);
 }
 
 // Where a position's key starts (KVCache::row); element d is kKeyBlock elements after
@@ -44,7 +41,7 @@ struct Reader {
 size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens) {
     size_t bytes = (kHeaderWords + static_cast<size_t>(n_tokens)) * 4;
     for (const KVCache::Layer &L : kv.layers) {
-        const size_t rows = static_cast<size_t>(n_tokens - first_held(L, kv.high, n_tokens)) * hp.n_head_kv;
+        const size_t rows = static_cast<size_t>(n_tokens - first_held(kv, L, n_tokens)) * hp.n_head_kv;
         bytes += 4 + 2 * rows * hp.head_dim * sizeof(uint16_t);
     }
     return bytes;
@@ -59,7 +56,7 @@ void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t 
     w.put(int32_t(n > 0 ? kv.high : -1));
     for (int i = 0; i < n; ++i) w.put(tokens[i]);
     for (int l = 0; l < hp.n_layer; ++l) {
-        const int first = first_held(kv.layers[l], kv.high, n);
+        const int first = first_held(kv, kv.layers[l], n);
         w.put(uint32_t(first));
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = first; p < n; ++p) {
@@ -104,20 +101,33 @@ bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, 
     if (!r.take(ids.data(), ids.size() * sizeof(int32_t))) return refuse("truncated token ids");
     for (const int32_t id : ids)
         if (id < 0 || id >= hp.n_vocab) return refuse("token id " + std::to_string(id) + " is outside the vocabulary");
-    // Check the whole layout (and so the length) before writing a single row.
+    // Check the whole layout (and so the length) before writing a single row. The
+    // rings start where the saved cache's did: at its ring_low, the oldest first of a
+    // ring, or later where a ring wrapped since.
+    std::vector<uint32_t> firsts;
+    for (const uint8_t *at = r.at; firsts.size() < kv.layers.size();) {
+        uint32_t first = 0;
+        if (static_cast<size_t>(data + len - at) < sizeof first) return refuse("length does not match its header");
+        std::memcpy(&first, at, sizeof first);
+        if (first > n) return refuse("a layer holds positions from " + std::to_string(first) + ", past its tokens");
+        const size_t bytes = 4 + 2 * static_cast<size_t>(count - first) * hp.n_head_kv * hp.head_dim * sizeof(uint16_t);
+        if (static_cast<size_t>(data + len - at) < bytes) return refuse("length does not match its header");
+        at += bytes;
+        firsts.push_back(first);
+    }
     KVCache probe;
     probe.layers = kv.layers;
     probe.high = high;
+    for (size_t l = 0; l < kv.layers.size(); ++l)
+        if (kv.layers[l].paged < 0 && kv.layers[l].slots > 0 && firsts[l] < n)
+            probe.ring_low = probe.ring_low == 0 ? static_cast<int>(firsts[l]) : std::min<int>(probe.ring_low, firsts[l]);
     if (len != state_bytes(hp, probe, count)) return refuse("length does not match its header");
-    const uint8_t *rows = r.at;
-    for (int l = 0; l < hp.n_layer; ++l) {
-        uint32_t first = 0;
-        std::memcpy(&first, rows, sizeof first);
-        if (first != static_cast<uint32_t>(first_held(kv.layers[l], high, count)))
-            return refuse("layer " + std::to_string(l) + " holds positions from " + std::to_string(first) +
+    for (int l = 0; l < hp.n_layer; ++l)
+        if (firsts[l] != static_cast<uint32_t>(first_held(probe, kv.layers[l], count)))
+            return refuse("layer " + std::to_string(l) + " holds positions from " + std::to_string(firsts[l]) +
                           ", which does not fit this engine's cache layout");
-        rows += 4 + 2 * static_cast<size_t>(count - first) * hp.n_head_kv * hp.head_dim * sizeof(uint16_t);
-    }
+    if (count > 0 && probe.resume_floor() > count)
+        return refuse("the sliding-window layers do not hold the window the next position attends");
     // The length is checked: the rows are read without further bounds checks, into
     // blocks of this session's own (any it held may be shared with others).
     kv.truncate(0);
@@ -139,6 +149,7 @@ bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, 
                 std::memcpy(value_row(kv.row(hp, l, h, p), hd), at, hd * sizeof(uint16_t));
     }
     kv.high = high;
+    kv.ring_low = probe.ring_low;
     *tokens = std::move(ids);
     return true;
 }

@@ -13,9 +13,9 @@
 //     (kv head, position in [first, n_tokens), head_dim), then values alike.
 //
 // A layer that attends every position stores them all (first = 0). A sliding-window
-// layer stores the positions its ring still holds, those above high − slots, so a
-// restored session resumes exactly where the saved one could: the same positions,
-// the same resume_floor().
+// layer stores the positions its ring still holds, those above high − slots and from
+// the cache's ring_low on (KVCache::held_from), so a restored session resumes exactly
+// where the saved one could: the same positions, the same resume_floor().
 #pragma once
 
 #include "model.h"
