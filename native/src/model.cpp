@@ -185,10 +185,10 @@ void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
     L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
 }
 
-void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L) {
+void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const int dim = hp.n_embd;
-    L.ffn_norm = vector(blk + "ffn_norm.weight", dim);
+    L.ffn_norm = vector(blk + norm + ".weight", dim);
     matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
     matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
     matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);

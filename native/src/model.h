@@ -184,10 +184,10 @@ struct Binder {
     const float *filters(const std::string &name, int64_t cols, int64_t rows);
 
     // The tensors of block l that most families name alike: "blk.<l>.attn_norm",
-    // attn_q/k/v/output weights with optional q/k/v biases; ffn_norm and the
-    // gate/up/down weights of a gated FFN.
+    // attn_q/k/v/output weights with optional q/k/v biases; the FFN's norm (ffn_norm
+    // in most families) and the gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
-    void gated_ffn(const HParams &hp, int l, LayerWeights &L);
+    void gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
     // The Qwen MoE families' metadata (expert counts and widths, expert_weights_norm
     // defaulting to `norm`, expert_weights_scale, the shared expert's width), and the
     // FFN of block l: ffn_norm, the router, the expert stacks and, when the file has

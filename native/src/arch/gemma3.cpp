@@ -64,10 +64,7 @@ void bind(Binder &b, Model &m) {
         L.q_norm = b.vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = b.vector(blk + "attn_k_norm.weight", hp.head_dim);
         L.attn_post_norm = b.vector(blk + "post_attention_norm.weight", dim);
-        L.ffn_norm = b.vector(blk + "ffn_norm.weight", dim);
-        b.matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
-        b.matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
-        b.matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
+        b.gated_ffn(hp, l, L);
         L.ffn_post_norm = b.vector(blk + "post_ffw_norm.weight", dim);
     }
     // The local layers' RoPE: their own base and no context scaling (the file's
