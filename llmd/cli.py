@@ -1,4 +1,4 @@
-"""Command line: `python -m llmd [serve]`, `pull`, `tokenize`, `perplexity`, `bench`.
+"""Command line: `python -m llmd [serve]`, `pull`, `tokenize`, `perplexity`, `bench`, `quantize`.
 
 Every flag can also be set through an environment variable LLMD_<FLAG> (dashes
 as underscores, e.g. LLMD_PORT=9000); a flag on the command line wins. `--help`
@@ -23,7 +23,7 @@ from llmd.prefill import SCOPES
 
 log = logging.getLogger("llmd")
 
-SUBCOMMANDS = ("serve", "pull", "tokenize", "perplexity", "bench")
+SUBCOMMANDS = ("serve", "pull", "tokenize", "perplexity", "bench", "quantize")
 
 
 def _env_name(dest: str) -> str:
@@ -196,7 +196,22 @@ def build_parser() -> argparse.ArgumentParser:
                             "restart next to a warm turn in memory")
     bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
                        help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
+
+    quant = sub.add_parser("quantize", help="write a GGUF model in another weight format", formatter_class=fmt,
+                           description="Re-encodes IN as the file mix TYPE (llama-quantize's rules: e.g. Q4_K_M "
+                                       "keeps Q6_K for the output matrix and some attn_v / ffn_down layers).")
+    quant.add_argument("input", metavar="IN.gguf")
+    quant.add_argument("output", metavar="OUT.gguf")
+    quant.add_argument("type", metavar="TYPE", help="one of " + ", ".join(_quantize_mixes()))
+    quant.add_argument("--threads", type=int, default=_env("threads", 0, int), help="threads (0 = one per core)")
+    quant.add_argument("--allow-requantize", action="store_true", default=_env("allow_requantize", False, bool),
+                       help="re-encode tensors that are already quantized (loses quality)")
     return parser
+
+
+def _quantize_mixes() -> list[str]:
+    from llmd.quantize import MIXES
+    return list(MIXES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tokenize(args)
         if args.command == "perplexity":
             return cmd_perplexity(args)
+        if args.command == "quantize":
+            return cmd_quantize(args)
         if args.command == "bench":
             from llmd import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
@@ -235,6 +252,17 @@ def _open_engine(args, *, generate: bool):
         engine.close()
         raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized, not run")
     return engine
+
+
+def cmd_quantize(args) -> int:
+    from llmd.quantize import QuantizeError, quantize_file
+    try:
+        quantize_file(args.input, args.output, args.type, n_threads=args.threads,
+                      allow_requantize=args.allow_requantize)
+    except QuantizeError as exc:
+        print(f"llmd: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_tokenize(args) -> int:

@@ -497,6 +497,22 @@ def kernel_dequantize(type_id: int, data: bytes, n: int) -> list[float]:
     return list(ffi.unpack(out, n))
 
 
+def quantize_rows(src_type: int, src, rows: int, cols: int, dst_type: int, n_threads: int = 0) -> bytearray:
+    """`rows` rows of `cols` elements of src_type (any buffer) re-encoded as dst_type
+    by the engine's quantizers (quantize.h), over n_threads threads (0: one per core)."""
+    src_info, dst_info = tensor_type(src_type), tensor_type(dst_type)
+    if src_info is None or dst_info is None or rows < 0 or cols <= 0 or cols % dst_info.block_elems:
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, f"cannot convert rows of {cols} elements from type "
+                          f"{src_type} to {dst_type}")
+    if cols % src_info.block_elems or len(src) != rows * (cols // src_info.block_elems) * src_info.block_bytes:
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, f"the source holds {len(src)} bytes, not {rows} rows of "
+                          f"{cols} {src_info.name} elements")
+    out = bytearray(rows * (cols // dst_info.block_elems) * dst_info.block_bytes)
+    with ffi.from_buffer(src) as p_src, ffi.from_buffer(out) as p_out:
+        _check(lib.llmd_quantize_rows(src_type, p_src, rows, cols, dst_type, p_out, n_threads))
+    return out
+
+
 def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_dim: int,
                      n_ranges: int, fast: bool, run: int = 0) -> list[list[float]]:
     """Attention of the query heads q over n_pos f16 key and value rows (k, v), the

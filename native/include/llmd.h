@@ -329,6 +329,16 @@ llmd_status llmd_tensor_type(int32_t type, llmd_tensor_type_info *out);
  * by the type's scalar reference. */
 llmd_status llmd_kernel_dequantize(int32_t type, const void *data, int64_t n, float *out);
 
+/* Converts `rows` rows of `cols` elements of ggml type src_type at `src` into
+ * dst_type at `dst` (rows times a destination row's bytes): each row decoded by the
+ * source type's reference and encoded by the destination type's quantizer (the
+ * published reference algorithms, deterministic whatever n_threads is), over
+ * n_threads threads (0: one per core). LLMD_ERR_UNSUPPORTED for a type it cannot
+ * read or write; LLMD_ERR_INVALID_ARGUMENT for a row length that is not whole blocks
+ * of both types or a value that is not finite (naming the row). */
+llmd_status llmd_quantize_rows(int32_t src_type, const void *src, int64_t rows, int64_t cols, int32_t dst_type,
+                               void *dst, int32_t n_threads);
+
 /* y[t * rows + r] = dot(row r of a rows x cols matrix of ggml type `type`,
  * x[t * cols ...]) for n tokens, computed by the scalar reference (fast == 0),
  * the engine's own matrix kernels (fast == 1: repacked weights where this build

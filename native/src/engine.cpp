@@ -9,6 +9,7 @@
 #include "gguf.h"
 #include "grammar.h"
 #include "model.h"
+#include "quantize.h"
 #include "recurrent.h"
 #include "sampler.h"
 #include "session_state.h"
@@ -1050,6 +1051,26 @@ llmd_status llmd_kernel_dequantize(int32_t type, const void *data, int64_t n, fl
         if (data == nullptr || out == nullptr || !type_runs(type, n)) return fail(LLMD_ERR_INVALID_ARGUMENT, "bad dequantize arguments");
         traits->to_float(static_cast<const uint8_t *>(data), out, n);
         return LLMD_OK;
+    });
+}
+
+llmd_status llmd_quantize_rows(int32_t src_type, const void *src, int64_t rows, int64_t cols, int32_t dst_type,
+                               void *dst, int32_t n_threads) {
+    return guarded([&]() -> llmd_status {
+        const TypeTraits *from = src_type >= 0 ? type_traits(static_cast<uint32_t>(src_type)) : nullptr;
+        const TypeTraits *to = dst_type >= 0 ? type_traits(static_cast<uint32_t>(dst_type)) : nullptr;
+        if (from == nullptr || from->to_float == nullptr)
+            return fail(LLMD_ERR_UNSUPPORTED, "cannot read tensors of type " +
+                                                  (from != nullptr ? std::string(from->name) : std::to_string(src_type)));
+        if (to == nullptr || to->from_float == nullptr)
+            return fail(LLMD_ERR_UNSUPPORTED, "cannot quantize to type " +
+                                                  (to != nullptr ? std::string(to->name) : std::to_string(dst_type)));
+        if ((rows > 0 && (src == nullptr || dst == nullptr)) || n_threads < 0)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad quantize arguments");
+        ThreadPool pool(n_threads > 0 ? n_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+        const std::string err = convert_rows(static_cast<uint32_t>(src_type), static_cast<const uint8_t *>(src), rows,
+                                             cols, static_cast<uint32_t>(dst_type), static_cast<uint8_t *>(dst), pool);
+        return err.empty() ? LLMD_OK : fail(LLMD_ERR_INVALID_ARGUMENT, err);
     });
 }
 

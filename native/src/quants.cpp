@@ -5,6 +5,7 @@
 
 #include "quants_avx2.h"
 #include "quants_packed.h"
+#include "quantize.h"
 
 #include <cmath>
 #include <cstring>
@@ -356,16 +357,16 @@ constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, true, kIQ4NL, true};
 
 // A type the engine computes with, dotted against BlockQ8A.
 template <DecodeFn Decode, const PanelLayout &Panel, DotFn Fast>
-constexpr TypeTraits quantized(const char *name, int64_t elems, int64_t bytes) {
+constexpr TypeTraits quantized(const char *name, int64_t elems, int64_t bytes, FromFloatFn from_float = nullptr) {
     // Super-block types take activations quantized like llama.cpp's Q8_K for them.
     return {name, elems, bytes, elems == QK_K ? Activation::Q8K : Activation::Q8A, Decode, to_float_pieces<Decode>, dot_ref_pieces<Decode>,
-            Fast != nullptr ? Fast : dot_ref_pieces<Decode>, Panel, panel_kernel<Panel>()};
+            Fast != nullptr ? Fast : dot_ref_pieces<Decode>, Panel, panel_kernel<Panel>(), from_float};
 }
 // A float type, dotted against the float activations.
 template <ToFloatFn ToFloat, int kBytes, DotFn Fast>
-constexpr TypeTraits floating(const char *name) {
+constexpr TypeTraits floating(const char *name, FromFloatFn from_float) {
     return {name, 1, kBytes, Activation::F32, nullptr, ToFloat, dot_ref_float<ToFloat, kBytes>,
-            Fast != nullptr ? Fast : dot_ref_float<ToFloat, kBytes>, {}, nullptr};
+            Fast != nullptr ? Fast : dot_ref_float<ToFloat, kBytes>, {}, nullptr, from_float};
 }
 // A type GGUF defines that the engine has no kernels for: the reader can size it,
 // binding refuses it by name.
@@ -377,21 +378,21 @@ constexpr uint32_t kTypeCount = 43;
 
 // Indexed by GGUF type number; rows with a null name are numbers GGUF retired.
 const TypeTraits kTraits[kTypeCount] = {
-    /*  0 */ floating<to_float_f32, 4, fast_dot_f32>("F32"),
-    /*  1 */ floating<to_float_f16, 2, fast_dot_f16>("F16"),
-    /*  2 */ quantized<decode_q4_0, kPanelQ4_0, fast_dot_q4_0>("Q4_0", 32, 18),
-    /*  3 */ quantized<decode_q4_1, kPanelQ4_1, fast_dot_q4_1>("Q4_1", 32, 20),
+    /*  0 */ floating<to_float_f32, 4, fast_dot_f32>("F32", quantize_row_f32),
+    /*  1 */ floating<to_float_f16, 2, fast_dot_f16>("F16", quantize_row_f16),
+    /*  2 */ quantized<decode_q4_0, kPanelQ4_0, fast_dot_q4_0>("Q4_0", 32, 18, quantize_row_q4_0),
+    /*  3 */ quantized<decode_q4_1, kPanelQ4_1, fast_dot_q4_1>("Q4_1", 32, 20, quantize_row_q4_1),
     /*  4 */ {},
     /*  5 */ {},
-    /*  6 */ quantized<decode_q5_0, kPanelQ5_0, fast_dot_q5_0>("Q5_0", 32, 22),
-    /*  7 */ quantized<decode_q5_1, kPanelQ5_1, fast_dot_q5_1>("Q5_1", 32, 24),
-    /*  8 */ quantized<decode_q8_0, kPanelQ8_0, fast_dot_q8_0>("Q8_0", 32, 34),
+    /*  6 */ quantized<decode_q5_0, kPanelQ5_0, fast_dot_q5_0>("Q5_0", 32, 22, quantize_row_q5_0),
+    /*  7 */ quantized<decode_q5_1, kPanelQ5_1, fast_dot_q5_1>("Q5_1", 32, 24, quantize_row_q5_1),
+    /*  8 */ quantized<decode_q8_0, kPanelQ8_0, fast_dot_q8_0>("Q8_0", 32, 34, quantize_row_q8_0),
     /*  9 */ sized("Q8_1", 32, 36),
     /* 10 */ quantized<decode_q2_k, kPanelQ2_K, fast_dot_q2_k>("Q2_K", 256, 84),
     /* 11 */ quantized<decode_q3_k, kPanelQ3_K, fast_dot_q3_k>("Q3_K", 256, 110),
-    /* 12 */ quantized<decode_q4_k, kPanelQ4_K, fast_dot_q4_k>("Q4_K", 256, 144),
-    /* 13 */ quantized<decode_q5_k, kPanelQ5_K, fast_dot_q5_k>("Q5_K", 256, 176),
-    /* 14 */ quantized<decode_q6_k, kPanelQ6_K, fast_dot_q6_k>("Q6_K", 256, 210),
+    /* 12 */ quantized<decode_q4_k, kPanelQ4_K, fast_dot_q4_k>("Q4_K", 256, 144, quantize_row_q4_k),
+    /* 13 */ quantized<decode_q5_k, kPanelQ5_K, fast_dot_q5_k>("Q5_K", 256, 176, quantize_row_q5_k),
+    /* 14 */ quantized<decode_q6_k, kPanelQ6_K, fast_dot_q6_k>("Q6_K", 256, 210, quantize_row_q6_k),
     /* 15 */ sized("Q8_K", 256, 292),
     /* 16 */ sized("IQ2_XXS", 256, 66),
     /* 17 */ sized("IQ2_XS", 256, 74),
@@ -407,7 +408,7 @@ const TypeTraits kTraits[kTypeCount] = {
     /* 27 */ sized("I64", 1, 8),
     /* 28 */ sized("F64", 1, 8),
     /* 29 */ sized("IQ1_M", 256, 56),
-    /* 30 */ floating<to_float_bf16, 2, fast_dot_bf16>("BF16"),
+    /* 30 */ floating<to_float_bf16, 2, fast_dot_bf16>("BF16", quantize_row_bf16),
     /* 31 */ {},
     /* 32 */ {},
     /* 33 */ {},

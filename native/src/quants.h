@@ -3,7 +3,8 @@
 //
 // `type_traits(type)` is the one place a GGUF tensor type is described: its name,
 // block size in elements and bytes, its scalar references (to_float and dot), the
-// activations its kernels consume, its fast row dot and its repacked panel layout.
+// activations its kernels consume, its fast row dot, its repacked panel layout and
+// its quantizer (from_float, quantize.h).
 // The GGUF reader sizes tensors from it; binding refuses a type whose row has no
 // kernels; matmul and embedding lookups call through it. There is no switch on a
 // type anywhere else.
@@ -86,6 +87,7 @@ struct PanelLayout {
 
 using DecodeFn = void (*)(const uint8_t *row, int64_t piece, Piece *out);
 using ToFloatFn = void (*)(const uint8_t *row, float *y, int64_t n);
+using FromFloatFn = void (*)(const float *x, uint8_t *row, int64_t n);
 using DotFn = float (*)(const uint8_t *row, const float *x, const BlockQ8A *xq, int64_t n);
 // Panels [p0, p1) of a packed matrix against n tokens (see matmul_packed).
 using PanelFn = void (*)(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1,
@@ -102,6 +104,7 @@ struct TypeTraits {
     DotFn dot;            // this build's fast row dot (the reference where it has none)
     PanelLayout panel;    // the AVX-512 VNNI repacked form
     PanelFn panel_matmul; // its kernel, or nullptr when this build has none
+    FromFloatFn from_float = nullptr; // quantizer: n floats into a row (quantize.h), or nullptr
 };
 
 // The traits of a GGUF type, or nullptr for a number GGUF does not define.
