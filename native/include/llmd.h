@@ -256,8 +256,8 @@ llmd_status llmd_session_share_prefix(llmd_session *session, const char *scope, 
 llmd_status llmd_session_tokens(const llmd_session *session, int32_t *out, size_t capacity, size_t *n_out);
 
 /* A session's state as bytes: the first n_tokens ids in its KV cache, their keys
- * and values, and the recurrent layers' state after them with the checkpoints up to
- * them, in the canonical layout of native/src/session_state.h (not the
+ * and values, and the recurrent layers' state after them with the newest checkpoint
+ * before them, in the canonical layout of native/src/session_state.h (not the
  * cache's memory layout); n_tokens is 0 or a position truncate would accept (at most
  * position, at least resume_floor), else LLMD_ERR_INVALID_ARGUMENT; with recurrent
  * layers the position or a checkpoint, else LLMD_ERR_STATE. The session is

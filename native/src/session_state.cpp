@@ -36,10 +36,15 @@ struct Reader {
     }
 };
 
-// The checkpoints a state of the first n positions carries: those up to n.
-size_t checkpoints_upto(const RecurrentState &rs, int n) {
-    return static_cast<size_t>(std::count_if(rs.checkpoints.begin(), rs.checkpoints.end(),
-                                             [&](const RecurrentState::Checkpoint &c) { return c.pos <= n; }));
+// The checkpoint a state of the first n positions carries: the newest before n (where
+// the previous prompt ended, what a rewritten reply resumes from), or none. Older ones
+// are seldom resumed from and each costs a whole state; one at n is the state itself,
+// and the next prefill takes it again.
+const RecurrentState::Checkpoint *saved_checkpoint(const RecurrentState &rs, int n) {
+    const RecurrentState::Checkpoint *newest = nullptr;
+    for (const RecurrentState::Checkpoint &c : rs.checkpoints)
+        if (c.pos < n) newest = &c;
+    return newest;
 }
 
 // Bytes of the recurrent section: two counts, the state, and each checkpoint's.
@@ -60,7 +65,7 @@ size_t kv_section(const HParams &hp, const KVCache &kv, int n_tokens) {
 } // namespace
 
 size_t state_bytes(const HParams &hp, const KVCache &kv, const RecurrentState &rs, int n_tokens) {
-    return kv_section(hp, kv, n_tokens) + recurrent_section(rs.now.size(), checkpoints_upto(rs, n_tokens));
+    return kv_section(hp, kv, n_tokens) + recurrent_section(rs.now.size(), saved_checkpoint(rs, n_tokens) ? 1 : 0);
 }
 
 void state_write(const HParams &hp, const KVCache &kv, const RecurrentState &rs, int n_ctx, const int32_t *tokens,
@@ -88,18 +93,18 @@ void state_write(const HParams &hp, const KVCache &kv, const RecurrentState &rs,
     }
     const size_t floats = rs.now.size();
     w.put(uint32_t(floats));
-    w.put(uint32_t(checkpoints_upto(rs, n)));
+    const RecurrentState::Checkpoint *saved = saved_checkpoint(rs, n);
+    w.put(uint32_t(saved != nullptr ? 1 : 0));
     const auto put_state = [&](const std::vector<float> *state) { // null: the zero state at 0
         if (state != nullptr) std::memcpy(w.at, state->data(), floats * sizeof(float));
         else std::memset(w.at, 0, floats * sizeof(float));
         w.at += floats * sizeof(float);
     };
     put_state(floats > 0 ? rs.state_at(n) : nullptr);
-    for (const RecurrentState::Checkpoint &c : rs.checkpoints)
-        if (c.pos <= n) {
-            w.put(int32_t(c.pos));
-            put_state(&c.state);
-        }
+    if (saved != nullptr) {
+        w.put(int32_t(saved->pos));
+        put_state(&saved->state);
+    }
 }
 
 bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, const uint8_t *data, size_t len,

@@ -14,6 +14,8 @@
 //   u32 floats (of one recurrent state: 0 for a model without recurrent layers),
 //   u32 n_checkpoints, f32 state[floats] (after the n_tokens positions), then per
 //   checkpoint (ascending positions in (0, n_tokens]): i32 pos, f32 state[floats].
+//   The writer saves one checkpoint at most, the newest before n_tokens (a state of
+//   Qwen3.5-0.8B is 20 MB); the reader takes up to kMaxCheckpoints.
 //
 // Version 2 added the recurrent section; version 1 files are refused with the reason.
 //
@@ -39,7 +41,7 @@ constexpr uint32_t kStateVersion = 2;
 size_t state_bytes(const HParams &hp, const KVCache &kv, const RecurrentState &rs, int n_tokens);
 
 // Writes tokens[0, n), their K/V and the recurrent state after them (with the
-// checkpoints up to n) into out, which holds state_bytes() bytes. The session must
+// newest checkpoint before n) into out, which holds state_bytes() bytes. The session must
 // be able to resume at n: n is 0, or at least kv.resume_floor() (as for a truncate),
 // and with recurrent layers n is rs.pos or one of its checkpoints.
 void state_write(const HParams &hp, const KVCache &kv, const RecurrentState &rs, int n_ctx, const int32_t *tokens,
