@@ -81,6 +81,9 @@ public:
     uint16_t *keys(int id) const { return blocks_[id].data.get(); }
     uint16_t *values(int id) const { return blocks_[id].data.get() + elements_; }
     bool published(int id) const { return blocks_[id].serial != 0; }
+    // A published block's serial number (never reused; 0 for a private block): what
+    // names the prefix ending at it (recurrent.h: SnapshotCache).
+    uint64_t serial(int id) const { return blocks_[id].serial; }
 
     // Publishes block `id` of a session, full with `tokens` (kKVBlock ids) after
     // `parent` (the published block before it, -1 for the first) in `scope`. Returns
