@@ -358,7 +358,8 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->kv_shares = block > 0 && RecurrentState::state_bytes(hp) == 0;
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
                                                              : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
-        e->kv_pool = std::make_unique<KVPool>(block, fingerprint, retired);
+        const size_t runs = block > 0 ? block / (static_cast<size_t>(kKVBlock) * hp.head_dim) : 0;
+        e->kv_pool = std::make_unique<KVPool>(runs, hp.head_dim, (e->n_ctx + kKVBlock - 1) / kKVBlock, fingerprint, retired);
         *out = e.release();
         return LLMD_OK;
     });
@@ -694,7 +695,7 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
                     ring_begin = std::max({ring_begin, rings->held_from(L), best - L.slots});
         }
         if (m.length() <= keep) return LLMD_OK;
-        s->kv.adopt(hp, m);
+        s->kv.adopt(m);
         if (rings != nullptr) {
             if (rings != &s->kv) s->kv.copy_rings(hp, *rings, ring_begin, m.length()); // its own are in place
             s->kv.ring_low = ring_begin;
