@@ -23,7 +23,8 @@ uint64_t mix(uint64_t h, uint64_t x) { // splitmix64's finaliser over h ^ x
 
 KVPool::KVPool(size_t runs, int head_dim, int slab_blocks, uint64_t fingerprint, uint64_t retired_budget)
     : runs_(runs), run_elements_(static_cast<size_t>(kKVBlock) * head_dim),
-      slab_blocks_(static_cast<size_t>(std::clamp(slab_blocks, 1, kMaxSlabBlocks))), fingerprint_(fingerprint),
+      slab_blocks_(static_cast<size_t>(std::clamp(slab_blocks, 1, kMaxSlabBlocks))),
+      run_stride_(slab_blocks_ * run_elements_), fingerprint_(fingerprint),
       retired_max_(block_bytes() > 0 ? retired_budget / block_bytes() : 0) {}
 
 int KVPool::free_slot(int after) const {
@@ -75,6 +76,7 @@ int KVPool::acquire(int after) {
     }
     free_ids_.erase(id);
     ++slab.used;
+    blocks_[id].data = slab.data.get() + static_cast<size_t>(id) % slab_blocks_ * run_elements_;
     blocks_[id].refs = 1;
     ++live_;
     ++refs_;

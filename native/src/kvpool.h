@@ -122,6 +122,7 @@ public:
 
 private:
     struct Block {
+        uint16_t *data = nullptr; // its run 0's keys in its slab, while in use
         int refs = 0;
         uint64_t serial = 0; // published: never reused; 0: private
         uint64_t parent = 0; // the parent's serial (0: the first block of its sequence)
@@ -136,11 +137,8 @@ private:
     void free_block(int id);
     int free_slot(int after) const;
     // Run r of block id in its slab, laid out (2 * runs, slab blocks, run elements):
-    // the keys' runs, then the values'.
-    uint16_t *at(int id, size_t r) const {
-        const size_t slab = static_cast<size_t>(id) / slab_blocks_, slot = static_cast<size_t>(id) % slab_blocks_;
-        return slabs_[slab].data.get() + (r * slab_blocks_ + slot) * run_elements_;
-    }
+    // the keys' runs, then the values'. On every range attention reads: no division.
+    uint16_t *at(int id, size_t r) const { return blocks_[id].data + r * run_stride_; }
 
     struct Slab {
         std::unique_ptr<uint16_t, void (*)(void *)> data{nullptr, std::free}; // null while no block of it is in use
@@ -148,6 +146,7 @@ private:
     };
     size_t runs_, run_elements_;
     size_t slab_blocks_;
+    size_t run_stride_; // elements from a block's run to its next run: slab_blocks_ runs
     uint64_t fingerprint_;
     uint64_t retired_max_; // blocks
     uint64_t next_serial_ = 1;
