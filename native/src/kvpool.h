@@ -102,6 +102,9 @@ public:
     // Copies the first n_pos positions of every run of block `from` into block `to`.
     void copy(int to, int from, int n_pos);
     bool published(int id) const { return blocks_[id].serial != 0; }
+    // A published block's serial number (never reused; 0 for a private block): what
+    // names the prefix ending at it (recurrent.h: SnapshotCache).
+    uint64_t serial(int id) const { return blocks_[id].serial; }
 
     // Publishes block `id` of a session, full with `tokens` (kKVBlock ids) after
     // `parent` (the published block before it, -1 for the first) in `scope`. Returns
