@@ -297,7 +297,7 @@ llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limi
     if (state == nullptr || at <= keep) return LLMD_OK;
     int valid = 0; // the session's own checkpoints up to here still hold for ids
     while (valid < at && static_cast<size_t>(valid) < s->tokens.size() && s->tokens[valid] == ids[valid]) ++valid;
-    s->kv.adopt(e->model->hp, m);
+    s->kv.adopt(m);
     s->rs.adopt(at, *state, valid); // a state of this session's own is read before its checkpoints are trimmed
     s->tokens.assign(ids, ids + at);
     s->pending = -1;
@@ -435,7 +435,8 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->ws.reserve(hp, 1);
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
                                                              : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
-        e->kv_pool = std::make_unique<KVPool>(block, fingerprint, retired);
+        const size_t runs = block > 0 ? block / (static_cast<size_t>(kKVBlock) * hp.head_dim) : 0;
+        e->kv_pool = std::make_unique<KVPool>(runs, hp.head_dim, (e->n_ctx + kKVBlock - 1) / kKVBlock, fingerprint, retired);
         e->snapshots = std::make_unique<SnapshotCache>(e->snapshot_budget);
         *out = e.release();
         return LLMD_OK;
@@ -782,7 +783,7 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
                     ring_begin = std::max({ring_begin, rings->held_from(L), best - L.slots});
         }
         if (m.length() <= keep) return LLMD_OK;
-        s->kv.adopt(hp, m);
+        s->kv.adopt(m);
         if (rings != nullptr) {
             if (rings != &s->kv) s->kv.copy_rings(hp, *rings, ring_begin, m.length()); // its own are in place
             s->kv.ring_low = ring_begin;
