@@ -136,10 +136,13 @@ def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(long_model):
         assert llmd.proc.wait(timeout=30) == 0  # the kept-alive connection is not waited for
 
 
-def test_when_the_grace_period_ends_streams_end_with_an_error_event_then_done(long_model):
-    with llmd_process("--model", str(long_model.path), "--shutdown-grace", "0.5") as llmd:
+def test_when_the_grace_period_ends_streams_end_with_an_error_event_then_done(tiny_llama_factory):
+    # 60,000 tokens take seconds even on a fast machine (4,000 took 0.55 s here): the
+    # stream is still running when the 0.2 s of grace end.
+    model = tiny_llama_factory(n_ctx=65536)
+    with llmd_process("--model", str(model.path), "--ctx", "65536", "--shutdown-grace", "0.2") as llmd:
         conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
-        body = {**long_body(long_model), "stream": True}  # would last forever
+        body = {**long_body(model, max_tokens=60000), "stream": True}
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.readline().startswith(b"data: ")
