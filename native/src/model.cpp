@@ -977,6 +977,18 @@ MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch) {
     return job;
 }
 
+namespace {
+
+// fn(t0, t1) for the pass's tokens cut into one share a thread: per-token work that
+// one thread alone made the others wait for in a prefill (norms, RoPE, quantization,
+// the KV cache's new rows). A decode step's one token runs on the calling thread.
+template <typename Fn> void per_token(const Pass &p, const Fn &fn) {
+    const int n_tasks = std::min(p.n, p.pool.size());
+    p.pool.run(n_tasks, [&](int task) { fn(p.n * task / n_tasks, p.n * (task + 1) / n_tasks); });
+}
+
+} // namespace
+
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) {
     BlockQ8A *xq = p.ws.xq.data();
     const int64_t cols = jobs.begin()->w->cols;
@@ -988,11 +1000,7 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) 
                 q8a |= a == Activation::Q8A;
                 q8k |= a == Activation::Q8K;
             }
-    // A prefill's rows are quantized by all threads: one thread alone kept the others waiting.
-    const int n_tasks = std::min(p.n, p.pool.size());
-    p.pool.run(n_tasks, [&](int task) {
-        quantize_rows_part(x, p.n, cols, xq, p.n * task / n_tasks, p.n * (task + 1) / n_tasks, q8a, q8k);
-    });
+    per_token(p, [&](int t0, int t1) { quantize_rows_part(x, p.n, cols, xq, t0, t1, q8a, q8k); });
     std::vector<MatJob> &fed = p.ws.jobs; // kept between calls: no allocation per region
     fed.assign(jobs);
     for (MatJob &j : fed) {
@@ -1004,7 +1012,9 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) 
 
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight) {
     const int dim = p.hp.n_embd;
-    for (int t = 0; t < p.n; ++t) rmsnorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
+    per_token(p, [&](int t0, int t1) {
+        for (int t = t0; t < t1; ++t) rmsnorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
+    });
 }
 
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
@@ -1117,7 +1127,9 @@ void add_rows(const Pass &p, float *x, const float *y) {
 
 void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight) {
     const int hd = p.hp.head_dim;
-    for (int i = 0; i < p.n * n_heads; ++i) rmsnorm(x + i * hd, x + i * hd, weight, hd, p.hp.norm_eps);
+    per_token(p, [&](int t0, int t1) {
+        for (int i = t0 * n_heads; i < t1 * n_heads; ++i) rmsnorm(x + i * hd, x + i * hd, weight, hd, p.hp.norm_eps);
+    });
 }
 
 void rope(const Pass &p, float *x, int n_heads, Rope style, bool local) {
@@ -1125,19 +1137,21 @@ void rope(const Pass &p, float *x, int n_heads, Rope style, bool local) {
     const int half = hp.rope_dim / 2;
     // Pair i of a head: dims (2i, 2i + 1) adjacent, (i, i + half) NEOX.
     const int first = style == Rope::adjacent ? 2 : 1, second = style == Rope::adjacent ? 1 : half;
-    for (int t = 0; t < p.n; ++t) {
-        const float *cs = (local ? p.ws.rope_local : p.ws.rope).data() + t * hp.rope_dim;
-        float *xt = x + static_cast<size_t>(t) * n_heads * hp.head_dim;
-        for (int i = 0; i < half; ++i) {
-            const float c = cs[2 * i], s = cs[2 * i + 1];
-            for (int h = 0; h < n_heads; ++h) {
-                float *v = xt + h * hp.head_dim + first * i;
-                const float a = v[0], b = v[second];
-                v[0] = a * c - b * s;
-                v[second] = a * s + b * c;
+    per_token(p, [&](int t0, int t1) {
+        for (int t = t0; t < t1; ++t) {
+            const float *cs = (local ? p.ws.rope_local : p.ws.rope).data() + t * hp.rope_dim;
+            float *xt = x + static_cast<size_t>(t) * n_heads * hp.head_dim;
+            for (int i = 0; i < half; ++i) {
+                const float c = cs[2 * i], s = cs[2 * i + 1];
+                for (int h = 0; h < n_heads; ++h) {
+                    float *v = xt + h * hp.head_dim + first * i;
+                    const float a = v[0], b = v[second];
+                    v[0] = a * c - b * s;
+                    v[second] = a * s + b * c;
+                }
             }
         }
-    }
+    });
 }
 
 void project_qkv(const Pass &p, const LayerWeights &L) {
@@ -1172,18 +1186,17 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L) {
 void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
     const int kv_dim = hp.kv_dim();
-    for (int t = 0; t < p.n; ++t) {
-        KVCache &kv = *p.batch[t].kv;
-        const int pos = p.batch[t].pos;
-        kv.high = std::max(kv.high, pos);
-        for (int h = 0; h < hp.n_head_kv; ++h) {
-            const KVCache::Row r = kv.row(hp, layer, h, pos);
-            const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
-            for (int d = 0; d < hp.head_dim; ++d) r.keys[key_at(r.index, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
-            to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, r.values + static_cast<size_t>(r.index) * hp.head_dim,
-                   hp.head_dim);
-        }
-    }
+    for (int t = 0; t < p.n; ++t) p.batch[t].kv->high = std::max(p.batch[t].kv->high, p.batch[t].pos);
+    per_token(p, [&](int t0, int t1) { // the tokens' rows are distinct: a batch never holds one position twice
+        for (int t = t0; t < t1; ++t)
+            for (int h = 0; h < hp.n_head_kv; ++h) {
+                const KVCache::Row r = p.batch[t].kv->row(hp, layer, h, p.batch[t].pos);
+                const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
+                for (int d = 0; d < hp.head_dim; ++d) r.keys[key_at(r.index, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
+                to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, r.values + static_cast<size_t>(r.index) * hp.head_dim,
+                       hp.head_dim);
+            }
+    });
     attention(p.model, p.batch, p.n, layer, p.ws, p.pool);
 }
 
