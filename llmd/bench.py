@@ -7,8 +7,9 @@ real `python -m llmd` subprocess on a free port): first-token latency of a
 warm resume), and streaming tok/s, also as a share of the engine's rate at short
 context and at the same context (what HTTP itself costs). Bandwidth: generation at
 short context as a share of the memory limit, read bandwidth ÷ the weight bytes a
-decode step reads, the bandwidth measured right after generation by the engine's
-own threads reading a buffer at least as large as the weights. Memory:
+decode step reads, the bandwidth measured around each generation run (right before
+and right after it) by the engine's own threads reading a buffer at least as large
+as the weights. Memory:
 resident set after load and after each of 4 sessions with a full 2048-token cache.
 With --conversation: a 10-turn chat through HTTP, with and without warm resume.
 With --sessions: sessions on disk (--session-dir), first-token latency of a turn whose session
@@ -92,35 +93,51 @@ def engine_figures(path: str, threads: int, runs: int) -> dict:
                     s.prefill(ids[:n])
                     times.append(time.perf_counter() - t)
                 figures[f"pp{n}_tok_s"] = round(n / statistics.median(times), 1)
-            for key, context in (("tg128_tok_s", 16), (f"tg128_at_{HTTP_PROMPT}_tok_s", HTTP_PROMPT),
-                                 ("tg128_at_2k_tok_s", 2048)):
-                rates = []
-                for _ in range(runs):
-                    s.reset()
-                    s.prefill(ids[:context])
-                    s.set_sampling(Sampling(logit_bias={i: float("-inf") for i in engine.info.eog_ids}))
-                    t = time.perf_counter()
-                    for _ in range(128):
-                        s.decode_one()
-                    rates.append(128 / (time.perf_counter() - t))
-                figures[key] = round(statistics.median(rates), 1)
-        figures.update(bandwidth_figures(engine, figures["tg128_tok_s"], runs))
+
+            def tg128(context: int) -> float:
+                s.reset()
+                s.prefill(ids[:context])
+                s.set_sampling(Sampling(logit_bias={i: float("-inf") for i in engine.info.eog_ids}))
+                t = time.perf_counter()
+                for _ in range(128):
+                    s.decode_one()
+                return 128 / (time.perf_counter() - t)
+
+            paired = []  # (tg128 tokens/s at short context, read bandwidth around that run)
+            for _ in range(runs):
+                per_token, before = probe(engine)
+                rate = tg128(16)
+                paired.append((rate, (before + probe(engine)[1]) / 2))
+            figures["tg128_tok_s"] = round(statistics.median(rate for rate, _ in paired), 1)
+            for key, context in ((f"tg128_at_{HTTP_PROMPT}_tok_s", HTTP_PROMPT), ("tg128_at_2k_tok_s", 2048)):
+                figures[key] = round(statistics.median(tg128(context) for _ in range(runs)), 1)
+        figures.update(bandwidth_figures(per_token, paired))
     return figures
 
 
-BANDWIDTH_BUFFER = (256 << 20, 1 << 30)  # bytes the probe reads: the weights' size, within these
+PROBE_MIN, PROBE_MAX = 256 << 20, 1 << 30  # bytes the bandwidth probe reads: the weights' size, within these
 
 
-def bandwidth_figures(engine: Engine, tg_tok_s: float, runs: int) -> dict:
+def probe(engine: Engine) -> tuple[int, float]:
+    """(weight bytes a decode step reads, bytes per second the engine's threads read
+    from a buffer of the weights' size (at least 256 MiB, more than any cache here; at
+    most 1 GiB) in 4 MiB pieces claimed as matmul rows are: the median of 3 passes)."""
+    return engine.bandwidth(min(max(engine.info.weight_bytes, PROBE_MIN), PROBE_MAX), 3)
+
+
+def bandwidth_figures(bytes_per_token: int, paired: list[tuple[float, float]]) -> dict:
     """Generation as a share of what memory allows: a decode step reads every weight
-    it uses once, so tokens/s <= read bandwidth / bytes per token. The engine's threads
-    read a buffer of the weights' size (at least 256 MiB, more than any cache here;
-    at most 1 GiB) in 4 MiB pieces claimed as matmul rows are; median of `runs` passes."""
-    low, high = BANDWIDTH_BUFFER
-    per_token, rate = engine.bandwidth(min(max(engine.info.weight_bytes, low), high), runs)
-    limit = rate / per_token
-    return {"bytes_per_token_mb": round(per_token / 1e6, 1), "read_bandwidth_gb_s": round(rate / 1e9, 1),
-            "tg128_bandwidth_limit_tok_s": round(limit, 1), "tg128_share_of_bandwidth_limit": round(tg_tok_s / limit, 3)}
+    it uses once, so tokens/s <= read bandwidth / bytes per token. Each pair is one
+    generation run's tokens/s and the bandwidth read around it (the mean of a probe
+    right before and one right after): this machine's bandwidth can change by half
+    within a minute, so only a probe taken at the moment of the run says what the run
+    could stream. Each figure is the median over the runs."""
+    limits = [rate / bytes_per_token for _, rate in paired]
+    shares = [tok_s / limit for (tok_s, _), limit in zip(paired, limits)]
+    return {"bytes_per_token_mb": round(bytes_per_token / 1e6, 1),
+            "read_bandwidth_gb_s": round(statistics.median(rate for _, rate in paired) / 1e9, 1),
+            "tg128_bandwidth_limit_tok_s": round(statistics.median(limits), 1),
+            "tg128_share_of_bandwidth_limit": round(statistics.median(shares), 3)}
 
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
