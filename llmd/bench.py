@@ -235,6 +235,9 @@ def conversation_figures(path: str | None, threads: int) -> list[dict]:
                 history.append({"role": "assistant", "content": "".join(deltas)})
                 row["prompt_tokens"] = usage["prompt_tokens"]
                 row["previous_total"] = previous
+                # Each mode's own too: its prompts differ from the others' when a reply
+                # does not tokenize back to the ids generated (a named session feeds those).
+                row[f"{mode}_prompt_tokens"], row[f"{mode}_previous_total"] = usage["prompt_tokens"], previous
                 row[f"{mode}_cached"] = usage["prompt_tokens_details"]["cached_tokens"]
                 row[f"{mode}_ttft_ms"] = round(first * 1000, 1)
                 row[f"{mode}_prompt_ms"] = timings.get("prompt_ms", 0.0)  # also when no text came

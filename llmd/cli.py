@@ -389,14 +389,9 @@ async def serve(args) -> None:
 
 async def open_session_store(args, engine, model_path: str):
     """The --session-dir store, its files listed; None (in-memory sessions, with a
-    warning) if the directory cannot be created or listed, or the model keeps recurrent
-    state (the file format holds tokens and keys and values only)."""
+    warning) if the directory cannot be created or listed."""
     from llmd import _native
     from llmd.session_store import SessionStore, model_fingerprint
-    if engine.info.n_recurrent_layers:
-        log.warning("--session-dir %s: sessions of a model with recurrent layers (%s) are not saved to disk; "
-                    "they are kept in memory only", args.session_dir, engine.info.architecture)
-        return None
     header_bytes, file_bytes = engine.file_layout()
     try:
         fingerprint = await asyncio.to_thread(model_fingerprint, model_path, header_bytes, file_bytes,

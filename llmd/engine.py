@@ -86,7 +86,7 @@ class EngineInfo:
     recurrent_bytes: int = 0     # per session: that state and room for its checkpoints
     kv_block_positions: int = 0  # KV memory is paged in blocks of this many positions
     kv_block_bytes: int = 0      # bytes of one block
-    kv_shares_prefixes: bool = False  # sessions can share blocks (no recurrent layers)
+    kv_shares_prefixes: bool = False  # sessions can share prefixes (recurrent layers through snapshots)
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,9 @@ class KVStats:
     blocks_live: int     # held by sessions, each block once
     blocks_retired: int  # the prefix cache's, held by none
     block_refs: int      # holds over all live blocks: refs - live blocks are shared holds
+    snapshots: int = 0        # recurrent states kept at block boundaries (hybrid models' prefix cache)
+    snapshot_bytes: int = 0   # their bytes
+    snapshot_budget: int = 0  # the most they may take (counted in capacity)
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,8 @@ class Engine:
         """The paged KV memory now; safe from any thread."""
         out = ffi.new("llmd_kv_stats *")
         _check(lib.llmd_engine_kv_stats(self.handle, out))
-        return KVStats(out.blocks_live, out.blocks_retired, out.block_refs)
+        return KVStats(out.blocks_live, out.blocks_retired, out.block_refs, out.snapshots, out.snapshot_bytes,
+                       out.snapshot_budget)
 
     def tokenize(self, text: str | bytes, special: bool = False) -> list[int]:
         """Token ids of text; with special, control-token text becomes control ids. No BOS."""

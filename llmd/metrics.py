@@ -218,6 +218,11 @@ class ServerMetrics:
         self.retired_blocks = r.gauge("llmd_prefix_cache_retired_blocks",
                                       "KV blocks no session holds, kept for the prefix cache (LRU).")
         self.retired_bytes = r.gauge("llmd_prefix_cache_retired_bytes", "Bytes of those retired blocks.")
+        self.snapshots = r.gauge("llmd_prefix_cache_recurrent_snapshots",
+                                 "Recurrent states kept at block boundaries, so that a hybrid model's prefix "
+                                 "resumes from them (LRU).")
+        self.snapshot_bytes = r.gauge("llmd_prefix_cache_recurrent_snapshot_bytes",
+                                      "Bytes of those recurrent snapshots.")
         self.evictions = r.counter("llmd_session_evictions_total",
                                    "Idle named sessions evicted to make room for a new one.")
         self.model_load = r.gauge("llmd_model_load_seconds", "Seconds it took to read and load the model.")
@@ -253,6 +258,8 @@ class ServerMetrics:
         self.bytes_saved.read = lambda: shared_holds() * block
         self.retired_blocks.read = lambda: engine.kv_stats().blocks_retired
         self.retired_bytes.read = lambda: engine.kv_stats().blocks_retired * block
+        self.snapshots.read = lambda: engine.kv_stats().snapshots
+        self.snapshot_bytes.read = lambda: engine.kv_stats().snapshot_bytes
         self.evictions.read = lambda: table.evictions
         if (store := table.store) is not None:
             self.session_files_saved.read = lambda: store.saved

@@ -32,8 +32,9 @@ checkpoint before the change. None (a model of attention layers only) allows any
 
 The prefix cache (llmd_session_share_prefix) may then offer more: `with_cached`
 turns a plan into one that reuses `cached` tokens, reason "prefix_cache", when
-that is more than the plan keeps of the session's own cache (never for a model with
-recurrent layers, whose engine shares no blocks).
+that is more than the plan keeps of the session's own cache (for a model with
+recurrent layers, a whole number of blocks ending where the engine kept a snapshot
+of the recurrent state).
 
 `floor` is the session's resume floor (Session.resume_floor): a model with
 sliding-window layers keeps only their recent positions in a ring, so once the ring

@@ -1,8 +1,9 @@
 """Sessions on disk (`--session-dir`): one file per named session, so that a session
 pushed out of memory by eviction, or alive when the server stopped, resumes warm.
 
-A file wraps the engine's exported state (the ids in the KV cache and their keys and
-values, native/src/session_state.h) in what makes it safe to load:
+A file wraps the engine's exported state (the ids in the KV cache, their keys and
+values, and a hybrid model's recurrent state with its checkpoints,
+native/src/session_state.h) in what makes it safe to load:
 
     8 bytes   magic b"LLMDSESS"
     u32       format version (FORMAT_VERSION)
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 log = logging.getLogger("llmd.sessions")
 
 MAGIC = b"LLMDSESS"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the payload carries the recurrent state of hybrid models
 SUFFIX = ".session"
 _PREFIX = struct.Struct("<8sIIQI")  # magic, version, metadata length, payload length, crc32
 _MAX_METADATA = 64 << 20            # far above what MAX_REPLIES replies take

@@ -74,8 +74,8 @@ def test_convolution_layers_keep_a_state_instead_of_keys_and_values(engine):
     # once live and once per checkpoint it may hold.
     assert info.recurrent_bytes == conv_layers * 2 * dim * 4 * (1 + 8)
     assert info.bytes_per_session == info.kv_bytes_per_token * N_CTX + info.recurrent_bytes + info.n_vocab * 4
-    # A shared prefix of blocks would come without the recurrent state at its end.
-    assert info.kv_shares_prefixes is False
+    # A prefix is shared as blocks and a snapshot of the state at their end.
+    assert info.kv_shares_prefixes is True
 
 
 def test_a_prefill_in_chunks_or_token_by_token_gives_exactly_the_same_logits(engine, ids):
@@ -227,20 +227,20 @@ def test_sessions_are_isolated_under_concurrency(server):
     assert_sessions_are_isolated_under_concurrency(server)
 
 
-def test_a_recurrent_session_refuses_export_and_import_rather_than_lose_its_state(engine, ids):
-    with engine.new_session() as s:
-        s.prefill(ids[:10])
-        for call in (lambda: s.export_state(), lambda: s.import_state(b"LKVS")):
-            with pytest.raises(EngineError, match="recurrent layers cannot be exported or imported") as err:
-                call()
-            assert err.value.status == lib.LLMD_ERR_UNSUPPORTED
-        assert s.position == 10
-
-
-def test_session_dir_keeps_a_recurrent_model_s_sessions_in_memory(models, tmp_path):
+def test_session_dir_saves_a_recurrent_model_s_sessions_and_restores_them_after_a_restart(models, tmp_path):
     log = tmp_path / "log.txt"
-    with open(log, "w") as stderr, running_llmd("--model", str(models["lfm2"]), "--max-sessions", "3",
-                                                "--session-dir", str(tmp_path / "dir"), stderr=stderr) as url:
-        assert chat(model_client(url), [{"role": "user", "content": "hello"}], "kept")["choices"]
-    assert "sessions of a model with recurrent layers (lfm2) are not saved to disk" in log.read_text()
-    assert not (tmp_path / "dir").exists()  # never opened
+    turn = [{"role": "user", "content": "hello"}]
+    args = ("--model", str(models["lfm2"]), "--max-sessions", "3", "--session-dir", str(tmp_path / "dir"))
+    with open(log, "w") as stderr, running_llmd(*args, stderr=stderr) as url:
+        first = chat(model_client(url), turn, "kept")
+    assert "recurrent layers" not in log.read_text() and "session 'kept' saved to disk" in log.read_text()
+    # The reply in the history is given text (the random model's bytes need not
+    # tokenize back to its ids): the restored session resumes from the checkpoint the
+    # file kept where its first prompt ended, and answers as a cold request does.
+    history = turn + [{"role": "assistant", "content": "jumps over the lazy dog"},
+                      {"role": "user", "content": "and again"}]
+    with running_llmd(*args) as url:
+        client = model_client(url)
+        restored, cold = chat(client, history, "kept"), chat(client, history)
+    assert restored["usage"]["prompt_tokens_details"]["cached_tokens"] == first["usage"]["prompt_tokens"]
+    assert restored["choices"][0]["message"] == cold["choices"][0]["message"]

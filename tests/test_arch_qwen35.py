@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 
 from llmd._native import ffi, lib
 from llmd.engine import Engine, EngineError
+from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import ARRAY, BOOL, GGML_Q8_0, build_tiny_qwen35
 from tests.llama_cpp_golden import golden_tests
@@ -186,3 +188,44 @@ def test_a_ten_turn_conversation_resumes_warm_every_turn(server):
             assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.9 * previous_total, (turn, usage)
         previous_total = usage["prompt_tokens"] + usage["completion_tokens"]
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+
+
+def ask(client, messages: list[dict], **params) -> dict:
+    """A chat request without a session id (the scratch slot and the prefix cache)."""
+    return client.request("POST", "/chat/completions",
+                          client.chat_body(messages, max_tokens=6, logit_bias={}, **params)).json()
+
+
+def test_an_anonymous_conversation_resumes_from_block_boundaries_and_answers_as_a_cold_request(server):
+    messages, previous_prompt = [], 0
+    for turn in range(6):
+        messages.append({"role": "user", "content": f"turn {turn}: tell me about the lighthouse keeper"})
+        warm = ask(server, messages, cache_salt="anonymous")
+        cold = ask(server, messages, cache_salt=f"cold-{turn}")  # a salt of its own: nothing to share
+        cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+        # The state was kept at least at the last block boundary of the previous prompt.
+        assert cached % 64 == 0 and cached >= previous_prompt // 64 * 64, (turn, warm["usage"])
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert warm["choices"][0]["message"] == cold["choices"][0]["message"]
+        previous_prompt = warm["usage"]["prompt_tokens"]
+        messages.append({"role": "assistant", "content": warm["choices"][0]["message"]["content"]})
+    assert previous_prompt >= 3 * 64  # the conversation crossed several boundaries
+    metrics = Client(server.base_url.removesuffix("/v1")).request("GET", "/metrics").body.decode()
+    assert int(re.search(r"^llmd_prefix_cache_recurrent_snapshots (\d+)$", metrics, re.M).group(1)) > 0
+
+
+def test_an_anonymous_conversation_resumes_where_its_previous_turn_stood(server):
+    messages, previous_prompt = [], 0
+    for turn in range(5):
+        messages.append({"role": "user", "content": f"turn {turn}: and what about the harbour master"})
+        warm = ask(server, messages, cache_salt="alone")
+        # The scratch session lends its own state: the checkpoint where the previous
+        # prompt ended at least, or the end of the previous reply when it came back as is.
+        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= previous_prompt, (turn, warm["usage"])
+        previous_prompt = warm["usage"]["prompt_tokens"]
+        messages.append({"role": "assistant", "content": warm["choices"][0]["message"]["content"]})
+    messages.append({"role": "user", "content": "the last question"})
+    warm, cold = ask(server, messages, cache_salt="alone"), ask(server, messages, cache_salt="cold")
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= previous_prompt > 0
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert warm["choices"][0]["message"] == cold["choices"][0]["message"]

@@ -1,12 +1,13 @@
 """The engine's paged KV memory and prefix cache (native/src/kvpool.h): blocks shared
 between sessions of one scope, reference counts, copy on write, retired blocks under
-their budget, and outputs equal to a fresh prefill's. Tiny random-weight models."""
+their budget, the recurrent snapshots of hybrid models (recurrent.h: SnapshotCache),
+and outputs equal to a fresh prefill's. Tiny random-weight models."""
 import random
 
 import pytest
 
 from llmd.engine import Engine, EngineError, Sampling
-from tests.gguf_writer import build_tiny_gemma3
+from tests.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_tiny_qwen35
 
 BLOCK = 64  # positions per block (kKVBlock)
 
@@ -182,6 +183,25 @@ def test_retired_blocks_beyond_the_budget_are_evicted_least_recent_first(model):
             assert c.share_prefix("", other, 0) == 2 * BLOCK
 
 
+def test_sessions_growing_side_by_side_compute_what_one_alone_does(model):
+    """A context of 256 makes slabs of 4 blocks (kvpool.h: placement): three sessions
+    that take turns to grow interleave their blocks, cross slabs and land in the middle
+    of free runs, so attention reads their blocks apart where a lone session's lie in a
+    row. Neither changes a bit; the emptied slabs are freed and come back."""
+    with Engine(model.path, n_threads=2, max_sessions=4, n_ctx=256) as engine:
+        texts = [prompt(230, seed=20 + i) for i in range(3)]
+        alone = [fresh(engine, ids) for ids in texts]
+        for _ in range(2):
+            sessions = [engine.new_session() for _ in texts]
+            for start in range(0, 230, 50):
+                for s, ids in zip(sessions, texts):
+                    s.prefill(ids[start:start + 50])
+            assert [(s.logits(), greedy(s)) for s in sessions] == alone
+            for s in sessions:
+                s.close()
+            assert engine.kv_stats().blocks_live == 0
+
+
 def test_share_prefix_refuses_bad_arguments(engine, model):
     with engine.new_session() as s:
         with pytest.raises(EngineError):
@@ -259,3 +279,142 @@ def test_a_prefix_with_copied_rings_saves_and_restores_exactly(gemma):
         assert (c.logits(), greedy(c)) == expected
     a.close()
     b.close()
+
+
+# ---- hybrid models: the recurrent state at a block boundary -------------------------------
+
+SNAPSHOTS = 8  # kSnapshots: the engine's budget of recurrent snapshots, in states
+
+
+@pytest.fixture(scope="module", params=["qwen35", "lfm2"])
+def hybrid_model(request, tmp_path_factory):
+    build = build_tiny_qwen35 if request.param == "qwen35" else build_tiny_lfm2
+    return build(n_ctx=512).write(tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf")
+
+
+@pytest.fixture
+def hybrid(hybrid_model):
+    with Engine(str(hybrid_model), n_threads=2, n_ctx=512, max_sessions=8) as e:
+        yield e
+
+
+def state_bytes(engine: Engine) -> int:
+    return engine.info.recurrent_bytes // 9  # the live state and room for 8 checkpoints
+
+
+def test_a_hybrid_engine_shares_prefixes_and_counts_its_snapshots_in_capacity(hybrid):
+    info, stats = hybrid.info, hybrid.kv_stats()
+    assert info.kv_shares_prefixes
+    assert (stats.snapshots, stats.snapshot_bytes, stats.snapshot_budget) == (0, 0, SNAPSHOTS * state_bytes(hybrid))
+    per = info.bytes_per_session
+    assert hybrid.capacity(2 * per + stats.snapshot_budget)[0] == 2
+    assert hybrid.capacity(2 * per + stats.snapshot_budget - 1)[0] == 1
+
+
+def test_a_hybrid_prefix_resumes_at_the_last_block_boundary_of_a_prefill_exactly(hybrid):
+    ids = prompt(150)
+    joined(hybrid, "", ids).close()  # its blocks retire, its snapshot stays
+    stats = hybrid.kv_stats()
+    assert (stats.snapshots, stats.snapshot_bytes) == (1, state_bytes(hybrid))  # at 128, not at 64
+    longer = ids + prompt(20, seed=2)
+    with hybrid.new_session() as b:
+        assert b.share_prefix("", longer, 0) == 2 * BLOCK  # whole blocks only: no tail without a state
+        assert b.checkpoints == [] and b.position == 2 * BLOCK
+        b.prefill(longer[2 * BLOCK:])
+        assert (b.logits(), greedy(b)) == fresh(hybrid, longer)
+
+
+def test_a_hybrid_prefix_without_a_snapshot_at_its_end_is_not_shared(hybrid):
+    a = joined(hybrid, "", prompt(150))
+    with hybrid.new_session() as b:  # the blocks of 0..64 match, but no state was kept at 64
+        assert b.share_prefix("", prompt(100), 0) == 0
+        assert b.position == 0
+    a.close()
+
+
+def test_a_reply_leaves_the_state_at_its_newest_block_boundary_exactly(hybrid):
+    a = joined(hybrid, "", prompt(60))  # no boundary in the prompt: no snapshot
+    assert hybrid.kv_stats().snapshots == 0
+    generated = greedy(a, 140)  # positions 60..198 enter the cache: boundaries 64, 128, 192
+    assert hybrid.kv_stats().snapshots == 1  # each replaced the one before it
+    a.close()
+    ids = prompt(60) + generated[:139] + prompt(5, seed=2)
+    with hybrid.new_session() as b:
+        assert b.share_prefix("", ids, 0) == 3 * BLOCK
+        b.prefill(ids[3 * BLOCK:])
+        assert (b.logits(), greedy(b)) == fresh(hybrid, ids)
+
+
+def test_a_live_hybrid_session_lends_its_state_where_it_stands_and_at_its_checkpoints(hybrid):
+    a = joined(hybrid, "", prompt(100))
+    generated = greedy(a, 10)  # a stands at 109; a checkpoint at 100
+    for ids, lent in ((prompt(100) + generated[:9] + [7], 109),  # where it stands: no block boundary
+                      (prompt(100) + prompt(5, seed=2), 100)):   # its checkpoint where the prompt ended
+        with hybrid.new_session() as b:
+            assert b.share_prefix("", ids, 0) == lent
+            b.prefill(ids[lent:])
+            assert (b.logits(), greedy(b)) == fresh(hybrid, ids)
+    assert a.position == 109 and a.checkpoints == [100]  # the lender is unchanged
+    a.close()
+
+
+def test_a_hybrid_session_resumes_from_its_own_state_through_the_prefix_cache(hybrid):
+    ids = prompt(100)
+    with hybrid.new_session() as s:  # as the scratch session serves anonymous requests
+        s.share_prefix("", ids, 0)
+        s.prefill(ids)
+        greedy(s, 5)  # s stands at 104
+        longer = ids + prompt(30, seed=3)
+        assert s.share_prefix("", longer, 0) == 100  # its checkpoint at the prompt's end
+        s.prefill(longer[100:])
+        assert (s.logits(), greedy(s)) == fresh(hybrid, longer)
+
+
+def test_another_scope_never_reuses_a_hybrid_prefix(hybrid):
+    ids = prompt(200)
+    a = joined(hybrid, "key-a", ids)
+    with hybrid.new_session() as b:
+        assert b.share_prefix("key-b", ids + [1], 0) == 0
+        assert b.position == 0
+    with hybrid.new_session() as c:
+        assert c.share_prefix("key-a", ids + [1], 0) == 200  # a's live state
+    a.close()
+
+
+def test_a_hybrid_cache_that_served_another_scope_offers_no_snapshot(hybrid):
+    ids = prompt(200)
+    with hybrid.new_session() as s:
+        s.prefill(ids)  # computed before it joined any scope
+        assert hybrid.kv_stats().snapshots == 0
+        assert s.share_prefix("key-b", ids + [1], 200) == 0
+        s.prefill(list(range(1, 60)))  # crosses 256 while foreign: nothing offered
+        assert hybrid.kv_stats().snapshots == 0
+        with hybrid.new_session() as other:
+            assert other.share_prefix("key-b", ids + [1], 0) == 0
+
+
+def test_a_longer_own_checkpoint_is_kept_and_valid_checkpoints_survive_a_shared_prefix(hybrid):
+    ids = prompt(200)
+    a = joined(hybrid, "", ids)
+    with hybrid.new_session() as b:
+        b.share_prefix("", ids[:30], 0)
+        b.prefill(ids[:30])
+        b.prefill(prompt(10, seed=4))  # checkpoints 30 and 40; only 30 agrees with ids
+        assert b.share_prefix("", ids + [1], 30) == 200  # a's live state
+        assert b.checkpoints == [30]
+        b.truncate(30)  # the checkpoint kept is still the state after ids[:30]
+        b.prefill(ids[30:])
+        assert (b.logits(), greedy(b)) == fresh(hybrid, ids)
+        assert b.share_prefix("", ids + [1], 200) == 0  # nothing longer than its own 200
+    a.close()
+
+
+def test_hybrid_snapshots_beyond_their_budget_leave_least_recently_used_first(hybrid):
+    prompts = [prompt(70, seed=20 + i) for i in range(SNAPSHOTS + 1)]
+    for ids in prompts:
+        joined(hybrid, "", ids).close()
+    stats = hybrid.kv_stats()
+    assert (stats.snapshots, stats.snapshot_bytes) == (SNAPSHOTS, SNAPSHOTS * state_bytes(hybrid))
+    with hybrid.new_session() as s:
+        assert s.share_prefix("", prompts[0] + [1], 0) == 0  # the oldest went
+        assert s.share_prefix("", prompts[-1] + [1], 0) == BLOCK

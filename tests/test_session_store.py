@@ -29,7 +29,7 @@ from llmd.session_store import (FORMAT_VERSION, MAGIC, SUFFIX, SessionStore, dec
 from llmd.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
-from tests.gguf_writer import build_tiny_gemma3
+from tests.gguf_writer import build_tiny_gemma3, build_tiny_qwen35
 
 FINGERPRINT = "f" * 64
 PAYLOAD = bytes(range(256)) * 40
@@ -299,6 +299,21 @@ async def test_a_session_whose_rings_wrapped_comes_back_from_disk_and_equals_a_f
     again = await complete(longer, "ring")
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
     assert again["choices"][0]["text"] == (await complete(longer, None))["choices"][0]["text"]
+
+
+@pytest.mark.asyncio
+async def test_a_hybrid_session_comes_back_from_disk_and_answers_as_one_that_never_left(stack, tmp_path):
+    model = build_tiny_qwen35(n_ctx=512).write(tmp_path / "qwen35.gguf")
+    client, table, _ = await stack(model=model, n_ctx=512)
+    histories = {sid: [] for sid in "abc"}
+    for sid in "abc":
+        await turn(client, sid, histories[sid], "the same first question" if sid != "c" else "hello")
+    assert "a" not in table.named and "b" in table.named  # "c" evicted "a"
+    kept = await turn(client, "b", histories["b"], "and a second one")
+    back = await turn(client, "a", histories["a"], "and a second one")  # from its file
+    assert table.store.loaded == 1
+    assert cached(back) == cached(kept) > 0
+    assert histories["a"] == histories["b"]
 
 
 @pytest.mark.asyncio

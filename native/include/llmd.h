@@ -78,7 +78,7 @@ typedef struct {
     uint64_t recurrent_bytes;   /* per session: that state and room for its checkpoints */
     int32_t kv_block_positions; /* KV memory is paged in blocks of this many positions */
     uint64_t kv_block_bytes;    /* bytes of one block (every layer that attends all positions) */
-    int32_t kv_shares_prefixes; /* 1 if sessions can share blocks (no recurrent layers) */
+    int32_t kv_shares_prefixes; /* 1 if sessions can share prefixes (paged layers; recurrent ones by snapshots) */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
@@ -117,11 +117,16 @@ llmd_status llmd_engine_live_sessions(const llmd_engine *engine, int32_t *n);
 /* The paged KV memory now; any thread may call it. `live` blocks are held by
  * sessions (`refs` holds in all: a block several sessions share counts once in
  * live and once per session in refs); `retired` blocks are the prefix cache's,
- * held by none and kept for reuse under the engine's prefix_cache_bytes. */
+ * held by none and kept for reuse under the engine's prefix_cache_bytes. A model
+ * with recurrent layers also keeps `snapshots` of their state at block boundaries
+ * (`snapshot_bytes` in all, within `snapshot_budget`, which capacity counts). */
 typedef struct {
     int64_t blocks_live;
     int64_t blocks_retired;
     int64_t block_refs;
+    int64_t snapshots;
+    int64_t snapshot_bytes;
+    int64_t snapshot_budget;
 } llmd_kv_stats;
 llmd_status llmd_engine_kv_stats(const llmd_engine *engine, llmd_kv_stats *out);
 
@@ -235,7 +240,12 @@ llmd_status llmd_session_position(const llmd_session *session, int32_t *pos);
  * ones) and then the longest run of further ids another live session of the scope
  * holds, copied. A model with sliding-window layers (rings, not blocks) reuses a
  * prefix only up to where a live session of the scope holds it in its rings too
- * (at or past that session's resume floor), and copies those rings' window.
+ * (at or past that session's resume floor), and copies those rings' window. A
+ * model with recurrent layers reuses a prefix only where its recurrent state is held:
+ * whole blocks up to the last one whose end the engine keeps a snapshot of the state
+ * at (taken at the last block boundary of each prefill and the newest one of each
+ * reply's decode), or up to where a live session of the scope (this one too) holds
+ * the state, live or as a checkpoint, copied with its partly filled block.
  * What is reused is exactly what prefilling those ids computes.
  * An engine whose kv_shares_prefixes is 0 always answers 0. */
 llmd_status llmd_session_share_prefix(llmd_session *session, const char *scope, size_t scope_len,
@@ -245,19 +255,19 @@ llmd_status llmd_session_share_prefix(llmd_session *session, const char *scope, 
  * count (LLMD_ERR_INVALID_ARGUMENT when capacity was too small). */
 llmd_status llmd_session_tokens(const llmd_session *session, int32_t *out, size_t capacity, size_t *n_out);
 
-/* A session's state as bytes: the first n_tokens ids in its KV cache and their keys
- * and values, in the canonical layout of native/src/session_state.h (not the
+/* A session's state as bytes: the first n_tokens ids in its KV cache, their keys
+ * and values, and the recurrent layers' state after them with the newest checkpoint
+ * before them, in the canonical layout of native/src/session_state.h (not the
  * cache's memory layout); n_tokens is 0 or a position truncate would accept (at most
- * position, at least resume_floor), else LLMD_ERR_INVALID_ARGUMENT. The session is
+ * position, at least resume_floor), else LLMD_ERR_INVALID_ARGUMENT; with recurrent
+ * layers the position or a checkpoint, else LLMD_ERR_STATE. The session is
  * not changed. llmd_session_state_size gives the length; export writes exactly that
  * many bytes. Import restores such bytes into a session of an engine running the
  * same model shape at the same context, replacing its cache (the pending token and
  * logits are dropped, as by truncate): bytes of another shape, another context or
  * format version, a bad token id or a wrong length are LLMD_ERR_FORMAT with the
  * reason, and the session is left unchanged. The bytes carry no checksum and no
- * model identity: whoever stores them must (llmd/session_store.py). A model with
- * recurrent layers (n_recurrent_layers > 0) refuses all three with
- * LLMD_ERR_UNSUPPORTED: its state is not in the format. */
+ * model identity: whoever stores them must (llmd/session_store.py). */
 llmd_status llmd_session_state_size(const llmd_session *session, int32_t n_tokens, size_t *bytes);
 llmd_status llmd_session_export(const llmd_session *session, int32_t n_tokens, uint8_t *out, size_t len);
 llmd_status llmd_session_import(llmd_session *session, const uint8_t *data, size_t len);

@@ -41,7 +41,8 @@ struct AttnRun {
 };
 
 // Asks the memory system for the first n_pos positions of a run (keys and values)
-// ahead of their use: a paged cache's next block lies elsewhere in memory, where the
+// ahead of their use: a paged cache's next block may lie elsewhere in memory (where
+// its session's previous block had no free slot behind it, kvpool.h), where the
 // hardware's prefetchers, which follow a stream, have not gone yet.
 inline void prefetch_run(const uint16_t *k, const uint16_t *v, int n_pos, int hd) {
     const size_t bytes = static_cast<size_t>(n_pos) * hd * sizeof(uint16_t);

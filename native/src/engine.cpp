@@ -30,6 +30,11 @@
 
 using namespace llmd;
 
+// Recurrent snapshots the prefix cache keeps (a hybrid model's): a conversation leaves
+// about two per turn (the end of its prompt and of its reply), of which the newest
+// pair is what its next turn resumes from.
+constexpr uint64_t kSnapshots = 8;
+
 struct llmd_engine {
     std::unique_ptr<GGUFFile> file;
     std::unique_ptr<Vocab> vocab;
@@ -44,7 +49,9 @@ struct llmd_engine {
     int n_ctx = 0;
     int max_sessions = 0;
     std::unique_ptr<KVPool> kv_pool; // before the sessions, whose caches hold its blocks
-    bool kv_shares = false;          // no recurrent layers: a prefix's KV is its blocks (and a ring's copy)
+    bool kv_shares = false;          // a prefix's KV is its blocks (and a ring's copy, or a recurrent snapshot)
+    std::unique_ptr<SnapshotCache> snapshots; // the recurrent layers' part of the prefix cache
+    uint64_t snapshot_budget = 0;             // its bytes: kSnapshots states (counted in capacity)
     std::vector<std::unique_ptr<llmd_session>> sessions;
 
     // Each layer's memory (keys and values per position, a ring, or a recurrent state
@@ -61,6 +68,7 @@ struct llmd_session {
     llmd_engine *engine = nullptr;
     KVCache kv;
     RecurrentState rs;           // the recurrent layers' state at position, and its checkpoints
+    uint64_t reply_snapshot = 0; // serial of the snapshot this reply's decode published last (0: none)
     std::vector<int32_t> tokens; // ids in the KV cache: tokens.size() == position
     int32_t pending = -1;        // sampled, enters the cache at the next decode step
     std::vector<float> logits;   // next-token logits after tokens (+ nothing pending)
@@ -237,7 +245,69 @@ uint64_t model_fingerprint(const GGUFFile &file) {
     return h;
 }
 
+// With recurrent layers: offers the state after the session's tokens to the prefix
+// cache when they end a block that the session published (recurrent.h:
+// SnapshotCache), in place of the snapshot `replaces` (0: none). Returns the
+// snapshot's serial, or 0 when none was taken.
+uint64_t publish_snapshot(llmd_session *s, uint64_t replaces = 0) {
+    const int full = static_cast<int>(s->tokens.size()) / kKVBlock;
+    if (s->rs.empty() || !s->engine->kv_shares || s->tokens.size() % kKVBlock != 0 || full == 0 ||
+        !s->kv.sharing || s->kv.foreign || s->kv.published < full)
+        return 0;
+    const uint64_t serial = s->engine->kv_pool->serial(s->kv.blocks[full - 1]);
+    s->engine->snapshots->put(serial, s->rs.now, replaces);
+    return serial;
+}
+
+// llmd_session_share_prefix for a model with recurrent layers: the longest prefix of
+// ids whose recurrent state the engine holds, if longer than keep. That is a chain of
+// the scope's published blocks that ends where a snapshot of the state was taken
+// (whole blocks), or a position of a live session of the scope (this one too) where
+// it holds the state, live or as a checkpoint, and its blocks before it are published:
+// those are held, its partly filled block there copied, its state copied.
+llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limit, int32_t keep, int32_t *reused) {
+    llmd_engine *e = s->engine;
+    PrefixMatch m = e->kv_pool->match(s->kv.scope, ids, limit, {});
+    size_t full = m.blocks.size();
+    const std::vector<float> *state = nullptr;
+    for (; full > 0 && static_cast<int>(full) * kKVBlock > keep; --full)
+        if ((state = e->snapshots->find(e->kv_pool->serial(m.blocks[full - 1]))) != nullptr) break;
+    int at = state != nullptr ? static_cast<int>(full) * kKVBlock : 0;
+    m.trim(at);
+    for (const auto &other : e->sessions) {
+        const llmd_session *h = other.get();
+        if (!h->kv.sharing || h->kv.foreign || h->kv.scope != s->kv.scope) continue;
+        const int end = std::min(limit, static_cast<int>(h->tokens.size()));
+        int common = 0;
+        while (common < end && h->tokens[common] == ids[common]) ++common;
+        // The live state, unless a pass failed part way through it (its pos ran ahead of
+        // the tokens), or a checkpoint (taken only where a pass ended).
+        const bool live = static_cast<int>(h->tokens.size()) <= common && h->rs.pos == common;
+        int point = live ? common : 0;
+        for (const RecurrentState::Checkpoint &c : h->rs.checkpoints)
+            if (c.pos <= common) point = std::max(point, c.pos);
+        if (point <= at || h->kv.published < point / kKVBlock) continue;
+        at = point;
+        state = h->rs.state_at(point);
+        m.blocks.assign(h->kv.blocks.begin(), h->kv.blocks.begin() + point / kKVBlock);
+        m.tail_len = point % kKVBlock;
+        m.tail_block = m.tail_len > 0 ? h->kv.blocks[point / kKVBlock] : -1;
+    }
+    if (state == nullptr || at <= keep) return LLMD_OK;
+    int valid = 0; // the session's own checkpoints up to here still hold for ids
+    while (valid < at && static_cast<size_t>(valid) < s->tokens.size() && s->tokens[valid] == ids[valid]) ++valid;
+    s->kv.adopt(m);
+    s->rs.adopt(at, *state, valid); // a state of this session's own is read before its checkpoints are trimmed
+    s->tokens.assign(ids, ids + at);
+    s->pending = -1;
+    s->logits_valid = false;
+    s->reply_snapshot = 0;
+    *reused = at;
+    return LLMD_OK;
+}
+
 int capacity_for(const llmd_engine *e, uint64_t budget) {
+    budget -= std::min(budget, e->snapshot_budget); // the prefix cache's recurrent snapshots come first
     const uint64_t n = budget / std::max<uint64_t>(1, e->bytes_per_session());
     return static_cast<int>(std::min<uint64_t>(n, 4096));
 }
@@ -273,6 +343,9 @@ llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out
             llmd_session *s = fed[j];
             s->tokens.push_back(s->pending);
             s->kv.publish(s->tokens);
+            // The newest block boundary of a reply is what the next turn can resume
+            // from; the one before it, taken by this reply, makes room.
+            if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
             s->pending = -1;
             std::copy_n(logits.data() + j * hp.n_vocab, hp.n_vocab, s->logits.data());
             s->logits_valid = true;
@@ -343,6 +416,13 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
         if (e->n_ctx > (1 << 20)) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_ctx is too large");
         e->model->use_context(e->n_ctx);
+        size_t ring = 0, block = 0;
+        KVCache::layout(hp, e->n_ctx, &ring, &block);
+        // A recurrent model's prefix is its blocks and a snapshot of the state after
+        // them; one that also kept sliding-window rings would need both: none does.
+        const bool recurrent = RecurrentState::state_bytes(hp) > 0;
+        e->kv_shares = block > 0 && !(recurrent && ring > 0);
+        e->snapshot_budget = e->kv_shares ? RecurrentState::state_bytes(hp) * kSnapshots : 0;
         const uint64_t budget = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : physical_memory() / 4;
         e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
         if (e->max_sessions < 1)
@@ -352,13 +432,11 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         if (n_threads > 256) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large");
         e->pool = std::make_unique<ThreadPool>(n_threads);
         e->ws.reserve(hp, 1);
-        size_t ring = 0, block = 0;
-        KVCache::layout(hp, e->n_ctx, &ring, &block);
-        // A recurrent state is no prefix of blocks: a hybrid model shares none.
-        e->kv_shares = block > 0 && RecurrentState::state_bytes(hp) == 0;
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
                                                              : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
-        e->kv_pool = std::make_unique<KVPool>(block, fingerprint, retired);
+        const size_t runs = block > 0 ? block / (static_cast<size_t>(kKVBlock) * hp.head_dim) : 0;
+        e->kv_pool = std::make_unique<KVPool>(runs, hp.head_dim, (e->n_ctx + kKVBlock - 1) / kKVBlock, fingerprint, retired);
+        e->snapshots = std::make_unique<SnapshotCache>(e->snapshot_budget);
         *out = e.release();
         return LLMD_OK;
     });
@@ -441,7 +519,8 @@ llmd_status llmd_engine_kv_stats(const llmd_engine *e, llmd_kv_stats *out) {
     return guarded([&]() -> llmd_status {
         if (e == nullptr || out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
         if (const llmd_status st = check_weights(e); st != LLMD_OK) return st;
-        *out = {e->kv_pool->live(), e->kv_pool->retired(), e->kv_pool->refs()};
+        *out = {e->kv_pool->live(),         e->kv_pool->retired(),  e->kv_pool->refs(),
+                e->snapshots->count(),      e->snapshots->bytes(),  static_cast<int64_t>(e->snapshot_budget)};
         return LLMD_OK;
     });
 }
@@ -577,14 +656,21 @@ llmd_status llmd_session_prefill(llmd_session *s, const int32_t *ids, size_t n) 
         s->pending = -1; // a sampled token that was never fed is not part of the sequence
         s->logits_valid = false;
         s->rs.checkpoint(); // the end of a reply that this prefill continues
+        s->reply_snapshot = 0; // that reply's snapshot stays
+        // With recurrent layers, a chunk ends at the last block boundary of the prompt,
+        // where the state is offered to the prefix cache (prefill is chunk-invariant).
+        const size_t boundary = s->rs.empty() ? 0 : (pos + n) / kKVBlock * kKVBlock;
         std::vector<BatchToken> batch(std::min<size_t>(n, kMaxBatch));
-        for (size_t i = 0; i < n; i += kMaxBatch) {
-            const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
-            for (int j = 0; j < m; ++j)
+        for (size_t i = 0; i < n;) {
+            size_t m = std::min<size_t>(kMaxBatch, n - i);
+            if (pos + i < boundary) m = std::min(m, boundary - pos - i);
+            for (size_t j = 0; j < m; ++j)
                 batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1, &s->rs};
-            forward(*e->model, batch.data(), m, e->ws, *e->pool, s->logits.data());
+            forward(*e->model, batch.data(), static_cast<int>(m), e->ws, *e->pool, s->logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
             s->kv.publish(s->tokens);
+            i += m;
+            if (pos + i == boundary) publish_snapshot(s);
         }
         s->rs.checkpoint();
         s->logits_valid = true;
@@ -642,6 +728,7 @@ llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
                                             std::to_string(s->tokens.size()) + ")");
         }
         s->kv.truncate(pos);
+        s->reply_snapshot = 0;
         if (pos == 0) s->rs.reset();
         else if (!here && !s->rs.empty()) s->rs.restore(pos);
         s->tokens.resize(pos);
@@ -670,6 +757,7 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
             if (other->kv.sharing && !other->kv.foreign && other->kv.scope == joined)
                 holders.push_back({&other->kv, &other->tokens});
         const int limit = static_cast<int>(std::min<size_t>(n - 1, static_cast<size_t>(e->n_ctx)));
+        if (!s->rs.empty()) return share_recurrent_prefix(s, ids, limit, keep, reused);
         PrefixMatch m = e->kv_pool->match(s->kv.scope, ids, limit, holders);
         // Sliding-window layers keep no blocks: their part of a prefix comes from a live
         // session of the scope whose rings still hold the window the prefix's next
@@ -694,7 +782,7 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
                     ring_begin = std::max({ring_begin, rings->held_from(L), best - L.slots});
         }
         if (m.length() <= keep) return LLMD_OK;
-        s->kv.adopt(hp, m);
+        s->kv.adopt(m);
         if (rings != nullptr) {
             if (rings != &s->kv) s->kv.copy_rings(hp, *rings, ring_begin, m.length()); // its own are in place
             s->kv.ring_low = ring_begin;
@@ -747,10 +835,9 @@ llmd_status llmd_session_tokens(const llmd_session *s, int32_t *out, size_t capa
     });
 }
 
-// A prefix of the session that its cache holds whole: 0, or from resume_floor on.
+// A prefix of the session that its cache holds whole: 0, or from resume_floor on,
+// and with recurrent layers the position or a checkpoint.
 llmd_status check_state_prefix(const llmd_session *s, int32_t n) {
-    if (!s->rs.empty()) // the format holds ids and keys and values: importing them alone would be wrong state
-        return fail(LLMD_ERR_UNSUPPORTED, "sessions of a model with recurrent layers cannot be exported or imported");
     if (n < 0 || static_cast<size_t>(n) > s->tokens.size())
         return fail(LLMD_ERR_INVALID_ARGUMENT, "n_tokens " + std::to_string(n) + " is outside 0.." +
                                                    std::to_string(s->tokens.size()));
@@ -758,6 +845,9 @@ llmd_status check_state_prefix(const llmd_session *s, int32_t n) {
         return fail(LLMD_ERR_INVALID_ARGUMENT, "n_tokens " + std::to_string(n) + " is before " +
                                                    std::to_string(s->kv.resume_floor()) +
                                                    ": the sliding-window layers no longer hold what it attends");
+    if (!s->rs.empty() && n > 0 && static_cast<size_t>(n) != s->tokens.size() && !s->rs.has_checkpoint(n))
+        return fail(LLMD_ERR_STATE, "n_tokens " + std::to_string(n) +
+                                        " is not a checkpoint of the recurrent layers' state, nor the position");
     return LLMD_OK;
 }
 
@@ -766,7 +856,7 @@ llmd_status llmd_session_state_size(const llmd_session *s, int32_t n_tokens, siz
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (bytes == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "bytes must not be null");
         if (const llmd_status st = check_state_prefix(s, n_tokens); st != LLMD_OK) return st;
-        *bytes = state_bytes(s->engine->model->hp, s->kv, n_tokens);
+        *bytes = state_bytes(s->engine->model->hp, s->kv, s->rs, n_tokens);
         return LLMD_OK;
     });
 }
@@ -776,9 +866,9 @@ llmd_status llmd_session_export(const llmd_session *s, int32_t n_tokens, uint8_t
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (const llmd_status st = check_state_prefix(s, n_tokens); st != LLMD_OK) return st;
         const HParams &hp = s->engine->model->hp;
-        if (out == nullptr || len != state_bytes(hp, s->kv, n_tokens))
+        if (out == nullptr || len != state_bytes(hp, s->kv, s->rs, n_tokens))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "the state buffer must hold exactly llmd_session_state_size bytes");
-        state_write(hp, s->kv, s->engine->n_ctx, s->tokens.data(), n_tokens, out);
+        state_write(hp, s->kv, s->rs, s->engine->n_ctx, s->tokens.data(), n_tokens, out);
         return LLMD_OK;
     });
 }
@@ -787,15 +877,14 @@ llmd_status llmd_session_import(llmd_session *s, const uint8_t *data, size_t len
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (data == nullptr && len > 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "data must not be null");
-        if (!s->rs.empty())
-            return fail(LLMD_ERR_UNSUPPORTED, "sessions of a model with recurrent layers cannot be exported or imported");
         std::string err;
         std::vector<int32_t> tokens;
         bool read = false;
         try {
-            read = state_read(s->engine->model->hp, s->kv, s->engine->n_ctx, data, len, &tokens, &err);
-        } catch (...) { // out of blocks part way: the cache is emptied, and so are its ids
+            read = state_read(s->engine->model->hp, s->kv, s->rs, s->engine->n_ctx, data, len, &tokens, &err);
+        } catch (...) { // out of memory part way: the cache is emptied, and so are its ids and state
             s->kv.truncate(0);
+            s->rs.reset();
             s->tokens.clear();
             s->pending = -1;
             s->logits_valid = false;
@@ -803,6 +892,7 @@ llmd_status llmd_session_import(llmd_session *s, const uint8_t *data, size_t len
         }
         if (!read) return fail(LLMD_ERR_FORMAT, err);
         s->tokens = std::move(tokens);
+        s->reply_snapshot = 0;
         s->pending = -1;
         s->logits_valid = false;
         return LLMD_OK;

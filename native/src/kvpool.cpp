@@ -1,12 +1,12 @@
 // kvpool.cpp — see kvpool.h.
 #include "kvpool.h"
 
+#include "attention.h"
 #include "model.h"
 
 #include <algorithm>
 #include <cstring>
 #include <new>
-#include <sys/mman.h>
 
 namespace llmd {
 
@@ -21,36 +21,75 @@ uint64_t mix(uint64_t h, uint64_t x) { // splitmix64's finaliser over h ^ x
 
 } // namespace
 
-KVPool::KVPool(size_t elements, uint64_t fingerprint, uint64_t retired_budget)
-    : elements_(elements), fingerprint_(fingerprint),
-      retired_max_(elements > 0 ? retired_budget / (2 * elements * sizeof(uint16_t)) : 0) {}
+KVPool::KVPool(size_t runs, int head_dim, int slab_blocks, uint64_t fingerprint, uint64_t retired_budget)
+    : runs_(runs), run_elements_(static_cast<size_t>(kKVBlock) * head_dim),
+      slab_blocks_(static_cast<size_t>(std::clamp(slab_blocks, 1, kMaxSlabBlocks))),
+      run_stride_(slab_blocks_ * run_elements_), fingerprint_(fingerprint),
+      retired_max_(block_bytes() > 0 ? retired_budget / block_bytes() : 0) {}
 
-int KVPool::acquire() {
-    // Uninitialised on purpose: pages are touched only as positions fill. A block of
-    // 2 MiB or more starts on a huge page and asks for huge pages: attention jumps from
-    // block to block, and with 4 KB pages each jump is a TLB miss (measured: decode of
-    // an attention-bound model at 4k positions ~5 % faster).
-    constexpr size_t kHugePage = size_t{2} << 20;
-    const size_t bytes = block_bytes();
-    const bool huge = bytes >= kHugePage;
-    void *p = nullptr;
-    if (posix_memalign(&p, huge ? kHugePage : 64, bytes) != 0) throw std::bad_alloc();
-    std::unique_ptr<uint16_t, void (*)(void *)> data(static_cast<uint16_t *>(p), std::free);
-    if (huge) madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);
-    int id;
-    if (free_ids_.empty()) {
-        blocks_.emplace_back();
-        id = static_cast<int>(blocks_.size()) - 1;
-    } else {
-        id = free_ids_.back();
-        free_ids_.pop_back();
+int KVPool::free_slot(int after) const {
+    const int per_slab = static_cast<int>(slab_blocks_);
+    if (after >= 0 && (after + 1) % per_slab != 0 && free_ids_.count(after + 1) != 0) return after + 1;
+    // Else the longest run of free slots inside one slab: from its start when it starts
+    // the slab, else from its middle, leaving the session whose block precedes it room
+    // to grow.
+    int best = -1, best_len = 0, start = -1, len = 0, prev = -2;
+    for (const int id : free_ids_) {
+        if (id == prev + 1 && id % per_slab != 0) {
+            ++len;
+        } else {
+            start = id;
+            len = 1;
+        }
+        if (len > best_len) {
+            best = start;
+            best_len = len;
+        }
+        prev = id;
     }
-    Block &b = blocks_[id];
-    b.data = std::move(data);
-    b.refs = 1;
+    if (best < 0 || best % per_slab == 0) return best;
+    return best + best_len / 2;
+}
+
+int KVPool::acquire(int after) {
+    int id = free_slot(after);
+    if (id < 0) { // every slab in use: one more
+        const size_t first = blocks_.size(), slabs = slabs_.size();
+        try {
+            blocks_.resize(first + slab_blocks_);
+            slabs_.resize(slabs + 1);
+            for (size_t i = 0; i < slab_blocks_; ++i) free_ids_.insert(static_cast<int>(first + i));
+        } catch (...) {
+            free_ids_.erase(free_ids_.lower_bound(static_cast<int>(first)), free_ids_.end());
+            slabs_.resize(slabs);
+            blocks_.resize(first);
+            throw;
+        }
+        id = static_cast<int>(first);
+    }
+    Slab &slab = slabs_[static_cast<size_t>(id) / slab_blocks_];
+    if (slab.data == nullptr) {
+        // Uninitialised on purpose: pages are touched only as positions fill.
+        void *p = nullptr;
+        if (posix_memalign(&p, 4096, slab_blocks_ * block_bytes()) != 0) throw std::bad_alloc();
+        slab.data.reset(static_cast<uint16_t *>(p));
+    }
+    free_ids_.erase(id);
+    ++slab.used;
+    blocks_[id].data = slab.data.get() + static_cast<size_t>(id) % slab_blocks_ * run_elements_;
+    blocks_[id].refs = 1;
     ++live_;
     ++refs_;
     return id;
+}
+
+void KVPool::copy(int to, int from, int n_pos) {
+    const size_t hd = run_elements_ / kKVBlock;
+    const size_t key_elements = static_cast<size_t>((n_pos + kKeyBlock - 1) / kKeyBlock * kKeyBlock) * hd;
+    for (size_t r = 0; r < runs_; ++r) {
+        std::memcpy(keys(to, r), keys(from, r), key_elements * sizeof(uint16_t));
+        std::memcpy(values(to, r), values(from, r), static_cast<size_t>(n_pos) * hd * sizeof(uint16_t));
+    }
 }
 
 void KVPool::retain(int id) {
@@ -88,7 +127,9 @@ void KVPool::free_block(int id) {
         if (it != index_.end() && it->second == id) index_.erase(it);
     }
     b = Block{};
-    free_ids_.push_back(id);
+    free_ids_.insert(id);
+    Slab &slab = slabs_[static_cast<size_t>(id) / slab_blocks_];
+    if (--slab.used == 0) slab.data.reset();
 }
 
 uint64_t KVPool::scope_key(const std::string &scope) const {

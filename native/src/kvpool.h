@@ -17,6 +17,14 @@
 // Sliding-window layers keep rings, not blocks (model.h: KVCache): a prefix of such a
 // model is reused only with a copy of the rings of a live session that still holds
 // its window (llmd_session_share_prefix).
+//
+// Placement. A block is kept as runs, one per (paged layer, KV head): that head's
+// keys (and values) of the block's kKVBlock positions, the unit attention reads. The
+// pool's memory comes in slabs of blocks, laid out run-major: the slab's blocks' runs
+// of one head lie next to each other, block after block. A session's next block goes
+// right behind its previous one when that slot is free, so one head's history is a
+// single stretch of memory (as in a contiguous cache) and the hardware's prefetchers,
+// which follow streams, cross from block to block without restarting.
 #pragma once
 
 #include <atomic>
@@ -25,6 +33,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -35,6 +44,10 @@ namespace llmd {
 // so that a range of kAttnRange positions is two whole runs for it, and sessions that
 // share a prompt differ by at most one partly filled block each.
 constexpr int kKVBlock = 64;
+
+// Most blocks per slab: 4096 positions, beyond which a jump from slab to slab every
+// few hundred kilobytes of a head's history costs the prefetchers little.
+constexpr int kMaxSlabBlocks = 64;
 
 struct KVCache; // model.h
 
@@ -67,20 +80,31 @@ struct PrefixHolder {
 
 class KVPool {
 public:
-    // `elements`: f16 values of the keys (and as many of the values) of one block;
+    // `runs`: runs of a block (paged layers times KV heads); `head_dim`: a run holds
+    // kKVBlock positions of head_dim f16 keys (and as many values); `slab_blocks`:
+    // blocks per slab, at most kMaxSlabBlocks (a context's worth suits: a session's
+    // blocks then fit one slab);
     // `fingerprint`: the model's, the start of every chain key; `retired_budget`:
     // bytes of retired blocks kept.
-    KVPool(size_t elements, uint64_t fingerprint, uint64_t retired_budget);
+    KVPool(size_t runs, int head_dim, int slab_blocks, uint64_t fingerprint, uint64_t retired_budget);
 
-    size_t elements() const { return elements_; }
-    uint64_t block_bytes() const { return 2 * elements_ * sizeof(uint16_t); }
+    size_t runs() const { return runs_; }
+    uint64_t block_bytes() const { return 2 * runs_ * run_elements_ * sizeof(uint16_t); }
 
-    int acquire();          // a new private block, held once; throws bad_alloc
+    // A new private block, held once, behind block `after` (the session's previous
+    // one, -1 for its first) where that slot is free; throws bad_alloc.
+    int acquire(int after);
     void retain(int id);
     void release(int id);   // the last release frees the block, or retires a published one
-    uint16_t *keys(int id) const { return blocks_[id].data.get(); }
-    uint16_t *values(int id) const { return blocks_[id].data.get() + elements_; }
+    // Run `run` of block `id`: keys in key blocks (attention.h: key_at), values as rows.
+    uint16_t *keys(int id, size_t run) const { return at(id, run); }
+    uint16_t *values(int id, size_t run) const { return at(id, runs_ + run); }
+    // Copies the first n_pos positions of every run of block `from` into block `to`.
+    void copy(int to, int from, int n_pos);
     bool published(int id) const { return blocks_[id].serial != 0; }
+    // A published block's serial number (never reused; 0 for a private block): what
+    // names the prefix ending at it (recurrent.h: SnapshotCache).
+    uint64_t serial(int id) const { return blocks_[id].serial; }
 
     // Publishes block `id` of a session, full with `tokens` (kKVBlock ids) after
     // `parent` (the published block before it, -1 for the first) in `scope`. Returns
@@ -101,7 +125,7 @@ public:
 
 private:
     struct Block {
-        std::unique_ptr<uint16_t, void (*)(void *)> data{nullptr, std::free}; // keys, then values: (paged layer, kv head, kKVBlock, head_dim) each
+        uint16_t *data = nullptr; // its run 0's keys in its slab, while in use
         int refs = 0;
         uint64_t serial = 0; // published: never reused; 0: private
         uint64_t parent = 0; // the parent's serial (0: the first block of its sequence)
@@ -114,13 +138,24 @@ private:
     uint64_t scope_key(const std::string &scope) const;
     int find(uint64_t key, uint64_t parent_serial, const std::string &scope, const int32_t *tokens) const;
     void free_block(int id);
+    int free_slot(int after) const;
+    // Run r of block id in its slab, laid out (2 * runs, slab blocks, run elements):
+    // the keys' runs, then the values'. On every range attention reads: no division.
+    uint16_t *at(int id, size_t r) const { return blocks_[id].data + r * run_stride_; }
 
-    size_t elements_;
+    struct Slab {
+        std::unique_ptr<uint16_t, void (*)(void *)> data{nullptr, std::free}; // null while no block of it is in use
+        int used = 0;
+    };
+    size_t runs_, run_elements_;
+    size_t slab_blocks_;
+    size_t run_stride_; // elements from a block's run to its next run: slab_blocks_ runs
     uint64_t fingerprint_;
     uint64_t retired_max_; // blocks
     uint64_t next_serial_ = 1;
-    std::vector<Block> blocks_;
-    std::vector<int> free_ids_;
+    std::vector<Block> blocks_; // slab s holds blocks [s * slab_blocks_, (s + 1) * slab_blocks_)
+    std::vector<Slab> slabs_;
+    std::set<int> free_ids_;   // in order: runs of free slots are runs of ids
     std::unordered_map<uint64_t, int> index_; // chain key -> published block
     std::list<int> retired_lru_;              // most recently retired first
     std::atomic<int64_t> live_{0}, retired_{0}, refs_{0};

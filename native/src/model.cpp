@@ -567,14 +567,14 @@ void KVCache::copy_rings(const HParams &hp, const KVCache &from, int begin, int 
 }
 
 void KVCache::prepare(int pos) {
-    if (pool == nullptr || pool->elements() == 0) return;
+    if (pool == nullptr || pool->runs() == 0) return;
     const size_t b = static_cast<size_t>(pos / kKVBlock);
     if (b >= blocks.size()) {
         blocks.reserve(b + 1); // so that no push_back throws with a block acquired
-        while (blocks.size() <= b) blocks.push_back(pool->acquire());
+        while (blocks.size() <= b) blocks.push_back(pool->acquire(blocks.empty() ? -1 : blocks.back()));
     } else if (pool->published(blocks[b])) { // immutable: write on a copy
-        const int copy = pool->acquire();
-        std::memcpy(pool->keys(copy), pool->keys(blocks[b]), 2 * pool->elements() * sizeof(uint16_t));
+        const int copy = pool->acquire(b > 0 ? blocks[b - 1] : -1);
+        pool->copy(copy, blocks[b], kKVBlock);
         pool->release(blocks[b]);
         blocks[b] = copy;
         published = std::min(published, static_cast<int>(b));
@@ -611,7 +611,7 @@ void KVCache::publish(const std::vector<int32_t> &tokens) {
     }
 }
 
-void KVCache::adopt(const HParams &hp, const PrefixMatch &m) {
+void KVCache::adopt(const PrefixMatch &m) {
     std::vector<int> next;
     next.reserve(m.blocks.size() + 1);
     for (const int id : m.blocks) {
@@ -625,20 +625,12 @@ void KVCache::adopt(const HParams &hp, const PrefixMatch &m) {
             next.push_back(m.tail_block);
         } else {
             try {
-                next.push_back(pool->acquire());
+                next.push_back(pool->acquire(next.empty() ? -1 : next.back()));
             } catch (...) {
                 for (const int id : next) pool->release(id);
                 throw;
             }
-            // Per layer and head, the tail's key blocks whole and its value rows.
-            const size_t hd = static_cast<size_t>(hp.head_dim), run = kKVBlock * hd, runs = pool->elements() / run;
-            const size_t key_rows = (m.tail_len + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-            for (size_t r = 0; r < runs; ++r) {
-                std::memcpy(pool->keys(next.back()) + r * run, pool->keys(m.tail_block) + r * run,
-                            key_rows * hd * sizeof(uint16_t));
-                std::memcpy(pool->values(next.back()) + r * run, pool->values(m.tail_block) + r * run,
-                            m.tail_len * hd * sizeof(uint16_t));
-            }
+            pool->copy(next.back(), m.tail_block, m.tail_len);
         }
     }
     truncate(0); // which also ends `foreign`: the blocks matched are the scope's own
@@ -835,17 +827,26 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
         }
         runs[n_runs++] = {keys.data(), values.data(), head_end - p0};
     }
+    // Whether positions of n_pos (whole kernel blocks) at run `r` continue in memory at k, v.
+    const auto continues = [hd](const AttnRun &r, const uint16_t *k, const uint16_t *v) {
+        const size_t n = static_cast<size_t>(r.n_pos) * hd;
+        return r.n_pos % kKVBlock == 0 && r.k + n == k && r.v + n == v;
+    };
     for (int p = head_end; p < p1;) { // whole key blocks, up to the end of a run at a time
         const KVCache::Row r = kv.row(hp, layer, head, p);
         const int n_pos = std::min(p1 - p, r.count - r.index);
         const size_t at = static_cast<size_t>(r.index) * hd;
-        runs[n_runs++] = {r.keys + at, r.values + at, n_pos};
+        if (n_runs > 0 && continues(runs[n_runs - 1], r.keys + at, r.values + at)) // pool blocks placed in a row
+            runs[n_runs - 1].n_pos += n_pos;
+        else
+            runs[n_runs++] = {r.keys + at, r.values + at, n_pos};
         p += n_pos;
     }
     if (kv.layers[layer].paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
         const KVCache::Row next = kv.row(hp, layer, head, p1); // where the next range starts
         const size_t at = static_cast<size_t>(next.index) * hd;
-        prefetch_run(next.keys + at, next.values + at, next.count - next.index, hd);
+        if (n_runs == 0 || !continues(runs[n_runs - 1], next.keys + at, next.values + at)) // else the stream goes on
+            prefetch_run(next.keys + at, next.values + at, next.count - next.index, hd);
     }
     attend_range(q, n_q, runs, n_runs, hd, scale, out, part);
 }

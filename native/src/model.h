@@ -258,8 +258,8 @@ struct KVCache {
             return {&k[base], &v[base], pos % L.slots, L.slots};
         }
         const int block = blocks[pos / kKVBlock];
-        const size_t base = (static_cast<size_t>(L.paged) * hp.n_head_kv + head) * kKVBlock * hp.head_dim;
-        return {pool->keys(block) + base, pool->values(block) + base, pos % kKVBlock, kKVBlock};
+        const size_t run = static_cast<size_t>(L.paged) * hp.n_head_kv + head;
+        return {pool->keys(block, run), pool->values(block, run), pos % kKVBlock, kKVBlock};
     }
     // Makes the block of position pos (the next one written, or one before it after
     // a truncate) this session's own to write: allocated, or copied if published.
@@ -270,7 +270,7 @@ struct KVCache {
     void publish(const std::vector<int32_t> &tokens);
     // Replaces the contents with a prefix the pool matched (kvpool.h): its full
     // blocks held, its tail copied into a block of its own.
-    void adopt(const HParams &hp, const PrefixMatch &m);
+    void adopt(const PrefixMatch &m);
 
     // Positions written at or below `high` that a ring has overwritten are gone: the
     // cache can be cut back to 0 or to any position from resume_floor() on, where

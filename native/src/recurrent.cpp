@@ -57,10 +57,62 @@ void RecurrentState::restore(int at) {
     checkpoints.erase(it + 1, checkpoints.end());
 }
 
+void RecurrentState::adopt(int at, const std::vector<float> &state, int valid) {
+    if (state.size() != now.size()) throw std::logic_error("a recurrent snapshot of another shape");
+    std::copy(state.begin(), state.end(), now.begin());
+    pos = at;
+    checkpoints.erase(std::remove_if(checkpoints.begin(), checkpoints.end(),
+                                     [&](const Checkpoint &c) { return c.pos > valid || c.pos > at; }),
+                      checkpoints.end());
+}
+
+const std::vector<float> *RecurrentState::state_at(int at) const {
+    if (at == 0) return nullptr;
+    if (at == pos) return &now;
+    const auto it = std::find_if(checkpoints.begin(), checkpoints.end(), [&](const Checkpoint &c) { return c.pos == at; });
+    if (it == checkpoints.end()) throw std::logic_error("no recurrent checkpoint at position " + std::to_string(at));
+    return &it->state;
+}
+
 uint64_t RecurrentState::state_bytes(const HParams &hp) {
     uint64_t floats = 0;
     for (int l = 0; l < hp.n_layer; ++l) floats += static_cast<uint64_t>(hp.state[l]);
     return floats * sizeof(float);
+}
+
+// ---- the prefix cache's snapshots -------------------------------------------
+
+void SnapshotCache::put(uint64_t serial, const std::vector<float> &state, uint64_t replaces) {
+    std::vector<float> copy; // storage of a snapshot that leaves, if one does: no new pages to touch
+    if (const auto it = index_.find(serial); it != index_.end()) copy = take(it->second); // refreshed
+    if (const auto it = index_.find(replaces); replaces != 0 && it != index_.end()) {
+        std::vector<float> old = take(it->second);
+        if (copy.empty()) copy = std::move(old);
+    }
+    if (copy.empty() && !lru_.empty() && static_cast<uint64_t>(bytes_) + state.size() * sizeof(float) > budget_)
+        copy = take(std::prev(lru_.end())); // the oldest makes room, and lends its storage
+    copy.assign(state.begin(), state.end());
+    bytes_ += static_cast<int64_t>(copy.size() * sizeof(float));
+    ++count_;
+    lru_.push_front({serial, std::move(copy)});
+    index_[serial] = lru_.begin();
+    while (static_cast<uint64_t>(bytes_) > budget_ && !lru_.empty()) take(std::prev(lru_.end()));
+}
+
+const std::vector<float> *SnapshotCache::find(uint64_t serial) {
+    const auto it = index_.find(serial);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return &it->second->state;
+}
+
+std::vector<float> SnapshotCache::take(std::list<Entry>::iterator it) {
+    std::vector<float> state = std::move(it->state);
+    bytes_ -= static_cast<int64_t>(state.size() * sizeof(float));
+    --count_;
+    index_.erase(it->serial);
+    lru_.erase(it);
+    return state;
 }
 
 // ---- short convolution (LFM2) ----------------------------------------------

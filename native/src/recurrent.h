@@ -10,8 +10,11 @@
 // one of them, to 0, or stay where it is.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <list>
+#include <unordered_map>
 #include <vector>
 
 namespace llmd {
@@ -44,10 +47,49 @@ struct RecurrentState {
     bool has_checkpoint(int at) const;
     // The state of the checkpoint at `at`, forgetting the checkpoints after it.
     void restore(int at);
+    // The state after positions 0..at-1 (`at` > 0) is `state`, a snapshot of another
+    // session's: the checkpoints up to `valid` (where the tokens still agree) are kept.
+    void adopt(int at, const std::vector<float> &state, int valid);
+    // The state after the first `at` positions: `now` at pos, else a checkpoint's
+    // (one must be at `at`), or null for 0 (a zero state).
+    const std::vector<float> *state_at(int at) const;
 
     // Bytes of one state, and of a session's: its state and room for every checkpoint.
     static uint64_t state_bytes(const HParams &hp);
     static uint64_t session_bytes(const HParams &hp) { return state_bytes(hp) * (1 + kMaxCheckpoints); }
+};
+
+// The prefix cache of a hybrid model (kvpool.h holds its attention layers' part):
+// copies of the recurrent state after the tokens of a chain of published blocks,
+// each keyed by the serial of the chain's last block. A serial is never reused and a
+// published block never changes, so a snapshot found by the serial of a block the
+// pool matched for a prompt is the state a fresh prefill of that prompt's first
+// (block index + 1) · kKVBlock tokens computes. Kept least recently used first out
+// within a byte budget; a snapshot whose block the pool dropped is never found again
+// and leaves in its turn.
+class SnapshotCache {
+public:
+    explicit SnapshotCache(uint64_t budget_bytes) : budget_(budget_bytes) {}
+    // Keeps a copy of `state` under `serial` (replacing one there, and the snapshot
+    // under `replaces` if not 0), then drops the least recently used while over
+    // budget (this one too, if it alone exceeds it).
+    void put(uint64_t serial, const std::vector<float> &state, uint64_t replaces = 0);
+    // The snapshot under `serial`, now the most recently used; null if none.
+    const std::vector<float> *find(uint64_t serial);
+    // Any thread may read these (metrics).
+    int64_t count() const { return count_.load(); }
+    int64_t bytes() const { return bytes_.load(); }
+
+private:
+    struct Entry {
+        uint64_t serial;
+        std::vector<float> state;
+    };
+    std::vector<float> take(std::list<Entry>::iterator it); // removes the entry, returns its storage
+    uint64_t budget_;
+    std::atomic<int64_t> count_{0}, bytes_{0};
+    std::list<Entry> lru_; // most recently used first
+    std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
 };
 
 // The short-convolution block of LFM2, for layer `layer` of the pass: with

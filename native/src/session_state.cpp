@@ -36,9 +36,24 @@ struct Reader {
     }
 };
 
-} // namespace
+// The checkpoint a state of the first n positions carries: the newest before n (where
+// the previous prompt ended, what a rewritten reply resumes from), or none. Older ones
+// are seldom resumed from and each costs a whole state; one at n is the state itself,
+// and the next prefill takes it again.
+const RecurrentState::Checkpoint *saved_checkpoint(const RecurrentState &rs, int n) {
+    const RecurrentState::Checkpoint *newest = nullptr;
+    for (const RecurrentState::Checkpoint &c : rs.checkpoints)
+        if (c.pos < n) newest = &c;
+    return newest;
+}
 
-size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens) {
+// Bytes of the recurrent section: two counts, the state, and each checkpoint's.
+size_t recurrent_section(size_t floats, size_t checkpoints) {
+    return 8 + floats * sizeof(float) + checkpoints * (4 + floats * sizeof(float));
+}
+
+// Bytes of the header, the ids and the K/V of the first n_tokens positions.
+size_t kv_section(const HParams &hp, const KVCache &kv, int n_tokens) {
     size_t bytes = (kHeaderWords + static_cast<size_t>(n_tokens)) * 4;
     for (const KVCache::Layer &L : kv.layers) {
         const size_t rows = static_cast<size_t>(n_tokens - first_held(kv, L, n_tokens)) * hp.n_head_kv;
@@ -47,7 +62,14 @@ size_t state_bytes(const HParams &hp, const KVCache &kv, int n_tokens) {
     return bytes;
 }
 
-void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t *tokens, int n, uint8_t *out) {
+} // namespace
+
+size_t state_bytes(const HParams &hp, const KVCache &kv, const RecurrentState &rs, int n_tokens) {
+    return kv_section(hp, kv, n_tokens) + recurrent_section(rs.now.size(), saved_checkpoint(rs, n_tokens) ? 1 : 0);
+}
+
+void state_write(const HParams &hp, const KVCache &kv, const RecurrentState &rs, int n_ctx, const int32_t *tokens,
+                 int n, uint8_t *out) {
     const int hd = hp.head_dim;
     Writer w{out};
     for (const uint32_t word : {kStateMagic, kStateVersion, uint32_t(hp.n_layer), uint32_t(hp.n_head_kv),
@@ -69,9 +91,23 @@ void state_write(const HParams &hp, const KVCache &kv, int n_ctx, const int32_t 
                 w.at += hd * sizeof(uint16_t);
             }
     }
+    const size_t floats = rs.now.size();
+    w.put(uint32_t(floats));
+    const RecurrentState::Checkpoint *saved = saved_checkpoint(rs, n);
+    w.put(uint32_t(saved != nullptr ? 1 : 0));
+    const auto put_state = [&](const std::vector<float> *state) { // null: the zero state at 0
+        if (state != nullptr) std::memcpy(w.at, state->data(), floats * sizeof(float));
+        else std::memset(w.at, 0, floats * sizeof(float));
+        w.at += floats * sizeof(float);
+    };
+    put_state(floats > 0 ? rs.state_at(n) : nullptr);
+    if (saved != nullptr) {
+        w.put(int32_t(saved->pos));
+        put_state(&saved->state);
+    }
 }
 
-bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, size_t len,
+bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, const uint8_t *data, size_t len,
                 std::vector<int32_t> *tokens, std::string *error) {
     const auto refuse = [&](const std::string &why) {
         *error = "session state: " + why;
@@ -121,7 +157,27 @@ bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, 
     for (size_t l = 0; l < kv.layers.size(); ++l)
         if (kv.layers[l].paged < 0 && kv.layers[l].slots > 0 && firsts[l] < n)
             probe.ring_low = probe.ring_low == 0 ? static_cast<int>(firsts[l]) : std::min<int>(probe.ring_low, firsts[l]);
-    if (len != state_bytes(hp, probe, count)) return refuse("length does not match its header");
+    // The recurrent section follows the layers: its counts, then states of this model's size.
+    const size_t kv_bytes = kv_section(hp, probe, count);
+    uint32_t counts[2] = {0, 0};
+    if (len < kv_bytes + sizeof counts) return refuse("length does not match its header");
+    std::memcpy(counts, data + kv_bytes, sizeof counts);
+    if (counts[0] != rs.now.size())
+        return refuse("a recurrent state of " + std::to_string(counts[0]) + " floats; this engine's holds " +
+                      std::to_string(rs.now.size()));
+    if (counts[1] > static_cast<uint32_t>(kMaxCheckpoints) || (rs.now.empty() && counts[1] > 0))
+        return refuse(std::to_string(counts[1]) + " recurrent checkpoints; a session keeps at most " +
+                      std::to_string(rs.now.empty() ? 0 : kMaxCheckpoints));
+    if (len != kv_bytes + recurrent_section(counts[0], counts[1])) return refuse("length does not match its header");
+    const size_t state_len = counts[0] * sizeof(float);
+    const uint8_t *states = data + kv_bytes + sizeof counts;
+    std::vector<int32_t> points(counts[1]);
+    for (uint32_t c = 0; c < counts[1]; ++c) {
+        std::memcpy(&points[c], states + state_len + c * (4 + state_len), 4);
+        if (points[c] <= (c == 0 ? 0 : points[c - 1]) || points[c] > count)
+            return refuse("recurrent checkpoint at " + std::to_string(points[c]) +
+                          " is not in ascending order inside the session's positions");
+    }
     for (int l = 0; l < hp.n_layer; ++l)
         if (firsts[l] != static_cast<uint32_t>(first_held(probe, kv.layers[l], count)))
             return refuse("layer " + std::to_string(l) + " holds positions from " + std::to_string(firsts[l]) +
@@ -150,6 +206,17 @@ bool state_read(const HParams &hp, KVCache &kv, int n_ctx, const uint8_t *data, 
     }
     kv.high = high;
     kv.ring_low = probe.ring_low;
+    if (!rs.empty()) {
+        rs.reset();
+        std::memcpy(rs.now.data(), states, state_len);
+        rs.checkpoints.clear();
+        for (uint32_t c = 0; c < counts[1]; ++c) {
+            RecurrentState::Checkpoint cp{points[c], std::vector<float>(counts[0])};
+            std::memcpy(cp.state.data(), states + state_len + c * (4 + state_len) + 4, state_len);
+            rs.checkpoints.push_back(std::move(cp));
+        }
+        rs.pos = count;
+    }
     *tokens = std::move(ids);
     return true;
 }
