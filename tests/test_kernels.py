@@ -410,6 +410,21 @@ def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_
         assert kernel_attention(q, k, v, n_pos, head_dim, ranges, True, run=64) == whole
 
 
+@pytest.mark.parametrize("head_dim, group, n_pos", [(64, 4, 128), (128, 2, 128), (128, 2, 200), (64, 1, 77)])
+def test_fast_attention_gives_each_query_head_the_same_bits_whatever_shares_its_call(head_dim, group, n_pos):
+    """A prefill attends up to 8 query heads of consecutive tokens in one call (the
+    tokens' groups side by side), a decode step only its own group: every head's
+    output must be the same bits either way, or prefill and decode would differ."""
+    rng = random.Random(head_dim * 7 + group * 3 + n_pos)
+    k = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
+    v = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
+    q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(8)]
+    for ranges in (1, 2):
+        together = kernel_attention(q, k, v, n_pos, head_dim, ranges, True)
+        alone = [h for i in range(0, 8, group) for h in kernel_attention(q[i:i + group], k, v, n_pos, head_dim, ranges, True)]
+        assert together == alone, ranges
+
+
 def test_bad_attention_arguments_raise():
     k = encode_f16([0.0] * 64)
     with pytest.raises(EngineError, match="bad attention arguments"):

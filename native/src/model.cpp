@@ -851,15 +851,25 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
     attend_range(q, n_q, runs, n_runs, hd, scale, out, part);
 }
 
+// Query heads one kernel call attends at most in a prefill: the kernel keeps two
+// score accumulators per head in registers, and 8 heads (Qwen3-1.7B's 2 per KV
+// head × 4 tokens) scored a position in 0.56× the time of 2 heads; 16 spilled.
+constexpr int kAttnQueries = 8;
+
 // Each token's queries against its session's cache (which already holds this
 // layer's K/V for the token), the query heads of a group sharing each key and value
 // row. A token attends [first, pos] (first = 0, or the start of a sliding window),
 // cut at fixed positions into ranges of kAttnRange (attention.h) counted from position
 // 0, and the ranges' partials are folded in order: a token's output does not depend
 // on the batch or the threads; only the schedule does. Many tokens: a task per
-// (token, KV head) attends its whole context. Few tokens over a long context: a task
-// per span of a pair's ranges, so that every thread gets a share, and the partials
-// are folded afterwards in range order.
+// (run of consecutive tokens, KV head) attends their whole contexts; tokens of one
+// session that attend the same positions of a range (every range but a token's last,
+// in a prefill) attend it in one kernel call, their query heads side by side, so that
+// each key and value block is read and converted once for up to kAttnQueries heads.
+// The kernel computes every query head on its own, in the same order whatever else
+// shares the call, so a token's bits stay those of its decode step. Few tokens over
+// a long context: a task per span of a pair's ranges, so that every thread gets a
+// share, and the partials are folded afterwards in range order.
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
@@ -877,6 +887,52 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     ws.att_stats.resize((slots + pairs) * group);
     const float *q = ws.q.data();
     float *att = ws.att.data();
+    if (spans == 1) {
+        // Tokens [t0, t1) against KV head h. Token t0 + i keeps range outputs in slot
+        // h * n + t0 + i, so that the tokens of one call write one block of scratch.
+        const int per = std::max(1, kAttnQueries / group);
+        pool.run((n + per - 1) / per * n_kv, [&](int task) {
+            const int h = task % n_kv, t0 = task / n_kv * per, t1 = std::min(n, t0 + per);
+            const size_t slot0 = static_cast<size_t>(h) * n + t0;
+            float *outs = ws.att_parts.data() + slot0 * group * hd;
+            AttnPartial *parts = ws.att_stats.data() + slot0 * group;
+            const auto y_of = [&](int t) { return att + t * q_dim + h * group * hd; };
+            const auto acc_of = [&](int t) { return ws.att_stats.data() + (slots + t * n_kv + h) * group; };
+            // Range R's positions for token t, or {0, 0} when its context does not reach R.
+            const auto span_of = [&](int t, int R) {
+                const int len = batch[t].pos + 1, first = first_attended(t);
+                if (R < first / kAttnRange || R * kAttnRange >= len) return std::pair<int, int>{0, 0};
+                return std::pair<int, int>{std::max(first, R * kAttnRange), std::min(len, (R + 1) * kAttnRange)};
+            };
+            int r_lo = first_range(t0), r_hi = 0;
+            for (int t = t0; t < t1; ++t) {
+                attend_start(y_of(t), acc_of(t), group, hd);
+                r_lo = std::min(r_lo, first_range(t));
+                r_hi = std::max(r_hi, attn_range_count(batch[t].pos + 1));
+            }
+            thread_local std::vector<float> qs; // the call's query heads, token after token
+            qs.resize(static_cast<size_t>(per) * group * hd);
+            for (int R = r_lo; R < r_hi; ++R) // ranges in order: each token folds its own in order
+                for (int i = t0; i < t1;) {
+                    const std::pair<int, int> span = span_of(i, R);
+                    if (span.second == 0) {
+                        ++i;
+                        continue;
+                    }
+                    int j = i + 1; // tokens i..j-1 attend the same positions of the same cache
+                    while (j < t1 && batch[j].kv == batch[i].kv && span_of(j, R) == span) ++j;
+                    for (int t = i; t < j; ++t)
+                        std::copy_n(q + t * q_dim + h * group * hd, group * hd, qs.data() + (t - i) * group * hd);
+                    attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), (j - i) * group, scale,
+                                outs + (i - t0) * group * hd, parts + (i - t0) * group);
+                    for (int t = i; t < j; ++t)
+                        attend_fold(y_of(t), acc_of(t), outs + (t - t0) * group * hd, parts + (t - t0) * group, group, hd);
+                    i = j;
+                }
+            for (int t = t0; t < t1; ++t) attend_finish(y_of(t), acc_of(t), group, hd);
+        });
+        return;
+    }
     // Range r of token t's context (the r-th it attends) into slot's output and partial.
     const auto attend_one = [&](int t, int h, int r, size_t slot) {
         const int len = batch[t].pos + 1, first = first_attended(t), range = first / kAttnRange + r;
@@ -884,27 +940,23 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         attend_span(hp, *batch[t].kv, layer, h, p0, p1, q + t * q_dim + h * group * hd, group, scale,
                     ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group);
     };
-    const auto fold = [&](size_t pair, size_t first_slot) { // slots first_slot.. hold the pair's ranges in order
+    pool.run(static_cast<int>(pairs) * spans, [&](int task) {
+        const size_t pair = static_cast<size_t>(task / spans);
+        const int c = task % spans, h = static_cast<int>(pair % n_kv), t = static_cast<int>(pair / n_kv);
+        const int own = own_ranges(t), r0 = own * c / spans, r1 = own * (c + 1) / spans;
+        for (int r = r0; r < r1; ++r) attend_one(t, h, r, pair * most + r);
+    });
+    for (size_t pair = 0; pair < pairs; ++pair) { // slots pair * most.. hold the pair's ranges in order
         const int t = static_cast<int>(pair / n_kv), h = static_cast<int>(pair % n_kv);
         float *y = att + t * q_dim + h * group * hd;
         AttnPartial *acc = ws.att_stats.data() + (slots + pair) * group;
         attend_start(y, acc, group, hd);
         for (int r = 0, ranges = own_ranges(t); r < ranges; ++r) {
-            const size_t slot = first_slot + (spans > 1 ? r : 0);
-            if (spans == 1) attend_one(t, h, r, slot);
+            const size_t slot = pair * most + r;
             attend_fold(y, acc, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, group, hd);
         }
         attend_finish(y, acc, group, hd);
-    };
-    pool.run(static_cast<int>(pairs) * spans, [&](int task) {
-        const size_t pair = static_cast<size_t>(task / spans);
-        const int c = task % spans, h = static_cast<int>(pair % n_kv), t = static_cast<int>(pair / n_kv);
-        if (spans == 1) return fold(pair, pair); // one slot of scratch, reused range by range
-        const int own = own_ranges(t), r0 = own * c / spans, r1 = own * (c + 1) / spans;
-        for (int r = r0; r < r1; ++r) attend_one(t, h, r, pair * most + r);
-    });
-    if (spans == 1) return;
-    for (size_t pair = 0; pair < pairs; ++pair) fold(pair, pair * most);
+    }
 }
 
 } // namespace
@@ -926,6 +978,18 @@ MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch) {
     return job;
 }
 
+namespace {
+
+// fn(t0, t1) for the pass's tokens cut into one share a thread: per-token work that
+// one thread alone made the others wait for in a prefill (norms, RoPE, quantization,
+// the KV cache's new rows). A decode step's one token runs on the calling thread.
+template <typename Fn> void per_token(const Pass &p, const Fn &fn) {
+    const int n_tasks = std::min(p.n, p.pool.size());
+    p.pool.run(n_tasks, [&](int task) { fn(p.n * task / n_tasks, p.n * (task + 1) / n_tasks); });
+}
+
+} // namespace
+
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) {
     BlockQ8A *xq = p.ws.xq.data();
     const int64_t cols = jobs.begin()->w->cols;
@@ -937,11 +1001,7 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) 
                 q8a |= a == Activation::Q8A;
                 q8k |= a == Activation::Q8K;
             }
-    // A prefill's rows are quantized by all threads: one thread alone kept the others waiting.
-    const int n_tasks = std::min(p.n, p.pool.size());
-    p.pool.run(n_tasks, [&](int task) {
-        quantize_rows_part(x, p.n, cols, xq, p.n * task / n_tasks, p.n * (task + 1) / n_tasks, q8a, q8k);
-    });
+    per_token(p, [&](int t0, int t1) { quantize_rows_part(x, p.n, cols, xq, t0, t1, q8a, q8k); });
     std::vector<MatJob> &fed = p.ws.jobs; // kept between calls: no allocation per region
     fed.assign(jobs);
     for (MatJob &j : fed) {
@@ -953,7 +1013,9 @@ void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs) 
 
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight) {
     const int dim = p.hp.n_embd;
-    for (int t = 0; t < p.n; ++t) rmsnorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
+    per_token(p, [&](int t0, int t1) {
+        for (int t = t0; t < t1; ++t) rmsnorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
+    });
 }
 
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
@@ -1066,7 +1128,9 @@ void add_rows(const Pass &p, float *x, const float *y) {
 
 void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight) {
     const int hd = p.hp.head_dim;
-    for (int i = 0; i < p.n * n_heads; ++i) rmsnorm(x + i * hd, x + i * hd, weight, hd, p.hp.norm_eps);
+    per_token(p, [&](int t0, int t1) {
+        for (int i = t0 * n_heads; i < t1 * n_heads; ++i) rmsnorm(x + i * hd, x + i * hd, weight, hd, p.hp.norm_eps);
+    });
 }
 
 void rope(const Pass &p, float *x, int n_heads, Rope style, bool local) {
@@ -1074,19 +1138,21 @@ void rope(const Pass &p, float *x, int n_heads, Rope style, bool local) {
     const int half = hp.rope_dim / 2;
     // Pair i of a head: dims (2i, 2i + 1) adjacent, (i, i + half) NEOX.
     const int first = style == Rope::adjacent ? 2 : 1, second = style == Rope::adjacent ? 1 : half;
-    for (int t = 0; t < p.n; ++t) {
-        const float *cs = (local ? p.ws.rope_local : p.ws.rope).data() + t * hp.rope_dim;
-        float *xt = x + static_cast<size_t>(t) * n_heads * hp.head_dim;
-        for (int i = 0; i < half; ++i) {
-            const float c = cs[2 * i], s = cs[2 * i + 1];
-            for (int h = 0; h < n_heads; ++h) {
-                float *v = xt + h * hp.head_dim + first * i;
-                const float a = v[0], b = v[second];
-                v[0] = a * c - b * s;
-                v[second] = a * s + b * c;
+    per_token(p, [&](int t0, int t1) {
+        for (int t = t0; t < t1; ++t) {
+            const float *cs = (local ? p.ws.rope_local : p.ws.rope).data() + t * hp.rope_dim;
+            float *xt = x + static_cast<size_t>(t) * n_heads * hp.head_dim;
+            for (int i = 0; i < half; ++i) {
+                const float c = cs[2 * i], s = cs[2 * i + 1];
+                for (int h = 0; h < n_heads; ++h) {
+                    float *v = xt + h * hp.head_dim + first * i;
+                    const float a = v[0], b = v[second];
+                    v[0] = a * c - b * s;
+                    v[second] = a * s + b * c;
+                }
             }
         }
-    }
+    });
 }
 
 void project_qkv(const Pass &p, const LayerWeights &L) {
@@ -1121,18 +1187,17 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L) {
 void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
     const int kv_dim = hp.kv_dim();
-    for (int t = 0; t < p.n; ++t) {
-        KVCache &kv = *p.batch[t].kv;
-        const int pos = p.batch[t].pos;
-        kv.high = std::max(kv.high, pos);
-        for (int h = 0; h < hp.n_head_kv; ++h) {
-            const KVCache::Row r = kv.row(hp, layer, h, pos);
-            const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
-            for (int d = 0; d < hp.head_dim; ++d) r.keys[key_at(r.index, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
-            to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, r.values + static_cast<size_t>(r.index) * hp.head_dim,
-                   hp.head_dim);
-        }
-    }
+    for (int t = 0; t < p.n; ++t) p.batch[t].kv->high = std::max(p.batch[t].kv->high, p.batch[t].pos);
+    per_token(p, [&](int t0, int t1) { // the tokens' rows are distinct: a batch never holds one position twice
+        for (int t = t0; t < t1; ++t)
+            for (int h = 0; h < hp.n_head_kv; ++h) {
+                const KVCache::Row r = p.batch[t].kv->row(hp, layer, h, p.batch[t].pos);
+                const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
+                for (int d = 0; d < hp.head_dim; ++d) r.keys[key_at(r.index, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
+                to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, r.values + static_cast<size_t>(r.index) * hp.head_dim,
+                       hp.head_dim);
+            }
+    });
     attention(p.model, p.batch, p.n, layer, p.ws, p.pool);
 }
 
