@@ -246,6 +246,17 @@ uint64_t model_fingerprint(const GGUFFile &file) {
     return h;
 }
 
+// How many of the first `end` ids the session's `tokens` begin with.
+int common_prefix(const std::vector<int32_t> &tokens, const int32_t *ids, int end) {
+    end = std::min(end, static_cast<int>(tokens.size()));
+    int n = 0;
+    while (n < end && tokens[n] == ids[n]) ++n;
+    return n;
+}
+
+// Threads of a pool asked for as n: n, or one per core when n is 0.
+int pool_threads(int n) { return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
 // With recurrent layers: offers the state after the session's tokens to the prefix
 // cache when they end a block that the session published (recurrent.h:
 // SnapshotCache), in place of the snapshot `replaces` (0: none). Returns the
@@ -278,9 +289,7 @@ llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limi
     for (const auto &other : e->sessions) {
         const llmd_session *h = other.get();
         if (!h->kv.sharing || h->kv.foreign || h->kv.scope != s->kv.scope) continue;
-        const int end = std::min(limit, static_cast<int>(h->tokens.size()));
-        int common = 0;
-        while (common < end && h->tokens[common] == ids[common]) ++common;
+        const int common = common_prefix(h->tokens, ids, limit);
         // The live state, unless a pass failed part way through it (its pos ran ahead of
         // the tokens), or a checkpoint (taken only where a pass ended).
         const bool live = static_cast<int>(h->tokens.size()) <= common && h->rs.pos == common;
@@ -295,8 +304,7 @@ llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limi
         m.tail_block = m.tail_len > 0 ? h->kv.blocks[point / kKVBlock] : -1;
     }
     if (state == nullptr || at <= keep) return LLMD_OK;
-    int valid = 0; // the session's own checkpoints up to here still hold for ids
-    while (valid < at && static_cast<size_t>(valid) < s->tokens.size() && s->tokens[valid] == ids[valid]) ++valid;
+    const int valid = common_prefix(s->tokens, ids, at); // the session's own checkpoints up to here still hold for ids
     s->kv.adopt(m);
     s->rs.adopt(at, *state, valid); // a state of this session's own is read before its checkpoints are trimmed
     s->tokens.assign(ids, ids + at);
@@ -428,8 +436,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
         if (e->max_sessions < 1)
             return fail(LLMD_ERR_CAPACITY, "the KV budget does not fit one session of " + std::to_string(e->n_ctx) + " tokens");
-        const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-        const int n_threads = opts.n_threads > 0 ? opts.n_threads : static_cast<int>(hw);
+        const int n_threads = pool_threads(opts.n_threads);
         if (n_threads > 256) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large");
         e->pool = std::make_unique<ThreadPool>(n_threads);
         e->ws.reserve(hp, 1);
@@ -769,9 +776,7 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
         if (s->kv.has_rings()) {
             int best = 0;
             for (const PrefixHolder &h : holders) {
-                const int end = std::min({m.length(), static_cast<int>(h.tokens->size())});
-                int common = 0;
-                while (common < end && (*h.tokens)[common] == ids[common]) ++common;
+                const int common = common_prefix(*h.tokens, ids, m.length());
                 if (common > best && common >= h.kv->resume_floor()) {
                     best = common;
                     rings = h.kv;
@@ -1157,7 +1162,7 @@ llmd_status llmd_quantize_rows(int32_t src_type, const void *src, int64_t rows, 
                                                   (to != nullptr ? std::string(to->name) : std::to_string(dst_type)));
         if ((rows > 0 && (src == nullptr || dst == nullptr)) || n_threads < 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad quantize arguments");
-        ThreadPool pool(n_threads > 0 ? n_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+        ThreadPool pool(pool_threads(n_threads));
         const std::string err = convert_rows(static_cast<uint32_t>(src_type), static_cast<const uint8_t *>(src), rows,
                                              cols, static_cast<uint32_t>(dst_type), static_cast<uint8_t *>(dst), pool);
         return err.empty() ? LLMD_OK : fail(LLMD_ERR_INVALID_ARGUMENT, err);
