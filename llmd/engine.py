@@ -482,6 +482,10 @@ class TensorType:
     block_bytes: int
     runs: bool  # the engine has kernels for it
 
+    def row_bytes(self, cols: int) -> int:
+        """Bytes of a row of `cols` elements (a whole number of blocks)."""
+        return cols // self.block_elems * self.block_bytes
+
 
 def tensor_type(type_id: int) -> TensorType | None:
     """The engine's description of a GGUF type number, or None if GGUF defines no such type."""
@@ -494,7 +498,7 @@ def tensor_type(type_id: int) -> TensorType | None:
 def kernel_dequantize(type_id: int, data: bytes, n: int) -> list[float]:
     """n elements of a row of the type, by the engine's scalar reference (for tests)."""
     t = tensor_type(type_id)
-    if t is not None and n > 0 and n % t.block_elems == 0 and len(data) < n // t.block_elems * t.block_bytes:
+    if t is not None and n > 0 and n % t.block_elems == 0 and len(data) < t.row_bytes(n):
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "data is shorter than n elements")
     out = ffi.new("float[]", max(n, 0))
     _check(lib.llmd_kernel_dequantize(type_id, data, n, out))
@@ -508,10 +512,10 @@ def quantize_rows(src_type: int, src, rows: int, cols: int, dst_type: int, n_thr
     if src_info is None or dst_info is None or rows < 0 or cols <= 0 or cols % dst_info.block_elems:
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, f"cannot convert rows of {cols} elements from type "
                           f"{src_type} to {dst_type}")
-    if cols % src_info.block_elems or len(src) != rows * (cols // src_info.block_elems) * src_info.block_bytes:
+    if cols % src_info.block_elems or len(src) != rows * src_info.row_bytes(cols):
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, f"the source holds {len(src)} bytes, not {rows} rows of "
                           f"{cols} {src_info.name} elements")
-    out = bytearray(rows * (cols // dst_info.block_elems) * dst_info.block_bytes)
+    out = bytearray(rows * dst_info.row_bytes(cols))
     with ffi.from_buffer(src) as p_src, ffi.from_buffer(out) as p_out:
         _check(lib.llmd_quantize_rows(src_type, p_src, rows, cols, dst_type, p_out, n_threads))
     return out

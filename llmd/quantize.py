@@ -15,6 +15,7 @@ copied when its type stays, into OUT.tmp, renamed to OUT when complete.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -338,7 +339,7 @@ def read_gguf(buf, size: int) -> GGUFHeader:
             raise QuantizeError(f"corrupt GGUF: tensor {name} has shape {shape}, not whole {info.name} blocks per row")
         seen.add(name)
         tensors.append(TensorInfo(name, shape, ttype, offset))
-    data_start = -(-r.pos // alignment) * alignment
+    data_start = _padded(r.pos, alignment)
     for t in tensors:
         nbytes = tensor_bytes(t.type, t.shape)
         if t.offset % alignment or data_start + t.offset + nbytes > size:
@@ -349,11 +350,7 @@ def read_gguf(buf, size: int) -> GGUFHeader:
 
 def tensor_bytes(ttype: int, shape: list[int]) -> int:
     from llmd.engine import tensor_type
-    info = tensor_type(ttype)
-    n = 1
-    for d in shape[1:]:
-        n *= d
-    return n * (shape[0] // info.block_elems) * info.block_bytes
+    return math.prod(shape[1:]) * tensor_type(ttype).row_bytes(shape[0])
 
 
 # ---- writing --------------------------------------------------------------------
