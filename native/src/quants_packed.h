@@ -141,8 +141,8 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
                     if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
                 }
             }
-            // Unrolled, so that each token's acc and part stay in registers: the extension
-            // builds with Python's CFLAGS, whose -fwrapv leaves GCC 12 keeping this loop
+            // Unrolled, so that each token's acc and part stay in registers whatever GCC's
+            // heuristics decide: under -fwrapv (build_native.py) GCC 12 kept this loop
             // rolled for 8 and 10 tokens (and the accumulators in memory, 20 % slower).
 #pragma GCC unroll 16
             for (int t = 0; t < T; ++t) {
