@@ -31,8 +31,8 @@ int KVPool::free_slot(int after) const {
     const int per_slab = static_cast<int>(slab_blocks_);
     if (after >= 0 && (after + 1) % per_slab != 0 && free_ids_.count(after + 1) != 0) return after + 1;
     // Else the longest run of free slots inside one slab: from its start when it starts
-    // the slab, else from its middle, leaving the session whose block precedes it room
-    // to grow.
+    // the slab or follows a retired block (which no session grows from), else from its
+    // middle, leaving the session whose block precedes it room to grow.
     int best = -1, best_len = 0, start = -1, len = 0, prev = -2;
     for (const int id : free_ids_) {
         if (id == prev + 1 && id % per_slab != 0) {
@@ -47,7 +47,7 @@ int KVPool::free_slot(int after) const {
         }
         prev = id;
     }
-    if (best < 0 || best % per_slab == 0) return best;
+    if (best < 0 || best % per_slab == 0 || blocks_[best - 1].refs == 0) return best;
     return best + best_len / 2;
 }
 
