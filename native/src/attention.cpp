@@ -46,6 +46,14 @@ namespace {
 
 constexpr int kBlock = 64;        // positions scored before their values are summed
 
+// How far ahead of its reads the kernel asks for a run's keys and values. A decode
+// step at long context streams them from memory, latency-bound with the hardware
+// prefetchers alone: SmolLM2 decoded at 4,096 positions 7 % faster asking 4 KB ahead
+// (2 KB: 6 %; 8 KB: 1 %). Past a run's end this asks for memory the kernel may
+// not read (another head's, or none: a prefetch never faults); attend_span asks for
+// the next run where memory breaks.
+constexpr size_t kAttnPrefetch = 4096;
+
 // G query heads, or n_q of them when G is 0: a fixed G keeps the group's value
 // sums in registers.
 template <int G>
@@ -68,6 +76,12 @@ void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, f
             // an FMA's latency exceeds its issue interval).
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
                 const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
+                const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
+                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * hd) + kAttnPrefetch;
+                for (size_t at = 0; at < kKeyBlock * hd * sizeof(uint16_t); at += 64) {
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
+                }
                 __m512 acc[kMaxGroup][2];
                 for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
                 for (int d = 0; d < hd; d += 2)
