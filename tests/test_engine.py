@@ -612,6 +612,14 @@ def test_unknown_pooling_type_is_a_format_error(tiny_llama_factory):
             e.pooling_type()
 
 
+def test_more_threads_than_an_engine_may_start_are_refused(tiny_llama_factory):
+    path = str(tiny_llama_factory().path)
+    with pytest.raises(EngineError, match="at most 256"):
+        Engine(path, n_threads=100_000, n_ctx=64, max_sessions=1)
+    with Engine(path, n_threads=256, n_ctx=64, max_sessions=1) as e, e.new_session() as s:
+        s.prefill([1, 2, 3])
+
+
 # ---- every weight type, on a model whose rows are whole K-quant super-blocks ---------
 
 WIDE_TYPES = [GGML_BF16, GGML_Q5_0, GGML_Q5_1, GGML_IQ4_NL, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K, GGML_Q4_K,

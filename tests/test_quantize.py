@@ -147,6 +147,12 @@ def test_quantize_rows_refuses_with_a_reason(src, dst, cols, values, message):
     assert message in str(exc.value)
 
 
+def test_quantize_rows_refuses_more_threads_than_an_engine_may_start():
+    with pytest.raises(EngineError, match="at most 256"):
+        quantize_rows(F32, floats([0.0] * 32), 1, 32, TYPES["Q8_0"], 100_000)
+    assert quantize_rows(F32, floats([0.0] * 32), 1, 32, TYPES["Q8_0"], 256) == quantize(TYPES["Q8_0"], [0.0] * 32)
+
+
 # ---- the mix table -------------------------------------------------------------------
 
 @pytest.mark.parametrize("model", list(TINY_MODELS))

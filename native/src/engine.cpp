@@ -257,6 +257,10 @@ int common_prefix(const std::vector<int32_t> &tokens, const int32_t *ids, int en
 // Threads of a pool asked for as n: n, or one per core when n is 0.
 int pool_threads(int n) { return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
+// Most threads a pool may be asked for: far past any machine this serves, and short of
+// where starting them could fail half-way.
+constexpr int kMaxThreads = 256;
+
 // With recurrent layers: offers the state after the session's tokens to the prefix
 // cache when they end a block that the session published (recurrent.h:
 // SnapshotCache), in place of the snapshot `replaces` (0: none). Returns the
@@ -437,7 +441,8 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         if (e->max_sessions < 1)
             return fail(LLMD_ERR_CAPACITY, "the KV budget does not fit one session of " + std::to_string(e->n_ctx) + " tokens");
         const int n_threads = pool_threads(opts.n_threads);
-        if (n_threads > 256) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large");
+        if (n_threads > kMaxThreads)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large (at most " + std::to_string(kMaxThreads) + ")");
         e->pool = std::make_unique<ThreadPool>(n_threads);
         e->ws.reserve(hp, 1);
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
@@ -1162,6 +1167,8 @@ llmd_status llmd_quantize_rows(int32_t src_type, const void *src, int64_t rows, 
                                                   (to != nullptr ? std::string(to->name) : std::to_string(dst_type)));
         if ((rows > 0 && (src == nullptr || dst == nullptr)) || n_threads < 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad quantize arguments");
+        if (pool_threads(n_threads) > kMaxThreads)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large (at most " + std::to_string(kMaxThreads) + ")");
         ThreadPool pool(pool_threads(n_threads));
         const std::string err = convert_rows(static_cast<uint32_t>(src_type), static_cast<const uint8_t *>(src), rows,
                                              cols, static_cast<uint32_t>(dst_type), static_cast<uint8_t *>(dst), pool);
