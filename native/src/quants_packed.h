@@ -2,9 +2,11 @@
 // instantiation per panel layout, for the traits table in quants.cpp.
 //
 // For each 32-element piece the kernel unpacks 16 rows' weights once and reuses
-// them for a tile of 6 to 10 tokens (panel_tile_tokens). Weights are unsigned bytes u = q + offset; the offset is taken
-// off exactly in integers (offset × the sum of x's int8 values, which BlockQ8A
-// carries), so a piece's integer dot is exact and only the float scaling rounds.
+// them for a tile of 6 to 10 tokens (panel_tile_tokens), or Q4_0's two panels' 32
+// rows for 5 tokens (panel_tile_pair). Weights are unsigned bytes u = q + offset;
+// the offset is taken off exactly in integers (offset × the sum of x's int8 values,
+// which BlockQ8A carries), so a piece's integer dot is exact and only the float
+// scaling rounds.
 // Each token accumulates its pieces in one fixed order whatever tile or thread it
 // runs in: results are batch-invariant.
 #pragma once
@@ -211,22 +213,87 @@ constexpr int panel_tile_tokens(const PanelLayout &l) {
     return l.k_scales && !l.mins ? 10 : 8;
 }
 
+// Layouts whose pieces two panels can share a tile: one float scale per piece, 4-bit
+// codes without a table (Q4_0). A tile of 16 rows broadcasts each 4 bytes of a token's
+// activations for one vpdpbusd; over two panels' 32 rows each broadcast serves two, and
+// a piece's float step and offset are the same arithmetic as panel_tile's.
+constexpr bool panel_pairs(const PanelLayout &l) {
+    return l.bits == 4 && !l.split && !l.mins && !l.k_scales && l.lut == nullptr;
+}
+
+// Tokens of a two-panel tile: each keeps two integer sums and two accumulators beside
+// the 4 weight vectors of a plane and its 2 broadcasts, in the 32 vector registers.
+// Measured on the 1B shape's Q4_0 prefill: the pairs took 16 % off a token's time
+// against single panels; 6 tokens spilled (5 % slower than 5), 4 were 2 % slower.
+constexpr int kPairTile = 5;
+
+// T tokens against panels a and b (32 rows): panel_tile's results for each, bit for bit
+// (a piece's integer dot is exact however its multiply-adds are chained).
+template <const PanelLayout &L, int T>
+void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const BlockQ8A *const *x, float *const *ya,
+                     float *const *yb, bool add) {
+    static_assert(panel_pairs(L));
+    constexpr size_t kW = panel_weight_bytes(L);
+    __m512 acc_a[T], acc_b[T];
+    for (int t = 0; t < T; ++t) acc_a[t] = acc_b[t] = _mm512_setzero_ps();
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *ba = pa + panel_piece_offset(L, b), *bb = pb + panel_piece_offset(L, b);
+        __m512i sa[T], sb[T];
+        for (int t = 0; t < T; ++t) sa[t] = sb[t] = _mm512_set1_epi32(-L.offset * x[t][b].sum);
+        for (int j = 0; j < 4; ++j) { // plane j: elements 4j..4j+3 (low nibbles) and 16+4j.. (high)
+            const __m512i va = _mm512_loadu_si512(ba + 64 * j), vb = _mm512_loadu_si512(bb + 64 * j);
+            const __m512i a_lo = _mm512_and_si512(va, mask), a_hi = _mm512_and_si512(_mm512_srli_epi16(va, 4), mask);
+            const __m512i b_lo = _mm512_and_si512(vb, mask), b_hi = _mm512_and_si512(_mm512_srli_epi16(vb, 4), mask);
+#pragma GCC unroll 16
+            for (int t = 0; t < T; ++t) {
+                int32_t lo, hi;
+                std::memcpy(&lo, x[t][b].qs + 4 * j, 4);
+                std::memcpy(&hi, x[t][b].qs + 16 + 4 * j, 4);
+                const __m512i xl = _mm512_set1_epi32(lo), xh = _mm512_set1_epi32(hi);
+                sa[t] = _mm512_dpbusd_epi32(sa[t], a_lo, xl);
+                sb[t] = _mm512_dpbusd_epi32(sb[t], b_lo, xl);
+                sa[t] = _mm512_dpbusd_epi32(sa[t], a_hi, xh);
+                sb[t] = _mm512_dpbusd_epi32(sb[t], b_hi, xh);
+            }
+        }
+        const __m512 da = panel_floats<L>(ba + kW, 0), db = panel_floats<L>(bb + kW, 0);
+        for (int t = 0; t < T; ++t) {
+            const __m512 xd = _mm512_set1_ps(x[t][b].d);
+            acc_a[t] = _mm512_fmadd_ps(_mm512_mul_ps(da, xd), _mm512_cvtepi32_ps(sa[t]), acc_a[t]);
+            acc_b[t] = _mm512_fmadd_ps(_mm512_mul_ps(db, xd), _mm512_cvtepi32_ps(sb[t]), acc_b[t]);
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        __m512 a = acc_a[t], c = acc_b[t];
+        if (add) {
+            a = _mm512_add_ps(a, _mm512_loadu_ps(ya[t]));
+            c = _mm512_add_ps(c, _mm512_loadu_ps(yb[t]));
+        }
+        _mm512_storeu_ps(ya[t], a);
+        _mm512_storeu_ps(yb[t], c);
+    }
+}
+
 template <const PanelLayout &L>
 void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1, const BlockQ8A *xq,
                   int n, float *y, int64_t y_stride, bool add) {
     constexpr int kTile = panel_tile_tokens(L); // fewer at the end: 4, 2, 1
     const int64_t nb = cols / QK;
     const size_t pbytes = panel_bytes(L, nb);
-    for (int64_t p = p0; p < p1; ++p) {
+    const auto x_of = [&](int t) { return xq + static_cast<int64_t>(t) * nb; };
+    const auto y_of = [&](int t, int64_t p) { return y + static_cast<int64_t>(t) * y_stride + p * kPanel; };
+    // Tokens [t0, n) against panel p, in tiles of kTile.
+    const auto tiles = [&](int64_t p, int t0) {
         const uint8_t *panel = packed + static_cast<size_t>(p) * pbytes;
         const int valid = static_cast<int>(std::min<int64_t>(kPanel, rows - p * kPanel));
         const BlockQ8A *x[kTile];
         float *out[kTile];
-        for (int t0 = 0; t0 < n;) {
+        while (t0 < n) {
             const int left = n - t0, tn = left >= kTile ? kTile : left >= 4 ? 4 : left >= 2 ? 2 : 1;
             for (int t = 0; t < tn; ++t) {
-                x[t] = xq + static_cast<int64_t>(t0 + t) * nb;
-                out[t] = y + static_cast<int64_t>(t0 + t) * y_stride + p * kPanel;
+                x[t] = x_of(t0 + t);
+                out[t] = y_of(t0 + t, p);
             }
             if (tn == kTile) panel_tile<L, kTile>(panel, nb, x, out, valid, add);
             else if (tn == 4) panel_tile<L, 4>(panel, nb, x, out, valid, add);
@@ -234,6 +301,29 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
             else panel_tile<L, 1>(panel, nb, x, out, valid, add);
             t0 += tn;
         }
+    };
+    for (int64_t p = p0; p < p1; ++p) {
+        if constexpr (panel_pairs(L)) {
+            if (p + 1 < p1 && (p + 2) * kPanel <= rows && n >= kPairTile) { // panels p and p + 1, full
+                const uint8_t *pa = packed + static_cast<size_t>(p) * pbytes, *pb = pa + pbytes;
+                int t0 = 0;
+                for (; t0 + kPairTile <= n; t0 += kPairTile) {
+                    const BlockQ8A *x[kPairTile];
+                    float *ya[kPairTile], *yb[kPairTile];
+                    for (int t = 0; t < kPairTile; ++t) {
+                        x[t] = x_of(t0 + t);
+                        ya[t] = y_of(t0 + t, p);
+                        yb[t] = y_of(t0 + t, p + 1);
+                    }
+                    panel_tile_pair<L, kPairTile>(pa, pb, nb, x, ya, yb, add);
+                }
+                tiles(p, t0);
+                tiles(p + 1, t0);
+                ++p;
+                continue;
+            }
+        }
+        tiles(p, 0);
     }
 }
 
