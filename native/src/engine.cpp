@@ -278,10 +278,12 @@ uint64_t publish_snapshot(llmd_session *s, uint64_t replaces = 0) {
 // llmd_session_share_prefix for a model with recurrent layers: the longest prefix of
 // ids whose recurrent state the engine holds, if longer than keep. That is a chain of
 // the scope's published blocks that ends where a snapshot of the state was taken
-// (whole blocks), or a position of a live session of the scope (this one too) where
-// it holds the state, live or as a checkpoint, and its blocks before it are published:
-// those are held, its partly filled block there copied, its state copied.
-llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limit, int32_t keep, int32_t *reused) {
+// (whole blocks), or a position of one of `peers` (the scope's sessions that may lend,
+// this one too) where it holds the state, live or as a checkpoint, and its blocks
+// before it are published: those are held, its partly filled block there copied,
+// its state copied.
+llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limit, int32_t keep,
+                                   const std::vector<const llmd_session *> &peers, int32_t *reused) {
     llmd_engine *e = s->engine;
     PrefixMatch m = e->kv_pool->match(s->kv.scope, ids, limit, {});
     size_t full = m.blocks.size();
@@ -290,9 +292,7 @@ llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limi
         if ((state = e->snapshots->find(e->kv_pool->serial(m.blocks[full - 1]))) != nullptr) break;
     int at = state != nullptr ? static_cast<int>(full) * kKVBlock : 0;
     m.trim(at);
-    for (const auto &other : e->sessions) {
-        const llmd_session *h = other.get();
-        if (!h->kv.sharing || h->kv.foreign || h->kv.scope != s->kv.scope) continue;
+    for (const llmd_session *h : peers) {
         const int common = common_prefix(h->tokens, ids, limit);
         // The live state, unless a pass failed part way through it (its pos ran ahead of
         // the tokens), or a checkpoint (taken only where a pass ended).
@@ -765,12 +765,13 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
         if (!s->tokens.empty() && (!s->kv.sharing || s->kv.scope != joined)) s->kv.foreign = true;
         s->kv.sharing = true;
         s->kv.scope = joined;
-        std::vector<PrefixHolder> holders;
+        std::vector<const llmd_session *> peers; // the scope's sessions that may lend (s too, unless foreign)
         for (const auto &other : e->sessions)
-            if (other->kv.sharing && !other->kv.foreign && other->kv.scope == joined)
-                holders.push_back({&other->kv, &other->tokens});
+            if (other->kv.sharing && !other->kv.foreign && other->kv.scope == joined) peers.push_back(other.get());
         const int limit = static_cast<int>(std::min<size_t>(n - 1, static_cast<size_t>(e->n_ctx)));
-        if (!s->rs.empty()) return share_recurrent_prefix(s, ids, limit, keep, reused);
+        if (!s->rs.empty()) return share_recurrent_prefix(s, ids, limit, keep, peers, reused);
+        std::vector<PrefixHolder> holders;
+        for (const llmd_session *p : peers) holders.push_back({&p->kv, &p->tokens});
         PrefixMatch m = e->kv_pool->match(s->kv.scope, ids, limit, holders);
         // Sliding-window layers keep no blocks: their part of a prefix comes from a live
         // session of the scope whose rings still hold the window the prefix's next
