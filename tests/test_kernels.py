@@ -226,9 +226,9 @@ def test_fast_kernels_match_reference_and_reference_matches_python_model(ggml_ty
 def test_fast_kernels_are_batch_invariant(ggml_type):
     """A token's result is bit-identical alone, in a batch of any size at any place."""
     rng = random.Random(77 + ggml_type)
-    rows, cols = 37, 512  # two full panels, which Q4_0 tiles as a pair, and a partial one
+    rows, cols = 37, 512  # two full panels, which Q4_0, Q4_1 and Q4_K tile as a pair, and a partial one
     weights = random_weights(ggml_type, rows, cols, rng)
-    xs = [random_x(cols, rng) for _ in range(23)]  # tiles of 5 (Q4_0's pairs), 6, 8 and 10 tokens, then the rest
+    xs = [random_x(cols, rng) for _ in range(23)]  # tiles of 4 or 5 (pairs), 6, 8 and 10 tokens, then the rest
     for path in (1, 2):
         alone = [kernel_matvec(ggml_type, weights, rows, cols, x, path) for x in xs]
         assert kernel_matmul(ggml_type, weights, rows, cols, xs, path) == alone

@@ -2,11 +2,11 @@
 // instantiation per panel layout, for the traits table in quants.cpp.
 //
 // For each 32-element piece the kernel unpacks 16 rows' weights once and reuses
-// them for a tile of 6 to 10 tokens (panel_tile_tokens), or Q4_0's two panels' 32
-// rows for 5 tokens (panel_tile_pair). Weights are unsigned bytes u = q + offset;
-// the offset is taken off exactly in integers (offset × the sum of x's int8 values,
-// which BlockQ8A carries), so a piece's integer dot is exact and only the float
-// scaling rounds.
+// them for a tile of 6 to 10 tokens (panel_tile_tokens), or, for the plain 4-bit
+// types, two panels' 32 rows for 4 or 5 tokens (panel_tile_pair). Weights are
+// unsigned bytes u = q + offset; the offset is taken off exactly in integers
+// (offset × the sum of x's int8 values, which BlockQ8A carries), so a piece's
+// integer dot is exact and only the float scaling rounds.
 // Each token accumulates its pieces in one fixed order whatever tile or thread it
 // runs in: results are batch-invariant.
 #pragma once
@@ -38,6 +38,11 @@ template <const PanelLayout &L> inline __m512i code_table() {
     if constexpr (L.lut != nullptr)
         for (int i = 0; i < 64; ++i) t[i] = static_cast<uint8_t>(L.lut[i % 16] + L.offset);
     return _mm512_load_si512(t);
+}
+
+// 16 rows' f16 values (a k_scales layout's d or m), as floats.
+inline __m512 f16_floats(const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
 }
 
 // 16 rows' int8 scales of a k_scales layout, as floats.
@@ -117,9 +122,8 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
         __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
         if constexpr (L.k_scales) {
             const uint8_t *header = panel + panel_piece_offset(L, b0) - panel_header_bytes(L);
-            d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header)));
-            if constexpr (L.mins)
-                m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(header + 2 * kPanel)));
+            d = f16_floats(header);
+            if constexpr (L.mins) m = f16_floats(header + 2 * kPanel);
         }
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
@@ -213,19 +217,20 @@ constexpr int panel_tile_tokens(const PanelLayout &l) {
     return l.k_scales && !l.mins ? 10 : 8;
 }
 
-// Layouts whose pieces two panels can share a tile: one float scale per piece, 4-bit
-// codes without a table (Q4_0). A tile of 16 rows broadcasts each 4 bytes of a token's
-// activations for one vpdpbusd; over two panels' 32 rows each broadcast serves two, and
-// a piece's float step and offset are the same arithmetic as panel_tile's.
-constexpr bool panel_pairs(const PanelLayout &l) {
-    return l.bits == 4 && !l.split && !l.mins && !l.k_scales && l.lut == nullptr;
-}
+// Layouts whose pieces two panels can share a tile: plain 4-bit codes, one scale (and
+// min) per 32-element piece (Q4_0, Q4_1, Q4_K). A tile of 16 rows broadcasts each 4
+// bytes of a token's activations for one vpdpbusd; over two panels' 32 rows each
+// broadcast serves two, and a piece's float steps are the same arithmetic as
+// panel_tile's.
+constexpr bool panel_pairs(const PanelLayout &l) { return l.bits == 4 && !l.split && l.lut == nullptr; }
 
-// Tokens of a two-panel tile: each keeps two integer sums and two accumulators beside
-// the 4 weight vectors of a plane and its 2 broadcasts, in the 32 vector registers.
-// Measured on the 1B shape's Q4_0 prefill: the pairs took 16 % off a token's time
-// against single panels; 6 tokens spilled (5 % slower than 5), 4 were 2 % slower.
-constexpr int kPairTile = 5;
+// Tokens of a two-panel tile: each keeps two integer sums and two accumulators (four
+// with a K-quant's part sums) beside the 4 weight vectors of a plane and their 2
+// broadcasts. Measured on prefill of 512 tokens against single panels, builds taking
+// turns: the 1B shape's Q4_0 16 % less time a token (6 tokens: 5 % slower than 5; 4:
+// 2 % slower), its Q4_K_M 6-9 % (4 tokens; 3: 7 %, 5: 7 %, 6: 6 %, 2: none), SmolLM2's
+// Q4_1 6 % (5 tokens; 4: 4 %).
+constexpr int pair_tile_tokens(const PanelLayout &l) { return l.k_scales ? 4 : 5; }
 
 // T tokens against panels a and b (32 rows): panel_tile's results for each, bit for bit
 // (a piece's integer dot is exact however its multiply-adds are chained).
@@ -233,36 +238,81 @@ template <const PanelLayout &L, int T>
 void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const BlockQ8A *const *x, float *const *ya,
                      float *const *yb, bool add) {
     static_assert(panel_pairs(L));
-    constexpr size_t kW = panel_weight_bytes(L);
-    __m512 acc_a[T], acc_b[T];
-    for (int t = 0; t < T; ++t) acc_a[t] = acc_b[t] = _mm512_setzero_ps();
+    constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
+    constexpr int64_t kGroup = L.k_scales ? QK_K / QK : 1;
+    __m512 acc_a[T], acc_b[T], part_a[T], part_b[T];
+    for (int t = 0; t < T; ++t) acc_a[t] = acc_b[t] = part_a[t] = part_b[t] = _mm512_setzero_ps();
     const __m512i mask = _mm512_set1_epi8(0x0f);
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *ba = pa + panel_piece_offset(L, b), *bb = pb + panel_piece_offset(L, b);
-        __m512i sa[T], sb[T];
-        for (int t = 0; t < T; ++t) sa[t] = sb[t] = _mm512_set1_epi32(-L.offset * x[t][b].sum);
-        for (int j = 0; j < 4; ++j) { // plane j: elements 4j..4j+3 (low nibbles) and 16+4j.. (high)
-            const __m512i va = _mm512_loadu_si512(ba + 64 * j), vb = _mm512_loadu_si512(bb + 64 * j);
-            const __m512i a_lo = _mm512_and_si512(va, mask), a_hi = _mm512_and_si512(_mm512_srli_epi16(va, 4), mask);
-            const __m512i b_lo = _mm512_and_si512(vb, mask), b_hi = _mm512_and_si512(_mm512_srli_epi16(vb, 4), mask);
-#pragma GCC unroll 16
-            for (int t = 0; t < T; ++t) {
-                int32_t lo, hi;
-                std::memcpy(&lo, x[t][b].qs + 4 * j, 4);
-                std::memcpy(&hi, x[t][b].qs + 16 + 4 * j, 4);
-                const __m512i xl = _mm512_set1_epi32(lo), xh = _mm512_set1_epi32(hi);
-                sa[t] = _mm512_dpbusd_epi32(sa[t], a_lo, xl);
-                sb[t] = _mm512_dpbusd_epi32(sb[t], b_lo, xl);
-                sa[t] = _mm512_dpbusd_epi32(sa[t], a_hi, xh);
-                sb[t] = _mm512_dpbusd_epi32(sb[t], b_hi, xh);
+    for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
+        __m512 d_a, d_b, m_a, m_b; // k_scales: the rows' d and m of this 256
+        if constexpr (L.k_scales) {
+            const uint8_t *ha = pa + panel_piece_offset(L, b0) - panel_header_bytes(L);
+            const uint8_t *hb = pb + panel_piece_offset(L, b0) - panel_header_bytes(L);
+            d_a = f16_floats(ha);
+            d_b = f16_floats(hb);
+            if constexpr (L.mins) {
+                m_a = f16_floats(ha + 2 * kPanel);
+                m_b = f16_floats(hb + 2 * kPanel);
             }
         }
-        const __m512 da = panel_floats<L>(ba + kW, 0), db = panel_floats<L>(bb + kW, 0);
-        for (int t = 0; t < T; ++t) {
-            const __m512 xd = _mm512_set1_ps(x[t][b].d);
-            acc_a[t] = _mm512_fmadd_ps(_mm512_mul_ps(da, xd), _mm512_cvtepi32_ps(sa[t]), acc_a[t]);
-            acc_b[t] = _mm512_fmadd_ps(_mm512_mul_ps(db, xd), _mm512_cvtepi32_ps(sb[t]), acc_b[t]);
+        for (int64_t i = 0; i < kGroup; ++i) {
+            const int64_t b = b0 + i;
+            const uint8_t *ba = pa + panel_piece_offset(L, b), *bb = pb + panel_piece_offset(L, b);
+            __m512i sa[T], sb[T];
+            for (int t = 0; t < T; ++t) sa[t] = sb[t] = _mm512_set1_epi32(-L.offset * x[t][b].sum);
+            for (int j = 0; j < 4; ++j) { // plane j: elements 4j..4j+3 (low nibbles) and 16+4j.. (high)
+                const __m512i va = _mm512_loadu_si512(ba + 64 * j), vb = _mm512_loadu_si512(bb + 64 * j);
+                const __m512i a_lo = _mm512_and_si512(va, mask), a_hi = _mm512_and_si512(_mm512_srli_epi16(va, 4), mask);
+                const __m512i b_lo = _mm512_and_si512(vb, mask), b_hi = _mm512_and_si512(_mm512_srli_epi16(vb, 4), mask);
+#pragma GCC unroll 16
+                for (int t = 0; t < T; ++t) {
+                    int32_t lo, hi;
+                    std::memcpy(&lo, x[t][b].qs + 4 * j, 4);
+                    std::memcpy(&hi, x[t][b].qs + 16 + 4 * j, 4);
+                    const __m512i xl = _mm512_set1_epi32(lo), xh = _mm512_set1_epi32(hi);
+                    sa[t] = _mm512_dpbusd_epi32(sa[t], a_lo, xl);
+                    sb[t] = _mm512_dpbusd_epi32(sb[t], b_lo, xl);
+                    sa[t] = _mm512_dpbusd_epi32(sa[t], a_hi, xh);
+                    sb[t] = _mm512_dpbusd_epi32(sb[t], b_hi, xh);
+                }
+            }
+            __m512 mn_a, mn_b; // mins: the rows' min of this piece
+            if constexpr (L.k_scales) { // integer scales into the part sums; mins: f16 times a small integer, exact
+                const __m512 sc_a = int8_floats(ba + kW), sc_b = int8_floats(bb + kW);
+                for (int t = 0; t < T; ++t) {
+                    part_a[t] = _mm512_fmadd_ps(sc_a, _mm512_cvtepi32_ps(sa[t]), part_a[t]);
+                    part_b[t] = _mm512_fmadd_ps(sc_b, _mm512_cvtepi32_ps(sb[t]), part_b[t]);
+                }
+                if constexpr (L.mins) {
+                    mn_a = _mm512_mul_ps(m_a, int8_floats(ba + kW + kSet));
+                    mn_b = _mm512_mul_ps(m_b, int8_floats(bb + kW + kSet));
+                }
+            } else {
+                const __m512 da = panel_floats<L>(ba + kW, 0), db = panel_floats<L>(bb + kW, 0);
+                for (int t = 0; t < T; ++t) {
+                    const __m512 xd = _mm512_set1_ps(x[t][b].d);
+                    acc_a[t] = _mm512_fmadd_ps(_mm512_mul_ps(da, xd), _mm512_cvtepi32_ps(sa[t]), acc_a[t]);
+                    acc_b[t] = _mm512_fmadd_ps(_mm512_mul_ps(db, xd), _mm512_cvtepi32_ps(sb[t]), acc_b[t]);
+                }
+                if constexpr (L.mins) {
+                    mn_a = panel_floats<L>(ba + kW + kSet, 0);
+                    mn_b = panel_floats<L>(bb + kW + kSet, 0);
+                }
+            }
+            if constexpr (L.mins)
+                for (int t = 0; t < T; ++t) {
+                    const __m512 xs = _mm512_set1_ps(x[t][b].s);
+                    acc_a[t] = _mm512_fmadd_ps(mn_a, xs, acc_a[t]);
+                    acc_b[t] = _mm512_fmadd_ps(mn_b, xs, acc_b[t]);
+                }
         }
+        if constexpr (L.k_scales) // the super-block's part sums meet the rows' d and the token's x.d
+            for (int t = 0; t < T; ++t) {
+                const __m512 xd = _mm512_set1_ps(x[t][b0 + kGroup - 1].d);
+                acc_a[t] = _mm512_fmadd_ps(_mm512_mul_ps(d_a, xd), part_a[t], acc_a[t]);
+                acc_b[t] = _mm512_fmadd_ps(_mm512_mul_ps(d_b, xd), part_b[t], acc_b[t]);
+                part_a[t] = part_b[t] = _mm512_setzero_ps();
+            }
     }
     for (int t = 0; t < T; ++t) {
         __m512 a = acc_a[t], c = acc_b[t];
@@ -304,18 +354,19 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
     };
     for (int64_t p = p0; p < p1; ++p) {
         if constexpr (panel_pairs(L)) {
-            if (p + 1 < p1 && (p + 2) * kPanel <= rows && n >= kPairTile) { // panels p and p + 1, full
+            constexpr int kPair = pair_tile_tokens(L);
+            if (p + 1 < p1 && (p + 2) * kPanel <= rows && n >= kPair) { // panels p and p + 1, full
                 const uint8_t *pa = packed + static_cast<size_t>(p) * pbytes, *pb = pa + pbytes;
                 int t0 = 0;
-                for (; t0 + kPairTile <= n; t0 += kPairTile) {
-                    const BlockQ8A *x[kPairTile];
-                    float *ya[kPairTile], *yb[kPairTile];
-                    for (int t = 0; t < kPairTile; ++t) {
+                for (; t0 + kPair <= n; t0 += kPair) {
+                    const BlockQ8A *x[kPair];
+                    float *ya[kPair], *yb[kPair];
+                    for (int t = 0; t < kPair; ++t) {
                         x[t] = x_of(t0 + t);
                         ya[t] = y_of(t0 + t, p);
                         yb[t] = y_of(t0 + t, p + 1);
                     }
-                    panel_tile_pair<L, kPairTile>(pa, pb, nb, x, ya, yb, add);
+                    panel_tile_pair<L, kPair>(pa, pb, nb, x, ya, yb, add);
                 }
                 tiles(p, t0);
                 tiles(p + 1, t0);
