@@ -105,11 +105,51 @@ template <const PanelLayout &L> inline void unpack_weights(const uint8_t *blk, _
 // 2 KB ahead was not enough for the K-quants, 8 KB gained nothing more.
 constexpr size_t kDecodePrefetch = 6144;
 
+// Where a k_scales super-block's header (the rows' f16 d, then m) sits before its
+// first piece b0.
+template <const PanelLayout &L> inline const uint8_t *panel_header(const uint8_t *panel, int64_t b0) {
+    return panel + panel_piece_offset(L, b0) - panel_header_bytes(L);
+}
+
+// The 16 rows' scales (and mins) of the piece at blk, set h for split layouts'
+// elements 16..31: f16 or f32 floats, or a k_scales layout's integer scales, and its
+// integer mins times the rows' m (f16 times a small integer, exact).
+template <const PanelLayout &L> inline void piece_scales(const uint8_t *blk, __m512 m, __m512 scale[2], __m512 min[2]) {
+    constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
+    constexpr int kSets = L.split ? 2 : 1;
+    for (int h = 0; h < kSets; ++h) {
+        if constexpr (L.k_scales) {
+            scale[h] = int8_floats(blk + kW + h * kSet);
+            if constexpr (L.mins) min[h] = _mm512_mul_ps(m, int8_floats(blk + kW + (kSets + h) * kSet));
+        } else {
+            scale[h] = panel_floats<L>(blk + kW, h);
+            if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
+        }
+    }
+}
+
+// One token's float step for a piece of a layout without split scales: its integer dot
+// `sum` times the rows' scale into part (k_scales) or, with the token's d, into acc;
+// the rows' min times the token's s into acc.
+template <const PanelLayout &L>
+inline void whole_piece(__m512i sum, const __m512 scale[2], const __m512 min[2], const BlockQ8A &xb, __m512 &acc,
+                        __m512 &part) {
+    static_assert(!L.split);
+    if constexpr (L.k_scales) part = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(sum), part);
+    else acc = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], _mm512_set1_ps(xb.d)), _mm512_cvtepi32_ps(sum), acc);
+    if constexpr (L.mins) acc = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc);
+}
+
+// A k_scales super-block's end for one token: its part sum meets the rows' d and the
+// token's x.d (the one d its Q8K activations share per 256).
+inline void end_super_block(__m512 d, float xd, __m512 &acc, __m512 &part) {
+    acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xd)), part, acc);
+    part = _mm512_setzero_ps();
+}
+
 // T tokens against one panel: the 16 rows' dot products for each token.
 template <const PanelLayout &L, int T>
 void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y, int valid, bool add) {
-    constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
-    constexpr int kSets = L.split ? 2 : 1;
     // k_scales layouts serve 256-element types, whose activations (Q8K) share one d
     // per 256: a super-block's scaled piece sums gather in part[t] and meet the rows'
     // d and the token's x.d once, after its 8 pieces (a loop of its own, so that no
@@ -121,7 +161,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
     for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
         __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
         if constexpr (L.k_scales) {
-            const uint8_t *header = panel + panel_piece_offset(L, b0) - panel_header_bytes(L);
+            const uint8_t *header = panel_header<L>(panel, b0);
             d = f16_floats(header);
             if constexpr (L.mins) m = f16_floats(header + 2 * kPanel);
         }
@@ -136,17 +176,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
             if constexpr (L.lut != nullptr)
                 for (int g = 0; g < 8; ++g) w[g] = _mm512_shuffle_epi8(table, w[g]);
             __m512 scale[2], min[2];
-            if constexpr (L.k_scales) {
-                for (int h = 0; h < kSets; ++h) { // the integer scales; mins: f16 times a small integer, exact
-                    scale[h] = int8_floats(blk + kW + h * kSet);
-                    if constexpr (L.mins) min[h] = _mm512_mul_ps(m, int8_floats(blk + kW + (kSets + h) * kSet));
-                }
-            } else {
-                for (int h = 0; h < kSets; ++h) {
-                    scale[h] = panel_floats<L>(blk + kW, h);
-                    if constexpr (L.mins) min[h] = panel_floats<L>(blk + kW + kSets * kSet, h);
-                }
-            }
+            piece_scales<L>(blk, m, scale, min);
             // Unrolled, so that each token's acc and part stay in registers whatever GCC's
             // heuristics decide: under -fwrapv (build_native.py) GCC 12 kept this loop
             // rolled for 8 and 10 tokens (and the accumulators in memory, 20 % slower).
@@ -163,39 +193,26 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
                     lo = _mm512_dpbusd_epi32(lo, w[g], _mm512_set1_epi32(a));
                     hi = _mm512_dpbusd_epi32(hi, w[g + 4], _mm512_set1_epi32(c));
                 }
-                if constexpr (L.k_scales) {
-                    if constexpr (L.split) {
+                if constexpr (!L.split) {
+                    whole_piece<L>(_mm512_add_epi32(lo, hi), scale, min, xb, acc[t], part[t]);
+                } else {
+                    if constexpr (L.k_scales) {
                         part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(lo), part[t]);
                         part[t] = _mm512_fmadd_ps(scale[1], _mm512_cvtepi32_ps(hi), part[t]);
-                        if constexpr (L.mins) {
-                            acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum_lo)), acc[t]);
-                            acc[t] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum - xb.sum_lo)), acc[t]);
-                        }
                     } else {
-                        part[t] = _mm512_fmadd_ps(scale[0], _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), part[t]);
-                        if constexpr (L.mins) acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc[t]);
+                        const __m512 xd = _mm512_set1_ps(xb.d);
+                        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(lo), acc[t]);
+                        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[1], xd), _mm512_cvtepi32_ps(hi), acc[t]);
                     }
-                } else if constexpr (L.split) {
-                    const __m512 xd = _mm512_set1_ps(xb.d);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(lo), acc[t]);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[1], xd), _mm512_cvtepi32_ps(hi), acc[t]);
                     if constexpr (L.mins) {
                         acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum_lo)), acc[t]);
                         acc[t] = _mm512_fmadd_ps(min[1], _mm512_set1_ps(xb.d * static_cast<float>(xb.sum - xb.sum_lo)), acc[t]);
                     }
-                } else {
-                    const __m512 xd = _mm512_set1_ps(xb.d);
-                    const __m512i sum = _mm512_add_epi32(lo, hi);
-                    acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(scale[0], xd), _mm512_cvtepi32_ps(sum), acc[t]);
-                    if constexpr (L.mins) acc[t] = _mm512_fmadd_ps(min[0], _mm512_set1_ps(xb.s), acc[t]);
                 }
             }
         }
         if constexpr (L.k_scales)
-            for (int t = 0; t < T; ++t) {
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x[t][b0 + kGroup - 1].d)), part[t], acc[t]);
-                part[t] = _mm512_setzero_ps();
-            }
+            for (int t = 0; t < T; ++t) end_super_block(d, x[t][b0 + kGroup - 1].d, acc[t], part[t]);
     }
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     for (int t = 0; t < T; ++t) {
@@ -238,16 +255,14 @@ template <const PanelLayout &L, int T>
 void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const BlockQ8A *const *x, float *const *ya,
                      float *const *yb, bool add) {
     static_assert(panel_pairs(L));
-    constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
     constexpr int64_t kGroup = L.k_scales ? QK_K / QK : 1;
     __m512 acc_a[T], acc_b[T], part_a[T], part_b[T];
     for (int t = 0; t < T; ++t) acc_a[t] = acc_b[t] = part_a[t] = part_b[t] = _mm512_setzero_ps();
     const __m512i mask = _mm512_set1_epi8(0x0f);
     for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
-        __m512 d_a, d_b, m_a, m_b; // k_scales: the rows' d and m of this 256
+        __m512 d_a = _mm512_setzero_ps(), d_b = d_a, m_a = d_a, m_b = d_a; // k_scales: the rows' d and m of this 256
         if constexpr (L.k_scales) {
-            const uint8_t *ha = pa + panel_piece_offset(L, b0) - panel_header_bytes(L);
-            const uint8_t *hb = pb + panel_piece_offset(L, b0) - panel_header_bytes(L);
+            const uint8_t *ha = panel_header<L>(pa, b0), *hb = panel_header<L>(pb, b0);
             d_a = f16_floats(ha);
             d_b = f16_floats(hb);
             if constexpr (L.mins) {
@@ -276,42 +291,18 @@ void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const Blo
                     sb[t] = _mm512_dpbusd_epi32(sb[t], b_hi, xh);
                 }
             }
-            __m512 mn_a, mn_b; // mins: the rows' min of this piece
-            if constexpr (L.k_scales) { // integer scales into the part sums; mins: f16 times a small integer, exact
-                const __m512 sc_a = int8_floats(ba + kW), sc_b = int8_floats(bb + kW);
-                for (int t = 0; t < T; ++t) {
-                    part_a[t] = _mm512_fmadd_ps(sc_a, _mm512_cvtepi32_ps(sa[t]), part_a[t]);
-                    part_b[t] = _mm512_fmadd_ps(sc_b, _mm512_cvtepi32_ps(sb[t]), part_b[t]);
-                }
-                if constexpr (L.mins) {
-                    mn_a = _mm512_mul_ps(m_a, int8_floats(ba + kW + kSet));
-                    mn_b = _mm512_mul_ps(m_b, int8_floats(bb + kW + kSet));
-                }
-            } else {
-                const __m512 da = panel_floats<L>(ba + kW, 0), db = panel_floats<L>(bb + kW, 0);
-                for (int t = 0; t < T; ++t) {
-                    const __m512 xd = _mm512_set1_ps(x[t][b].d);
-                    acc_a[t] = _mm512_fmadd_ps(_mm512_mul_ps(da, xd), _mm512_cvtepi32_ps(sa[t]), acc_a[t]);
-                    acc_b[t] = _mm512_fmadd_ps(_mm512_mul_ps(db, xd), _mm512_cvtepi32_ps(sb[t]), acc_b[t]);
-                }
-                if constexpr (L.mins) {
-                    mn_a = panel_floats<L>(ba + kW + kSet, 0);
-                    mn_b = panel_floats<L>(bb + kW + kSet, 0);
-                }
-            }
-            if constexpr (L.mins)
-                for (int t = 0; t < T; ++t) {
-                    const __m512 xs = _mm512_set1_ps(x[t][b].s);
-                    acc_a[t] = _mm512_fmadd_ps(mn_a, xs, acc_a[t]);
-                    acc_b[t] = _mm512_fmadd_ps(mn_b, xs, acc_b[t]);
-                }
-        }
-        if constexpr (L.k_scales) // the super-block's part sums meet the rows' d and the token's x.d
+            __m512 scale_a[2], min_a[2], scale_b[2], min_b[2];
+            piece_scales<L>(ba, m_a, scale_a, min_a);
+            piece_scales<L>(bb, m_b, scale_b, min_b);
             for (int t = 0; t < T; ++t) {
-                const __m512 xd = _mm512_set1_ps(x[t][b0 + kGroup - 1].d);
-                acc_a[t] = _mm512_fmadd_ps(_mm512_mul_ps(d_a, xd), part_a[t], acc_a[t]);
-                acc_b[t] = _mm512_fmadd_ps(_mm512_mul_ps(d_b, xd), part_b[t], acc_b[t]);
-                part_a[t] = part_b[t] = _mm512_setzero_ps();
+                whole_piece<L>(sa[t], scale_a, min_a, x[t][b], acc_a[t], part_a[t]);
+                whole_piece<L>(sb[t], scale_b, min_b, x[t][b], acc_b[t], part_b[t]);
+            }
+        }
+        if constexpr (L.k_scales)
+            for (int t = 0; t < T; ++t) {
+                end_super_block(d_a, x[t][b0 + kGroup - 1].d, acc_a[t], part_a[t]);
+                end_super_block(d_b, x[t][b0 + kGroup - 1].d, acc_b[t], part_b[t]);
             }
     }
     for (int t = 0; t < T; ++t) {
