@@ -257,9 +257,13 @@ int common_prefix(const std::vector<int32_t> &tokens, const int32_t *ids, int en
 // Threads of a pool asked for as n: n, or one per core when n is 0.
 int pool_threads(int n) { return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
-// Most threads a pool may be asked for: far past any machine this serves, and short of
-// where starting them could fail half-way.
-constexpr int kMaxThreads = 256;
+// Refuses a pool of n threads (as pool_threads reads n) past 256: far past any machine
+// this serves, and short of where starting them could fail half-way.
+llmd_status check_threads(int n) {
+    constexpr int kMaxThreads = 256;
+    if (pool_threads(n) <= kMaxThreads) return LLMD_OK;
+    return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large (at most " + std::to_string(kMaxThreads) + ")");
+}
 
 // With recurrent layers: offers the state after the session's tokens to the prefix
 // cache when they end a block that the session published (recurrent.h:
@@ -440,10 +444,8 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
         if (e->max_sessions < 1)
             return fail(LLMD_ERR_CAPACITY, "the KV budget does not fit one session of " + std::to_string(e->n_ctx) + " tokens");
-        const int n_threads = pool_threads(opts.n_threads);
-        if (n_threads > kMaxThreads)
-            return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large (at most " + std::to_string(kMaxThreads) + ")");
-        e->pool = std::make_unique<ThreadPool>(n_threads);
+        if (const llmd_status st = check_threads(opts.n_threads); st != LLMD_OK) return st;
+        e->pool = std::make_unique<ThreadPool>(pool_threads(opts.n_threads));
         e->ws.reserve(hp, 1);
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
                                                              : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
@@ -1168,8 +1170,7 @@ llmd_status llmd_quantize_rows(int32_t src_type, const void *src, int64_t rows, 
                                                   (to != nullptr ? std::string(to->name) : std::to_string(dst_type)));
         if ((rows > 0 && (src == nullptr || dst == nullptr)) || n_threads < 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad quantize arguments");
-        if (pool_threads(n_threads) > kMaxThreads)
-            return fail(LLMD_ERR_INVALID_ARGUMENT, "n_threads is too large (at most " + std::to_string(kMaxThreads) + ")");
+        if (const llmd_status st = check_threads(n_threads); st != LLMD_OK) return st;
         ThreadPool pool(pool_threads(n_threads));
         const std::string err = convert_rows(static_cast<uint32_t>(src_type), static_cast<const uint8_t *>(src), rows,
                                              cols, static_cast<uint32_t>(dst_type), static_cast<uint8_t *>(dst), pool);
