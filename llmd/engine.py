@@ -369,7 +369,7 @@ class Session:
 
     def export_state(self, n_tokens: int | None = None) -> memoryview:
         """The first n_tokens ids in the KV cache (default: all) and their keys and
-        values, as the bytes import_state restores (native/src/session_state.h); no
+        values, as the bytes import_state restores (native/src/memory/session_state.h); no
         checksum, no model identity: llmd.session_store adds both. The session is
         not changed."""
         n = self.position if n_tokens is None else n_tokens

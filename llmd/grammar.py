@@ -1,6 +1,6 @@
 """Grammars for constrained decoding: expressions over bytes, compiled into the
 automaton text the engine reads (llmd_session_set_grammar; the format is described
-in native/src/grammar.h).
+in native/src/decode/grammar.h).
 
 Theory of operation. A grammar is a mapping of rule names to expressions over
 bytes: `Chars` (a set of bytes), `Seq`, `Alt`, `Repeat` (bounded or not) and `Ref`

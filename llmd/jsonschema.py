@@ -6,7 +6,7 @@ space, or one newline and up to 16 spaces of indentation, and nothing else: a sm
 model left free to lay out JSON may emit whitespace forever, and one that may not
 indent at all tends to close the object at once. Numbers have at most 16 integer
 and 16 fraction digits and a 3-digit exponent. Strings are not bounded here: the
-engine's token budget closes them in time (native/src/grammar.h). Strings are
+engine's token budget closes them in time (native/src/decode/grammar.h). Strings are
 valid UTF-8 and escape what JSON requires.
 
 The JSON Schema subset (what tools and response formats use in practice):

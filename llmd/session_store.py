@@ -3,7 +3,7 @@ pushed out of memory by eviction, or alive when the server stopped, resumes warm
 
 A file wraps the engine's exported state (the ids in the KV cache, their keys and
 values, and a hybrid model's recurrent state with its checkpoints,
-native/src/session_state.h) in what makes it safe to load:
+native/src/memory/session_state.h) in what makes it safe to load:
 
     8 bytes   magic b"LLMDSESS"
     u32       format version (FORMAT_VERSION)

@@ -1,6 +1,6 @@
 """A small GGUF v3 writer for tests, standard library only.
 
-Layout written (little-endian), as native/src/gguf.cpp reads it:
+Layout written (little-endian), as native/src/format/gguf.cpp reads it:
   magic "GGUF", u32 version, u64 n_tensors, u64 n_kv,
   n_kv × { string key, u32 value type, value },
   n_tensors × { string name, u32 n_dims, u64 ne[n_dims], u32 ggml type, u64 offset },

@@ -644,7 +644,7 @@ def test_every_weight_type_runs_and_prefill_equals_token_by_token(tiny_llama_fac
             assert decode(whole, 4) == decode(single, 4)
 
 
-# ---- the bandwidth limit (llmd_engine_bandwidth, native/src/bandwidth.cpp) ------------
+# ---- the bandwidth limit (llmd_engine_bandwidth, native/src/runtime/bandwidth.cpp) ------------
 
 MIB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""Constrained decoding in the engine (native/src/grammar.cpp through llmd.engine), on the
+"""Constrained decoding in the engine (native/src/decode/grammar.cpp through llmd.engine), on the
 tiny random model: whatever the weights say, output follows the grammar; the fast paths
 (trie walk, greedy favourites first) agree with their references."""
 from __future__ import annotations

@@ -519,7 +519,7 @@ def test_types_without_kernels_are_refused_naming_every_tensor_by_type(tmp_path)
                             "Q8_K (blk.1.ffn_up.weight)")
 
 
-# Bytes of the packed form of 16 rows × 256 columns (native/src/quants.h PanelLayout): for
+# Bytes of the packed form of 16 rows × 256 columns (native/src/quants/quants.h PanelLayout): for
 # the K-quants each row's f16 d (and m) once, then 8 panel-blocks of 16 × 32 weights
 # at the type's own bits and each row's int8 scales (and mins): Q4_K 64 + 8 * (256 +
 # 32). Next to the file's 16 rows of the type: the same size for Q6_K, Q5_0 and Q5_1,

@@ -1,4 +1,4 @@
-"""The engine's paged KV memory and prefix cache (native/src/kvpool.h): blocks shared
+"""The engine's paged KV memory and prefix cache (native/src/memory/kvpool.h): blocks shared
 between sessions of one scope, reference counts, copy on write, retired blocks under
 their budget, the recurrent snapshots of hybrid models (recurrent.h: SnapshotCache),
 and outputs equal to a fresh prefill's. Tiny random-weight models."""

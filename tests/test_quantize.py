@@ -1,4 +1,4 @@
-"""`llmd quantize` (llmd/quantize.py) and the engine's quantizers (native/src/quantize.cpp).
+"""`llmd quantize` (llmd/quantize.py) and the engine's quantizers (native/src/quants/quantize.cpp).
 
 Golden facts (tests/data/quantize_golden.json, made by tests/make_quantize_golden.py
 from llama.cpp): the bytes llama.cpp's reference quantizers make from fixed rows,

@@ -1,4 +1,4 @@
-"""A session's state as bytes (native/src/session_state.cpp through llmd.h's
+"""A session's state as bytes (native/src/memory/session_state.cpp through llmd.h's
 llmd_session_export / llmd_session_import): a restored session continues exactly as
 the saved one and as a fresh prefill would, sliding-window rings and the recurrent
 state of hybrid models (with its checkpoints) included, and bytes that do not fit the

@@ -1,4 +1,4 @@
-"""The tokenizers of native/src/vocab.cpp and pretokenize.cpp against llama.cpp.
+"""The tokenizers of native/src/tokenizer/ (vocab.cpp, pretokenize.cpp) against llama.cpp.
 
 Three kinds of reference:
   - llama.cpp's own vectors (models/ggml-vocab-*.gguf + .inp/.out, fetched once by

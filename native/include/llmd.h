@@ -257,7 +257,7 @@ llmd_status llmd_session_tokens(const llmd_session *session, int32_t *out, size_
 
 /* A session's state as bytes: the first n_tokens ids in its KV cache, their keys
  * and values, and the recurrent layers' state after them with the newest checkpoint
- * before them, in the canonical layout of native/src/session_state.h (not the
+ * before them, in the canonical layout of native/src/memory/session_state.h (not the
  * cache's memory layout); n_tokens is 0 or a position truncate would accept (at most
  * position, at least resume_floor), else LLMD_ERR_INVALID_ARGUMENT; with recurrent
  * layers the position or a checkpoint, else LLMD_ERR_STATE. The session is
@@ -276,7 +276,7 @@ llmd_status llmd_session_import(llmd_session *session, const uint8_t *data, size
 void llmd_session_stop(llmd_session *session);
 
 /* Constrain the following decode steps to a grammar, in the text form that
- * llmd/grammar.py writes (described in native/src/grammar.h): a step samples only
+ * llmd/grammar.py writes (described in native/src/decode/grammar.h): a step samples only
  * a token whose bytes continue a sentence of the grammar, an end-of-generation id
  * only where the grammar may end, and the step whose token completes the grammar
  * is terminal. token_budget > 0 keeps room at every step to finish within that

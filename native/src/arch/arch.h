@@ -8,8 +8,8 @@
 // The engine ABI and sessions see only the name; nothing else is per architecture.
 #pragma once
 
-#include "model.h"
-#include "recurrent.h"
+#include "model/model.h"
+#include "ops/recurrent.h"
 
 #include <string>
 #include <string_view>

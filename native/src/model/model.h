@@ -1,0 +1,439 @@
+// model.h — a decoder-only transformer: hyperparameters and weights bound to the
+// GGUF mapping, the per-session KV cache, the shared ops every architecture builds
+// its layers from (arch/arch.h), and one forward pass over a batch of tokens that
+// may belong to different sessions (prefill is a batch of one session's tokens;
+// batched decode is one token from each of several sessions).
+#pragma once
+
+#include "ops/attention.h"
+#include "format/gguf.h"
+#include "memory/kvpool.h"
+#include "quants/quants.h"
+#include "runtime/threadpool.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace llmd {
+
+// A weight matrix in GGUF layout: `rows` rows of `cols` contiguous elements, and
+// its repacked form (quants.h) when this build has one for its type.
+struct Matrix {
+    uint32_t type = 0;
+    int64_t cols = 0; // ne[0], the input dimension
+    int64_t rows = 0; // ne[1], the output dimension
+    size_t row_bytes = 0;
+    const uint8_t *data = nullptr;
+    const uint8_t *packed = nullptr;
+    const uint8_t *row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+};
+
+// Heap bytes aligned to a cache line, so that packed panels never straddle lines;
+// with `huge`, aligned to 2 MB and offered to the kernel as transparent huge pages.
+struct AlignedBytes {
+    std::unique_ptr<uint8_t, void (*)(void *)> raw{nullptr, std::free};
+    uint8_t *data = nullptr;
+    explicit AlignedBytes(size_t n, bool huge = false);
+};
+
+struct HParams {
+    int n_vocab = 0;
+    int n_ctx_train = 0;
+    int n_embd = 0;    // dim
+    int n_layer = 0;
+    int n_head = 0;
+    int n_head_kv = 0;
+    int n_ff = 0;      // hidden dim of the FFN
+    int head_dim = 0;
+    int rope_dim = 0;  // leading dims of each head that RoPE rotates
+    float rope_base = 10000.0f;
+    float rope_mscale = 1.0f; // multiplies cos and sin (YaRN's magnitude correction, attn_factor)
+    float norm_eps = 1e-5f;
+    float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if their own
+    float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
+    float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
+    float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
+    std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
+    std::vector<int> state;     // (n_layer) floats of recurrent state a layer keeps per session
+                                // instead of keys and values (recurrent.h); 0: an attention layer
+    int conv_len = 0;           // short convolutions: positions each one spans, its own included
+    struct DeltaNet {           // Gated DeltaNet layers (Qwen3.5)
+        int k_heads = 0;        // query and key heads; value head h reads key head h % k_heads
+        int v_heads = 0;        // value heads, each with its own (head_dim × head_dim) state
+        int head_dim = 0;       // of queries, keys and values alike
+        int qk_dim() const { return k_heads * head_dim; }
+        int v_dim() const { return v_heads * head_dim; }
+        int conv_dim() const { return 2 * qk_dim() + v_dim(); } // q, k, v: the convolved channels
+    } delta;
+    std::vector<bool> rope_fixed; // (rope_dim / 2) pairs text positions leave unrotated (multi-section RoPE)
+    int n_expert = 0;           // MoE: experts per layer,
+    int n_expert_used = 0;      // experts each token is routed to,
+    int n_ff_exp = 0;           // hidden dim of one expert
+    bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
+    float expert_scale = 1.0f;  // then multiplied by this
+    int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
+    int q_dim() const { return n_head * head_dim; }
+    int kv_dim() const { return n_head_kv * head_dim; }
+    bool recurrent(int layer) const { return state[layer] > 0; }
+};
+
+// One layer's weights; a tensor the architecture does not have, or the file leaves
+// out where that is allowed, is null (vectors) or has no data (matrices).
+struct LayerWeights {
+    const float *attn_norm = nullptr; // (dim)
+    Matrix wq;                        // (q_dim, dim)
+    Matrix wk;                        // (kv_dim, dim)
+    Matrix wv;                        // (kv_dim, dim)
+    Matrix wo;                        // (dim, q_dim)
+    const float *bq = nullptr;        // (q_dim) attention biases
+    const float *bk = nullptr;        // (kv_dim)
+    const float *bv = nullptr;        // (kv_dim)
+    const float *bo = nullptr;        // (dim)
+    const float *q_norm = nullptr;    // (head_dim) RMS norm of each query head
+    const float *k_norm = nullptr;    // (head_dim) RMS norm of each key head
+    const float *attn_post_norm = nullptr; // (dim) norm of the attention output (Gemma)
+    const float *ffn_norm = nullptr;  // (dim)
+    Matrix w_gate;                    // (ff, dim)
+    Matrix w_up;                      // (ff, dim)
+    Matrix w_down;                    // (dim, ff)
+    const float *b_gate = nullptr;    // (ff) FFN biases
+    const float *b_up = nullptr;      // (ff)
+    const float *b_down = nullptr;    // (dim)
+    const float *ffn_post_norm = nullptr; // (dim) norm of the FFN output (Gemma)
+    Matrix router;                    // (n_expert, dim) MoE: expert scores of a token
+    std::vector<Matrix> gate_exps;    // n_expert × (n_ff_exp, dim)
+    std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
+    std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
+    Matrix conv_in;                   // (3 · dim, dim) short convolution (LFM2): gates b, c and input x
+    const float *conv_w = nullptr;    // (channels, conv_len) each channel's filter, oldest position first
+    Matrix conv_out;                  // (dim, dim)
+    Matrix delta_in;                  // (conv_dim, dim) Gated DeltaNet (Qwen3.5): q, k, v before the convolution
+    Matrix delta_gate;                // (v_dim, dim) z, the output gate
+    Matrix delta_beta;                // (v_heads, dim) learning rate, through a sigmoid
+    Matrix delta_alpha;               // (v_heads, dim) decay, through softplus(· + delta_dt) · delta_a
+    const float *delta_dt = nullptr;  // (v_heads)
+    const float *delta_a = nullptr;   // (v_heads) -exp(A_log), negative
+    const float *delta_norm = nullptr; // (head_dim) RMS norm of each head's output
+    Matrix delta_out;                 // (dim, v_dim)
+    const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this)
+    Matrix gate_shexp;                // (n_ff_shexp, dim)
+    Matrix up_shexp;                  // (n_ff_shexp, dim)
+    Matrix down_shexp;                // (dim, n_ff_shexp)
+};
+
+// Every tensor whose type the engine has no kernels for, grouped by type and named
+// ("...tensor type Q3_K (blk.0.attn_q.weight and 29 more)"); empty when it can run all.
+std::string unsupported_tensors(const GGUFFile &file);
+
+struct Arch; // arch/arch.h
+
+struct Model {
+    const Arch *arch = nullptr;
+    HParams hp;
+    Matrix tok_embd;             // (vocab, dim)
+    const float *output_norm;    // (dim)
+    Matrix output;               // (vocab, dim); token_embd when the model ties them
+    const float *output_b = nullptr; // (vocab) optional bias of the output head
+    std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair, scaling included
+    std::vector<float> inv_freq_long; // LongRoPE: the frequencies past rope_ctx_orig, else empty
+    int rope_ctx_orig = 0;
+    std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own base
+    std::vector<LayerWeights> layers;
+    std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
+    uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
+
+    // Binds the weights of a GGUF as `arch` lays them out; nullptr with *error on any
+    // mismatch, including a tensor of the file that the architecture did not bind.
+    static std::unique_ptr<Model> load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error);
+    // Picks what depends on the context the engine runs at: LongRoPE's long
+    // frequencies when n_ctx exceeds the original context (as llama.cpp does).
+    void use_context(int n_ctx);
+
+private:
+    void pack(); // repacks the matrices this build has kernels for (quants.h)
+};
+
+// Reads a model's metadata and binds its tensors for Model::load and the
+// architectures, remembering which tensors were bound so that none goes unused.
+// The first failure is kept in *error; later calls only return a fallback.
+struct Binder {
+    const GGUFFile &file;
+    std::string *error;
+    std::string prefix;     // "<architecture>.", the start of the family's metadata keys
+    std::vector<bool> used; // per tensor of the file: bound by the architecture
+
+    Binder(const GGUFFile &file, std::string *error, const std::string &arch_name);
+    bool fail(const std::string &msg);
+    int get_int(const std::string &key, int fallback, bool required);
+    // A count the file gives once or per layer (an array of n_layer): *values per layer,
+    // returning the common non-zero value (layers that have any must agree).
+    int per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values);
+    float get_float(const std::string &key, float fallback);
+    const GGUFTensor *find(const std::string &name, bool required);
+    bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
+    // A stack of n matrices [cols, rows, n] (MoE experts), one Matrix per slice.
+    bool experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out);
+    // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
+    bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
+    const float *vector(const std::string &name, int64_t n, bool required = true);
+    // An F32 [cols, rows] tensor used as rows × cols floats (convolution filters).
+    const float *filters(const std::string &name, int64_t cols, int64_t rows);
+
+    // The tensors of block l that most families name alike: "blk.<l>.attn_norm",
+    // attn_q/k/v/output weights with optional q/k/v biases; the FFN's norm (ffn_norm
+    // in most families) and the gate/up/down weights of a gated FFN.
+    void attention(const HParams &hp, int l, LayerWeights &L);
+    void gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
+    // The Qwen MoE families' metadata (expert counts and widths, expert_weights_norm
+    // defaulting to `norm`, expert_weights_scale, the shared expert's width), and the
+    // FFN of block l: ffn_norm, the router, the expert stacks and, when the file has
+    // one (hp.n_ff_shexp), the shared expert and its gate.
+    void moe_hparams(HParams &hp, bool norm);
+    void moe_ffn(const HParams &hp, int l, LayerWeights &L);
+};
+
+// One session's attention memory: per layer, keys and values as f16, per KV head in
+// runs of positions (row()): keys in blocks of positions inside a run (attention.h:
+// key_at), values as rows. A layer that attends every position keeps its positions
+// in the engine's pool (kvpool.h), in blocks of kKVBlock that `blocks` lists in
+// order, allocated as positions are written and shared with sessions that hold the
+// same tokens; a sliding-window layer keeps a ring of its own, position p in slot
+// p % slots, just large enough for its window and one forward batch.
+struct KVCache {
+    struct Layer {
+        size_t offset = 0; // ring: element offset of the layer's first row in k and v
+        int slots = 0;     // ring: a whole number of key blocks; 0 for a paged layer
+        int window = 0;    // positions attended, its own included; 0: all
+        int paged = -1;    // paged: the layer's place in a pool block
+    };
+    std::vector<Layer> layers;
+    int high = -1; // highest position written since the cache was last emptied
+    int ring_low = 0; // the rings hold no position below this one (a prefix copied from another cache starts here)
+    std::unique_ptr<uint16_t[]> k; // the rings
+    std::unique_ptr<uint16_t[]> v;
+    KVPool *pool = nullptr;
+    std::vector<int> blocks; // pool blocks of positions [i * kKVBlock, (i + 1) * kKVBlock)
+    // The prefix cache (kvpool.h): full blocks are published in `scope` while
+    // `sharing`; blocks [0, published) are published or were offered. A cache that
+    // still holds tokens computed for another scope is `foreign` until it is emptied:
+    // it neither publishes nor lends them, so no scope learns another's prompts.
+    bool sharing = false;
+    bool foreign = false;
+    std::string scope;
+    int published = 0;
+
+    KVCache() = default;
+    KVCache(const KVCache &) = delete;
+    KVCache &operator=(const KVCache &) = delete;
+    ~KVCache() { if (pool != nullptr) truncate(0); }
+
+    // The layers' places for a context of n_ctx, the elements of the rings' k (and
+    // of v), and of one pool block's keys (and values).
+    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_elements, size_t *block_elements);
+    // Bytes of keys and values per position of the paged layers (those that attend
+    // every position, or a window no shorter than n_ctx), and the fixed bytes of the
+    // sliding-window layers' rings at n_ctx.
+    static uint64_t bytes_per_token(const HParams &hp, int n_ctx);
+    static uint64_t ring_bytes(const HParams &hp, int n_ctx);
+
+    // Where (layer, kv head, position) is stored: the run of positions holding it, as
+    // its keys and values, and its index there: element d of its key is
+    // keys[key_at(index, d, hd)], its value row values + index * hd, and positions
+    // up to the run's `count` follow it contiguously. The one place that maps a
+    // position to memory; the block of a paged position must exist (prepare()).
+    struct Row {
+        uint16_t *keys;
+        uint16_t *values;
+        int index;
+        int count;
+    };
+    Row row(const HParams &hp, int layer, int head, int pos) const {
+        const Layer &L = layers[layer];
+        if (L.paged < 0) {
+            const size_t base = L.offset + static_cast<size_t>(head) * L.slots * hp.head_dim;
+            return {&k[base], &v[base], pos % L.slots, L.slots};
+        }
+        const int block = blocks[pos / kKVBlock];
+        const size_t run = static_cast<size_t>(L.paged) * hp.n_head_kv + head;
+        return {pool->keys(block, run), pool->values(block, run), pos % kKVBlock, kKVBlock};
+    }
+    // Makes the block of position pos (the next one written, or one before it after
+    // a truncate) this session's own to write: allocated, or copied if published.
+    void prepare(int pos);
+    // Keeps positions [0, pos): releases the blocks past them; 0 also empties the rings.
+    void truncate(int pos);
+    // Publishes the full blocks of `tokens` (the ids in this cache) not yet offered.
+    void publish(const std::vector<int32_t> &tokens);
+    // Replaces the contents with a prefix the pool matched (kvpool.h): its full
+    // blocks held, its tail copied into a block of its own.
+    void adopt(const PrefixMatch &m);
+
+    // Positions written at or below `high` that a ring has overwritten are gone: the
+    // cache can be cut back to 0 or to any position from resume_floor() on, where
+    // every ring still holds the window the next position attends.
+    int resume_floor() const;
+    // The first position layer L still holds (of those up to `high`): 0 for a paged
+    // layer; for a ring, the oldest its later writes have not overwritten, from ring_low.
+    int held_from(const Layer &L) const {
+        return L.paged >= 0 ? 0 : std::max({0, ring_low, high - L.slots + 1});
+    }
+    bool has_rings() const {
+        return std::any_of(layers.begin(), layers.end(), [](const Layer &L) { return L.paged < 0 && L.slots > 0; });
+    }
+    // Copies positions [begin, end) of every ring from `from`, a cache of the same
+    // layout that holds them (begin >= from.held_from of each ring).
+    void copy_rings(const HParams &hp, const KVCache &from, int begin, int end);
+};
+
+// One token of a forward batch.
+struct RecurrentState; // recurrent.h
+
+struct BatchToken {
+    KVCache *kv;
+    int32_t token;
+    int32_t pos;   // its position in kv; positions 0..pos-1 must already be there
+    bool logits;   // compute next-token logits after this token
+    RecurrentState *rs = nullptr; // the session's recurrent layers' state (at pos), if the model has any
+};
+
+// One matrix product of a parallel region: y (n, w.rows) = x (n, w.cols) · wᵀ + bias,
+// or y += that when `add`. Quantized weights read xq (x quantized per block), others
+// read x. With `up`, a SwiGLU: y = silu(x · wᵀ + bias) * (x · upᵀ + up_bias),
+// `scratch` (n, up.rows) holding the latter. Layers build jobs with the named helpers
+// below and run them with matmuls(), which supplies x and xq.
+struct MatJob {
+    const Matrix *w;
+    const float *x;
+    const BlockQ8A *xq;
+    float *y;
+    bool add = false;
+    const float *bias = nullptr;
+    const Matrix *up = nullptr;
+    const float *up_bias = nullptr;
+    float *scratch = nullptr;
+    bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
+    int n = 0;         // tokens of this job when not the region's (an expert's own group)
+};
+
+// Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
+void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
+
+// gate[i] = act(gate[i]) * up[i], act SiLU or (gelu) GELU's tanh approximation: the
+// fast kernel and its scalar reference (exposed for tests through llmd_kernel_glu).
+void glu(bool gelu, float *gate, const float *up, int64_t n);
+void glu_ref(bool gelu, float *gate, const float *up, int64_t n);
+
+// Scratch activations, shared by all sessions (one forward runs at a time).
+struct Workspace {
+    std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
+    std::vector<float> rope;            // (n, rope_dim): cos and sin of each token's RoPE angles
+    std::vector<float> rope_local;      // (n, rope_dim): the same for Model::inv_freq_local
+    std::vector<float> att_parts;       // attention: each range's output, or a task's scratch (attention.h)
+    std::vector<AttnPartial> att_stats; // their partials, then each running result's
+    std::vector<BlockQ8A> xq;
+    std::vector<MatJob> jobs;           // the jobs of the running parallel region
+    std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
+    std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // the grouped rows and their results
+    std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
+    struct ExpertGroup { int expert, row, n; }; // rows [row, row + n) of moe_in are its tokens
+    std::vector<ExpertGroup> moe_groups; // the experts any token of the batch was routed to
+    std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
+    std::vector<float> moe_weights;     // (n, n_expert) each token's weight for each expert
+    std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
+    std::vector<float> recurrent, recurrent_in; // a recurrent block's projections (recurrent.h)
+    int capacity = 0;
+    void reserve(const HParams &hp, int n_tokens);
+};
+
+constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are chunked
+
+// Runs the tokens through the model, writing their K/V into their caches and,
+// for every token with `logits` set, n_vocab logits (in batch order) to `logits`;
+// with `hidden`, that token's final-normed hidden state (dim floats, the input
+// of the output head, which is then skipped) to `hidden` instead: embeddings.
+void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
+             ThreadPool &pool, float *logits, float *hidden = nullptr);
+
+// ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
+
+// One forward pass as every layer sees it: the batch, its activations (in ws) and
+// the threads.
+struct Pass {
+    const Model &model;
+    const HParams &hp;
+    const BatchToken *batch;
+    int n; // tokens in the batch
+    Workspace &ws;
+    ThreadPool &pool;
+    float *x = ws.x.data();     // (n, dim) the residual stream
+    float *xb = ws.xb.data();   // (n, dim) a sublayer's normed input
+    float *q = ws.q.data();     // (n, n_head * head_dim)
+    float *k = ws.k.data();     // (n, n_head_kv * head_dim)
+    float *v = ws.v.data();     // (n, n_head_kv * head_dim)
+    float *att = ws.att.data(); // (n, n_head * head_dim) attention output
+    float *hb = ws.hb.data();   // (n, ff) FFN hidden
+    float *hb2 = ws.hb2.data(); // (n, ff) FFN scratch
+};
+
+// y = x · wᵀ (+ bias)
+MatJob project(const Matrix &w, float *y, const float *bias = nullptr);
+// y += x · wᵀ (+ bias): a residual connection written by the matrix product itself.
+MatJob residual(const Matrix &w, float *y, const float *bias = nullptr);
+// y = silu(x · gateᵀ + gate_bias) * (x · upᵀ + up_bias); scratch (n, up.rows).
+MatJob swiglu(const Matrix &gate, const Matrix &up, float *y, float *scratch, const float *gate_bias = nullptr,
+              const float *up_bias = nullptr);
+// y = gelu(x · gateᵀ) * (x · upᵀ), GELU's tanh approximation; scratch (n, up.rows).
+MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch);
+// Runs the jobs, all reading x (n, cols of their weights), as one parallel region.
+void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
+
+// out (n) = x / rms(x) * weight, in double precision; out may be x.
+void rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
+// out (n, dim) = x / rms(x) * weight, each token's row.
+void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
+// x (n, dim) += the mixture of experts over xb (n, dim): each token's top
+// n_expert_used experts by softmax of its router scores, weighted by those
+// probabilities (renormalised if hp.expert_norm), plus the shared expert if L has
+// one, weighted by sigmoid(xb · shexp_gate). Each expert runs once over the tokens
+// routed to it, so its weights are read once per batch; each token sums its experts
+// in expert order, then the shared one, whatever else is in the batch.
+void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x);
+// x (n, dim) += y (n, dim)
+void add_rows(const Pass &p, float *x, const float *y);
+// x (n, n_heads * head_dim): each head of each token RMS-normalised in place and
+// scaled by weight (head_dim).
+void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight);
+
+// How RoPE pairs the dims of a head: adjacent (x[2i], x[2i+1]) as in the original
+// Llama, or NEOX halves (x[i], x[i + rope_dim/2]).
+enum class Rope { adjacent, neox };
+// x (n, n_heads * head_dim): the first rope_dim dims of each head rotated by each
+// token's angles (forward() computes them once for all layers); with `local`, the
+// angles of Model::inv_freq_local.
+void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false);
+
+// The pre-norm attention input most families share: xb = rmsnorm(x), then
+// q, k, v = xb · wq/wk/wvᵀ (+ biases where L has them) in one parallel region.
+void project_qkv(const Pass &p, const LayerWeights &L);
+
+// The attention sublayer most families share: project_qkv, RoPE of q and k in
+// `style`, attention, and x += att · woᵀ (+ bo where L has it).
+void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style);
+
+// The attention sublayer of the Qwen3 families: project_qkv, each query and key
+// head RMS-normed, NEOX RoPE, attention, and x += att · woᵀ.
+void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer);
+
+// The pre-norm SwiGLU feed-forward sublayer most families share:
+// x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them.
+void swiglu_ffn(const Pass &p, const LayerWeights &L);
+
+// Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
+// then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
+// last hp.window[layer] positions of it for a sliding-window layer).
+void attend(const Pass &p, int layer);
+} // namespace llmd

@@ -1,0 +1,270 @@
+// recurrent.cpp — see recurrent.h: a session's recurrent state with its checkpoints,
+// and the recurrent blocks of the hybrid architectures.
+#include "ops/recurrent.h"
+
+#include "model/model.h"
+
+#include "kernels/x86/simd_avx512.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace llmd {
+
+// ---- the state and its checkpoints ----------------------------------------
+
+void RecurrentState::init(const HParams &hp) {
+    offset.assign(hp.n_layer, 0);
+    size_t floats = 0;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        offset[l] = floats;
+        floats += static_cast<size_t>(hp.state[l]);
+    }
+    now.assign(floats, 0.0f);
+    checkpoints.clear();
+    pos = 0;
+}
+
+void RecurrentState::reset() {
+    std::fill(now.begin(), now.end(), 0.0f);
+    checkpoints.clear();
+    pos = 0;
+}
+
+void RecurrentState::checkpoint() {
+    if (pos == 0 || empty() || has_checkpoint(pos)) return;
+    if (static_cast<int>(checkpoints.size()) == kMaxCheckpoints) { // reuse the oldest one's storage
+        Checkpoint oldest = std::move(checkpoints.front());
+        checkpoints.erase(checkpoints.begin());
+        oldest.pos = pos;
+        std::copy(now.begin(), now.end(), oldest.state.begin());
+        checkpoints.push_back(std::move(oldest));
+        return;
+    }
+    checkpoints.push_back({pos, now});
+}
+
+bool RecurrentState::has_checkpoint(int at) const {
+    return std::any_of(checkpoints.begin(), checkpoints.end(), [&](const Checkpoint &c) { return c.pos == at; });
+}
+
+void RecurrentState::restore(int at) {
+    const auto it = std::find_if(checkpoints.begin(), checkpoints.end(), [&](const Checkpoint &c) { return c.pos == at; });
+    if (it == checkpoints.end()) throw std::logic_error("no recurrent checkpoint at position " + std::to_string(at));
+    std::copy(it->state.begin(), it->state.end(), now.begin());
+    pos = at;
+    checkpoints.erase(it + 1, checkpoints.end());
+}
+
+void RecurrentState::adopt(int at, const std::vector<float> &state, int valid) {
+    if (state.size() != now.size()) throw std::logic_error("a recurrent snapshot of another shape");
+    std::copy(state.begin(), state.end(), now.begin());
+    pos = at;
+    checkpoints.erase(std::remove_if(checkpoints.begin(), checkpoints.end(),
+                                     [&](const Checkpoint &c) { return c.pos > valid || c.pos > at; }),
+                      checkpoints.end());
+}
+
+const std::vector<float> *RecurrentState::state_at(int at) const {
+    if (at == 0) return nullptr;
+    if (at == pos) return &now;
+    const auto it = std::find_if(checkpoints.begin(), checkpoints.end(), [&](const Checkpoint &c) { return c.pos == at; });
+    if (it == checkpoints.end()) throw std::logic_error("no recurrent checkpoint at position " + std::to_string(at));
+    return &it->state;
+}
+
+uint64_t RecurrentState::state_bytes(const HParams &hp) {
+    uint64_t floats = 0;
+    for (int l = 0; l < hp.n_layer; ++l) floats += static_cast<uint64_t>(hp.state[l]);
+    return floats * sizeof(float);
+}
+
+// ---- the prefix cache's snapshots -------------------------------------------
+
+void SnapshotCache::put(uint64_t serial, const std::vector<float> &state, uint64_t replaces) {
+    std::vector<float> copy; // storage of a snapshot that leaves, if one does: no new pages to touch
+    if (const auto it = index_.find(serial); it != index_.end()) copy = take(it->second); // refreshed
+    if (const auto it = index_.find(replaces); replaces != 0 && it != index_.end()) {
+        std::vector<float> old = take(it->second);
+        if (copy.empty()) copy = std::move(old);
+    }
+    if (copy.empty() && !lru_.empty() && static_cast<uint64_t>(bytes_) + state.size() * sizeof(float) > budget_)
+        copy = take(std::prev(lru_.end())); // the oldest makes room, and lends its storage
+    copy.assign(state.begin(), state.end());
+    bytes_ += static_cast<int64_t>(copy.size() * sizeof(float));
+    ++count_;
+    lru_.push_front({serial, std::move(copy)});
+    index_[serial] = lru_.begin();
+    while (static_cast<uint64_t>(bytes_) > budget_ && !lru_.empty()) take(std::prev(lru_.end()));
+}
+
+const std::vector<float> *SnapshotCache::find(uint64_t serial) {
+    const auto it = index_.find(serial);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return &it->second->state;
+}
+
+std::vector<float> SnapshotCache::take(std::list<Entry>::iterator it) {
+    std::vector<float> state = std::move(it->state);
+    bytes_ -= static_cast<int64_t>(state.size() * sizeof(float));
+    --count_;
+    index_.erase(it->serial);
+    lru_.erase(it);
+    return state;
+}
+
+// ---- short convolution (LFM2) ----------------------------------------------
+
+void conv_step(const float *w, int conv_len, float *state, const float *in, int dim, float *out) {
+    const int rows = conv_len - 1;
+    for (int d = 0; d < dim; ++d) {
+        float acc = 0.0f;
+        for (int j = 0; j < rows; ++j) acc += w[static_cast<size_t>(d) * conv_len + j] * state[static_cast<size_t>(j) * dim + d];
+        out[d] = acc + w[static_cast<size_t>(d) * conv_len + rows] * in[d];
+    }
+    std::copy(state + dim, state + static_cast<size_t>(rows) * dim, state);
+    std::copy(in, in + dim, state + static_cast<size_t>(rows - 1) * dim);
+}
+
+void short_conv(const Pass &p, const LayerWeights &L, int layer) {
+    const int dim = p.hp.n_embd;
+    const size_t row = static_cast<size_t>(3) * dim;
+    std::vector<float> &bcu = p.ws.recurrent;
+    bcu.resize(p.n * row);
+    rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
+    matmuls(p, p.xb, {project(L.conv_in, bcu.data())}); // (n, 3 dim): b, c, u
+    // In batch order: a session's tokens come in position order, each continuing the
+    // state its predecessor left, so a token's result is the same in any batch.
+    std::vector<float> &bu = p.ws.recurrent_in;
+    bu.resize(dim);
+    for (int t = 0; t < p.n; ++t) {
+        const float *b = bcu.data() + t * row, *c = b + dim, *u = c + dim;
+        float *y = p.xb + static_cast<size_t>(t) * dim;
+        for (int d = 0; d < dim; ++d) bu[d] = b[d] * u[d];
+        conv_step(L.conv_w, p.hp.conv_len, p.batch[t].rs->layer(layer), bu.data(), dim, y);
+        for (int d = 0; d < dim; ++d) y[d] *= c[d];
+    }
+    matmuls(p, p.xb, {residual(L.conv_out, p.x)}); // x += (c * conv) · conv_outᵀ
+}
+
+// ---- Gated DeltaNet (Qwen3.5) ------------------------------------------------
+
+void delta_step_ref(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
+                    float scale, float *out) {
+    for (int j = 0; j < hd; ++j) {
+        float *row = m + static_cast<size_t>(j) * hd;
+        float mk = 0.0f;
+        for (int i = 0; i < hd; ++i) {
+            row[i] *= decay;
+            mk += row[i] * k[i];
+        }
+        const float delta = (v[j] - mk) * beta;
+        float mq = 0.0f;
+        for (int i = 0; i < hd; ++i) {
+            row[i] += delta * k[i];
+            mq += row[i] * q[i];
+        }
+        out[j] = mq * scale;
+    }
+}
+
+void delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
+                float scale, float *out) {
+#if defined(__AVX512F__)
+    if (hd % 16 == 0) {
+        const __m512 vdecay = _mm512_set1_ps(decay);
+        for (int j = 0; j < hd; ++j) {
+            float *row = m + static_cast<size_t>(j) * hd;
+            __m512 mk = _mm512_setzero_ps();
+            for (int i = 0; i < hd; i += 16) {
+                const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + i), vdecay);
+                _mm512_storeu_ps(row + i, r);
+                mk = _mm512_fmadd_ps(r, _mm512_loadu_ps(k + i), mk);
+            }
+            const __m512 delta = _mm512_set1_ps((v[j] - _mm512_reduce_add_ps(mk)) * beta);
+            __m512 mq = _mm512_setzero_ps();
+            for (int i = 0; i < hd; i += 16) {
+                const __m512 r = _mm512_fmadd_ps(delta, _mm512_loadu_ps(k + i), _mm512_loadu_ps(row + i));
+                _mm512_storeu_ps(row + i, r);
+                mq = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), mq);
+            }
+            out[j] = _mm512_reduce_add_ps(mq) * scale;
+        }
+        return;
+    }
+#endif
+    delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
+}
+
+namespace {
+
+// x (n) = x / sqrt(Σ x² + eps), as Qwen3.5 normalises its queries and keys.
+void l2_normalize(float *x, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+    const float r = 1.0f / std::sqrt(ss + eps);
+    for (int i = 0; i < n; ++i) x[i] *= r;
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float silu(float x) { return x * sigmoid(x); }
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+} // namespace
+
+void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
+    const HParams &hp = p.hp;
+    const HParams::DeltaNet &dn = hp.delta;
+    const int n = p.n, hd = dn.head_dim, n_v = dn.v_heads, n_k = dn.k_heads;
+    const size_t conv_dim = dn.conv_dim(), v_dim = dn.v_dim();
+    // Scratch per token: mixed q, k, v (conv_dim), z (v_dim), beta and alpha (v_heads),
+    // the convolved q, k, v (conv_dim) and the heads' output (v_dim).
+    const size_t row = 2 * conv_dim + 2 * v_dim + 2 * static_cast<size_t>(n_v);
+    std::vector<float> &ws = p.ws.recurrent;
+    ws.resize(n * row);
+    float *mixed = ws.data(), *z = mixed + n * conv_dim, *beta = z + n * v_dim, *alpha = beta + n * n_v;
+    float *qkv = alpha + n * n_v, *out = qkv + n * conv_dim;
+
+    rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
+    matmuls(p, p.xb, {project(L.delta_in, mixed), project(L.delta_gate, z), project(L.delta_beta, beta),
+                      project(L.delta_alpha, alpha)});
+    // The convolution and the gates, token by token in batch order (each token continues
+    // the convolution window its predecessor in the session left).
+    for (int t = 0; t < n; ++t) {
+        float *c = qkv + t * conv_dim;
+        conv_step(L.conv_w, hp.conv_len, p.batch[t].rs->layer(layer), mixed + t * conv_dim, static_cast<int>(conv_dim), c);
+        for (size_t i = 0; i < conv_dim; ++i) c[i] = silu(c[i]);
+        for (int h = 0; h < 2 * n_k; ++h) l2_normalize(c + static_cast<size_t>(h) * hd, hd, hp.norm_eps); // q, k heads
+        for (int h = 0; h < n_v; ++h) {
+            float &a = alpha[t * n_v + h], &b = beta[t * n_v + h];
+            a = std::exp(softplus(a + L.delta_dt[h]) * L.delta_a[h]); // the decay
+            b = sigmoid(b);
+        }
+    }
+    // The scan: a task per value head runs the batch's tokens in order over their
+    // sessions' states, so a token's result depends on nothing else in the batch.
+    const size_t conv_state = static_cast<size_t>(hp.conv_len - 1) * conv_dim;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    p.pool.run(n_v, [&](int h) {
+        const int kh = h % n_k;
+        for (int t = 0; t < n; ++t) {
+            const float *c = qkv + t * conv_dim;
+            float *m = p.batch[t].rs->layer(layer) + conv_state + static_cast<size_t>(h) * hd * hd;
+            delta_step(m, c + static_cast<size_t>(kh) * hd, c + dn.qk_dim() + static_cast<size_t>(kh) * hd,
+                       c + 2 * dn.qk_dim() + static_cast<size_t>(h) * hd, alpha[t * n_v + h], beta[t * n_v + h], hd,
+                       scale, out + t * v_dim + static_cast<size_t>(h) * hd);
+        }
+    });
+    for (int t = 0; t < n; ++t)
+        for (int h = 0; h < n_v; ++h) {
+            float *o = out + t * v_dim + static_cast<size_t>(h) * hd;
+            const float *g = z + t * v_dim + static_cast<size_t>(h) * hd;
+            rmsnorm(o, o, L.delta_norm, hd, hp.norm_eps);
+            for (int i = 0; i < hd; ++i) o[i] *= silu(g[i]);
+        }
+    matmuls(p, out, {residual(L.delta_out, p.x)}); // x += gated output · delta_outᵀ
+}
+
+} // namespace llmd
