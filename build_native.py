@@ -1,14 +1,17 @@
 """Builds native/ into the extension module llmd._native through cffi.
 
 pip runs this (setup.py names it in cffi_modules): `pip install -e .` rebuilds
-the engine. Environment switches:
-  LLMD_PORTABLE=1   no -march=native: a build that runs on any x86-64 / arm64 CPU
-  LLMD_MARCH=ARCH   -march=ARCH instead of -march=native, e.g. x86-64-v3 (AVX2, no
-                    AVX-512) to build and test the AVX2 kernels on an AVX-512 machine
+the engine. The build is portable: the engine is compiled for its ISA's baseline, and
+each kernel variant (native/src/kernels/, one table per variant, chosen at run time
+from what the CPU reports) in translation units of its own, with its own flags
+(VARIANT_FLAGS; setup.py's build_ext applies them). Environment switches:
+  LLMD_MARCH=ARCH   also compile the baseline code with -march=ARCH (e.g. native);
+                    the variants keep their own flags
   LLMD_SANITIZE=1   AddressSanitizer + UndefinedBehaviorSanitizer, for tests
 """
 import os
 import pathlib
+import platform
 
 from cffi import FFI
 
@@ -40,9 +43,49 @@ def compile_args() -> list[str]:
     if os.environ.get("LLMD_SANITIZE") == "1":
         return args + ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
     args.append("-O3")
-    if os.environ.get("LLMD_PORTABLE") != "1":
-        args.append("-march=" + os.environ.get("LLMD_MARCH", "native"))
+    if os.environ.get("LLMD_MARCH"):
+        args.append("-march=" + os.environ["LLMD_MARCH"])
     return args
+
+
+# The kernel variants of each ISA: their folder under native/src/kernels/ and each
+# translation unit's flags (every file of the folder that is not listed is a header).
+_X86_256 = ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]
+VARIANT_FLAGS = {
+    "x86": {
+        "avx2.cpp": _X86_256,
+        "avx_vnni.cpp": _X86_256 + ["-mavxvnni"],
+        # GCC 12's own AVX-512 reductions trip its uninitialised-value warnings (fixed in 13).
+        "avx512.cpp": _X86_256 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
+                                  "-Wno-uninitialized", "-Wno-maybe-uninitialized"],
+    },
+}
+
+
+def kernel_isa() -> str | None:
+    """The folder of native/src/kernels/ whose variants this machine's build carries."""
+    machine = platform.machine().lower()
+    return "x86" if machine in ("x86_64", "amd64") else None
+
+
+def variant_flags(source: str) -> list[str] | None:
+    """The flags of a kernel variant's translation unit, or None for any other source."""
+    path = pathlib.PurePath(source)
+    if path.parent.parent.as_posix().endswith("native/src/kernels"):
+        return VARIANT_FLAGS[path.parent.name][path.name]
+    return None
+
+
+def sources() -> list[str]:
+    """Every translation unit of the engine, the variants of this machine's ISA included."""
+    isa = kernel_isa()
+    found = []
+    for p in sorted((NATIVE / "src").glob("**/*.cpp")):
+        rel = p.relative_to(ROOT)
+        if rel.parent.parent == pathlib.Path("native/src/kernels") and rel.parent.name != isa:
+            continue
+        found.append(str(rel))
+    return found
 
 
 def link_args() -> list[str]:
@@ -57,8 +100,7 @@ ffibuilder.set_source(
     "llmd._native",
     '#include "llmd.h"',
     # setuptools wants paths relative to the project root, where pip runs us.
-    # The engine's sources and one file per architecture (native/src/arch/).
-    sources=sorted(str(p.relative_to(ROOT)) for p in (NATIVE / "src").glob("**/*.cpp")),
+    sources=sources(),
     include_dirs=["native/include", "native/src"],
     source_extension=".cpp",
     extra_compile_args=compile_args(),

@@ -423,7 +423,7 @@ async def open_session_store(args, engine, model_path: str):
     header_bytes, file_bytes = engine.file_layout()
     try:
         fingerprint = await asyncio.to_thread(model_fingerprint, model_path, header_bytes, file_bytes,
-                                              _native.__file__)
+                                              _native.__file__, engine.info.kernels)
         store = SessionStore(args.session_dir, args.session_dir_max, fingerprint, engine.info.n_ctx)
         await asyncio.to_thread(store.scan)
     except OSError as exc:

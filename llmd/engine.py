@@ -521,35 +521,57 @@ def quantize_rows(src_type: int, src, rows: int, cols: int, dst_type: int, n_thr
     return out
 
 
+@dataclass(frozen=True)
+class KernelVariant:
+    name: str   # "scalar", "avx2", "avx-vnni", "avx512", ...
+    runs: bool  # this CPU has its instructions
+
+
+def kernel_variants() -> list[KernelVariant]:
+    """The kernel variants this build carries, the scalar one first (the kernel_*
+    functions below take one's name, or None for the scalar references)."""
+    found = []
+    for i in range(lib.llmd_kernel_variant_count()):
+        name, runs = ffi.new("const char **"), ffi.new("int32_t *")
+        _check(lib.llmd_kernel_variant(i, name, runs))
+        found.append(KernelVariant(_string(name[0]), bool(runs[0])))
+    return found
+
+
+def _variant(kernels: str | None):
+    return ffi.NULL if kernels is None else kernels.encode()
+
+
 def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_dim: int,
-                     n_ranges: int, fast: bool, run: int = 0) -> list[list[float]]:
+                     n_ranges: int, kernels: str | None, run: int = 0) -> list[list[float]]:
     """Attention of the query heads q over n_pos f16 key and value rows (k, v), the
     rows split into n_ranges ranges and stored in runs of `run` positions (0: one
-    run), by the scalar reference or the fast kernel (for tests)."""
+    run), by a kernel variant or the scalar reference (None) (for tests)."""
     if any(len(h) != head_dim for h in q) or min(len(k), len(v)) < 2 * n_pos * head_dim:
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "q, k or v do not match n_pos x head_dim")
     out = ffi.new("float[]", len(q) * head_dim)
     _check(lib.llmd_kernel_attention(ffi.new("float[]", [x for h in q for x in h]), len(q), ffi.from_buffer("uint16_t[]", k),
-                                     ffi.from_buffer("uint16_t[]", v), n_pos, head_dim, n_ranges, run, out, int(fast)))
+                                     ffi.from_buffer("uint16_t[]", v), n_pos, head_dim, n_ranges, run, out,
+                                     _variant(kernels)))
     flat = list(ffi.unpack(out, len(q) * head_dim))
     return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
 
 
-def kernel_glu(gelu: bool, gate: list[float], up: list[float], fast: bool) -> list[float]:
-    """act(gate) * up elementwise, act SiLU or GELU (tanh approximation), by the scalar
-    reference or the fast kernel (for tests)."""
+def kernel_glu(gelu: bool, gate: list[float], up: list[float], kernels: str | None) -> list[float]:
+    """act(gate) * up elementwise, act SiLU or GELU (tanh approximation), by a kernel
+    variant or the scalar reference (None) (for tests)."""
     if len(gate) != len(up):
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "gate and up differ in length")
     out = ffi.new("float[]", gate)
-    _check(lib.llmd_kernel_glu(int(gelu), out, ffi.new("float[]", up), len(gate), int(fast)))
+    _check(lib.llmd_kernel_glu(int(gelu), out, ffi.new("float[]", up), len(gate), _variant(kernels)))
     return list(ffi.unpack(out, len(gate)))
 
 
 def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[list[float]],
-                  fast: bool | int) -> list[list[float]]:
-    """Each x in xs times the matrix, by the scalar reference (fast 0 / False), the
-    engine's kernels (1 / True: repacked where the build repacks) or its row kernels
-    without repacking (2) (for tests)."""
+                  kernels: str | None, packed: bool = True) -> list[list[float]]:
+    """Each x in xs times the matrix, by the scalar reference (kernels None) or a kernel
+    variant: over repacked panels where it has them for the type and `packed`, else
+    its row kernels (for tests)."""
     # The engine checks type and shape; only here are the buffer lengths known.
     t = tensor_type(type_id)
     elems, size = (t.block_elems, t.block_bytes) if t is not None else (1, 0)
@@ -558,6 +580,6 @@ def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[l
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "weights or x do not match rows x cols")
     y = ffi.new("float[]", max(rows, 0) * len(xs))
     x = ffi.new("float[]", [v for x in xs for v in x])
-    _check(lib.llmd_kernel_matmul(type_id, weights, rows, cols, x, len(xs), y, int(fast)))
+    _check(lib.llmd_kernel_matmul(type_id, weights, rows, cols, x, len(xs), y, _variant(kernels), int(packed)))
     flat = list(ffi.unpack(y, max(rows, 0) * len(xs)))
     return [flat[t * rows:(t + 1) * rows] for t in range(len(xs))]

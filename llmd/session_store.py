@@ -55,13 +55,16 @@ _MAX_METADATA = 64 << 20            # far above what MAX_REPLIES replies take
 _SAMPLES, _SAMPLE_BYTES = 64, 4096  # tensor data read into the model fingerprint
 
 
-def model_fingerprint(model_path: str, header_bytes: int, file_bytes: int, engine_library: str) -> str:
+def model_fingerprint(model_path: str, header_bytes: int, file_bytes: int, engine_library: str,
+                      kernels: str) -> str:
     """What a session file must have been written by: the model file's header,
     metadata and tensor table, its size, 64 samples of 4 KiB spread over its tensor
     data (two files that agree on all that hold the same weights in practice), and
-    the engine library itself, whose kernels computed the keys and values (a rebuilt
-    engine may round differently, and a restored cache must equal a fresh prefill)."""
-    h = hashlib.sha256(b"llmd model fingerprint 1\0")
+    the engine library itself and its kernel variant in use, whose kernels computed
+    the keys and values (a rebuilt engine or another CPU's variant may round
+    differently, and a restored cache must equal a fresh prefill)."""
+    h = hashlib.sha256(b"llmd model fingerprint 2\0")
+    h.update(kernels.encode() + b"\0")
     h.update(file_bytes.to_bytes(8, "little"))
     with open(model_path, "rb") as f:
         left = header_bytes

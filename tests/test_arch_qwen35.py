@@ -18,7 +18,7 @@ import re
 import pytest
 
 from llmd._native import ffi, lib
-from llmd.engine import Engine, EngineError
+from llmd.engine import Engine, EngineError, kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import ARRAY, BOOL, GGML_Q8_0, build_tiny_qwen35
@@ -59,8 +59,9 @@ models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up
 
 # ---- the DeltaNet scan kernel ----------------------------------------------------------------
 
-def delta_steps(hd: int, steps: int, fast: bool, seed: int = 3) -> tuple[list[float], list[float]]:
-    """The state and the last output after `steps` tokens of random q, k, v through one head."""
+def delta_steps(hd: int, steps: int, kernels: str | None, seed: int = 3) -> tuple[list[float], list[float]]:
+    """The state and the last output after `steps` tokens of random q, k, v through one head,
+    by a kernel variant or the scalar reference (None)."""
     rng = random.Random(seed)
     m = ffi.new("float[]", [rng.gauss(0.0, 0.3) for _ in range(hd * hd)])
     out = ffi.new("float[]", hd)
@@ -69,24 +70,24 @@ def delta_steps(hd: int, steps: int, fast: bool, seed: int = 3) -> tuple[list[fl
         k = [x / math.sqrt(sum(y * y for y in k)) for x in k]
         v = [rng.gauss(0.0, 1.0) for _ in range(hd)]
         decay, beta = rng.uniform(0.5, 1.0), rng.uniform(0.0, 1.0)
-        assert lib.llmd_kernel_delta_step(m, q, k, v, decay, beta, hd, out, int(fast)) == lib.LLMD_OK
+        variant = ffi.NULL if kernels is None else kernels.encode()
+        assert lib.llmd_kernel_delta_step(m, q, k, v, decay, beta, hd, out, variant) == lib.LLMD_OK
     return list(ffi.unpack(m, hd * hd)), list(ffi.unpack(out, hd))
 
 
+@pytest.mark.parametrize("kernels", [v.name for v in kernel_variants() if v.runs])
 @pytest.mark.parametrize("hd", [16, 24, 128])
-def test_the_delta_scan_kernel_matches_its_scalar_reference(hd):
-    # 24 is no multiple of the 16 lanes: the kernel takes the reference's path there.
-    (m_fast, out_fast), (m_ref, out_ref) = delta_steps(hd, 20, True), delta_steps(hd, 20, False)
+def test_the_delta_scan_kernel_matches_its_scalar_reference(hd, kernels):
+    (m_fast, out_fast), (m_ref, out_ref) = delta_steps(hd, 20, kernels), delta_steps(hd, 20, None)
     worst = max(abs(a - b) for a, b in zip(m_fast + out_fast, m_ref + out_ref))
     assert worst < 1e-4, f"max difference {worst}"
-    if hd % 16:
-        assert m_fast == m_ref and out_fast == out_ref
 
 
 def test_the_delta_scan_kernel_refuses_bad_arguments():
     m = ffi.new("float[]", 4)
-    assert lib.llmd_kernel_delta_step(m, m, m, m, 1.0, 1.0, 0, m, 1) == lib.LLMD_ERR_INVALID_ARGUMENT
-    assert lib.llmd_kernel_delta_step(ffi.NULL, m, m, m, 1.0, 1.0, 2, m, 1) == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert lib.llmd_kernel_delta_step(m, m, m, m, 1.0, 1.0, 0, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert lib.llmd_kernel_delta_step(ffi.NULL, m, m, m, 1.0, 1.0, 2, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert lib.llmd_kernel_delta_step(m, m, m, m, 1.0, 1.0, 2, m, b"no-such-variant") == lib.LLMD_ERR_UNSUPPORTED
 
 
 # ---- the session's memory ------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""Matrix kernels: the fast paths (repacked panels on AVX-512 VNNI builds; row dot
-products, AVX2 where the build has it) against each type's scalar reference, and
-the reference against a pure-Python model, through llmd.engine.kernel_matmul; the
-reference dequantization against the Python decoders through kernel_dequantize.
+"""Kernels: every kernel variant this CPU runs (native/src/kernels/: the scalar one, and
+avx2, avx-vnni, avx512 as the CPU has them), its repacked panels and its row dot
+products, against each type's scalar reference, and the reference against a
+pure-Python model, through llmd.engine.kernel_matmul; the reference dequantization
+against the Python decoders through kernel_dequantize; attention and GLU likewise.
 
 The Python model (tests/gguf_writer.py: `pieces`, `dequantize`) decodes every block
 format from its definition, independently of the engine's C++. For integer types
@@ -31,7 +32,9 @@ import struct
 
 import pytest
 
-from llmd.engine import EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, tensor_type
+from llmd.engine import (
+    EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, kernel_variants, tensor_type,
+)
 from tests.gguf_writer import (
     GGML_BF16, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K,
     GGML_Q4_0, GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, QK, TYPE_LAYOUT,
@@ -40,6 +43,12 @@ from tests.gguf_writer import (
 )
 
 MODEL_TOL = 3e-7
+
+# The variants this CPU runs, and each one's matrix paths: over its repacked panels
+# (where it has a panel kernel for the type), and its row kernels.
+VARIANTS = [v.name for v in kernel_variants() if v.runs]
+PATHS = [(name, packed) for name in VARIANTS for packed in (True, False)]
+PATH_IDS = [f"{name}-{'packed' if packed else 'rows'}" for name, packed in PATHS]
 
 FLOATS = [GGML_F32, GGML_F16, GGML_BF16]
 QUANTIZED = [GGML_Q4_0, GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_Q8_0, GGML_IQ4_NL, GGML_MXFP4,
@@ -142,8 +151,9 @@ def quantize_x(x: list[float], group: int = QK) -> list[float]:
     return out
 
 
-def kernel_matvec(ggml_type: int, weights: bytes, rows: int, cols: int, x: list[float], fast) -> list[float]:
-    return kernel_matmul(ggml_type, weights, rows, cols, [x], fast)[0]
+def kernel_matvec(ggml_type: int, weights: bytes, rows: int, cols: int, x: list[float], kernels: str | None,
+                  packed: bool = True) -> list[float]:
+    return kernel_matmul(ggml_type, weights, rows, cols, [x], kernels, packed)[0]
 
 
 def row_mins(ggml_type: int, row: bytes, cols: int) -> list[float]:
@@ -192,7 +202,7 @@ def shapes(ggml_type: int) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES)
 def test_fast_kernels_match_reference_and_reference_matches_python_model(ggml_type):
     rng = random.Random(1000 + ggml_type)
-    worst_fast = {1: (0.0, 0.0), 2: (0.0, 0.0)}
+    worst_fast = {path: (0.0, 0.0) for path in PATHS}
     worst_model = (0.0, 0.0)
     for rows, cols in shapes(ggml_type):
         fast_tol = (4 * max(1, cols // QK) + 16) * 2.0 ** -24
@@ -202,9 +212,9 @@ def test_fast_kernels_match_reference_and_reference_matches_python_model(ggml_ty
             weights = random_weights(ggml_type, rows, cols, rng)
             matrix = Matrix(ggml_type, weights, rows, cols)
             xs = [random_x(cols, rng) for _ in range(n_tokens)]
-            refs = kernel_matmul(ggml_type, weights, rows, cols, xs, fast=0)
-            for path in (1, 2):  # repacked (where the build repacks), then the row kernels
-                fasts = kernel_matmul(ggml_type, weights, rows, cols, xs, fast=path)
+            refs = kernel_matmul(ggml_type, weights, rows, cols, xs, None)
+            for path in PATHS:
+                fasts = kernel_matmul(ggml_type, weights, rows, cols, xs, *path)
                 for x, fast, ref in zip(xs, fasts, refs):
                     _, scale = matrix.apply(x)
                     assert all(math.isfinite(v) for v in fast), fast
@@ -217,9 +227,9 @@ def test_fast_kernels_match_reference_and_reference_matches_python_model(ggml_ty
                 wm = worst(ref, model, scale)
                 worst_model = max(worst_model, wm, key=lambda t: t[1])
                 assert wm[1] <= MODEL_TOL, (rows, cols, ref, model)
-    print(f"{TYPE_NAMES[ggml_type]}: packed vs ref max diff {worst_fast[1][0]:.3g} ({worst_fast[1][1]:.3g} of S); "
-          f"row kernel vs ref {worst_fast[2][0]:.3g} ({worst_fast[2][1]:.3g} of S); "
-          f"ref vs model {worst_model[0]:.3g} ({worst_model[1]:.3g} of S)")
+    for path, (diff, of_s) in worst_fast.items():
+        print(f"{TYPE_NAMES[ggml_type]} {path}: vs ref max diff {diff:.3g} ({of_s:.3g} of S)")
+    print(f"{TYPE_NAMES[ggml_type]}: ref vs model {worst_model[0]:.3g} ({worst_model[1]:.3g} of S)")
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES)
@@ -229,11 +239,11 @@ def test_fast_kernels_are_batch_invariant(ggml_type):
     rows, cols = 37, 512  # two full panels, which Q4_0, Q4_1 and Q4_K tile as a pair, and a partial one
     weights = random_weights(ggml_type, rows, cols, rng)
     xs = [random_x(cols, rng) for _ in range(23)]  # tiles of 4 or 5 (pairs), 6, 8 and 10 tokens, then the rest
-    for path in (1, 2):
-        alone = [kernel_matvec(ggml_type, weights, rows, cols, x, path) for x in xs]
-        assert kernel_matmul(ggml_type, weights, rows, cols, xs, path) == alone
-        assert kernel_matmul(ggml_type, weights, rows, cols, xs[3:8], path) == alone[3:8]
-        assert kernel_matmul(ggml_type, weights, rows, cols, xs[1:12], path) == alone[1:12]
+    for path in PATHS:
+        alone = [kernel_matvec(ggml_type, weights, rows, cols, x, *path) for x in xs]
+        assert kernel_matmul(ggml_type, weights, rows, cols, xs, *path) == alone, path
+        assert kernel_matmul(ggml_type, weights, rows, cols, xs[3:8], *path) == alone[3:8], path
+        assert kernel_matmul(ggml_type, weights, rows, cols, xs[1:12], *path) == alone[1:12], path
 
 
 @pytest.mark.parametrize("ggml_type", QUANTIZED, ids=Q_NAMES)
@@ -272,8 +282,8 @@ def test_all_zero_weights_give_zero(ggml_type):
     cols = max(64, TYPE_LAYOUT[ggml_type][0])
     weights = bytes(row_bytes(ggml_type, cols) * 2)
     x = random_x(cols, random.Random(1))
-    for fast in (0, 1, 2):
-        assert kernel_matvec(ggml_type, weights, 2, cols, x, fast=fast) == [0.0, 0.0]
+    for path in [(None, False)] + PATHS:
+        assert kernel_matvec(ggml_type, weights, 2, cols, x, *path) == [0.0, 0.0], path
 
 
 @pytest.mark.parametrize("ggml_type", QUANTIZED, ids=Q_NAMES)
@@ -287,9 +297,9 @@ def test_block_layout_matches_the_writer(ggml_type):
     for k in range(elems):
         x = [0.0] * elems
         x[k] = 127 / 128  # quantizes exactly: q = 127, d = 1/128 (exact in f16 too)
-        for fast in (0, 1, 2):
-            [y] = kernel_matvec(ggml_type, block, 1, elems, x, fast=fast)
-            assert y == pytest.approx(expected[k] * 127 / 128, rel=1e-6, abs=1e-30), (k, fast)
+        for path in [(None, False)] + PATHS:
+            [y] = kernel_matvec(ggml_type, block, 1, elems, x, *path)
+            assert y == pytest.approx(expected[k] * 127 / 128, rel=1e-6, abs=1e-30), (k, path)
 
 
 def test_f16_kernel_reads_halves_as_the_writer_writes_them():
@@ -298,8 +308,8 @@ def test_f16_kernel_reads_halves_as_the_writer_writes_them():
     for k, v in enumerate(values):
         x = [0.0] * len(values)
         x[k] = 1.0
-        for fast in (0, 1, 2):
-            assert kernel_matvec(GGML_F16, weights, 1, len(values), x, fast=fast) == [v]
+        for path in [(None, False)] + PATHS:
+            assert kernel_matvec(GGML_F16, weights, 1, len(values), x, *path) == [v], path
 
 
 def test_writer_quantizers_round_trip_within_half_a_step():
@@ -356,7 +366,7 @@ def test_python_decoders_read_hand_built_blocks():
 def test_bad_kernel_arguments_raise(ggml_type, rows, cols, match):
     weights = bytes(4096)  # large enough that a missed check could not read past it
     with pytest.raises(EngineError, match=match):
-        kernel_matvec(ggml_type, weights, rows, cols, [1.0] * max(cols, 1), fast=True)
+        kernel_matvec(ggml_type, weights, rows, cols, [1.0] * max(cols, 1), VARIANTS[-1])
 
 
 # ---- attention ----------------------------------------------------------------------------
@@ -388,14 +398,15 @@ def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, 
     expected = [softmax_attention(h, keys, values) for h in q]
     for ranges in sorted({1, min(3, n_pos)}):
         for run in (0, 16, 64):  # one buffer, or runs in buffers of their own as a paged cache's blocks
-            for fast in (False, True):
-                got = kernel_attention(q, k, v, n_pos, head_dim, ranges, fast, run)
+            for kernels in [None] + VARIANTS:
+                got = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, run)
                 diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
-                assert diff < 2e-5, (ranges, run, fast, diff)
+                assert diff < 2e-5, (ranges, run, kernels, diff)
 
 
+@pytest.mark.parametrize("kernels", VARIANTS)
 @pytest.mark.parametrize("group", [1, 3, 8])
-def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_or_in_runs(group):
+def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_or_in_runs(group, kernels):
     """A paged cache hands the kernel a range as pool blocks of 64 positions; a
     contiguous cache as one buffer. Runs of whole 64-position blocks are read as one
     sequence, so the bits cannot depend on where memory breaks (ranges start at
@@ -406,12 +417,13 @@ def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_
     v = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
     q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(group)]
     for ranges in (1, 2):
-        whole = kernel_attention(q, k, v, n_pos, head_dim, ranges, True)
-        assert kernel_attention(q, k, v, n_pos, head_dim, ranges, True, run=64) == whole
+        whole = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels)
+        assert kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, run=64) == whole
 
 
+@pytest.mark.parametrize("kernels", VARIANTS)
 @pytest.mark.parametrize("head_dim, group, n_pos", [(64, 4, 128), (128, 2, 128), (128, 2, 200), (64, 1, 77)])
-def test_fast_attention_gives_each_query_head_the_same_bits_whatever_shares_its_call(head_dim, group, n_pos):
+def test_fast_attention_gives_each_query_head_the_same_bits_whatever_shares_its_call(head_dim, group, n_pos, kernels):
     """A prefill attends up to 8 query heads of consecutive tokens in one call (the
     tokens' groups side by side), a decode step only its own group: every head's
     output must be the same bits either way, or prefill and decode would differ."""
@@ -420,19 +432,20 @@ def test_fast_attention_gives_each_query_head_the_same_bits_whatever_shares_its_
     v = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
     q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(8)]
     for ranges in (1, 2):
-        together = kernel_attention(q, k, v, n_pos, head_dim, ranges, True)
-        alone = [h for i in range(0, 8, group) for h in kernel_attention(q[i:i + group], k, v, n_pos, head_dim, ranges, True)]
+        together = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels)
+        alone = [h for i in range(0, 8, group)
+                 for h in kernel_attention(q[i:i + group], k, v, n_pos, head_dim, ranges, kernels)]
         assert together == alone, ranges
 
 
 def test_bad_attention_arguments_raise():
     k = encode_f16([0.0] * 64)
     with pytest.raises(EngineError, match="bad attention arguments"):
-        kernel_attention([[0.0] * 64], k, k, 1, 64, 2, True)  # more ranges than rows
+        kernel_attention([[0.0] * 64], k, k, 1, 64, 2, VARIANTS[-1])  # more ranges than rows
     with pytest.raises(EngineError, match="bad attention arguments"):
-        kernel_attention([[0.0] * 64], k, k, 1, 64, 0, True)
+        kernel_attention([[0.0] * 64], k, k, 1, 64, 0, VARIANTS[-1])
     with pytest.raises(EngineError, match="bad attention arguments"):
-        kernel_attention([[0.0] * 64], k, k, 1, 64, 1, True, run=24)  # runs must hold whole key blocks
+        kernel_attention([[0.0] * 64], k, k, 1, 64, 1, VARIANTS[-1], run=24)  # runs must hold whole key blocks
 
 
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
@@ -452,7 +465,7 @@ def test_fast_glu_matches_reference_and_the_python_formula(gelu):
         return g / (1 + math.exp(-g))
 
     expected = [act(g) * u for g, u in zip(gate, up)]
-    for fast in (False, True):
-        got = kernel_glu(gelu, gate, up, fast=fast)
+    for kernels in [None] + VARIANTS:
+        got = kernel_glu(gelu, gate, up, kernels)
         worst = max(abs(x - e) / max(abs(g * u), 1e-30) for x, e, g, u in zip(got, expected, gate, up))
-        assert worst < 2e-7, (fast, worst)
+        assert worst < 2e-7, (kernels, worst)

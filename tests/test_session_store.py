@@ -175,20 +175,21 @@ def test_remove_deletes_the_file(tmp_path):
     assert not store.remove("s1")
 
 
-def test_the_fingerprint_changes_with_the_model_file_and_the_engine(tmp_path):
+def test_the_fingerprint_changes_with_the_model_file_the_engine_and_its_kernels(tmp_path):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"H" * 100 + b"D" * 100000)
     library = tmp_path / "lib.so"
     library.write_bytes(b"engine")
-    base = model_fingerprint(str(model), 100, 100100, str(library))
-    assert model_fingerprint(str(model), 100, 100100, str(library)) == base
+    base = model_fingerprint(str(model), 100, 100100, str(library), "avx2")
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") == base
     model.write_bytes(b"H" * 99 + b"h" + b"D" * 100000)
-    assert model_fingerprint(str(model), 100, 100100, str(library)) != base
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") != base
     model.write_bytes(b"H" * 100 + b"D" * 99999 + b"d")  # the last sample reads the end of the data
-    assert model_fingerprint(str(model), 100, 100100, str(library)) != base
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") != base
     model.write_bytes(b"H" * 100 + b"D" * 100000)
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx512") != base
     library.write_bytes(b"engine, rebuilt")
-    assert model_fingerprint(str(model), 100, 100100, str(library)) != base
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") != base
 
 
 # ---- the table with a store, in process on the tiny model ----------------------------------

@@ -53,7 +53,7 @@ typedef struct {
     const char *name;
     const char *chat_template;  /* "" if the model has none */
     const char *tokenizer_pre;
-    const char *kernels;        /* the matrix kernels this build runs, e.g. "avx512-vnni, repacked" */
+    const char *kernels;        /* the kernel variant in use, e.g. "avx2" (llmd_kernel_variant) */
     int32_t n_ctx_train;
     int32_t n_ctx;              /* context per session */
     int32_t n_vocab;
@@ -349,32 +349,40 @@ llmd_status llmd_kernel_dequantize(int32_t type, const void *data, int64_t n, fl
 llmd_status llmd_quantize_rows(int32_t src_type, const void *src, int64_t rows, int64_t cols, int32_t dst_type,
                                void *dst, int32_t n_threads);
 
+/* The kernel variants this build carries (i from 0 to count - 1, the scalar one first):
+ * name ("scalar", "avx2", "avx-vnni", "avx512", ...) and whether this CPU runs it. An
+ * engine runs the fastest variant the CPU runs, or the one LLMD_KERNELS names (the
+ * engine refuses to open when the CPU cannot run it). The kernel entry points below
+ * take a variant's name, or NULL for the scalar references (summed in double):
+ * LLMD_ERR_UNSUPPORTED names the variants when the CPU cannot run the one asked for. */
+int32_t llmd_kernel_variant_count(void);
+llmd_status llmd_kernel_variant(int32_t i, const char **name, int32_t *runs);
+
 /* y[t * rows + r] = dot(row r of a rows x cols matrix of ggml type `type`,
- * x[t * cols ...]) for n tokens, computed by the scalar reference (fast == 0),
- * the engine's own matrix kernels (fast == 1: repacked weights where this build
- * has them) or its row kernels without repacking (fast == 2). */
+ * x[t * cols ...]) for n tokens, by a variant's kernels: over the repacked panels
+ * where the variant has a panel kernel for the type and `packed` is 1, else its row
+ * kernels. */
 llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
-                               int32_t cols, const float *x, int32_t n, float *y, int32_t fast);
+                               int32_t cols, const float *x, int32_t n, float *y, const char *kernels,
+                               int32_t packed);
 
 /* Attention of n_q query heads (q: n_q x head_dim floats) over n_pos cached rows
  * (k, v: n_pos x head_dim f16 bits), the rows split into n_ranges ranges whose
- * partial results are combined: out (n_q x head_dim), by the scalar reference
- * (fast == 0) or the engine's fast kernel. run > 0 (a multiple of 16) stores the
- * rows in runs of that many positions, each in a buffer of its own, as a paged
- * cache's blocks are; 0 stores them in one. */
+ * partial results are combined: out (n_q x head_dim). run > 0 (a multiple of 16)
+ * stores the rows in runs of that many positions, each in a buffer of its own, as a
+ * paged cache's blocks are; 0 stores them in one. */
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
                                   int32_t n_pos, int32_t head_dim, int32_t n_ranges, int32_t run, float *out,
-                                  int32_t fast);
+                                  const char *kernels);
 
 /* One token through one Gated DeltaNet head: the state m (hd x hd floats, updated in
  * place) decays by `decay`, learns v (hd) from k (hd) at rate beta, and answers q (hd)
- * into out (hd), scaled by 1/sqrt(hd); by the scalar reference (fast == 0) or the
- * engine's kernel. */
+ * into out (hd), scaled by 1/sqrt(hd). */
 llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, const float *v, float decay,
-                                   float beta, int32_t hd, float *out, int32_t fast);
+                                   float beta, int32_t hd, float *out, const char *kernels);
 /* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
- * approximation (gelu == 1), by the scalar reference (fast == 0) or the fast kernel. */
-llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, int32_t fast);
+ * approximation (gelu == 1). */
+llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, const char *kernels);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include "runtime/bandwidth.h"
 #include "format/gguf.h"
 #include "decode/grammar.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 #include "quants/quantize.h"
 #include "ops/recurrent.h"
@@ -425,6 +426,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         }
         if (std::string refused = unsupported_tensors(*e->file); !refused.empty())
             return fail(LLMD_ERR_UNSUPPORTED, refused);
+        if (!choose_kernels(err)) return fail(LLMD_ERR_UNSUPPORTED, err); // before loading packs for them
         const uint64_t fingerprint = model_fingerprint(*e->file); // before loading releases mapped pages
         e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
         if (!e->model) return fail(LLMD_ERR_FORMAT, err);
@@ -474,7 +476,7 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->name = e->name.c_str();
         out->chat_template = e->chat_template.c_str();
         out->tokenizer_pre = e->tokenizer_pre.c_str();
-        out->kernels = kernel_path();
+        out->kernels = kernels().name;
         out->bos_id = e->bos_id;
         out->eos_id = e->eos_id;
         out->add_bos = e->add_bos ? 1 : 0;
@@ -1191,8 +1193,34 @@ llmd_status llmd_session_token_logprobs(const llmd_session *s, int32_t n_top, fl
     });
 }
 
+int32_t llmd_kernel_variant_count(void) { return kernel_variant_count(); }
+
+llmd_status llmd_kernel_variant(int32_t i, const char **name, int32_t *runs) {
+    return guarded([&]() -> llmd_status {
+        if (i < 0 || i >= kernel_variant_count() || name == nullptr || runs == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "no kernel variant " + std::to_string(i));
+        *name = kernel_variant(i).name;
+        *runs = kernel_variant(i).cpu_runs() ? 1 : 0;
+        return LLMD_OK;
+    });
+}
+
+namespace {
+
+// The table a kernel entry point runs: the named variant, or the scalar references
+// for NULL. nullptr (the failure recorded) when the CPU cannot run the variant.
+const Kernels *kernels_for_test(const char *name) {
+    if (name == nullptr) return &kernels_scalar();
+    std::string why;
+    const Kernels *k = kernels_named(name, why);
+    if (k == nullptr) fail(LLMD_ERR_UNSUPPORTED, why);
+    return k;
+}
+
+} // namespace
+
 llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, int32_t cols, const float *x,
-                               int32_t n, float *y, int32_t fast) {
+                               int32_t n, float *y, const char *kernels, int32_t packed) {
     return guarded([&]() -> llmd_status {
         const TypeTraits *traits = type >= 0 ? type_traits(static_cast<uint32_t>(type)) : nullptr;
         if (traits == nullptr || traits->activation == Activation::None)
@@ -1200,36 +1228,40 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
                                                   (traits != nullptr ? std::string(traits->name) : std::to_string(type)));
         if (weights == nullptr || x == nullptr || y == nullptr || rows < 1 || n < 1 || !type_runs(type, cols))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad matrix arguments");
+        const Kernels *k = kernels_for_test(kernels);
+        if (k == nullptr) return LLMD_ERR_UNSUPPORTED;
         const bool quantized = traits->activation != Activation::F32;
+        const int64_t nb = cols / QK;
         std::vector<BlockQ8A> xq(quantized ? quantized_blocks(n, cols) : 0);
         if (quantized) quantize_rows(x, n, cols, xq.data());
-        Matrix w{static_cast<uint32_t>(type), cols, rows, row_bytes(type, cols), static_cast<const uint8_t *>(weights)};
-        if (!fast) {
-            const BlockQ8A *xa = quantized ? activations_of(*traits, xq.data(), n, cols) : nullptr;
-            for (int32_t t = 0; t < n; ++t)
-                for (int32_t r = 0; r < rows; ++r)
-                    y[t * rows + r] = traits->dot_ref(w.row(r), x + t * cols, xa != nullptr ? xa + t * cols / QK : nullptr, cols);
+        const BlockQ8A *xa = quantized ? activations_of(*traits, xq.data(), n, cols) : nullptr;
+        const PanelFn panel = packed ? k->panel[type] : nullptr;
+        if (panel != nullptr) {
+            const int64_t panels = (rows + kPanel - 1) / kPanel;
+            AlignedBytes buf(static_cast<size_t>(panels) * panel_bytes(traits->panel, nb));
+            pack_rows(type, weights, rows, cols, buf.data);
+            panel(buf.data, rows, cols, 0, panels, xa, n, y, rows, false);
             return LLMD_OK;
         }
-        const size_t packed_size = fast == 2 ? 0 : packed_bytes(w.type, rows, cols);
-        AlignedBytes packed(packed_size);
-        if (packed_size > 0) {
-            pack_rows(w.type, weights, rows, cols, packed.data);
-            w.packed = packed.data;
-        }
-        matmul_rows({&w, x, xq.data(), y}, n, 0, rows);
+        const size_t row = row_bytes(type, cols);
+        for (int32_t t = 0; t < n; ++t)
+            for (int32_t r = 0; r < rows; ++r)
+                y[t * rows + r] = k->dot[type](static_cast<const uint8_t *>(weights) + r * row, x + t * cols,
+                                               xa != nullptr ? xa + t * nb : nullptr, cols);
         return LLMD_OK;
     });
 }
 
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
                                   int32_t n_pos, int32_t head_dim, int32_t n_ranges, int32_t run, float *out,
-                                  int32_t fast) {
+                                  const char *kernels) {
     return guarded([&]() -> llmd_status {
         if (q == nullptr || k == nullptr || v == nullptr || out == nullptr || n_q < 1 || n_q > 1024 ||
             n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos || run < 0 ||
             run % kKeyBlock != 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad attention arguments");
+        const Kernels *table = kernels_for_test(kernels);
+        if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
         const size_t hd = static_cast<size_t>(head_dim);
         // The caller's keys are rows; the kernels read them in blocks (attention.h),
         // from runs of `run` positions each in a buffer of its own, as pool blocks are.
@@ -1259,8 +1291,8 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
                 runs.push_back({keys[p / per_run].data() + at, values[p / per_run].data() + at, n});
                 p += n;
             }
-            (fast ? attend_range : attend_range_ref)(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim,
-                                                     scale, part_out.data(), part.data());
+            table->attend_range(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim, scale, part_out.data(),
+                                part.data());
             attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
         attend_finish(out, acc.data(), n_q, head_dim);
@@ -1269,21 +1301,25 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
 }
 
 llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta,
-                                   int32_t hd, float *out, int32_t fast) {
+                                   int32_t hd, float *out, const char *kernels) {
     return guarded([&]() -> llmd_status {
         if (m == nullptr || q == nullptr || k == nullptr || v == nullptr || out == nullptr || hd < 1 || hd > 1024)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad delta step arguments");
+        const Kernels *table = kernels_for_test(kernels);
+        if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
         const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        (fast ? delta_step : delta_step_ref)(m, q, k, v, decay, beta, hd, scale, out);
+        table->delta_step(m, q, k, v, decay, beta, hd, scale, out);
         return LLMD_OK;
     });
 }
 
-llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, int32_t fast) {
+llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, const char *kernels) {
     return guarded([&]() -> llmd_status {
         if (gate == nullptr || up == nullptr || n < 0 || (gelu != 0 && gelu != 1))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad glu arguments");
-        (fast ? glu : glu_ref)(gelu == 1, gate, up, n);
+        const Kernels *table = kernels_for_test(kernels);
+        if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
+        table->glu(gelu == 1, gate, up, n);
         return LLMD_OK;
     });
 }

@@ -7,7 +7,7 @@
 #include "arch/arch.h"
 #include "ops/attention.h"
 #include "ops/recurrent.h"
-#include "kernels/x86/simd_avx512.h"
+#include "kernels/kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -639,40 +639,6 @@ void KVCache::adopt(const PrefixMatch &m) {
     published = static_cast<int>(m.blocks.size());
 }
 
-// ---- kernels -------------------------------------------------------------
-
-namespace {
-constexpr float kGeluK = 0.7978845608028654f; // √(2/π)
-constexpr float kGeluC = 0.044715f;
-} // namespace
-
-void glu_ref(bool gelu, float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-        const float g = gate[i];
-        const float act = gelu ? 0.5f * g * (1.0f + std::tanh(kGeluK * g * (1.0f + kGeluC * g * g)))
-                               : g / (1.0f + std::exp(-g));
-        gate[i] = act * up[i];
-    }
-}
-
-// Both activations are g · sigmoid(z): z = g for SiLU, and for GELU, since
-// (1 + tanh(u)) / 2 = sigmoid(2u), z = 2u = 2√(2/π) (g + 0.044715 g³). One exp and
-// one division per element, and no cancellation near 0 as 1 + tanh would have.
-void glu(bool gelu, float *gate, const float *up, int64_t n) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    const __m512 one = _mm512_set1_ps(1.0f), k2 = _mm512_set1_ps(-2.0f * kGeluK), c = _mm512_set1_ps(kGeluC);
-    for (; i + 16 <= n; i += 16) {
-        const __m512 g = _mm512_loadu_ps(gate + i);
-        const __m512 minus_z = gelu ? _mm512_mul_ps(_mm512_mul_ps(k2, g), _mm512_fmadd_ps(_mm512_mul_ps(c, g), g, one))
-                                    : _mm512_sub_ps(_mm512_setzero_ps(), g);
-        const __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp512(minus_z)));
-        _mm512_storeu_ps(gate + i, _mm512_mul_ps(act, _mm512_loadu_ps(up + i)));
-    }
-#endif
-    glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
-}
-
 void Workspace::reserve(const HParams &hp, int n_tokens) {
     if (n_tokens <= capacity) return;
     const size_t n = static_cast<size_t>(n_tokens);
@@ -697,6 +663,7 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
     const int64_t cols = w.cols, rows = w.rows, nb = cols / QK;
     const TypeTraits &traits = *type_traits(w.type);
     const BlockQ8A *xq = traits.activation == Activation::F32 ? nullptr : activations_of(traits, job.xq, n, cols);
+    const DotFn dot = kernels().dot[w.type];
     if (w.packed != nullptr) {
         matmul_packed(w.type, w.packed, rows, cols, r0 / kPanel, (r1 + kPanel - 1) / kPanel, xq, n, job.y, rows,
                       job.add);
@@ -708,7 +675,7 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
             const uint8_t *row = w.row(r);
             for (int t = t0; t < t1; ++t) {
-                const float v = traits.dot(row, job.x + t * cols, xq != nullptr ? xq + t * nb : nullptr, cols);
+                const float v = dot(row, job.x + t * cols, xq != nullptr ? xq + t * nb : nullptr, cols);
                 float &y = job.y[t * rows + r];
                 y = job.add ? y + v : v;
             }
@@ -733,6 +700,7 @@ void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     if (j.up == nullptr) return;
     matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
     if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, n, rows, r0, r1);
+    const auto glu = kernels().glu;
     for (int t = 0; t < n; ++t) glu(j.gelu, j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
 }
 
@@ -762,20 +730,8 @@ void run_matmuls(ThreadPool &pool, int n, const std::vector<MatJob> &jobs) {
 } // namespace
 
 void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
-    double ss = 0.0;
-    int i = 0;
-#if defined(__AVX512F__)
-    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()}; // two chains hide the add latency
-    for (; i + 16 <= n; i += 16)
-        for (int h = 0; h < 2; ++h) {
-            const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8 * h));
-            acc[h] = _mm512_fmadd_pd(v, v, acc[h]);
-        }
-    ss = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
-#endif
-    for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-    const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
-    for (i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(kernels().sum_squares(x, n) / n + eps));
+    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
 namespace {
@@ -788,16 +744,6 @@ void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_fre
         cs[2 * i] = std::cos(theta) * hp.rope_mscale;
         cs[2 * i + 1] = std::sin(theta) * hp.rope_mscale;
     }
-}
-
-void to_f16(const float *x, uint16_t *y, int n) {
-    int i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(y + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-    for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
 // Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
@@ -1188,6 +1134,7 @@ void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
     const int kv_dim = hp.kv_dim();
     for (int t = 0; t < p.n; ++t) p.batch[t].kv->high = std::max(p.batch[t].kv->high, p.batch[t].pos);
+    const auto to_f16 = kernels().to_f16;
     per_token(p, [&](int t0, int t1) { // the tokens' rows are distinct: a batch never holds one position twice
         for (int t = t0; t < t1; ++t)
             for (int h = 0; h < hp.n_head_kv; ++h) {

@@ -322,11 +322,6 @@ struct MatJob {
 // Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
 void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
 
-// gate[i] = act(gate[i]) * up[i], act SiLU or (gelu) GELU's tanh approximation: the
-// fast kernel and its scalar reference (exposed for tests through llmd_kernel_glu).
-void glu(bool gelu, float *gate, const float *up, int64_t n);
-void glu_ref(bool gelu, float *gate, const float *up, int64_t n);
-
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;

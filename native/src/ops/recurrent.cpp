@@ -2,9 +2,10 @@
 // and the recurrent blocks of the hybrid architectures.
 #include "ops/recurrent.h"
 
+#include "kernels/kernels.h"
+
 #include "model/model.h"
 
-#include "kernels/x86/simd_avx512.h"
 
 #include <algorithm>
 #include <cmath>
@@ -172,30 +173,7 @@ void delta_step_ref(float *m, const float *q, const float *k, const float *v, fl
 
 void delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
                 float scale, float *out) {
-#if defined(__AVX512F__)
-    if (hd % 16 == 0) {
-        const __m512 vdecay = _mm512_set1_ps(decay);
-        for (int j = 0; j < hd; ++j) {
-            float *row = m + static_cast<size_t>(j) * hd;
-            __m512 mk = _mm512_setzero_ps();
-            for (int i = 0; i < hd; i += 16) {
-                const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + i), vdecay);
-                _mm512_storeu_ps(row + i, r);
-                mk = _mm512_fmadd_ps(r, _mm512_loadu_ps(k + i), mk);
-            }
-            const __m512 delta = _mm512_set1_ps((v[j] - _mm512_reduce_add_ps(mk)) * beta);
-            __m512 mq = _mm512_setzero_ps();
-            for (int i = 0; i < hd; i += 16) {
-                const __m512 r = _mm512_fmadd_ps(delta, _mm512_loadu_ps(k + i), _mm512_loadu_ps(row + i));
-                _mm512_storeu_ps(row + i, r);
-                mq = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), mq);
-            }
-            out[j] = _mm512_reduce_add_ps(mq) * scale;
-        }
-        return;
-    }
-#endif
-    delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
+    kernels().delta_step(m, q, k, v, decay, beta, hd, scale, out);
 }
 
 namespace {

@@ -106,11 +106,9 @@ void conv_step(const float *w, int conv_len, float *state, const float *in, int 
 // One token through one Gated DeltaNet head. m (hd × hd) holds the delta rule's state
 // transposed (row j is column j of S), so that every step reads rows:
 //   m *= decay;  delta_j = (v_j - m_j · k) · beta;  m_j += delta_j · k;  out_j = (m_j · q) · scale
-// delta_step_ref is the scalar reference (sums in index order); delta_step is the
-// engine's kernel (AVX-512 when built for it), whose fixed 16-lane sums make its result
-// independent of anything but its arguments.
-void delta_step_ref(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                    float scale, float *out);
+// The kernel in use (kernels.h; delta_step_ref is the scalar reference, summing in
+// index order); each variant's fixed sums make its result independent of anything but
+// its arguments.
 void delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
                 float scale, float *out);
 

@@ -1,6 +1,8 @@
 // pack.cpp — repacking GGUF matrices into panels (quants.h) for the
-// kernel in quants_packed.h, from each type's piece decoder.
+// kernels of the variants that have them, from each type's piece decoder.
 #include "quants/quants.h"
+
+#include "kernels/kernels.h"
 
 #include <cstring>
 
@@ -8,7 +10,7 @@ namespace llmd {
 
 size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols) {
     const TypeTraits *t = type_traits(type);
-    if (t == nullptr || t->panel_matmul == nullptr || rows < 1 || !type_runs(type, cols)) return 0;
+    if (t == nullptr || kernels().panel[type] == nullptr || rows < 1 || !type_runs(type, cols)) return 0;
     return static_cast<size_t>((rows + kPanel - 1) / kPanel) * panel_bytes(t->panel, cols / QK);
 }
 
@@ -85,7 +87,7 @@ void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t
 
 void matmul_packed(uint32_t type, const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1,
                    const BlockQ8A *xq, int n, float *y, int64_t y_stride, bool add) {
-    type_traits(type)->panel_matmul(packed, rows, cols, p0, p1, xq, n, y, y_stride, add);
+    kernels().panel[type](packed, rows, cols, p0, p1, xq, n, y, y_stride, add);
 }
 
 } // namespace llmd

@@ -1,10 +1,9 @@
 // quants.cpp — see quants.h. The definition of every tensor type (how a block
 // decodes), the scalar references built from it, activation quantization and the
-// traits table. The fast kernels are in quants_avx2.h and quants_packed.h.
+// traits table. The fast kernels are per CPU variant, in kernels/.
 #include "quants/quants.h"
 
-#include "kernels/x86/rows_avx2.h"
-#include "kernels/x86/panels_avx512.h"
+#include "kernels/kernels.h"
 #include "quants/quantize.h"
 
 #include <cmath>
@@ -58,11 +57,6 @@ template <typename T> T load(const uint8_t *p) {
     return v;
 }
 float half_at(const uint8_t *p) { return fp16_to_fp32(load<uint16_t>(p)); }
-
-// 4-bit codes of IQ4_NL and IQ4_XS, and of MXFP4 (e2m1 values doubled; the scale
-// is halved to match).
-constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-constexpr int8_t kFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 // A piece with one scale and one min (m * mscale) for all 32 elements.
 void uniform(Piece *o, float d, int32_t scale, float m = 0.0f, int32_t mscale = 0) {
@@ -292,123 +286,59 @@ template <ToFloatFn ToFloat, int kBytes> float dot_ref_float(const uint8_t *row,
     return static_cast<float>(acc);
 }
 
-// One block of 32 with a given scale d (and its inverse id).
-void quantize_block(const float *x, float d, float id, BlockQ8A *y) {
-#if defined(__AVX512F__)
-    // The scalar arithmetic 16 lanes at a time: the conversion rounds to nearest
-    // even like nearbyint, so the blocks are bit for bit the same.
-    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(id)));
-    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_set1_ps(id)));
-    _mm_storeu_si128(reinterpret_cast<__m128i *>(y->qs), _mm512_cvtsepi32_epi8(qlo));
-    _mm_storeu_si128(reinterpret_cast<__m128i *>(y->qs + 16), _mm512_cvtsepi32_epi8(qhi));
-    y->sum_lo = _mm512_reduce_add_epi32(qlo);
-    y->sum = y->sum_lo + _mm512_reduce_add_epi32(qhi);
-#else
-    y->sum = y->sum_lo = 0;
-    for (int j = 0; j < QK; ++j) {
-        const int q = static_cast<int>(std::nearbyint(x[j] * id));
-        y->qs[j] = static_cast<int8_t>(q);
-        y->sum += q;
-        if (j < 16) y->sum_lo += q;
-    }
-#endif
-    y->d = d;
-    y->s = d * static_cast<float>(y->sum);
-}
-
-float max_abs(const float *x, int64_t n) {
-    float amax = 0.0f;
-#if defined(__AVX512F__)
-    __m512 m = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-    amax = _mm512_reduce_max_ps(m); // max is exact in any order
-#else
-    for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-#endif
-    return amax;
-}
-
-// n floats (n a multiple of group) into n / QK blocks, one scale d = max |x| / 127
-// per group of `group` elements.
-void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
-    for (int64_t g = 0; g < n; g += group) {
-        const float d = max_abs(x + g, group) / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int64_t b = g / QK; b < (g + group) / QK; ++b) quantize_block(x + b * QK, d, id, y + b);
-    }
-}
-
 // ---- the traits table ---------------------------------------------------------
 
-// Panel layouts: {bits, offset, split, mins, f16, lut, k_scales}.
-constexpr PanelLayout kPanelQ4_0{4, 8, false, false, true, nullptr, false};
-constexpr PanelLayout kPanelQ4_1{4, 0, false, true, true, nullptr, false};
-constexpr PanelLayout kPanelQ5_0{5, 16, false, false, true, nullptr, false};
-constexpr PanelLayout kPanelQ5_1{5, 0, false, true, true, nullptr, false};
-constexpr PanelLayout kPanelQ8_0{8, 128, false, false, true, nullptr, false};
-constexpr PanelLayout kPanelIQ4NL{4, 128, false, false, true, kIQ4NL, false};
-constexpr PanelLayout kPanelMXFP4{4, 128, false, false, false, kFP4, false};
-constexpr PanelLayout kPanelQ2_K{2, 0, true, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ3_K{3, 4, true, false, true, nullptr, true};
-constexpr PanelLayout kPanelQ4_K{4, 0, false, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ5_K{5, 0, false, true, true, nullptr, true};
-constexpr PanelLayout kPanelQ6_K{6, 32, true, false, true, nullptr, true};
-constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, true, kIQ4NL, true};
-
 // A type the engine computes with, dotted against BlockQ8A.
-template <DecodeFn Decode, const PanelLayout &Panel, DotFn Fast>
+template <DecodeFn Decode, const PanelLayout &Panel>
 constexpr TypeTraits quantized(const char *name, int64_t elems, int64_t bytes, FromFloatFn from_float = nullptr) {
     // Super-block types take activations quantized like llama.cpp's Q8_K for them.
-    return {name, elems, bytes, elems == QK_K ? Activation::Q8K : Activation::Q8A, Decode, to_float_pieces<Decode>, dot_ref_pieces<Decode>,
-            Fast != nullptr ? Fast : dot_ref_pieces<Decode>, Panel, panel_kernel<Panel>(), from_float};
+    return {name, elems, bytes, elems == QK_K ? Activation::Q8K : Activation::Q8A, Decode, to_float_pieces<Decode>,
+            dot_ref_pieces<Decode>, Panel, from_float};
 }
 // A float type, dotted against the float activations.
-template <ToFloatFn ToFloat, int kBytes, DotFn Fast>
+template <ToFloatFn ToFloat, int kBytes>
 constexpr TypeTraits floating(const char *name, FromFloatFn from_float) {
-    return {name, 1, kBytes, Activation::F32, nullptr, ToFloat, dot_ref_float<ToFloat, kBytes>,
-            Fast != nullptr ? Fast : dot_ref_float<ToFloat, kBytes>, {}, nullptr, from_float};
+    return {name, 1, kBytes, Activation::F32, nullptr, ToFloat, dot_ref_float<ToFloat, kBytes>, {}, from_float};
 }
 // A type GGUF defines that the engine has no kernels for: the reader can size it,
 // binding refuses it by name.
 constexpr TypeTraits sized(const char *name, int64_t elems, int64_t bytes) {
-    return {name, elems, bytes, Activation::None, nullptr, nullptr, nullptr, nullptr, {}, nullptr};
+    return {name, elems, bytes, Activation::None, nullptr, nullptr, nullptr, {}};
 }
-
-constexpr uint32_t kTypeCount = 43;
 
 // Indexed by GGUF type number; rows with a null name are numbers GGUF retired.
 const TypeTraits kTraits[kTypeCount] = {
-    /*  0 */ floating<to_float_f32, 4, fast_dot_f32>("F32", quantize_row_f32),
-    /*  1 */ floating<to_float_f16, 2, fast_dot_f16>("F16", quantize_row_f16),
-    /*  2 */ quantized<decode_q4_0, kPanelQ4_0, fast_dot_q4_0>("Q4_0", 32, 18, quantize_row_q4_0),
-    /*  3 */ quantized<decode_q4_1, kPanelQ4_1, fast_dot_q4_1>("Q4_1", 32, 20, quantize_row_q4_1),
+    /*  0 */ floating<to_float_f32, 4>("F32", quantize_row_f32),
+    /*  1 */ floating<to_float_f16, 2>("F16", quantize_row_f16),
+    /*  2 */ quantized<decode_q4_0, kPanelQ4_0>("Q4_0", 32, 18, quantize_row_q4_0),
+    /*  3 */ quantized<decode_q4_1, kPanelQ4_1>("Q4_1", 32, 20, quantize_row_q4_1),
     /*  4 */ {},
     /*  5 */ {},
-    /*  6 */ quantized<decode_q5_0, kPanelQ5_0, fast_dot_q5_0>("Q5_0", 32, 22, quantize_row_q5_0),
-    /*  7 */ quantized<decode_q5_1, kPanelQ5_1, fast_dot_q5_1>("Q5_1", 32, 24, quantize_row_q5_1),
-    /*  8 */ quantized<decode_q8_0, kPanelQ8_0, fast_dot_q8_0>("Q8_0", 32, 34, quantize_row_q8_0),
+    /*  6 */ quantized<decode_q5_0, kPanelQ5_0>("Q5_0", 32, 22, quantize_row_q5_0),
+    /*  7 */ quantized<decode_q5_1, kPanelQ5_1>("Q5_1", 32, 24, quantize_row_q5_1),
+    /*  8 */ quantized<decode_q8_0, kPanelQ8_0>("Q8_0", 32, 34, quantize_row_q8_0),
     /*  9 */ sized("Q8_1", 32, 36),
-    /* 10 */ quantized<decode_q2_k, kPanelQ2_K, fast_dot_q2_k>("Q2_K", 256, 84),
-    /* 11 */ quantized<decode_q3_k, kPanelQ3_K, fast_dot_q3_k>("Q3_K", 256, 110),
-    /* 12 */ quantized<decode_q4_k, kPanelQ4_K, fast_dot_q4_k>("Q4_K", 256, 144, quantize_row_q4_k),
-    /* 13 */ quantized<decode_q5_k, kPanelQ5_K, fast_dot_q5_k>("Q5_K", 256, 176, quantize_row_q5_k),
-    /* 14 */ quantized<decode_q6_k, kPanelQ6_K, fast_dot_q6_k>("Q6_K", 256, 210, quantize_row_q6_k),
+    /* 10 */ quantized<decode_q2_k, kPanelQ2_K>("Q2_K", 256, 84),
+    /* 11 */ quantized<decode_q3_k, kPanelQ3_K>("Q3_K", 256, 110),
+    /* 12 */ quantized<decode_q4_k, kPanelQ4_K>("Q4_K", 256, 144, quantize_row_q4_k),
+    /* 13 */ quantized<decode_q5_k, kPanelQ5_K>("Q5_K", 256, 176, quantize_row_q5_k),
+    /* 14 */ quantized<decode_q6_k, kPanelQ6_K>("Q6_K", 256, 210, quantize_row_q6_k),
     /* 15 */ sized("Q8_K", 256, 292),
     /* 16 */ sized("IQ2_XXS", 256, 66),
     /* 17 */ sized("IQ2_XS", 256, 74),
     /* 18 */ sized("IQ3_XXS", 256, 98),
     /* 19 */ sized("IQ1_S", 256, 50),
-    /* 20 */ quantized<decode_iq4_nl, kPanelIQ4NL, fast_dot_iq4_nl<kIQ4NL>>("IQ4_NL", 32, 18),
+    /* 20 */ quantized<decode_iq4_nl, kPanelIQ4NL>("IQ4_NL", 32, 18),
     /* 21 */ sized("IQ3_S", 256, 110),
     /* 22 */ sized("IQ2_S", 256, 82),
-    /* 23 */ quantized<decode_iq4_xs, kPanelIQ4XS, fast_dot_iq4_xs<kIQ4NL>>("IQ4_XS", 256, 136),
+    /* 23 */ quantized<decode_iq4_xs, kPanelIQ4XS>("IQ4_XS", 256, 136),
     /* 24 */ sized("I8", 1, 1),
     /* 25 */ sized("I16", 1, 2),
     /* 26 */ sized("I32", 1, 4),
     /* 27 */ sized("I64", 1, 8),
     /* 28 */ sized("F64", 1, 8),
     /* 29 */ sized("IQ1_M", 256, 56),
-    /* 30 */ floating<to_float_bf16, 2, fast_dot_bf16>("BF16", quantize_row_bf16),
+    /* 30 */ floating<to_float_bf16, 2>("BF16", quantize_row_bf16),
     /* 31 */ {},
     /* 32 */ {},
     /* 33 */ {},
@@ -417,13 +347,35 @@ const TypeTraits kTraits[kTypeCount] = {
     /* 36 */ {},
     /* 37 */ {},
     /* 38 */ {},
-    /* 39 */ quantized<decode_mxfp4, kPanelMXFP4, fast_dot_mxfp4<kFP4>>("MXFP4", 32, 17),
+    /* 39 */ quantized<decode_mxfp4, kPanelMXFP4>("MXFP4", 32, 17),
     /* 40 */ sized("NVFP4", 64, 36),
     /* 41 */ sized("Q1_0", 128, 18),
     /* 42 */ sized("Q2_0", 64, 18),
 };
 
 } // namespace
+
+// n floats (n a multiple of group) into n / QK blocks, one scale d = max |x| / 127
+// per group of `group` elements, each element rounded to nearest even.
+void quantize_q8a_ref(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
+    for (int64_t g = 0; g < n; g += group) {
+        float amax = 0.0f;
+        for (int64_t i = g; i < g + group; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t b = g / QK; b < (g + group) / QK; ++b) {
+            BlockQ8A &o = y[b];
+            o.sum = o.sum_lo = 0;
+            for (int j = 0; j < QK; ++j) {
+                const int v = static_cast<int>(std::nearbyint(x[b * QK + j] * id));
+                o.qs[j] = static_cast<int8_t>(v);
+                o.sum += v;
+                if (j < 16) o.sum_lo += v;
+            }
+            o.d = d;
+            o.s = d * static_cast<float>(o.sum);
+        }
+    }
+}
 
 const TypeTraits *type_traits(uint32_t type) {
     return type < kTypeCount && kTraits[type].name != nullptr ? &kTraits[type] : nullptr;
@@ -451,22 +403,11 @@ void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
 
 void quantize_rows_part(const float *x, int n, int64_t cols, BlockQ8A *xq, int t0, int t1, bool q8a, bool q8k) {
     const int64_t nb = cols / QK;
+    const auto quantize = kernels().quantize_q8a;
     if (q8a)
-        for (int t = t0; t < t1; ++t) quantize_row(x + t * cols, xq + t * nb, cols, QK);
+        for (int t = t0; t < t1; ++t) quantize(x + t * cols, xq + t * nb, cols, QK);
     if (q8k && cols % QK_K == 0)
-        for (int t = t0; t < t1; ++t) quantize_row(x + t * cols, xq + (n + t) * nb, cols, QK_K);
-}
-
-const char *kernel_path() {
-#if defined(LLMD_PACKED)
-    return "avx512-vnni, repacked";
-#elif defined(LLMD_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return "avx512-vnni";
-#elif defined(LLMD_AVX2)
-    return "avx2";
-#else
-    return "scalar";
-#endif
+        for (int t = t0; t < t1; ++t) quantize(x + t * cols, xq + (n + t) * nb, cols, QK_K);
 }
 
 } // namespace llmd

@@ -3,8 +3,9 @@
 //
 // `type_traits(type)` is the one place a GGUF tensor type is described: its name,
 // block size in elements and bytes, its scalar references (to_float and dot), the
-// activations its kernels consume, its fast row dot, its repacked panel layout and
-// its quantizer (from_float, quantize.h).
+// activations its kernels consume, its repacked panel layout and its quantizer
+// (from_float, quantize.h). Its fast kernels are per CPU variant, in the kernel tables
+// (kernels/kernels.h), indexed by the same type number.
 // The GGUF reader sizes tensors from it; binding refuses a type whose row has no
 // kernels; matmul and embedding lookups call through it. There is no switch on a
 // type anywhere else.
@@ -13,8 +14,8 @@
 // 32 into BlockQ8A, and every integer type is described by how it decodes one
 // 32-element piece of a row (`Piece`): element i is d * scale[i / 16] * q[i] +
 // m * mscale[i / 16] with q an int8. The scalar references are that definition summed in
-// double; the fast kernels (quants_avx2.cpp, quants_packed.cpp) are tested
-// against them through llmd_kernel_matmul.
+// double; every variant's fast kernels (kernels/) are tested against them through
+// llmd_kernel_matmul.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +32,7 @@ enum GGMLType : uint32_t {
     GGML_I8 = 24, GGML_I16 = 25, GGML_I32 = 26, GGML_I64 = 27, GGML_F64 = 28, GGML_IQ1_M = 29,
     GGML_BF16 = 30, GGML_TQ1_0 = 34, GGML_TQ2_0 = 35, GGML_MXFP4 = 39,
 };
+constexpr uint32_t kTypeCount = 43; // GGUF type numbers the traits table covers: 0 .. 42
 
 constexpr int QK = 32;    // elements per activation block and per decoded piece
 constexpr int QK_K = 256; // elements per K-quant super-block
@@ -60,8 +62,8 @@ enum class Activation : uint8_t {
           // Q8_K quantizes for the K-quants (so that results match its numerics)
 };
 
-// How a type is repacked into panels of kPanel rows for the AVX-512 VNNI kernels
-// (quants_packed.h). Every panel-block is 16 rows × 32 elements: the weights as
+// How a type is repacked into panels of kPanel rows for the tiled kernels of the
+// variants that have them (kernels/x86/panels_*.h). Every panel-block is 16 rows × 32 elements: the weights as
 // unsigned integers u = q + offset of `bits` bits, then the rows' scales d * scale
 // (one set, or two when the scale changes every 16 elements), then their mins
 // likewise when the type has them. The kernel multiplies 8 vectors w[g] of 64
@@ -85,6 +87,26 @@ struct PanelLayout {
     bool k_scales = false;       // two-level scales, as above
 };
 
+// 4-bit codes of IQ4_NL and IQ4_XS, and of MXFP4 (e2m1 values doubled; the scale
+// is halved to match).
+inline constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+inline constexpr int8_t kFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// Panel layouts: {bits, offset, split, mins, f16, lut, k_scales}.
+inline constexpr PanelLayout kPanelQ4_0{4, 8, false, false, true, nullptr, false};
+inline constexpr PanelLayout kPanelQ4_1{4, 0, false, true, true, nullptr, false};
+inline constexpr PanelLayout kPanelQ5_0{5, 16, false, false, true, nullptr, false};
+inline constexpr PanelLayout kPanelQ5_1{5, 0, false, true, true, nullptr, false};
+inline constexpr PanelLayout kPanelQ8_0{8, 128, false, false, true, nullptr, false};
+inline constexpr PanelLayout kPanelIQ4NL{4, 128, false, false, true, kIQ4NL, false};
+inline constexpr PanelLayout kPanelMXFP4{4, 128, false, false, false, kFP4, false};
+inline constexpr PanelLayout kPanelQ2_K{2, 0, true, true, true, nullptr, true};
+inline constexpr PanelLayout kPanelQ3_K{3, 4, true, false, true, nullptr, true};
+inline constexpr PanelLayout kPanelQ4_K{4, 0, false, true, true, nullptr, true};
+inline constexpr PanelLayout kPanelQ5_K{5, 0, false, true, true, nullptr, true};
+inline constexpr PanelLayout kPanelQ6_K{6, 32, true, false, true, nullptr, true};
+inline constexpr PanelLayout kPanelIQ4XS{4, 128, false, false, true, kIQ4NL, true};
+
 using DecodeFn = void (*)(const uint8_t *row, int64_t piece, Piece *out);
 using ToFloatFn = void (*)(const uint8_t *row, float *y, int64_t n);
 using FromFloatFn = void (*)(const float *x, uint8_t *row, int64_t n);
@@ -101,9 +123,7 @@ struct TypeTraits {
     DecodeFn decode;      // integer types: the definition of one piece (else nullptr)
     ToFloatFn to_float;   // scalar reference: a row as floats
     DotFn dot_ref;        // scalar reference: a row dotted with x (F32) or xq (Q8A)
-    DotFn dot;            // this build's fast row dot (the reference where it has none)
-    PanelLayout panel;    // the AVX-512 VNNI repacked form
-    PanelFn panel_matmul; // its kernel, or nullptr when this build has none
+    PanelLayout panel;    // the repacked form, for variants with a kernel over it
     FromFloatFn from_float = nullptr; // quantizer: n floats into a row (quantize.h), or nullptr
 };
 
@@ -135,10 +155,7 @@ inline const BlockQ8A *activations_of(const TypeTraits &t, const BlockQ8A *xq, i
 // Bytes of a row of n elements (n a whole number of blocks).
 size_t row_bytes(uint32_t type, int64_t n);
 
-// Name of the dot-product path this build uses ("avx512-vnni, repacked", "avx2", "scalar").
-const char *kernel_path();
-
-// ---- repacked weights (AVX-512 VNNI builds) -------------------------------
+// ---- repacked weights --------------------------------------------------------
 //
 // Row dot products spend most of their instructions unpacking one row's blocks and
 // reducing one accumulator. Packed weights interleave kPanel rows piece by piece
@@ -176,7 +193,7 @@ constexpr size_t panel_bytes(const PanelLayout &l, int64_t nb) {
                       : static_cast<size_t>(nb) * panel_piece_bytes(l);
 }
 
-// Bytes of the packed form, or 0 when this build or type has none.
+// Bytes of the packed form, or 0 when the kernels in use have no panel kernel for the type.
 size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols);
 // Packs a GGUF matrix of `rows` rows of `cols` columns into `out` (packed_bytes long).
 void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t *out);

@@ -1,5 +1,5 @@
-// quants_packed.h — the AVX-512 VNNI kernel over repacked panels (quants.h), one
-// instantiation per panel layout, for the traits table in quants.cpp.
+// panels_avx512.h — the avx512 variant's kernel over repacked panels (quants.h), one
+// instantiation per panel layout.
 //
 // For each 32-element piece the kernel unpacks 16 rows' weights once and reuses
 // them for a tile of 6 to 10 tokens (panel_tile_tokens), or, for the plain 4-bit
@@ -11,20 +11,14 @@
 // runs in: results are batch-invariant.
 #pragma once
 
-#include "quants/quants.h"
+#include "kernels/kernels.h"
 
 #include <algorithm>
 #include <cstring>
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
-#define LLMD_PACKED 1
-#endif
 
 namespace llmd {
 namespace {
-
-#ifdef LLMD_PACKED
 
 // 16 rows' scales (or mins): set h of a piece's scale area, f16 or f32.
 template <const PanelLayout &L> inline __m512 panel_floats(const uint8_t *p, int h) {
@@ -369,13 +363,10 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
     }
 }
 
-template <const PanelLayout &L> constexpr PanelFn panel_kernel() { return panel_matmul<L>; }
-
-#else
-
-template <const PanelLayout &L> constexpr PanelFn panel_kernel() { return nullptr; }
-
-#endif
+// The kernel of each layout, for set_panels (kernels.h).
+template <const PanelLayout &L> struct PanelsAvx512 {
+    static constexpr PanelFn matmul = panel_matmul<L>;
+};
 
 } // namespace
 } // namespace llmd

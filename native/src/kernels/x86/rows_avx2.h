@@ -1,7 +1,8 @@
-// quants_avx2.h — the fast row dot products of AVX2 builds (with VNNI where the
-// CPU has it), for the traits table in quants.cpp. Each is checked against its
-// type's scalar reference by tests/test_kernels.py (the row kernels, fast == 2);
-// .ci/avx2 runs those tests on a build for x86-64-v3, AVX2 without AVX-512.
+// rows_avx2.h — the row dot products of the x86 variants (kernels.h), in 256-bit
+// registers: AVX2 multiplies bytes through vpmaddubsw, the avx-vnni and avx512
+// variants (built with those instructions) through vpdpbusd. Each is checked against
+// its type's scalar reference by tests/test_kernels.py (the row kernels, packed off)
+// in every variant this CPU runs.
 //
 // Every type unpacks its blocks in vector registers: nibbles by mask and shift,
 // the fifth bits of Q5_0/Q5_1 spread from their word by a byte shuffle, the codes
@@ -11,24 +12,20 @@
 // token's result does not depend on the batch it is in.
 #pragma once
 
-#include "quants/quants.h"
+#include "kernels/kernels.h"
 
 #include <cstring>
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
-#define LLMD_AVX2 1
-#endif
 
 namespace llmd {
 namespace {
-
-#ifdef LLMD_AVX2
 
 // Sum of u8 × s8 products in groups of four, as 8 int32 lanes.
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
@@ -395,27 +392,25 @@ float dot_bf16_avx2(const uint8_t *row, const float *x, const BlockQ8A *, int64_
     return r;
 }
 
-constexpr DotFn fast_dot_q4_0 = dot_q4_0_avx2, fast_dot_q4_1 = dot_q4_1_avx2, fast_dot_q5_0 = dot_q5_0_avx2,
-                fast_dot_q5_1 = dot_q5_1_avx2, fast_dot_q8_0 = dot_q8_0_avx2;
-template <const int8_t (&Table)[16]> constexpr DotFn fast_dot_iq4_nl = dot_iq4_nl_avx2<Table>;
-template <const int8_t (&Table)[16]> constexpr DotFn fast_dot_mxfp4 = dot_mxfp4_avx2<Table>;
-constexpr DotFn fast_dot_q2_k = dot_q2_k_avx2, fast_dot_q3_k = dot_q3_k_avx2, fast_dot_q4_k = dot_q4_5_k_avx2<false>,
-                fast_dot_q5_k = dot_q4_5_k_avx2<true>, fast_dot_q6_k = dot_q6_k_avx2;
-template <const int8_t (&Table)[16]> constexpr DotFn fast_dot_iq4_xs = dot_iq4_xs_avx2<Table>;
-constexpr DotFn fast_dot_f32 = dot_f32_avx2, fast_dot_f16 = dot_f16_avx2, fast_dot_bf16 = dot_bf16_avx2;
-
-#else // portable build: the traits table uses the references
-
-constexpr DotFn fast_dot_q4_0 = nullptr, fast_dot_q4_1 = nullptr, fast_dot_q5_0 = nullptr, fast_dot_q5_1 = nullptr,
-                fast_dot_q8_0 = nullptr;
-template <const int8_t (&)[16]> constexpr DotFn fast_dot_iq4_nl = nullptr;
-template <const int8_t (&)[16]> constexpr DotFn fast_dot_mxfp4 = nullptr;
-constexpr DotFn fast_dot_q2_k = nullptr, fast_dot_q3_k = nullptr, fast_dot_q4_k = nullptr, fast_dot_q5_k = nullptr,
-                fast_dot_q6_k = nullptr;
-template <const int8_t (&)[16]> constexpr DotFn fast_dot_iq4_xs = nullptr;
-constexpr DotFn fast_dot_f32 = nullptr, fast_dot_f16 = nullptr, fast_dot_bf16 = nullptr;
-
-#endif
+// The row dots into a variant's table.
+void set_row_dots(Kernels &k) {
+    k.dot[GGML_F32] = dot_f32_avx2;
+    k.dot[GGML_F16] = dot_f16_avx2;
+    k.dot[GGML_BF16] = dot_bf16_avx2;
+    k.dot[GGML_Q4_0] = dot_q4_0_avx2;
+    k.dot[GGML_Q4_1] = dot_q4_1_avx2;
+    k.dot[GGML_Q5_0] = dot_q5_0_avx2;
+    k.dot[GGML_Q5_1] = dot_q5_1_avx2;
+    k.dot[GGML_Q8_0] = dot_q8_0_avx2;
+    k.dot[GGML_IQ4_NL] = dot_iq4_nl_avx2<kIQ4NL>;
+    k.dot[GGML_MXFP4] = dot_mxfp4_avx2<kFP4>;
+    k.dot[GGML_Q2_K] = dot_q2_k_avx2;
+    k.dot[GGML_Q3_K] = dot_q3_k_avx2;
+    k.dot[GGML_Q4_K] = dot_q4_5_k_avx2<false>;
+    k.dot[GGML_Q5_K] = dot_q4_5_k_avx2<true>;
+    k.dot[GGML_Q6_K] = dot_q6_k_avx2;
+    k.dot[GGML_IQ4_XS] = dot_iq4_xs_avx2<kIQ4NL>;
+}
 
 } // namespace
 } // namespace llmd

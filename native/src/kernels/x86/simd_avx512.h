@@ -1,10 +1,10 @@
-// simd.h — small vector math shared by the AVX-512 kernels.
+// simd_avx512.h — small vector math shared by the avx512 variant's kernels.
 #pragma once
 
-#if defined(__AVX512F__)
 #include <immintrin.h>
 
 namespace llmd {
+namespace {
 
 // e^x for x <= 88: 2^n * e^r with |r| <= ln2 / 2 and a degree-7 Taylor polynomial
 // (relative error below 1e-7); 0 below -87.
@@ -20,5 +20,5 @@ inline __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+} // namespace
 } // namespace llmd
-#endif

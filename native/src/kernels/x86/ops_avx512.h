@@ -1,0 +1,98 @@
+// ops_avx512.h — the avx512 variant's vector operations (kernels.h): activation
+// quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
+// DeltaNet step, 16 lanes at a time.
+#pragma once
+
+#include "kernels/kernels.h"
+#include "kernels/x86/simd_avx512.h"
+
+#include <cmath>
+#include <immintrin.h>
+
+namespace llmd {
+namespace {
+
+// quantize_q8a_ref's arithmetic 16 lanes at a time: the conversion rounds to nearest
+// even like nearbyint, and a max is exact in any order, so the blocks are bit for bit
+// the reference's.
+void quantize_q8a_avx512(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
+    for (int64_t g = 0; g < n; g += group) {
+        __m512 m = _mm512_setzero_ps();
+        for (int64_t i = g; i < g + group; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+        const float d = _mm512_reduce_max_ps(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t b = g / QK; b < (g + group) / QK; ++b) {
+            const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * QK), _mm512_set1_ps(id)));
+            const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * QK + 16), _mm512_set1_ps(id)));
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(y[b].qs), _mm512_cvtsepi32_epi8(qlo));
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(y[b].qs + 16), _mm512_cvtsepi32_epi8(qhi));
+            y[b].sum_lo = _mm512_reduce_add_epi32(qlo);
+            y[b].sum = y[b].sum_lo + _mm512_reduce_add_epi32(qhi);
+            y[b].d = d;
+            y[b].s = d * static_cast<float>(y[b].sum);
+        }
+    }
+}
+
+// Both activations are g · sigmoid(z): z = g for SiLU, and for GELU, since
+// (1 + tanh(u)) / 2 = sigmoid(2u), z = 2u = 2√(2/π) (g + 0.044715 g³). One exp and
+// one division per element, and no cancellation near 0 as 1 + tanh would have.
+void glu_avx512(bool gelu, float *gate, const float *up, int64_t n) {
+    constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
+    const __m512 one = _mm512_set1_ps(1.0f), k2 = _mm512_set1_ps(-2.0f * kGeluK), c = _mm512_set1_ps(kGeluC);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + i);
+        const __m512 minus_z = gelu ? _mm512_mul_ps(_mm512_mul_ps(k2, g), _mm512_fmadd_ps(_mm512_mul_ps(c, g), g, one))
+                                    : _mm512_sub_ps(_mm512_setzero_ps(), g);
+        const __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp512(minus_z)));
+        _mm512_storeu_ps(gate + i, _mm512_mul_ps(act, _mm512_loadu_ps(up + i)));
+    }
+    glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
+}
+
+double sum_squares_avx512(const float *x, int n) {
+    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()}; // two chains hide the add latency
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int h = 0; h < 2; ++h) {
+            const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8 * h));
+            acc[h] = _mm512_fmadd_pd(v, v, acc[h]);
+        }
+    double ss = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
+    for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    return ss;
+}
+
+void to_f16_avx512(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    to_f16_ref(x + i, y + i, n - i);
+}
+
+void delta_step_avx512(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
+                       float scale, float *out) {
+    if (hd % 16 != 0) return delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
+    const __m512 vdecay = _mm512_set1_ps(decay);
+    for (int j = 0; j < hd; ++j) {
+        float *row = m + static_cast<size_t>(j) * hd;
+        __m512 mk = _mm512_setzero_ps();
+        for (int i = 0; i < hd; i += 16) {
+            const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + i), vdecay);
+            _mm512_storeu_ps(row + i, r);
+            mk = _mm512_fmadd_ps(r, _mm512_loadu_ps(k + i), mk);
+        }
+        const __m512 delta = _mm512_set1_ps((v[j] - _mm512_reduce_add_ps(mk)) * beta);
+        __m512 mq = _mm512_setzero_ps();
+        for (int i = 0; i < hd; i += 16) {
+            const __m512 r = _mm512_fmadd_ps(delta, _mm512_loadu_ps(k + i), _mm512_loadu_ps(row + i));
+            _mm512_storeu_ps(row + i, r);
+            mq = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), mq);
+        }
+        out[j] = _mm512_reduce_add_ps(mq) * scale;
+    }
+}
+
+} // namespace
+} // namespace llmd
