@@ -85,9 +85,3 @@ def test_every_quantize_type_is_on_the_page():
     for name in re.findall(r"[A-Z0-9_]+", types):
         assert f"`{name}`" in section, name
 
-
-def test_the_readme_test_command_is_the_one_ci_runs():
-    root = PAGE.parents[1]
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    command = next(line for line in readme.splitlines() if line.startswith("pip install -e '.[test]'"))
-    assert command in (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
