@@ -27,8 +27,11 @@ terms of types with additive mins, which the kernels form separately):
 from __future__ import annotations
 
 import math
+import os
 import random
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -469,3 +472,32 @@ def test_fast_glu_matches_reference_and_the_python_formula(gelu):
         got = kernel_glu(gelu, gate, up, kernels)
         worst = max(abs(x - e) / max(abs(g * u), 1e-30) for x, e, g, u in zip(got, expected, gate, up))
         assert worst < 2e-7, (kernels, worst)
+
+
+# ---- choosing the variant ------------------------------------------------------------------
+
+def open_with_kernels(model_path: str, kernels: str) -> subprocess.CompletedProcess:
+    """An engine opened in a process of its own (the choice is made once per process)
+    with LLMD_KERNELS set: prints the variant it runs, or the error."""
+    code = ("import sys\nfrom llmd.engine import Engine, EngineError\n"
+            "try:\n    e = Engine(sys.argv[1], n_threads=1, max_sessions=1)\n"
+            "except EngineError as exc:\n    print('error:', exc)\nelse:\n    print(e.info.kernels)\n    e.close()\n")
+    return subprocess.run([sys.executable, "-c", code, model_path], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LLMD_KERNELS": kernels}, check=True)
+
+
+def test_the_engine_runs_the_fastest_variant_the_cpu_runs_unless_llmd_kernels_names_one(tiny_model):
+    default = open_with_kernels(tiny_model.path, "").stdout.strip()
+    assert default == VARIANTS[-1]
+    for name in VARIANTS:
+        assert open_with_kernels(tiny_model.path, name).stdout.strip() == name
+
+
+def test_llmd_kernels_naming_a_variant_the_cpu_or_build_lacks_is_refused_with_what_it_runs(tiny_model):
+    refused = open_with_kernels(tiny_model.path, "no-such-variant").stdout
+    assert "LLMD_KERNELS=no-such-variant: no kernel variant no-such-variant in this build" in refused
+    assert "this CPU runs: " + ", ".join(VARIANTS) in refused
+    lacking = [v.name for v in kernel_variants() if not v.runs]
+    if lacking:
+        refused = open_with_kernels(tiny_model.path, lacking[0]).stdout
+        assert f"this CPU lacks the instructions of kernel variant {lacking[0]}" in refused
