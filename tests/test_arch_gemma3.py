@@ -14,7 +14,7 @@ import pytest
 from llmd.engine import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.gguf_writer import GGML_Q8_0, build_tiny_gemma3
+from tests.gguf_writer import ARRAY, I32, GGML_Q8_0, build_tiny_gemma3
 from tests.llama_cpp_golden import golden_tests
 from tests.test_arch import assert_decode_batch_equals_decode_one
 
@@ -94,6 +94,19 @@ def test_sliding_window_layers_keep_a_ring_and_capacity_counts_it(engine):
     assert info.bytes_per_session == info.kv_bytes_per_token * N_CTX + info.kv_ring_bytes + info.n_vocab * 4
     sessions, per_session = engine.capacity(10 * info.bytes_per_session)
     assert (sessions, per_session) == (10, info.bytes_per_session)
+
+
+def test_a_per_layer_window_pattern_reads_as_bools_or_integers(tmp_path):
+    """llama.cpp's own writer (test-llama-archs) gives the pattern as int32 per layer:
+    it means what the same bools mean."""
+    flags = [True, False, True, False, True, True]
+    as_bools = build_tiny_gemma3(pattern=flags).write(tmp_path / "b.gguf")
+    w = build_tiny_gemma3(pattern=flags)
+    w.set("gemma3.attention.sliding_window_pattern", ARRAY, (I32, [int(f) for f in flags]))
+    as_ints = w.write(tmp_path / "i.gguf")
+    with Engine(str(as_bools), n_threads=1, max_sessions=1) as a, Engine(str(as_ints), n_threads=1, max_sessions=1) as b:
+        assert (a.info.kv_bytes_per_token, a.info.kv_ring_bytes) == (b.info.kv_bytes_per_token, b.info.kv_ring_bytes)
+        assert a.info.kv_ring_bytes > 0 and a.info.kv_bytes_per_token > 0  # both kinds of layer are there
 
 
 def test_a_long_context_needs_less_than_full_attention_memory(models):

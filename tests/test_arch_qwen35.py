@@ -21,7 +21,7 @@ from llmd._native import ffi, lib
 from llmd.engine import Engine, EngineError, kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.gguf_writer import ARRAY, BOOL, GGML_Q8_0, build_tiny_qwen35
+from tests.gguf_writer import ARRAY, BOOL, GGML_Q8_0, I32, U8, build_tiny_qwen35
 from tests.llama_cpp_golden import golden_tests
 from tests.test_arch import (
     GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT,
@@ -154,13 +154,21 @@ def test_inconsistent_deltanet_dimensions_are_refused(tmp_path):
 def test_a_recurrent_layer_list_must_cover_every_layer(tmp_path):
     w = build_tiny_qwen35()
     w.set("qwen35.attention.recurrent_layers", ARRAY, (BOOL, [True, True]))
-    assert "attention.recurrent_layers must be one bool per layer" in open_error(w.write(tmp_path / "r.gguf"))
+    assert "attention.recurrent_layers must be one bool or integer per layer" in open_error(w.write(tmp_path / "r.gguf"))
+    w.set("qwen35.attention.recurrent_layers", U8, 1)
+    assert "attention.recurrent_layers must be one bool or integer per layer" in open_error(w.write(tmp_path / "s.gguf"))
 
 
-def test_the_recurrent_layer_list_overrides_the_interval(tmp_path):
+@pytest.mark.parametrize("element", [BOOL, I32, U8], ids=["bools", "int32", "uint8"])
+def test_the_recurrent_layer_list_overrides_the_interval_as_bools_or_integers(tmp_path, element):
+    """llama.cpp's writers give per-layer flags as bools or as integers (test-llama-archs
+    writes int32): both read alike."""
     w = build_tiny_qwen35()  # layer 3 attends; saying it is a DeltaNet layer leaves its tensors unbound
-    w.set("qwen35.attention.recurrent_layers", ARRAY, (BOOL, [True, True, True, True]))
+    w.set("qwen35.attention.recurrent_layers", ARRAY, (element, [1, 1, 1, 1] if element != BOOL else [True] * 4))
     assert "lacks tensor blk.3.attn_qkv.weight" in open_error(w.write(tmp_path / "r.gguf"))
+    w.set("qwen35.attention.recurrent_layers", ARRAY, (element, [1, 1, 1, 0] if element != BOOL else [True] * 3 + [False]))
+    with Engine(w.write(tmp_path / "ok.gguf"), n_threads=1, max_sessions=1) as e:
+        assert e.info.n_recurrent_layers == 3
 
 
 def test_rope_sections_are_required(tmp_path):

@@ -14,17 +14,13 @@ namespace llmd {
 namespace {
 
 // Which layers use the sliding window: the file gives a period n (layer l is local
-// unless l % n == n - 1, and n = 0 makes every layer local) or one bool per layer.
+// unless l % n == n - 1, and n = 0 makes every layer local) or a flag per layer.
 bool read_pattern(Binder &b, HParams &hp) {
     const std::string key = b.prefix + "attention.sliding_window_pattern";
-    const GGUFKV *kv = b.file.find(key);
-    std::vector<bool> local(hp.n_layer);
-    if (kv != nullptr && kv->type == GGUF_ARRAY) {
-        if (kv->arr_type != GGUF_BOOL || kv->arr_count != static_cast<uint64_t>(hp.n_layer))
-            return b.fail("model metadata " + key + " must be one bool per layer");
-        for (int l = 0; l < hp.n_layer; ++l) local[l] = kv->arr_data[l] != 0;
-    } else {
+    std::vector<bool> local;
+    if (!b.layer_flags(key, hp.n_layer, &local)) {
         const int period = b.get_int(key, 6, false);
+        local.resize(hp.n_layer);
         for (int l = 0; l < hp.n_layer; ++l) local[l] = period == 0 || l % period < period - 1;
     }
     const int window = b.get_int(b.prefix + "attention.sliding_window", 0, true);

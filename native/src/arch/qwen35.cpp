@@ -19,13 +19,10 @@ namespace {
 // Which layers are DeltaNet layers, as llama.cpp reads it.
 bool read_recurrent_layers(Binder &b, const HParams &hp, std::vector<bool> *recurrent) {
     const std::string key = b.prefix + "attention.recurrent_layers";
+    if (b.layer_flags(key, hp.n_layer, recurrent)) return true;
+    if (b.file.find(key) != nullptr) // a scalar (a bad array has failed already)
+        return b.fail("model metadata " + key + " must be one bool or integer per layer");
     recurrent->assign(hp.n_layer, false);
-    if (const GGUFKV *kv = b.file.find(key)) {
-        if (kv->type != GGUF_ARRAY || kv->arr_type != GGUF_BOOL || kv->arr_count != static_cast<uint64_t>(hp.n_layer))
-            return b.fail("model metadata " + key + " must be one bool per layer");
-        for (int l = 0; l < hp.n_layer; ++l) (*recurrent)[l] = kv->arr_data[l] != 0;
-        return true;
-    }
     const int interval = b.get_int(b.prefix + "full_attention_interval", 4, false);
     if (interval < 1) return b.fail("model metadata " + b.prefix + "full_attention_interval must be positive");
     for (int l = 0; l < hp.n_layer; ++l) (*recurrent)[l] = (l + 1) % interval != 0;

@@ -74,6 +74,28 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
     return most;
 }
 
+bool Binder::layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags) {
+    const GGUFKV *kv = file.find(key);
+    if (kv == nullptr || kv->type != GGUF_ARRAY) return false;
+    size_t width = 0;
+    switch (kv->arr_type) {
+    case GGUF_BOOL: case GGUF_U8: case GGUF_I8: width = 1; break;
+    case GGUF_U16: case GGUF_I16: width = 2; break;
+    case GGUF_U32: case GGUF_I32: width = 4; break;
+    case GGUF_U64: case GGUF_I64: width = 8; break;
+    default: break;
+    }
+    if (width == 0 || kv->arr_count != static_cast<uint64_t>(n_layer))
+        return fail("model metadata " + key + " must be one bool or integer per layer");
+    flags->assign(n_layer, false);
+    for (int l = 0; l < n_layer; ++l) {
+        uint64_t v = 0;
+        std::memcpy(&v, kv->arr_data + width * l, width); // little-endian, as GGUF is
+        (*flags)[l] = v != 0;
+    }
+    return true;
+}
+
 float Binder::get_float(const std::string &key, float fallback) {
     double v = fallback;
     std::string err;

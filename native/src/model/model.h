@@ -172,6 +172,10 @@ struct Binder {
     // A count the file gives once or per layer (an array of n_layer): *values per layer,
     // returning the common non-zero value (layers that have any must agree).
     int per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values);
+    // A flag the file gives per layer: an array of n_layer bools or integers of any
+    // width (nonzero: set), both forms llama.cpp's writers use. False when the key is
+    // absent or a scalar (the caller's rule applies); fails on another shape.
+    bool layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags);
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
