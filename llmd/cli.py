@@ -18,8 +18,10 @@ import socket
 import sys
 import time
 
-from llmd import logs, models
-from llmd.prefill import SCOPES
+from llmd import logs
+
+from llmd.engine import fetch
+from llmd.serving.prefill import SCOPES
 
 log = logging.getLogger("llmd")
 
@@ -210,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quantize_mixes() -> list[str]:
-    from llmd.quantize import MIXES
+    from llmd.commands.quantize import MIXES
     return list(MIXES)
 
 
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "pull":
-            print(models.default_model(progress=not args.quiet))
+            print(fetch.default_model(progress=not args.quiet))
             return 0
         if args.command == "tokenize":
             return cmd_tokenize(args)
@@ -230,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "quantize":
             return cmd_quantize(args)
         if args.command == "bench":
-            from llmd import bench
+            from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
                              args.shared_prompt)
         return cmd_serve(args)
-    except models.ModelError as exc:
+    except fetch.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)
         return 2
 
@@ -242,20 +244,20 @@ def main(argv: list[str] | None = None) -> int:
 def _open_engine(args, *, generate: bool):
     """The engine for a command; a file it cannot open (or, when the command
     generates, one without weights) is a ModelError naming the problem."""
-    from llmd.engine import Engine, EngineError
-    path = models.resolve_model(args.model)
+    from llmd.engine.native import Engine, EngineError
+    path = fetch.resolve_model(args.model)
     try:
         engine = Engine(str(path), n_threads=args.threads, n_ctx=args.ctx, max_sessions=1)
     except EngineError as exc:
-        raise models.ModelError(f"{path}: {exc}") from exc
+        raise fetch.ModelError(f"{path}: {exc}") from exc
     if generate and engine.info.vocab_only:
         engine.close()
-        raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized, not run")
+        raise fetch.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized, not run")
     return engine
 
 
 def cmd_quantize(args) -> int:
-    from llmd.quantize import QuantizeError, quantize_file
+    from llmd.commands.quantize import QuantizeError, quantize_file
     try:
         quantize_file(args.input, args.output, args.type, n_threads=args.threads,
                       allow_requantize=args.allow_requantize)
@@ -318,15 +320,16 @@ def cmd_serve(args) -> int:
 
 
 async def serve(args) -> None:
-    from llmd import chat, errors
-    from llmd.access import AccessPolicy, Guard, exposure_warning
-    from llmd.api import Api, App, Options
-    from llmd.engine import EngineError
-    from llmd.http import Limits
-    from llmd.metrics import ServerMetrics
-    from llmd.runtime import Runtime
-    from llmd.server import HttpServer
-    from llmd.sessions import SessionTable
+    from llmd.prompt import templates
+    from llmd import errors
+    from llmd.api.access import AccessPolicy, Guard, exposure_warning
+    from llmd.api.routes import Api, App, Options
+    from llmd.engine.native import EngineError
+    from llmd.http.parser import Limits
+    from llmd.serving.metrics import ServerMetrics
+    from llmd.serving.runtime import Runtime
+    from llmd.http.server import HttpServer
+    from llmd.serving.sessions import SessionTable
 
     app = App()
     limits = Limits(max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
@@ -359,37 +362,37 @@ async def serve(args) -> None:
 
     runtime = Runtime(ServerMetrics(), warm_resume=not args.no_warm_resume)
     try:
-        path = await asyncio.to_thread(models.resolve_model, args.model)
+        path = await asyncio.to_thread(fetch.resolve_model, args.model)
         started = time.perf_counter()
-        await asyncio.to_thread(models.preload, path)
+        await asyncio.to_thread(fetch.preload, path)
         engine = await runtime.load(str(path), n_threads=args.threads, n_ctx=args.ctx,
                                     max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget,
                                     prefix_cache_bytes=args.prefix_cache_size)
         if engine.info.vocab_only:
-            raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized "
+            raise fetch.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized "
                                     "(`python -m llmd tokenize --model FILE TEXT`), not served")
         load_seconds = time.perf_counter() - started
         runtime.metrics.model_load.set(load_seconds)
-    except (models.ModelError, EngineError) as exc:
+    except (fetch.ModelError, EngineError) as exc:
         log.error("cannot load the model: %s", exc)
         await server.close()
         await runtime.close()
         raise SystemExit(2)
     info = engine.info
     try:  # the vocab is asked which template strings are control tokens: engine calls
-        template = await runtime.call(chat.load_template, info.chat_template, args.chat_template, engine)
-    except chat.ChatTemplateError as exc:
+        template = await runtime.call(templates.load_template, info.chat_template, args.chat_template, engine)
+    except templates.ChatTemplateError as exc:
         if args.chat_template:
             log.error("%s", exc)
             await server.close()
             await runtime.close()
             raise SystemExit(2)
         log.warning("%s; /v1/chat/completions is disabled", exc)
-        template = chat.Unavailable(str(exc))
-    if isinstance(template, chat.JinjaTemplate) and (missing := template.template.unsupported()):
+        template = templates.Unavailable(str(exc))
+    if isinstance(template, templates.JinjaTemplate) and (missing := template.template.unsupported()):
         log.warning("the chat template uses %s, which llmd's template interpreter does not support; "
                     "conversations that reach it are refused", ", ".join(missing))
-    model_id = models.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
+    model_id = fetch.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
     store = await open_session_store(args, engine, str(path)) if args.session_dir else None
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
                          scratch_reuse=args.scratch_reuse, store=store)
@@ -419,7 +422,7 @@ async def open_session_store(args, engine, model_path: str):
     """The --session-dir store, its files listed; None (in-memory sessions, with a
     warning) if the directory cannot be created or listed."""
     from llmd import _native
-    from llmd.session_store import SessionStore, model_fingerprint
+    from llmd.serving.session_store import SessionStore, model_fingerprint
     header_bytes, file_bytes = engine.file_layout()
     try:
         fingerprint = await asyncio.to_thread(model_fingerprint, model_path, header_bytes, file_bytes,

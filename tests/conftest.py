@@ -99,8 +99,8 @@ def openai_server():
 @pytest.fixture(scope="session")
 def default_engine():
     """The default model, opened once; its absence is an error (run `python -m llmd pull`)."""
-    from llmd import models
-    from llmd.engine import Engine
+    from llmd.engine import fetch
+    from llmd.engine.native import Engine
 
-    with Engine(str(models.default_model(fetch=False)), n_ctx=2048, max_sessions=8) as engine:
+    with Engine(str(fetch.default_model(fetch=False)), n_ctx=2048, max_sessions=8) as engine:
         yield engine

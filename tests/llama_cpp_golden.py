@@ -10,7 +10,7 @@ from typing import Callable
 
 import pytest
 
-from llmd.engine import Engine
+from llmd.engine.native import Engine
 from tests.gguf_writer import GGML_F32, GGUFWriter
 
 NEAR_TIE = 0.05

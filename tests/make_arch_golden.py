@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from llmd.engine import Engine
+from llmd.engine.native import Engine
 
 GREEDY_SOURCE = r"""
 #include "llama.h"

@@ -7,7 +7,7 @@ The environment is the one transformers gives chat templates (ImmutableSandboxed
 trim_blocks, lstrip_blocks, loopcontrols, tojson = json.dumps with ensure_ascii False,
 raise_exception, strftime_now, the {% generation %} block). For each rendering the file
 keeps its sha256 and length, or the error Jinja2 raised; tests/test_jinja.py renders the
-same with llmd.jinja and compares.
+same with llmd.prompt.jinja and compares.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The conversations every reference chat template is rendered with, shared by the golden
 generator (tests/make_template_goldens.py, run with jinja2) and tests/test_jinja.py.
 
-Values are what llmd hands a template (llmd.chat normalises OpenAI messages to this):
+Values are what llmd hands a template (llmd.prompt.templates normalises OpenAI messages to this):
 string content, tool-call arguments as objects, `tools` None when absent. The clock
 `strftime_now` reads is fixed at NOW.
 """

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from llmd.access import AccessPolicy, exposure_warning, is_loopback
+from llmd.api.access import AccessPolicy, exposure_warning, is_loopback
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
 

@@ -21,7 +21,7 @@ import contextlib
 
 import pytest
 
-from llmd.engine import Engine
+from llmd.engine.native import Engine
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmd.engine import Engine, EngineError
+from llmd.engine.native import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import GGML_Q8_0, build_tiny_gemma3

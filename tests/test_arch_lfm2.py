@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from llmd._native import lib
-from llmd.engine import Engine, EngineError
+from llmd.engine.native import Engine, EngineError
 from tests.conftest import running_llmd
 from tests.gguf_writer import ARRAY, GGML_Q8_0, I32, build_tiny_lfm2, build_tiny_llama
 from tests.llama_cpp_golden import golden_tests

@@ -18,7 +18,7 @@ import re
 import pytest
 
 from llmd._native import ffi, lib
-from llmd.engine import Engine, EngineError, kernel_variants
+from llmd.engine.native import Engine, EngineError, kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import ARRAY, BOOL, GGML_Q8_0, build_tiny_qwen35

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmd.engine import Engine
+from llmd.engine.native import Engine
 from tests.gguf_writer import GGML_Q8_0, build_tiny_qwen3moe
 from tests.llama_cpp_golden import golden_tests
 from tests.test_arch import assert_decode_batch_equals_decode_one
@@ -129,7 +129,7 @@ def test_qwen3moe_adds_its_shared_expert_when_the_file_has_one(tmp_path, ids):
 
 
 def test_qwen2moe_without_a_shared_expert_is_refused(tmp_path):
-    from llmd.engine import EngineError
+    from llmd.engine.native import EngineError
     w = build_tiny_qwen3moe(n_ctx=N_CTX, arch="qwen2moe")
     for t in [t for t in w.tensors if "_shexp." in t.name]:
         w.remove_tensor(t.name)
@@ -138,7 +138,7 @@ def test_qwen2moe_without_a_shared_expert_is_refused(tmp_path):
 
 
 def test_wrong_expert_counts_are_refused(tmp_path):
-    from llmd.engine import EngineError
+    from llmd.engine.native import EngineError
     from tests.gguf_writer import U32
     w = build_tiny_qwen3moe(n_ctx=N_CTX)
     w.set("qwen3moe.expert_used_count", U32, 9)

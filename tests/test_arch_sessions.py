@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmd.engine import Engine
+from llmd.engine.native import Engine
 from tests.gguf_writer import build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
 from tests.test_arch_gemma3 import TEXT
 

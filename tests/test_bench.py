@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmd import bench
-from llmd.engine import Engine
+from llmd.commands import bench
+from llmd.engine.native import Engine
 from tests.gguf_writer import write_tiny_llama
 
 

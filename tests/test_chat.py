@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llmd import jinja
-from llmd.chat import (TEMPLATE_NAMES, ChatTemplate, ChatTemplateError, JinjaTemplate, Prompt,
+from llmd.prompt import jinja
+from llmd.prompt.templates import (TEMPLATE_NAMES, ChatTemplate, ChatTemplateError, JinjaTemplate, Prompt,
                        UnsupportedToolsError, UnusedVariableError, detect_template, load_template, render_chat,
                        template_markers, tokenize_prompt, tool_format)
 
@@ -299,7 +299,7 @@ def test_interpreted_assistant_content_written_unchanged_is_its_replys_part():
 def test_interpreted_template_receives_openai_shaped_tools_and_calls_with_object_arguments():
     template = _interpreted("{{ tools | tojson }}|{% for m in messages %}{{ m.tool_calls | default('') | tojson }}"
                             "{{ m.tool_call_id }}{% endfor %}", ())
-    call = {"id": "c1", "name": "f", "arguments": '{"a": 1}'}  # llmd.openai's flat record
+    call = {"id": "c1", "name": "f", "arguments": '{"a": 1}'}  # llmd.api.validation's flat record
     prompt = render_chat(template, [{"role": "assistant", "content": None, "tool_calls": [call]},
                                     {"role": "tool", "content": "r", "tool_call_id": "c1"}],
                          tools=[{"name": "f", "description": None, "parameters": {"type": "object"}}])
@@ -317,7 +317,7 @@ def test_interpreted_template_refusal_and_failure_are_chat_template_errors():
 
 
 class _Vocab:
-    """The slice of llmd.engine.Engine that load_template uses, over a fixed token list."""
+    """The slice of llmd.engine.native.Engine that load_template uses, over a fixed token list."""
 
     def __init__(self, tokens: list[str], controls: set[str]):
         self.tokens, self.controls = tokens, controls
@@ -363,7 +363,7 @@ def test_load_template_explains_what_cannot_be_served(model_template, override, 
 
 
 def test_tiny_models_template_is_interpreted_with_markers_from_its_vocab(tiny_model):
-    from llmd.engine import Engine
+    from llmd.engine.native import Engine
     with Engine(str(tiny_model.path)) as engine:
         template = load_template(engine.info.chat_template, None, engine)
         assert isinstance(template, JinjaTemplate)
@@ -434,7 +434,7 @@ def test_phi4_template_is_read_as_phi4_and_renders_its_tools_and_calls():
 
 
 def test_mistral_template_accepts_the_call_ids_llmd_generates_for_it():
-    from llmd.tools import new_mistral_call_id
+    from llmd.prompt.tool_calls import new_mistral_call_id
     from tests.reference_data import require
     template = JinjaTemplate(jinja.Template(
         require("models/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text("utf-8")))

@@ -1,4 +1,4 @@
-"""A rendered chat prompt as token ids (llmd.chat.tokenize_prompt over
+"""A rendered chat prompt as token ids (llmd.prompt.templates.tokenize_prompt over
 Engine.tokenize_marked): the whole prompt in one tokenizer call, as llama.cpp
 tokenizes it with special tokens parsed, except that control tokens match only in
 the template's own markers.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from llmd import chat
-from llmd.api import PromptIds
-from llmd.engine import Engine
+from llmd.prompt import templates
+from llmd.api.routes import PromptIds
+from llmd.engine.native import Engine
 from tests.gguf_writer import ARRAY, F32, I32, STRING, build_spm_vocab
 from tests.reference_data import require
 
@@ -36,13 +36,13 @@ def teardown_module() -> None:
     _engines.clear()
 
 
-def template_of(case: dict, e: Engine, tmp_path: Path) -> chat.JinjaTemplate | chat.ChatTemplate:
+def template_of(case: dict, e: Engine, tmp_path: Path) -> templates.JinjaTemplate | templates.ChatTemplate:
     if case["template"] is None:
         path = tmp_path / "llama2.jinja"
         path.write_text(GOLDENS["llama2_template"], "utf-8")
     else:
         path = require(f"models/templates/{case['template']}")
-    return chat.load_template(None, str(path), e)
+    return templates.load_template(None, str(path), e)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDENS["cases"]))
@@ -51,9 +51,9 @@ def test_rendered_chat_has_the_ids_llama_cpp_gives_the_same_text(name, tmp_path)
     e = engine(case["vocab"])
     tools = GOLDENS["tools_case"]["tools"] if name.endswith("+tools") else None
     messages = GOLDENS["tools_case"]["messages"] if tools else GOLDENS["conversation"]
-    prompt = chat.render_chat(template_of(case, e, tmp_path), messages, tools)
+    prompt = templates.render_chat(template_of(case, e, tmp_path), messages, tools)
     assert prompt.text == case["text"]
-    tokens = chat.tokenize_prompt(prompt, e.tokenize_marked)
+    tokens = templates.tokenize_prompt(prompt, e.tokenize_marked)
     assert tokens.ids == case["ids"]
     if case["template"] is None:
         # Llama 2 writes " " + reply: SentencePiece's "▁Sure" starts in the template's
@@ -74,12 +74,12 @@ def test_markers_a_user_types_stay_text_in_every_family(name, tmp_path):
     case = GOLDENS["cases"][name]
     e = engine(case["vocab"])
     template = template_of(case, e, tmp_path)
-    markers = {text for text, is_marker in chat.render_chat(template, GOLDENS["conversation"]).parts if is_marker}
+    markers = {text for text, is_marker in templates.render_chat(template, GOLDENS["conversation"]).parts if is_marker}
     typed = " ".join(sorted(markers)) + " [INST] <|im_start|>"
     conversation = [{"role": "user", "content": typed}, {"role": "assistant", "content": typed},
                     {"role": "user", "content": "x" + typed}]
-    prompt = chat.render_chat(template, conversation)
-    ids = chat.tokenize_prompt(prompt, e.tokenize_marked).ids
+    prompt = templates.render_chat(template, conversation)
+    ids = templates.tokenize_prompt(prompt, e.tokenize_marked).ids
     controls = [e.piece(i, special=True).decode() for i in ids if not e.piece(i) and e.piece(i, special=True)]
     assert controls == [text for text, is_marker in prompt.parts if is_marker]
     assert typed in e.detokenize(ids, special=True).decode()
@@ -110,7 +110,7 @@ def test_offsets_are_where_each_token_starts():
 
 def test_marker_ranges_must_be_sorted_and_inside_the_text():
     e = engine("llama-bpe")
-    from llmd.engine import EngineError
+    from llmd.engine.native import EngineError
     for ranges in ([(0, 99)], [(5, 3)], [(4, 6), (0, 2)]):
         with pytest.raises(EngineError, match="marker range"):
             e.tokenize_marked(b"hello world", ranges)
@@ -129,9 +129,9 @@ def test_inst_control_tokens_are_matched_only_where_the_template_writes_them(tmp
                         "[/INST]{% else %}{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}")
     with Engine(str(w.write(tmp_path / "mistral.gguf"))) as e:
         inst, end_inst = len(tokens), len(tokens) + 1
-        t = chat.load_template(None, str(template), e)
-        prompt = chat.render_chat(t, [{"role": "user", "content": "say [INST] hi [/INST]"}])
-        ids = chat.tokenize_prompt(prompt, e.tokenize_marked).ids
+        t = templates.load_template(None, str(template), e)
+        prompt = templates.render_chat(t, [{"role": "user", "content": "say [INST] hi [/INST]"}])
+        ids = templates.tokenize_prompt(prompt, e.tokenize_marked).ids
         assert ids.count(inst) == 1 and ids.count(end_inst) == 1
         assert ids[1] == inst and ids[-1] == end_inst
         # After the marker, SentencePiece's prefix space, then the template's own space.

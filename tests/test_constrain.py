@@ -5,12 +5,12 @@ import random
 
 import pytest
 
-from llmd import constrain
-from llmd.engine import grammar_match
+from llmd.structured import constrain
+from llmd.engine.native import grammar_match
 from llmd.errors import ApiError
-from llmd.grammar import compile_grammar
-from llmd.openai import parse_chat_request, parse_completion_request
-from llmd.tools import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG, parse_tool_calls
+from llmd.structured.grammar import compile_grammar
+from llmd.api.validation import parse_chat_request, parse_completion_request
+from llmd.prompt.tool_calls import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG, parse_tool_calls
 
 NO, PREFIX, MAY_END, COMPLETE = 0, 1, 2, 3
 USER = [{"role": "user", "content": "hi"}]
@@ -137,7 +137,7 @@ def test_malformed_schemas_and_non_object_parameters_are_invalid_values():
 
 
 def test_llama3_calls_are_constrained_in_llamas_own_json_reply():
-    from llmd.tools import LLAMA3_LAYOUT, JsonReplyCallStream, merge_tool_calls
+    from llmd.prompt.tool_calls import LLAMA3_LAYOUT, JsonReplyCallStream, merge_tool_calls
     req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER, TIME],
                                          "tool_choice": "required"}).encode())
     g = constrain.chat_grammar(req, LLAMA3_LAYOUT)
@@ -160,7 +160,7 @@ def test_llama3_calls_are_constrained_in_llamas_own_json_reply():
 
 
 def test_gpt_oss_calls_are_constrained_as_harmony_messages_to_the_function():
-    from llmd.harmony import CALL_LAYOUT
+    from llmd.prompt.harmony import CALL_LAYOUT
     auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
     g = constrain.chat_grammar(auto, CALL_LAYOUT)
     call = ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
@@ -178,11 +178,11 @@ def test_gpt_oss_calls_are_constrained_as_harmony_messages_to_the_function():
 def test_family_layouts_write_their_markers_as_text_or_as_control_tokens(layout_name, call):
     """Where the markers are plain text in the model, the call is these bytes (and, in
     parallel, the next call follows at once); where they are control tokens, the same
-    bytes are refused: only the token (llmd.grammar.token) can write a marker, and free
+    bytes are refused: only the token (llmd.structured.grammar.token) can write a marker, and free
     text under "auto" never spells one."""
-    from llmd import tools
-    from llmd.tools import call_stream, merge_tool_calls
-    layout = getattr(tools, layout_name)
+    from llmd.prompt import tool_calls
+    from llmd.prompt.tool_calls import call_stream, merge_tool_calls
+    layout = getattr(tool_calls, layout_name)
     req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER, TIME],
                                          "tool_choice": "required"}).encode())
     g = constrain.chat_grammar(req, layout)
@@ -209,9 +209,9 @@ def test_gemma_and_qwen3_coder_calls_are_constrained_in_their_own_layouts(layout
     """Each layout's call is accepted as the family writes it and read back by its parser;
     the Hermes block is not; with the markers as control tokens only the tokens write
     them, and under "auto" text may come first."""
-    from llmd import tools
-    from llmd.tools import FORMAT_MARKERS, call_stream, merge_tool_calls
-    layout = getattr(tools, layout_name)
+    from llmd.prompt import tool_calls
+    from llmd.prompt.tool_calls import FORMAT_MARKERS, call_stream, merge_tool_calls
+    layout = getattr(tool_calls, layout_name)
     req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER, TIME],
                                          "tool_choice": "required"}).encode())
     g = constrain.chat_grammar(req, layout)
@@ -239,9 +239,9 @@ def test_a_constrained_gemma_call_renders_back_into_the_prompt_as_it_was_written
     """Gemma 4's template writes a call's arguments sorted by name (ignoring case): the
     grammar writes them in that order, so the call the model made, sent back, renders
     into the next prompt byte for byte and the session's cache stays warm."""
-    from llmd import jinja
-    from llmd.chat import JinjaTemplate, render_chat
-    from llmd.tools import GEMMA4_LAYOUT, call_stream, merge_tool_calls
+    from llmd.prompt import jinja
+    from llmd.prompt.templates import JinjaTemplate, render_chat
+    from llmd.prompt.tool_calls import GEMMA4_LAYOUT, call_stream, merge_tool_calls
     from tests.reference_data import require
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
         "zeta": {"type": "string"}, "Alpha": {"type": "integer"}, "mid": {"type": "object", "properties": {

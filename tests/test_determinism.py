@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from llmd._native import ffi, lib
-from llmd.engine import Engine, Sampling, Session
+from llmd.engine.native import Engine, Sampling, Session
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import (GGML_BF16, GGML_F16, GGML_F32, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K,
@@ -93,9 +93,9 @@ def engines(request, tiny_llama_factory):
 @pytest.fixture(scope="module")
 def default_engines():
     """The default model with one and with two threads."""
-    from llmd import models
+    from llmd.engine import fetch
 
-    path = str(models.default_model(fetch=False))
+    path = str(fetch.default_model(fetch=False))
     opened = {n: Engine(path, n_threads=n, n_ctx=1024, max_sessions=8) for n in (1, 2)}
     yield opened
     for e in opened.values():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmd.embeddings import body, encode, input_ids, normalize
-from llmd.engine import Engine, EngineError
+from llmd.api.embeddings import body, encode, input_ids, normalize
+from llmd.engine.native import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.gguf_writer import BOOL, U32, TinyLlama, write_tiny_llama

@@ -1,4 +1,4 @@
-"""Sessions, sampling and the tokenizer through llmd.engine, on tiny random models.
+"""Sessions, sampling and the tokenizer through llmd.engine.native, on tiny random models.
 
 The models are random, so the tests check the engine against itself: the same
 inputs give the same ids, a batched step equals single steps, a truncated
@@ -12,7 +12,7 @@ import random
 import pytest
 
 from llmd._native import ffi, lib
-from llmd.engine import (
+from llmd.engine.native import (
     CapacityError, ContextFullError, Engine, EngineError, Sampling, Session, TokenError,
 )
 from tests.gguf_writer import (

@@ -1,4 +1,4 @@
-"""Constrained decoding in the engine (native/src/decode/grammar.cpp through llmd.engine), on the
+"""Constrained decoding in the engine (native/src/decode/grammar.cpp through llmd.engine.native), on the
 tiny random model: whatever the weights say, output follows the grammar; the fast paths
 (trie walk, greedy favourites first) agree with their references."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from llmd.engine import Engine, EngineError, Sampling
-from llmd.grammar import compile_grammar
-from llmd.jsonschema import SchemaCompiler
+from llmd.engine.native import Engine, EngineError, Sampling
+from llmd.structured.grammar import compile_grammar
+from llmd.structured.jsonschema import SchemaCompiler
 from tests.schema_validator import errors
 
 PROMPT = [72, 101, 108, 108, 111]
@@ -141,7 +141,7 @@ def test_a_control_token_terminal_allows_exactly_that_token_and_is_written(engin
     """A token edge: the control token <|im_start|> (no bytes) is allowed where the
     grammar names it and nowhere else, counts as one token of the budget, and the fast
     mask (trie walk plus token edges) equals the per-token reference."""
-    from llmd.grammar import lit, seq, token
+    from llmd.structured.grammar import lit, seq, token
     (control,) = engine.tokenize("<|im_start|>", special=True)
     (other,) = engine.tokenize("<|im_end|>", special=True)
     grammar = compile_grammar({"root": seq(lit("A"), token(control), lit("B"))}, "root")
@@ -163,7 +163,7 @@ def test_a_control_token_terminal_allows_exactly_that_token_and_is_written(engin
 
 
 def test_a_token_edge_must_name_a_control_token_that_is_not_end_of_generation(engine, tiny_model):
-    from llmd.grammar import seq, lit, token
+    from llmd.structured.grammar import seq, lit, token
     text_token = engine.tokenize("A")[0]
     with engine.new_session() as s:
         for bad in (text_token, tiny_model.eos_id, tiny_model.n_vocab):

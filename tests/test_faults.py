@@ -11,14 +11,14 @@ import time
 import pytest
 import pytest_asyncio
 
-from llmd import chat
+from llmd.prompt import templates
 from llmd._native import lib
-from llmd.api import Api, App, Options
-from llmd.engine import EngineError
-from llmd.metrics import ServerMetrics
-from llmd.runtime import Runtime
-from llmd.server import HttpServer
-from llmd.sessions import SessionTable
+from llmd.api.routes import Api, App, Options
+from llmd.engine.native import EngineError
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import Runtime
+from llmd.http.server import HttpServer
+from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
 from tests.test_limits import address, long_body, stalled_stream, wait_for
@@ -54,7 +54,7 @@ async def stack(tiny_model):
     table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
     await table.start()
     app = App()
-    app.api = Api(engine, runtime, table, chat.load_template(engine.info.chat_template, None, engine), Options(["model"]))
+    app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine), Options(["model"]))
     server = HttpServer(app)
     await server.start("127.0.0.1", 0)
     yield Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, fault

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from llmd.http import Body, EndOfMessage, Limits, ParseError, Request, RequestParser
+from llmd.http.parser import Body, EndOfMessage, Limits, ParseError, Request, RequestParser
 from tests.conftest import llmd_process
 from tests.test_http import merged
 from tests.test_limits import address

@@ -1,4 +1,4 @@
-"""The GGUF loader, through llmd.engine.Engine, on tiny files the tests write.
+"""The GGUF loader, through llmd.engine.native.Engine, on tiny files the tests write.
 
 Valid files must load with the info they declare. Broken and hostile files must
 fail with an EngineError whose message names the problem, and must never crash
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from llmd._native import lib
-from llmd.engine import CapacityError, Engine, EngineError
+from llmd.engine.native import CapacityError, Engine, EngineError
 from tests.gguf_writer import (
     ARRAY, BOOL, F32, F64, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_XS, GGML_Q2_K, GGML_Q3_K, GGML_Q4_0,
     GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, I8, I16, I32, I64, STRING,
@@ -46,7 +46,7 @@ _LOADER = textwrap.dedent("""
     if "libasan" not in open("/proc/self/maps").read():
         limit = 1 << 30
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    from llmd.engine import Engine, EngineError
+    from llmd.engine.native import Engine, EngineError
     probe = sys.argv[2] == "probe"
     for path in open(sys.argv[1]).read().splitlines():
         result = {"path": path}
@@ -612,7 +612,7 @@ def test_huge_block_count_fails_by_naming_the_missing_layer(tmp_path):
 
 _MANY_HEADS = textwrap.dedent("""
     import sys
-    from llmd.engine import Engine
+    from llmd.engine.native import Engine
     engine = Engine(sys.argv[1], n_threads=2, max_sessions=1)
     session = engine.new_session()
     session.prefill([5] * 256)  # 256 tokens x 256 heads = 65536 attention tasks

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from llmd.engine import Sampling
+from llmd.engine.native import Sampling
 
 DATA = pathlib.Path(__file__).parent / "data"
 MARGIN = 0.3  # below this top-1/top-2 log-prob margin a step is a near-tie: stop comparing there

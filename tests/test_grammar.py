@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from llmd import grammar
-from llmd.engine import EngineError, grammar_match
-from llmd.grammar import (
+from llmd.structured import grammar
+from llmd.engine.native import EngineError, grammar_match
+from llmd.structured.grammar import (
     EMPTY, GrammarError, GrammarTooLarge, Ref, alt, byte_range, compile_grammar, lit, one_of, opt,
     repeat, seq, star, text_without, token,
 )

@@ -4,9 +4,9 @@ import itertools
 
 import pytest
 
-from llmd.harmony import HarmonyStream
-from llmd.reasoning import ReasoningDelta
-from llmd.tools import ContentDelta, ToolCallDelta, merge_tool_calls
+from llmd.prompt.harmony import HarmonyStream
+from llmd.prompt.reasoning import ReasoningDelta
+from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta, merge_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -64,12 +64,13 @@ def test_reasoning_streams_before_the_message_ends():
 
 
 def test_chat_output_for_the_gpt_oss_template_splits_channels():
-    from llmd import chat, jinja
-    from llmd.api import Output
+    from llmd.prompt import templates
+    from llmd.prompt import jinja
+    from llmd.api.routes import Output
     from tests.reference_data import require
-    template = chat.JinjaTemplate(jinja.Template(require("models/templates/openai-gpt-oss-120b.jinja").read_text()))
-    assert chat.tool_format(template) == "harmony"
-    output = Output([], TOOLS, chat.reasoning_start(template, "<|start|>assistant"), chat.tool_format(template))
+    template = templates.JinjaTemplate(jinja.Template(require("models/templates/openai-gpt-oss-120b.jinja").read_text()))
+    assert templates.tool_format(template) == "harmony"
+    output = Output([], TOOLS, templates.reasoning_start(template, "<|start|>assistant"), templates.tool_format(template))
     text = ("<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant to=functions.get_weather"
             "<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}")
     deltas = [d for i in range(0, len(text), 6) for d in output.feed(text[i:i + 6].encode())[0]] + output.finish()

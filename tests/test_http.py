@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from llmd.http import (LAST_CHUNK, Body, EndOfMessage, Headers, Limits, ParseError, Request,
+from llmd.http.parser import (LAST_CHUNK, Body, EndOfMessage, Headers, Limits, ParseError, Request,
                        RequestParser, render_chunk, render_head)
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from llmd import jinja
-from llmd.jinja import Template, TemplateError, TemplateRaised, TemplateRuntimeError, TemplateSyntaxError
+from llmd.prompt import jinja
+from llmd.prompt.jinja import Template, TemplateError, TemplateRaised, TemplateRuntimeError, TemplateSyntaxError
 from tests.reference_data import require
 from tests.template_cases import CONVERSATIONS, NOW, variables
 

@@ -6,9 +6,9 @@ from fractions import Fraction
 
 import pytest
 
-from llmd.engine import grammar_match
-from llmd.grammar import GrammarError, compile_grammar
-from llmd.jsonschema import SchemaCompiler, SchemaError, int_range, number_range, uint_range
+from llmd.engine.native import grammar_match
+from llmd.structured.grammar import GrammarError, compile_grammar
+from llmd.structured.jsonschema import SchemaCompiler, SchemaError, int_range, number_range, uint_range
 from tests.schema_validator import errors
 
 
@@ -246,8 +246,8 @@ WEATHER = {"type": "object", "required": ["city"], "properties": {
 
 
 def gemma_grammar_of(schema):
-    from llmd.grammar import lit
-    from llmd.jsonschema import GemmaSchemaCompiler
+    from llmd.structured.grammar import lit
+    from llmd.structured.jsonschema import GemmaSchemaCompiler
     rules = {}
     rules["root"] = GemmaSchemaCompiler(rules, "g:", lit('<|"|>'), GEMMA_MARKERS).compile_root(schema)
     text = compile_grammar(rules, "root")
@@ -272,7 +272,7 @@ def gemma_spelled(value):
     {"city": "Rome", "any": {"k": [1, None, "s", {"n": True}]}}, {"city": "Rome", "any": None},
 ])
 def test_gemma_syntax_accepts_the_templates_spelling_and_the_parser_reads_it_back(value):
-    from llmd.tools import gemma_calls
+    from llmd.prompt.tool_calls import gemma_calls
     spelled = gemma_spelled(value)
     assert gemma_grammar_of(WEATHER)(spelled), spelled
     (call,) = gemma_calls("call:get_weather" + spelled, frozenset({"get_weather"}))
@@ -292,7 +292,7 @@ def test_gemma_syntax_refuses_what_the_parser_would_misread_or_the_schema_forbid
 
 
 def test_gemma_keys_the_parser_cannot_read_bare_are_quoted_and_markers_in_values_are_refused():
-    from llmd.tools import gemma_calls
+    from llmd.prompt.tool_calls import gemma_calls
     schema = {"type": "object", "properties": {"a b:c": {"type": "integer"}}, "required": ["a b:c"]}
     assert gemma_grammar_of(schema)('{<|"|>a b:c<|"|>:1}') and not gemma_grammar_of(schema)("{a b:c:1}")
     assert json.loads(gemma_calls('call:f{<|"|>a b:c<|"|>:1}', frozenset({"f"}))[0][1]) == {"a b:c": 1}
@@ -302,7 +302,7 @@ def test_gemma_keys_the_parser_cannot_read_bare_are_quoted_and_markers_in_values
 
 
 def xml_grammar_of(schema):
-    from llmd.jsonschema import XmlParameterCompiler
+    from llmd.structured.jsonschema import XmlParameterCompiler
     rules = {}
     rules["root"] = XmlParameterCompiler(rules, "x:", ("</parameter>", "</tool_call>")).compile_root(schema)
     text = compile_grammar(rules, "root")
@@ -320,7 +320,7 @@ def xml_spelled(arguments, strings):
     {"city": "Rome", "where": {"lat": 1.5}, "tags": ["x", "</b>"], "any": {"k": ["v"]}},
 ])
 def test_xml_parameters_accept_the_templates_spelling_and_the_parser_reads_it_back(value):
-    from llmd.tools import decode_call, string_params
+    from llmd.prompt.tool_calls import decode_call, string_params
     tools = [{"name": "get_weather", "parameters": WEATHER}]
     strings = {p for _, p in string_params(tools)}
     spelled = xml_spelled(value, strings)
@@ -333,7 +333,7 @@ def test_xml_parameters_accept_the_templates_spelling_and_the_parser_reads_it_ba
 def test_xml_raw_text_only_for_declared_string_properties():
     """The parser keeps text only for declared string properties: a required name that
     additionalProperties types as a string is written as JSON, or it would come back a number."""
-    from llmd.tools import decode_call, string_params
+    from llmd.prompt.tool_calls import decode_call, string_params
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"],
               "additionalProperties": {"type": "string"}}
     ok = xml_grammar_of(schema)
@@ -345,7 +345,7 @@ def test_xml_raw_text_only_for_declared_string_properties():
 
 
 def test_xml_json_values_write_a_marker_only_escaped():
-    from llmd.tools import decode_call
+    from llmd.prompt.tool_calls import decode_call
     ok = xml_grammar_of({"type": "object", "properties": {"tags": {"type": "array"}}})
     text = '<parameter=tags>\n["<\\/parameter>"]\n</parameter>\n'
     assert ok(text) and not ok(text.replace("\\/", "/"))

@@ -1,7 +1,7 @@
 """Kernels: every kernel variant this CPU runs (native/src/kernels/: the scalar one, and
 avx2, avx-vnni, avx512 as the CPU has them), its repacked panels and its row dot
 products, against each type's scalar reference, and the reference against a
-pure-Python model, through llmd.engine.kernel_matmul; the reference dequantization
+pure-Python model, through llmd.engine.native.kernel_matmul; the reference dequantization
 against the Python decoders through kernel_dequantize; attention and GLU likewise.
 
 The Python model (tests/gguf_writer.py: `pieces`, `dequantize`) decodes every block
@@ -35,7 +35,7 @@ import sys
 
 import pytest
 
-from llmd.engine import (
+from llmd.engine.native import (
     EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, kernel_variants, tensor_type,
 )
 from tests.gguf_writer import (
@@ -479,7 +479,7 @@ def test_fast_glu_matches_reference_and_the_python_formula(gelu):
 def open_with_kernels(model_path: str, kernels: str) -> subprocess.CompletedProcess:
     """An engine opened in a process of its own (the choice is made once per process)
     with LLMD_KERNELS set: prints the variant it runs, or the error."""
-    code = ("import sys\nfrom llmd.engine import Engine, EngineError\n"
+    code = ("import sys\nfrom llmd.engine.native import Engine, EngineError\n"
             "try:\n    e = Engine(sys.argv[1], n_threads=1, max_sessions=1)\n"
             "except EngineError as exc:\n    print('error:', exc)\nelse:\n    print(e.info.kernels)\n    e.close()\n")
     return subprocess.run([sys.executable, "-c", code, model_path], capture_output=True, text=True, timeout=300,

@@ -1,11 +1,11 @@
-"""The Anthropic Messages request read into a chat request (llmd.messages)."""
+"""The Anthropic Messages request read into a chat request (llmd.api.anthropic)."""
 import json
 
 import pytest
 
-from llmd import messages
+from llmd.api import anthropic
 from llmd.errors import ApiError
-from llmd.openai import Message, ToolCall
+from llmd.api.validation import Message, ToolCall
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
@@ -13,7 +13,7 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
 def parse(counting=False, **fields):
     body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], **({} if counting else {"max_tokens": 5}),
             **fields}
-    return messages.parse_request(json.dumps(body).encode(), counting)
+    return anthropic.parse_request(json.dumps(body).encode(), counting)
 
 
 def refused(**fields) -> ApiError:
@@ -62,7 +62,7 @@ def test_tool_choice_maps_onto_chat_tool_choice(choice, expected):
 def test_count_tokens_needs_no_max_tokens_but_messages_does():
     assert parse(counting=True).max_tokens is None
     with pytest.raises(ApiError) as info:
-        messages.parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
+        anthropic.parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}')
     assert info.value.param == "max_tokens"
 
 

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from llmd.metrics import Counter, Gauge, Histogram, Registry, format_value
+from llmd.serving.metrics import Counter, Gauge, Histogram, Registry, format_value
 from tests.conftest import running_llmd
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from llmd.errors import ApiError
-from llmd.openai import (
+from llmd.api.validation import (
     MAX_DEPTH,
     ChatRequest,
     CompletionRequest,
@@ -791,7 +791,7 @@ def test_check_vocab_ignores_text_prompts():
 
 
 def test_embeddings_inputs_are_one_or_many_texts_or_id_lists():
-    from llmd.openai import parse_embeddings_request
+    from llmd.api.validation import parse_embeddings_request
     parse = lambda **f: parse_embeddings_request(json.dumps({"model": "m", **f}).encode())
     assert parse(input="a").inputs == ["a"]
     assert parse(input=["a", "b"]).inputs == ["a", "b"]

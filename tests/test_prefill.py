@@ -1,6 +1,6 @@
 import pytest
 
-from llmd.prefill import PrefillPlan, cache_scope, common_prefix_length, plan_prefill, with_cached
+from llmd.serving.prefill import PrefillPlan, cache_scope, common_prefix_length, plan_prefill, with_cached
 
 
 def test_empty_resident_is_new_and_prefills_everything():

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmd.engine import Engine, EngineError, Sampling
+from llmd.engine.native import Engine, EngineError, Sampling
 from tests.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_tiny_qwen35
 
 BLOCK = 64  # positions per block (kKVBlock)

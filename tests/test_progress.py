@@ -1,8 +1,8 @@
 """The terminal progress bar: drawn on a terminal once work takes a while, silent otherwise."""
 import io
 
-from llmd import models
-from llmd.progress import Progress
+from llmd.engine import fetch
+from llmd.engine.progress import Progress
 
 
 class Terminal(io.StringIO):
@@ -38,12 +38,12 @@ def test_preload_reads_the_whole_model_quietly_unless_it_takes_a_while(tmp_path,
     path = tmp_path / "m.gguf"
     path.write_bytes(b"\0" * (20 << 20))
     quick = Terminal()  # a read shorter than the delay (an hour, so that a loaded machine is quick too)
-    monkeypatch.setattr(models, "Progress", lambda label, total: Progress(label, total, stream=quick, delay=3600))
-    models.preload(path)
+    monkeypatch.setattr(fetch, "Progress", lambda label, total: Progress(label, total, stream=quick, delay=3600))
+    fetch.preload(path)
     assert quick.getvalue() == ""
     slow = Terminal()  # as if every read took longer than the delay
-    monkeypatch.setattr(models, "Progress", lambda label, total: Progress(label, total, stream=slow, delay=0))
-    models.preload(path)
+    monkeypatch.setattr(fetch, "Progress", lambda label, total: Progress(label, total, stream=slow, delay=0))
+    fetch.preload(path)
     frames = slow.getvalue().split("\r")[1:]
     assert frames[0].startswith("llmd: loading m.gguf [#########...............]  40%  8/21 MB")
     assert frames[-1] == "llmd: loading m.gguf [########################] 100%  21/21 MB\n"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from llmd import cli
-from llmd.engine import Engine, EngineError, quantize_rows
-from llmd.quantize import MIXES, TYPE_NAMES, QuantizeError, plan, quantize_file, read_gguf
+from llmd.engine.native import Engine, EngineError, quantize_rows
+from llmd.commands.quantize import MIXES, TYPE_NAMES, QuantizeError, plan, quantize_file, read_gguf
 from tests import gguf_writer as gw
 from tests.make_quantize_golden import (DIGEST_COLS, DIGEST_ROWS, TINY_MODELS, TYPES, digest_matrix, golden_rows,
                                         write_tiny_model)

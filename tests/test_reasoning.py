@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from llmd.reasoning import ReasoningStream
+from llmd.prompt.reasoning import ReasoningStream
 
 
 def split(text: str, inside: bool = False, step: int = 0) -> tuple[str, str]:
@@ -53,9 +53,9 @@ def test_every_cut_of_a_reply_gives_the_same_split():
 
 
 def test_chat_output_keeps_reasoning_out_of_content_and_tool_calls():
-    from llmd.api import Output
-    from llmd.reasoning import ReasoningDelta
-    from llmd.tools import ContentDelta
+    from llmd.api.routes import Output
+    from llmd.prompt.reasoning import ReasoningDelta
+    from llmd.prompt.tool_calls import ContentDelta
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     output = Output([], tools, reasoning=False)
     text = '<think>\nI should call f.\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
@@ -67,7 +67,7 @@ def test_chat_output_keeps_reasoning_out_of_content_and_tool_calls():
 
 
 def test_output_without_a_reasoning_template_leaves_think_tags_in_content():
-    from llmd.api import Output
+    from llmd.api.routes import Output
     output = Output([], None)
     output.feed(b"<think>x</think>y")
     output.finish()
@@ -83,24 +83,25 @@ def test_output_without_a_reasoning_template_leaves_think_tags_in_content():
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", None, None),
 ])
 def test_reasoning_start_follows_the_template_and_its_generation_prompt(name, enable_thinking, expected):
-    from llmd import chat, jinja
+    from llmd.prompt import templates
+    from llmd.prompt import jinja
     from tests.reference_data import require
-    template = chat.JinjaTemplate(jinja.Template(require(f"models/templates/{name}").read_text("utf-8")))
+    template = templates.JinjaTemplate(jinja.Template(require(f"models/templates/{name}").read_text("utf-8")))
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    prompt = chat.render_chat(template, [{"role": "user", "content": "Hi"}], template_kwargs=kwargs)
-    assert chat.reasoning_start(template, prompt.text) is expected
+    prompt = templates.render_chat(template, [{"role": "user", "content": "Hi"}], template_kwargs=kwargs)
+    assert templates.reasoning_start(template, prompt.text) is expected
 
 
 # ---- reasoning through each API surface's format -------------------------------------------
 
 class StubReply:
-    """What a format reads of llmd.api.Reply, for a reply whose text is `text` fed one
+    """What a format reads of llmd.api.routes.Reply, for a reply whose text is `text` fed one
     token of `step` characters at a time (finished with `finish_reason`)."""
 
     def __init__(self, text: str, step: int = 3, inside: bool = False):
         from types import SimpleNamespace
 
-        from llmd.api import Output
+        from llmd.api.routes import Output
         self.output = Output([], None, reasoning=inside)
         self.pieces = [text[i:i + step].encode() for i in range(0, len(text), step)]
         self.model, self.finish_reason, self.logprobs, self.index, self.created = "m", None, [], 0, 0
@@ -131,8 +132,8 @@ REPLY = "<think>\nSeven times six.\n</think>\n\n42"
 
 
 def test_responses_put_reasoning_in_a_reasoning_item_before_the_message():
-    from llmd.openai import parse_responses_request
-    from llmd.responses import ResponsesFormat
+    from llmd.api.validation import parse_responses_request
+    from llmd.api.responses import ResponsesFormat
     req = parse_responses_request(b'{"model": "m", "input": "x", "reasoning": {"summary": "auto"}}')
     reply = StubReply(REPLY)
     events = reply.events(ResponsesFormat(req, None))
@@ -160,8 +161,8 @@ def test_responses_put_reasoning_in_a_reasoning_item_before_the_message():
 
 
 def test_a_reply_that_never_leaves_its_reasoning_is_a_reasoning_item_and_an_empty_message():
-    from llmd.openai import parse_responses_request
-    from llmd.responses import ResponsesFormat
+    from llmd.api.validation import parse_responses_request
+    from llmd.api.responses import ResponsesFormat
     events = StubReply("still thinking", inside=True).events(
         ResponsesFormat(parse_responses_request(b'{"model": "m", "input": "x"}'), None))
     reasoning, message = events[-1]["response"]["output"]
@@ -170,31 +171,31 @@ def test_a_reply_that_never_leaves_its_reasoning_is_a_reasoning_item_and_an_empt
 
 
 def test_messages_stream_a_thinking_block_then_the_text_block():
-    from llmd import messages
-    req = messages.parse_request(b'{"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],'
+    from llmd.api import anthropic
+    req = anthropic.parse_request(b'{"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],'
                                  b' "thinking": {"type": "enabled", "budget_tokens": 1024}}')
     reply = StubReply(REPLY)
-    events = reply.events(messages.MessagesFormat(req))
+    events = reply.events(anthropic.MessagesFormat(req))
     starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
     assert starts == [{"type": "thinking", "thinking": "", "signature": ""}, {"type": "text", "text": "",
                                                                              "citations": None}]
     deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
     assert "".join(d["thinking"] for d in deltas if d["type"] == "thinking_delta") == "Seven times six."
     assert "".join(d["text"] for d in deltas if d["type"] == "text_delta") == "42"
-    body = messages.MessagesFormat(req).body(reply)
+    body = anthropic.MessagesFormat(req).body(reply)
     assert [b["type"] for b in body["content"]] == ["thinking", "text"]
     assert body["content"][0]["thinking"] == "Seven times six." and body["usage"]["output_tokens_details"][
         "thinking_tokens"] == reply.output.reasoning_tokens > 0
 
 
 def test_messages_with_display_omitted_send_thinking_blocks_without_their_text():
-    from llmd import messages
-    req = messages.parse_request(b'{"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],'
+    from llmd.api import anthropic
+    req = anthropic.parse_request(b'{"model": "m", "max_tokens": 4096, "messages": [{"role": "user", "content": "x"}],'
                                  b' "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}}')
     reply = StubReply(REPLY)
-    events = reply.events(messages.MessagesFormat(req))
+    events = reply.events(anthropic.MessagesFormat(req))
     assert not [e for e in events if e.get("delta", {}).get("type") == "thinking_delta"]
-    assert messages.MessagesFormat(req).body(reply)["content"][0] == {"type": "thinking", "thinking": "",
+    assert anthropic.MessagesFormat(req).body(reply)["content"][0] == {"type": "thinking", "thinking": "",
                                                                       "signature": ""}
 
 

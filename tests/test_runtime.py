@@ -6,11 +6,11 @@ import asyncio
 
 import pytest_asyncio
 
-from llmd import models
-from llmd.engine import Sampling
-from llmd.metrics import ServerMetrics
-from llmd.runtime import PREFILL_CHUNK, Generation, Runtime
-from llmd.sessions import Slot
+from llmd.engine import fetch
+from llmd.engine.native import Sampling
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import PREFILL_CHUNK, Generation, Runtime
+from llmd.serving.sessions import Slot
 
 FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
 
@@ -18,7 +18,7 @@ FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts hi
 @pytest_asyncio.fixture
 async def runtime():
     rt = Runtime(ServerMetrics())
-    await rt.load(str(models.default_model(fetch=False)), n_ctx=2048, max_sessions=6, n_threads=2)
+    await rt.load(str(fetch.default_model(fetch=False)), n_ctx=2048, max_sessions=6, n_threads=2)
     yield rt
     await rt.close()
 

@@ -8,8 +8,8 @@ import struct
 import pytest
 import pytest_asyncio
 
-from llmd.http import Limits
-from llmd.server import HttpRequest, HttpServer, Response, StreamResponse
+from llmd.http.parser import Limits
+from llmd.http.server import HttpRequest, HttpServer, Response, StreamResponse
 
 
 class DummyApp:

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from llmd._native import lib
-from llmd.engine import Engine, EngineError
+from llmd.engine.native import Engine, EngineError
 from tests.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_tiny_qwen35
 
 HEADER = struct.Struct("<7Ii")  # magic, version, n_layer, n_head_kv, head_dim, n_ctx, n_tokens, high

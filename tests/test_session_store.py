@@ -19,14 +19,16 @@ import subprocess
 import pytest
 import pytest_asyncio
 
-from llmd import chat, sessions
-from llmd.api import Api, App, Options
-from llmd.metrics import ServerMetrics
-from llmd.runtime import Runtime
-from llmd.server import HttpServer
-from llmd.session_store import (FORMAT_VERSION, MAGIC, SUFFIX, SessionStore, decode, encode, file_name,
+from llmd.prompt import templates
+
+from llmd.serving import sessions
+from llmd.api.routes import Api, App, Options
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import Runtime
+from llmd.http.server import HttpServer
+from llmd.serving.session_store import (FORMAT_VERSION, MAGIC, SUFFIX, SessionStore, decode, encode, file_name,
                                 model_fingerprint)
-from llmd.sessions import SessionTable
+from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
 from tests.gguf_writer import build_tiny_gemma3, build_tiny_qwen35
@@ -209,7 +211,7 @@ async def stack(tiny_model, tmp_path):
         await table.start()
         app = App()
         # No prefix cache: what is cached here came from the session or its file alone.
-        app.api = Api(engine, runtime, table, chat.load_template(engine.info.chat_template, None, engine),
+        app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine),
                       Options(["model"], prefix_cache="off"))
         server = HttpServer(app)
         await server.start("127.0.0.1", 0)

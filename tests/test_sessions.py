@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from llmd import chat
-from llmd.api import Api, App, Options
-from llmd.metrics import ServerMetrics
-from llmd.runtime import Runtime
-from llmd.server import HttpServer
-from llmd.sessions import SessionTable
+from llmd.prompt import templates
+from llmd.api.routes import Api, App, Options
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import Runtime
+from llmd.http.server import HttpServer
+from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.test_limits import no_end
 
@@ -45,7 +45,7 @@ class Stack:
                                   eviction=self.eviction)
         await self.table.start()
         app = App()
-        app.api = Api(self.engine, self.runtime, self.table, chat.detect_template(self.engine.info.chat_template),
+        app.api = Api(self.engine, self.runtime, self.table, templates.detect_template(self.engine.info.chat_template),
                       Options(["model"]))
         self.server = HttpServer(app)
         await self.server.start("127.0.0.1", 0)

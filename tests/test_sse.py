@@ -1,7 +1,7 @@
 """SSE framing (llmd/sse.py)."""
 import json
 
-from llmd import sse
+from llmd.http import sse
 
 
 def test_event_is_one_data_line_and_a_blank_line():

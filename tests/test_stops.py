@@ -1,6 +1,6 @@
 import pytest
 
-from llmd.stops import StopMatcher
+from llmd.prompt.stops import StopMatcher
 
 
 def run(stops, chunks):

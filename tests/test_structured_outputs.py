@@ -10,8 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from llmd import chat, constrain, openai
-from llmd.engine import Sampling
+from llmd.prompt import templates
+
+from llmd.structured import constrain
+
+from llmd.api import validation
+from llmd.engine.native import Sampling
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.schema_validator import errors
@@ -118,7 +122,7 @@ class Batch:
 
     def __init__(self, engine, n: int):
         self.engine = engine
-        self.template = chat.load_template(engine.info.chat_template, None, engine)
+        self.template = templates.load_template(engine.info.chat_template, None, engine)
         self.sessions = [engine.new_session() for _ in range(n)]
         self.resident: list[list[int]] = [[] for _ in range(n)]
 
@@ -128,8 +132,8 @@ class Batch:
 
     def prompt(self, body: dict) -> tuple[list[int], str | None]:
         """(prompt ids, grammar) of a chat request body."""
-        req = openai.parse_chat_request(json.dumps({"model": "m", **body}).encode())
-        ids = chat.tokenize_prompt(chat.render_chat(self.template, body["messages"]), self.engine.tokenize_marked).ids
+        req = validation.parse_chat_request(json.dumps({"model": "m", **body}).encode())
+        ids = templates.tokenize_prompt(templates.render_chat(self.template, body["messages"]), self.engine.tokenize_marked).ids
         return ids, constrain.chat_grammar(req)
 
     def run(self, jobs: list[tuple[list[int], str]], max_tokens: int) -> list[tuple[str, bool]]:

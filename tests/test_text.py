@@ -1,4 +1,4 @@
-from llmd.text import Utf8Stream
+from llmd.prompt.text import Utf8Stream
 
 EURO = "€".encode()   # 3 bytes
 EMOJI = "😀".encode()  # 4 bytes

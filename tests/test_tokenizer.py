@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from llmd._native import lib
-from llmd.engine import Engine, EngineError
+from llmd.engine.native import Engine, EngineError
 from tests.gguf_writer import build_spm_vocab, build_split_vocab
 from tests.reference_data import require
 

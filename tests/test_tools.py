@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from llmd.tools import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta,
+from llmd.prompt.tool_calls import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta,
                         JsonReplyCallStream, ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
                         canonical_arguments, parse_tool_calls, tool_names)
 
@@ -246,7 +246,7 @@ def test_canonical_arguments_is_one_compact_form(text, canonical):
 
 
 def test_reply_fingerprint_matches_re_serialised_arguments():
-    from llmd.sessions import reply_fingerprint
+    from llmd.serving.sessions import reply_fingerprint
     spaced = reply_fingerprint(None, [("f", '{"a": 1, "b": "é"}')])
     assert reply_fingerprint("", [("f", '{"a":1,"b":"\\u00e9"}')]) == spaced
     assert reply_fingerprint("", [("f", '{"a": 2}')]) != spaced
@@ -300,7 +300,7 @@ def test_llama3_reply_starting_with_an_array_is_content():
 
 
 def test_mistral_call_ids_are_nine_letters_and_digits():
-    from llmd.tools import new_mistral_call_id
+    from llmd.prompt.tool_calls import new_mistral_call_id
     ids = {new_mistral_call_id() for _ in range(50)}
     assert len(ids) == 50 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)
 
@@ -333,7 +333,7 @@ def test_xml_block_that_is_not_a_declared_call_stays_content(body):
 
 def _marked(tool_format: str, text: str, step: int = 0) -> list:
     """Events of `text` through the format's parser, whole (step 0) or in pieces."""
-    from llmd.tools import call_stream
+    from llmd.prompt.tool_calls import call_stream
     counter = itertools.count()
     parser = call_stream(tool_format, LLAMA_TOOLS, lambda: f"call_{next(counter)}")
     pieces = [text] if not step else [text[i:i + step] for i in range(0, len(text), step)]
@@ -368,7 +368,7 @@ def test_mistral_block_that_is_not_calls_is_content_as_written(text):
 
 
 def test_mistral_text_streams_until_the_marker_and_holds_a_partial_one():
-    from llmd.tools import call_stream
+    from llmd.prompt.tool_calls import call_stream
     parser = call_stream("mistral", LLAMA_TOOLS)
     assert parser.feed("Sure, [TOOL") == [ContentDelta("Sure,")]
     assert parser.feed("S] in text") == [ContentDelta(" [TOOLS] in text")]
@@ -417,7 +417,7 @@ def test_llama31_python_tag_after_text_and_calls_each_opened_by_the_tag(step):
 
 
 def test_llama31_python_tag_code_goes_to_a_declared_code_tool_else_stays_content():
-    from llmd.tools import python_tag_calls
+    from llmd.prompt.tool_calls import python_tag_calls
     names = frozenset({"code_interpreter"})
     assert python_tag_calls("print(2 ** 10)", names) == [("code_interpreter", '{"code": "print(2 ** 10)"}', None)]
     assert python_tag_calls("print(2 ** 10)", frozenset({"search"})) is None
@@ -453,7 +453,7 @@ def test_marked_formats_still_read_the_hermes_blocks_constrained_decoding_writes
 
 
 def test_unknown_tool_format_is_refused():
-    from llmd.tools import call_stream
+    from llmd.prompt.tool_calls import call_stream
     with pytest.raises(ValueError, match="unknown tool format"):
         call_stream("nope", LLAMA_TOOLS)
 
@@ -462,9 +462,11 @@ def test_mistral_control_tokens_reach_the_parser_as_text_and_the_grammar_writes_
     """The path of a reply through the API: a Mistral-shaped vocabulary whose
     [TOOL_CALLS] and [ARGS] are control tokens (empty pieces), the real Mistral Small
     3.2 template, the pieces chat.control_pieces shows, the chat Output."""
-    from llmd import chat, constrain, openai
-    from llmd.api import Output
-    from llmd.engine import Engine
+    from llmd.prompt import templates
+    from llmd.structured import constrain
+    from llmd.api import validation
+    from llmd.api.routes import Output
+    from llmd.engine.native import Engine
     from tests.gguf_writer import ARRAY, F32, I32, STRING, build_spm_vocab
     from tests.reference_data import require
     w = build_spm_vocab(['Checking.get_weather{"city": "Paris"}'], add_space_prefix=False)
@@ -474,21 +476,21 @@ def test_mistral_control_tokens_reach_the_parser_as_text_and_the_grammar_writes_
     w.set("tokenizer.ggml.token_type", ARRAY, (I32, types + [3, 3, 3]))
     w.set("tokenizer.ggml.scores", ARRAY, (F32, scores + [0.0] * 3))
     with Engine(str(w.write(tmp_path / "mistral.gguf"))) as e:
-        template = chat.load_template(None, str(require("models/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja")), e)
-        shown = chat.control_pieces(e, chat.output_markers(template))
+        template = templates.load_template(None, str(require("models/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja")), e)
+        shown = templates.control_pieces(e, templates.output_markers(template))
         assert sorted(shown.values()) == [b"[ARGS]", b"[CALL_ID]", b"[TOOL_CALLS]"]
         reply = e.tokenize('Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', special=True)
         assert not all(e.piece(i) for i in reply)  # the markers alone would vanish from the text
-        output = Output([], LLAMA_TOOLS, None, chat.tool_format(template))
+        output = Output([], LLAMA_TOOLS, None, templates.tool_format(template))
         for i in reply:
             output.feed(shown.get(i, e.piece(i)))
         output.finish()
     assert output.content() == "Checking."
     assert [c["function"] for c in output.tool_calls()] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": LLAMA_TOOLS}
-    auto = openai.parse_chat_request(json.dumps(body).encode())
-    required = openai.parse_chat_request(json.dumps({**body, "tool_choice": "required"}).encode())
-    layout = chat.call_layout(template)
+    auto = validation.parse_chat_request(json.dumps(body).encode())
+    required = validation.parse_chat_request(json.dumps({**body, "tool_choice": "required"}).encode())
+    layout = templates.call_layout(template)
     assert (layout.head, layout.between) == ("[TOOL_CALLS]", "[ARGS]")
     controls = {piece.decode(): i for i, piece in shown.items()}
     for req in (auto, required):  # the markers are written as their tokens, never as text

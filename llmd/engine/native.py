@@ -370,7 +370,7 @@ class Session:
     def export_state(self, n_tokens: int | None = None) -> memoryview:
         """The first n_tokens ids in the KV cache (default: all) and their keys and
         values, as the bytes import_state restores (native/src/memory/session_state.h); no
-        checksum, no model identity: llmd.session_store adds both. The session is
+        checksum, no model identity: llmd.serving.session_store adds both. The session is
         not changed."""
         n = self.position if n_tokens is None else n_tokens
         size = ffi.new("size_t *")
@@ -409,7 +409,7 @@ class Session:
         _check(lib.llmd_session_set_sampling(self.handle, raw))
 
     def set_grammar(self, grammar: str | None, token_budget: int = 0) -> None:
-        """Constrain the next decode steps to grammar text (llmd.grammar); None removes
+        """Constrain the next decode steps to grammar text (llmd.structured.grammar); None removes
         it. token_budget > 0: always leave room to finish within that many tokens."""
         data = (grammar or "").encode("ascii")
         _check(lib.llmd_session_set_grammar(self.handle, data, len(data), token_budget))

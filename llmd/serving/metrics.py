@@ -17,8 +17,8 @@ import re
 from typing import TYPE_CHECKING, Callable, Iterable
 
 if TYPE_CHECKING:
-    from llmd.runtime import Runtime
-    from llmd.sessions import SessionTable
+    from llmd.serving.runtime import Runtime
+    from llmd.serving.sessions import SessionTable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

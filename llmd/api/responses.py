@@ -22,15 +22,17 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from llmd import logprobs, sse
+from llmd.api import logprobs
+
+from llmd.http import sse
 from llmd.errors import ApiError
-from llmd.openai import Message, ResponsesRequest, ToolCall, compaction_content
-from llmd.reasoning import ReasoningDelta
-from llmd.tools import ContentDelta, ToolCallDelta
+from llmd.api.validation import Message, ResponsesRequest, ToolCall, compaction_content
+from llmd.prompt.reasoning import ReasoningDelta
+from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
-    from llmd.api import Reply
-    from llmd.logprobs import TokenLogprob
+    from llmd.api.routes import Reply
+    from llmd.api.logprobs import TokenLogprob
 
 MAX_STORED = 256  # responses kept for previous_response_id, per server (oldest dropped first)
 
@@ -269,7 +271,7 @@ class ResponsesFormat:
 class CompactionFormat:
     """The compacted conversation (`POST /v1/responses/compact`, never streamed): the
     user's messages as they were, then one `compaction` item holding the reply, the
-    model's summary of the conversation (see llmd.openai's responses/compact)."""
+    model's summary of the conversation (see llmd.api.validation's responses/compact)."""
 
     prompt_param = "input"
     remembers_replies = False  # the summary is never sent back as a reply

@@ -24,9 +24,9 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from llmd import sse
+from llmd.http import sse
 from llmd.errors import ANTHROPIC, ApiError, error_body, invalid_request, invalid_type, unsupported_parameter
-from llmd.openai import (
+from llmd.api.validation import (
     INT32_MAX,
     ChatRequest,
     Message,
@@ -45,11 +45,11 @@ from llmd.openai import (
     parse_json_object,
     text_parts,
 )
-from llmd.reasoning import ReasoningDelta
-from llmd.tools import ContentDelta, ToolCallDelta
+from llmd.prompt.reasoning import ReasoningDelta
+from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
-    from llmd.api import Reply
+    from llmd.api.routes import Reply
 
 PATHS = ("/v1/messages", "/messages")  # routes that answer errors in Anthropic's shape
 MAX_STOP_SEQUENCES = 16

@@ -27,7 +27,7 @@ Other families: Llama 3.x's JSON reply or <|python_tag|> (`JsonReplyCallStream`)
 formats whose calls a marker opens (`MarkedCallStream`: Mistral's [TOOL_CALLS], Gemma
 4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>).
 Both read Hermes blocks too (Granite's calls are constrained as those). Qwen3-Coder's
-XML blocks are Hermes blocks with another body. gpt-oss's channels are llmd.harmony's.
+XML blocks are Hermes blocks with another body. gpt-oss's channels are llmd.prompt.harmony's.
 Each family's CallLayout (below) is how constrained decoding writes its calls; the
 family's parser reads back whatever that grammar allows.
 """
@@ -41,7 +41,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Union
 
-from llmd.text import partial_suffix
+from llmd.prompt.text import partial_suffix
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 # The layout of a constrained call: OPEN_TAG CALL_HEAD name CALL_ARGUMENTS {...}

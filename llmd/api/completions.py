@@ -1,17 +1,17 @@
 """The legacy completions surface (`POST /v1/completions`): the `text_completion`
-object and stream a reply becomes (see llmd.chat_completions for the contract)."""
+object and stream a reply becomes (see llmd.api.chat_completions for the contract)."""
 from __future__ import annotations
 
 import uuid
 from typing import TYPE_CHECKING
 
-from llmd import logprobs
-from llmd.chat_completions import FINGERPRINT, ChunkStream
-from llmd.tools import ContentDelta, ToolCallDelta
+from llmd.api import logprobs
+from llmd.api.chat_completions import FINGERPRINT, ChunkStream
+from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
-    from llmd.api import Choice, Reply
-    from llmd.logprobs import TokenLogprob
+    from llmd.api.routes import Choice, Reply
+    from llmd.api.logprobs import TokenLogprob
 
 
 class CompletionFormat(ChunkStream):

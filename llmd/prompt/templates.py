@@ -1,7 +1,7 @@
 """Chat templates: turn an OpenAI `messages` list into the prompt a model was trained on.
 
 Theory of operation. A GGUF carries its chat format as a Jinja program
-(`tokenizer.chat_template`). llmd runs it with its own interpreter (llmd.jinja) as a
+(`tokenizer.chat_template`). llmd runs it with its own interpreter (llmd.prompt.jinja) as a
 `JinjaTemplate`. The few programs it knows exactly (SmolLM2's and Qwen2.5's ChatML
 variants, Llama 3.0's) also have a built-in renderer, `ChatTemplate`, which writes the same
 bytes natively (tests/test_chat.py proves it against the interpreter and against
@@ -48,8 +48,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmd import harmony, jinja, reasoning
-from llmd.tools import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT,
+from llmd.prompt import harmony
+
+from llmd.prompt import jinja
+
+from llmd.prompt import reasoning
+from llmd.prompt.tool_calls import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT,
                         MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG, PHI4_LAYOUT,
                         PHI4_TOOLS, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
 
@@ -208,7 +212,7 @@ class Unavailable:
 
 
 class JinjaTemplate:
-    """A Jinja chat template run by llmd.jinja. `markers` are the control-token strings
+    """A Jinja chat template run by llmd.prompt.jinja. `markers` are the control-token strings
     (longest first) that become control tokens where the template itself writes them."""
 
     name = "jinja"
@@ -248,7 +252,7 @@ def renderer_name(template: ChatTemplate | JinjaTemplate | Unavailable) -> str:
 
 
 # What a template writes, in its instructions or in the earlier calls it renders, says
-# how its model writes calls (llmd.tools.FORMAT_MARKERS, llmd.harmony): the first match decides.
+# how its model writes calls (llmd.prompt.tool_calls.FORMAT_MARKERS, llmd.prompt.harmony): the first match decides.
 _TOOL_FORMAT_SIGNS = (
     ("harmony", harmony.TEMPLATE_SIGN),
     # the instruction Llama 3.1-3.3 templates give with tools
@@ -267,8 +271,8 @@ _TOOL_FORMAT_SIGNS = (
 
 
 def tool_format(template: ChatTemplate | JinjaTemplate) -> str:
-    """How the model writes tool calls, by the name llmd.tools.call_stream takes or
-    "harmony" (gpt-oss's channels, llmd.harmony); "hermes" (`<tool_call>` blocks) for
+    """How the model writes tool calls, by the name llmd.prompt.tool_calls.call_stream takes or
+    "harmony" (gpt-oss's channels, llmd.prompt.harmony); "hermes" (`<tool_call>` blocks) for
     the built-in renderers and templates without another sign."""
     if isinstance(template, JinjaTemplate):
         return template.tool_format
@@ -375,7 +379,7 @@ def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str,
                 add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> Prompt:
     """Render validated messages (and OpenAI function tools) as `template` would.
 
-    Messages and tools are OpenAI-shaped dicts; the flat records of llmd.openai
+    Messages and tools are OpenAI-shaped dicts; the flat records of llmd.api.validation
     (`dataclasses.asdict` of Message, ToolCall, Tool) are accepted as well.
     `developer` messages are system messages. `template_kwargs` are extra variables
     (such as enable_thinking) for a Jinja template that reads them. Raises

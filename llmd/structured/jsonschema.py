@@ -1,4 +1,4 @@
-"""JSON as grammar expressions (llmd.grammar): any JSON value, and the values a JSON
+"""JSON as grammar expressions (llmd.structured.grammar): any JSON value, and the values a JSON
 Schema admits, for constrained decoding.
 
 Layout. After `{`, `[`, `,` and `:` and before `}` and `]` the JSON may have one
@@ -36,7 +36,7 @@ import math
 import re
 from typing import Any, Callable
 
-from llmd.grammar import (
+from llmd.structured.grammar import (
     EMPTY, Expr, Ref, alt, byte_range, lit, one_of, opt, repeat, seq, star, text_without,
 )
 
@@ -567,7 +567,7 @@ def _check_spelling(markers: tuple[str, ...], text: str, what: str, keyword: str
 
 
 class GemmaSchemaCompiler(SchemaCompiler):
-    """Values in the syntax Gemma 4 writes a call's arguments in (llmd.tools.gemma_calls
+    """Values in the syntax Gemma 4 writes a call's arguments in (llmd.prompt.tool_calls.gemma_calls
     reads it): `{key:value,...}` with bare keys in the template's order (_members),
     `[a,b]`, a string between two `quote` marks (the model's <|"|> token, or its
     spelling), numbers, true, false and null bare, and no whitespace. `markers` are the
@@ -636,11 +636,11 @@ _XML_NAME = re.compile(r"[^>\n]+")
 
 
 class XmlParameterCompiler(SchemaCompiler):
-    """Qwen3-Coder's call body for a tool's parameters (llmd.tools.decode_call reads it):
+    """Qwen3-Coder's call body for a tool's parameters (llmd.prompt.tool_calls.decode_call reads it):
     each argument `<parameter=NAME>` newline VALUE newline `</parameter>` newline, the
     declared ones in declared order (optional ones skippable; without properties, any
     names). VALUE is raw text where a declared property's own type is "string" (the
-    parser, llmd.tools.string_params, keeps exactly those as text), else JSON.
+    parser, llmd.prompt.tool_calls.string_params, keeps exactly those as text), else JSON.
     `markers` end a value in the parser's eyes (`</parameter>`, `</tool_call>`): neither
     raw text nor a JSON string spells them (JSON can escape the "/" or the "<")."""
 

@@ -17,22 +17,36 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import AsyncIterator, Callable, Mapping, Protocol, TypeVar
 
-from llmd import chat, constrain, embeddings, errors, messages, metrics, openai, sse
-from llmd.chat_completions import ChatCompletionFormat
-from llmd.completions import CompletionFormat
-from llmd.engine import Engine, Sampling, Token, UnsupportedError
+from llmd.prompt import templates
+
+from llmd.structured import constrain
+
+from llmd.api import embeddings
+
+from llmd import errors
+
+from llmd.api import anthropic
+
+from llmd.serving import metrics
+
+from llmd.api import validation
+
+from llmd.http import sse
+from llmd.api.chat_completions import ChatCompletionFormat
+from llmd.api.completions import CompletionFormat
+from llmd.engine.native import Engine, Sampling, Token, UnsupportedError
 from llmd.errors import ApiError, as_api_error, error_body, refusal_log
-from llmd.logprobs import TokenLogprob
-from llmd.runtime import Generation, Runtime
-from llmd.server import HttpRequest, Response, StreamResponse
-from llmd.responses import CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session
-from llmd.prefill import cache_scope
-from llmd.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
-from llmd.stops import StopMatcher
-from llmd.text import Utf8Stream
-from llmd.reasoning import ReasoningDelta, ReasoningStream
-from llmd.harmony import HarmonyStream
-from llmd.tools import ContentDelta, ToolCallDelta, call_stream, merge_tool_calls
+from llmd.api.logprobs import TokenLogprob
+from llmd.serving.runtime import Generation, Runtime
+from llmd.http.server import HttpRequest, Response, StreamResponse
+from llmd.api.responses import CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.serving.prefill import cache_scope
+from llmd.serving.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
+from llmd.prompt.stops import StopMatcher
+from llmd.prompt.text import Utf8Stream
+from llmd.prompt.reasoning import ReasoningDelta, ReasoningStream
+from llmd.prompt.harmony import HarmonyStream
+from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta, call_stream, merge_tool_calls
 
 Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
@@ -55,7 +69,7 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
 
 def error_shape(path: str) -> str:
     """The error shape a route answers in: Anthropic's on the Messages routes."""
-    return errors.ANTHROPIC if path.startswith(messages.PATHS) else errors.OPENAI
+    return errors.ANTHROPIC if path.startswith(anthropic.PATHS) else errors.OPENAI
 
 
 def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
@@ -93,7 +107,7 @@ class Options:
     max_queue: int = 0            # generations waiting to start; more → 503 (0: no limit)
     max_tokens_limit: int = 0     # cap on any request's max_tokens (0: the context)
     log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
-    prefix_cache: str = "key"     # who shares cached prompt prefixes (llmd.prefill.cache_scope)
+    prefix_cache: str = "key"     # who shares cached prompt prefixes (llmd.serving.prefill.cache_scope)
 
 
 @dataclass
@@ -203,7 +217,7 @@ class Api:
     """Routes requests to handlers. Built once the model is loaded."""
 
     def __init__(self, engine: Engine, runtime: Runtime, table: SessionTable,
-                 template: chat.ChatTemplate | chat.JinjaTemplate | chat.Unavailable, options: Options):
+                 template: templates.ChatTemplate | templates.JinjaTemplate | templates.Unavailable, options: Options):
         self.engine = engine
         self.info = engine.info
         self.runtime = runtime
@@ -222,8 +236,8 @@ class Api:
         self.max_text_bytes = self.info.n_ctx * max(longest, 1)
         # The control tokens a chat's tool format writes reach its parser as their text
         # (a Mistral model's [TOOL_CALLS] opens its calls), and constrained calls write them.
-        markers = () if isinstance(template, chat.Unavailable) else chat.output_markers(template)
-        self.shown = chat.control_pieces(engine, markers)
+        markers = () if isinstance(template, templates.Unavailable) else templates.output_markers(template)
+        self.shown = templates.control_pieces(engine, markers)
         self.controls = {piece.decode(): i for i, piece in self.shown.items()}
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
@@ -306,7 +320,7 @@ class Api:
 
     async def apply_template(self, request: HttpRequest) -> Response:
         """The exact prompt text a chat request with this body would be given."""
-        req = await parse(openai.parse_apply_template_request, request.body)
+        req = await parse(validation.parse_apply_template_request, request.body)
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
         prompt = await asyncio.to_thread(self._render, req.messages, tools, req.add_generation_prompt,
                                          req.template_kwargs)
@@ -323,11 +337,11 @@ class Api:
             "total_slots": self.table.capacity,
             "model_alias": self.options.model_ids[0],
             "modalities": {"vision": False, "audio": False},
-            "chat_template": template.source if not isinstance(template, chat.Unavailable) else "",
+            "chat_template": template.source if not isinstance(template, templates.Unavailable) else "",
             "bos_token": bos,
             "eos_token": eos,
             "build_info": "llmd",
-            "chat_template_renderer": chat.renderer_name(template),
+            "chat_template_renderer": templates.renderer_name(template),
         })
 
     # ---- tokenizer -----------------------------------------------------------
@@ -340,7 +354,7 @@ class Api:
                 raise errors.text_too_long(n_bytes, self.max_text_bytes, self.info.n_ctx, param)
 
     async def tokenize(self, request: HttpRequest) -> Response:
-        req = await parse(openai.parse_tokenize_request, request.body)
+        req = await parse(validation.parse_tokenize_request, request.body)
         self._check_text(req.content, "content")
         ids = await self.runtime.call(self.engine.tokenize, req.content, True)
         if req.add_special:  # as llama-server: BOS and EOS where the model adds them
@@ -369,9 +383,9 @@ class Api:
                          for i in range(0, len(req.tokens), DETOKENIZE_CHUNK)])
         return json_response({"content": data.decode("utf-8", "replace")})
 
-    def _parse_detokenize(self, body: bytes) -> openai.DetokenizeRequest:
-        req = openai.parse_detokenize_request(body)
-        openai.check_vocab(req, self.info.n_vocab)  # a pass over every id: with the parse
+    def _parse_detokenize(self, body: bytes) -> validation.DetokenizeRequest:
+        req = validation.parse_detokenize_request(body)
+        validation.check_vocab(req, self.info.n_vocab)  # a pass over every id: with the parse
         return req
 
     # ---- sessions ----------------------------------------------------------
@@ -405,12 +419,12 @@ class Api:
     # ---- generation ------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(openai.parse_chat_request, request.body)
+        req = await parse(validation.parse_chat_request, request.body)
         fmt = ChatCompletionFormat(req.include_usage, req.logprobs is not None, req.timings_per_token)
         return await self._chat(request, req, self._session_of(req, request), fmt)
 
     async def create_response(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(openai.parse_responses_request, request.body)
+        req = await parse(validation.parse_responses_request, request.body)
         scope, chat_req, previous = key_scope(request), req.chat, None
         if req.previous_response_id is not None:
             previous = self.responses.get(scope, req.previous_response_id)
@@ -418,7 +432,7 @@ class Api:
                 raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
                                              "found.", "previous_response_id", "previous_response_not_found")
             # Instructions do not carry over: each request's own come first.
-            system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
+            system = [validation.Message("system", req.instructions)] if req.instructions is not None else []
             chat_req = dataclasses.replace(chat_req, messages=system + previous.history + req.input)
         history = (previous.history if previous else []) + req.input
         fmt = ResponsesFormat(req, None)
@@ -428,7 +442,7 @@ class Api:
             # an idle one is evicted when the table is full (its cache only, never the store).
             sid = conversation_session(scope, fmt.id)
 
-        def store(response_id: str, reply: openai.Message) -> None:
+        def store(response_id: str, reply: validation.Message) -> None:
             self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
 
         fmt.on_done = store if req.store else None
@@ -437,7 +451,7 @@ class Api:
     async def compact_conversation(self, request: HttpRequest) -> Response:
         """The conversation (a stored one and/or input items) as its user messages and
         one compaction item: the model's summary of the rest."""
-        req = await parse(openai.parse_compact_request, request.body)
+        req = await parse(validation.parse_compact_request, request.body)
         chat_req, history = req.chat, req.input
         previous = None
         if req.previous_response_id is not None:
@@ -446,25 +460,25 @@ class Api:
                 raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
                                              "found.", "previous_response_id", "previous_response_not_found")
             history = previous.history + req.input
-            system = [openai.Message("system", req.instructions)] if req.instructions is not None else []
+            system = [validation.Message("system", req.instructions)] if req.instructions is not None else []
             chat_req = dataclasses.replace(chat_req, messages=system + history + chat_req.messages[-1:])
         fmt = CompactionFormat([m for m in history if m.role == "user"])
         sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
         return await self._chat(request, chat_req, sid, fmt)
 
     async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(messages.parse_request, request.body)
-        return await self._chat(request, req, self._session_of(req, request), messages.MessagesFormat(req))
+        req = await parse(anthropic.parse_request, request.body)
+        return await self._chat(request, req, self._session_of(req, request), anthropic.MessagesFormat(req))
 
     async def count_message_tokens(self, request: HttpRequest) -> Response:
-        req = await parse(messages.parse_count_request, request.body)
+        req = await parse(anthropic.parse_count_request, request.body)
         self._check_model(req.model)
-        openai.check_vocab(req, self.info.n_vocab)
+        validation.check_vocab(req, self.info.n_vocab)
         prompt, _, _ = await self._chat_prompt(req)
         return json_response({"input_tokens": len(prompt.ids())})
 
     async def embeddings(self, request: HttpRequest) -> Response:
-        req = await parse(openai.parse_embeddings_request, request.body)
+        req = await parse(validation.parse_embeddings_request, request.body)
         self._check_model(req.model)
         if self.pooling == 0:
             raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
@@ -483,7 +497,7 @@ class Api:
                 self._check_text(item, param)
                 item = embeddings.input_ids(await self.runtime.call(self.engine.tokenize, item), bos, eos)
             else:
-                openai.check_token_ids(item, self.info.n_vocab, param)
+                validation.check_token_ids(item, self.info.n_vocab, param)
             if len(item) > self.info.n_ctx:
                 raise errors.context_length_exceeded(len(item), self.info.n_ctx, param)
             inputs.append(item)
@@ -506,40 +520,40 @@ class Api:
         return json_response(embeddings.body(vectors, req.encoding_format, self.options.model_ids[0],
                                              sum(map(len, inputs))))
 
-    def _session_of(self, req: openai.ChatRequest | openai.CompletionRequest, request: HttpRequest) -> str | None:
+    def _session_of(self, req: validation.ChatRequest | validation.CompletionRequest, request: HttpRequest) -> str | None:
         """The body's session_id, else a session header, else the prompt_cache_key's session."""
         return session_id_of(req.session_id, request.headers) or cache_key_session(req.prompt_cache_key)
 
-    async def _chat(self, request: HttpRequest, req: openai.ChatRequest, sid: str | None,
+    async def _chat(self, request: HttpRequest, req: validation.ChatRequest, sid: str | None,
                     fmt: Format) -> Response | StreamResponse:
         """Generate the assistant's reply to a conversation, shaped by fmt."""
         self._check_model(req.model)
-        openai.check_vocab(req, self.info.n_vocab)
+        validation.check_vocab(req, self.info.n_vocab)
         prompt, text, tools = await self._chat_prompt(req)
-        reasoning = chat.reasoning_start(self.template, text)
-        if req.reasoning and reasoning is None and chat.tool_format(self.template) != "harmony":
+        reasoning = templates.reasoning_start(self.template, text)
+        if req.reasoning and reasoning is None and templates.tool_format(self.template) != "harmony":
             raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' asks for reasoning, "
                                                "but the served model does not reason: its chat template has no "
                                                "reasoning block.")
         # compiling may take a while
-        grammar = await asyncio.to_thread(constrain.chat_grammar, req, chat.call_layout(self.template),
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req, templates.call_layout(self.template),
                                           self.controls)
         return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
 
-    async def _chat_prompt(self, req: openai.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
+    async def _chat_prompt(self, req: validation.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
         """The conversation rendered by the chat template: its ids, its text and the
         tools it offers (None when tool_choice is "none")."""
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
         kwargs = req.template_kwargs
-        if req.reasoning is False and chat.tool_format(self.template) == "harmony":
+        if req.reasoning is False and templates.tool_format(self.template) == "harmony":
             raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' turns reasoning off, "
                                                "but gpt-oss always reasons; ask for a low reasoning effort instead.")
-        if req.reasoning is False and isinstance(self.template, chat.JinjaTemplate) and self.template.thinks:
+        if req.reasoning is False and isinstance(self.template, templates.JinjaTemplate) and self.template.thinks:
             kwargs = {**kwargs, "enable_thinking": False}  # Qwen3's switch; a template without one refuses it
         # a Jinja template over a long conversation takes milliseconds: off the event loop
         rendered = await asyncio.to_thread(self._render, req.messages, tools, True, kwargs, req.template_params)
         self._check_text(rendered.text, "messages")
-        tokens = await self.runtime.call(chat.tokenize_prompt, rendered, self.engine.tokenize_marked)
+        tokens = await self.runtime.call(templates.tokenize_prompt, rendered, self.engine.tokenize_marked)
         prompt = self._prompt_ids(tokens.ids)
         for index, span in tokens.replies.items():
             m = req.messages[index]
@@ -547,9 +561,9 @@ class Api:
         return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(openai.parse_completion_request, request.body)
+        req = await parse(validation.parse_completion_request, request.body)
         self._check_model(req.model)
-        openai.check_vocab(req, self.info.n_vocab)
+        validation.check_vocab(req, self.info.n_vocab)
         sid = self._session_of(req, request)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
@@ -566,30 +580,30 @@ class Api:
                                                      req.timings_per_token),
                                     prompt_logprobs=req.logprobs if req.echo else None)
 
-    def _render(self, messages: list[openai.Message], tools: list[dict], add_generation_prompt: bool = True,
-                template_kwargs: dict | None = None, template_params: dict | None = None) -> chat.Prompt:
+    def _render(self, messages: list[validation.Message], tools: list[dict], add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None, template_params: dict | None = None) -> templates.Prompt:
         """The chat prompt; 400 when there is no usable template or it refuses the input.
         template_params names the request field that set a template variable, for the
         400 when the template has no use for it."""
-        if isinstance(self.template, chat.Unavailable):
+        if isinstance(self.template, templates.Unavailable):
             raise errors.invalid_request(self.template.reason, "messages")
         try:
-            return chat.render_chat(self.template, [asdict(m) for m in messages], tools or None,
+            return templates.render_chat(self.template, [asdict(m) for m in messages], tools or None,
                                     add_generation_prompt, template_kwargs)
-        except chat.UnsupportedToolsError as exc:
+        except templates.UnsupportedToolsError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
-        except chat.UnusedVariableError as exc:
+        except templates.UnusedVariableError as exc:
             param = (template_params or {}).get(exc.name) or (
                 "reasoning_effort" if exc.name == "reasoning_effort" else f"chat_template_kwargs.{exc.name}")
             raise errors.unsupported_parameter(param, str(exc))
-        except chat.ChatTemplateError as exc:
+        except templates.ChatTemplateError as exc:
             raise errors.invalid_request(str(exc), "messages")
 
     def _prompt_ids(self, ids: list[int]) -> PromptIds:
         """A tokenized prompt, BOS first if the model wants it."""
         return PromptIds(ids, self.info.bos_id if self.info.add_bos else None)
 
-    def _sampling(self, s: openai.Sampling) -> Sampling:
+    def _sampling(self, s: validation.Sampling) -> Sampling:
         return Sampling(
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
             seed=(s.seed if s.seed is not None else random.getrandbits(64)) & 0xFFFFFFFFFFFFFFFF,
@@ -605,7 +619,7 @@ class Api:
                                      "limit; retry later", retry_after=1)
 
     async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
-                        req: openai.ChatRequest | openai.CompletionRequest, sid: str | None,
+                        req: validation.ChatRequest | validation.CompletionRequest, sid: str | None,
                         tools: list[dict] | None, grammar: str | None, fmt: Format,
                         prompt_logprobs: int | None = None,
                         reasoning: bool | None = None) -> Response | StreamResponse:
@@ -650,7 +664,7 @@ class Api:
             lease.release()
             raise
         def new_output() -> Output:
-            return Output(req.stop, tools, reasoning, chat.tool_format(self.template))
+            return Output(req.stop, tools, reasoning, templates.tool_format(self.template))
         reply = Reply(self, fmt, g, new_output(), sid, prompt_text, Choices(req.n, generation, new_output, lease))
         if req.stream:
             response = StreamResponse(200, ReplyStream(reply, request))

@@ -1,4 +1,4 @@
-"""asyncio glue: sockets ⇄ the sans-IO parser in llmd.http ⇄ the application.
+"""asyncio glue: sockets ⇄ the sans-IO parser in llmd.http.parser ⇄ the application.
 
 Each connection is one task that serves its requests strictly one after another:
 read a head (idle/header timeouts), read the body (body timeout; "100 Continue" first
@@ -33,7 +33,7 @@ from typing import AsyncIterator, Awaitable, Callable, Union
 from urllib.parse import urlsplit
 
 from llmd.errors import ApiError, error_body, refusal_log
-from llmd.http import (CONTINUE, LAST_CHUNK, Body, EndOfMessage, Event, Headers, Limits,
+from llmd.http.parser import (CONTINUE, LAST_CHUNK, Body, EndOfMessage, Event, Headers, Limits,
                        ParseError, Request, RequestParser, render_chunk, render_head)
 
 log = logging.getLogger("llmd.server")

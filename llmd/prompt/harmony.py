@@ -29,9 +29,9 @@ import json
 import re
 from typing import Any, Callable, Iterable, Union
 
-from llmd.reasoning import ReasoningDelta
-from llmd.text import partial_suffix
-from llmd.tools import CallLayout, ContentDelta, ToolCallDelta, ToolCallStream, new_call_id, tool_names
+from llmd.prompt.reasoning import ReasoningDelta
+from llmd.prompt.text import partial_suffix
+from llmd.prompt.tool_calls import CallLayout, ContentDelta, ToolCallDelta, ToolCallStream, new_call_id, tool_names
 
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
 # What only a harmony template writes; the strings its replies are read by.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmd.text import partial_suffix
+from llmd.prompt.text import partial_suffix
 
 OPEN, CLOSE = "<think>", "</think>"
 

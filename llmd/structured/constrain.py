@@ -9,7 +9,7 @@ to functions.NAME, for Mistral, Phi-4 and Gemma 4 their [TOOL_CALLS], <|tool_cal
 <|tool_call> layouts, for Qwen3-Coder its XML; the arguments follow the tool's
 parameters schema, spelled as the layout says (JSON, Gemma 4's call syntax, XML
 parameters: _ARGUMENTS). Where a layout's marker is a control token of the model
-(`controls`), the grammar writes that one token (llmd.grammar.token), never the
+(`controls`), the grammar writes that one token (llmd.structured.grammar.token), never the
 marker's spelling in text bytes. With parallel_tool_calls, more calls may follow, each
 after the layout's separator (which may also end the answer). "required" starts with a
 call; a named function allows only that function; "auto" lets the model first write
@@ -29,12 +29,12 @@ import json
 from typing import Any, Callable
 
 from llmd import errors
-from llmd.grammar import (
+from llmd.structured.grammar import (
     EMPTY, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, opt, seq, star, text_without, token,
 )
-from llmd.jsonschema import GemmaSchemaCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler
-from llmd.openai import ChatRequest, CompletionRequest, ResponseFormat
-from llmd.tools import CLOSE_TAG, GEMMA_CALL_END, GEMMA_QUOTE, HERMES_LAYOUT, XML_PARAMETER_END, CallLayout
+from llmd.structured.jsonschema import GemmaSchemaCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler
+from llmd.api.validation import ChatRequest, CompletionRequest, ResponseFormat
+from llmd.prompt.tool_calls import CLOSE_TAG, GEMMA_CALL_END, GEMMA_QUOTE, HERMES_LAYOUT, XML_PARAMETER_END, CallLayout
 
 
 def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,

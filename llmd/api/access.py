@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from llmd import errors
-from llmd.api import error_response, error_shape
-from llmd.server import App, HttpRequest, Response, StreamResponse
+from llmd.api.routes import error_response, error_shape
+from llmd.http.server import App, HttpRequest, Response, StreamResponse
 
 OPEN_PATHS = ("/health", "/")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")

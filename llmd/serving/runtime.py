@@ -20,7 +20,7 @@ whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
 its stream) is not decoded until the reader takes events again through
 `next_event`, so a stalled client costs no compute while its write times out.
 
-A generation holds its session's lease (llmd.sessions.Lease) and gives it back the
+A generation holds its session's lease (llmd.serving.sessions.Lease) and gives it back the
 moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
 `end_all` at shutdown. The handler that started it only cancels it; it never has to
 wait for the end, so a handler interrupted at any await cannot leave a session held.
@@ -39,10 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmd.engine import Engine, Sampling, Token
-from llmd.metrics import ServerMetrics
-from llmd.prefill import PrefillPlan, plan_prefill, with_cached
-from llmd.sessions import Lease, Slot
+from llmd.engine.native import Engine, Sampling, Token
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
+from llmd.serving.sessions import Lease, Slot
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
@@ -57,8 +57,8 @@ class Generation:
     sampling: Sampling
     max_tokens: int
     reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
-    cache_scope: str | None = None  # shares cached prefixes in this scope (llmd.prefill.cache_scope)
-    grammar: str | None = None     # constrained decoding (llmd.constrain), None: free
+    cache_scope: str | None = None  # shares cached prefixes in this scope (llmd.serving.prefill.cache_scope)
+    grammar: str | None = None     # constrained decoding (llmd.structured.constrain), None: free
     logprobs: int | None = None    # tokens carry their logprob and this many top ones
     prompt_logprobs: int | None = None  # score the prompt (with this many top ones): no reuse
     progress: bool = False         # ("progress", prompt_progress()) events as the prompt is processed

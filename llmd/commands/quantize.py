@@ -299,7 +299,7 @@ class _Reader:
 
 def read_gguf(buf, size: int) -> GGUFHeader:
     """The header of the GGUF file in `buf`, checked against its `size` bytes."""
-    from llmd.engine import tensor_type
+    from llmd.engine.native import tensor_type
     r = _Reader(buf, size)
     if r.take(4, "the magic") != b"GGUF":
         raise QuantizeError("not a GGUF file (it does not start with 'GGUF')")
@@ -349,7 +349,7 @@ def read_gguf(buf, size: int) -> GGUFHeader:
 
 
 def tensor_bytes(ttype: int, shape: list[int]) -> int:
-    from llmd.engine import tensor_type
+    from llmd.engine.native import tensor_type
     return math.prod(shape[1:]) * tensor_type(ttype).row_bytes(shape[0])
 
 
@@ -393,7 +393,7 @@ CHUNK_BYTES = 64 << 20
 
 def convert(buf, header: GGUFHeader, t: TensorInfo, new_type: int, n_threads: int):
     """The tensor's data in new_type, in chunks of whole rows."""
-    from llmd.engine import quantize_rows
+    from llmd.engine.native import quantize_rows
     src_row = tensor_bytes(t.type, [t.shape[0]])
     dst_row = tensor_bytes(new_type, [t.shape[0]])
     per_chunk = max(1, CHUNK_BYTES // max(src_row, dst_row))
@@ -412,7 +412,7 @@ def quantize_file(src: str, dst: str, mix_name: str, *, n_threads: int = 0, allo
     """Writes `dst`, the GGUF at `src` in the mix `mix_name`, with a line per tensor to
     `out` (default stdout); returns the bytes written."""
     out = out if out is not None else sys.stdout
-    from llmd.engine import tensor_type
+    from llmd.engine.native import tensor_type
     mix = MIXES.get(mix_name.upper())
     if mix is None:
         raise QuantizeError(f"unknown type {mix_name!r}; known: {', '.join(MIXES)}")
@@ -451,7 +451,7 @@ def quantize_file(src: str, dst: str, mix_name: str, *, n_threads: int = 0, allo
 
 def _write(dst: str, buf, header: GGUFHeader, types: list[int], head: bytes, n_threads: int, out, started: float,
            requant: list[TensorInfo]) -> int:
-    from llmd.engine import EngineError, tensor_type
+    from llmd.engine.native import EngineError, tensor_type
     folder = os.path.dirname(os.path.abspath(dst))
     tmp = os.path.join(folder, f".{os.path.basename(dst)}.{os.getpid()}.tmp")
     try:

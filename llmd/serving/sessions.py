@@ -12,7 +12,7 @@ least recently used idle named session (policy "lru") or answers 429 ("none").
 Every slot has an asyncio.Lock, so requests for one session run one at a time
 in arrival order (asyncio locks wake waiters first-in first-out). `acquire`
 returns a Lease; the generation that runs on it releases it when it ends (see
-llmd.runtime), and releasing twice does nothing.
+llmd.serving.runtime), and releasing twice does nothing.
 
 Lifetime. The table alone opens and frees engine sessions, and it never does so
 from a request's own await: admission is synchronous up to the moment capacity
@@ -26,7 +26,7 @@ holds more sessions than the table has reserved, whatever order clients and
 operators act in. `engine_sessions` counts what the table holds; it equals the
 engine's own `live_sessions()` whenever the executor is idle.
 
-Sessions on disk (llmd.session_store, with --session-dir). A named session idle for
+Sessions on disk (llmd.serving.session_store, with --session-dir). A named session idle for
 IDLE_SAVE_SECONDS, evicted, or still in the table when the server closes, is
 exported on the executor (before its engine session is freed) and its file written
 on a worker thread, unless its file already holds what it holds; so a session
@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
-from llmd.engine import Engine, EngineError, Session
-from llmd.session_store import Saved, SessionStore
-from llmd.tools import canonical_arguments
+from llmd.engine.native import Engine, EngineError, Session
+from llmd.serving.session_store import Saved, SessionStore
+from llmd.prompt.tool_calls import canonical_arguments
 
 log = logging.getLogger("llmd.sessions")
 
