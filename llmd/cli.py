@@ -19,7 +19,6 @@ import sys
 import time
 
 from llmd import logs
-
 from llmd.engine import fetch
 from llmd.serving.prefill import SCOPES
 
@@ -320,15 +319,16 @@ def cmd_serve(args) -> int:
 
 
 async def serve(args) -> None:
-    from llmd.prompt import templates
     from llmd import errors
     from llmd.api.access import AccessPolicy, Guard, exposure_warning
+    from llmd.api.answers import transport_refusal
     from llmd.api.routes import Api, App, Options
     from llmd.engine.native import EngineError
     from llmd.http.parser import Limits
+    from llmd.http.server import HttpServer
+    from llmd.prompt import templates
     from llmd.serving.metrics import ServerMetrics
     from llmd.serving.runtime import Runtime
-    from llmd.http.server import HttpServer
     from llmd.serving.sessions import SessionTable
 
     app = App()
@@ -338,7 +338,7 @@ async def serve(args) -> None:
     # This machine's own name cannot be rebound by a web page's DNS: it is served too.
     policy = AccessPolicy(tuple(args.api_key or _env("api_key", [], list)), tuple(args.cors_origin),
                           args.host, (*args.allowed_host, socket.gethostname()))
-    server = HttpServer(Guard(app, policy), limits)
+    server = HttpServer(Guard(app, policy), limits, refusal=transport_refusal)
     try:
         await server.start(args.host, args.port)
     except OSError as exc:  # an unknown host name, a port in use, an address not ours

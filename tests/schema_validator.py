@@ -1,4 +1,4 @@
-"""A small JSON Schema validator for the subset llmd constrains output to (llmd/jsonschema.py),
+"""A small JSON Schema validator for the subset llmd constrains output to (llmd/structured/jsonschema.py),
 written independently of the grammar so tests can check generated values against it."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Access control (llmd/access.py) through a real server on the tiny model: every route
+"""Access control (llmd/api/access.py) through a real server on the tiny model: every route
 with no key, a wrong key and the right key; CORS preflight and response headers; the
 bind-address warning; and that prompt text reaches the log only with --log-prompts."""
 import json

@@ -1,4 +1,4 @@
-"""Tests for llmd/chat.py: template recognition and native rendering.
+"""Tests for llmd/prompt/templates.py: template recognition and native rendering.
 
 The golden file holds prompts rendered by Jinja2 from the real template strings
 (see its `_about`); these tests never import jinja.

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from llmd.prompt import templates
 from llmd.api.routes import PromptIds
 from llmd.engine.native import Engine
+from llmd.prompt import templates
 from tests.gguf_writer import ARRAY, F32, I32, STRING, build_spm_vocab
 from tests.reference_data import require
 

@@ -1,16 +1,16 @@
-"""llmd/constrain.py: the grammar of a request's output (response_format, tool calls),
+"""llmd/structured/constrain.py: the grammar of a request's output (response_format, tool calls),
 checked by running it over texts (llmd_grammar_match) and by the 400s it raises."""
 import json
 import random
 
 import pytest
 
-from llmd.structured import constrain
+from llmd.api.validation import parse_chat_request, parse_completion_request
 from llmd.engine.native import grammar_match
 from llmd.errors import ApiError
-from llmd.structured.grammar import compile_grammar
-from llmd.api.validation import parse_chat_request, parse_completion_request
 from llmd.prompt.tool_calls import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG, parse_tool_calls
+from llmd.structured import constrain
+from llmd.structured.grammar import compile_grammar
 
 NO, PREFIX, MAY_END, COMPLETE = 0, 1, 2, 3
 USER = [{"role": "user", "content": "hi"}]

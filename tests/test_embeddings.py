@@ -1,5 +1,5 @@
 """Embeddings: the engine's pooled hidden states (llmd_session_embed) against llama.cpp's
-llama-embedding on a tiny random-weight qwen3 embedding model, llmd/embeddings.py's pure
+llama-embedding on a tiny random-weight qwen3 embedding model, llmd/api/embeddings.py's pure
 parts, and POST /v1/embeddings on a server running that model."""
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_embed_refuses_bad_ids_and_lengths(tmp_path):
                     session.embed(ids)
 
 
-# ---- llmd/embeddings.py -------------------------------------------------------------------
+# ---- llmd/api/embeddings.py -------------------------------------------------------------------
 
 def test_vectors_are_l2_normalised_and_base64_is_little_endian_float32():
     assert normalize([3.0, 4.0]) == [0.6, 0.8] and normalize([0.0, 0.0]) == [0.0, 0.0]

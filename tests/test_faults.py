@@ -11,13 +11,14 @@ import time
 import pytest
 import pytest_asyncio
 
-from llmd.prompt import templates
 from llmd._native import lib
+from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
 from llmd.engine.native import EngineError
+from llmd.http.server import HttpServer
+from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import Runtime
-from llmd.http.server import HttpServer
 from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
@@ -55,7 +56,7 @@ async def stack(tiny_model):
     await table.start()
     app = App()
     app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine), Options(["model"]))
-    server = HttpServer(app)
+    server = HttpServer(app, refusal=transport_refusal)
     await server.start("127.0.0.1", 0)
     yield Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, fault
     await server.close(grace=1)

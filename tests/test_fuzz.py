@@ -1,5 +1,5 @@
 """Hostile input, seeded and bounded: mutated HTTP requests fed to the sans-IO parser
-(llmd/http.py) and sent to a real server, and mutated JSON bodies sent to every
+(llmd/http/parser.py) and sent to a real server, and mutated JSON bodies sent to every
 generation and tokenizer route. Every case must be answered with a 2xx or a 4xx (or
 the parser's 501/505), never crash or wedge the server, and a well-formed request must
 still succeed afterwards."""

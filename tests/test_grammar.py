@@ -1,11 +1,11 @@
-"""llmd/grammar.py compiled and run by the native matcher (llmd_grammar_match), and the
+"""llmd/structured/grammar.py compiled and run by the native matcher (llmd_grammar_match), and the
 native parser's refusal of malformed and hostile automaton texts."""
 import random
 
 import pytest
 
-from llmd.structured import grammar
 from llmd.engine.native import EngineError, grammar_match
+from llmd.structured import grammar
 from llmd.structured.grammar import (
     EMPTY, GrammarError, GrammarTooLarge, Ref, alt, byte_range, compile_grammar, lit, one_of, opt,
     repeat, seq, star, text_without, token,

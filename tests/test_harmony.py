@@ -1,4 +1,4 @@
-"""Tests for llmd/harmony.py: gpt-oss channels split into reasoning, content and tool
+"""Tests for llmd/prompt/harmony.py: gpt-oss channels split into reasoning, content and tool
 calls, whole and streamed; and through the chat Output with the real template."""
 import itertools
 
@@ -64,9 +64,9 @@ def test_reasoning_streams_before_the_message_ends():
 
 
 def test_chat_output_for_the_gpt_oss_template_splits_channels():
-    from llmd.prompt import templates
+    from llmd.api.reply import Output
     from llmd.prompt import jinja
-    from llmd.api.routes import Output
+    from llmd.prompt import templates
     from tests.reference_data import require
     template = templates.JinjaTemplate(jinja.Template(require("models/templates/openai-gpt-oss-120b.jinja").read_text()))
     assert templates.tool_format(template) == "harmony"

@@ -1,4 +1,4 @@
-"""Sans-IO HTTP/1.1 parser and response framing (llmd/http.py): raw bytes in, events out."""
+"""Sans-IO HTTP/1.1 parser and response framing (llmd/http/parser.py): raw bytes in, events out."""
 import random
 
 import pytest

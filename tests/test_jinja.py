@@ -1,4 +1,4 @@
-"""Tests for llmd/jinja.py: the chat-template interpreter.
+"""Tests for llmd/prompt/jinja.py: the chat-template interpreter.
 
 Expected strings below are what Jinja2 3.1.6 prints for the same source and values in
 transformers' chat-template environment (checked once with jinja2; it is not imported

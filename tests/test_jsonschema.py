@@ -1,4 +1,4 @@
-"""llmd/jsonschema.py: JSON and JSON Schema as grammars, checked by running the compiled
+"""llmd/structured/jsonschema.py: JSON and JSON Schema as grammars, checked by running the compiled
 automaton (llmd_grammar_match) over texts that must be accepted or refused."""
 import json
 import random

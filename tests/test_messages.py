@@ -4,8 +4,8 @@ import json
 import pytest
 
 from llmd.api import anthropic
-from llmd.errors import ApiError
 from llmd.api.validation import Message, ToolCall
+from llmd.errors import ApiError
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 

@@ -2,7 +2,6 @@ import json
 
 import pytest
 
-from llmd.errors import ApiError
 from llmd.api.validation import (
     MAX_DEPTH,
     ChatRequest,
@@ -21,6 +20,7 @@ from llmd.api.validation import (
     parse_json_object,
     parse_tokenize_request,
 )
+from llmd.errors import ApiError
 
 USER = [{"role": "user", "content": "hi"}]
 

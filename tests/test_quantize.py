@@ -1,4 +1,4 @@
-"""`llmd quantize` (llmd/quantize.py) and the engine's quantizers (native/src/quants/quantize.cpp).
+"""`llmd quantize` (llmd/commands/quantize.py) and the engine's quantizers (native/src/quants/quantize.cpp).
 
 Golden facts (tests/data/quantize_golden.json, made by tests/make_quantize_golden.py
 from llama.cpp): the bytes llama.cpp's reference quantizers make from fixed rows,
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from llmd import cli
-from llmd.engine.native import Engine, EngineError, quantize_rows
 from llmd.commands.quantize import MIXES, TYPE_NAMES, QuantizeError, plan, quantize_file, read_gguf
+from llmd.engine.native import Engine, EngineError, quantize_rows
 from tests import gguf_writer as gw
 from tests.make_quantize_golden import (DIGEST_COLS, DIGEST_ROWS, TINY_MODELS, TYPES, digest_matrix, golden_rows,
                                         write_tiny_model)

@@ -1,4 +1,4 @@
-"""Tests for llmd/reasoning.py: <think> blocks split from the answer, whole and streamed."""
+"""Tests for llmd/prompt/reasoning.py: <think> blocks split from the answer, whole and streamed."""
 import itertools
 
 import pytest
@@ -53,7 +53,7 @@ def test_every_cut_of_a_reply_gives_the_same_split():
 
 
 def test_chat_output_keeps_reasoning_out_of_content_and_tool_calls():
-    from llmd.api.routes import Output
+    from llmd.api.reply import Output
     from llmd.prompt.reasoning import ReasoningDelta
     from llmd.prompt.tool_calls import ContentDelta
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -67,7 +67,7 @@ def test_chat_output_keeps_reasoning_out_of_content_and_tool_calls():
 
 
 def test_output_without_a_reasoning_template_leaves_think_tags_in_content():
-    from llmd.api.routes import Output
+    from llmd.api.reply import Output
     output = Output([], None)
     output.feed(b"<think>x</think>y")
     output.finish()
@@ -83,8 +83,8 @@ def test_output_without_a_reasoning_template_leaves_think_tags_in_content():
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", None, None),
 ])
 def test_reasoning_start_follows_the_template_and_its_generation_prompt(name, enable_thinking, expected):
-    from llmd.prompt import templates
     from llmd.prompt import jinja
+    from llmd.prompt import templates
     from tests.reference_data import require
     template = templates.JinjaTemplate(jinja.Template(require(f"models/templates/{name}").read_text("utf-8")))
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
@@ -95,13 +95,13 @@ def test_reasoning_start_follows_the_template_and_its_generation_prompt(name, en
 # ---- reasoning through each API surface's format -------------------------------------------
 
 class StubReply:
-    """What a format reads of llmd.api.routes.Reply, for a reply whose text is `text` fed one
+    """What a format reads of llmd.api.reply.Reply, for a reply whose text is `text` fed one
     token of `step` characters at a time (finished with `finish_reason`)."""
 
     def __init__(self, text: str, step: int = 3, inside: bool = False):
         from types import SimpleNamespace
 
-        from llmd.api.routes import Output
+        from llmd.api.reply import Output
         self.output = Output([], None, reasoning=inside)
         self.pieces = [text[i:i + step].encode() for i in range(0, len(text), step)]
         self.model, self.finish_reason, self.logprobs, self.index, self.created = "m", None, [], 0, 0
@@ -132,8 +132,8 @@ REPLY = "<think>\nSeven times six.\n</think>\n\n42"
 
 
 def test_responses_put_reasoning_in_a_reasoning_item_before_the_message():
-    from llmd.api.validation import parse_responses_request
     from llmd.api.responses import ResponsesFormat
+    from llmd.api.validation import parse_responses_request
     req = parse_responses_request(b'{"model": "m", "input": "x", "reasoning": {"summary": "auto"}}')
     reply = StubReply(REPLY)
     events = reply.events(ResponsesFormat(req, None))
@@ -161,8 +161,8 @@ def test_responses_put_reasoning_in_a_reasoning_item_before_the_message():
 
 
 def test_a_reply_that_never_leaves_its_reasoning_is_a_reasoning_item_and_an_empty_message():
-    from llmd.api.validation import parse_responses_request
     from llmd.api.responses import ResponsesFormat
+    from llmd.api.validation import parse_responses_request
     events = StubReply("still thinking", inside=True).events(
         ResponsesFormat(parse_responses_request(b'{"model": "m", "input": "x"}'), None))
     reasoning, message = events[-1]["response"]["output"]

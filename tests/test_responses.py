@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from llmd.errors import ApiError
-from llmd.api.validation import Message, ToolCall, parse_responses_request
 from llmd.api.responses import ResponseStore, StoredResponse
+from llmd.api.validation import Message, ToolCall, parse_responses_request
+from llmd.errors import ApiError
 
 
 def parse(**fields):

@@ -1,4 +1,4 @@
-"""asyncio HTTP glue (llmd/server.py) over real loopback sockets, with a tiny dummy app."""
+"""asyncio HTTP glue (llmd/http/server.py) over real loopback sockets, with a tiny dummy app."""
 import asyncio
 import http.client
 import json
@@ -8,6 +8,7 @@ import struct
 import pytest
 import pytest_asyncio
 
+from llmd.api.answers import transport_refusal
 from llmd.http.parser import Limits
 from llmd.http.server import HttpRequest, HttpServer, Response, StreamResponse
 
@@ -80,7 +81,7 @@ async def start():
 
     async def start(app=None, **limits):
         app = app or DummyApp()
-        server = HttpServer(app, Limits(**limits))
+        server = HttpServer(app, Limits(**limits), refusal=transport_refusal)
         await server.start("127.0.0.1", 0)
         servers.append(server)
         return server, app

@@ -1,4 +1,4 @@
-"""Sessions on disk (llmd/session_store.py and its hooks in llmd/sessions.py): the
+"""Sessions on disk (llmd/serving/session_store.py and its hooks in llmd/serving/sessions.py): the
 file format and every way a file is refused, atomic writes, the disk budget, safe
 names; then, on the real stack in this process (tiny model), eviction and shutdown
 saving sessions that come back warm, and a failing disk degrading to in-memory
@@ -19,13 +19,13 @@ import subprocess
 import pytest
 import pytest_asyncio
 
-from llmd.prompt import templates
-
-from llmd.serving import sessions
+from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
+from llmd.http.server import HttpServer
+from llmd.prompt import templates
+from llmd.serving import sessions
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import Runtime
-from llmd.http.server import HttpServer
 from llmd.serving.session_store import (FORMAT_VERSION, MAGIC, SUFFIX, SessionStore, decode, encode, file_name,
                                 model_fingerprint)
 from llmd.serving.sessions import SessionTable
@@ -213,7 +213,7 @@ async def stack(tiny_model, tmp_path):
         # No prefix cache: what is cached here came from the session or its file alone.
         app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine),
                       Options(["model"], prefix_cache="off"))
-        server = HttpServer(app)
+        server = HttpServer(app, refusal=transport_refusal)
         await server.start("127.0.0.1", 0)
 
         async def stop():

@@ -1,4 +1,4 @@
-"""Session lifetime (llmd/sessions.py with the runtime that releases leases), through the
+"""Session lifetime (llmd/serving/sessions.py with the runtime that releases leases), through the
 real HTTP stack in process on the tiny model: whatever clients and operators do, in
 whatever order, every engine session is freed exactly once and the table, the engine
 and the listing agree. Each test is one way this used to break."""
@@ -12,11 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from llmd.prompt import templates
+from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
+from llmd.http.server import HttpServer
+from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import Runtime
-from llmd.http.server import HttpServer
 from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.test_limits import no_end
@@ -47,7 +48,7 @@ class Stack:
         app = App()
         app.api = Api(self.engine, self.runtime, self.table, templates.detect_template(self.engine.info.chat_template),
                       Options(["model"]))
-        self.server = HttpServer(app)
+        self.server = HttpServer(app, refusal=transport_refusal)
         await self.server.start("127.0.0.1", 0)
         self.client = Client(f"http://127.0.0.1:{self.server.port}/v1", model="model")
         return self

@@ -1,4 +1,4 @@
-"""SSE framing (llmd/sse.py)."""
+"""SSE framing (llmd/http/sse.py)."""
 import json
 
 from llmd.http import sse

@@ -10,12 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from llmd.prompt import templates
-
-from llmd.structured import constrain
-
 from llmd.api import validation
 from llmd.engine.native import Sampling
+from llmd.prompt import templates
+from llmd.structured import constrain
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.schema_validator import errors

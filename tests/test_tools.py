@@ -1,4 +1,4 @@
-"""Tests for llmd/tools.py: Hermes tool-call parsing, whole and streamed."""
+"""Tests for llmd/prompt/tool_calls.py: Hermes tool-call parsing, whole and streamed."""
 
 import itertools
 import json
@@ -7,8 +7,9 @@ import re
 import pytest
 
 from llmd.prompt.tool_calls import (CALL_ARGUMENTS, CALL_HEAD, CALL_TAIL, CLOSE_TAG, OPEN_TAG, ContentDelta,
-                        JsonReplyCallStream, ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls, new_call_id,
-                        canonical_arguments, parse_tool_calls, tool_names)
+                                   JsonReplyCallStream, ToolCallDelta, ToolCallStream, decode_call, merge_tool_calls,
+                                   new_call_id, parse_tool_calls, tool_names)
+from llmd.serving.sessions import canonical_arguments
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time"}}]
@@ -461,12 +462,12 @@ def test_unknown_tool_format_is_refused():
 def test_mistral_control_tokens_reach_the_parser_as_text_and_the_grammar_writes_them(tmp_path):
     """The path of a reply through the API: a Mistral-shaped vocabulary whose
     [TOOL_CALLS] and [ARGS] are control tokens (empty pieces), the real Mistral Small
-    3.2 template, the pieces chat.control_pieces shows, the chat Output."""
+    3.2 template, the pieces templates.control_pieces shows, the chat Output."""
+    from llmd.api import validation
+    from llmd.api.reply import Output
+    from llmd.engine.native import Engine
     from llmd.prompt import templates
     from llmd.structured import constrain
-    from llmd.api import validation
-    from llmd.api.routes import Output
-    from llmd.engine.native import Engine
     from tests.gguf_writer import ARRAY, F32, I32, STRING, build_spm_vocab
     from tests.reference_data import require
     w = build_spm_vocab(['Checking.get_weather{"city": "Paris"}'], add_space_prefix=False)

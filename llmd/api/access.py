@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from llmd import errors
-from llmd.api.routes import error_response, error_shape
+from llmd.api.answers import error_response, error_shape
 from llmd.http.server import App, HttpRequest, Response, StreamResponse
 
 OPEN_PATHS = ("/health", "/")

@@ -24,8 +24,6 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from llmd.http import sse
-from llmd.errors import ANTHROPIC, ApiError, error_body, invalid_request, invalid_type, unsupported_parameter
 from llmd.api.validation import (
     INT32_MAX,
     ChatRequest,
@@ -45,11 +43,13 @@ from llmd.api.validation import (
     parse_json_object,
     text_parts,
 )
+from llmd.errors import ANTHROPIC, ApiError, error_body, invalid_request, invalid_type, unsupported_parameter
+from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
-    from llmd.api.routes import Reply
+    from llmd.api.reply import Reply
 
 PATHS = ("/v1/messages", "/messages")  # routes that answer errors in Anthropic's shape
 MAX_STOP_SEQUENCES = 16

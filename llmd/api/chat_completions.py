@@ -2,7 +2,7 @@
 and the `chat.completion.chunk` stream a finished or running reply becomes.
 
 A format object is built per request and handed to the shared generation core
-(`llmd.api.routes.Reply`), which calls it back with the reply's deltas; nothing here
+(`llmd.api.reply.Reply`), which calls it back with the reply's deltas; nothing here
 touches the runtime or the session table.
 """
 from __future__ import annotations
@@ -12,15 +12,14 @@ import uuid
 from typing import TYPE_CHECKING
 
 from llmd.api import logprobs
-
-from llmd.http import sse
 from llmd.errors import ApiError, error_body
+from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
-    from llmd.api.routes import Choice, Reply
     from llmd.api.logprobs import TokenLogprob
+    from llmd.api.reply import Choice, Reply
 
 FINGERPRINT = "llmd-0.1.0"
 

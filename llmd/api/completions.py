@@ -10,8 +10,8 @@ from llmd.api.chat_completions import FINGERPRINT, ChunkStream
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
-    from llmd.api.routes import Choice, Reply
     from llmd.api.logprobs import TokenLogprob
+    from llmd.api.reply import Choice, Reply
 
 
 class CompletionFormat(ChunkStream):

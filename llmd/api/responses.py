@@ -23,16 +23,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from llmd.api import logprobs
-
-from llmd.http import sse
-from llmd.errors import ApiError
 from llmd.api.validation import Message, ResponsesRequest, ToolCall, compaction_content
+from llmd.errors import ApiError
+from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
-    from llmd.api.routes import Reply
     from llmd.api.logprobs import TokenLogprob
+    from llmd.api.reply import Reply
 
 MAX_STORED = 256  # responses kept for previous_response_id, per server (oldest dropped first)
 

@@ -14,7 +14,7 @@ Every write waits for the socket to drain (bounded by `write_timeout`), so a
 slow reader slows its producer instead of growing our buffers; the kernel's send
 buffer and asyncio's are both capped at `write_buffer` bytes, so a reader that stops
 reading is noticed after a bounded amount of stream, not after megabytes. Parse errors
-and app failures are answered with an OpenAI-shaped JSON error; nothing that happens
+and app failures are answered with the app's own refusal (`Refusal`); nothing that happens
 on one connection escapes its task. Past `max_connections` open connections, a new
 one is answered 503 at once, without reading its request, and closed.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import uuid
@@ -32,7 +31,6 @@ from email.utils import formatdate
 from typing import AsyncIterator, Awaitable, Callable, Union
 from urllib.parse import urlsplit
 
-from llmd.errors import ApiError, error_body, refusal_log
 from llmd.http.parser import (CONTINUE, LAST_CHUNK, Body, EndOfMessage, Event, Headers, Limits,
                        ParseError, Request, RequestParser, render_chunk, render_head)
 
@@ -106,11 +104,6 @@ def _access_log(request: HttpRequest, response: Response | StreamResponse | None
 
 class _Disconnected(Exception):
     pass
-
-
-def _error(status: int, message: str, code: str, kind: str = "invalid_request_error") -> Response:
-    err = ApiError(status, message, kind, None, code)
-    return Response(status, json.dumps(error_body(err)).encode(), log=refusal_log(err))
 
 
 async def _aclose(it: AsyncIterator[bytes]) -> None:
@@ -299,7 +292,7 @@ class _Connection:
             log.exception("app failed on %s %s", request.method, request.path)
             if isinstance(response, StreamResponse):
                 await _aclose(response.chunks)
-            return _error(500, "internal server error", "server_error", "server_error")
+            return self.server.refusal(500, "internal server error", "server_error", "server_error")
 
     async def _send(self, method: str, version: str, response: Response,
                     keep_alive: bool) -> bool:
@@ -375,7 +368,8 @@ class _Connection:
     async def _reject(self, err: ParseError) -> bool:
         """Answer a request the parser refused, then close (its framing is lost)."""
         code = _PARSE_CODES.get(err.status, "bad_request")
-        return await self._answer_and_close(_error(err.status, err.message, code))
+        return await self._answer_and_close(self.server.refusal(err.status, err.message, code,
+                                                                "invalid_request_error"))
 
     async def _answer_and_close(self, response: Response) -> bool:
         await self._send("GET", "1.1", response, False)
@@ -392,11 +386,18 @@ class _Connection:
         return False
 
 
+# How the application words a refusal the server makes on its own (a request the
+# parser refused, an app that failed, a connection over the limit): (status, message,
+# a machine-readable code, the kind of error) -> the response to send.
+Refusal = Callable[[int, str, str, str], Response]
+
+
 class HttpServer:
     """An HTTP/1.1 server running `app` on the current event loop."""
 
-    def __init__(self, app: App, limits: Limits | None = None) -> None:
+    def __init__(self, app: App, limits: Limits | None = None, *, refusal: Refusal) -> None:
         self.app = app
+        self.refusal = refusal
         self.limits = limits or Limits()
         self.closing = False
         self._server: asyncio.Server | None = None
@@ -472,22 +473,10 @@ class HttpServer:
             return
         self._refusing += 1
         try:
-            response = _error(503, f"the server is at its limit of {self.limits.max_connections} "
-                                   "connections; retry later", "too_many_connections",
-                              "unavailable_error")
+            response = self.refusal(503, f"the server is at its limit of {self.limits.max_connections} "
+                                         "connections; retry later", "too_many_connections",
+                                    "unavailable_error")
             response.headers.append(("Retry-After", "1"))
             await conn.refuse(response)
         finally:
             self._refusing -= 1
-
-
-async def serve(app: App, host: str = "127.0.0.1", port: int = 8000,
-                limits: Limits | None = None) -> None:
-    """Run `app` on host:port until cancelled, then close gracefully."""
-    server = HttpServer(app, limits)
-    await server.start(host, port)
-    log.info("listening on http://%s:%d", host, server.port)
-    try:
-        await server.serve_forever()
-    finally:
-        await server.close()

@@ -3,5 +3,5 @@ reasoning, tool-call parsing, stop strings and UTF-8 text streams.
 
 Pure text in, text or deltas out: no engine, no HTTP, no API shapes.
 
-May import: llmd.errors.
+May import: nothing of llmd.
 """

@@ -49,9 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmd.prompt import harmony
-
 from llmd.prompt import jinja
-
 from llmd.prompt import reasoning
 from llmd.prompt.tool_calls import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT,
                         MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG, PHI4_LAYOUT,

@@ -1,5 +1,5 @@
 """Tool calls in model output: the Hermes `<tool_call>{json}</tool_call>` convention,
-and each family's own format (`call_stream` by the name chat.tool_format gives).
+and each family's own format (`call_stream` by the name templates.tool_format gives).
 
 Theory of operation. The model answers with text in which each call is a block
 
@@ -16,7 +16,7 @@ Whitespace between content and a call block is layout, not content, and is dropp
 `ToolCallStream` works on text deltas for SSE: text outside blocks is released at
 once, except a tail that could still become a block (trailing whitespace, a partial
 `<tool_call>`). A block written exactly in the layout that constrained decoding
-produces (CALL_HEAD, a declared name, CALL_ARGUMENTS, an object; llmd/constrain.py)
+produces (CALL_HEAD, a declared name, CALL_ARGUMENTS, an object; llmd/structured/constrain.py)
 is a call as soon as its name is known, and its arguments stream as they come: a
 small JSON scanner finds where the object ends, and the rest up to `</tool_call>`
 is layout. Any other block is held until its closing tag and then released as one
@@ -103,17 +103,6 @@ _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 def new_mistral_call_id() -> str:
     """A call id Mistral's templates accept when it is sent back: 9 letters and digits."""
     return "".join(secrets.choice(_ALNUM) for _ in range(9))
-
-
-def canonical_arguments(arguments: str) -> str:
-    """Tool-call arguments in one form: compact JSON, keys in their order, non-ASCII as
-    is. Clients re-serialise the arguments they send back (JSON.stringify, indent=2);
-    comparing in this form recognises them as the call the model made. Text that is
-    not JSON is its own form."""
-    try:
-        return json.dumps(json.loads(arguments), ensure_ascii=False, separators=(",", ":"))
-    except ValueError:
-        return arguments
 
 
 def tool_names(tools: Iterable[dict[str, Any]] | None) -> frozenset[str]:
@@ -634,7 +623,7 @@ def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
 
 @dataclass(frozen=True)
 class CallLayout:
-    """How constrained decoding writes a call (llmd/constrain.py): `head`, the tool's
+    """How constrained decoding writes a call (llmd/structured/constrain.py): `head`, the tool's
     name, `between`, the arguments, `tail`; `separator` between parallel calls (it may
     also end the answer). Free text before a call may not contain `opens`; without
     `after_text`, calls only open the reply (the parser reads no call after text). The
@@ -669,7 +658,7 @@ QWEN3_CODER_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + "\n<function=", ">\n", "</f
 
 
 
-# Each tool format by name (chat.tool_format): the strings its calls are written with,
+# Each tool format by name (templates.tool_format): the strings its calls are written with,
 # the one that opens a call first. Where they are control tokens, the output parser
 # must see them as text.
 FORMAT_MARKERS: dict[str, tuple[str, ...]] = {

@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Callable, Iterable
-
-if TYPE_CHECKING:
-    from llmd.serving.runtime import Runtime
-    from llmd.serving.sessions import SessionTable
+from typing import Callable, Iterable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -237,36 +233,6 @@ class ServerMetrics:
             "llmd_session_files_failed_total",
             "Session files that could not be written (disk full, read-only directory, over --session-dir-max).")
         self.session_dir_bytes = r.gauge("llmd_session_dir_bytes", "Bytes of session files in --session-dir.")
-
-    def watch(self, runtime: Runtime, table: SessionTable) -> None:
-        """Sample the state gauges from the runtime and the session table at each scrape."""
-        self.generations_active.read = lambda: runtime.active
-        self.generations_queued.read = lambda: table.waiting
-        self.sessions_in_use.read = lambda: table.in_use
-        self.sessions_capacity.read = lambda: table.capacity - 1
-        self.engine_sessions.read = table.engine.live_sessions
-        self.table_sessions.read = lambda: table.engine_sessions
-        engine, block = table.engine, table.engine.info.kv_block_bytes
-        self.kv_bytes.read = lambda: engine.kv_stats().blocks_live * block + table.ring_bytes
-        self.kv_blocks.read = lambda: engine.kv_stats().blocks_live
-
-        def shared_holds() -> int:
-            stats = engine.kv_stats()
-            return stats.block_refs - stats.blocks_live
-
-        self.blocks_shared.read = shared_holds
-        self.bytes_saved.read = lambda: shared_holds() * block
-        self.retired_blocks.read = lambda: engine.kv_stats().blocks_retired
-        self.retired_bytes.read = lambda: engine.kv_stats().blocks_retired * block
-        self.snapshots.read = lambda: engine.kv_stats().snapshots
-        self.snapshot_bytes.read = lambda: engine.kv_stats().snapshot_bytes
-        self.evictions.read = lambda: table.evictions
-        if (store := table.store) is not None:
-            self.session_files_saved.read = lambda: store.saved
-            self.session_files_loaded.read = lambda: store.loaded
-            self.session_files_refused.read = lambda: store.refused
-            self.session_files_failed.read = lambda: store.failed
-            self.session_dir_bytes.read = lambda: store.bytes_used
 
     def render(self) -> str:
         return self.registry.render()

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from llmd.engine.native import Engine, Sampling, Token
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
-from llmd.serving.sessions import Lease, Slot
+from llmd.serving.sessions import Lease, SessionTable, Slot
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
@@ -343,3 +343,35 @@ class Runtime:
                 self._finish(g, "end", "length" if g.forced else "stop")
             elif g.generated >= g.max_tokens:
                 self._finish(g, "end", "length")
+
+
+def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable) -> None:
+    """Sample the state gauges of `metrics` from the runtime and the session table at each
+    scrape."""
+    metrics.generations_active.read = lambda: runtime.active
+    metrics.generations_queued.read = lambda: table.waiting
+    metrics.sessions_in_use.read = lambda: table.in_use
+    metrics.sessions_capacity.read = lambda: table.capacity - 1
+    metrics.engine_sessions.read = table.engine.live_sessions
+    metrics.table_sessions.read = lambda: table.engine_sessions
+    engine, block = table.engine, table.engine.info.kv_block_bytes
+    metrics.kv_bytes.read = lambda: engine.kv_stats().blocks_live * block + table.ring_bytes
+    metrics.kv_blocks.read = lambda: engine.kv_stats().blocks_live
+
+    def shared_holds() -> int:
+        stats = engine.kv_stats()
+        return stats.block_refs - stats.blocks_live
+
+    metrics.blocks_shared.read = shared_holds
+    metrics.bytes_saved.read = lambda: shared_holds() * block
+    metrics.retired_blocks.read = lambda: engine.kv_stats().blocks_retired
+    metrics.retired_bytes.read = lambda: engine.kv_stats().blocks_retired * block
+    metrics.snapshots.read = lambda: engine.kv_stats().snapshots
+    metrics.snapshot_bytes.read = lambda: engine.kv_stats().snapshot_bytes
+    metrics.evictions.read = lambda: table.evictions
+    if (store := table.store) is not None:
+        metrics.session_files_saved.read = lambda: store.saved
+        metrics.session_files_loaded.read = lambda: store.loaded
+        metrics.session_files_refused.read = lambda: store.refused
+        metrics.session_files_failed.read = lambda: store.failed
+        metrics.session_dir_bytes.read = lambda: store.bytes_used

@@ -51,7 +51,6 @@ from typing import Awaitable, Callable, Iterable
 from llmd import errors
 from llmd.engine.native import Engine, EngineError, Session
 from llmd.serving.session_store import Saved, SessionStore
-from llmd.prompt.tool_calls import canonical_arguments
 
 log = logging.getLogger("llmd.sessions")
 
@@ -80,6 +79,17 @@ def cache_key_session(prompt_cache_key: str | None) -> str | None:
     if prompt_cache_key is None:
         return None
     return "pck-" + hashlib.sha256(prompt_cache_key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def canonical_arguments(arguments: str) -> str:
+    """Tool-call arguments in one form: compact JSON, keys in their order, non-ASCII as
+    is. Clients re-serialise the arguments they send back (JSON.stringify, indent=2);
+    comparing in this form recognises them as the call the model made. Text that is
+    not JSON is its own form."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        return arguments
 
 
 def reply_fingerprint(content: str | None, calls: Iterable[tuple[str, str]]) -> str:

@@ -2,8 +2,8 @@
 response_format (json_object, json_schema) of chat and completions, and the tool
 calls of chat (tool_choice "auto", "required" or a named function).
 
-Tool calls are written in a tools.CallLayout: by default the Hermes layout tools.py
-streams (OPEN_TAG CALL_HEAD name CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), for
+Tool calls are written in a tool_calls.CallLayout: by default the Hermes layout
+tool_calls.py streams (OPEN_TAG CALL_HEAD name CALL_ARGUMENTS arguments CALL_TAIL CLOSE_TAG), for
 Llama 3.x its JSON reply (after <|python_tag|> for 3.1 and 3.3), for gpt-oss a message
 to functions.NAME, for Mistral, Phi-4 and Gemma 4 their [TOOL_CALLS], <|tool_call|> and
 <|tool_call> layouts, for Qwen3-Coder its XML; the arguments follow the tool's
@@ -17,7 +17,7 @@ text, any text without the layout's opening (the call, if any, starts there, unl
 layout's calls must open the reply), or the response format when one is given.
 
 Compiling a schema costs milliseconds, so grammars are cached by request content.
-A schema outside the supported subset (llmd/jsonschema.py) is a 400 naming the
+A schema outside the supported subset (llmd/structured/jsonschema.py) is a 400 naming the
 keyword, before any response byte.
 """
 
@@ -26,21 +26,43 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from llmd import errors
+from llmd.prompt.tool_calls import CLOSE_TAG, GEMMA_CALL_END, GEMMA_QUOTE, HERMES_LAYOUT, XML_PARAMETER_END, CallLayout
 from llmd.structured.grammar import (
     EMPTY, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, opt, seq, star, text_without, token,
 )
 from llmd.structured.jsonschema import GemmaSchemaCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler
-from llmd.api.validation import ChatRequest, CompletionRequest, ResponseFormat
-from llmd.prompt.tool_calls import CLOSE_TAG, GEMMA_CALL_END, GEMMA_QUOTE, HERMES_LAYOUT, XML_PARAMETER_END, CallLayout
+
+
+# What constrained decoding reads of a validated request (llmd.api.validation's
+# ChatRequest, CompletionRequest, ResponseFormat and Tool have these fields).
+class ResponseFormat(Protocol):
+    type: str                          # "text" | "json_object" | "json_schema"
+    schema: Any                        # json_schema: the JSON Schema
+
+
+class Tool(Protocol):
+    name: str
+    parameters: dict | None            # its arguments' JSON Schema
+
+
+class CompletionRequest(Protocol):
+    response_format: ResponseFormat | None
+
+
+class ChatRequest(CompletionRequest, Protocol):
+    tools: Sequence[Tool]
+    tool_choice: str                   # "none" | "auto" | "required"
+    tool_name: str | None              # the one function tool_choice names, if any
+    parallel_tool_calls: bool
 
 
 def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
                  controls: dict[str, int] | None = None) -> str | None:
     """Grammar text for a chat request, or None when its output is free; calls in
-    `layout` (chat.call_layout of the model's template). `controls`: the strings of
+    `layout` (templates.call_layout of the model's template). `controls`: the strings of
     the layout that are control tokens of the model, with their ids (Mistral's
     [TOOL_CALLS], Phi-4's <|tool_call|>); the grammar writes those as the token."""
     tools = [[t.name, t.parameters] for t in req.tools] if req.tool_choice != "none" else []
