@@ -61,18 +61,28 @@ class _HelpFormatter(argparse.HelpFormatter):
         if not action.option_strings or action.dest == "help":
             return text
         if "(default:" not in text:
-            text += " (default: %(default)s)"
+            text += f" (default: {_size_text(action.default)})" if action.type is _size else " (default: %(default)s)"
         return text + f" [env {_env_name(action.dest)}]"
+
+
+_UNITS = {"T": 1 << 40, "G": 1 << 30, "M": 1 << 20, "K": 1 << 10}
 
 
 def _size(text: str) -> int:
     """Bytes from '4G', '512M', '1000000'."""
     text = text.strip().upper()
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    scale = _UNITS.get(text[-1:], 1)
     value = float(text[:-1] if scale > 1 else text)
     if value < 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"invalid size {text!r}")
     return int(value * scale)
+
+
+def _size_text(size: int) -> str:
+    """A size as flags take it and the README writes it: '16M' for 16 << 20, bytes when
+    no unit divides it."""
+    unit = next((u for u, scale in _UNITS.items() if size and size % scale == 0), None)
+    return f"{size // _UNITS[unit]}{unit}" if unit else str(size)
 
 
 def _api_key(text: str) -> str:
@@ -96,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     fmt = _HelpFormatter
 
+    # serve is the command when none is named, so its usage line shows it optional.
     serve = sub.add_parser("serve", help="serve the model over HTTP (the default command)", formatter_class=fmt,
+                           prog=f"{parser.prog} [serve]",
                            description="Serve the model over HTTP: the OpenAI API, a status and chat page at /, "
                                        "Prometheus metrics at /metrics.",
                            epilog="Other commands: pull, tokenize, perplexity, bench "

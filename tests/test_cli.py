@@ -98,6 +98,15 @@ def test_top_level_help_lists_every_serve_flag_with_its_default_and_variable():
     assert "pull, tokenize, perplexity, bench" in out
 
 
+def test_help_names_the_program_as_run_and_sizes_as_flags_take_them():
+    out = run("--help").stdout
+    assert out.startswith("usage: python -m llmd [serve] ")
+    options = " ".join(out.split("options:", 1)[1].split())
+    assert "largest request body (default: 16M)" in options
+    assert "(0: no limit) (default: 4G)" in options
+    assert "usage: python -m llmd bench " in run("bench", "--help").stdout
+
+
 def _other_value(default, choices: list[str]):
     """An LLMD_* value different from a flag's default, and what it should parse to."""
     if isinstance(default, bool):
