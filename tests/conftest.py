@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.gguf_writer import TinyLlama, write_tiny_llama
+from tests.support.gguf_writer import TinyLlama, write_tiny_llama
 
 
 # ---- tiny GGUF models (engine-layer tests: test_gguf, test_engine) ----------------

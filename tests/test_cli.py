@@ -128,7 +128,7 @@ def test_every_serve_flag_reads_its_environment_variable(monkeypatch):
     defaults = vars(cli.build_parser().parse_args(["serve"]))
     for flag in _serve_flags(help_text):
         if flag == "--api-key":
-            continue  # read when serving, so that --help never shows a key (tests/test_access.py)
+            continue  # read when serving, so that --help never shows a key (tests/api/test_access.py)
         dest = flag[2:].replace("-", "_")
         choices = re.search(re.escape(flag) + r" \{([a-z,]+)\}", help_text)
         raw, expected = _other_value(defaults[dest], choices.group(1).split(",") if choices else [])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmd.engine.native import Engine
-from tests.gguf_writer import GGML_F16
+from tests.support.gguf_writer import GGML_F16
 from tests.random_model import SHAPES, random_f16
 
 

@@ -4,7 +4,7 @@ Theory of operation. A GGUF carries its chat format as a Jinja program
 (`tokenizer.chat_template`). llmd runs it with its own interpreter (llmd.prompt.jinja) as a
 `JinjaTemplate`. The few programs it knows exactly (SmolLM2's and Qwen2.5's ChatML
 variants, Llama 3.0's) also have a built-in renderer, `ChatTemplate`, which writes the same
-bytes natively (tests/test_chat.py proves it against the interpreter and against
+bytes natively (tests/prompt/test_templates.py proves it against the interpreter and against
 Jinja output in tests/data/chat_golden.json) and knows where each earlier reply,
 tool calls included, sits in the prompt; `detect_template` picks it only for those
 exact programs.
