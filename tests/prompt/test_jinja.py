@@ -1,4 +1,4 @@
-"""Tests for llmd/prompt/jinja.py: the chat-template interpreter.
+"""Tests for llmd/prompt/jinja/: the chat-template interpreter.
 
 Expected strings below are what Jinja2 3.1.6 prints for the same source and values in
 transformers' chat-template environment (checked once with jinja2; it is not imported
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from llmd.prompt import jinja
+from llmd.prompt.jinja import values as jinja_values
 from llmd.prompt.jinja import Template, TemplateError, TemplateRaised, TemplateRuntimeError, TemplateSyntaxError
 from tests.reference_data import require
 from tests.support.template_cases import CONVERSATIONS, NOW, variables
@@ -196,7 +197,7 @@ def test_raise_exception_is_its_own_error_with_the_templates_message():
 
 
 def test_output_size_is_bounded(monkeypatch):
-    monkeypatch.setattr(jinja, "MAX_OUTPUT", 1000)
+    monkeypatch.setattr(jinja_values, "MAX_OUTPUT", 1000)
     with pytest.raises(TemplateRuntimeError, match="longer than 1000"):
         render("{% for i in range(100) %}0123456789ab{% endfor %}")
     with pytest.raises(TemplateRuntimeError, match="output limit"):
@@ -204,7 +205,7 @@ def test_output_size_is_bounded(monkeypatch):
 
 
 def test_loop_iterations_are_bounded(monkeypatch):
-    monkeypatch.setattr(jinja, "MAX_ITERATIONS", 50)
+    monkeypatch.setattr(jinja_values, "MAX_ITERATIONS", 50)
     with pytest.raises(TemplateRuntimeError, match="more than 50 loop iterations"):
         render("{% for i in range(10) %}{% for j in range(10) %}{% endfor %}{% endfor %}")
 
