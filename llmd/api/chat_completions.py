@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmd.api import logprobs
-from llmd.errors import ApiError, error_body
+from llmd.api.validation import (_bool, _CHAT_KEYS, _CHAT_UNSUPPORTED, ChatRequest, _check_keys, _int,
+                                 MAX_TOP_LOGPROBS, _parse_cache_salt, _parse_common, parse_json_object,
+                                 _parse_max_tokens, _parse_messages, _parse_n, _parse_n_probs,
+                                 _parse_prompt_cache_key, _parse_reasoning, _parse_response_format,
+                                 _parse_return_progress, _parse_sampling, _parse_stop, _parse_stream,
+                                 _parse_template_kwargs, _parse_timings_per_token, _parse_tool_choice,
+                                 _parse_tools, _required)
+from llmd.errors import ApiError, error_body, invalid_request, invalid_type, unsupported_parameter
 from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
@@ -119,3 +126,79 @@ class ChatCompletionFormat(ChunkStream):
 
     def _empty_choice(self, reply: Reply) -> dict:
         return {"index": reply.index, "delta": {}, "logprobs": None, "finish_reason": None}
+
+
+# --- the request ------------------------------------------------------------
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """Validate a /v1/chat/completions body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _CHAT_KEYS, _CHAT_UNSUPPORTED)
+    model, session_id = _parse_common(obj)
+    messages = _parse_messages(_required(obj, "messages", "messages"))
+    stream, include_usage = _parse_stream(obj)
+
+    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens")
+    max_completion = _parse_max_tokens(obj.get("max_completion_tokens"), "max_completion_tokens")
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one.",
+                              "max_tokens")
+    n = _parse_n(obj.get("n"))
+
+    logprobs = obj.get("logprobs") is not None and _bool(obj["logprobs"], "logprobs")
+    top_logprobs = obj.get("top_logprobs")
+    if top_logprobs is not None:
+        _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if not logprobs:
+            raise invalid_request("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
+    n_probs = _parse_n_probs(obj)
+    response_format = _parse_response_format(obj.get("response_format"))
+    _parse_modalities(obj.get("modalities"))
+
+    tools = _parse_tools(obj.get("tools"))
+    tool_choice, tool_name = _parse_tool_choice(obj.get("tool_choice"), tools)
+    ptc = obj.get("parallel_tool_calls")
+    # `reasoning` as the Responses API (and OpenRouter's chat) write it: its effort is
+    # reasoning_effort's, a summary asks for the reasoning (reasoning_content) itself.
+    template_kwargs, template_params = _parse_template_kwargs(obj), {}
+    effort, summary = _parse_reasoning(obj.get("reasoning"))
+    if effort is not None:
+        if template_kwargs.get("reasoning_effort", effort) != effort:
+            raise invalid_request("'reasoning.effort' and 'reasoning_effort' disagree; give one.",
+                                  "reasoning.effort")
+        template_kwargs["reasoning_effort"] = effort
+        template_params["reasoning_effort"] = "reasoning.effort"
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        sampling=_parse_sampling(obj),
+        max_tokens=max_completion if max_completion is not None else max_tokens,
+        stop=_parse_stop(obj.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=True if ptc is None else _bool(ptc, "parallel_tool_calls"),
+        session_id=session_id,
+        response_format=response_format,
+        tool_name=tool_name,
+        template_kwargs=template_kwargs,
+        template_params=template_params,
+        reasoning=True if summary is not None else None,
+        reasoning_param="reasoning.summary",
+        logprobs=(top_logprobs or 0) if logprobs else n_probs,
+        timings_per_token=_parse_timings_per_token(obj),
+        return_progress=_parse_return_progress(obj),
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+        n=n,
+        cache_salt=_parse_cache_salt(obj),
+    )
+
+
+def _parse_modalities(v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise invalid_type("modalities", "an array of strings", v)
+    if set(v) - {"text"}:
+        raise unsupported_parameter("modalities", "Only the 'text' modality is supported.")

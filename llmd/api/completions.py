@@ -3,10 +3,17 @@ object and stream a reply becomes (see llmd.api.chat_completions for the contrac
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmd.api import logprobs
 from llmd.api.chat_completions import FINGERPRINT, ChunkStream
+from llmd.api.validation import (_bool, _CACHE_KEYS, _check_keys, CompletionRequest, _int, INT32_MAX,
+                                 _LLAMA_KEYS, MAX_TOP_LOGPROBS, _parse_cache_salt, _parse_common,
+                                 parse_json_object, _parse_max_tokens, _parse_n, _parse_n_probs,
+                                 _parse_prompt_cache_key, _parse_prompt_one, _parse_response_format,
+                                 _parse_return_progress, _parse_sampling, _parse_stop, _parse_stream,
+                                 _parse_timings_per_token, _required, _SAMPLING_KEYS, _str)
+from llmd.errors import unsupported_parameter
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
 if TYPE_CHECKING:
@@ -81,3 +88,57 @@ class CompletionFormat(ChunkStream):
 
     def _empty_choice(self, reply: Reply) -> dict:
         return {"index": reply.index, "text": "", "logprobs": None, "finish_reason": None}
+
+
+# --- the request ------------------------------------------------------------
+
+_COMPLETION_KEYS = _SAMPLING_KEYS | frozenset({
+    "model", "prompt", "max_tokens", "stream", "stream_options", "stop", "n", "best_of",
+    "echo", "suffix", "logprobs", "user", "session_id", "response_format", "prompt_cache_key",
+    "prompt_cache_retention"}) | _LLAMA_KEYS | _CACHE_KEYS
+
+
+def parse_completion_request(body: bytes) -> CompletionRequest:
+    """Validate a /v1/completions body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _COMPLETION_KEYS, {})
+    model, session_id = _parse_common(obj)
+    prompt = _parse_prompt(_required(obj, "prompt", "prompt"))
+    stream, include_usage = _parse_stream(obj)
+    n = _parse_n(obj.get("n"))
+    if obj.get("best_of") is not None and _int(obj["best_of"], "best_of", 1, INT32_MAX) != 1:
+        raise unsupported_parameter("best_of", "Only best_of=1 is supported.")
+    echo = obj.get("echo") is not None and _bool(obj["echo"], "echo")
+    if obj.get("suffix") is not None and _str(obj["suffix"], "suffix"):
+        raise unsupported_parameter("suffix", "'suffix' (insertion) is not supported.")
+    logprobs = None if obj.get("logprobs") is None else _int(obj["logprobs"], "logprobs", 0, MAX_TOP_LOGPROBS)
+    # Echo with max_tokens 0 scores the prompt alone (how evaluation harnesses ask).
+    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens", 0 if echo else 1)
+    return CompletionRequest(
+        model=model,
+        prompt=prompt,
+        sampling=_parse_sampling(obj),
+        max_tokens=16 if max_tokens is None else max_tokens,
+        stop=_parse_stop(obj.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        session_id=session_id,
+        response_format=_parse_response_format(obj.get("response_format")),
+        logprobs=logprobs if logprobs is not None else _parse_n_probs(obj),
+        echo=echo,
+        timings_per_token=_parse_timings_per_token(obj),
+        return_progress=_parse_return_progress(obj),
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+        n=n,
+        cache_salt=_parse_cache_salt(obj),
+    )
+
+
+def _parse_prompt(v: Any) -> str | list[int]:
+    # Accepted: "text", [ids...], ["text"], [[ids...]]. Several prompts are a batch.
+    if isinstance(v, list) and v and all(isinstance(x, (str, list)) for x in v):
+        if len(v) > 1:
+            raise unsupported_parameter("prompt", "Batched prompts are not supported; "
+                                        "send one prompt per request.")
+        return _parse_prompt_one(v[0], "prompt[0]")
+    return _parse_prompt_one(v, "prompt")

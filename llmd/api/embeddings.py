@@ -14,6 +14,11 @@ from __future__ import annotations
 import base64
 import math
 import struct
+from dataclasses import dataclass
+
+from llmd.api.validation import (_check_keys, _int, INT32_MAX, _is_int, _parse_common, parse_json_object,
+                                 _parse_prompt_one, _required, _show, _str)
+from llmd.errors import invalid_request, invalid_type
 
 def input_ids(ids: list[int], bos: int | None, eos: int | None) -> list[int]:
     """A tokenized text input as the model runs it: BOS and EOS added where given."""
@@ -39,3 +44,41 @@ def body(vectors: list[list[float]], encoding_format: str, model: str, prompt_to
             "data": [{"object": "embedding", "index": i, "embedding": encode(v, encoding_format)}
                      for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+# --- the request ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    model: str
+    inputs: list[str | list[int]]      # one entry per embedding asked for
+    encoding_format: str               # "float" | "base64"
+    dimensions: int | None = None      # None: the model's own size
+
+
+MAX_EMBEDDING_INPUTS = 2048  # inputs in one request, as OpenAI allows
+
+
+def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
+    """Validate a /v1/embeddings body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, frozenset({"model", "input", "encoding_format", "dimensions", "user"}), {})
+    model, _ = _parse_common(obj)
+    v = _required(obj, "input", "input")
+    if isinstance(v, str) or (isinstance(v, list) and v and all(_is_int(x) for x in v)):
+        inputs = [_parse_prompt_one(v, "input")]
+    elif isinstance(v, list) and v:
+        if len(v) > MAX_EMBEDDING_INPUTS:
+            raise invalid_request(f"Invalid value for 'input': at most {MAX_EMBEDDING_INPUTS} inputs are "
+                                  f"allowed in one request, not {len(v)}.", "input")
+        inputs = [_parse_prompt_one(x, f"input[{i}]") for i, x in enumerate(v)]
+    else:
+        raise invalid_type("input", "a string, an array of strings or an array of token ids", v)
+    fmt = obj.get("encoding_format")
+    if fmt is not None and _str(fmt, "encoding_format") not in ("float", "base64"):
+        raise invalid_request(f"Invalid value for 'encoding_format': {_show(fmt)}; expected 'float' or "
+                              "'base64'.", "encoding_format")
+    dimensions = obj.get("dimensions")
+    if dimensions is not None:
+        _int(dimensions, "dimensions", 1, INT32_MAX)
+    return EmbeddingsRequest(model, inputs, fmt or "float", dimensions)

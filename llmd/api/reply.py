@@ -18,6 +18,7 @@ from typing import AsyncIterator, Callable, Mapping, Protocol
 
 from llmd import errors
 from llmd.api.logprobs import TokenLogprob
+from llmd.engine.native import Token
 from llmd.errors import ApiError, as_api_error
 from llmd.http import sse
 from llmd.http.server import HttpRequest
@@ -26,7 +27,6 @@ from llmd.prompt.reasoning import ReasoningDelta, ReasoningStream
 from llmd.prompt.stops import StopMatcher
 from llmd.prompt.text import Utf8Stream
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta, call_stream, merge_tool_calls
-from llmd.engine.native import Token
 from llmd.serving.runtime import Generation, Runtime
 from llmd.serving.sessions import Lease, reply_fingerprint
 

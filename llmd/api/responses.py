@@ -14,17 +14,24 @@ its `type` and a `sequence_number`, and is sent as a named SSE event.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from llmd.api import logprobs
-from llmd.api.validation import Message, ResponsesRequest, ToolCall, compaction_content
-from llmd.errors import ApiError
+from llmd.api.validation import (_bool, ChatRequest, _check_keys, _int, MAX_TOP_LOGPROBS, Message,
+                                 _parse_common, parse_flat_tools, parse_json_object, _parse_max_tokens,
+                                 _parse_prompt_cache_key, _parse_reasoning, _parse_response_format,
+                                 _parse_sampling, _parse_stream, _parse_tool_choice, _required,
+                                 ResponseFormat, Sampling, _show, _str, text_parts, Tool, ToolCall,
+                                 _UNSUPPORTED_PARTS)
+from llmd.errors import ApiError, invalid_request, invalid_type, missing_parameter, unknown_parameter, unsupported_parameter
 from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
@@ -287,3 +294,298 @@ class CompactionFormat:
                        "encrypted_content": compaction_content(reply.output.content().strip())})
         return {"id": self.id, "object": "response.compaction", "created_at": reply.created, "output": output,
                 "usage": usage_of(reply)}
+
+
+# --- the request ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A /v1/responses body: the conversation as a chat request, and what the
+    Response object repeats back or the response store needs."""
+    chat: ChatRequest
+    input: list[Message]               # this request's own input items (without instructions)
+    instructions: str | None
+    previous_response_id: str | None
+    store: bool
+    echo: dict                         # request fields the Response object repeats
+    summary: str | None = None         # reasoning.summary: the reasoning item carries a summary
+
+
+_RESPONSES_KEYS = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
+    "tool_choice", "parallel_tool_calls", "text", "stream", "stream_options", "store",
+    "previous_response_id", "metadata", "user", "safety_identifier", "service_tier",
+    "prompt_cache_key", "prompt_cache_retention", "truncation", "reasoning", "include",
+    "session_id", "top_logprobs", "background", "max_tool_calls", "top_k", "min_p", "seed",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"})
+
+
+_RESPONSES_UNSUPPORTED = {
+    "conversation": "'conversation' objects are not supported; chain responses with "
+                    "'previous_response_id'.",
+    "prompt": "Prompt templates ('prompt') are not supported.",
+}
+
+
+_RESPONSE_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
+
+
+def parse_responses_request(body: bytes) -> ResponsesRequest:
+    """Validate a /v1/responses body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _RESPONSES_KEYS, _RESPONSES_UNSUPPORTED)
+    model, session_id = _parse_common(obj)
+    for key, why in (("background", "Background responses are not supported."),
+                     ("max_tool_calls", "'max_tool_calls' is not supported.")):
+        v = obj.get(key)
+        if v is not None and v is not False:
+            raise unsupported_parameter(key, why)
+    top_logprobs = obj.get("top_logprobs")
+    top_logprobs = 0 if top_logprobs is None else _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    with_logprobs = _parse_include(obj.get("include")) or top_logprobs > 0
+    effort, summary = _parse_reasoning(obj.get("reasoning"))
+    truncation = obj.get("truncation")
+    if truncation is not None and _str(truncation, "truncation") != "disabled":
+        raise unsupported_parameter("truncation", "Only truncation 'disabled' is supported: a prompt "
+                                    "over the context is refused, never cut.")
+    instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
+    items = _parse_input(_required(obj, "input", "input"))
+    stream, _ = _parse_stream(obj)
+    tools = parse_flat_tools(obj.get("tools"), ("function",), "parameters", "only 'function'")
+    tool_choice, tool_name = _parse_response_tool_choice(obj.get("tool_choice"), tools)
+    text = obj.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise invalid_type("text", "an object", text)
+    for key in text or {}:
+        if key not in ("format", "verbosity"):
+            raise unknown_parameter(f"text.{key}")
+    if (text or {}).get("verbosity") not in (None, "medium"):
+        raise unsupported_parameter("text.verbosity", "'text.verbosity' is not supported.")
+    text_format = (text or {}).get("format")
+    response_format = _parse_text_format(text_format)
+    store = obj.get("store")
+    previous = obj.get("previous_response_id")
+    ptc = obj.get("parallel_tool_calls")
+    chat = ChatRequest(
+        model=model,
+        messages=([Message("system", instructions)] if instructions is not None else []) + items,
+        sampling=_parse_sampling(obj),
+        max_tokens=_parse_max_tokens(obj.get("max_output_tokens"), "max_output_tokens"),
+        stop=[],
+        stream=stream,
+        include_usage=True,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=True if ptc is None else _bool(ptc, "parallel_tool_calls"),
+        session_id=session_id,
+        response_format=response_format,
+        tool_name=tool_name,
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+        logprobs=top_logprobs if with_logprobs else None,
+        # the effort is the template's `reasoning_effort`, as in chat completions
+        template_kwargs={"reasoning_effort": effort} if effort is not None else {},
+        template_params={"reasoning_effort": "reasoning.effort"},
+        reasoning=True if summary is not None else None,
+        reasoning_param="reasoning.summary",
+    )
+    echo = {
+        "instructions": instructions,
+        "max_output_tokens": chat.max_tokens,
+        "max_tool_calls": None,
+        "metadata": obj.get("metadata") or {},
+        "parallel_tool_calls": chat.parallel_tool_calls,
+        "temperature": chat.sampling.temperature,
+        "top_p": chat.sampling.top_p,
+        "presence_penalty": chat.sampling.presence_penalty,
+        "frequency_penalty": chat.sampling.frequency_penalty,
+        "top_logprobs": top_logprobs,
+        "text": {"format": text_format or {"type": "text"}},
+        "tool_choice": obj.get("tool_choice") or ("auto" if tools else "none"),
+        "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
+                   "strict": raw.get("strict")} for t, raw in zip(tools, obj.get("tools") or [])],
+        "truncation": "disabled",
+        "reasoning": {"effort": effort, "summary": summary},
+        "service_tier": "default",
+        "safety_identifier": obj.get("safety_identifier"),
+        "prompt_cache_key": chat.prompt_cache_key,
+        "user": obj.get("user"),
+    }
+    return ResponsesRequest(
+        chat=chat,
+        input=items,
+        instructions=instructions,
+        previous_response_id=None if previous is None else _str(previous, "previous_response_id"),
+        store=True if store is None else _bool(store, "store"),
+        echo=echo,
+        summary=summary,
+    )
+
+
+def _parse_include(v: Any) -> bool:
+    """Whether `include` asks for the output text's logprobs."""
+    if v is None:
+        return False
+    if not isinstance(v, list):
+        raise invalid_type("include", "an array of strings", v)
+    for i, item in enumerate(v):
+        # llmd's reasoning items carry their text, never encrypted content: nothing to add.
+        if _str(item, f"include[{i}]") not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
+            raise unsupported_parameter(f"include[{i}]", f"include {_show(item)} is not supported.")
+    return "message.output_text.logprobs" in v
+
+
+def _parse_input(v: Any) -> list[Message]:
+    """Input items as chat messages: consecutive function calls become one assistant
+    message's tool calls; a call's output becomes a tool message."""
+    if isinstance(v, str):
+        if not v:
+            raise invalid_request("Invalid value for 'input': the input must not be empty.", "input")
+        return [Message("user", v)]
+    if not isinstance(v, list):
+        raise invalid_type("input", "a string or an array of input items", v)
+    if not v:
+        raise invalid_request("Invalid value for 'input': at least one item is required.", "input")
+    messages: list[Message] = []
+    for i, item in enumerate(v):
+        p = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid_type(p, "an object", item)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            messages.append(_parse_input_message(item, p))
+        elif kind == "function_call":
+            call = ToolCall(id=_str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id"),
+                            name=_str(_required(item, "name", f"{p}.name"), f"{p}.name"),
+                            arguments=_str(_required(item, "arguments", f"{p}.arguments"), f"{p}.arguments"))
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                messages[-1] = Message("assistant", last.content, last.name, last.tool_calls + (call,))
+            else:
+                messages.append(Message("assistant", None, None, (call,)))
+        elif kind == "function_call_output":
+            output = _required(item, "output", f"{p}.output")
+            content = output if isinstance(output, str) else _parse_output_parts(output, f"{p}.output")
+            messages.append(Message("tool", content, None, (),
+                                    _str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
+        elif kind == "reasoning":
+            continue  # reasoning sent back is left out of the prompt, as chat templates leave out past turns
+        elif kind == "compaction":
+            summary = _compaction_summary(_required(item, "encrypted_content", f"{p}.encrypted_content"),
+                                          f"{p}.encrypted_content")
+            messages.append(Message("assistant", COMPACTED + summary))
+        elif kind is None:
+            raise missing_parameter(f"{p}.type")
+        else:
+            raise unsupported_parameter(f"{p}.type", f"Input items of type {_show(kind)} are not supported.")
+    return messages
+
+
+def _parse_input_message(item: dict, p: str) -> Message:
+    role = _str(_required(item, "role", f"{p}.role"), f"{p}.role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise invalid_request(f"Invalid value for '{p}.role': {_show(role)}; expected user, assistant, "
+                              "system or developer.", f"{p}.role")
+    raw = _required(item, "content", f"{p}.content")
+    content = raw if isinstance(raw, str) else _parse_output_parts(raw, f"{p}.content")
+    return Message(role, content)
+
+
+def _parse_output_parts(v: Any, p: str) -> str:
+    """Input and output text parts (and refusals an assistant turn may carry)."""
+    return text_parts(v, p, _RESPONSE_PARTS, _UNSUPPORTED_PARTS)
+
+
+def _parse_response_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
+    if isinstance(v, dict) and v.get("type") == "function" and "function" not in v:
+        return _parse_tool_choice({"type": "function", "function": {"name": v.get("name")}}, tools)
+    return _parse_tool_choice(v, tools)
+
+
+def _parse_text_format(v: Any) -> ResponseFormat | None:
+    """text.format: {type: text | json_object | json_schema, name, schema, strict}."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise invalid_type("text.format", "an object", v)
+    kind = v.get("type")
+    if kind != "json_schema":
+        return _parse_response_format(v)
+    spec = {k: v[k] for k in ("name", "description", "schema", "strict") if k in v}
+    for key in v:
+        if key not in ("type", "name", "description", "schema", "strict"):
+            raise unknown_parameter(f"text.format.{key}")
+    return _parse_response_format({"type": "json_schema", "json_schema": spec})
+
+
+COMPACTION_PREFIX = "llmd-compaction-v1:"
+
+
+COMPACTED = "Summary of the conversation so far:\n"  # heads the summary when it is fed back
+
+
+COMPACT_PROMPT = ("Summarize the conversation so far for your own later use, so that it can continue from the "
+                  "summary alone: keep every fact, decision, name, number, tool result and open task; leave out "
+                  "pleasantries. Write only the summary.")
+
+
+COMPACT_MAX_TOKENS = 512  # tokens of a summary
+
+
+def compaction_content(summary: str) -> str:
+    """A compaction item's `encrypted_content` for summary."""
+    return COMPACTION_PREFIX + base64.b64encode(summary.encode("utf-8")).decode("ascii")
+
+
+def _compaction_summary(v: Any, p: str) -> str:
+    text = _str(v, p)
+    if text.startswith(COMPACTION_PREFIX):
+        try:
+            return base64.b64decode(text[len(COMPACTION_PREFIX):], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    raise invalid_request(f"Invalid value for '{p}': not a compaction this server made (with "
+                          "/v1/responses/compact); another server's encrypted content cannot be read here.", p)
+
+
+@dataclass(frozen=True)
+class CompactRequest:
+    """A /v1/responses/compact body: `chat` asks for the summary of the conversation
+    (instructions, input items, then COMPACT_PROMPT)."""
+    chat: ChatRequest
+    input: list[Message]               # this request's own input items
+    instructions: str | None
+    previous_response_id: str | None
+
+
+_COMPACT_KEYS = frozenset({"model", "input", "instructions", "previous_response_id", "prompt_cache_key",
+                           "prompt_cache_retention", "service_tier", "session_id"})
+
+
+def parse_compact_request(body: bytes) -> CompactRequest:
+    """Validate a /v1/responses/compact body; raise ApiError (400) naming the bad param."""
+    obj = parse_json_object(body)
+    _check_keys(obj, _COMPACT_KEYS, {})
+    model, session_id = _parse_common(obj)
+    instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
+    previous = obj.get("previous_response_id")
+    previous = None if previous is None else _str(previous, "previous_response_id")
+    if obj.get("input") is None and previous is None:
+        raise invalid_request("Either 'input' or 'previous_response_id' is required: there is nothing to "
+                              "compact.", "input", "missing_required_parameter")
+    items = [] if obj.get("input") is None else _parse_input(obj["input"])
+    chat = ChatRequest(
+        model=model,
+        messages=([Message("system", instructions)] if instructions is not None else []) + items +
+        [Message("user", COMPACT_PROMPT)],
+        sampling=Sampling(temperature=0.0),  # a summary to build on: the most likely one
+        max_tokens=COMPACT_MAX_TOKENS,
+        stop=[],
+        stream=False,
+        include_usage=True,
+        tools=[],
+        tool_choice="none",
+        parallel_tool_calls=True,
+        session_id=session_id,
+        prompt_cache_key=_parse_prompt_cache_key(obj),
+    )
+    return CompactRequest(chat, items, instructions, previous)

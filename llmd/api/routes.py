@@ -18,11 +18,12 @@ from typing import Callable, Mapping, TypeVar
 
 from llmd import errors
 from llmd.api import anthropic, embeddings, validation
-from llmd.api.chat_completions import ChatCompletionFormat
 from llmd.api.answers import error_response, error_shape, json_response
-from llmd.api.completions import CompletionFormat
+from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
+from llmd.api.completions import CompletionFormat, parse_completion_request
 from llmd.api.reply import Choices, Format, Output, Reply, ReplyContext, ReplyStream
-from llmd.api.responses import CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session
+from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session,
+                                 parse_compact_request, parse_responses_request)
 from llmd.engine.native import Engine, Sampling, UnsupportedError
 from llmd.errors import ApiError
 from llmd.http.server import HttpRequest, Response, StreamResponse
@@ -308,12 +309,12 @@ class Api:
     # ---- generation ------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(validation.parse_chat_request, request.body)
+        req = await parse(parse_chat_request, request.body)
         fmt = ChatCompletionFormat(req.include_usage, req.logprobs is not None, req.timings_per_token)
         return await self._chat(request, req, self._session_of(req, request), fmt)
 
     async def create_response(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(validation.parse_responses_request, request.body)
+        req = await parse(parse_responses_request, request.body)
         scope, chat_req, previous = key_scope(request), req.chat, None
         if req.previous_response_id is not None:
             previous = self.responses.get(scope, req.previous_response_id)
@@ -340,7 +341,7 @@ class Api:
     async def compact_conversation(self, request: HttpRequest) -> Response:
         """The conversation (a stored one and/or input items) as its user messages and
         one compaction item: the model's summary of the rest."""
-        req = await parse(validation.parse_compact_request, request.body)
+        req = await parse(parse_compact_request, request.body)
         chat_req, history = req.chat, req.input
         previous = None
         if req.previous_response_id is not None:
@@ -367,7 +368,7 @@ class Api:
         return json_response({"input_tokens": len(prompt.ids())})
 
     async def embeddings(self, request: HttpRequest) -> Response:
-        req = await parse(validation.parse_embeddings_request, request.body)
+        req = await parse(embeddings.parse_embeddings_request, request.body)
         self._check_model(req.model)
         if self.pooling == 0:
             raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
@@ -450,7 +451,7 @@ class Api:
         return prompt, rendered.text, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(validation.parse_completion_request, request.body)
+        req = await parse(parse_completion_request, request.body)
         self._check_model(req.model)
         validation.check_vocab(req, self.info.n_vocab)
         sid = self._session_of(req, request)

@@ -1,11 +1,12 @@
 """The Responses surface's pure parts: request items read into chat messages
-(llmd.api.validation.parse_responses_request) and the bounded, per-key response store."""
+(llmd.api.responses.parse_responses_request) and the bounded, per-key response store."""
 import json
 
 import pytest
 
 from llmd.api.responses import ResponseStore, StoredResponse
-from llmd.api.validation import Message, ToolCall, parse_responses_request
+from llmd.api.responses import parse_responses_request
+from llmd.api.validation import Message, ToolCall
 from llmd.errors import ApiError
 
 
@@ -117,7 +118,7 @@ def test_reasoning_effort_is_the_templates_reasoning_effort_and_a_summary_asks_f
 # ---- responses/compact ------------------------------------------------------------------------
 
 def test_a_compaction_item_sent_back_becomes_an_assistant_message_with_the_summary():
-    from llmd.api.validation import COMPACTED, compaction_content
+    from llmd.api.responses import COMPACTED, compaction_content
     req = parse(input=[{"role": "user", "content": "Launch on Tuesday."},
                        {"type": "compaction", "id": "cmp_1", "encrypted_content": compaction_content("Launch: Tue.")},
                        {"role": "user", "content": "When?"}])
@@ -132,7 +133,7 @@ def test_a_compaction_this_server_did_not_make_is_refused_naming_it(content):
 
 
 def test_a_compact_request_asks_for_a_greedy_bounded_summary_after_the_conversation():
-    from llmd.api.validation import COMPACT_MAX_TOKENS, COMPACT_PROMPT, parse_compact_request
+    from llmd.api.responses import COMPACT_MAX_TOKENS, COMPACT_PROMPT, parse_compact_request
     req = parse_compact_request(json.dumps({"model": "m", "instructions": "Be brief.", "input": [
         {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}).encode())
     assert req.chat.messages == [Message("system", "Be brief."), Message("user", "a"), Message("assistant", "b"),
@@ -149,7 +150,7 @@ def test_a_compact_request_asks_for_a_greedy_bounded_summary_after_the_conversat
     ({"model": "m", "input": "x", "previous_response_id": 3}, "previous_response_id"),
 ])
 def test_bad_compact_requests_are_refused_naming_the_field(body, param):
-    from llmd.api.validation import parse_compact_request
+    from llmd.api.responses import parse_compact_request
     with pytest.raises(ApiError) as info:
         parse_compact_request(json.dumps(body).encode())
     assert info.value.param == param

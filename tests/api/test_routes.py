@@ -591,7 +591,7 @@ def test_return_progress_streams_prompt_progress_before_the_reply(server):
 
 def test_compaction_content_is_the_models_greedy_summary_of_the_conversation(server):
     import base64
-    from llmd.api.validation import COMPACTION_PREFIX
+    from llmd.api.responses import COMPACTION_PREFIX
     body = {"model": MODEL, "input": [{"role": "user", "content": "We launch on Tuesday."},
                                       {"role": "assistant", "content": "Noted: Tuesday."}]}
     first, again = (server.post_json("/responses/compact", body).json() for _ in range(2))

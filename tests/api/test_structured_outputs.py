@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from llmd.api import chat_completions
 from llmd.api import validation
 from llmd.engine.native import Sampling
 from llmd.prompt import templates
@@ -130,7 +131,7 @@ class Batch:
 
     def prompt(self, body: dict) -> tuple[list[int], str | None]:
         """(prompt ids, grammar) of a chat request body."""
-        req = validation.parse_chat_request(json.dumps({"model": "m", **body}).encode())
+        req = chat_completions.parse_chat_request(json.dumps({"model": "m", **body}).encode())
         ids = templates.tokenize_prompt(templates.render_chat(self.template, body["messages"]), self.engine.tokenize_marked).ids
         return ids, constrain.chat_grammar(req)
 

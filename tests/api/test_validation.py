@@ -2,24 +2,11 @@ import json
 
 import pytest
 
-from llmd.api.validation import (
-    MAX_DEPTH,
-    ChatRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    Message,
-    ResponseFormat,
-    Sampling,
-    Tool,
-    ToolCall,
-    check_token_ids,
-    check_vocab,
-    parse_chat_request,
-    parse_completion_request,
-    parse_detokenize_request,
-    parse_json_object,
-    parse_tokenize_request,
-)
+from llmd.api.chat_completions import parse_chat_request
+from llmd.api.completions import parse_completion_request
+from llmd.api.validation import (MAX_DEPTH, ChatRequest, CompletionRequest, DetokenizeRequest, Message,
+                                 ResponseFormat, Sampling, Tool, ToolCall, check_token_ids, check_vocab,
+                                 parse_detokenize_request, parse_json_object, parse_tokenize_request)
 from llmd.errors import ApiError
 
 USER = [{"role": "user", "content": "hi"}]
@@ -791,7 +778,7 @@ def test_check_vocab_ignores_text_prompts():
 
 
 def test_embeddings_inputs_are_one_or_many_texts_or_id_lists():
-    from llmd.api.validation import parse_embeddings_request
+    from llmd.api.embeddings import parse_embeddings_request
     parse = lambda **f: parse_embeddings_request(json.dumps({"model": "m", **f}).encode())
     assert parse(input="a").inputs == ["a"]
     assert parse(input=["a", "b"]).inputs == ["a", "b"]

@@ -133,7 +133,7 @@ REPLY = "<think>\nSeven times six.\n</think>\n\n42"
 
 def test_responses_put_reasoning_in_a_reasoning_item_before_the_message():
     from llmd.api.responses import ResponsesFormat
-    from llmd.api.validation import parse_responses_request
+    from llmd.api.responses import parse_responses_request
     req = parse_responses_request(b'{"model": "m", "input": "x", "reasoning": {"summary": "auto"}}')
     reply = StubReply(REPLY)
     events = reply.events(ResponsesFormat(req, None))
@@ -162,7 +162,7 @@ def test_responses_put_reasoning_in_a_reasoning_item_before_the_message():
 
 def test_a_reply_that_never_leaves_its_reasoning_is_a_reasoning_item_and_an_empty_message():
     from llmd.api.responses import ResponsesFormat
-    from llmd.api.validation import parse_responses_request
+    from llmd.api.responses import parse_responses_request
     events = StubReply("still thinking", inside=True).events(
         ResponsesFormat(parse_responses_request(b'{"model": "m", "input": "x"}'), None))
     reasoning, message = events[-1]["response"]["output"]

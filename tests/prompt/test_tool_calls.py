@@ -463,6 +463,7 @@ def test_mistral_control_tokens_reach_the_parser_as_text_and_the_grammar_writes_
     """The path of a reply through the API: a Mistral-shaped vocabulary whose
     [TOOL_CALLS] and [ARGS] are control tokens (empty pieces), the real Mistral Small
     3.2 template, the pieces templates.control_pieces shows, the chat Output."""
+    from llmd.api import chat_completions
     from llmd.api import validation
     from llmd.api.reply import Output
     from llmd.engine.native import Engine
@@ -489,8 +490,8 @@ def test_mistral_control_tokens_reach_the_parser_as_text_and_the_grammar_writes_
     assert output.content() == "Checking."
     assert [c["function"] for c in output.tool_calls()] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": LLAMA_TOOLS}
-    auto = validation.parse_chat_request(json.dumps(body).encode())
-    required = validation.parse_chat_request(json.dumps({**body, "tool_choice": "required"}).encode())
+    auto = chat_completions.parse_chat_request(json.dumps(body).encode())
+    required = chat_completions.parse_chat_request(json.dumps({**body, "tool_choice": "required"}).encode())
     layout = templates.call_layout(template)
     assert (layout.head, layout.between) == ("[TOOL_CALLS]", "[ARGS]")
     controls = {piece.decode(): i for i, piece in shown.items()}

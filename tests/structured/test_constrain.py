@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from llmd.api.validation import parse_chat_request, parse_completion_request
+from llmd.api.chat_completions import parse_chat_request
+from llmd.api.completions import parse_completion_request
 from llmd.engine.native import grammar_match
 from llmd.errors import ApiError
 from llmd.prompt.tool_calls import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG, parse_tool_calls
