@@ -14,7 +14,7 @@ import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, TypeVar
+from typing import Mapping
 
 from llmd import errors
 from llmd.api import anthropic, embeddings, validation
@@ -24,6 +24,9 @@ from llmd.api.completions import CompletionFormat, parse_completion_request
 from llmd.api.reply import Choices, Format, Output, Reply, ReplyContext, ReplyStream
 from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session,
                                  parse_compact_request, parse_responses_request)
+from llmd.api.session_routes import SessionRoutes
+from llmd.api.tokenizer import TextLimit, TokenizerRoutes
+from llmd.api.validation import parse
 from llmd.engine.native import Engine, Sampling, UnsupportedError
 from llmd.errors import ApiError
 from llmd.http.server import HttpRequest, Response, StreamResponse
@@ -34,15 +37,12 @@ from llmd.serving.runtime import Generation, Runtime, watch
 from llmd.serving.sessions import SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.structured import constrain
 
-PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
-DETOKENIZE_CHUNK = 4096  # ids turned into text per executor call, so other streams step in between
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
 PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
                 ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
                                             "style-src 'unsafe-inline'; img-src data:")]
 
 log = logging.getLogger("llmd.api")
-T = TypeVar("T")
 
 
 def key_scope(request: HttpRequest) -> str:
@@ -53,14 +53,6 @@ def key_scope(request: HttpRequest) -> str:
         scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
         presented = token.strip() if scheme.lower() == "bearer" else ""
     return hashlib.sha256(presented.encode("latin-1")).hexdigest() if presented else ""
-
-
-async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
-    """parser(body); a big body is parsed on a worker thread, so that validating a
-    million-element array does not hold up every stream on the event loop."""
-    if len(body) <= PARSE_INLINE_BYTES:
-        return parser(body)
-    return await asyncio.to_thread(parser, body)
 
 
 def route_label(pattern: re.Pattern) -> str:
@@ -117,11 +109,7 @@ class Api:
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
-        # No token covers more text than the longest piece, so text longer than the
-        # context times that cannot fit: it is refused before the executor spends
-        # seconds tokenizing it while every stream waits.
-        longest = max((len(self.engine.piece(i, special=True)) for i in range(self.info.n_vocab)), default=1)
-        self.max_text_bytes = self.info.n_ctx * max(longest, 1)
+        self.text_limit = TextLimit(engine)
         # The control tokens a chat's tool format writes reach its parser as their text
         # (a Mistral model's [TOOL_CALLS] opens its calls), and constrained calls write them.
         markers = () if isinstance(template, templates.Unavailable) else templates.output_markers(template)
@@ -129,6 +117,7 @@ class Api:
         self.controls = {piece.decode(): i for i, piece in self.shown.items()}
         self.reply_context = ReplyContext(runtime, options.model_ids[0], engine.piece, self.shown,
                                           options.log_prompts)
+        tokenizer, sessions = TokenizerRoutes(engine, runtime, self.text_limit), SessionRoutes(engine, table)
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
@@ -142,13 +131,13 @@ class Api:
             (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
             (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
-            (re.compile(r"/tokenize"), {"POST": self.tokenize}),
-            (re.compile(r"/detokenize"), {"POST": self.detokenize}),
+            (re.compile(r"/tokenize"), {"POST": tokenizer.tokenize}),
+            (re.compile(r"/detokenize"), {"POST": tokenizer.detokenize}),
             (re.compile(r"/apply-template"), {"POST": self.apply_template}),
             (re.compile(r"/props"), {"GET": self.props}),
-            (re.compile(r"/v1/sessions"), {"GET": self.list_sessions}),
-            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"), {"GET": self.get_session, "DELETE": self.delete_session}),
-            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": self.reset_session}),
+            (re.compile(r"/v1/sessions"), {"GET": sessions.list_sessions}),
+            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"), {"GET": sessions.get_session, "DELETE": sessions.delete_session}),
+            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": sessions.reset_session}),
         ]
         self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
         self.responses = ResponseStore()
@@ -234,78 +223,6 @@ class Api:
             "chat_template_renderer": templates.renderer_name(template),
         })
 
-    # ---- tokenizer -----------------------------------------------------------
-
-    def _check_text(self, text: str, param: str) -> None:
-        """Refuse text too long to fit the context whatever its tokens (see __init__)."""
-        if len(text) * 4 > self.max_text_bytes:  # else it fits: no need to encode it
-            n_bytes = len(text.encode("utf-8", "surrogatepass"))
-            if n_bytes > self.max_text_bytes:
-                raise errors.text_too_long(n_bytes, self.max_text_bytes, self.info.n_ctx, param)
-
-    async def tokenize(self, request: HttpRequest) -> Response:
-        req = await parse(validation.parse_tokenize_request, request.body)
-        self._check_text(req.content, "content")
-        ids = await self.runtime.call(self.engine.tokenize, req.content, True)
-        if req.add_special:  # as llama-server: BOS and EOS where the model adds them
-            bos = [self.info.bos_id] if self.info.add_bos else []
-            ids = bos + ids + ([self.info.eos_id] if self.info.add_eos else [])
-        if not req.with_pieces:
-            return json_response({"tokens": ids})
-        pieces = []
-        for i in range(0, len(ids), DETOKENIZE_CHUNK):
-            pieces += await self.runtime.call(self._pieces, ids[i:i + DETOKENIZE_CHUNK])
-        return json_response({"tokens": pieces})
-
-    def _pieces(self, ids: list[int]) -> list[dict]:
-        pieces = []
-        for i in ids:
-            raw = self.engine.piece(i, special=True)
-            try:
-                pieces.append({"id": i, "piece": raw.decode("utf-8")})
-            except UnicodeDecodeError:
-                pieces.append({"id": i, "piece": list(raw)})
-        return pieces
-
-    async def detokenize(self, request: HttpRequest) -> Response:
-        req = await parse(self._parse_detokenize, request.body)
-        data = b"".join([await self.runtime.call(self.engine.detokenize, req.tokens[i:i + DETOKENIZE_CHUNK], True)
-                         for i in range(0, len(req.tokens), DETOKENIZE_CHUNK)])
-        return json_response({"content": data.decode("utf-8", "replace")})
-
-    def _parse_detokenize(self, body: bytes) -> validation.DetokenizeRequest:
-        req = validation.parse_detokenize_request(body)
-        validation.check_vocab(req, self.info.n_vocab)  # a pass over every id: with the parse
-        return req
-
-    # ---- sessions ----------------------------------------------------------
-
-    async def list_sessions(self, request: HttpRequest) -> Response:
-        data = [self.table.describe(s) for s in self.table.named.values()]
-        # The engine's own count next to the table's: they differ only while frees
-        # or opens are queued on the executor, so lasting disagreement is a leak.
-        saved = {"saved_sessions": store.count, "saved_bytes": store.bytes_used} if (store := self.table.store) else {}
-        return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1,
-                              "engine_sessions": self.engine.live_sessions(),
-                              "table_sessions": self.table.engine_sessions, **saved})
-
-    def _named(self, sid: str) -> str:
-        return session_id_of(sid, {})
-
-    async def get_session(self, request: HttpRequest, sid: str) -> Response:
-        slot = self.table.named.get(self._named(sid))
-        if slot is None:
-            raise errors.session_not_found(sid)
-        return json_response(self.table.describe(slot))
-
-    async def delete_session(self, request: HttpRequest, sid: str) -> Response:
-        deleted = self.table.delete(self._named(sid))
-        return json_response({"id": sid, "object": "session.deleted", "deleted": deleted})
-
-    async def reset_session(self, request: HttpRequest, sid: str) -> Response:
-        reset = self.table.reset(self._named(sid))
-        return json_response({"id": sid, "object": "session.reset", "reset": reset})
-
     # ---- generation ------------------------------------------------------------
 
     async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
@@ -384,7 +301,7 @@ class Api:
         for i, item in enumerate(req.inputs):
             param = "input" if len(req.inputs) == 1 else f"input[{i}]"
             if isinstance(item, str):
-                self._check_text(item, param)
+                self.text_limit.check(item, param)
                 item = embeddings.input_ids(await self.runtime.call(self.engine.tokenize, item), bos, eos)
             else:
                 validation.check_token_ids(item, self.info.n_vocab, param)
@@ -442,7 +359,7 @@ class Api:
             kwargs = {**kwargs, "enable_thinking": False}  # Qwen3's switch; a template without one refuses it
         # a Jinja template over a long conversation takes milliseconds: off the event loop
         rendered = await asyncio.to_thread(self._render, req.messages, tools, True, kwargs, req.template_params)
-        self._check_text(rendered.text, "messages")
+        self.text_limit.check(rendered.text, "messages")
         tokens = await self.runtime.call(templates.tokenize_prompt, rendered, self.engine.tokenize_marked)
         prompt = self._prompt_ids(tokens.ids)
         for index, span in tokens.replies.items():
@@ -457,7 +374,7 @@ class Api:
         sid = self._session_of(req, request)
         grammar = await asyncio.to_thread(constrain.completion_grammar, req)
         if isinstance(req.prompt, str):
-            self._check_text(req.prompt, "prompt")
+            self.text_limit.check(req.prompt, "prompt")
             prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))
         else:
             prompt = PromptIds(list(req.prompt))

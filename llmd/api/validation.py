@@ -58,11 +58,12 @@ be given only if equal; token ids are checked against the vocabulary later by
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from llmd.errors import (
     ApiError,
@@ -76,6 +77,7 @@ from llmd.errors import (
 )
 
 MAX_DEPTH = 64           # JSON nesting; the top-level object is depth 1
+PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
 MAX_STOPS = 4            # as OpenAI
 INT32_MAX = 2**31 - 1    # bound for counts that reach the C ABI as int32
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -200,6 +202,17 @@ class ApplyTemplateRequest:
 
 
 # --- JSON -------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
+    """parser(body); a big body is parsed on a worker thread, so that validating a
+    million-element array does not hold up every stream on the event loop."""
+    if len(body) <= PARSE_INLINE_BYTES:
+        return parser(body)
+    return await asyncio.to_thread(parser, body)
+
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET = re.compile(r'[^\[\]{}]+')
