@@ -237,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             print(fetch.default_model(progress=not args.quiet))
             return 0
         if args.command == "tokenize":
-            return cmd_tokenize(args)
+            from llmd.commands import tokenize
+            return tokenize.run(args.model, args.threads, args.ctx, args.text, args.special)
         if args.command == "perplexity":
-            return cmd_perplexity(args)
+            from llmd.commands import perplexity
+            return perplexity.run(args.model, args.threads, args.ctx, args.file)
         if args.command == "quantize":
             return cmd_quantize(args)
         if args.command == "bench":
@@ -252,21 +254,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _open_engine(args, *, generate: bool):
-    """The engine for a command; a file it cannot open (or, when the command
-    generates, one without weights) is a ModelError naming the problem."""
-    from llmd.engine.native import Engine, EngineError
-    path = fetch.resolve_model(args.model)
-    try:
-        engine = Engine(str(path), n_threads=args.threads, n_ctx=args.ctx, max_sessions=1)
-    except EngineError as exc:
-        raise fetch.ModelError(f"{path}: {exc}") from exc
-    if generate and engine.info.vocab_only:
-        engine.close()
-        raise fetch.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized, not run")
-    return engine
-
-
 def cmd_quantize(args) -> int:
     from llmd.commands.quantize import QuantizeError, quantize_file
     try:
@@ -275,49 +262,6 @@ def cmd_quantize(args) -> int:
     except QuantizeError as exc:
         print(f"llmd: {exc}", file=sys.stderr)
         return 2
-    return 0
-
-
-def cmd_tokenize(args) -> int:
-    with _open_engine(args, generate=False) as engine:
-        print(json.dumps(engine.tokenize(args.text, special=args.special)))
-    return 0
-
-
-def perplexity_windows(ids: list[int], ctx: int, bos: int | None) -> list[list[int]]:
-    """llama-perplexity's windows: the text's ids as a prompt (BOS first when the model
-    adds one), cut into len // ctx windows of ctx tokens, each of which then starts
-    with BOS in place of its first token (so the first window loses no text token)."""
-    stream = ([bos] if bos is not None else []) + ids
-    windows = [stream[w * ctx:(w + 1) * ctx] for w in range(len(stream) // ctx)]
-    for window in windows:
-        if bos is not None:
-            window[0] = bos
-    return windows
-
-
-def cmd_perplexity(args) -> int:
-    """llama-perplexity's method: over perplexity_windows(), the second half of each
-    window scored given the first."""
-    with open(args.file, encoding="utf-8") as f:
-        text = f.read()
-    with _open_engine(args, generate=True) as engine:
-        ctx, first = args.ctx, args.ctx // 2
-        windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
-        if len(windows) < 2:
-            print(f"llmd: {args.file} is too short; perplexity needs at least {2 * ctx} tokens", file=sys.stderr)
-            return 2
-        total, n = 0.0, 0
-        start = time.perf_counter()
-        with engine.new_session() as session:
-            for window in windows:
-                session.reset()
-                logprobs = session.score(window, first)
-                total -= sum(logprobs)
-                n += len(logprobs)
-        elapsed = time.perf_counter() - start
-    print(json.dumps({"ppl": round(math.exp(total / n), 4), "tokens_scored": n,
-                      "tok_s": round(len(windows) * ctx / elapsed, 1)}))
     return 0
 
 

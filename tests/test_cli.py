@@ -34,7 +34,7 @@ def test_perplexity_reports_ppl_tokens_and_speed(tmp_path):
 
 
 def test_perplexity_windows_prepend_bos_and_start_each_window_with_it():
-    from llmd.cli import perplexity_windows
+    from llmd.commands.perplexity import perplexity_windows
     ids = list(range(10, 20))
     # As llama-perplexity: BOS before the text, then BOS in place of each later window's first token.
     assert perplexity_windows(ids, 4, 1) == [[1, 10, 11, 12], [1, 14, 15, 16]]
