@@ -30,15 +30,15 @@ from llmd.api.validation import (
     Message,
     Sampling,
     ToolCall,
-    _bool,
-    _check_keys,
-    _int,
-    _number,
-    _parse_logit_bias,
-    _parse_tool_choice,
-    _required,
-    _show,
-    _str,
+    bool_field,
+    check_keys,
+    int_field,
+    number_field,
+    parse_logit_bias,
+    parse_tool_choice,
+    required_field,
+    value_text,
+    str_field,
     parse_flat_tools,
     parse_json_object,
     text_parts,
@@ -72,13 +72,13 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
     """Validate a Messages body (a count_tokens body when `counting`: no max_tokens)
     into a chat request; raise ApiError (400) naming the bad param."""
     obj = parse_json_object(body)
-    _check_keys(obj, _KEYS, _UNSUPPORTED)
-    model = _str(_required(obj, "model", "model"), "model")
-    max_tokens = None if counting else _int(_required(obj, "max_tokens", "max_tokens"), "max_tokens", 1,
+    check_keys(obj, _KEYS, _UNSUPPORTED)
+    model = str_field(required_field(obj, "model", "model"), "model")
+    max_tokens = None if counting else int_field(required_field(obj, "max_tokens", "max_tokens"), "max_tokens", 1,
                                             INT32_MAX)
     reasoning, show = _parse_thinking(obj.get("thinking"), max_tokens)
     system = _parse_system(obj.get("system"))
-    turns = _required(obj, "messages", "messages")
+    turns = required_field(obj, "messages", "messages")
     if not isinstance(turns, list):
         raise invalid_type("messages", "an array", turns)
     if not turns:
@@ -91,7 +91,7 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
     stream = obj.get("stream")
     sid = obj.get("session_id")
     if sid is not None:
-        _str(sid, "session_id")
+        str_field(sid, "session_id")
     key = obj.get("prompt_cache_key")
     return ChatRequest(
         model=model,
@@ -99,14 +99,14 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
         sampling=_parse_sampling(obj),
         max_tokens=max_tokens,
         stop=_parse_stop_sequences(obj.get("stop_sequences")),
-        stream=False if stream is None else _bool(stream, "stream"),
+        stream=False if stream is None else bool_field(stream, "stream"),
         include_usage=True,
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
         session_id=sid,
         tool_name=tool_name,
-        prompt_cache_key=None if key is None else _str(key, "prompt_cache_key"),
+        prompt_cache_key=None if key is None else str_field(key, "prompt_cache_key"),
         reasoning=reasoning,
         reasoning_param="thinking",
         template_params={"enable_thinking": "thinking"},
@@ -122,24 +122,24 @@ def _parse_thinking(v: Any, max_tokens: int | None) -> tuple[bool | None, bool]:
         return None, True
     if not isinstance(v, dict):
         raise invalid_type("thinking", "an object", v)
-    kind = _str(_required(v, "type", "thinking.type"), "thinking.type")
+    kind = str_field(required_field(v, "type", "thinking.type"), "thinking.type")
     allowed = {"enabled": ("type", "budget_tokens", "display"), "adaptive": ("type", "display"),
                "disabled": ("type",)}.get(kind)
     if allowed is None:
-        raise invalid_request(f"Invalid value for 'thinking.type': {_show(kind)}; expected enabled, adaptive or "
+        raise invalid_request(f"Invalid value for 'thinking.type': {value_text(kind)}; expected enabled, adaptive or "
                               "disabled.", "thinking.type")
     for key in v:
         if key not in allowed:
             raise invalid_request(f"'thinking.{key}' is not allowed with thinking type {kind!r}.", f"thinking.{key}")
     if kind == "enabled":
-        budget = _int(_required(v, "budget_tokens", "thinking.budget_tokens"), "thinking.budget_tokens", 1024,
+        budget = int_field(required_field(v, "budget_tokens", "thinking.budget_tokens"), "thinking.budget_tokens", 1024,
                       INT32_MAX)
         if max_tokens is not None and budget >= max_tokens:
             raise invalid_request("'thinking.budget_tokens' must be less than 'max_tokens'.",
                                   "thinking.budget_tokens")
     display = v.get("display")
-    if display is not None and _str(display, "thinking.display") not in ("summarized", "omitted"):
-        raise invalid_request(f"Invalid value for 'thinking.display': {_show(display)}; expected summarized or "
+    if display is not None and str_field(display, "thinking.display") not in ("summarized", "omitted"):
+        raise invalid_request(f"Invalid value for 'thinking.display': {value_text(display)}; expected summarized or "
                               "omitted.", "thinking.display")
     return {"enabled": True, "disabled": False}.get(kind), display != "omitted"
 
@@ -155,12 +155,12 @@ def _parse_sampling(obj: dict) -> Sampling:
         v = obj.get(key)
         return default if v is None else parse(v, key)
     return Sampling(
-        temperature=get("temperature", 1.0, lambda v, k: _number(v, k, 0, 1)),
-        top_p=get("top_p", 1.0, lambda v, k: _number(v, k, 0, 1)),
-        top_k=get("top_k", 0, lambda v, k: _int(v, k, 0, INT32_MAX)),
-        min_p=get("min_p", 0.0, lambda v, k: _number(v, k, 0, 1)),
-        seed=get("seed", None, lambda v, k: _int(v, k, -2**63, 2**63 - 1)),
-        logit_bias=_parse_logit_bias(obj.get("logit_bias")),
+        temperature=get("temperature", 1.0, lambda v, k: number_field(v, k, 0, 1)),
+        top_p=get("top_p", 1.0, lambda v, k: number_field(v, k, 0, 1)),
+        top_k=get("top_k", 0, lambda v, k: int_field(v, k, 0, INT32_MAX)),
+        min_p=get("min_p", 0.0, lambda v, k: number_field(v, k, 0, 1)),
+        seed=get("seed", None, lambda v, k: int_field(v, k, -2**63, 2**63 - 1)),
+        logit_bias=parse_logit_bias(obj.get("logit_bias")),
     )
 
 
@@ -177,11 +177,11 @@ def _text_blocks(v: Any, p: str) -> str:
 def _parse_turn(turn: Any, p: str) -> list[Message]:
     if not isinstance(turn, dict):
         raise invalid_type(p, "an object", turn)
-    role = _str(_required(turn, "role", f"{p}.role"), f"{p}.role")
+    role = str_field(required_field(turn, "role", f"{p}.role"), f"{p}.role")
     if role not in ("user", "assistant"):
-        raise invalid_request(f"Invalid value for '{p}.role': {_show(role)}; expected 'user' or 'assistant'.",
+        raise invalid_request(f"Invalid value for '{p}.role': {value_text(role)}; expected 'user' or 'assistant'.",
                               f"{p}.role")
-    content = _required(turn, "content", f"{p}.content")
+    content = required_field(turn, "content", f"{p}.content")
     if isinstance(content, str):
         return [Message(role, content)]
     if not isinstance(content, list):
@@ -191,30 +191,30 @@ def _parse_turn(turn: Any, p: str) -> list[Message]:
         bp = f"{p}.content[{j}]"
         if not isinstance(block, dict):
             raise invalid_type(bp, "an object", block)
-        kind = _str(_required(block, "type", f"{bp}.type"), f"{bp}.type")
+        kind = str_field(required_field(block, "type", f"{bp}.type"), f"{bp}.type")
         if kind == "text":
-            texts.append(_str(_required(block, "text", f"{bp}.text"), f"{bp}.text"))
+            texts.append(str_field(required_field(block, "text", f"{bp}.text"), f"{bp}.text"))
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # a client returns earlier thinking; this model produced none
         elif kind == "tool_use" and role == "assistant":
-            args = _required(block, "input", f"{bp}.input")
+            args = required_field(block, "input", f"{bp}.input")
             if not isinstance(args, dict):
                 raise invalid_type(f"{bp}.input", "an object", args)
-            calls.append(ToolCall(_str(_required(block, "id", f"{bp}.id"), f"{bp}.id"),
-                                  _str(_required(block, "name", f"{bp}.name"), f"{bp}.name"),
+            calls.append(ToolCall(str_field(required_field(block, "id", f"{bp}.id"), f"{bp}.id"),
+                                  str_field(required_field(block, "name", f"{bp}.name"), f"{bp}.name"),
                                   json.dumps(args, ensure_ascii=False)))
         elif kind == "tool_result" and role == "user":
             raw = block.get("content")
             text = "" if raw is None else raw if isinstance(raw, str) else _text_blocks(raw, f"{bp}.content")
-            if block.get("is_error") is not None and _bool(block["is_error"], f"{bp}.is_error") and text:
+            if block.get("is_error") is not None and bool_field(block["is_error"], f"{bp}.is_error") and text:
                 text = "Error: " + text
-            results.append(Message("tool", text, None, (),
-                                   _str(_required(block, "tool_use_id", f"{bp}.tool_use_id"), f"{bp}.tool_use_id")))
+            call_id = str_field(required_field(block, "tool_use_id", f"{bp}.tool_use_id"), f"{bp}.tool_use_id")
+            results.append(Message("tool", text, None, (), call_id))
         elif kind in _UNSUPPORTED_BLOCKS:
             raise unsupported_parameter(f"{bp}.type", f"Content blocks of type '{kind}' are not supported: "
                                         "the served model reads text only.")
         else:
-            raise invalid_request(f"Invalid value for '{bp}.type': {_show(kind)} is not a {role} content block.",
+            raise invalid_request(f"Invalid value for '{bp}.type': {value_text(kind)} is not a {role} content block.",
                                   f"{bp}.type")
     text = "\n".join(texts)
     if role == "assistant":
@@ -225,20 +225,20 @@ def _parse_turn(turn: Any, p: str) -> list[Message]:
 def _parse_anthropic_tool_choice(v: Any, tools) -> tuple[str, str | None, bool]:
     """(tool_choice, forced name, parallel tool calls) from {type: auto|any|tool|none}."""
     if v is None:
-        return _parse_tool_choice(None, tools) + (True,)
+        return parse_tool_choice(None, tools) + (True,)
     if not isinstance(v, dict):
         raise invalid_type("tool_choice", "an object", v)
-    kind = _str(_required(v, "type", "tool_choice.type"), "tool_choice.type")
+    kind = str_field(required_field(v, "type", "tool_choice.type"), "tool_choice.type")
     disable = v.get("disable_parallel_tool_use")
-    parallel = not (disable is not None and _bool(disable, "tool_choice.disable_parallel_tool_use"))
+    parallel = not (disable is not None and bool_field(disable, "tool_choice.disable_parallel_tool_use"))
     if kind == "tool":
-        name = _str(_required(v, "name", "tool_choice.name"), "tool_choice.name")
-        return _parse_tool_choice({"type": "function", "function": {"name": name}}, tools) + (parallel,)
+        name = str_field(required_field(v, "name", "tool_choice.name"), "tool_choice.name")
+        return parse_tool_choice({"type": "function", "function": {"name": name}}, tools) + (parallel,)
     choice = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
     if choice is None:
-        raise invalid_request(f"Invalid value for 'tool_choice.type': {_show(kind)}; expected auto, any, "
+        raise invalid_request(f"Invalid value for 'tool_choice.type': {value_text(kind)}; expected auto, any, "
                               "tool or none.", "tool_choice.type")
-    return _parse_tool_choice(choice, tools) + (parallel,)
+    return parse_tool_choice(choice, tools) + (parallel,)
 
 
 def _parse_stop_sequences(v: Any) -> list[str]:
@@ -250,7 +250,7 @@ def _parse_stop_sequences(v: Any) -> list[str]:
         raise invalid_request(f"Invalid value for 'stop_sequences': at most {MAX_STOP_SEQUENCES} are "
                               "allowed.", "stop_sequences")
     for i, s in enumerate(v):
-        if not _str(s, f"stop_sequences[{i}]"):
+        if not str_field(s, f"stop_sequences[{i}]"):
             raise invalid_request(f"Invalid value for 'stop_sequences[{i}]': must not be empty.",
                                   f"stop_sequences[{i}]")
     return list(v)

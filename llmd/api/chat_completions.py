@@ -12,13 +12,13 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from llmd.api import logprobs
-from llmd.api.validation import (_bool, _CHAT_KEYS, _CHAT_UNSUPPORTED, ChatRequest, _check_keys, _int,
-                                 MAX_TOP_LOGPROBS, _parse_cache_salt, _parse_common, parse_json_object,
-                                 _parse_max_tokens, _parse_messages, _parse_n, _parse_n_probs,
-                                 _parse_prompt_cache_key, _parse_reasoning, _parse_response_format,
-                                 _parse_return_progress, _parse_sampling, _parse_stop, _parse_stream,
-                                 _parse_template_kwargs, _parse_timings_per_token, _parse_tool_choice,
-                                 _parse_tools, _required)
+from llmd.api.validation import (bool_field, CHAT_KEYS, CHAT_UNSUPPORTED, ChatRequest, check_keys, int_field,
+                                 MAX_TOP_LOGPROBS, parse_cache_salt, parse_common, parse_json_object,
+                                 parse_max_tokens, parse_messages, parse_n, parse_n_probs,
+                                 parse_prompt_cache_key, parse_reasoning, parse_response_format,
+                                 parse_return_progress, parse_sampling, parse_stop, parse_stream,
+                                 parse_template_kwargs, parse_timings_per_token, parse_tool_choice,
+                                 parse_tools, required_field)
 from llmd.errors import ApiError, error_body, invalid_request, invalid_type, unsupported_parameter
 from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta
@@ -133,35 +133,35 @@ class ChatCompletionFormat(ChunkStream):
 def parse_chat_request(body: bytes) -> ChatRequest:
     """Validate a /v1/chat/completions body; raise ApiError (400) naming the bad param."""
     obj = parse_json_object(body)
-    _check_keys(obj, _CHAT_KEYS, _CHAT_UNSUPPORTED)
-    model, session_id = _parse_common(obj)
-    messages = _parse_messages(_required(obj, "messages", "messages"))
-    stream, include_usage = _parse_stream(obj)
+    check_keys(obj, CHAT_KEYS, CHAT_UNSUPPORTED)
+    model, session_id = parse_common(obj)
+    messages = parse_messages(required_field(obj, "messages", "messages"))
+    stream, include_usage = parse_stream(obj)
 
-    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens")
-    max_completion = _parse_max_tokens(obj.get("max_completion_tokens"), "max_completion_tokens")
+    max_tokens = parse_max_tokens(obj.get("max_tokens"), "max_tokens")
+    max_completion = parse_max_tokens(obj.get("max_completion_tokens"), "max_completion_tokens")
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid_request("'max_tokens' and 'max_completion_tokens' disagree; give one.",
                               "max_tokens")
-    n = _parse_n(obj.get("n"))
+    n = parse_n(obj.get("n"))
 
-    logprobs = obj.get("logprobs") is not None and _bool(obj["logprobs"], "logprobs")
+    logprobs = obj.get("logprobs") is not None and bool_field(obj["logprobs"], "logprobs")
     top_logprobs = obj.get("top_logprobs")
     if top_logprobs is not None:
-        _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        int_field(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
         if not logprobs:
             raise invalid_request("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
-    n_probs = _parse_n_probs(obj)
-    response_format = _parse_response_format(obj.get("response_format"))
+    n_probs = parse_n_probs(obj)
+    response_format = parse_response_format(obj.get("response_format"))
     _parse_modalities(obj.get("modalities"))
 
-    tools = _parse_tools(obj.get("tools"))
-    tool_choice, tool_name = _parse_tool_choice(obj.get("tool_choice"), tools)
+    tools = parse_tools(obj.get("tools"))
+    tool_choice, tool_name = parse_tool_choice(obj.get("tool_choice"), tools)
     ptc = obj.get("parallel_tool_calls")
     # `reasoning` as the Responses API (and OpenRouter's chat) write it: its effort is
     # reasoning_effort's, a summary asks for the reasoning (reasoning_content) itself.
-    template_kwargs, template_params = _parse_template_kwargs(obj), {}
-    effort, summary = _parse_reasoning(obj.get("reasoning"))
+    template_kwargs, template_params = parse_template_kwargs(obj), {}
+    effort, summary = parse_reasoning(obj.get("reasoning"))
     if effort is not None:
         if template_kwargs.get("reasoning_effort", effort) != effort:
             raise invalid_request("'reasoning.effort' and 'reasoning_effort' disagree; give one.",
@@ -171,14 +171,14 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     return ChatRequest(
         model=model,
         messages=messages,
-        sampling=_parse_sampling(obj),
+        sampling=parse_sampling(obj),
         max_tokens=max_completion if max_completion is not None else max_tokens,
-        stop=_parse_stop(obj.get("stop")),
+        stop=parse_stop(obj.get("stop")),
         stream=stream,
         include_usage=include_usage,
         tools=tools,
         tool_choice=tool_choice,
-        parallel_tool_calls=True if ptc is None else _bool(ptc, "parallel_tool_calls"),
+        parallel_tool_calls=True if ptc is None else bool_field(ptc, "parallel_tool_calls"),
         session_id=session_id,
         response_format=response_format,
         tool_name=tool_name,
@@ -187,11 +187,11 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         reasoning=True if summary is not None else None,
         reasoning_param="reasoning.summary",
         logprobs=(top_logprobs or 0) if logprobs else n_probs,
-        timings_per_token=_parse_timings_per_token(obj),
-        return_progress=_parse_return_progress(obj),
-        prompt_cache_key=_parse_prompt_cache_key(obj),
+        timings_per_token=parse_timings_per_token(obj),
+        return_progress=parse_return_progress(obj),
+        prompt_cache_key=parse_prompt_cache_key(obj),
         n=n,
-        cache_salt=_parse_cache_salt(obj),
+        cache_salt=parse_cache_salt(obj),
     )
 
 

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from llmd.api import logprobs
 from llmd.api.chat_completions import FINGERPRINT, ChunkStream
-from llmd.api.validation import (_bool, _CACHE_KEYS, _check_keys, CompletionRequest, _int, INT32_MAX,
-                                 _LLAMA_KEYS, MAX_TOP_LOGPROBS, _parse_cache_salt, _parse_common,
-                                 parse_json_object, _parse_max_tokens, _parse_n, _parse_n_probs,
-                                 _parse_prompt_cache_key, _parse_prompt_one, _parse_response_format,
-                                 _parse_return_progress, _parse_sampling, _parse_stop, _parse_stream,
-                                 _parse_timings_per_token, _required, _SAMPLING_KEYS, _str)
+from llmd.api.validation import (bool_field, CACHE_KEYS, check_keys, CompletionRequest, int_field, INT32_MAX,
+                                 LLAMA_KEYS, MAX_TOP_LOGPROBS, parse_cache_salt, parse_common,
+                                 parse_json_object, parse_max_tokens, parse_n, parse_n_probs,
+                                 parse_prompt_cache_key, parse_prompt_one, parse_response_format,
+                                 parse_return_progress, parse_sampling, parse_stop, parse_stream,
+                                 parse_timings_per_token, required_field, SAMPLING_KEYS, str_field)
 from llmd.errors import unsupported_parameter
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
 
@@ -92,45 +92,45 @@ class CompletionFormat(ChunkStream):
 
 # --- the request ------------------------------------------------------------
 
-_COMPLETION_KEYS = _SAMPLING_KEYS | frozenset({
+_COMPLETION_KEYS = SAMPLING_KEYS | frozenset({
     "model", "prompt", "max_tokens", "stream", "stream_options", "stop", "n", "best_of",
     "echo", "suffix", "logprobs", "user", "session_id", "response_format", "prompt_cache_key",
-    "prompt_cache_retention"}) | _LLAMA_KEYS | _CACHE_KEYS
+    "prompt_cache_retention"}) | LLAMA_KEYS | CACHE_KEYS
 
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
     """Validate a /v1/completions body; raise ApiError (400) naming the bad param."""
     obj = parse_json_object(body)
-    _check_keys(obj, _COMPLETION_KEYS, {})
-    model, session_id = _parse_common(obj)
-    prompt = _parse_prompt(_required(obj, "prompt", "prompt"))
-    stream, include_usage = _parse_stream(obj)
-    n = _parse_n(obj.get("n"))
-    if obj.get("best_of") is not None and _int(obj["best_of"], "best_of", 1, INT32_MAX) != 1:
+    check_keys(obj, _COMPLETION_KEYS, {})
+    model, session_id = parse_common(obj)
+    prompt = _parse_prompt(required_field(obj, "prompt", "prompt"))
+    stream, include_usage = parse_stream(obj)
+    n = parse_n(obj.get("n"))
+    if obj.get("best_of") is not None and int_field(obj["best_of"], "best_of", 1, INT32_MAX) != 1:
         raise unsupported_parameter("best_of", "Only best_of=1 is supported.")
-    echo = obj.get("echo") is not None and _bool(obj["echo"], "echo")
-    if obj.get("suffix") is not None and _str(obj["suffix"], "suffix"):
+    echo = obj.get("echo") is not None and bool_field(obj["echo"], "echo")
+    if obj.get("suffix") is not None and str_field(obj["suffix"], "suffix"):
         raise unsupported_parameter("suffix", "'suffix' (insertion) is not supported.")
-    logprobs = None if obj.get("logprobs") is None else _int(obj["logprobs"], "logprobs", 0, MAX_TOP_LOGPROBS)
+    logprobs = None if obj.get("logprobs") is None else int_field(obj["logprobs"], "logprobs", 0, MAX_TOP_LOGPROBS)
     # Echo with max_tokens 0 scores the prompt alone (how evaluation harnesses ask).
-    max_tokens = _parse_max_tokens(obj.get("max_tokens"), "max_tokens", 0 if echo else 1)
+    max_tokens = parse_max_tokens(obj.get("max_tokens"), "max_tokens", 0 if echo else 1)
     return CompletionRequest(
         model=model,
         prompt=prompt,
-        sampling=_parse_sampling(obj),
+        sampling=parse_sampling(obj),
         max_tokens=16 if max_tokens is None else max_tokens,
-        stop=_parse_stop(obj.get("stop")),
+        stop=parse_stop(obj.get("stop")),
         stream=stream,
         include_usage=include_usage,
         session_id=session_id,
-        response_format=_parse_response_format(obj.get("response_format")),
-        logprobs=logprobs if logprobs is not None else _parse_n_probs(obj),
+        response_format=parse_response_format(obj.get("response_format")),
+        logprobs=logprobs if logprobs is not None else parse_n_probs(obj),
         echo=echo,
-        timings_per_token=_parse_timings_per_token(obj),
-        return_progress=_parse_return_progress(obj),
-        prompt_cache_key=_parse_prompt_cache_key(obj),
+        timings_per_token=parse_timings_per_token(obj),
+        return_progress=parse_return_progress(obj),
+        prompt_cache_key=parse_prompt_cache_key(obj),
         n=n,
-        cache_salt=_parse_cache_salt(obj),
+        cache_salt=parse_cache_salt(obj),
     )
 
 
@@ -140,5 +140,5 @@ def _parse_prompt(v: Any) -> str | list[int]:
         if len(v) > 1:
             raise unsupported_parameter("prompt", "Batched prompts are not supported; "
                                         "send one prompt per request.")
-        return _parse_prompt_one(v[0], "prompt[0]")
-    return _parse_prompt_one(v, "prompt")
+        return parse_prompt_one(v[0], "prompt[0]")
+    return parse_prompt_one(v, "prompt")

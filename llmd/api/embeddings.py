@@ -16,8 +16,8 @@ import math
 import struct
 from dataclasses import dataclass
 
-from llmd.api.validation import (_check_keys, _int, INT32_MAX, _is_int, _parse_common, parse_json_object,
-                                 _parse_prompt_one, _required, _show, _str)
+from llmd.api.validation import (check_keys, int_field, INT32_MAX, is_int, parse_common, parse_json_object,
+                                 parse_prompt_one, required_field, value_text, str_field)
 from llmd.errors import invalid_request, invalid_type
 
 def input_ids(ids: list[int], bos: int | None, eos: int | None) -> list[int]:
@@ -62,23 +62,23 @@ MAX_EMBEDDING_INPUTS = 2048  # inputs in one request, as OpenAI allows
 def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     """Validate a /v1/embeddings body; raise ApiError (400) naming the bad param."""
     obj = parse_json_object(body)
-    _check_keys(obj, frozenset({"model", "input", "encoding_format", "dimensions", "user"}), {})
-    model, _ = _parse_common(obj)
-    v = _required(obj, "input", "input")
-    if isinstance(v, str) or (isinstance(v, list) and v and all(_is_int(x) for x in v)):
-        inputs = [_parse_prompt_one(v, "input")]
+    check_keys(obj, frozenset({"model", "input", "encoding_format", "dimensions", "user"}), {})
+    model, _ = parse_common(obj)
+    v = required_field(obj, "input", "input")
+    if isinstance(v, str) or (isinstance(v, list) and v and all(is_int(x) for x in v)):
+        inputs = [parse_prompt_one(v, "input")]
     elif isinstance(v, list) and v:
         if len(v) > MAX_EMBEDDING_INPUTS:
             raise invalid_request(f"Invalid value for 'input': at most {MAX_EMBEDDING_INPUTS} inputs are "
                                   f"allowed in one request, not {len(v)}.", "input")
-        inputs = [_parse_prompt_one(x, f"input[{i}]") for i, x in enumerate(v)]
+        inputs = [parse_prompt_one(x, f"input[{i}]") for i, x in enumerate(v)]
     else:
         raise invalid_type("input", "a string, an array of strings or an array of token ids", v)
     fmt = obj.get("encoding_format")
-    if fmt is not None and _str(fmt, "encoding_format") not in ("float", "base64"):
-        raise invalid_request(f"Invalid value for 'encoding_format': {_show(fmt)}; expected 'float' or "
+    if fmt is not None and str_field(fmt, "encoding_format") not in ("float", "base64"):
+        raise invalid_request(f"Invalid value for 'encoding_format': {value_text(fmt)}; expected 'float' or "
                               "'base64'.", "encoding_format")
     dimensions = obj.get("dimensions")
     if dimensions is not None:
-        _int(dimensions, "dimensions", 1, INT32_MAX)
+        int_field(dimensions, "dimensions", 1, INT32_MAX)
     return EmbeddingsRequest(model, inputs, fmt or "float", dimensions)

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from llmd.api import logprobs
-from llmd.api.validation import (_bool, ChatRequest, _check_keys, _int, MAX_TOP_LOGPROBS, Message,
-                                 _parse_common, parse_flat_tools, parse_json_object, _parse_max_tokens,
-                                 _parse_prompt_cache_key, _parse_reasoning, _parse_response_format,
-                                 _parse_sampling, _parse_stream, _parse_tool_choice, _required,
-                                 ResponseFormat, Sampling, _show, _str, text_parts, Tool, ToolCall,
-                                 _UNSUPPORTED_PARTS)
-from llmd.errors import ApiError, invalid_request, invalid_type, missing_parameter, unknown_parameter, unsupported_parameter
+from llmd.api.validation import (bool_field, ChatRequest, check_keys, int_field, MAX_TOP_LOGPROBS, Message,
+                                 parse_common, parse_flat_tools, parse_json_object, parse_max_tokens,
+                                 parse_prompt_cache_key, parse_reasoning, parse_response_format,
+                                 parse_sampling, parse_stream, parse_tool_choice, required_field,
+                                 ResponseFormat, Sampling, value_text, str_field, text_parts, Tool, ToolCall,
+                                 UNSUPPORTED_PARTS)
+from llmd.errors import (ApiError, invalid_request, invalid_type, missing_parameter, unknown_parameter,
+                         unsupported_parameter)
 from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
@@ -333,24 +334,24 @@ _RESPONSE_PARTS = {"input_text": "text", "output_text": "text", "text": "text", 
 def parse_responses_request(body: bytes) -> ResponsesRequest:
     """Validate a /v1/responses body; raise ApiError (400) naming the bad param."""
     obj = parse_json_object(body)
-    _check_keys(obj, _RESPONSES_KEYS, _RESPONSES_UNSUPPORTED)
-    model, session_id = _parse_common(obj)
+    check_keys(obj, _RESPONSES_KEYS, _RESPONSES_UNSUPPORTED)
+    model, session_id = parse_common(obj)
     for key, why in (("background", "Background responses are not supported."),
                      ("max_tool_calls", "'max_tool_calls' is not supported.")):
         v = obj.get(key)
         if v is not None and v is not False:
             raise unsupported_parameter(key, why)
     top_logprobs = obj.get("top_logprobs")
-    top_logprobs = 0 if top_logprobs is None else _int(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    top_logprobs = 0 if top_logprobs is None else int_field(top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     with_logprobs = _parse_include(obj.get("include")) or top_logprobs > 0
-    effort, summary = _parse_reasoning(obj.get("reasoning"))
+    effort, summary = parse_reasoning(obj.get("reasoning"))
     truncation = obj.get("truncation")
-    if truncation is not None and _str(truncation, "truncation") != "disabled":
+    if truncation is not None and str_field(truncation, "truncation") != "disabled":
         raise unsupported_parameter("truncation", "Only truncation 'disabled' is supported: a prompt "
                                     "over the context is refused, never cut.")
-    instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
-    items = _parse_input(_required(obj, "input", "input"))
-    stream, _ = _parse_stream(obj)
+    instructions = None if obj.get("instructions") is None else str_field(obj["instructions"], "instructions")
+    items = _parse_input(required_field(obj, "input", "input"))
+    stream, _ = parse_stream(obj)
     tools = parse_flat_tools(obj.get("tools"), ("function",), "parameters", "only 'function'")
     tool_choice, tool_name = _parse_response_tool_choice(obj.get("tool_choice"), tools)
     text = obj.get("text")
@@ -369,18 +370,18 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     chat = ChatRequest(
         model=model,
         messages=([Message("system", instructions)] if instructions is not None else []) + items,
-        sampling=_parse_sampling(obj),
-        max_tokens=_parse_max_tokens(obj.get("max_output_tokens"), "max_output_tokens"),
+        sampling=parse_sampling(obj),
+        max_tokens=parse_max_tokens(obj.get("max_output_tokens"), "max_output_tokens"),
         stop=[],
         stream=stream,
         include_usage=True,
         tools=tools,
         tool_choice=tool_choice,
-        parallel_tool_calls=True if ptc is None else _bool(ptc, "parallel_tool_calls"),
+        parallel_tool_calls=True if ptc is None else bool_field(ptc, "parallel_tool_calls"),
         session_id=session_id,
         response_format=response_format,
         tool_name=tool_name,
-        prompt_cache_key=_parse_prompt_cache_key(obj),
+        prompt_cache_key=parse_prompt_cache_key(obj),
         logprobs=top_logprobs if with_logprobs else None,
         # the effort is the template's `reasoning_effort`, as in chat completions
         template_kwargs={"reasoning_effort": effort} if effort is not None else {},
@@ -414,8 +415,8 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
         chat=chat,
         input=items,
         instructions=instructions,
-        previous_response_id=None if previous is None else _str(previous, "previous_response_id"),
-        store=True if store is None else _bool(store, "store"),
+        previous_response_id=None if previous is None else str_field(previous, "previous_response_id"),
+        store=True if store is None else bool_field(store, "store"),
         echo=echo,
         summary=summary,
     )
@@ -429,8 +430,8 @@ def _parse_include(v: Any) -> bool:
         raise invalid_type("include", "an array of strings", v)
     for i, item in enumerate(v):
         # llmd's reasoning items carry their text, never encrypted content: nothing to add.
-        if _str(item, f"include[{i}]") not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
-            raise unsupported_parameter(f"include[{i}]", f"include {_show(item)} is not supported.")
+        if str_field(item, f"include[{i}]") not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
+            raise unsupported_parameter(f"include[{i}]", f"include {value_text(item)} is not supported.")
     return "message.output_text.logprobs" in v
 
 
@@ -454,51 +455,51 @@ def _parse_input(v: Any) -> list[Message]:
         if kind == "message":
             messages.append(_parse_input_message(item, p))
         elif kind == "function_call":
-            call = ToolCall(id=_str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id"),
-                            name=_str(_required(item, "name", f"{p}.name"), f"{p}.name"),
-                            arguments=_str(_required(item, "arguments", f"{p}.arguments"), f"{p}.arguments"))
+            call = ToolCall(id=str_field(required_field(item, "call_id", f"{p}.call_id"), f"{p}.call_id"),
+                            name=str_field(required_field(item, "name", f"{p}.name"), f"{p}.name"),
+                            arguments=str_field(required_field(item, "arguments", f"{p}.arguments"), f"{p}.arguments"))
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":
                 messages[-1] = Message("assistant", last.content, last.name, last.tool_calls + (call,))
             else:
                 messages.append(Message("assistant", None, None, (call,)))
         elif kind == "function_call_output":
-            output = _required(item, "output", f"{p}.output")
+            output = required_field(item, "output", f"{p}.output")
             content = output if isinstance(output, str) else _parse_output_parts(output, f"{p}.output")
             messages.append(Message("tool", content, None, (),
-                                    _str(_required(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
+                                    str_field(required_field(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
         elif kind == "reasoning":
             continue  # reasoning sent back is left out of the prompt, as chat templates leave out past turns
         elif kind == "compaction":
-            summary = _compaction_summary(_required(item, "encrypted_content", f"{p}.encrypted_content"),
+            summary = _compaction_summary(required_field(item, "encrypted_content", f"{p}.encrypted_content"),
                                           f"{p}.encrypted_content")
             messages.append(Message("assistant", COMPACTED + summary))
         elif kind is None:
             raise missing_parameter(f"{p}.type")
         else:
-            raise unsupported_parameter(f"{p}.type", f"Input items of type {_show(kind)} are not supported.")
+            raise unsupported_parameter(f"{p}.type", f"Input items of type {value_text(kind)} are not supported.")
     return messages
 
 
 def _parse_input_message(item: dict, p: str) -> Message:
-    role = _str(_required(item, "role", f"{p}.role"), f"{p}.role")
+    role = str_field(required_field(item, "role", f"{p}.role"), f"{p}.role")
     if role not in ("user", "assistant", "system", "developer"):
-        raise invalid_request(f"Invalid value for '{p}.role': {_show(role)}; expected user, assistant, "
+        raise invalid_request(f"Invalid value for '{p}.role': {value_text(role)}; expected user, assistant, "
                               "system or developer.", f"{p}.role")
-    raw = _required(item, "content", f"{p}.content")
+    raw = required_field(item, "content", f"{p}.content")
     content = raw if isinstance(raw, str) else _parse_output_parts(raw, f"{p}.content")
     return Message(role, content)
 
 
 def _parse_output_parts(v: Any, p: str) -> str:
     """Input and output text parts (and refusals an assistant turn may carry)."""
-    return text_parts(v, p, _RESPONSE_PARTS, _UNSUPPORTED_PARTS)
+    return text_parts(v, p, _RESPONSE_PARTS, UNSUPPORTED_PARTS)
 
 
 def _parse_response_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
     if isinstance(v, dict) and v.get("type") == "function" and "function" not in v:
-        return _parse_tool_choice({"type": "function", "function": {"name": v.get("name")}}, tools)
-    return _parse_tool_choice(v, tools)
+        return parse_tool_choice({"type": "function", "function": {"name": v.get("name")}}, tools)
+    return parse_tool_choice(v, tools)
 
 
 def _parse_text_format(v: Any) -> ResponseFormat | None:
@@ -509,12 +510,12 @@ def _parse_text_format(v: Any) -> ResponseFormat | None:
         raise invalid_type("text.format", "an object", v)
     kind = v.get("type")
     if kind != "json_schema":
-        return _parse_response_format(v)
+        return parse_response_format(v)
     spec = {k: v[k] for k in ("name", "description", "schema", "strict") if k in v}
     for key in v:
         if key not in ("type", "name", "description", "schema", "strict"):
             raise unknown_parameter(f"text.format.{key}")
-    return _parse_response_format({"type": "json_schema", "json_schema": spec})
+    return parse_response_format({"type": "json_schema", "json_schema": spec})
 
 
 COMPACTION_PREFIX = "llmd-compaction-v1:"
@@ -537,7 +538,7 @@ def compaction_content(summary: str) -> str:
 
 
 def _compaction_summary(v: Any, p: str) -> str:
-    text = _str(v, p)
+    text = str_field(v, p)
     if text.startswith(COMPACTION_PREFIX):
         try:
             return base64.b64decode(text[len(COMPACTION_PREFIX):], validate=True).decode("utf-8")
@@ -564,11 +565,11 @@ _COMPACT_KEYS = frozenset({"model", "input", "instructions", "previous_response_
 def parse_compact_request(body: bytes) -> CompactRequest:
     """Validate a /v1/responses/compact body; raise ApiError (400) naming the bad param."""
     obj = parse_json_object(body)
-    _check_keys(obj, _COMPACT_KEYS, {})
-    model, session_id = _parse_common(obj)
-    instructions = None if obj.get("instructions") is None else _str(obj["instructions"], "instructions")
+    check_keys(obj, _COMPACT_KEYS, {})
+    model, session_id = parse_common(obj)
+    instructions = None if obj.get("instructions") is None else str_field(obj["instructions"], "instructions")
     previous = obj.get("previous_response_id")
-    previous = None if previous is None else _str(previous, "previous_response_id")
+    previous = None if previous is None else str_field(previous, "previous_response_id")
     if obj.get("input") is None and previous is None:
         raise invalid_request("Either 'input' or 'previous_response_id' is required: there is nothing to "
                               "compact.", "input", "missing_required_parameter")
@@ -586,6 +587,6 @@ def parse_compact_request(body: bytes) -> CompactRequest:
         tool_choice="none",
         parallel_tool_calls=True,
         session_id=session_id,
-        prompt_cache_key=_parse_prompt_cache_key(obj),
+        prompt_cache_key=parse_prompt_cache_key(obj),
     )
     return CompactRequest(chat, items, instructions, previous)

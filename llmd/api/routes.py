@@ -136,7 +136,8 @@ class Api:
             (re.compile(r"/apply-template"), {"POST": self.apply_template}),
             (re.compile(r"/props"), {"GET": self.props}),
             (re.compile(r"/v1/sessions"), {"GET": sessions.list_sessions}),
-            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"), {"GET": sessions.get_session, "DELETE": sessions.delete_session}),
+            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"),
+             {"GET": sessions.get_session, "DELETE": sessions.delete_session}),
             (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": sessions.reset_session}),
         ]
         self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
@@ -327,7 +328,8 @@ class Api:
         return json_response(embeddings.body(vectors, req.encoding_format, self.options.model_ids[0],
                                              sum(map(len, inputs))))
 
-    def _session_of(self, req: validation.ChatRequest | validation.CompletionRequest, request: HttpRequest) -> str | None:
+    def _session_of(self, req: validation.ChatRequest | validation.CompletionRequest,
+                    request: HttpRequest) -> str | None:
         """The body's session_id, else a session header, else the prompt_cache_key's session."""
         return session_id_of(req.session_id, request.headers) or cache_key_session(req.prompt_cache_key)
 
@@ -472,7 +474,8 @@ class Api:
             raise
         def new_output() -> Output:
             return Output(req.stop, tools, reasoning, templates.tool_format(self.template))
-        reply = Reply(self.reply_context, fmt, g, new_output(), sid, prompt_text, Choices(req.n, generation, new_output, lease))
+        reply = Reply(self.reply_context, fmt, g, new_output(), sid, prompt_text,
+                      Choices(req.n, generation, new_output, lease))
         if req.stream:
             response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log

@@ -291,7 +291,7 @@ def _check_no_lone_surrogates(value: Any) -> None:
 
 # --- field checks -----------------------------------------------------------------
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -299,22 +299,22 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _show(v: Any) -> str:
+def value_text(v: Any) -> str:
     s = repr(v)
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def _int(v: Any, param: str, lo: int, hi: int) -> int:
-    if not _is_int(v):
+def int_field(v: Any, param: str, lo: int, hi: int) -> int:
+    if not is_int(v):
         raise invalid_type(param, "an integer", v)
     if not lo <= v <= hi:
         raise invalid_request(
             f"Invalid value for '{param}': expected an integer between {lo} and {hi}, "
-            f"got {_show(v)}.", param)
+            f"got {value_text(v)}.", param)
     return v
 
 
-def _number(v: Any, param: str, lo: float, hi: float, lo_open: bool = False) -> float:
+def number_field(v: Any, param: str, lo: float, hi: float, lo_open: bool = False) -> float:
     if not _is_number(v):
         raise invalid_type(param, "a number", v)
     # Compare before float(): float(10**400) would raise OverflowError.
@@ -322,30 +322,30 @@ def _number(v: Any, param: str, lo: float, hi: float, lo_open: bool = False) -> 
         low = f"greater than {lo}" if lo_open else f"at least {lo}"
         raise invalid_request(
             f"Invalid value for '{param}': expected a number {low} and at most {hi}, "
-            f"got {_show(v)}.", param)
+            f"got {value_text(v)}.", param)
     return float(v)
 
 
-def _bool(v: Any, param: str) -> bool:
+def bool_field(v: Any, param: str) -> bool:
     if not isinstance(v, bool):
         raise invalid_type(param, "a boolean", v)
     return v
 
 
-def _str(v: Any, param: str) -> str:
+def str_field(v: Any, param: str) -> str:
     if not isinstance(v, str):
         raise invalid_type(param, "a string", v)
     return v
 
 
-def _required(obj: dict, key: str, param: str) -> Any:
+def required_field(obj: dict, key: str, param: str) -> Any:
     v = obj.get(key)
     if v is None:
         raise missing_parameter(param)
     return v
 
 
-def _check_keys(body: dict, known: frozenset[str], unsupported: dict[str, str]) -> None:
+def check_keys(body: dict, known: frozenset[str], unsupported: dict[str, str]) -> None:
     for key, value in body.items():
         if key in known:
             continue
@@ -358,7 +358,7 @@ def _check_keys(body: dict, known: frozenset[str], unsupported: dict[str, str]) 
 
 # --- shared fields ----------------------------------------------------------------
 
-_SAMPLING_KEYS = frozenset({
+SAMPLING_KEYS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "logit_bias"})
 _NO_EFFECT_KEYS = frozenset({
@@ -367,9 +367,9 @@ _NO_EFFECT_KEYS = frozenset({
 # llama.cpp server fields: cache_prompt (llmd always reuses the cache), id_slot (refused
 # unless -1, "any slot": sessions are named by session_id), n_probs (top logprobs),
 # timings_per_token, return_progress (prompt progress chunks while a stream's prompt is processed).
-_LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
+LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
 # vLLM's cache_salt: only requests that send the same salt share cached prompt prefixes.
-_CACHE_KEYS = frozenset({"cache_salt"})
+CACHE_KEYS = frozenset({"cache_salt"})
 MAX_CACHE_SALT = 256
 MAX_TOP_LOGPROBS = 20                  # the engine's bound (LLMD_MAX_TOP_LOGPROBS)
 MAX_CHOICES = 16                       # n: choices run one after another, so few
@@ -377,16 +377,16 @@ _CACHE_RETENTION = ("in_memory", "24h")
 _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
-def _parse_sampling(body: dict) -> Sampling:
+def parse_sampling(body: dict) -> Sampling:
     default = Sampling()
 
     def number(key: str, lo: float, hi: float, lo_open: bool = False) -> float:
         v = body.get(key)
-        return getattr(default, key) if v is None else _number(v, key, lo, hi, lo_open)
+        return getattr(default, key) if v is None else number_field(v, key, lo, hi, lo_open)
 
     def integer(key: str, lo: int, hi: int) -> int | None:
         v = body.get(key)
-        return getattr(default, key) if v is None else _int(v, key, lo, hi)
+        return getattr(default, key) if v is None else int_field(v, key, lo, hi)
 
     return Sampling(
         temperature=number("temperature", 0, 2),
@@ -398,11 +398,11 @@ def _parse_sampling(body: dict) -> Sampling:
         frequency_penalty=number("frequency_penalty", -2, 2),
         # > 0 because it divides logits; 1e9 only keeps float() of a huge int away
         repetition_penalty=number("repetition_penalty", 0, 1e9, lo_open=True),
-        logit_bias=_parse_logit_bias(body.get("logit_bias")),
+        logit_bias=parse_logit_bias(body.get("logit_bias")),
     )
 
 
-def _parse_logit_bias(v: Any) -> dict[int, float]:
+def parse_logit_bias(v: Any) -> dict[int, float]:
     if v is None:
         return {}
     if not isinstance(v, dict):
@@ -411,13 +411,13 @@ def _parse_logit_bias(v: Any) -> dict[int, float]:
     for key, value in v.items():
         if not _TOKEN_KEY.fullmatch(key):
             raise invalid_request(
-                f"Invalid value for 'logit_bias': key {_show(key)} is not a token id.",
+                f"Invalid value for 'logit_bias': key {value_text(key)} is not a token id.",
                 "logit_bias")
-        bias[int(key)] = _number(value, f"logit_bias.{key}", -100, 100)
+        bias[int(key)] = number_field(value, f"logit_bias.{key}", -100, 100)
     return bias
 
 
-def _parse_stop(v: Any) -> list[str]:
+def parse_stop(v: Any) -> list[str]:
     if v is None:
         return []
     stops = [v] if isinstance(v, str) else v
@@ -428,16 +428,16 @@ def _parse_stop(v: Any) -> list[str]:
                               f"are allowed, got {len(stops)}.", "stop")
     for i, s in enumerate(stops):
         param = "stop" if isinstance(v, str) else f"stop[{i}]"
-        if not _str(s, param):
+        if not str_field(s, param):
             raise invalid_request(f"Invalid value for '{param}': a stop sequence must not "
                                   "be empty.", param)
     return list(stops)
 
 
-def _parse_stream(body: dict) -> tuple[bool, bool]:
+def parse_stream(body: dict) -> tuple[bool, bool]:
     """Return (stream, include_usage)."""
     v = body.get("stream")
-    stream = False if v is None else _bool(v, "stream")
+    stream = False if v is None else bool_field(v, "stream")
     opts = body.get("stream_options")
     if opts is None:
         return stream, False
@@ -448,62 +448,62 @@ def _parse_stream(body: dict) -> tuple[bool, bool]:
             raise unknown_parameter(f"stream_options.{key}")
     usage = opts.get("include_usage")
     if opts.get("include_obfuscation") is not None:  # no effect: llmd never pads events
-        _bool(opts["include_obfuscation"], "stream_options.include_obfuscation")
-    return stream, False if usage is None else _bool(usage, "stream_options.include_usage")
+        bool_field(opts["include_obfuscation"], "stream_options.include_obfuscation")
+    return stream, False if usage is None else bool_field(usage, "stream_options.include_usage")
 
 
-def _parse_max_tokens(v: Any, param: str, lo: int = 1) -> int | None:
-    return None if v is None else _int(v, param, lo, INT32_MAX)
+def parse_max_tokens(v: Any, param: str, lo: int = 1) -> int | None:
+    return None if v is None else int_field(v, param, lo, INT32_MAX)
 
 
-def _parse_timings_per_token(body: dict) -> bool:
+def parse_timings_per_token(body: dict) -> bool:
     v = body.get("timings_per_token")
-    return False if v is None else _bool(v, "timings_per_token")
+    return False if v is None else bool_field(v, "timings_per_token")
 
 
-def _parse_return_progress(body: dict) -> bool:
+def parse_return_progress(body: dict) -> bool:
     v = body.get("return_progress")
-    return False if v is None else _bool(v, "return_progress")
+    return False if v is None else bool_field(v, "return_progress")
 
 
-def _parse_prompt_cache_key(body: dict) -> str | None:
+def parse_prompt_cache_key(body: dict) -> str | None:
     v = body.get("prompt_cache_key")
-    return None if v is None else _str(v, "prompt_cache_key")
+    return None if v is None else str_field(v, "prompt_cache_key")
 
 
-def _parse_cache_salt(body: dict) -> str | None:
+def parse_cache_salt(body: dict) -> str | None:
     v = body.get("cache_salt")
     if v is None:
         return None
-    salt = _str(v, "cache_salt")
+    salt = str_field(v, "cache_salt")
     if not 1 <= len(salt) <= MAX_CACHE_SALT:
         raise invalid_request(f"'cache_salt' must be 1 to {MAX_CACHE_SALT} characters.", "cache_salt")
     return salt
 
 
-def _parse_n_probs(body: dict) -> int | None:
+def parse_n_probs(body: dict) -> int | None:
     """llama.cpp's n_probs: that many top logprobs per token (0: off)."""
     v = body.get("n_probs")
-    return None if v is None or _int(v, "n_probs", 0, MAX_TOP_LOGPROBS) == 0 else v
+    return None if v is None or int_field(v, "n_probs", 0, MAX_TOP_LOGPROBS) == 0 else v
 
 
-def _parse_n(v: Any) -> int:
-    return 1 if v is None else _int(v, "n", 1, MAX_CHOICES)
+def parse_n(v: Any) -> int:
+    return 1 if v is None else int_field(v, "n", 1, MAX_CHOICES)
 
 
-def _parse_common(body: dict) -> tuple[str, str | None]:
+def parse_common(body: dict) -> tuple[str, str | None]:
     """Return (model, session_id); also type-checks `user`, `prompt_cache_retention`
     and the llama.cpp fields that need no further use (cache_prompt, id_slot)."""
-    model = _str(_required(body, "model", "model"), "model")
+    model = str_field(required_field(body, "model", "model"), "model")
     if body.get("user") is not None:
-        _str(body["user"], "user")
+        str_field(body["user"], "user")
     retention = body.get("prompt_cache_retention")
-    if retention is not None and _str(retention, "prompt_cache_retention") not in _CACHE_RETENTION:
-        raise invalid_request(f"Invalid value for 'prompt_cache_retention': {_show(retention)}; expected "
+    if retention is not None and str_field(retention, "prompt_cache_retention") not in _CACHE_RETENTION:
+        raise invalid_request(f"Invalid value for 'prompt_cache_retention': {value_text(retention)}; expected "
                               "'in_memory' or '24h'.", "prompt_cache_retention")
     if body.get("cache_prompt") is not None:
-        _bool(body["cache_prompt"], "cache_prompt")
-    if body.get("id_slot") is not None and _int(body["id_slot"], "id_slot", -1, INT32_MAX) != -1:
+        bool_field(body["cache_prompt"], "cache_prompt")
+    if body.get("id_slot") is not None and int_field(body["id_slot"], "id_slot", -1, INT32_MAX) != -1:
         raise unsupported_parameter("id_slot", "'id_slot' is not supported: name a session with "
                                     "'session_id' (or the X-Session-ID header) to keep its cache.")
     sid = body.get("session_id")
@@ -514,12 +514,12 @@ def _parse_common(body: dict) -> tuple[str, str | None]:
 
 # --- chat completions -------------------------------------------------------------
 
-_CHAT_KEYS = _SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
+CHAT_KEYS = SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
     "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort",
-    "reasoning"}) | _LLAMA_KEYS | _CACHE_KEYS
-_CHAT_UNSUPPORTED = {
+    "reasoning"}) | LLAMA_KEYS | CACHE_KEYS
+CHAT_UNSUPPORTED = {
     "audio": "Audio output is not supported: this server generates text only.",
     "prediction": "Predicted outputs ('prediction') are not supported.",
     "functions": "The legacy 'functions' parameter is not supported; use 'tools'.",
@@ -528,13 +528,13 @@ _CHAT_UNSUPPORTED = {
     "verbosity": "'verbosity' is not supported by this server.",
 }
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_UNSUPPORTED_PARTS = ("image_url", "input_audio", "file", "input_image", "input_file")
+UNSUPPORTED_PARTS = ("image_url", "input_audio", "file", "input_image", "input_file")
 
 
 _REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-def _parse_template_kwargs(obj: dict) -> dict:
+def parse_template_kwargs(obj: dict) -> dict:
     """`chat_template_kwargs` (an object) and `reasoning_effort` as template variables."""
     kwargs = obj.get("chat_template_kwargs")
     if kwargs is None:
@@ -543,14 +543,14 @@ def _parse_template_kwargs(obj: dict) -> dict:
         raise invalid_type("chat_template_kwargs", "an object", kwargs)
     effort = obj.get("reasoning_effort")
     if effort is not None:
-        if _str(effort, "reasoning_effort") not in _REASONING_EFFORTS:
+        if str_field(effort, "reasoning_effort") not in _REASONING_EFFORTS:
             raise invalid_request(f"'reasoning_effort' must be one of {', '.join(_REASONING_EFFORTS)}.",
                                   "reasoning_effort")
         kwargs = {**kwargs, "reasoning_effort": effort}
     return dict(kwargs)
 
 
-def _parse_messages(v: Any) -> list[Message]:
+def parse_messages(v: Any) -> list[Message]:
     if not isinstance(v, list):
         raise invalid_type("messages", "an array", v)
     if not v:
@@ -562,17 +562,17 @@ def _parse_messages(v: Any) -> list[Message]:
 def _parse_message(m: Any, p: str) -> Message:
     if not isinstance(m, dict):
         raise invalid_type(p, "an object", m)
-    role = _str(_required(m, "role", f"{p}.role"), f"{p}.role")
+    role = str_field(required_field(m, "role", f"{p}.role"), f"{p}.role")
     if role == "function":
         raise unsupported_parameter(f"{p}.role", "Legacy 'function' messages are not supported; "
                                     "use role 'tool'.")
     if role not in ROLES:
-        raise invalid_request(f"Invalid value for '{p}.role': {_show(role)}; expected one of "
+        raise invalid_request(f"Invalid value for '{p}.role': {value_text(role)}; expected one of "
                               f"{', '.join(ROLES)}.", f"{p}.role")
     for key in ("audio", "function_call"):
         if m.get(key) is not None:
             raise unsupported_parameter(f"{p}.{key}")
-    name = None if m.get("name") is None else _str(m["name"], f"{p}.name")
+    name = None if m.get("name") is None else str_field(m["name"], f"{p}.name")
 
     tool_calls: tuple[ToolCall, ...] = ()
     if role == "assistant":
@@ -588,14 +588,14 @@ def _parse_message(m: Any, p: str) -> Message:
 
     tool_call_id = None
     if role == "tool":
-        tool_call_id = _str(_required(m, "tool_call_id", f"{p}.tool_call_id"), f"{p}.tool_call_id")
+        tool_call_id = str_field(required_field(m, "tool_call_id", f"{p}.tool_call_id"), f"{p}.tool_call_id")
     return Message(role, content, name, tool_calls, tool_call_id)
 
 
 def _parse_content(v: Any, p: str) -> str:
     if isinstance(v, str):
         return v
-    return text_parts(v, p, {"text": "text"}, _UNSUPPORTED_PARTS)
+    return text_parts(v, p, {"text": "text"}, UNSUPPORTED_PARTS)
 
 
 def text_parts(v: Any, p: str, kinds: dict[str, str], unsupported: Sequence[str], noun: str = "parts") -> str:
@@ -609,14 +609,14 @@ def text_parts(v: Any, p: str, kinds: dict[str, str], unsupported: Sequence[str]
         pp = f"{p}[{j}]"
         if not isinstance(part, dict):
             raise invalid_type(pp, "an object", part)
-        kind = _str(_required(part, "type", f"{pp}.type"), f"{pp}.type")
+        kind = str_field(required_field(part, "type", f"{pp}.type"), f"{pp}.type")
         if kind in unsupported:
             raise unsupported_parameter(f"{pp}.type", f"Content {noun} of type '{kind}' are not "
                                         "supported: the served model reads text only.")
         if kind not in kinds:
-            raise invalid_request(f"Invalid value for '{pp}.type': {_show(kind)}; expected "
+            raise invalid_request(f"Invalid value for '{pp}.type': {value_text(kind)}; expected "
                                   f"{' or '.join(repr(k) for k in kinds)}.", f"{pp}.type")
-        texts.append(_str(_required(part, kinds[kind], f"{pp}.{kinds[kind]}"), f"{pp}.{kinds[kind]}"))
+        texts.append(str_field(required_field(part, kinds[kind], f"{pp}.{kinds[kind]}"), f"{pp}.{kinds[kind]}"))
     return "\n".join(texts)
 
 
@@ -631,22 +631,22 @@ def _parse_tool_calls(v: Any, p: str) -> tuple[ToolCall, ...]:
         if not isinstance(c, dict):
             raise invalid_type(cp, "an object", c)
         kind = c.get("type")
-        if kind is not None and _str(kind, f"{cp}.type") != "function":
-            raise unsupported_parameter(f"{cp}.type", f"Tool calls of type {_show(kind)} "
+        if kind is not None and str_field(kind, f"{cp}.type") != "function":
+            raise unsupported_parameter(f"{cp}.type", f"Tool calls of type {value_text(kind)} "
                                         "are not supported.")
-        fn = _required(c, "function", f"{cp}.function")
+        fn = required_field(c, "function", f"{cp}.function")
         if not isinstance(fn, dict):
             raise invalid_type(f"{cp}.function", "an object", fn)
         calls.append(ToolCall(
-            id=_str(_required(c, "id", f"{cp}.id"), f"{cp}.id"),
-            name=_str(_required(fn, "name", f"{cp}.function.name"), f"{cp}.function.name"),
-            arguments=_str(_required(fn, "arguments", f"{cp}.function.arguments"),
+            id=str_field(required_field(c, "id", f"{cp}.id"), f"{cp}.id"),
+            name=str_field(required_field(fn, "name", f"{cp}.function.name"), f"{cp}.function.name"),
+            arguments=str_field(required_field(fn, "arguments", f"{cp}.function.arguments"),
                            f"{cp}.function.arguments"),
         ))
     return tuple(calls)
 
 
-def _parse_tools(v: Any) -> list[Tool]:
+def parse_tools(v: Any) -> list[Tool]:
     if v is None:
         return []
     if not isinstance(v, list):
@@ -657,34 +657,34 @@ def _parse_tools(v: Any) -> list[Tool]:
         p = f"tools[{i}]"
         if not isinstance(t, dict):
             raise invalid_type(p, "an object", t)
-        kind = _str(_required(t, "type", f"{p}.type"), f"{p}.type")
+        kind = str_field(required_field(t, "type", f"{p}.type"), f"{p}.type")
         if kind != "function":
-            raise unsupported_parameter(f"{p}.type", f"Tools of type {_show(kind)} are not "
+            raise unsupported_parameter(f"{p}.type", f"Tools of type {value_text(kind)} are not "
                                         "supported; only 'function'.")
-        fn = _required(t, "function", f"{p}.function")
+        fn = required_field(t, "function", f"{p}.function")
         if not isinstance(fn, dict):
             raise invalid_type(f"{p}.function", "an object", fn)
-        name = _str(_required(fn, "name", f"{p}.function.name"), f"{p}.function.name")
+        name = str_field(required_field(fn, "name", f"{p}.function.name"), f"{p}.function.name")
         if not _TOOL_NAME.fullmatch(name):
-            raise invalid_request(f"Invalid value for '{p}.function.name': {_show(name)}; names "
+            raise invalid_request(f"Invalid value for '{p}.function.name': {value_text(name)}; names "
                                   "are 1-64 characters of a-z, A-Z, 0-9, '_' and '-'.",
                                   f"{p}.function.name")
         if name in names:
             raise invalid_request(f"Invalid value for '{p}.function.name': duplicate tool name "
-                                  f"{_show(name)}.", f"{p}.function.name")
+                                  f"{value_text(name)}.", f"{p}.function.name")
         names.add(name)
         desc = fn.get("description")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise invalid_type(f"{p}.function.parameters", "an object", params)
         if fn.get("strict") is not None:  # arguments always follow the schema when constrained
-            _bool(fn["strict"], f"{p}.function.strict")
-        tools.append(Tool(name, None if desc is None else _str(desc, f"{p}.function.description"),
+            bool_field(fn["strict"], f"{p}.function.strict")
+        tools.append(Tool(name, None if desc is None else str_field(desc, f"{p}.function.description"),
                           params))
     return tools
 
 
-def _parse_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
+def parse_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
     """Return (tool_choice, the forced function's name or None)."""
     if v is None or v == "auto":
         return ("auto" if tools else "none"), None
@@ -702,16 +702,16 @@ def _parse_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
         if kind != "function":
             raise invalid_request("Invalid value for 'tool_choice.type': expected 'function'.",
                                   "tool_choice.type")
-        fn = _required(v, "function", "tool_choice.function")
+        fn = required_field(v, "function", "tool_choice.function")
         if not isinstance(fn, dict):
             raise invalid_type("tool_choice.function", "an object", fn)
-        name = _str(_required(fn, "name", "tool_choice.function.name"), "tool_choice.function.name")
+        name = str_field(required_field(fn, "name", "tool_choice.function.name"), "tool_choice.function.name")
         if name not in {t.name for t in tools}:
-            raise invalid_request(f"Invalid value for 'tool_choice.function.name': {_show(name)} is "
+            raise invalid_request(f"Invalid value for 'tool_choice.function.name': {value_text(name)} is "
                                   "not one of the tools.", "tool_choice.function.name")
         return "required", name
     if isinstance(v, str):
-        raise invalid_request(f"Invalid value for 'tool_choice': {_show(v)}; expected 'none', "
+        raise invalid_request(f"Invalid value for 'tool_choice': {value_text(v)}; expected 'none', "
                               "'auto' or 'required'.", "tool_choice")
     raise invalid_type("tool_choice", "a string or an object", v)
 
@@ -719,36 +719,36 @@ def _parse_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _parse_response_format(v: Any) -> ResponseFormat | None:
+def parse_response_format(v: Any) -> ResponseFormat | None:
     if v is None:
         return None
     if not isinstance(v, dict):
         raise invalid_type("response_format", "an object", v)
-    kind = _str(_required(v, "type", "response_format.type"), "response_format.type")
+    kind = str_field(required_field(v, "type", "response_format.type"), "response_format.type")
     if kind not in ("text", "json_object", "json_schema"):
-        raise invalid_request(f"Invalid value for 'response_format.type': {_show(kind)}.",
+        raise invalid_request(f"Invalid value for 'response_format.type': {value_text(kind)}.",
                               "response_format.type")
     for key in v:
         if key not in ("type", "json_schema") or (key == "json_schema" and kind != "json_schema"):
             raise unknown_parameter(f"response_format.{key}")
     if kind != "json_schema":
         return ResponseFormat(kind)
-    spec = _required(v, "json_schema", "response_format.json_schema")
+    spec = required_field(v, "json_schema", "response_format.json_schema")
     if not isinstance(spec, dict):
         raise invalid_type("response_format.json_schema", "an object", spec)
     for key in spec:
         if key not in ("name", "description", "schema", "strict"):
             raise unknown_parameter(f"response_format.json_schema.{key}")
-    name = _str(_required(spec, "name", "response_format.json_schema.name"),
+    name = str_field(required_field(spec, "name", "response_format.json_schema.name"),
                 "response_format.json_schema.name")
     if not _SCHEMA_NAME.fullmatch(name):
         raise invalid_request("Invalid value for 'response_format.json_schema.name': names are "
                               "1-64 characters of a-z, A-Z, 0-9, '_' and '-'.",
                               "response_format.json_schema.name")
     if spec.get("description") is not None:
-        _str(spec["description"], "response_format.json_schema.description")
+        str_field(spec["description"], "response_format.json_schema.description")
     if spec.get("strict") is not None:  # the output always follows the schema
-        _bool(spec["strict"], "response_format.json_schema.strict")
+        bool_field(spec["strict"], "response_format.json_schema.strict")
     schema = spec.get("schema")
     if schema is not None and not isinstance(schema, (dict, bool)):
         raise invalid_type("response_format.json_schema.schema", "an object", schema)
@@ -758,7 +758,7 @@ def _parse_response_format(v: Any) -> ResponseFormat | None:
 # --- completions ------------------------------------------------------------------
 
 
-def _parse_prompt_one(v: Any, p: str) -> str | list[int]:
+def parse_prompt_one(v: Any, p: str) -> str | list[int]:
     if isinstance(v, str):
         if not v:
             raise invalid_request(f"Invalid value for '{p}': the prompt must not be empty.", p)
@@ -767,7 +767,7 @@ def _parse_prompt_one(v: Any, p: str) -> str | list[int]:
         raise invalid_type(p, "a string or an array of token ids", v)
     if not v:
         raise invalid_request(f"Invalid value for '{p}': the prompt must not be empty.", p)
-    return [_int(t, f"{p}[{i}]", 0, INT32_MAX) for i, t in enumerate(v)]
+    return [int_field(t, f"{p}[{i}]", 0, INT32_MAX) for i, t in enumerate(v)]
 
 
 # --- tokenize / detokenize (llama.cpp-style extensions) ------------------------------
@@ -775,28 +775,28 @@ def _parse_prompt_one(v: Any, p: str) -> str | list[int]:
 def parse_tokenize_request(body: bytes) -> TokenizeRequest:
     """Validate a /tokenize body: {"content": str, "add_special"?: bool, "with_pieces"?: bool}."""
     obj = parse_json_object(body)
-    _check_keys(obj, frozenset({"content", "add_special", "with_pieces", "model"}), {})
+    check_keys(obj, frozenset({"content", "add_special", "with_pieces", "model"}), {})
     if obj.get("model") is not None:
-        _str(obj["model"], "model")
-    content = _str(_required(obj, "content", "content"), "content")
+        str_field(obj["model"], "model")
+    content = str_field(required_field(obj, "content", "content"), "content")
     special, pieces = obj.get("add_special"), obj.get("with_pieces")
     return TokenizeRequest(
         content=content,
-        add_special=False if special is None else _bool(special, "add_special"),
-        with_pieces=False if pieces is None else _bool(pieces, "with_pieces"),
+        add_special=False if special is None else bool_field(special, "add_special"),
+        with_pieces=False if pieces is None else bool_field(pieces, "with_pieces"),
     )
 
 
 def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
     """Validate a /detokenize body: {"tokens": [int, ...]} (ids range-checked by check_vocab)."""
     obj = parse_json_object(body)
-    _check_keys(obj, frozenset({"tokens", "model"}), {})
+    check_keys(obj, frozenset({"tokens", "model"}), {})
     if obj.get("model") is not None:
-        _str(obj["model"], "model")
-    tokens = _required(obj, "tokens", "tokens")
+        str_field(obj["model"], "model")
+    tokens = required_field(obj, "tokens", "tokens")
     if not isinstance(tokens, list):
         raise invalid_type("tokens", "an array of integers", tokens)
-    return DetokenizeRequest([_int(t, f"tokens[{i}]", 0, INT32_MAX) for i, t in enumerate(tokens)])
+    return DetokenizeRequest([int_field(t, f"tokens[{i}]", 0, INT32_MAX) for i, t in enumerate(tokens)])
 
 
 def parse_apply_template_request(body: bytes) -> ApplyTemplateRequest:
@@ -804,15 +804,15 @@ def parse_apply_template_request(body: bytes) -> ApplyTemplateRequest:
     generation fields are checked and unused, as llama.cpp's server takes the same body)
     plus `add_generation_prompt` (default true)."""
     obj = parse_json_object(body)
-    _check_keys(obj, _CHAT_KEYS | {"add_generation_prompt"}, _CHAT_UNSUPPORTED)
+    check_keys(obj, CHAT_KEYS | {"add_generation_prompt"}, CHAT_UNSUPPORTED)
     if obj.get("model") is not None:
-        _str(obj["model"], "model")
-    messages = _parse_messages(_required(obj, "messages", "messages"))
-    tools = _parse_tools(obj.get("tools"))
-    tool_choice, _ = _parse_tool_choice(obj.get("tool_choice"), tools)
+        str_field(obj["model"], "model")
+    messages = parse_messages(required_field(obj, "messages", "messages"))
+    tools = parse_tools(obj.get("tools"))
+    tool_choice, _ = parse_tool_choice(obj.get("tool_choice"), tools)
     generation_prompt = obj.get("add_generation_prompt")
     return ApplyTemplateRequest(messages, tools, tool_choice, True if generation_prompt is None
-                                else _bool(generation_prompt, "add_generation_prompt"), _parse_template_kwargs(obj))
+                                else bool_field(generation_prompt, "add_generation_prompt"), parse_template_kwargs(obj))
 
 
 # --- vocabulary checks (need the engine's n_vocab) -------------------------------------
@@ -845,7 +845,7 @@ def check_vocab(request: ChatRequest | CompletionRequest | DetokenizeRequest, n_
 _SUMMARIES = ("auto", "concise", "detailed")
 
 
-def _parse_reasoning(v: Any) -> tuple[str | None, str | None]:
+def parse_reasoning(v: Any) -> tuple[str | None, str | None]:
     """`reasoning` as (effort, summary); `generate_summary` is summary's older name."""
     if v is None:
         return None, None
@@ -855,13 +855,13 @@ def _parse_reasoning(v: Any) -> tuple[str | None, str | None]:
         if key not in ("effort", "summary", "generate_summary"):
             raise unknown_parameter(f"reasoning.{key}")
     effort = v.get("effort")
-    if effort is not None and _str(effort, "reasoning.effort") not in _REASONING_EFFORTS:
+    if effort is not None and str_field(effort, "reasoning.effort") not in _REASONING_EFFORTS:
         raise invalid_request(f"'reasoning.effort' must be one of {', '.join(_REASONING_EFFORTS)}.",
                               "reasoning.effort")
     summary = None
     for key in ("summary", "generate_summary"):
         if v.get(key) is not None:
-            if _str(v[key], f"reasoning.{key}") not in _SUMMARIES:
+            if str_field(v[key], f"reasoning.{key}") not in _SUMMARIES:
                 raise invalid_request(f"'reasoning.{key}' must be one of {', '.join(_SUMMARIES)}.",
                                       f"reasoning.{key}")
             summary = v[key]
@@ -882,11 +882,12 @@ def parse_flat_tools(v: Any, kinds: Sequence[str | None], schema_key: str, why: 
             raise invalid_type(f"tools[{i}]", "an object", t)
         kind = t.get("type")
         if kind not in kinds:
-            raise unsupported_parameter(f"tools[{i}].type", f"Tools of type {_show(kind)} are not supported; {why}.")
+            raise unsupported_parameter(f"tools[{i}].type",
+                                        f"Tools of type {value_text(kind)} are not supported; {why}.")
         fn = {"name": t.get("name"), "description": t.get("description"), "parameters": t.get(schema_key),
               "strict": t.get("strict")}
         nested.append({"type": "function", "function": {k: x for k, x in fn.items() if x is not None}})
-    return _parse_tools(nested)
+    return parse_tools(nested)
 
 
 # --- responses/compact ---------------------------------------------------------------
