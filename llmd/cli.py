@@ -18,8 +18,9 @@ import socket
 import sys
 import time
 
-from llmd import logs, models
-from llmd.prefill import SCOPES
+from llmd import logs
+from llmd.engine import fetch
+from llmd.serving.prefill import SCOPES
 
 log = logging.getLogger("llmd")
 
@@ -60,18 +61,28 @@ class _HelpFormatter(argparse.HelpFormatter):
         if not action.option_strings or action.dest == "help":
             return text
         if "(default:" not in text:
-            text += " (default: %(default)s)"
+            text += f" (default: {_size_text(action.default)})" if action.type is _size else " (default: %(default)s)"
         return text + f" [env {_env_name(action.dest)}]"
+
+
+_UNITS = {"T": 1 << 40, "G": 1 << 30, "M": 1 << 20, "K": 1 << 10}
 
 
 def _size(text: str) -> int:
     """Bytes from '4G', '512M', '1000000'."""
     text = text.strip().upper()
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    scale = _UNITS.get(text[-1:], 1)
     value = float(text[:-1] if scale > 1 else text)
     if value < 0 or not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"invalid size {text!r}")
     return int(value * scale)
+
+
+def _size_text(size: int) -> str:
+    """A size as flags take it and the README writes it: '16M' for 16 << 20, bytes when
+    no unit divides it."""
+    unit = next((u for u, scale in _UNITS.items() if size and size % scale == 0), None)
+    return f"{size // _UNITS[unit]}{unit}" if unit else str(size)
 
 
 def _api_key(text: str) -> str:
@@ -95,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     fmt = _HelpFormatter
 
+    # serve is the command when none is named, so its usage line shows it optional.
     serve = sub.add_parser("serve", help="serve the model over HTTP (the default command)", formatter_class=fmt,
+                           prog=f"{parser.prog} [serve]",
                            description="Serve the model over HTTP: the OpenAI API, a status and chat page at /, "
                                        "Prometheus metrics at /metrics.",
                            epilog="Other commands: pull, tokenize, perplexity, bench "
@@ -210,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quantize_mixes() -> list[str]:
-    from llmd.quantize import MIXES
+    from llmd.commands.quantize import MIXES
     return list(MIXES)
 
 
@@ -221,90 +234,34 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "pull":
-            print(models.default_model(progress=not args.quiet))
+            print(fetch.default_model(progress=not args.quiet))
             return 0
         if args.command == "tokenize":
-            return cmd_tokenize(args)
+            from llmd.commands import tokenize
+            return tokenize.run(args.model, args.threads, args.ctx, args.text, args.special)
         if args.command == "perplexity":
-            return cmd_perplexity(args)
+            from llmd.commands import perplexity
+            return perplexity.run(args.model, args.threads, args.ctx, args.file)
         if args.command == "quantize":
             return cmd_quantize(args)
         if args.command == "bench":
-            from llmd import bench
+            from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
                              args.shared_prompt)
         return cmd_serve(args)
-    except models.ModelError as exc:
+    except fetch.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)
         return 2
 
 
-def _open_engine(args, *, generate: bool):
-    """The engine for a command; a file it cannot open (or, when the command
-    generates, one without weights) is a ModelError naming the problem."""
-    from llmd.engine import Engine, EngineError
-    path = models.resolve_model(args.model)
-    try:
-        engine = Engine(str(path), n_threads=args.threads, n_ctx=args.ctx, max_sessions=1)
-    except EngineError as exc:
-        raise models.ModelError(f"{path}: {exc}") from exc
-    if generate and engine.info.vocab_only:
-        engine.close()
-        raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized, not run")
-    return engine
-
-
 def cmd_quantize(args) -> int:
-    from llmd.quantize import QuantizeError, quantize_file
+    from llmd.commands.quantize import QuantizeError, quantize_file
     try:
         quantize_file(args.input, args.output, args.type, n_threads=args.threads,
                       allow_requantize=args.allow_requantize)
     except QuantizeError as exc:
         print(f"llmd: {exc}", file=sys.stderr)
         return 2
-    return 0
-
-
-def cmd_tokenize(args) -> int:
-    with _open_engine(args, generate=False) as engine:
-        print(json.dumps(engine.tokenize(args.text, special=args.special)))
-    return 0
-
-
-def perplexity_windows(ids: list[int], ctx: int, bos: int | None) -> list[list[int]]:
-    """llama-perplexity's windows: the text's ids as a prompt (BOS first when the model
-    adds one), cut into len // ctx windows of ctx tokens, each of which then starts
-    with BOS in place of its first token (so the first window loses no text token)."""
-    stream = ([bos] if bos is not None else []) + ids
-    windows = [stream[w * ctx:(w + 1) * ctx] for w in range(len(stream) // ctx)]
-    for window in windows:
-        if bos is not None:
-            window[0] = bos
-    return windows
-
-
-def cmd_perplexity(args) -> int:
-    """llama-perplexity's method: over perplexity_windows(), the second half of each
-    window scored given the first."""
-    with open(args.file, encoding="utf-8") as f:
-        text = f.read()
-    with _open_engine(args, generate=True) as engine:
-        ctx, first = args.ctx, args.ctx // 2
-        windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
-        if len(windows) < 2:
-            print(f"llmd: {args.file} is too short; perplexity needs at least {2 * ctx} tokens", file=sys.stderr)
-            return 2
-        total, n = 0.0, 0
-        start = time.perf_counter()
-        with engine.new_session() as session:
-            for window in windows:
-                session.reset()
-                logprobs = session.score(window, first)
-                total -= sum(logprobs)
-                n += len(logprobs)
-        elapsed = time.perf_counter() - start
-    print(json.dumps({"ppl": round(math.exp(total / n), 4), "tokens_scored": n,
-                      "tok_s": round(len(windows) * ctx / elapsed, 1)}))
     return 0
 
 
@@ -318,15 +275,17 @@ def cmd_serve(args) -> int:
 
 
 async def serve(args) -> None:
-    from llmd import chat, errors
-    from llmd.access import AccessPolicy, Guard, exposure_warning
-    from llmd.api import Api, App, Options
-    from llmd.engine import EngineError
-    from llmd.http import Limits
-    from llmd.metrics import ServerMetrics
-    from llmd.runtime import Runtime
-    from llmd.server import HttpServer
-    from llmd.sessions import SessionTable
+    from llmd import errors
+    from llmd.api.access import AccessPolicy, Guard, exposure_warning
+    from llmd.api.answers import transport_refusal
+    from llmd.api.routes import Api, App, Options
+    from llmd.engine.native import EngineError
+    from llmd.http.parser import Limits
+    from llmd.http.server import HttpServer
+    from llmd.prompt import templates
+    from llmd.serving.metrics import ServerMetrics
+    from llmd.serving.runtime import Runtime
+    from llmd.serving.sessions import SessionTable
 
     app = App()
     limits = Limits(max_body_bytes=args.max_body_bytes, max_connections=args.max_connections,
@@ -335,7 +294,7 @@ async def serve(args) -> None:
     # This machine's own name cannot be rebound by a web page's DNS: it is served too.
     policy = AccessPolicy(tuple(args.api_key or _env("api_key", [], list)), tuple(args.cors_origin),
                           args.host, (*args.allowed_host, socket.gethostname()))
-    server = HttpServer(Guard(app, policy), limits)
+    server = HttpServer(Guard(app, policy), limits, refusal=transport_refusal)
     try:
         await server.start(args.host, args.port)
     except OSError as exc:  # an unknown host name, a port in use, an address not ours
@@ -359,37 +318,37 @@ async def serve(args) -> None:
 
     runtime = Runtime(ServerMetrics(), warm_resume=not args.no_warm_resume)
     try:
-        path = await asyncio.to_thread(models.resolve_model, args.model)
+        path = await asyncio.to_thread(fetch.resolve_model, args.model)
         started = time.perf_counter()
-        await asyncio.to_thread(models.preload, path)
+        await asyncio.to_thread(fetch.preload, path)
         engine = await runtime.load(str(path), n_threads=args.threads, n_ctx=args.ctx,
                                     max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget,
                                     prefix_cache_bytes=args.prefix_cache_size)
         if engine.info.vocab_only:
-            raise models.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized "
+            raise fetch.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized "
                                     "(`python -m llmd tokenize --model FILE TEXT`), not served")
         load_seconds = time.perf_counter() - started
         runtime.metrics.model_load.set(load_seconds)
-    except (models.ModelError, EngineError) as exc:
+    except (fetch.ModelError, EngineError) as exc:
         log.error("cannot load the model: %s", exc)
         await server.close()
         await runtime.close()
         raise SystemExit(2)
     info = engine.info
     try:  # the vocab is asked which template strings are control tokens: engine calls
-        template = await runtime.call(chat.load_template, info.chat_template, args.chat_template, engine)
-    except chat.ChatTemplateError as exc:
+        template = await runtime.call(templates.load_template, info.chat_template, args.chat_template, engine)
+    except templates.ChatTemplateError as exc:
         if args.chat_template:
             log.error("%s", exc)
             await server.close()
             await runtime.close()
             raise SystemExit(2)
         log.warning("%s; /v1/chat/completions is disabled", exc)
-        template = chat.Unavailable(str(exc))
-    if isinstance(template, chat.JinjaTemplate) and (missing := template.template.unsupported()):
+        template = templates.Unavailable(str(exc))
+    if isinstance(template, templates.JinjaTemplate) and (missing := template.template.unsupported()):
         log.warning("the chat template uses %s, which llmd's template interpreter does not support; "
                     "conversations that reach it are refused", ", ".join(missing))
-    model_id = models.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
+    model_id = fetch.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
     store = await open_session_store(args, engine, str(path)) if args.session_dir else None
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
                          scratch_reuse=args.scratch_reuse, store=store)
@@ -419,7 +378,7 @@ async def open_session_store(args, engine, model_path: str):
     """The --session-dir store, its files listed; None (in-memory sessions, with a
     warning) if the directory cannot be created or listed."""
     from llmd import _native
-    from llmd.session_store import SessionStore, model_fingerprint
+    from llmd.serving.session_store import SessionStore, model_fingerprint
     header_bytes, file_bytes = engine.file_layout()
     try:
         fingerprint = await asyncio.to_thread(model_fingerprint, model_path, header_bytes, file_bytes,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.gguf_writer import TinyLlama, write_tiny_llama
+from tests.support.gguf_writer import TinyLlama, write_tiny_llama
 
 
 # ---- tiny GGUF models (engine-layer tests: test_gguf, test_engine) ----------------
@@ -99,8 +99,8 @@ def openai_server():
 @pytest.fixture(scope="session")
 def default_engine():
     """The default model, opened once; its absence is an error (run `python -m llmd pull`)."""
-    from llmd import models
-    from llmd.engine import Engine
+    from llmd.engine import fetch
+    from llmd.engine.native import Engine
 
-    with Engine(str(models.default_model(fetch=False)), n_ctx=2048, max_sessions=8) as engine:
+    with Engine(str(fetch.default_model(fetch=False)), n_ctx=2048, max_sessions=8) as engine:
         yield engine

@@ -29,7 +29,7 @@ import argparse
 import math
 import random
 
-from tests.gguf_writer import F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
+from tests.support.gguf_writer import F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
 
 # shape -> (builder, its arguments, metadata it sets afterwards)
 SHAPES = {

@@ -17,7 +17,7 @@ import sys
 import tarfile
 import tempfile
 
-from llmd.models import cache_dir
+from llmd.engine.fetch import cache_dir
 
 PACKAGE = "llama-cpp-python==0.3.36"
 # Members of the sdist we keep, by their path under the vendored llama.cpp tree.

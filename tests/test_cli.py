@@ -34,7 +34,7 @@ def test_perplexity_reports_ppl_tokens_and_speed(tmp_path):
 
 
 def test_perplexity_windows_prepend_bos_and_start_each_window_with_it():
-    from llmd.cli import perplexity_windows
+    from llmd.commands.perplexity import perplexity_windows
     ids = list(range(10, 20))
     # As llama-perplexity: BOS before the text, then BOS in place of each later window's first token.
     assert perplexity_windows(ids, 4, 1) == [[1, 10, 11, 12], [1, 14, 15, 16]]
@@ -98,6 +98,15 @@ def test_top_level_help_lists_every_serve_flag_with_its_default_and_variable():
     assert "pull, tokenize, perplexity, bench" in out
 
 
+def test_help_names_the_program_as_run_and_sizes_as_flags_take_them():
+    out = run("--help").stdout
+    assert out.startswith("usage: python -m llmd [serve] ")
+    options = " ".join(out.split("options:", 1)[1].split())
+    assert "largest request body (default: 16M)" in options
+    assert "(0: no limit) (default: 4G)" in options
+    assert "usage: python -m llmd bench " in run("bench", "--help").stdout
+
+
 def _other_value(default, choices: list[str]):
     """An LLMD_* value different from a flag's default, and what it should parse to."""
     if isinstance(default, bool):
@@ -119,7 +128,7 @@ def test_every_serve_flag_reads_its_environment_variable(monkeypatch):
     defaults = vars(cli.build_parser().parse_args(["serve"]))
     for flag in _serve_flags(help_text):
         if flag == "--api-key":
-            continue  # read when serving, so that --help never shows a key (tests/test_access.py)
+            continue  # read when serving, so that --help never shows a key (tests/api/test_access.py)
         dest = flag[2:].replace("-", "_")
         choices = re.search(re.escape(flag) + r" \{([a-z,]+)\}", help_text)
         raw, expected = _other_value(defaults[dest], choices.group(1).split(",") if choices else [])

@@ -2,8 +2,8 @@
 256-element super-blocks and the vocabulary padded to its declared size."""
 from __future__ import annotations
 
-from llmd.engine import Engine
-from tests.gguf_writer import GGML_F16
+from llmd.engine.native import Engine
+from tests.support.gguf_writer import GGML_F16
 from tests.random_model import SHAPES, random_f16
 
 

@@ -4,7 +4,7 @@ Not run by the tests (they read the JSON). Run it by hand with the reference bui
 a Python that has jinja2:
     LLAMA=/path/to/llama.cpp python3 -m tests.data.gen_prompt_goldens
 For each case (a reference vocabulary, a chat template of that family, a conversation)
-it renders the prompt with Jinja2 as tests/make_template_goldens.py does, and records
+it renders the prompt with Jinja2 as tests/support/make_template_goldens.py does, and records
 the text and its ids from llama_tokenize with special tokens parsed and no BOS (the
 tool of tests/data/gen_tokenizer_goldens.py): what llama.cpp's server feeds the model.
 """
@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 from tests.data.gen_tokenizer_goldens import parse_special_tool
-from tests.make_template_goldens import environment
+from tests.support.make_template_goldens import environment
 from tests.reference_data import reference_dir
-from tests.template_cases import CONVERSATIONS
+from tests.support.template_cases import CONVERSATIONS
 
 OUT = Path(__file__).with_name("prompt_goldens.json")
 
@@ -45,7 +45,7 @@ CONVERSATION = [
     {"role": "user", "content": "Why?"},
 ]
 
-# A tools conversation (tool definitions, a call, its result, a reply): tests/template_cases.py's.
+# A tools conversation (tool definitions, a call, its result, a reply): tests/support/template_cases.py's.
 TOOLS_CASE = CONVERSATIONS["tool_call_with_content"]
 
 # (vocab, template file in models/templates or None for LLAMA2_TEMPLATE, bos, eos); the

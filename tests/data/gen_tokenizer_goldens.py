@@ -10,7 +10,7 @@ control tokens as text), the ids of the control-token case with parse_special
 here, call llama_tokenize), and BOS, EOS, add_bos and the end-of-generation ids
 from llama-tokenize's log. Pre-tokenizers
 without a vocab file of their own run on a vocabulary built by
-tests.gguf_writer.build_split_vocab, whose ids show where the words were cut;
+tests.support.gguf_writer.build_split_vocab, whose ids show where the words were cut;
 SentencePiece in Gemma's shape (no space prefix) runs on build_spm_vocab.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.gguf_writer import build_spm_vocab, build_split_vocab
+from tests.support.gguf_writer import build_spm_vocab, build_split_vocab
 from tests.reference_data import reference_dir
 
 LLAMA = Path(os.environ.get("LLAMA", "/work/ref/llama_cpp_python-0.3.36/vendor/llama.cpp"))

@@ -1,0 +1,34 @@
+"""JSON answers: a body, or an ApiError in the shape its route answers in (Anthropic's
+on the Messages routes, OpenAI's everywhere else), with its access-log fields.
+"""
+from __future__ import annotations
+
+import json
+
+from llmd import errors
+from llmd.api import anthropic
+from llmd.errors import ApiError, error_body, refusal_log
+from llmd.http.server import Response
+
+
+def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]] | None = None,
+                  log: dict | None = None) -> Response:
+    return Response(status, json.dumps(obj, ensure_ascii=False).encode(), headers or [],
+                    log=log if log is not None else {})
+
+
+def error_shape(path: str) -> str:
+    """The error shape a route answers in: Anthropic's on the Messages routes."""
+    return errors.ANTHROPIC if path.startswith(anthropic.PATHS) else errors.OPENAI
+
+
+def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
+    """The JSON error answer for err, its access-log line saying why."""
+    return json_response(error_body(err, shape), err.status, list(err.headers.items()), log=refusal_log(err))
+
+
+def transport_refusal(status: int, message: str, code: str, kind: str) -> Response:
+    """How the HTTP server words a refusal of its own (llmd.http.server.Refusal): an
+    OpenAI-shaped error, whatever the route."""
+    err = ApiError(status, message, kind, None, code)
+    return Response(status, json.dumps(error_body(err)).encode(), log=refusal_log(err))

@@ -1,0 +1,501 @@
+"""The OpenAI-compatible routes: validated request → prompt ids → runtime →
+response (JSON or SSE). Errors raised anywhere before the first response byte
+become one JSON error response; errors after SSE headers become one error event
+followed by [DONE].
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import importlib.resources
+import logging
+import random
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+from llmd import errors
+from llmd.api import anthropic, embeddings, validation
+from llmd.api.answers import error_response, error_shape, json_response
+from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
+from llmd.api.completions import CompletionFormat, parse_completion_request
+from llmd.api.reply import Choices, Format, Output, Reply, ReplyContext, ReplyStream
+from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session,
+                                 parse_compact_request, parse_responses_request)
+from llmd.api.session_routes import SessionRoutes
+from llmd.api.tokenizer import TextLimit, TokenizerRoutes
+from llmd.api.validation import parse
+from llmd.engine.native import Engine, Sampling, UnsupportedError
+from llmd.errors import ApiError
+from llmd.http.server import HttpRequest, Response, StreamResponse
+from llmd.prompt import templates
+from llmd.serving import metrics
+from llmd.serving.prefill import cache_scope
+from llmd.serving.runtime import Generation, Runtime, watch
+from llmd.serving.sessions import SessionTable, cache_key_session, reply_fingerprint, session_id_of
+from llmd.structured import constrain
+
+# The status page's scripts and styles are inline; nothing may come from elsewhere.
+PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosniff"),
+                ("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; "
+                                            "style-src 'unsafe-inline'; img-src data:")]
+
+log = logging.getLogger("llmd.api")
+
+
+def key_scope(request: HttpRequest) -> str:
+    """Whose stored state a request may see: a digest of the API key it presented
+    (the access guard has checked it), "" without one."""
+    presented = request.headers.get("x-api-key")
+    if presented is None:
+        scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    return hashlib.sha256(presented.encode("latin-1")).hexdigest() if presented else ""
+
+
+def route_label(pattern: re.Pattern) -> str:
+    """A route as operators read it, e.g. "/v1/models/{model}"; bounded, unlike raw paths."""
+    return re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern.pattern.replace("(?:/v1)?", "/v1"))
+
+
+@dataclass
+class Options:
+    model_ids: list[str]          # served id first, then aliases
+    scratch_reuse: bool = False
+    max_queue: int = 0            # generations waiting to start; more → 503 (0: no limit)
+    max_tokens_limit: int = 0     # cap on any request's max_tokens (0: the context)
+    log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
+    prefix_cache: str = "key"     # who shares cached prompt prefixes (llmd.serving.prefill.cache_scope)
+
+
+@dataclass
+class PromptIds:
+    """A prompt as token ids. `replies` maps the token span [start, end) of an earlier
+    assistant reply to that reply's fingerprint, so the ids the session generated for
+    it can stand in for the re-tokenized text."""
+
+    tokens: list[int]
+    bos: int | None = None  # prepended unless the prompt already starts with it
+    replies: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def ids(self, generated: Mapping[str, list[int]] | None = None) -> list[int]:
+        ids: list[int] = []
+        at = 0
+        for (start, end), fingerprint in sorted(self.replies.items()):
+            if generated and fingerprint in generated:
+                ids += self.tokens[at:start] + generated[fingerprint]
+                at = end
+        ids += self.tokens[at:]
+        if self.bos is not None and (not ids or ids[0] != self.bos):
+            ids.insert(0, self.bos)
+        return ids
+
+
+class Api:
+    """Routes requests to handlers. Built once the model is loaded."""
+
+    def __init__(self, engine: Engine, runtime: Runtime, table: SessionTable,
+                 template: templates.ChatTemplate | templates.JinjaTemplate | templates.Unavailable, options: Options):
+        self.engine = engine
+        self.info = engine.info
+        self.runtime = runtime
+        self.table = table
+        self.template = template
+        self.options = options
+        self.metrics = runtime.metrics
+        watch(self.metrics, runtime, table)
+        self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
+        self.created = int(time.time())
+        self.waiting = 0  # generation requests waiting for their session's slot
+        self.text_limit = TextLimit(engine)
+        # The control tokens a chat's tool format writes reach its parser as their text
+        # (a Mistral model's [TOOL_CALLS] opens its calls), and constrained calls write them.
+        markers = () if isinstance(template, templates.Unavailable) else templates.output_markers(template)
+        self.shown = templates.control_pieces(engine, markers)
+        self.controls = {piece.decode(): i for i, piece in self.shown.items()}
+        self.reply_context = ReplyContext(runtime, options.model_ids[0], engine.piece, self.shown,
+                                          options.log_prompts)
+        tokenizer, sessions = TokenizerRoutes(engine, runtime, self.text_limit), SessionRoutes(engine, table)
+        self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
+            (re.compile(r"/"), {"GET": self.page}),
+            (re.compile(r"/metrics"), {"GET": self.metrics_text}),
+            (re.compile(r"/health"), {"GET": self.health}),
+            (re.compile(r"(?:/v1)?/models"), {"GET": self.models}),
+            (re.compile(r"(?:/v1)?/models/(?P<model>[^/]+)"), {"GET": self.model}),
+            (re.compile(r"(?:/v1)?/chat/completions"), {"POST": self.chat_completions}),
+            (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
+            (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
+            (re.compile(r"(?:/v1)?/responses/compact"), {"POST": self.compact_conversation}),
+            (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
+            (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
+            (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
+            (re.compile(r"/tokenize"), {"POST": tokenizer.tokenize}),
+            (re.compile(r"/detokenize"), {"POST": tokenizer.detokenize}),
+            (re.compile(r"/apply-template"), {"POST": self.apply_template}),
+            (re.compile(r"/props"), {"GET": self.props}),
+            (re.compile(r"/v1/sessions"), {"GET": sessions.list_sessions}),
+            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)"),
+             {"GET": sessions.get_session, "DELETE": sessions.delete_session}),
+            (re.compile(r"/v1/sessions/(?P<sid>[^/]+)/reset"), {"POST": sessions.reset_session}),
+        ]
+        self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
+        self.responses = ResponseStore()
+        self.pooling = engine.pooling_type()  # 0: the model makes no embeddings
+
+    async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
+        route, response = "unmatched", None
+        shape = error_shape(request.path)
+        try:
+            for pattern, methods in self.routes:
+                if (m := pattern.fullmatch(request.path)) is None:
+                    continue
+                route = self.route_labels[pattern]
+                method = "GET" if request.method == "HEAD" else request.method
+                handler = methods.get(method)
+                if handler is None:
+                    raise errors.method_not_allowed(sorted(methods) + (["HEAD"] if "GET" in methods else []))
+                response = await handler(request, **m.groupdict())
+                return response
+            raise errors.not_found(f"no route for {request.path}")
+        except ApiError as err:
+            response = error_response(err, shape)
+            return response
+        finally:  # a handler's unexpected exception becomes a 500 in the HTTP layer
+            self.metrics.requests.inc(route=route, status=str(response.status if response else 500))
+
+    # ---- status page and metrics ----------------------------------------------
+
+    async def page(self, request: HttpRequest) -> Response:
+        return Response(200, self.page_html, list(PAGE_HEADERS), content_type="text/html; charset=utf-8")
+
+    async def metrics_text(self, request: HttpRequest) -> Response:
+        return Response(200, self.metrics.render().encode(), content_type=metrics.CONTENT_TYPE)
+
+    # ---- models and health -------------------------------------------------
+
+    async def health(self, request: HttpRequest) -> Response:
+        return json_response({"status": "ok"})
+
+    def _model_object(self, model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "llmd",
+                "meta": {"n_ctx": self.info.n_ctx, "n_ctx_train": self.info.n_ctx_train,
+                         "n_vocab": self.info.n_vocab, "max_sessions": self.table.capacity}}
+
+    async def models(self, request: HttpRequest) -> Response:
+        return json_response({"object": "list", "data": [self._model_object(m) for m in self.options.model_ids]})
+
+    async def model(self, request: HttpRequest, model: str) -> Response:
+        self._check_model(model)
+        return json_response(self._model_object(model))
+
+    def _check_model(self, model: str) -> None:
+        if model not in self.options.model_ids:
+            raise errors.ApiError(404, f"The model '{model}' does not exist; this server serves "
+                                       f"{', '.join(self.options.model_ids)}.",
+                                  "not_found_error", "model", "model_not_found")
+
+    # ---- chat template (as llama.cpp's server shows it) ------------------------
+
+    async def apply_template(self, request: HttpRequest) -> Response:
+        """The exact prompt text a chat request with this body would be given."""
+        req = await parse(validation.parse_apply_template_request, request.body)
+        tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
+        prompt = await asyncio.to_thread(self._render, req.messages, tools, req.add_generation_prompt,
+                                         req.template_kwargs)
+        return json_response({"prompt": prompt.text})
+
+    async def props(self, request: HttpRequest) -> Response:
+        """Model and server properties in the shape of llama.cpp's GET /props."""
+        bos, eos = await self.runtime.call(lambda: tuple(
+            self.engine.piece(i, special=True).decode("utf-8", "replace") if i >= 0 else ""
+            for i in (self.info.bos_id, self.info.eos_id)))
+        template = self.template
+        return json_response({
+            "default_generation_settings": {"n_ctx": self.info.n_ctx},
+            "total_slots": self.table.capacity,
+            "model_alias": self.options.model_ids[0],
+            "modalities": {"vision": False, "audio": False},
+            "chat_template": template.source if not isinstance(template, templates.Unavailable) else "",
+            "bos_token": bos,
+            "eos_token": eos,
+            "build_info": "llmd",
+            "chat_template_renderer": templates.renderer_name(template),
+        })
+
+    # ---- generation ------------------------------------------------------------
+
+    async def chat_completions(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(parse_chat_request, request.body)
+        fmt = ChatCompletionFormat(req.include_usage, req.logprobs is not None, req.timings_per_token)
+        return await self._chat(request, req, self._session_of(req, request), fmt)
+
+    async def create_response(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(parse_responses_request, request.body)
+        scope, chat_req, previous = key_scope(request), req.chat, None
+        if req.previous_response_id is not None:
+            previous = self.responses.get(scope, req.previous_response_id)
+            if previous is None:
+                raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
+                                             "found.", "previous_response_id", "previous_response_not_found")
+            # Instructions do not carry over: each request's own come first.
+            system = [validation.Message("system", req.instructions)] if req.instructions is not None else []
+            chat_req = dataclasses.replace(chat_req, messages=system + previous.history + req.input)
+        history = (previous.history if previous else []) + req.input
+        fmt = ResponsesFormat(req, None)
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
+        if sid is None and req.store and self.table.eviction == "lru":
+            # A stored conversation gets a session of its own, so its continuation is warm;
+            # an idle one is evicted when the table is full (its cache only, never the store).
+            sid = conversation_session(scope, fmt.id)
+
+        def store(response_id: str, reply: validation.Message) -> None:
+            self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
+
+        fmt.on_done = store if req.store else None
+        return await self._chat(request, chat_req, sid, fmt)
+
+    async def compact_conversation(self, request: HttpRequest) -> Response:
+        """The conversation (a stored one and/or input items) as its user messages and
+        one compaction item: the model's summary of the rest."""
+        req = await parse(parse_compact_request, request.body)
+        chat_req, history = req.chat, req.input
+        previous = None
+        if req.previous_response_id is not None:
+            previous = self.responses.get(key_scope(request), req.previous_response_id)
+            if previous is None:
+                raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
+                                             "found.", "previous_response_id", "previous_response_not_found")
+            history = previous.history + req.input
+            system = [validation.Message("system", req.instructions)] if req.instructions is not None else []
+            chat_req = dataclasses.replace(chat_req, messages=system + history + chat_req.messages[-1:])
+        fmt = CompactionFormat([m for m in history if m.role == "user"])
+        sid = self._session_of(chat_req, request) or (previous.session_id if previous else None)
+        return await self._chat(request, chat_req, sid, fmt)
+
+    async def create_message(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(anthropic.parse_request, request.body)
+        return await self._chat(request, req, self._session_of(req, request), anthropic.MessagesFormat(req))
+
+    async def count_message_tokens(self, request: HttpRequest) -> Response:
+        req = await parse(anthropic.parse_count_request, request.body)
+        self._check_model(req.model)
+        validation.check_vocab(req, self.info.n_vocab)
+        prompt, _, _ = await self._chat_prompt(req)
+        return json_response({"input_tokens": len(prompt.ids())})
+
+    async def embeddings(self, request: HttpRequest) -> Response:
+        req = await parse(embeddings.parse_embeddings_request, request.body)
+        self._check_model(req.model)
+        if self.pooling == 0:
+            raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
+                                         "makes no embeddings. Serve an embedding model.", "model",
+                                         "model_has_no_pooling")
+        if req.dimensions is not None and req.dimensions != self.info.n_embd:
+            raise errors.unsupported_parameter(
+                "dimensions", f"This model makes {self.info.n_embd}-dimensional embeddings and its GGUF declares "
+                              f"no shortened ones: 'dimensions' may only be {self.info.n_embd}.")
+        bos = self.info.bos_id if self.info.add_bos else None
+        eos = self.info.eos_id if self.info.add_eos else None
+        inputs: list[list[int]] = []
+        for i, item in enumerate(req.inputs):
+            param = "input" if len(req.inputs) == 1 else f"input[{i}]"
+            if isinstance(item, str):
+                self.text_limit.check(item, param)
+                item = embeddings.input_ids(await self.runtime.call(self.engine.tokenize, item), bos, eos)
+            else:
+                validation.check_token_ids(item, self.info.n_vocab, param)
+            if len(item) > self.info.n_ctx:
+                raise errors.context_length_exceeded(len(item), self.info.n_ctx, param)
+            inputs.append(item)
+        self._admit()
+        self.waiting += 1
+        try:
+            lease = await self.table.acquire(None)
+        finally:
+            self.waiting -= 1
+        slot, vectors = lease.slot, []
+        try:
+            # The cache ends up holding an embedding input, no conversation's prefix.
+            slot.resident, slot.dirty = [], True
+            for ids in inputs:  # one call per input: generations step in between
+                vectors.append(embeddings.normalize(await self.runtime.call(slot.session.embed, ids)))
+        except UnsupportedError as exc:  # rank pooling, non-causal attention: the engine says which
+            raise errors.unsupported_parameter("model", f"This model's embeddings cannot be computed: {exc}.")
+        finally:
+            lease.release()
+        return json_response(embeddings.body(vectors, req.encoding_format, self.options.model_ids[0],
+                                             sum(map(len, inputs))))
+
+    def _session_of(self, req: validation.ChatRequest | validation.CompletionRequest,
+                    request: HttpRequest) -> str | None:
+        """The body's session_id, else a session header, else the prompt_cache_key's session."""
+        return session_id_of(req.session_id, request.headers) or cache_key_session(req.prompt_cache_key)
+
+    async def _chat(self, request: HttpRequest, req: validation.ChatRequest, sid: str | None,
+                    fmt: Format) -> Response | StreamResponse:
+        """Generate the assistant's reply to a conversation, shaped by fmt."""
+        self._check_model(req.model)
+        validation.check_vocab(req, self.info.n_vocab)
+        prompt, text, tools = await self._chat_prompt(req)
+        reasoning = templates.reasoning_start(self.template, text)
+        if req.reasoning and reasoning is None and templates.tool_format(self.template) != "harmony":
+            raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' asks for reasoning, "
+                                               "but the served model does not reason: its chat template has no "
+                                               "reasoning block.")
+        # compiling may take a while
+        grammar = await asyncio.to_thread(constrain.chat_grammar, req, templates.call_layout(self.template),
+                                          self.controls)
+        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
+
+    async def _chat_prompt(self, req: validation.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
+        """The conversation rendered by the chat template: its ids, its text and the
+        tools it offers (None when tool_choice is "none")."""
+        tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
+        kwargs = req.template_kwargs
+        if req.reasoning is False and templates.tool_format(self.template) == "harmony":
+            raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' turns reasoning off, "
+                                               "but gpt-oss always reasons; ask for a low reasoning effort instead.")
+        if req.reasoning is False and isinstance(self.template, templates.JinjaTemplate) and self.template.thinks:
+            kwargs = {**kwargs, "enable_thinking": False}  # Qwen3's switch; a template without one refuses it
+        # a Jinja template over a long conversation takes milliseconds: off the event loop
+        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, kwargs, req.template_params)
+        self.text_limit.check(rendered.text, "messages")
+        tokens = await self.runtime.call(templates.tokenize_prompt, rendered, self.engine.tokenize_marked)
+        prompt = self._prompt_ids(tokens.ids)
+        for index, span in tokens.replies.items():
+            m = req.messages[index]
+            prompt.replies[span] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
+        return prompt, rendered.text, tools or None
+
+    async def completions(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(parse_completion_request, request.body)
+        self._check_model(req.model)
+        validation.check_vocab(req, self.info.n_vocab)
+        sid = self._session_of(req, request)
+        grammar = await asyncio.to_thread(constrain.completion_grammar, req)
+        if isinstance(req.prompt, str):
+            self.text_limit.check(req.prompt, "prompt")
+            prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))
+        else:
+            prompt = PromptIds(list(req.prompt))
+        if req.echo and not isinstance(req.prompt, str):
+            echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
+        else:
+            echoed = req.prompt if req.echo else ""
+        return await self._generate(request, prompt, req.prompt, req, sid, None, grammar,
+                                    CompletionFormat(req.include_usage, echoed, req.logprobs is not None,
+                                                     req.timings_per_token),
+                                    prompt_logprobs=req.logprobs if req.echo else None)
+
+    def _render(self, messages: list[validation.Message], tools: list[dict], add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None, template_params: dict | None = None) -> templates.Prompt:
+        """The chat prompt; 400 when there is no usable template or it refuses the input.
+        template_params names the request field that set a template variable, for the
+        400 when the template has no use for it."""
+        if isinstance(self.template, templates.Unavailable):
+            raise errors.invalid_request(self.template.reason, "messages")
+        try:
+            return templates.render_chat(self.template, [asdict(m) for m in messages], tools or None,
+                                    add_generation_prompt, template_kwargs)
+        except templates.UnsupportedToolsError as exc:
+            raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
+        except templates.UnusedVariableError as exc:
+            param = (template_params or {}).get(exc.name) or (
+                "reasoning_effort" if exc.name == "reasoning_effort" else f"chat_template_kwargs.{exc.name}")
+            raise errors.unsupported_parameter(param, str(exc))
+        except templates.ChatTemplateError as exc:
+            raise errors.invalid_request(str(exc), "messages")
+
+    def _prompt_ids(self, ids: list[int]) -> PromptIds:
+        """A tokenized prompt, BOS first if the model wants it."""
+        return PromptIds(ids, self.info.bos_id if self.info.add_bos else None)
+
+    def _sampling(self, s: validation.Sampling) -> Sampling:
+        return Sampling(
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
+            seed=(s.seed if s.seed is not None else random.getrandbits(64)) & 0xFFFFFFFFFFFFFFFF,
+            repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
+
+    def _admit(self) -> None:
+        """Refuse with 503 while max_queue generations wait to start (for their
+        session's slot, or for their first step)."""
+        queued = self.waiting + self.runtime.queued
+        if self.options.max_queue and queued >= self.options.max_queue:
+            raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
+                                     "limit; retry later", retry_after=1)
+
+    async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
+                        req: validation.ChatRequest | validation.CompletionRequest, sid: str | None,
+                        tools: list[dict] | None, grammar: str | None, fmt: Format,
+                        prompt_logprobs: int | None = None,
+                        reasoning: bool | None = None) -> Response | StreamResponse:
+        n_ctx = self.info.n_ctx
+        ids = prompt.ids()
+        if not ids:
+            raise errors.invalid_request("the prompt is empty", "prompt")
+        if len(ids) >= n_ctx:
+            raise errors.context_length_exceeded(len(ids), n_ctx, fmt.prompt_param)
+        self._admit()
+        self.waiting += 1
+        try:
+            lease = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+        finally:
+            self.waiting -= 1
+        try:
+            slot = lease.slot
+            reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
+            if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
+                ids = spliced
+            # Like the room left in the context, the operator's cap clamps max_tokens;
+            # finish_reason "length" tells the client it was reached.
+            cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
+            max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
+            sampling = self._sampling(req.sampling)
+            scope = cache_scope(self.options.prefix_cache, request.principal, req.cache_salt)
+
+            def generation(index: int) -> Generation:
+                """Choice `index`: its own seed; after the first, the prompt is in the slot's
+                cache. The last choice holds the lease (Reply.close hands it on if the
+                reply ends sooner)."""
+                return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
+                                  max_tokens, reuse=reuse or index > 0, cache_scope=scope, grammar=grammar,
+                                  logprobs=req.logprobs,
+                                  prompt_logprobs=prompt_logprobs if index == 0 else None,
+                                  progress=req.return_progress and req.stream and index == 0,
+                                  lease=lease if index == req.n - 1 else None)
+
+            g = generation(0)
+            self.runtime.submit(g)  # from here a generation releases the lease when it ends
+        except BaseException:
+            lease.release()
+            raise
+        def new_output() -> Output:
+            return Output(req.stop, tools, reasoning, templates.tool_format(self.template))
+        reply = Reply(self.reply_context, fmt, g, new_output(), sid, prompt_text,
+                      Choices(req.n, generation, new_output, lease))
+        if req.stream:
+            response = StreamResponse(200, ReplyStream(reply, request))
+            reply.log = response.log
+            return response
+        try:
+            return json_response(await reply.collect(request), log=reply.log)
+        finally:
+            reply.close()
+
+
+class App:
+    """The HTTP application: answers /health with 503 until the model is loaded,
+    then hands every request to the Api."""
+
+    def __init__(self) -> None:
+        self.api: Api | None = None
+
+    async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
+        if self.api is not None:
+            return await self.api(request)
+        if request.path == "/health":
+            return json_response({"status": "loading"}, 503)
+        return error_response(errors.unavailable("the model is loading", retry_after=1))

@@ -1,0 +1,414 @@
+"""`python -m llmd bench`: engine and HTTP figures, each the median of several runs.
+
+Engine: prompt processing (pp128, pp512) and generation (tg128) at short context,
+after the HTTP figures' 252-token prompt and after a 2048-token context. HTTP (a
+real `python -m llmd` subprocess on a free port): first-token latency of a
+252-token chat prompt, cold (fresh cache) and warm (same session, same prompt:
+warm resume), and streaming tok/s, also as a share of the engine's rate at short
+context and at the same context (what HTTP itself costs). Bandwidth: generation at
+short context as a share of the memory limit, read bandwidth ÷ the weight bytes a
+decode step reads, the bandwidth measured around each generation run (right before
+and right after it) by the engine's own threads reading a buffer at least as large
+as the weights. Memory:
+resident set after load and after each of 4 sessions with a full 2048-token cache.
+With --conversation: a 10-turn chat through HTTP, with and without warm resume.
+With --sessions: sessions on disk (--session-dir), first-token latency of a turn whose session
+comes back from its file (after LRU eviction, and after SIGTERM and a restart) next
+to a warm turn in memory, and the share of each turn that was cached. With
+--shared-prompt: the KV bytes of 8 named sessions sharing a long system prompt (the
+prefix cache stores it once) next to one session's.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import statistics
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+from llmd.engine.native import Engine, Sampling
+
+FILLER = ("The quick brown fox jumps over the lazy dog while the farmer counts his sheep "
+          "and the river runs quietly past the old mill. ")
+
+
+def rss_mb() -> float:
+    """This process's resident set in MB (10^6 bytes, like the engine's byte counts)."""
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib * 1024 / 1e6
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+MEMORY_CTX = 2048  # context of the sessions the memory figures fill
+HTTP_PROMPT = 252  # tokens of the chat prompt the HTTP figures send
+
+
+def memory_figures(path: str, threads: int) -> dict:
+    """Resident set before and after load, after a first token (the mapped weights
+    are read in then), then after each of 4 sessions filled to MEMORY_CTX tokens,
+    next to the engine's own per-session estimate."""
+    rss_before = rss_mb()
+    with Engine(path, n_threads=threads, n_ctx=MEMORY_CTX, max_sessions=5) as engine:
+        rss_load = rss_mb()
+        ids = engine.tokenize(FILLER * 200)[:MEMORY_CTX]
+        with engine.new_session() as warmup:
+            warmup.prefill(ids[:1])
+            warmup.decode_one()
+        rss_warm = rss_mb()
+        sessions, after = [], []
+        for _ in range(4):
+            sessions.append(engine.new_session())
+            sessions[-1].prefill(ids)
+            after.append(round(rss_mb(), 1))
+        for s in sessions:
+            s.close()
+        growth = [b - a for a, b in zip([rss_warm] + after, after)]
+        return {"rss_before_load_mb": round(rss_before, 1), "rss_after_load_mb": round(rss_load, 1),
+                "rss_after_first_token_mb": round(rss_warm, 1),
+                "weights_mb": round(engine.info.weight_bytes / 1e6, 1), "memory_ctx": MEMORY_CTX,
+                "rss_after_sessions_mb": after, "rss_per_session_mb": round(statistics.median(growth), 1),
+                "kv_bytes_per_session": engine.info.bytes_per_session,
+                "kv_bytes_per_token": engine.info.kv_bytes_per_token}
+
+
+def engine_figures(path: str, threads: int, runs: int) -> dict:
+    with Engine(path, n_threads=threads, n_ctx=4096, max_sessions=2) as engine:
+        ids = engine.tokenize(FILLER * 200)
+        figures: dict = {"threads": engine.info.n_threads}
+        with engine.new_session() as s:
+            for n in (128, 512):
+                times = []
+                for _ in range(runs):
+                    s.reset()
+                    t = time.perf_counter()
+                    s.prefill(ids[:n])
+                    times.append(time.perf_counter() - t)
+                figures[f"pp{n}_tok_s"] = round(n / statistics.median(times), 1)
+
+            def tg128(context: int) -> float:
+                s.reset()
+                s.prefill(ids[:context])
+                s.set_sampling(Sampling(logit_bias={i: float("-inf") for i in engine.info.eog_ids}))
+                t = time.perf_counter()
+                for _ in range(128):
+                    s.decode_one()
+                return 128 / (time.perf_counter() - t)
+
+            paired = []  # (tg128 tokens/s at short context, read bandwidth around that run)
+            for _ in range(runs):
+                per_token, before = probe(engine)
+                rate = tg128(16)
+                paired.append((rate, (before + probe(engine)[1]) / 2))
+            figures["tg128_tok_s"] = round(statistics.median(rate for rate, _ in paired), 1)
+            for key, context in ((f"tg128_at_{HTTP_PROMPT}_tok_s", HTTP_PROMPT), ("tg128_at_2k_tok_s", 2048)):
+                figures[key] = round(statistics.median(tg128(context) for _ in range(runs)), 1)
+        figures.update(bandwidth_figures(per_token, paired))
+    return figures
+
+
+PROBE_MIN, PROBE_MAX = 256 << 20, 1 << 30  # bytes the bandwidth probe reads: the weights' size, within these
+
+
+def probe(engine: Engine) -> tuple[int, float]:
+    """(weight bytes a decode step reads, bytes per second the engine's threads read
+    from a buffer of the weights' size (at least 256 MiB, more than any cache here; at
+    most 1 GiB) in 4 MiB pieces claimed as matmul rows are: the median of 3 passes)."""
+    return engine.bandwidth(min(max(engine.info.weight_bytes, PROBE_MIN), PROBE_MAX), 3)
+
+
+def bandwidth_figures(bytes_per_token: int, paired: list[tuple[float, float]]) -> dict:
+    """Generation as a share of what memory allows: a decode step reads every weight
+    it uses once, so tokens/s <= read bandwidth / bytes per token. Each pair is one
+    generation run's tokens/s and the bandwidth read around it (the mean of a probe
+    right before and one right after): this machine's bandwidth can change by half
+    within a minute, so only a probe taken at the moment of the run says what the run
+    could stream. Each figure is the median over the runs."""
+    limits = [rate / bytes_per_token for _, rate in paired]
+    shares = [tok_s / limit for (tok_s, _), limit in zip(paired, limits)]
+    return {"bytes_per_token_mb": round(bytes_per_token / 1e6, 1),
+            "read_bandwidth_gb_s": round(statistics.median(rate for _, rate in paired) / 1e9, 1),
+            "tg128_bandwidth_limit_tok_s": round(statistics.median(limits), 1),
+            "tg128_share_of_bandwidth_limit": round(statistics.median(shares), 3)}
+
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+def _stream(port: int, body: dict, headers: dict,
+            route: str = CHAT) -> tuple[float, float, list[str], dict, dict]:
+    """One streamed request: (seconds to the first content delta, seconds in all,
+    the content deltas, usage and timings if the stream reported them)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    start = time.perf_counter()
+    conn.request("POST", route, json.dumps(body), {"Content-Type": "application/json", **headers})
+    first, deltas, usage, timings = 0.0, [], {}, {}
+    for line in conn.getresponse():
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            raise RuntimeError(f"{route} failed: {chunk['error'].get('message')}")
+        usage = chunk.get("usage") or usage
+        timings = chunk.get("timings") or timings
+        choice = chunk["choices"][0] if chunk.get("choices") else {}
+        if piece := choice.get("delta", {}).get("content") if route == CHAT else choice.get("text"):
+            first = first or time.perf_counter() - start
+            deltas.append(piece)
+    conn.close()
+    return first, time.perf_counter() - start, deltas, usage, timings
+
+
+def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, ...]) -> dict:
+    """Streams 128 tokens, end-of-generation ids banned as the engine figures ban them.
+    Through chat completions, or plain completions when the model's chat template
+    cannot be rendered (the figures say which)."""
+    proc, port = _start(path, threads, "--max-sessions", "8")
+    try:
+        model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+        route = CHAT if _prompt_tokens(port, model, CHAT, "hello") is not None else COMPLETIONS
+        # Grow the text until the rendered prompt has HTTP_PROMPT tokens.
+        text, n = "", 0
+        words = FILLER.split()
+        while n < HTTP_PROMPT:
+            text += words[len(text.split()) % len(words)] + " "
+            n = _prompt_tokens(port, model, route, text)
+            if n is None:
+                raise RuntimeError(f"{route} answered no usage")
+        body = {"model": model, **_content(route, text), "stream": True, "stream_options": {"include_usage": True},
+                "temperature": 0, "max_tokens": 128, "logit_bias": {str(i): -100 for i in eog_ids}}
+        cold, warm, rates = [], [], []
+        for _ in range(runs):
+            sid = uuid.uuid4().hex
+            first, total, _, usage, _ = _stream(port, body, {"X-Session-ID": sid}, route)
+            cold.append(first)
+            rates.append((usage["completion_tokens"] - 1) / (total - first))
+            first, _, _, _, _ = _stream(port, body, {"X-Session-ID": sid}, route)
+            warm.append(first)
+            _request(port, "DELETE", f"/v1/sessions/{sid}")
+        return {"http_route": route, "http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
+                "http_stream_tok_s": round(statistics.median(rates), 1), "http_prompt_tokens": n}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.", "Name a tool.",
+             "Name a river.", "Name a planet.", "Name a metal.", "Name a flower.", "Name a sport."]
+
+
+def _start(path: str | None, threads: int, *flags: str) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "llmd", "--port", "0", "--threads", str(threads), *flags]
+    if path:
+        cmd += ["--model", path]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    port = next(int(m.group(1)) for line in proc.stdout if (m := re.search(r"ready on http://[^:]+:(\d+)", line)))
+    return proc, port
+
+
+def conversation_figures(path: str | None, threads: int) -> list[dict]:
+    """A 10-turn chat three ways: in one named session (warm resume), without a session
+    id (the prefix cache), and named with --no-warm-resume (cold): per turn the prompt
+    tokens, the previous turn's total, cached tokens, first-token latency and the
+    prefill's milliseconds (`timings.prompt_ms`, which a model that writes no text has too)."""
+    rows: list[dict] = [{"turn": t + 1} for t in range(len(QUESTIONS))]
+    for mode, flags, headers in (("warm", (), {"X-Session-ID": "bench"}), ("anon", (), {}),
+                                 ("cold", ("--no-warm-resume",), {"X-Session-ID": "bench"})):
+        proc, port = _start(path, threads, "--max-sessions", "2", *flags)
+        try:
+            model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+            history: list[dict] = [{"role": "system", "content": FILLER * 4}]
+            previous = 0
+            for row, question in zip(rows, QUESTIONS):
+                history.append({"role": "user", "content": question})
+                body = {"model": model, "messages": history, "stream": True, "temperature": 0,
+                        "max_tokens": 24, "stream_options": {"include_usage": True}}
+                first, _, deltas, usage, timings = _stream(port, body, headers)
+                history.append({"role": "assistant", "content": "".join(deltas)})
+                row["prompt_tokens"] = usage["prompt_tokens"]
+                row["previous_total"] = previous
+                # Each mode's own too: its prompts differ from the others' when a reply
+                # does not tokenize back to the ids generated (a named session feeds those).
+                row[f"{mode}_prompt_tokens"], row[f"{mode}_previous_total"] = usage["prompt_tokens"], previous
+                row[f"{mode}_cached"] = usage["prompt_tokens_details"]["cached_tokens"]
+                row[f"{mode}_ttft_ms"] = round(first * 1000, 1)
+                row[f"{mode}_prompt_ms"] = timings.get("prompt_ms", 0.0)  # also when no text came
+                previous = usage["total_tokens"]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return rows
+
+
+def session_dir_figures(path: str | None, threads: int, runs: int) -> dict:
+    """Three conversations take turns over two session slots, so each comes back from
+    its file (--session-dir) every time; each such turn is followed by a second turn
+    of the same conversation, warm in memory (the A/B pairs alternate). Then, twice or
+    more: SIGTERM, a restart on the same directory, one request of another session
+    (so that the process's own first-request costs are not counted), and one turn per
+    conversation (restored from the files written at shutdown) followed again by a
+    warm one. Cached share: a turn's cached tokens over the previous turn's prompt +
+    completion. A turn asks for one token, so its latency is its first token's, also
+    for a random-weight model whose tokens may have no text to stream."""
+    names = ("x", "y", "z")
+    with tempfile.TemporaryDirectory(prefix="llmd-bench-sessions-") as directory:
+        flags = ("--max-sessions", "3", "--ctx", "4096", "--session-dir", directory)
+        histories = {sid: [{"role": "system", "content": FILLER * 16}] for sid in names}
+        last_total: dict[str, int] = {}
+        shares, cold, disk, memory, restarted, after = [], [], [], [], [], []
+
+        def turn(port: int, model: str, sid: str, times: list[float]) -> None:
+            history = histories[sid]
+            history.append({"role": "user", "content": QUESTIONS[len(history) % len(QUESTIONS)]})
+            body = {"model": model, "messages": history, "temperature": 0, "max_tokens": 1}
+            start = time.perf_counter()
+            reply = json.loads(_request(port, "POST", CHAT, body, {"X-Session-ID": sid}))
+            first = time.perf_counter() - start
+            usage = reply["usage"]
+            history.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+            if sid in last_total:
+                shares.append(usage["prompt_tokens_details"]["cached_tokens"] / last_total[sid])
+            last_total[sid] = usage["prompt_tokens"] + usage["completion_tokens"]
+            times.append(first)
+
+        rounds = max(2, -(-runs // len(names)))
+        proc, port = _start(path, threads, *flags)
+        try:
+            model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+            for sid in names:
+                turn(port, model, sid, cold)
+            for _ in range(rounds):
+                for sid in names:  # evicted by the other two since its last turn: from disk
+                    turn(port, model, sid, disk)
+                    turn(port, model, sid, memory)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=300)
+        for _ in range(rounds):
+            proc, port = _start(path, threads, *flags)
+            try:
+                _request(port, "POST", CHAT, {"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                                              "max_tokens": 1})
+                for sid in names:
+                    turn(port, model, sid, restarted)
+                    turn(port, model, sid, after)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=300)
+
+    def ms(values: list[float]) -> float:
+        return round(statistics.median(values) * 1000, 1)
+
+    return {"sessions_min_cached_share": round(min(shares), 3), "sessions_turns": len(shares) + len(names),
+            "sessions_history_tokens": max(last_total.values()), "sessions_ttft_cold_ms": ms(cold),
+            "sessions_ttft_from_disk_ms": ms(disk), "sessions_ttft_in_memory_ms": ms(memory),
+            "sessions_ttft_after_restart_ms": ms(restarted), "sessions_ttft_in_memory_after_restart_ms": ms(after),
+            "sessions_from_disk_over_memory": round(statistics.median(disk) / statistics.median(memory), 2),
+            "sessions_after_restart_over_memory": round(statistics.median(restarted) / statistics.median(after), 2)}
+
+
+SHARED_SESSIONS = 8
+
+
+def shared_prompt_figures(path: str | None, threads: int) -> dict:
+    """SHARED_SESSIONS named sessions whose chats start with the same system prompt of
+    170 short rules (about 1,500 tokens), each asking one question: the engine's KV
+    bytes (`llmd_kv_cache_bytes`, each block once) after the first and after the last,
+    and the fewest prompt tokens a later session found cached."""
+    system = " ".join(f"Rule {i}: answer briefly and politely." for i in range(170))
+    proc, port = _start(path, threads, "--ctx", "4096", "--max-sessions", str(SHARED_SESSIONS + 2))
+    try:
+        model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+        held, cached, prompt = [], [], 0
+        for i in range(SHARED_SESSIONS):
+            body = {"model": model, "temperature": 0, "max_tokens": 8,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Say {i}."}]}
+            usage = json.loads(_request(port, "POST", CHAT, body, {"X-Session-ID": f"shared-{i}"}))["usage"]
+            prompt = usage["prompt_tokens"]
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+            metrics = _request(port, "GET", "/metrics").decode()
+            held.append(float(re.search(r"^llmd_kv_cache_bytes (\S+)$", metrics, re.M).group(1)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"shared_prompt_tokens": prompt, "shared_sessions": SHARED_SESSIONS,
+            "shared_min_cached_tokens_after_the_first": min(cached[1:]),
+            "shared_kv_bytes_one_session": int(held[0]), "shared_kv_bytes_all_sessions": int(held[-1]),
+            "shared_all_over_one": round(held[-1] / held[0], 2)}
+
+
+def _request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> bytes:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request(method, path, json.dumps(body) if body else None,
+                 {"Content-Type": "application/json", **(headers or {})})
+    data = conn.getresponse().read()
+    conn.close()
+    return data
+
+
+def _content(route: str, text: str) -> dict:
+    return {"messages": [{"role": "user", "content": text}]} if route == CHAT else {"prompt": text}
+
+
+def _prompt_tokens(port: int, model: str, route: str, text: str) -> int | None:
+    """Prompt tokens of text sent to route, or None when the route answers an error."""
+    body = {"model": model, **_content(route, text), "max_tokens": 1}
+    usage = json.loads(_request(port, "POST", route, body)).get("usage")
+    return usage["prompt_tokens"] if usage else None
+
+
+def _default() -> str:
+    from llmd.engine import fetch
+    return str(fetch.default_model())
+
+
+def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
+        sessions: bool = False, shared_prompt: bool = False) -> int:
+    if sessions or shared_prompt:
+        figures = session_dir_figures(path, threads, runs) if sessions else shared_prompt_figures(path, threads)
+        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+        return 0
+    if conversation:
+        rows = conversation_figures(path, threads)
+        if as_json:
+            print(json.dumps(rows))
+            return 0
+        print("turn  prompt  previous total  named: cached  ttft_ms  prefill_ms   anonymous: cached  ttft_ms"
+              "  prefill_ms   named, --no-warm-resume: cached  ttft_ms  prefill_ms")
+        for r in rows:
+            print(f"{r['turn']:>4}  {r['prompt_tokens']:>6}  {r['previous_total']:>14}  {r['warm_cached']:>13}"
+                  f"  {r['warm_ttft_ms']:>7}  {r['warm_prompt_ms']:>10}  {r['anon_cached']:>18}"
+                  f"  {r['anon_ttft_ms']:>7}  {r['anon_prompt_ms']:>10}   {r['cold_cached']:>31}"
+                  f"  {r['cold_ttft_ms']:>7}  {r['cold_prompt_ms']:>10}")
+        return 0
+    model = path or _default()
+    figures = memory_figures(model, threads)
+    figures.update(engine_figures(model, threads, runs))
+    if not as_json:  # the engine figures stand on their own: show them before HTTP can fail
+        print(f"llmd bench: {model}, median of {runs} runs", flush=True)
+        for key, value in figures.items():
+            print(f"  {key:<34} {value}", flush=True)
+    with Engine(model, n_ctx=16) as engine:
+        eog_ids = engine.info.eog_ids
+    engine_keys = set(figures)
+    try:
+        figures.update(http_figures(path, threads, runs, eog_ids))
+        for engine_key in ("tg128_tok_s", f"tg128_at_{HTTP_PROMPT}_tok_s"):
+            figures[f"http_stream_share_of_{engine_key[:-6]}"] = round(figures["http_stream_tok_s"] / figures[engine_key], 3)
+    except (OSError, RuntimeError, StopIteration, KeyError, ValueError) as e:
+        figures["http_error"] = f"{type(e).__name__}: {e}"
+    if as_json:
+        print(json.dumps(figures))
+    else:
+        for key, value in figures.items():
+            if key not in engine_keys:
+                print(f"  {key:<34} {value}")
+    return 1 if "http_error" in figures else 0

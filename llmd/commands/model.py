@@ -1,0 +1,19 @@
+"""Opening the model a command runs on."""
+from __future__ import annotations
+
+from llmd.engine import fetch
+from llmd.engine.native import Engine, EngineError
+
+
+def open_engine(model: str | None, n_threads: int, n_ctx: int, *, generate: bool) -> Engine:
+    """The engine for a command; a file it cannot open (or, when the command
+    generates, one without weights) is a ModelError naming the problem."""
+    path = fetch.resolve_model(model)
+    try:
+        engine = Engine(str(path), n_threads=n_threads, n_ctx=n_ctx, max_sessions=1)
+    except EngineError as exc:
+        raise fetch.ModelError(f"{path}: {exc}") from exc
+    if generate and engine.info.vocab_only:
+        engine.close()
+        raise fetch.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized, not run")
+    return engine

@@ -1,0 +1,377 @@
+"""The runtime: one executor thread makes every engine call, and a scheduler
+runs generations in steps rather than whole requests.
+
+Theory of operation. A request's handler builds a Generation (its slot, prompt
+ids, sampling, token budget) and submits it. The scheduler loop, a task on the
+event loop, repeats: run one prefill chunk for one generation that is still
+prefilling (round robin), then decode steps for every generation that is
+decoding, each step batched into a single engine call so the weights are read
+once per step. A prefill chunk is one call on the executor thread; decode steps
+run back to back on it, up to BURST of them while no prompt waits, handing each
+step's tokens to the event loop without waiting for it, so the engine never idles
+on a thread handoff. A submit, a cancel or any other call for the executor (a new
+request's tokenization) ends the burst after the step in flight, and while a
+prompt is being prefilled each burst is one step: a long prompt never holds up
+other streams longer than one chunk, nor they it longer than one step.
+Tokens go back to the handler through the generation's queue as events:
+("token", Token), ("end", finish_reason) or ("error", exception), and, when asked
+for, ("progress", prompt_progress) before and after each prefill chunk. A generation
+whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
+its stream) is not decoded until the reader takes events again through
+`next_event`, so a stalled client costs no compute while its write times out.
+
+A generation holds its session's lease (llmd.serving.sessions.Lease) and gives it back the
+moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
+`end_all` at shutdown. The handler that started it only cancels it; it never has to
+wait for the end, so a handler interrupted at any await cannot leave a session held.
+
+Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
+each step until the generation ends, whether or not it was cancelled meanwhile, so
+`resident` is always a prefix of what the cache holds (the next prefill truncates
+the cache to what it reuses of it).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from llmd.engine.native import Engine, Sampling, Token
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
+from llmd.serving.sessions import Lease, SessionTable, Slot
+
+PREFILL_CHUNK = 256   # tokens per prefill step
+MAX_DECODE_BATCH = 64  # sessions per batched decode step
+READ_AHEAD = 64        # tokens a generation may run ahead of its reader
+BURST = 16             # decode steps run back to back while nothing else waits
+
+
+@dataclass(eq=False)
+class Generation:
+    slot: Slot
+    prompt: list[int]
+    sampling: Sampling
+    max_tokens: int
+    reuse: bool = True  # may reuse the slot's cache (else start from an empty cache)
+    cache_scope: str | None = None  # shares cached prefixes in this scope (llmd.serving.prefill.cache_scope)
+    grammar: str | None = None     # constrained decoding (llmd.structured.constrain), None: free
+    logprobs: int | None = None    # tokens carry their logprob and this many top ones
+    prompt_logprobs: int | None = None  # score the prompt (with this many top ones): no reuse
+    progress: bool = False         # ("progress", prompt_progress()) events as the prompt is processed
+    prompt_scores: list = field(default_factory=list)  # (logprob, top) of prompt[1:]
+    lease: Lease | None = None     # released when the generation ends
+    plan: PrefillPlan | None = None
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    next_prefill: int = 0          # index in prompt of the next token to prefill
+    decoding: bool = False
+    pending: int | None = None     # sampled, not yet in the KV cache
+    generated: int = 0
+    forced: bool = False           # the grammar closed the output early to fit max_tokens
+    cancelled: bool = False
+    finished: bool = False
+    t_submit: float = field(default_factory=time.perf_counter)
+    t_prefill_start: float = 0.0
+    t_prefill_end: float = 0.0
+    t_first_token: float = 0.0
+    t_last_token: float = 0.0
+    t_end: float = 0.0
+
+    def first_token_ms(self) -> float:
+        """Milliseconds from submission to the first generated token (0 if none)."""
+        return (self.t_first_token - self.t_submit) * 1000 if self.t_first_token else 0.0
+
+    def prompt_progress(self) -> dict[str, Any]:
+        """How far the prompt is processed, as llama.cpp's `prompt_progress`: tokens in
+        all, reused from the cache, in the cache now, and milliseconds since it began."""
+        return {"total": len(self.prompt), "cache": self.plan.keep, "processed": self.next_prefill,
+                "time_ms": round((time.perf_counter() - self.t_prefill_start) * 1000)}
+
+    def timings(self) -> dict[str, Any]:
+        """The llama.cpp-style `timings` extension of a response."""
+        end = self.t_end or time.perf_counter()
+        prompt_ms = (self.t_prefill_end - self.t_prefill_start) * 1000 if self.t_prefill_end else 0.0
+        predicted_ms = (end - self.t_prefill_end) * 1000 if self.t_prefill_end else 0.0
+        prompt_n = self.plan.prefill if self.plan else 0
+        return {
+            "prompt_n": prompt_n,
+            "cache_n": self.plan.keep if self.plan else 0,
+            "prompt_ms": round(prompt_ms, 3),
+            "prompt_per_second": round(prompt_n / prompt_ms * 1000, 2) if prompt_ms > 0 else 0.0,
+            "predicted_n": self.generated,
+            "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_second": round(self.generated / predicted_ms * 1000, 2) if predicted_ms > 0 else 0.0,
+        }
+
+
+class Runtime:
+    """Owns the executor thread and schedules generations on it."""
+
+    def __init__(self, metrics: ServerMetrics, *, warm_resume: bool = True):
+        self.engine: Engine | None = None
+        self.metrics = metrics
+        self.warm_resume = warm_resume
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-engine")
+        self._active: list[Generation] = []
+        self._wake = asyncio.Event()
+        self._interrupt = False  # ends a decode burst: read on the executor thread
+        self._task: asyncio.Task | None = None
+        self._turn = itertools.count()
+        self._ending: BaseException | None = None  # set by end_all: new generations end with it
+
+    def call(self, fn: Callable, *args) -> asyncio.Future:
+        """Queue fn(*args) on the engine's executor thread now, in order with every other
+        engine call; await the result for its value. A decode burst running there yields
+        the thread after the step in flight."""
+        self._interrupt = True
+        return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def load(self, path: str, **options) -> Engine:
+        """Open the model on the executor thread and start scheduling."""
+        self.engine = await self.call(lambda: Engine(path, **options))
+        self._task = asyncio.create_task(self._schedule(), name="llmd-scheduler")
+        return self.engine
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.end_all(RuntimeError("the server is shutting down"))
+        if self.engine is not None:
+            await self.call(self.engine.close)
+        self.executor.shutdown(wait=True)
+
+    def end_all(self, exc: BaseException) -> None:
+        """End every generation with the error `exc`, now and for any submitted later
+        (the server is shutting down)."""
+        self._ending = exc
+        for g in list(self._active):
+            self._finish(g, "error", exc)
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def queued(self) -> int:
+        """Generations submitted whose first prefill step has not run yet."""
+        return sum(1 for g in self._active if not g.t_prefill_start)
+
+    async def next_event(self, g: Generation) -> tuple[str, Any]:
+        """g's next event; taking it lets g run again if it waited for its reader."""
+        event = await g.events.get()
+        self._wake.set()
+        return event
+
+    def submit(self, g: Generation) -> None:
+        """Plan the prefill against the slot's cache and queue the generation."""
+        if g.reuse and g.prompt_logprobs is None:
+            session = g.slot.session
+            g.plan = plan_prefill(g.slot.resident, g.prompt, g.slot.dirty, enabled=self.warm_resume,
+                                  floor=session.resume_floor, points=session.resume_points)
+        else:
+            g.plan = PrefillPlan(keep=0, prefill=len(g.prompt), discard=len(g.slot.resident), reason="new")
+        g.next_prefill = g.plan.keep
+        if self._ending is not None:
+            self._finish(g, "error", self._ending)
+            return
+        self.metrics.prompt_tokens.inc(len(g.prompt))
+        self._active.append(g)
+        self._interrupt = True
+        self._wake.set()
+
+    def cancel(self, g: Generation) -> None:
+        """Stop g at the next step boundary (client gone, stop string found, ...)."""
+        g.cancelled = True
+        self._interrupt = True
+        self._wake.set()
+
+    def _finish(self, g: Generation, kind: str, value: Any) -> None:
+        if not g.finished:
+            g.finished = True
+            g.t_end = time.perf_counter()
+            g.events.put_nowait((kind, value))
+        if g in self._active:
+            self._active.remove(g)
+        if g.lease is not None:
+            g.lease.release()
+
+    async def _schedule(self) -> None:
+        while True:
+            for g in [g for g in self._active if g.cancelled]:
+                self._finish(g, "end", "cancelled")
+            if not self._active:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            prefilling = [g for g in self._active if not g.decoding]
+            if prefilling:
+                await self._prefill_step(prefilling[next(self._turn) % len(prefilling)])
+            decoding = [g for g in self._active
+                        if g.decoding and not g.cancelled and g.events.qsize() < READ_AHEAD]
+            if not prefilling and not decoding:  # every generation waits for its reader
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if decoding:
+                waiting = any(not g.decoding for g in self._active)
+                await self._decode_steps(decoding[:MAX_DECODE_BATCH], 1 if waiting else BURST)
+                # Rotate so that more than MAX_DECODE_BATCH streams all advance.
+                for g in decoding[:MAX_DECODE_BATCH]:
+                    if g in self._active:
+                        self._active.remove(g)
+                        self._active.append(g)
+
+    async def _prefill_step(self, g: Generation) -> None:
+        slot, first = g.slot, not g.t_prefill_start
+        scope = g.cache_scope if self.warm_resume else None
+        # A scored prompt reuses nothing (every position is scored), but it still joins
+        # its scope, so that what it computes is offered there and nowhere else.
+        reusable = g.plan.keep if g.prompt_logprobs is None else len(g.prompt)
+
+        def claim() -> int:
+            """Readies the session for g's prompt: the prompt tokens the prefix cache supplied."""
+            cached = 0
+            if scope is not None:  # replaces the cache with a longer shared prefix, if any
+                if g.plan.reason == "dirty":  # nothing of its own is trusted, not even as a tail
+                    slot.session.truncate(0)
+                cached = slot.session.share_prefix(scope, g.prompt, reusable)
+            if not cached:
+                slot.session.truncate(g.plan.keep)  # keep 0 also clears a dirty cache
+            slot.session.set_sampling(g.sampling)
+            slot.session.set_grammar(g.grammar, g.max_tokens)
+            return cached
+
+        def run() -> int:
+            """Prefills the next chunk: the tokens prefilled."""
+            start = g.next_prefill
+            # A scored prompt goes in one call, as `llmd perplexity` scores a window: the
+            # engine's logits may differ in the last bits with how a prompt is split.
+            end = len(g.prompt) if g.prompt_logprobs is not None else start + PREFILL_CHUNK
+            chunk = g.prompt[start:end]
+            if g.prompt_logprobs is None or len(chunk) < 2:
+                slot.session.prefill(chunk)
+            else:  # scoring leaves the next-token logits as a prefill does
+                g.prompt_scores = slot.session.score_top(chunk, 0, g.prompt_logprobs)
+            return len(chunk)
+
+        try:
+            if first:
+                g.t_prefill_start = time.perf_counter()
+                slot.resident = slot.resident[:g.plan.keep]
+                slot.dirty = False  # the truncate clears it; a reset from now on sets it again
+                cached = await self.call(claim)
+                if g.finished:  # ended meanwhile (end_all): the slot may already serve another
+                    return
+                if scope is not None and g.prompt_logprobs is None:
+                    (self.metrics.prefix_cache_hits if cached else self.metrics.prefix_cache_misses).inc()
+                g.plan = with_cached(g.plan, cached)
+                g.next_prefill = g.plan.keep
+                self.metrics.cached_tokens.inc(g.plan.keep)
+                if g.progress:
+                    g.events.put_nowait(("progress", g.prompt_progress()))
+            n = await self.call(run)
+        except Exception as exc:
+            slot.dirty = True
+            self._finish(g, "error", exc)
+            return
+        if g.finished:  # ended meanwhile (end_all): the slot may already serve another
+            return
+        g.next_prefill += n
+        slot.resident = g.prompt[:g.next_prefill]
+        if g.progress:
+            g.events.put_nowait(("progress", g.prompt_progress()))
+        if g.next_prefill == len(g.prompt):
+            g.decoding = True
+            g.t_prefill_end = time.perf_counter()
+            if g.max_tokens == 0:  # the prompt's logprobs were all that was asked for
+                self._finish(g, "end", "length")
+
+    async def _decode_steps(self, batch: list[Generation], most: int) -> None:
+        """Up to `most` decode steps for the batch, fewer when a generation would reach
+        its token budget or run READ_AHEAD ahead of its reader, or one ends."""
+        loop = asyncio.get_running_loop()
+        sessions = [g.slot.session for g in batch]
+        logprobs = [g.logprobs for g in batch] if any(g.logprobs is not None for g in batch) else None
+        steps = min(most, *(min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize()) for g in batch))
+        self._interrupt = False
+
+        def run() -> None:
+            for _ in range(steps):
+                tokens = self.engine.decode_batch(sessions, logprobs)
+                loop.call_soon_threadsafe(self._deliver, batch, tokens)
+                if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
+                    return
+
+        try:
+            # Each step's _deliver is queued before the call's result, so it runs first.
+            await loop.run_in_executor(self.executor, run)
+        except Exception as exc:
+            for g in batch:
+                g.slot.dirty = True
+                self._finish(g, "error", exc)
+
+    def _deliver(self, batch: list[Generation], tokens: list[Token]) -> None:
+        """One decode step's tokens, on the event loop."""
+        for g, tok in zip(batch, tokens):
+            if g.finished:  # its lease is released: the slot may serve another request now;
+                continue    # `resident` stays a prefix of the cache, which is all it promises
+            if tok.stopped:
+                self._finish(g, "end", "cancelled")
+                continue
+            if g.pending is not None:
+                g.slot.resident.append(g.pending)  # fed to the cache at the start of this step
+            g.pending = tok.id
+            if g.cancelled:
+                self._finish(g, "end", "cancelled")
+                continue
+            now = time.perf_counter()
+            g.generated += 1
+            self.metrics.generated_tokens.inc()
+            if g.generated == 1:
+                g.t_first_token = now
+                self.metrics.first_token.observe(now - g.t_submit)
+            else:
+                self.metrics.inter_token.observe(now - g.t_last_token)
+            g.t_last_token = now
+            g.forced = g.forced or tok.forced
+            g.events.put_nowait(("token", tok))
+            if tok.is_terminal:
+                self._finish(g, "end", "length" if g.forced else "stop")
+            elif g.generated >= g.max_tokens:
+                self._finish(g, "end", "length")
+
+
+def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable) -> None:
+    """Sample the state gauges of `metrics` from the runtime and the session table at each
+    scrape."""
+    metrics.generations_active.read = lambda: runtime.active
+    metrics.generations_queued.read = lambda: table.waiting
+    metrics.sessions_in_use.read = lambda: table.in_use
+    metrics.sessions_capacity.read = lambda: table.capacity - 1
+    metrics.engine_sessions.read = table.engine.live_sessions
+    metrics.table_sessions.read = lambda: table.engine_sessions
+    engine, block = table.engine, table.engine.info.kv_block_bytes
+    metrics.kv_bytes.read = lambda: engine.kv_stats().blocks_live * block + table.ring_bytes
+    metrics.kv_blocks.read = lambda: engine.kv_stats().blocks_live
+
+    def shared_holds() -> int:
+        stats = engine.kv_stats()
+        return stats.block_refs - stats.blocks_live
+
+    metrics.blocks_shared.read = shared_holds
+    metrics.bytes_saved.read = lambda: shared_holds() * block
+    metrics.retired_blocks.read = lambda: engine.kv_stats().blocks_retired
+    metrics.retired_bytes.read = lambda: engine.kv_stats().blocks_retired * block
+    metrics.snapshots.read = lambda: engine.kv_stats().snapshots
+    metrics.snapshot_bytes.read = lambda: engine.kv_stats().snapshot_bytes
+    metrics.evictions.read = lambda: table.evictions
+    if (store := table.store) is not None:
+        metrics.session_files_saved.read = lambda: store.saved
+        metrics.session_files_loaded.read = lambda: store.loaded
+        metrics.session_files_refused.read = lambda: store.refused
+        metrics.session_files_failed.read = lambda: store.failed
+        metrics.session_dir_bytes.read = lambda: store.bytes_used

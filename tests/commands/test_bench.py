@@ -1,0 +1,39 @@
+"""llmd.bench on a tiny model whose chat template llmd does not recognise: the HTTP
+figures fall back to plain completions instead of failing."""
+from __future__ import annotations
+
+import pytest
+
+from llmd.commands import bench
+from llmd.engine.native import Engine
+from tests.support.gguf_writer import write_tiny_llama
+
+
+def test_http_figures_use_completions_when_the_chat_template_is_unknown(tmp_path):
+    model = write_tiny_llama(tmp_path / "m.gguf", n_ctx=512, chat_template="{{ no_such_template }}")
+    figures = bench.http_figures(str(model.path), threads=1, runs=1, eog_ids=(model.eos_id,))
+    assert figures["http_route"] == "/v1/completions"
+    assert figures["http_prompt_tokens"] >= bench.HTTP_PROMPT
+    assert figures["http_stream_tok_s"] > 0 and figures["http_ttft_cold_s"] > 0
+
+
+def test_http_figures_use_chat_when_the_template_renders(tmp_path):
+    model = write_tiny_llama(tmp_path / "m.gguf", n_ctx=512)
+    figures = bench.http_figures(str(model.path), threads=1, runs=1, eog_ids=(model.eos_id,))
+    assert figures["http_route"] == "/v1/chat/completions"
+    assert figures["http_prompt_tokens"] >= bench.HTTP_PROMPT
+
+
+def test_bandwidth_figures_state_each_run_against_the_bandwidth_read_around_it():
+    # run 1 streamed 40 tok/s at 80 GB/s, run 2 30 tok/s at 40 GB/s, run 3 45 at 60: at
+    # 1 GB per token their limits are 80, 40 and 60 tok/s, their shares 0.5, 0.75, 0.75
+    figures = bench.bandwidth_figures(10**9, [(40.0, 80e9), (30.0, 40e9), (45.0, 60e9)])
+    assert figures == {"bytes_per_token_mb": 1000.0, "read_bandwidth_gb_s": 60.0,
+                       "tg128_bandwidth_limit_tok_s": 60.0, "tg128_share_of_bandwidth_limit": 0.75}
+
+
+def test_the_probe_counts_every_weight_of_a_dense_model_and_reads_at_a_positive_rate(tmp_path):
+    model = write_tiny_llama(tmp_path / "m.gguf")
+    with Engine(str(model.path), n_threads=1) as engine:
+        per_token, rate = bench.probe(engine)
+    assert per_token == model.weight_bytes and rate > 0

@@ -1,0 +1,66 @@
+"""Session behaviour on every architecture beyond llama (tests/engine/test_engine.py covers
+llama): decode batching, isolation of interleaved sessions and warm resume by
+truncation, each on one tiny model per family (a gemma3 whose rings wrap)."""
+from __future__ import annotations
+
+import pytest
+
+from llmd.engine.native import Engine
+from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
+from tests.engine.test_arch_gemma3 import TEXT
+
+N_CTX = 384
+FAMILIES = {
+    "gemma3": lambda: build_tiny_gemma3(n_ctx=N_CTX, window=32),
+    "phi3": lambda: build_tiny_llama(n_ctx=N_CTX, arch="phi3"),
+    "qwen3moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX),
+    "qwen2moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX, arch="qwen2moe"),  # with a shared expert
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def engine(request, tmp_path_factory):
+    path = FAMILIES[request.param]().write(tmp_path_factory.mktemp(request.param) / "m.gguf")
+    with Engine(str(path), n_threads=2, n_ctx=N_CTX, max_sessions=4) as e:
+        e.ids = e.tokenize(TEXT)
+        yield e
+
+
+def greedy(engine, prefix, steps=8):
+    with engine.new_session() as s:
+        s.prefill(prefix)
+        return [s.decode_one().id for _ in range(steps)]
+
+
+def test_decode_batch_equals_decode_one(engine):
+    ids = engine.ids
+    with engine.new_session() as a, engine.new_session() as b:
+        a.prefill(ids[:320])
+        b.prefill(ids[3:40])
+        batched = [[t.id for t in engine.decode_batch([a, b])] for _ in range(8)]
+    assert [row[0] for row in batched] == greedy(engine, ids[:320])
+    assert [row[1] for row in batched] == greedy(engine, ids[3:40])
+
+
+def test_interleaved_sessions_are_isolated(engine):
+    ids = engine.ids
+    with engine.new_session() as a, engine.new_session() as b:
+        a.prefill(ids[:300])
+        b.prefill(ids[100:130])
+        got_a, got_b = [], []
+        for _ in range(8):
+            got_a.append(a.decode_one().id)
+            got_b.append(b.decode_one().id)
+    assert got_a == greedy(engine, ids[:300])
+    assert got_b == greedy(engine, ids[100:130])
+
+
+def test_warm_resume_by_truncation_continues_as_a_fresh_session(engine):
+    ids = engine.ids
+    with engine.new_session() as s:
+        s.prefill(ids[:330])
+        keep = max(s.resume_floor, 300)  # the floor is 0 unless a ring has wrapped
+        s.truncate(keep)
+        s.prefill(ids[keep:340])
+        resumed = [s.decode_one().id for _ in range(8)]
+    assert resumed == greedy(engine, ids[:340])

@@ -1,0 +1,160 @@
+"""The scheduler on the default model: generations advance in steps (a prefill chunk
+or one batched decode step), so streams share the executor fairly, a long prompt
+is prefilled between other streams' tokens, and a cancel takes effect at the next
+step. Assertions are on the order of events, never on times."""
+import asyncio
+
+import pytest_asyncio
+
+from llmd.engine import fetch
+from llmd.engine.native import Sampling
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import PREFILL_CHUNK, Generation, Runtime
+from llmd.serving.sessions import Slot
+
+FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
+
+
+@pytest_asyncio.fixture
+async def runtime():
+    rt = Runtime(ServerMetrics())
+    await rt.load(str(fetch.default_model(fetch=False)), n_ctx=2048, max_sessions=6, n_threads=2)
+    yield rt
+    await rt.close()
+
+
+async def start(rt: Runtime, name: str, prompt: str, max_tokens: int, log: list) -> tuple[Generation, asyncio.Task]:
+    """Submit a greedy generation that never ends by itself; a task logs its events."""
+    slot = Slot(name, await rt.call(rt.engine.new_session))
+    ids = await rt.call(rt.engine.tokenize, prompt)
+    never_end = Sampling(logit_bias={i: float("-inf") for i in rt.engine.info.eog_ids})
+    g = Generation(slot, ids, never_end, max_tokens)
+    rt.submit(g)
+
+    async def read() -> None:
+        while True:
+            kind, value = await rt.next_event(g)
+            log.append((name, kind, value if kind == "end" else None))
+            if kind != "token":
+                return
+
+    return g, asyncio.create_task(read())
+
+
+async def test_streams_get_a_token_each_per_decode_step(runtime):
+    # Each decode step's tokens reach the loop in one _deliver call: record, per step,
+    # how many tokens each stream of its batch has. (Readers may take several queued
+    # tokens at once, so the order of their logs says nothing about steps.)
+    steps: list[dict] = []
+    deliver = runtime._deliver
+
+    def record(batch, tokens):
+        deliver(batch, tokens)
+        steps.append({g.slot.id: g.generated for g in batch})
+
+    runtime._deliver = record
+    log: list = []
+    readers = [(await start(runtime, name, f"{name}: " + FILLER, 24, log))[1] for name in "abc"]
+    await asyncio.gather(*readers)
+    tokens = [name for name, kind, _ in log if kind == "token"]
+    assert sorted(tokens) == sorted("abc" * 24)
+    # Once all three decode, every step is one batch of the three, each a token further,
+    # until the first of them is done; the others finish without it.
+    first = next(i for i, step in enumerate(steps) if len(step) == 3)
+    assert min(steps[first].values()) == 1  # the last to start joins at its first token
+    for before, after in zip(steps[first:], steps[first + 1:]):
+        if len(after) < 3:
+            assert max(before.values()) == 24
+            break
+        assert all(after[name] == before[name] + 1 for name in "abc"), (before, after)
+    else:
+        raise AssertionError("no stream finished while the three decoded together")
+
+
+async def test_a_long_prompt_is_prefilled_between_other_streams_tokens(runtime):
+    log: list = []
+    running = [await start(runtime, name, FILLER, 400, log) for name in "ab"]
+    while sum(kind == "token" for _, kind, _ in log) < 4:
+        await asyncio.sleep(0.01)
+    long_prompt = FILLER * 60
+    chunks = -(-len(await runtime.call(runtime.engine.tokenize, long_prompt)) // PREFILL_CHUNK)
+    assert chunks >= 3
+    submitted = len(log)
+    newcomer, reader = await start(runtime, "long", long_prompt, 2, log)
+    await reader
+    first = next(i for i, (name, kind, _) in enumerate(log) if name == "long")
+    during = log[submitted:first]
+    # A decode step of the running streams follows every prefill chunk but the last.
+    for name in "ab":
+        assert sum(n == name and kind == "token" for n, kind, _ in during) >= chunks - 1
+        assert not any(n == name and kind == "end" for n, kind, _ in log)  # still streaming
+    for g, task in running:
+        runtime.cancel(g)
+        await task
+
+
+async def test_a_cancelled_generation_ends_at_the_next_step(runtime):
+    log: list = []
+    g, reader = await start(runtime, "c", FILLER, 1000, log)
+    while len(log) < 5:
+        await asyncio.sleep(0.005)
+    runtime.cancel(g)
+    delivered = g.generated  # tokens handed to the reader (some maybe not yet logged)
+    await reader
+    assert log[-1] == ("c", "end", "cancelled")
+    # No token after the cancel, however many steps a loaded machine let the executor
+    # finish before the event loop took their tokens.
+    assert [kind for _, kind, _ in log] == ["token"] * delivered + ["end"]
+
+
+async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime, monkeypatch):
+    """Decode steps run in bursts on the executor; a call queued there (a new request's
+    tokenization) ends the burst, so it waits for the step in flight, not the burst."""
+    steps = [0]  # decode steps the executor has finished, counted on the executor
+    decode_batch = runtime.engine.decode_batch
+
+    def counted(*args):
+        tokens = decode_batch(*args)
+        steps[0] += 1
+        return tokens
+    monkeypatch.setattr(runtime.engine, "decode_batch", counted)
+    log: list = []
+    g, reader = await start(runtime, "d", FILLER, 1000, log)
+    while len(log) < 3:
+        await asyncio.sleep(0.005)
+    for _ in range(5):
+        before = steps[0]
+        at_call = await runtime.call(lambda: steps[0])  # read when the call runs, not when the loop wakes
+        # The step in flight, and one that could end between the two reads above.
+        assert at_call - before <= 2
+        await asyncio.sleep(0.01)
+    assert steps[0] >= 2  # the tokens after the first came from the counted steps
+    runtime.cancel(g)
+    await reader
+
+
+async def test_a_scored_prompt_gives_what_one_score_call_gives(runtime):
+    ids = await runtime.call(runtime.engine.tokenize, FILLER * 36)
+    assert len(ids) > 2 * PREFILL_CHUNK  # scored in one call all the same, as the perplexity command does
+    slot = Slot("scored", await runtime.call(runtime.engine.new_session))
+    g = Generation(slot, ids, Sampling(), 3, prompt_logprobs=2, logprobs=1)
+    runtime.submit(g)
+    events = [await runtime.next_event(g) for _ in range(4)]
+    assert [kind for kind, _ in events] == ["token"] * 3 + ["end"]
+
+    def reference():
+        with runtime.engine.new_session() as s:
+            return s.score_top(ids, 0, 2)
+    assert g.prompt_scores == await runtime.call(reference)
+    assert slot.resident == ids + [t.id for _, t in events[:2]]
+    for _, token in events[:3]:  # greedy: each token is the top of the logits it was sampled from
+        assert token.top[0][0] == token.id and token.top[0][1] == token.logprob
+
+
+async def test_echo_without_new_tokens_ends_after_the_prompt(runtime):
+    ids = await runtime.call(runtime.engine.tokenize, "Hello there")
+    slot = Slot("echo", await runtime.call(runtime.engine.new_session))
+    g = Generation(slot, ids, Sampling(), 0, prompt_logprobs=0)
+    runtime.submit(g)
+    assert await runtime.next_event(g) == ("end", "length")
+    assert len(g.prompt_scores) == len(ids) - 1 and g.generated == 0

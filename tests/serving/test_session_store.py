@@ -1,0 +1,481 @@
+"""Sessions on disk (llmd/serving/session_store.py and its hooks in llmd/serving/sessions.py): the
+file format and every way a file is refused, atomic writes, the disk budget, safe
+names; then, on the real stack in this process (tiny model), eviction and shutdown
+saving sessions that come back warm, and a failing disk degrading to in-memory
+sessions; then, on real server processes (default model), the acceptance: three
+conversations over two slots stay warm, a session survives SIGTERM and a restart,
+and its temperature-0 output equals a fresh prefill's."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import os
+import signal
+import struct
+import subprocess
+
+import pytest
+import pytest_asyncio
+
+from llmd.api.answers import transport_refusal
+from llmd.api.routes import Api, App, Options
+from llmd.http.server import HttpServer
+from llmd.prompt import templates
+from llmd.serving import sessions
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import Runtime
+from llmd.serving.session_store import (FORMAT_VERSION, MAGIC, SUFFIX, SessionStore, decode, encode, file_name,
+                                model_fingerprint)
+from llmd.serving.sessions import SessionTable
+from tests.conformance.client import Client
+from tests.conftest import llmd_process
+from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_qwen35
+
+FINGERPRINT = "f" * 64
+PAYLOAD = bytes(range(256)) * 40
+REPLIES = [("a" * 64, [1, 2, 3]), ("b" * 64, [4])]
+
+
+def file_bytes(session_id: str = "s1", fingerprint: str = FINGERPRINT, n_ctx: int = 128,
+               payload: bytes = PAYLOAD) -> bytes:
+    return b"".join(bytes(p) for p in encode(session_id, fingerprint, n_ctx, 7, REPLIES, payload))
+
+
+# ---- the file format -------------------------------------------------------------------
+
+def test_a_file_decodes_to_what_was_encoded():
+    saved = decode(file_bytes(), "s1", FINGERPRINT, 128)
+    assert bytes(saved.payload) == PAYLOAD
+    assert saved.replies == REPLIES and saved.n_tokens == 7 and saved.session_id == "s1"
+    assert file_bytes()[:8] == MAGIC
+
+
+def flipped(data: bytes, offset: int) -> bytes:
+    b = bytearray(data)
+    b[offset] ^= 0x01
+    return bytes(b)
+
+
+def other_version(data: bytes) -> bytes:
+    b = bytearray(data)
+    struct.pack_into("<I", b, 8, FORMAT_VERSION + 1)
+    return bytes(b)
+
+
+REFUSALS = {
+    "truncated": (lambda d: d[:-1], "truncated"),
+    "truncated_to_the_header": (lambda d: d[:30], "truncated"),
+    "empty": (lambda d: b"", "not an llmd session file"),
+    "padded": (lambda d: d + b"\0", "truncated or padded"),
+    "bit_flipped_payload": (lambda d: flipped(d, len(d) - 100), "checksum mismatch"),
+    "bit_flipped_metadata": (lambda d: flipped(d, 40), "checksum mismatch"),
+    "other_magic": (lambda d: b"GGUF" + d[4:], "not an llmd session file"),
+    "other_version": (other_version, f"format version {FORMAT_VERSION + 1}"),
+    "other_model": (lambda d: file_bytes(fingerprint="0" * 64), "another model file"),
+    "other_context": (lambda d: file_bytes(n_ctx=256), "context of 256 tokens"),
+    "other_session": (lambda d: file_bytes(session_id="s2"), "another session id"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSALS))
+def test_a_damaged_or_foreign_file_is_refused_with_its_reason(tmp_path, caplog, name):
+    damage, reason = REFUSALS[name]
+    store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    store.scan()
+    (tmp_path / file_name("s1")).write_bytes(damage(file_bytes()))
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        assert store.load("s1") is None
+    assert reason in caplog.text and "refused for session 's1'" in caplog.text and "starts cold" in caplog.text
+
+
+# ---- the store --------------------------------------------------------------------------
+
+def test_save_then_load_round_trips_and_leaves_no_temporary_file(tmp_path):
+    store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    store.scan()
+    assert store.save("s1", PAYLOAD, REPLIES, 7)
+    assert os.listdir(tmp_path) == [file_name("s1")]
+    assert oct(os.stat(tmp_path / file_name("s1")).st_mode & 0o777) == "0o600"
+    saved = store.load("s1")
+    assert bytes(saved.payload) == PAYLOAD and saved.replies == REPLIES
+    assert store.load("never-saved") is None
+
+
+@pytest.mark.parametrize("sid", ["../../etc/passwd", "a/b", "..", ".hidden", "x" * 128, "~!@#$%^&*()"])
+def test_any_session_id_is_a_safe_file_name_inside_the_directory(tmp_path, sid):
+    store = SessionStore(tmp_path / "dir", 0, FINGERPRINT, 128)
+    store.scan()
+    assert store.save(sid, PAYLOAD, [], 7)
+    names = os.listdir(tmp_path / "dir")
+    assert names == [file_name(sid)] and not names[0].startswith(".") and names[0].endswith(SUFFIX)
+    assert os.listdir(tmp_path) == ["dir"]
+    assert bytes(store.load(sid).payload) == PAYLOAD
+
+
+def test_scan_lists_saved_files_and_removes_temporaries_a_crash_left(tmp_path):
+    store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    store.scan()
+    store.save("s1", PAYLOAD, [], 7)
+    (tmp_path / f".{file_name('s2')}.999.tmp").write_bytes(file_bytes("s2")[:50])
+    again = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    again.scan()
+    assert again.count == 1 and again.has("s1") and not again.has("s2")
+    assert again.bytes_used == (tmp_path / file_name("s1")).stat().st_size
+    assert os.listdir(tmp_path) == [file_name("s1")]
+
+
+def test_the_budget_removes_the_least_recently_used_files_first(tmp_path):
+    # room for three files but not four; a file's size varies by a byte or two with the
+    # digits its saved_at time takes, so the budget is not an exact multiple of one
+    budget = 3 * len(file_bytes()) + len(file_bytes()) // 2
+    store = SessionStore(tmp_path, budget, FINGERPRINT, 128)
+    store.scan()
+    for i, sid in enumerate(["s1", "s2", "s3"]):
+        store.save(sid, PAYLOAD, REPLIES, 7)
+        os.utime(tmp_path / file_name(sid), (1000 + i, 1000 + i))
+    store.scan()  # the index takes the times set above
+    assert store.load("s1") is not None  # a load makes s1 the most recently used
+    store.save("s4", PAYLOAD, REPLIES, 7)
+    assert {sid for sid in ["s1", "s2", "s3", "s4"] if store.has(sid)} == {"s1", "s3", "s4"}
+    assert not (tmp_path / file_name("s2")).exists()
+    assert store.bytes_used <= budget
+
+
+def test_a_session_larger_than_the_budget_is_not_written(tmp_path, caplog):
+    store = SessionStore(tmp_path, 1000, FINGERPRINT, 128)
+    store.scan()
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        assert not store.save("big", PAYLOAD, [], 7)
+    assert "more than --session-dir-max" in caplog.text and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_a_failing_write_is_a_warning_and_leaves_the_old_file(tmp_path, monkeypatch, caplog, code):
+    store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    store.scan()
+    store.save("s1", PAYLOAD, REPLIES, 7)
+
+    def failing_fsync(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        assert not store.save("s1", PAYLOAD[:100], [], 3)
+    assert os.strerror(code) in caplog.text and "kept in memory only" in caplog.text
+    assert os.listdir(tmp_path) == [file_name("s1")]  # no temporary file left
+    monkeypatch.undo()
+    assert bytes(store.load("s1").payload) == PAYLOAD
+
+
+def test_remove_deletes_the_file(tmp_path):
+    store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    store.scan()
+    store.save("s1", PAYLOAD, [], 7)
+    assert store.remove("s1") and not store.has("s1") and os.listdir(tmp_path) == []
+    assert not store.remove("s1")
+
+
+def test_the_fingerprint_changes_with_the_model_file_the_engine_and_its_kernels(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"H" * 100 + b"D" * 100000)
+    library = tmp_path / "lib.so"
+    library.write_bytes(b"engine")
+    base = model_fingerprint(str(model), 100, 100100, str(library), "avx2")
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") == base
+    model.write_bytes(b"H" * 99 + b"h" + b"D" * 100000)
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") != base
+    model.write_bytes(b"H" * 100 + b"D" * 99999 + b"d")  # the last sample reads the end of the data
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") != base
+    model.write_bytes(b"H" * 100 + b"D" * 100000)
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx512") != base
+    library.write_bytes(b"engine, rebuilt")
+    assert model_fingerprint(str(model), 100, 100100, str(library), "avx2") != base
+
+
+# ---- the table with a store, in process on the tiny model ----------------------------------
+
+@pytest_asyncio.fixture
+async def stack(tiny_model, tmp_path):
+    """Start/stop a server stack over a session dir; 2 named slots + scratch."""
+    stacks = []
+
+    async def start(store_dir=tmp_path / "sessions", max_bytes=0, fingerprint="tiny", model=tiny_model.path,
+                    n_ctx=0):
+        runtime = Runtime(ServerMetrics())
+        engine = await runtime.load(str(model), n_threads=1, max_sessions=3, n_ctx=n_ctx)
+        store = SessionStore(store_dir, max_bytes, fingerprint, engine.info.n_ctx)
+        store.scan()
+        table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store)
+        await table.start()
+        app = App()
+        # No prefix cache: what is cached here came from the session or its file alone.
+        app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine),
+                      Options(["model"], prefix_cache="off"))
+        server = HttpServer(app, refusal=transport_refusal)
+        await server.start("127.0.0.1", 0)
+
+        async def stop():
+            if runtime.executor._shutdown:
+                return
+            await server.close(grace=1)
+            await table.close()
+            await runtime.close()
+
+        stacks.append(stop)
+        return Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, stop
+
+    yield start
+    for stop in stacks:
+        await stop()
+
+
+async def turn(client: Client, sid: str, history: list, content: str) -> dict:
+    """One chat turn of a conversation; the reply joins the history."""
+    history.append({"role": "user", "content": content})
+    resp = await asyncio.to_thread(client.post_json, "/chat/completions",
+                                   client.chat_body(history, session_id=sid, max_tokens=6, temperature=0))
+    assert resp.status == 200, resp.body
+    body = resp.json()
+    history.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
+    return body["usage"]
+
+
+def cached(usage: dict) -> int:
+    return usage["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.asyncio
+async def test_an_evicted_session_comes_back_warm_from_its_file(stack, tmp_path):
+    client, table, _ = await stack()
+    histories = {sid: [] for sid in "abc"}
+    first = {sid: await turn(client, sid, histories[sid], f"hello from {sid}") for sid in "abc"}
+    await asyncio.sleep(0)
+    assert table.evictions == 1 and "a" not in table.named
+    again = await turn(client, "a", histories["a"], "and again")
+    assert cached(again) == first["a"]["prompt_tokens"] + first["a"]["completion_tokens"] - 1
+    assert table.store.has("a")
+
+
+@pytest.mark.asyncio
+async def test_an_idle_session_is_saved_once_and_its_eviction_then_costs_no_export(stack, monkeypatch, caplog):
+    monkeypatch.setattr(sessions, "IDLE_SAVE_SECONDS", 0.05)
+    client, table, _ = await stack()
+    history: list = []
+    with caplog.at_level(logging.INFO, "llmd.sessions"):
+        first = await turn(client, "idle", history, "hello")
+        for _ in range(400):
+            if table.store.has("idle"):
+                break
+            await asyncio.sleep(0.05)
+        assert "session 'idle' saved to disk (idle)" in caplog.text
+        await asyncio.sleep(0.2)  # no second save: nothing changed
+        for sid in "bc":
+            await turn(client, sid, [], "hi")  # "c" evicts "idle"
+        await asyncio.gather(*table._disk.values())
+    assert "idle" not in table.named
+    assert caplog.text.count("session 'idle' saved to disk") == 1
+    again = await turn(client, "idle", history, "again")
+    assert cached(again) == first["prompt_tokens"] + first["completion_tokens"] - 1
+
+
+@pytest.mark.asyncio
+async def test_a_session_whose_rings_wrapped_comes_back_from_disk_and_equals_a_fresh_prefill(stack, tmp_path):
+    model = build_tiny_gemma3(n_ctx=1024, window=32).write(tmp_path / "gemma3.gguf")
+    client, table, _ = await stack(model=model, n_ctx=1024)
+
+    async def complete(prompt: str, sid: str | None) -> dict:
+        named = {"session_id": sid} if sid else {}
+        resp = await asyncio.to_thread(client.post_json, "/completions",
+                                       client.completion_body(prompt, max_tokens=6, temperature=0, **named))
+        assert resp.status == 200, resp.body
+        return resp.json()
+
+    text = " ".join(f"w{i}" for i in range(150))
+    first = await complete(text, "ring")
+    assert first["usage"]["prompt_tokens"] > 288 + 32  # the sliding-window rings wrapped
+    for sid in "bc":
+        await complete("hello", sid)  # "c" evicts "ring"
+    assert "ring" not in table.named
+    longer = text + first["choices"][0]["text"] + " and more words"
+    again = await complete(longer, "ring")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
+    assert again["choices"][0]["text"] == (await complete(longer, None))["choices"][0]["text"]
+
+
+@pytest.mark.asyncio
+async def test_a_hybrid_session_comes_back_from_disk_and_answers_as_one_that_never_left(stack, tmp_path):
+    model = build_tiny_qwen35(n_ctx=512).write(tmp_path / "qwen35.gguf")
+    client, table, _ = await stack(model=model, n_ctx=512)
+    histories = {sid: [] for sid in "abc"}
+    for sid in "abc":
+        await turn(client, sid, histories[sid], "the same first question" if sid != "c" else "hello")
+    assert "a" not in table.named and "b" in table.named  # "c" evicted "a"
+    kept = await turn(client, "b", histories["b"], "and a second one")
+    back = await turn(client, "a", histories["a"], "and a second one")  # from its file
+    assert table.store.loaded == 1
+    assert cached(back) == cached(kept) > 0
+    assert histories["a"] == histories["b"]
+
+
+@pytest.mark.asyncio
+async def test_sessions_alive_at_shutdown_are_restored_after_a_restart(stack):
+    client, table, stop = await stack()
+    history: list = []
+    first = await turn(client, "kept", history, "remember this")
+    await stop()
+    client, table, _ = await stack()
+    assert table.store.has("kept") and "kept" not in table.named
+    listing = (await asyncio.to_thread(client.get_json, "/sessions")).json()
+    assert listing["saved_sessions"] == 1 and listing["saved_bytes"] == table.store.bytes_used > 0
+    again = await turn(client, "kept", history, "what did I say?")
+    assert cached(again) == first["prompt_tokens"] + first["completion_tokens"] - 1
+
+
+@pytest.mark.asyncio
+async def test_delete_and_reset_remove_the_saved_file(stack):
+    client, table, stop = await stack()
+    for sid in ("gone", "cleared"):
+        await turn(client, sid, [], "hi")
+    await stop()
+    client, table, _ = await stack()
+    assert (await asyncio.to_thread(client.request, "DELETE", "/sessions/gone")).json()["deleted"] is True
+    assert (await asyncio.to_thread(client.request, "POST", "/sessions/cleared/reset")).json()["reset"] is True
+    await asyncio.gather(*table._disk.values())
+    assert not table.store.has("gone") and not table.store.has("cleared")
+    assert cached(await turn(client, "gone", [], "hi")) == 0
+    assert (await asyncio.to_thread(client.request, "DELETE", "/sessions/never")).json()["deleted"] is False
+
+
+@pytest.mark.asyncio
+async def test_a_refused_file_is_logged_and_the_request_runs_cold(stack, tmp_path, caplog):
+    client, table, stop = await stack()
+    await turn(client, "victim", [], "hi")
+    await stop()
+    path = tmp_path / "sessions" / file_name("victim")
+    path.write_bytes(flipped(path.read_bytes(), 200))
+    client, table, _ = await stack()
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        usage = await turn(client, "victim", [], "hi")
+    assert cached(usage) == 0 and "checksum mismatch" in caplog.text
+    metrics = (await asyncio.to_thread(client.request, "GET", client.origin + "/metrics")).body.decode()
+    assert "llmd_session_files_refused_total 1" in metrics and "llmd_session_files_loaded_total 0" in metrics
+
+
+@pytest.mark.asyncio
+async def test_a_file_of_another_model_is_refused_and_the_request_runs_cold(stack, caplog):
+    client, table, stop = await stack()
+    await turn(client, "s", [], "hi")
+    await stop()
+    client, table, _ = await stack(fingerprint="another model")
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        usage = await turn(client, "s", [], "hi")
+    assert cached(usage) == 0 and "written for another model file" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_full_disk_degrades_to_in_memory_sessions_with_a_warning(stack, monkeypatch, caplog):
+    client, table, _ = await stack()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    histories = {sid: [] for sid in "abc"}
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        for rnd in range(2):
+            for sid in "abc":  # each turn evicts the next one's session, which is not saved: cold
+                assert cached(await turn(client, sid, histories[sid], f"round {rnd}")) == 0
+        await asyncio.gather(*table._disk.values())
+    assert "No space left on device" in caplog.text and table.store.count == 0
+    assert table.store.failed >= 4 and table.store.saved == 0
+
+
+@pytest.mark.asyncio
+async def test_a_read_only_session_dir_still_restores_and_never_fails_a_request(stack, monkeypatch, caplog):
+    client, table, stop = await stack()
+    history: list = []
+    first = await turn(client, "saved", history, "hi")
+    await stop()
+    client, table, _ = await stack()
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        restored = await turn(client, "saved", history, "again")
+        for sid in "bc":  # evicts "saved", whose new state cannot be written
+            await turn(client, sid, [], "hi")
+        await asyncio.gather(*table._disk.values())
+    assert cached(restored) == first["prompt_tokens"] + first["completion_tokens"] - 1
+    assert "Read-only file system" in caplog.text
+
+
+# ---- real server processes on the default model: the acceptance ------------------------------
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def chat_turn(client: Client, sid: str, history: list, content: str) -> dict:
+    history.append({"role": "user", "content": content})
+    named = {"session_id": sid} if sid is not None else {}
+    resp = client.post_json("/chat/completions", client.chat_body(history, max_tokens=24, temperature=0, **named))
+    assert resp.status == 200, resp.body
+    body = resp.json()
+    history.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
+    return body
+
+
+def test_three_conversations_over_two_slots_stay_warm(tmp_path):
+    with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path)) as server:
+        client = Client(server.url + "/v1", model=MODEL)
+        histories = {sid: [] for sid in ("x", "y", "z")}
+        previous = {}
+        for rnd in range(3):
+            for sid in histories:
+                usage = chat_turn(client, sid, histories[sid], f"Tell me one fact about the number {rnd * 3}.")["usage"]
+                if sid in previous:
+                    assert cached(usage) >= 0.9 * previous[sid]
+                previous[sid] = usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_a_session_dir_that_cannot_be_used_is_a_warning_and_sessions_stay_in_memory(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    log = tmp_path / "log"
+    with open(log, "w") as stderr:
+        with llmd_process("--max-sessions", "3", "--session-dir", str(blocked), stderr=stderr) as server:
+            client = Client(server.url + "/v1", model=MODEL)
+            history: list = []
+            first = chat_turn(client, "s", history, "Hi")["usage"]
+            assert cached(chat_turn(client, "s", history, "Again")["usage"]) >= 0.9 * (
+                first["prompt_tokens"] + first["completion_tokens"])
+    assert "cannot use --session-dir" in log.read_text() and "kept in memory only" in log.read_text()
+
+
+def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tmp_path):
+    history: list = []
+    log = tmp_path / "log"
+    with open(log, "w") as stderr:
+        with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir"),
+                          stderr=stderr) as server:
+            client = Client(server.url + "/v1", model=MODEL)
+            for q in ("Name three colours.", "And three animals?"):
+                first = chat_turn(client, "conv", history, q)["usage"]
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(timeout=60) == 0
+    assert "session 'conv' saved to disk" in log.read_text()
+    question = "Which of them is largest?"
+    with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir")) as server:
+        client = Client(server.url + "/v1", model=MODEL)
+        restored = chat_turn(client, "conv", list(history), question)
+        total = first["prompt_tokens"] + first["completion_tokens"]
+        assert cached(restored["usage"]) >= 0.9 * total
+        fresh = chat_turn(client, None, list(history), question)  # the scratch slot: a cold prefill
+        assert cached(fresh["usage"]) == 0
+        assert restored["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]

@@ -1,0 +1,179 @@
+"""Faults: a native error in the middle of a generation (injected into the real stack,
+in process, on the tiny model), and shutdown by SIGTERM / SIGINT with streams in flight
+(a real server process)."""
+import asyncio
+import http.client
+import json
+import signal
+import socket
+import time
+
+import pytest
+import pytest_asyncio
+
+from llmd._native import lib
+from llmd.api.answers import transport_refusal
+from llmd.api.routes import Api, App, Options
+from llmd.engine.native import EngineError
+from llmd.http.server import HttpServer
+from llmd.prompt import templates
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import Runtime
+from llmd.serving.sessions import SessionTable
+from tests.conformance.client import Client
+from tests.conftest import llmd_process
+from tests.system.test_limits import address, long_body, stalled_stream, wait_for
+
+# ---- a native error mid-generation ---------------------------------------------------
+
+
+class FailingDecode:
+    """Engine.decode_batch that raises a native error on the `fail_on`-th call from now."""
+
+    def __init__(self, engine):
+        self.real = engine.decode_batch
+        self.calls = 0
+        self.fail_on: int | None = None
+
+    def arm(self, fail_on: int) -> None:
+        self.calls, self.fail_on = 0, fail_on
+
+    def __call__(self, sessions, logprobs=None):
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise EngineError(lib.LLMD_ERR_INTERNAL, "internal error: injected kernel failure")
+        return self.real(sessions, logprobs)
+
+
+@pytest_asyncio.fixture
+async def stack(tiny_model):
+    """The real server stack in this process; yields (client, table, fault)."""
+    runtime = Runtime(ServerMetrics())
+    engine = await runtime.load(str(tiny_model.path), n_threads=1, max_sessions=4)
+    fault = FailingDecode(engine)
+    engine.decode_batch = fault
+    table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
+    await table.start()
+    app = App()
+    app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine), Options(["model"]))
+    server = HttpServer(app, refusal=transport_refusal)
+    await server.start("127.0.0.1", 0)
+    yield Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, fault
+    await server.close(grace=1)
+    await table.close()
+    await runtime.close()
+
+
+def chat_body(client: Client, **extra) -> dict:
+    return client.chat_body([{"role": "user", "content": "hello there"}], max_tokens=8, **extra)
+
+
+@pytest.mark.asyncio
+async def test_native_error_mid_stream_is_an_error_event_and_the_session_is_reset_next_time(stack):
+    client, table, fault = stack
+    fault.arm(fail_on=3)
+    stream = await asyncio.to_thread(client.chat_stream, [{"role": "user", "content": "hello there"}],
+                                     session_id="victim", max_tokens=8)
+    assert stream.status == 200
+    tokens = [c for c in stream.chunks[1:] if "choices" in c]
+    assert len(tokens) == 2  # two steps went well, the third failed
+    error = stream.chunks[-1]["error"]
+    assert error["type"] == "server_error" and "injected kernel failure" in error["message"]
+    assert table.named["victim"].dirty
+
+    again = (await asyncio.to_thread(client.post_json, "/chat/completions",
+                                     chat_body(client, session_id="victim"))).json()
+    assert again["session_reset_reason"] == "dirty"
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["usage"]["completion_tokens"] == 8 and not table.named["victim"].dirty
+
+
+@pytest.mark.asyncio
+async def test_native_error_without_stream_is_a_500_and_others_are_still_served(stack):
+    client, table, fault = stack
+    fault.arm(fail_on=2)
+    failed = await asyncio.to_thread(client.post_json, "/chat/completions", chat_body(client, session_id="v2"))
+    assert failed.status == 500
+    assert "injected kernel failure" in failed.json()["error"]["message"]
+    others = await asyncio.gather(*(asyncio.to_thread(client.post_json, "/chat/completions", chat_body(client, **sid))
+                                    for sid in ({}, {"session_id": "bystander"}, {"session_id": "v2"})))
+    assert [r.status for r in others] == [200, 200, 200]
+    assert [r.json()["usage"]["completion_tokens"] for r in others] == [8, 8, 8]
+
+
+# ---- shutdown --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def long_model(tiny_llama_factory):
+    return tiny_llama_factory(n_ctx=4096)
+
+
+def refused(url: str) -> bool:
+    try:
+        socket.create_connection(address(url), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(long_model):
+    # A keep-alive timeout and a grace far past the exit wait below: the kept-alive
+    # connection must not hold the exit up to either (room for a loaded machine).
+    flags = ("--model", str(long_model.path), "--keepalive-timeout", "120", "--shutdown-grace", "120")
+    with llmd_process(*flags) as llmd:
+        conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
+        body = {**long_body(long_model, max_tokens=300), "stream": True,
+                "stream_options": {"include_usage": True}}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        first = resp.readline()
+        assert first.startswith(b"data: ")
+        llmd.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: refused(llmd.url), seconds=30, what="new connections to be refused after SIGTERM")
+        rest = resp.read().decode()
+        assert rest.rstrip().endswith("data: [DONE]")
+        usage = [json.loads(line[6:]) for line in rest.splitlines() if '"usage"' in line][-1]["usage"]
+        assert usage["completion_tokens"] == 300  # finished, not cut
+        assert llmd.proc.wait(timeout=30) == 0  # the kept-alive connection is not waited for
+
+
+def test_when_the_grace_period_ends_streams_end_with_an_error_event_then_done(tiny_llama_factory):
+    # 60,000 tokens take seconds even on a fast machine (4,000 took 0.55 s here): the
+    # stream is still running when the 0.2 s of grace end.
+    model = tiny_llama_factory(n_ctx=65536)
+    with llmd_process("--model", str(model.path), "--ctx", "65536", "--shutdown-grace", "0.2") as llmd:
+        conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
+        body = {**long_body(model, max_tokens=60000), "stream": True}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.readline().startswith(b"data: ")
+        llmd.proc.send_signal(signal.SIGTERM)
+        rest = resp.read().decode()  # http.client checks the chunk framing up to its end
+        assert llmd.proc.wait(timeout=30) == 0
+        events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "unavailable_error" and "shutting down" in error["message"]
+
+
+def test_when_the_grace_period_ends_a_stalled_stream_is_cut_and_it_exits_0(long_model):
+    with llmd_process("--model", str(long_model.path), "--shutdown-grace", "0.5") as llmd:
+        sock = stalled_stream(llmd.url, long_body(long_model))  # would last forever, unread
+        time.sleep(0.3)
+        llmd.proc.send_signal(signal.SIGTERM)
+        # Well before the write timeout (60 s) could end the stalled stream instead.
+        assert llmd.proc.wait(timeout=30) == 0
+        sock.close()
+
+
+def test_a_second_signal_exits_at_once(long_model):
+    with llmd_process("--model", str(long_model.path), "--shutdown-grace", "60") as llmd:
+        sock = stalled_stream(llmd.url, long_body(long_model))
+        time.sleep(0.3)
+        llmd.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert llmd.proc.poll() is None  # still waiting for the stream
+        llmd.proc.send_signal(signal.SIGINT)
+        # "At once": well inside the 60 s grace, with room for a loaded machine.
+        assert llmd.proc.wait(timeout=30) == 128 + signal.SIGINT
+        sock.close()
