@@ -357,11 +357,13 @@ async def serve(args) -> None:
                   Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, log_prompts=args.log_prompts,
                           prefix_cache=args.prefix_cache))
-    log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads",
+    log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads, %s kernels",
              model_id, load_seconds, info.n_ctx, info.max_sessions, info.bytes_per_session / 1e6, info.n_threads,
+             info.kernels,
              extra={"fields": {"event": "ready", "url": url, "model": model_id, "path": str(path),
                                "load_seconds": round(load_seconds, 3), "n_ctx": info.n_ctx,
-                               "session_slots": info.max_sessions, "threads": info.n_threads}})
+                               "session_slots": info.max_sessions, "threads": info.n_threads,
+                               "kernels": info.kernels}})
     print(banner(url, model_id, str(path), info, load_seconds), flush=True)
     notify_systemd("READY=1")
     await stop.wait()
@@ -404,7 +406,7 @@ def banner(url: str, model_id: str, path: str, info, load_seconds: float) -> str
         f"  model     {model_id}  ({path}, loaded in {load_seconds:.1f}s)",
         f"  context   {info.n_ctx} tokens per session",
         f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each",
-        f"  threads   {info.n_threads}",
+        f"  threads   {info.n_threads}, {info.kernels} kernels",
         f"  page      {url}/        metrics  {url}/metrics",
         f"  try       curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}",
     ])

@@ -181,7 +181,8 @@ class Api:
     def _model_object(self, model_id: str) -> dict:
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "llmd",
                 "meta": {"n_ctx": self.info.n_ctx, "n_ctx_train": self.info.n_ctx_train,
-                         "n_vocab": self.info.n_vocab, "max_sessions": self.table.capacity}}
+                         "n_vocab": self.info.n_vocab, "max_sessions": self.table.capacity,
+                         "kernels": self.info.kernels}}
 
     async def models(self, request: HttpRequest) -> Response:
         return json_response({"object": "list", "data": [self._model_object(m) for m in self.options.model_ids]})

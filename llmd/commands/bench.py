@@ -83,9 +83,9 @@ def memory_figures(path: str, threads: int) -> dict:
 def engine_figures(path: str, threads: int, runs: int) -> dict:
     with Engine(path, n_threads=threads, n_ctx=4096, max_sessions=2) as engine:
         ids = engine.tokenize(FILLER * 200)
-        figures: dict = {"threads": engine.info.n_threads}
+        figures: dict = {"threads": engine.info.n_threads, "kernels": engine.info.kernels}
         with engine.new_session() as s:
-            for n in (128, 512):
+            for n in (128, 512, 2048):
                 times = []
                 for _ in range(runs):
                     s.reset()

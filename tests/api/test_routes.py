@@ -2,12 +2,14 @@
 conformance suite cannot see (disconnects, limits, pings, llmd's extension routes)."""
 import http.client
 import json
+import os
 import socket
 import time
 from pathlib import Path
 
 import pytest
 
+from llmd.engine.native import kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 
@@ -769,3 +771,15 @@ def test_constrained_calls_in_a_familys_layout_parse_and_validate_for_any_sampli
                 assert call["name"] == "get_time" or not named, (seed, call)
                 arguments = json.loads(call["arguments"])
                 assert errors(arguments, schemas[call["name"]]) == [], (seed, call)
+
+
+def test_models_meta_names_the_kernel_variant_the_engine_runs(server):
+    """/v1/models says which kernel variant computes the answers (native/src/kernels/):
+    the fastest this CPU runs, unless LLMD_KERNELS chose another."""
+    fastest = [v.name for v in kernel_variants() if v.runs][-1]
+    for path in ("/models", "/models/smol"):
+        resp = server.request("GET", path)
+        assert resp.status == 200
+        body = resp.json()
+        meta = (body["data"][0] if "data" in body else body)["meta"]
+        assert meta["kernels"] == (os.environ.get("LLMD_KERNELS") or fastest)
