@@ -29,7 +29,9 @@ import argparse
 import math
 import random
 
-from tests.support.gguf_writer import F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
+from tests.support.gguf_writer import (
+    F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen35, build_tiny_qwen3moe,
+)
 
 # shape -> (builder, its arguments, metadata it sets afterwards)
 SHAPES = {
@@ -47,6 +49,13 @@ SHAPES = {
                                               head_dim=128, n_expert=64, n_expert_used=8, n_ff_exp=768,
                                               n_ctx=4096, reserved=150000),
                     {"qwen3moe.rope.freq_base": 1e6, "qwen3moe.attention.layer_norm_rms_epsilon": 1e-6}),
+    # Qwen3.5-0.8B: 6 x (3 Gated DeltaNet layers, 1 gated attention layer), 16 key and 16
+    # value heads of 128 in DeltaNet, 8/2 heads of 256 in attention, RoPE over 64 dims.
+    "qwen3.5-0.8b": (build_tiny_qwen35, dict(n_vocab=248320, n_embd=1024, n_layer=24, interval=4, n_head=8,
+                                             n_head_kv=2, head_dim=256, rope_dim=64, sections=(11, 11, 10, 0),
+                                             n_ff=3584, k_heads=16, v_heads=16, state=128, conv_len=4,
+                                             n_ctx=4096, reserved=246000),
+                     {"qwen35.rope.freq_base": 1e7, "qwen35.attention.layer_norm_rms_epsilon": 1e-6}),
 }
 
 

@@ -999,15 +999,18 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
                       n_head_kv: int = 1, head_dim: int = 64, rope_dim: int = 16,
                       sections: tuple[int, ...] = (3, 3, 2, 0), n_ff: int = 256, k_heads: int = 2,
                       v_heads: int = 4, state: int = 32, conv_len: int = 4, n_ctx: int = 128,
-                      weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+                      weight_type: int = GGML_F32, seed: int = 1, n_vocab: int = 300, reserved: int = 0,
+                      random_matrix=None) -> GGUFWriter:
     """A GGUFWriter holding a random-weight qwen35 model laid out as llama.cpp's converter
     writes one, with build_tiny_llama's tokenizer: every `interval`-th layer gated
     attention (queries and gate interleaved per head in attn_q, q/k head norms, RoPE over
     rope_dim dims of each head in multi-`sections`), the others Gated DeltaNet layers
     (k_heads query/key heads and v_heads value heads of `state` dims, a convolution over
-    conv_len positions); post_attention_norm before every SwiGLU FFN."""
+    conv_len positions); post_attention_norm before every SwiGLU FFN. n_vocab, reserved
+    and random_matrix as build_tiny_llama takes them."""
     w = build_llama_base("qwen35", n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
-                         n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35")
+                         n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35", n_vocab=n_vocab,
+                         reserved=reserved)
     w.set("qwen35.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
     w.set("qwen35.attention.value_length", U32, head_dim)
     w.set("qwen35.rope.dimension_count", U32, rope_dim)
@@ -1026,6 +1029,9 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
     w.tensors = []
 
     def matrix(name: str, ne: list[int], std: float) -> None:
+        if random_matrix is not None:
+            w.add_tensor(name, ne, weight_type, random_matrix(ne[0], ne[1], std, rng))
+            return
         values = [rng.gauss(0.0, std) for _ in range(math.prod(ne))]
         w.add_tensor(name, ne, weight_type, encode_tensor(weight_type, values))
 
