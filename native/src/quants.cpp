@@ -460,6 +460,8 @@ void quantize_rows_part(const float *x, int n, int64_t cols, BlockQ8A *xq, int t
 const char *kernel_path() {
 #if defined(LLMD_PACKED)
     return "avx512-vnni, repacked";
+#elif defined(LLMD_PANEL_AVX2)
+    return "avx2, repacked";
 #elif defined(LLMD_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return "avx512-vnni";
 #elif defined(LLMD_AVX2)

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "quants.h"
+#include "quants_panel_avx2.h"
 
 #include <algorithm>
 #include <cstring>
@@ -370,6 +371,10 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
 }
 
 template <const PanelLayout &L> constexpr PanelFn panel_kernel() { return panel_matmul<L>; }
+
+#elif defined(LLMD_PANEL_AVX2)
+
+template <const PanelLayout &L> constexpr PanelFn panel_kernel() { return panel_matmul_avx2<L>; }
 
 #else
 
