@@ -521,7 +521,7 @@ def test_types_without_kernels_are_refused_naming_every_tensor_by_type(tmp_path)
 
 # The kernel variants that keep quantized matrices as repacked panels (the others
 # keep the file's rows).
-REPACKING_VARIANTS = {"avx512"}
+REPACKING_VARIANTS = {"avx2", "avx-vnni", "avx512"}
 
 # Bytes of the packed form of 16 rows × 256 columns (native/src/quants/quants.h PanelLayout): for
 # the K-quants each row's f16 d (and m) once, then 8 panel-blocks of 16 × 32 weights

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/kernels.h"
+#include "kernels/x86/panels_avx2.h"
 #include "kernels/x86/rows_avx2.h"
 
 namespace llmd {
@@ -12,6 +13,7 @@ Kernels table_256(const char *name) {
     Kernels k = kernels_scalar();
     k.name = name;
     set_row_dots(k);
+    set_panels<PanelsAvx2>(k);
     return k;
 }
 
