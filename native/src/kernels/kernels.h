@@ -35,7 +35,7 @@ using DeltaStepFn = void (*)(float *m, const float *q, const float *k, const flo
                              float scale, float *out);
 
 struct Kernels {
-    const char *name; // "scalar", "avx2", "avx-vnni", "avx512", ...
+    const char *name; // "scalar", "avx2", "avx-vnni", "avx512", "neon", "dotprod", "i8mm"
     // A row against n elements of x (F32-activation types) or their Q8A/Q8K blocks,
     // indexed by GGUF type; nullptr where the engine has no kernels for the type.
     DotFn dot[kTypeCount];
@@ -110,6 +110,10 @@ const Kernels &kernels_scalar();
 const Kernels &kernels_avx2();
 const Kernels &kernels_avx_vnni();
 const Kernels &kernels_avx512();
+#elif defined(__aarch64__)
+const Kernels &kernels_neon();
+const Kernels &kernels_dotprod();
+const Kernels &kernels_i8mm();
 #endif
 
 } // namespace llmd
