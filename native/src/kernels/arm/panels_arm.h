@@ -6,17 +6,19 @@
 // the 4 activation bytes 4g..4g+3 held in one lane of a 16-byte register of x, and
 // adds each row's 4 products into that row's int32 lane. A piece is 32 of them per
 // token: 8 accumulators (4 row groups × elements 0..15 and 16..31) and no horizontal
-// sum. The piece's weights are unpacked once (into L1, 512 bytes) and serve a tile of
-// up to kPanelTile tokens.
+// sum. i8mm takes tokens in pairs through USMMLA instead (pair_sums), 16 instructions
+// a token. The piece's weights are unpacked once (into L1, 512 bytes) and serve a
+// tile of up to kPanelTile tokens.
 //
 // Signedness: SDOT is s8 × s8, so weights go in as the layout's u = q + offset where
 // u < 128 (every layout of 2 to 6 bits) with the offset taken off exactly in integers
 // (offset × the sum of x's int8 values, which BlockQ8A carries), as q itself where
-// a table gives it (4-bit codes) and as u ^ 0x80 = q for 8 bits. USDOT is u8 × s8 and
-// takes every layout's u as stored (codes looked up as lut + offset), the offset
-// taken off the same way.
-// Each token accumulates its pieces in one fixed order whatever tile or thread it
-// runs in: results are batch-invariant.
+// a table gives it (4-bit codes) and as u ^ 0x80 = q for 8 bits. USDOT and USMMLA
+// are u8 × s8 and take every layout's u as stored (codes looked up as lut + offset),
+// the offset taken off the same way.
+// A piece's integer sums are exact whichever instruction forms them, and each token
+// accumulates its pieces in floats in one fixed order whatever tile, pair or thread
+// it runs in: results are batch-invariant.
 #pragma once
 
 #include "kernels/arm/simd_arm.h"
@@ -154,6 +156,102 @@ inline void piece_scales(const uint8_t *blk, const float32x4_t m[4], float32x4_t
     }
 }
 
+// One token's integer sums of a piece, rows 4r..4r+3 in lane r of lo[r] (elements
+// 0..15) and hi[r] (16..31), the offset taken off: SDOT/USDOT lane forms, 32 of them.
+template <const PanelLayout &L> inline void lane_sums(const uint8_t *w, const BlockQ8A &xb, int32x4_t lo[4], int32x4_t hi[4]) {
+    constexpr int kOffset = dot_offset<L>();
+    const int32_t lo_sum = L.split ? xb.sum_lo : xb.sum;
+    for (int r = 0; r < 4; ++r) {
+        lo[r] = vdupq_n_s32(-kOffset * lo_sum);
+        hi[r] = vdupq_n_s32(-kOffset * (xb.sum - lo_sum));
+    }
+    const int8x16_t xl = load_s8(xb.qs), xh = load_s8(xb.qs + 16);
+    dot_rows<0>(lo, w, xl);
+    dot_rows<0>(hi, w + 256, xh);
+    dot_rows<1>(lo, w + 64, xl);
+    dot_rows<1>(hi, w + 320, xh);
+    dot_rows<2>(lo, w + 128, xl);
+    dot_rows<2>(hi, w + 384, xh);
+    dot_rows<3>(lo, w + 192, xl);
+    dot_rows<3>(hi, w + 448, xh);
+}
+
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+// USMMLA multiplies a 2 × 8 matrix of u8 by an 8 × 2 of s8: two rows' 8 weights
+// against two tokens' 8 activations, 32 products an instruction to SDOT's 16. The
+// piece's weights are regrouped once for it: w[2k] and w[2k + 1] (elements 8k..8k+7)
+// of rows 4r..4r+3, zipped by 32-bit lanes, give rows (4r, 4r + 1) and (4r + 2,
+// 4r + 3) as 8 bytes each, stored at 16 (8k + 2r) and 16 (8k + 2r + 1).
+inline void pair_weights(const uint8_t *w, uint8_t *pairs) {
+    for (int k = 0; k < 4; ++k)
+        for (int r = 0; r < 4; ++r) {
+            const uint32x4_t a = vreinterpretq_u32_u8(load_u8(w + 128 * k + 16 * r));
+            const uint32x4_t c = vreinterpretq_u32_u8(load_u8(w + 128 * k + 64 + 16 * r));
+            vst1q_u8(pairs + 16 * (8 * k + 2 * r), vreinterpretq_u8_u32(vzip1q_u32(a, c)));
+            vst1q_u8(pairs + 16 * (8 * k + 2 * r + 1), vreinterpretq_u8_u32(vzip2q_u32(a, c)));
+        }
+}
+
+// Two tokens' integer sums of a piece, as lane_sums gives each (the same integers:
+// a piece's integer dot is exact however it is formed, so a token's bits do not
+// depend on whether it shares the instruction with another). Row pair q's
+// accumulator holds (row 2q, row 2q + 1) × (token a, token b); unzipping two of them
+// gives 4 rows of one token.
+template <const PanelLayout &L>
+inline void pair_sums(const uint8_t *pairs, const BlockQ8A &xa, const BlockQ8A &xb, int32x4_t lo[2][4],
+                      int32x4_t hi[2][4]) {
+    constexpr int kOffset = dot_offset<L>();
+    const int32_t a_lo = L.split ? xa.sum_lo : xa.sum, b_lo = L.split ? xb.sum_lo : xb.sum;
+    const int32x2_t init_lo = {-kOffset * a_lo, -kOffset * b_lo};
+    const int32x2_t init_hi = {-kOffset * (xa.sum - a_lo), -kOffset * (xb.sum - b_lo)};
+    int32x4_t s[2][8]; // elements 0..15 and 16..31; row pair q
+    for (int q = 0; q < 8; ++q) {
+        s[0][q] = vcombine_s32(init_lo, init_lo);
+        s[1][q] = vcombine_s32(init_hi, init_hi);
+    }
+    for (int k = 0; k < 4; ++k) {
+        const int8x16_t x = vcombine_s8(vld1_s8(xa.qs + 8 * k), vld1_s8(xb.qs + 8 * k));
+        for (int q = 0; q < 8; ++q) s[k / 2][q] = vusmmlaq_s32(s[k / 2][q], load_u8(pairs + 16 * (8 * k + q)), x);
+    }
+    for (int r = 0; r < 4; ++r) {
+        lo[0][r] = vuzp1q_s32(s[0][2 * r], s[0][2 * r + 1]);
+        lo[1][r] = vuzp2q_s32(s[0][2 * r], s[0][2 * r + 1]);
+        hi[0][r] = vuzp1q_s32(s[1][2 * r], s[1][2 * r + 1]);
+        hi[1][r] = vuzp2q_s32(s[1][2 * r], s[1][2 * r + 1]);
+    }
+}
+#endif
+
+// One token's float step for a piece: its integer sums times the rows' scales into
+// acc (with the token's d) or, for k_scales layouts, into part; the rows' mins times
+// the token's sums into acc.
+template <const PanelLayout &L>
+inline void piece_step(const int32x4_t lo[4], const int32x4_t hi[4], const float32x4_t scale[2][4],
+                       const float32x4_t min[2][4], const BlockQ8A &xb, float32x4_t acc[4], float32x4_t part[4]) {
+    for (int r = 0; r < 4; ++r) {
+        float32x4_t &a = acc[r], &pt = part[r];
+        if constexpr (!L.split) {
+            const float32x4_t s = vcvtq_f32_s32(vaddq_s32(lo[r], hi[r]));
+            if constexpr (L.k_scales) pt = vfmaq_f32(pt, scale[0][r], s);
+            else a = vfmaq_f32(a, vmulq_n_f32(scale[0][r], xb.d), s);
+            if constexpr (L.mins) a = vfmaq_n_f32(a, min[0][r], xb.s);
+        } else {
+            const float32x4_t sl = vcvtq_f32_s32(lo[r]), sh = vcvtq_f32_s32(hi[r]);
+            if constexpr (L.k_scales) {
+                pt = vfmaq_f32(pt, scale[0][r], sl);
+                pt = vfmaq_f32(pt, scale[1][r], sh);
+            } else {
+                a = vfmaq_f32(a, vmulq_n_f32(scale[0][r], xb.d), sl);
+                a = vfmaq_f32(a, vmulq_n_f32(scale[1][r], xb.d), sh);
+            }
+            if constexpr (L.mins) {
+                a = vfmaq_n_f32(a, min[0][r], xb.d * static_cast<float>(xb.sum_lo));
+                a = vfmaq_n_f32(a, min[1][r], xb.d * static_cast<float>(xb.sum - xb.sum_lo));
+            }
+        }
+    }
+}
+
 // Tokens sharing one unpacking of a piece's weights. Each token's float sums stay in
 // memory between pieces (8 q-registers, 16 with a K-quant's part sums, against 32
 // dot products a piece), so the tile's width costs no registers.
@@ -167,11 +265,13 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *x0, int tn, fl
     // per 256: a super-block's scaled piece sums gather in part[t] and meet the rows'
     // d and the token's x.d once, after its 8 pieces.
     constexpr int64_t kGroup = L.k_scales ? QK_K / QK : 1;
-    constexpr int kOffset = dot_offset<L>();
     float32x4_t acc[kPanelTile][4], part[kPanelTile][4];
     for (int t = 0; t < tn; ++t)
         for (int i = 0; i < 4; ++i) acc[t][i] = part[t][i] = vdupq_n_f32(0.0f);
     alignas(16) uint8_t buf[512];
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+    alignas(16) uint8_t buf_pairs[512];
+#endif
     for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
         float32x4_t d[4], m[4]; // k_scales: the rows' d and m of this 256
         for (int i = 0; i < 4; ++i) d[i] = m[i] = vdupq_n_f32(0.0f);
@@ -185,45 +285,22 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *x0, int tn, fl
             const uint8_t *w = unpack_weights<L>(blk, buf);
             float32x4_t scale[2][4], min[2][4];
             piece_scales<L>(blk, m, scale, min);
-            for (int t = 0; t < tn; ++t) {
+            int t = 0;
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+            if (tn >= 2) pair_weights(w, buf_pairs);
+            for (; t + 2 <= tn; t += 2) {
+                const BlockQ8A &xa = x0[t * nb + b], &xb = x0[(t + 1) * nb + b];
+                int32x4_t lo[2][4], hi[2][4];
+                pair_sums<L>(buf_pairs, xa, xb, lo, hi);
+                piece_step<L>(lo[0], hi[0], scale, min, xa, acc[t], part[t]);
+                piece_step<L>(lo[1], hi[1], scale, min, xb, acc[t + 1], part[t + 1]);
+            }
+#endif
+            for (; t < tn; ++t) {
                 const BlockQ8A &xb = x0[t * nb + b];
-                const int32_t lo_sum = L.split ? xb.sum_lo : xb.sum;
-                int32x4_t lo[4], hi[4]; // elements 0..15 and 16..31, two chains
-                for (int r = 0; r < 4; ++r) {
-                    lo[r] = vdupq_n_s32(-kOffset * lo_sum);
-                    hi[r] = vdupq_n_s32(-kOffset * (xb.sum - lo_sum));
-                }
-                const int8x16_t xl = load_s8(xb.qs), xh = load_s8(xb.qs + 16);
-                dot_rows<0>(lo, w, xl);
-                dot_rows<0>(hi, w + 256, xh);
-                dot_rows<1>(lo, w + 64, xl);
-                dot_rows<1>(hi, w + 320, xh);
-                dot_rows<2>(lo, w + 128, xl);
-                dot_rows<2>(hi, w + 384, xh);
-                dot_rows<3>(lo, w + 192, xl);
-                dot_rows<3>(hi, w + 448, xh);
-                for (int r = 0; r < 4; ++r) {
-                    float32x4_t &a = acc[t][r], &pt = part[t][r];
-                    if constexpr (!L.split) {
-                        const float32x4_t s = vcvtq_f32_s32(vaddq_s32(lo[r], hi[r]));
-                        if constexpr (L.k_scales) pt = vfmaq_f32(pt, scale[0][r], s);
-                        else a = vfmaq_f32(a, vmulq_n_f32(scale[0][r], xb.d), s);
-                        if constexpr (L.mins) a = vfmaq_n_f32(a, min[0][r], xb.s);
-                    } else {
-                        const float32x4_t sl = vcvtq_f32_s32(lo[r]), sh = vcvtq_f32_s32(hi[r]);
-                        if constexpr (L.k_scales) {
-                            pt = vfmaq_f32(pt, scale[0][r], sl);
-                            pt = vfmaq_f32(pt, scale[1][r], sh);
-                        } else {
-                            a = vfmaq_f32(a, vmulq_n_f32(scale[0][r], xb.d), sl);
-                            a = vfmaq_f32(a, vmulq_n_f32(scale[1][r], xb.d), sh);
-                        }
-                        if constexpr (L.mins) {
-                            a = vfmaq_n_f32(a, min[0][r], xb.d * static_cast<float>(xb.sum_lo));
-                            a = vfmaq_n_f32(a, min[1][r], xb.d * static_cast<float>(xb.sum - xb.sum_lo));
-                        }
-                    }
-                }
+                int32x4_t lo[4], hi[4];
+                lane_sums<L>(w, xb, lo, hi);
+                piece_step<L>(lo, hi, scale, min, xb, acc[t], part[t]);
             }
         }
         if constexpr (L.k_scales)
