@@ -3,12 +3,13 @@
 // the engine runs.
 //
 // A variant is one or more translation units built with their own compiler flags
-// (build_native.py): kernels/x86/ (avx2, avx-vnni, avx512) on x86-64, kernels/arm/ on
-// arm64. The rest of the engine is built for the ISA's baseline and calls through
+// (build_native.py): kernels/x86/ (avx2, avx-vnni, avx512) on x86-64, kernels/arm/
+// (neon, dotprod, i8mm) on arm64. The rest of the engine is built for the ISA's baseline and calls through
 // kernels(), so one build runs on every CPU of its ISA and nothing outside kernels/
 // knows which variant runs. The scalar variant holds the references (the test oracle):
 // every entry of every variant is checked against them by tests/test_kernels.py
-// through the llmd_kernel_* entry points, which name the variant to run.
+// through the llmd_kernel_* entry points, which name the variant to run, and by
+// native/tests/kernel_test.cpp without Python (which .ci/arm64 runs under qemu).
 //
 // Within a variant, results are batch-invariant: a token's numbers never depend on
 // what else shares its batch, its chunk or its thread split. Across variants they may
