@@ -29,8 +29,8 @@ def main() -> int:
     out = ROOT / args.out
     objects_dir = out.parent / (out.name + ".objects")
     objects_dir.mkdir(parents=True, exist_ok=True)
-    base = [args.cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-pthread", "-Inative/include", "-Inative/src"]
-    base += args.extra
+    # The engine's own flags (-O3: the kernels' small loops unroll, as they do in the engine).
+    base = [args.cxx] + build_native.compile_args() + ["-Inative/include", "-Inative/src"] + args.extra
     units = build_native.sources(args.isa) + ["native/tests/kernel_test.cpp"]
     # An object newer than every header is rebuilt only when its own source changed.
     headers = max(p.stat().st_mtime for p in (ROOT / "native").glob("**/*.h"))
