@@ -59,13 +59,21 @@ VARIANT_FLAGS = {
         "avx512.cpp": _X86_256 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni",
                                   "-Wno-uninitialized", "-Wno-maybe-uninitialized"],
     },
+    # arm64: neon is the armv8-a baseline every arm64 CPU has (the engine's own flags).
+    "arm": {
+        "neon.cpp": [],
+        "dotprod.cpp": ["-march=armv8.2-a+dotprod"],
+        "i8mm.cpp": ["-march=armv8.2-a+dotprod+i8mm"],
+    },
 }
 
 
 def kernel_isa() -> str | None:
     """The folder of native/src/kernels/ whose variants this machine's build carries."""
     machine = platform.machine().lower()
-    return "x86" if machine in ("x86_64", "amd64") else None
+    if machine in ("x86_64", "amd64"):
+        return "x86"
+    return "arm" if machine in ("aarch64", "arm64") else None
 
 
 def variant_flags(source: str) -> list[str] | None:
@@ -76,9 +84,10 @@ def variant_flags(source: str) -> list[str] | None:
     return None
 
 
-def sources() -> list[str]:
-    """Every translation unit of the engine, the variants of this machine's ISA included."""
-    isa = kernel_isa()
+def sources(isa: str | None = None) -> list[str]:
+    """Every translation unit of the engine, the variants of `isa` (by default this
+    machine's) included."""
+    isa = isa or kernel_isa()
     found = []
     for p in sorted((NATIVE / "src").glob("**/*.cpp")):
         rel = p.relative_to(ROOT)

@@ -350,7 +350,7 @@ llmd_status llmd_quantize_rows(int32_t src_type, const void *src, int64_t rows, 
                                void *dst, int32_t n_threads);
 
 /* The kernel variants this build carries (i from 0 to count - 1, the scalar one first):
- * name ("scalar", "avx2", "avx-vnni", "avx512", ...) and whether this CPU runs it. An
+ * name ("scalar", "avx2", "avx-vnni", "avx512", "neon", "dotprod", "i8mm") and whether this CPU runs it. An
  * engine runs the fastest variant the CPU runs, or the one LLMD_KERNELS names (the
  * engine refuses to open when the CPU cannot run it). The kernel entry points below
  * take a variant's name, or NULL for the scalar references (summed in double):

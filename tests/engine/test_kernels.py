@@ -1,6 +1,6 @@
 """Kernels: every kernel variant this CPU runs (native/src/kernels/: the scalar one, and
-avx2, avx-vnni, avx512 as the CPU has them), its repacked panels and its row dot
-products, against each type's scalar reference, and the reference against a
+avx2, avx-vnni, avx512 or neon, dotprod, i8mm as the CPU has them), its repacked panels
+and its row dot products, against each type's scalar reference, and the reference against a
 pure-Python model, through llmd.engine.native.kernel_matmul; the reference dequantization
 against the Python decoders through kernel_dequantize; attention and GLU likewise.
 

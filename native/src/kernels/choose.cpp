@@ -1,5 +1,6 @@
 // choose.cpp — which kernel variants this build has, which of them this CPU runs (as
-// the CPU reports it: CPUID and XGETBV on x86-64), and the one the engine uses.
+// the CPU reports it: CPUID and XGETBV on x86-64; on arm64 the kernel's hardware
+// capabilities on Linux, sysctl on macOS), and the one the engine uses.
 #include "kernels/kernels.h"
 
 #include <cstdlib>
@@ -7,6 +8,10 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
 #endif
 
 namespace llmd {
@@ -53,6 +58,41 @@ bool has_avx2() { return x86_features().avx2; }
 bool has_avx_vnni() { return x86_features().avx_vnni; }
 bool has_avx512() { return x86_features().avx512; }
 
+#elif defined(__aarch64__)
+
+// FEAT_DotProd (SDOT/UDOT) and FEAT_I8MM (USDOT, SMMLA), as the OS reports them.
+struct ArmFeatures {
+    bool dotprod = false;
+    bool i8mm = false;
+};
+
+#if defined(__APPLE__)
+bool sysctl_flag(const char *name) {
+    int value = 0;
+    size_t size = sizeof value;
+    return sysctlbyname(name, &value, &size, nullptr, 0) == 0 && value != 0;
+}
+
+ArmFeatures read_arm_features() {
+    return {sysctl_flag("hw.optional.arm.FEAT_DotProd"), sysctl_flag("hw.optional.arm.FEAT_I8MM")};
+}
+#elif defined(__linux__)
+ArmFeatures read_arm_features() {
+    constexpr unsigned long kHwcapAsimdDp = 1ul << 20, kHwcap2I8mm = 1ul << 13; // Linux's asm/hwcap.h
+    return {(getauxval(AT_HWCAP) & kHwcapAsimdDp) != 0, (getauxval(AT_HWCAP2) & kHwcap2I8mm) != 0};
+}
+#else
+ArmFeatures read_arm_features() { return {}; }
+#endif
+
+const ArmFeatures &arm_features() {
+    static const ArmFeatures f = read_arm_features();
+    return f;
+}
+
+bool has_dotprod() { return arm_features().dotprod; }
+bool has_i8mm() { return arm_features().dotprod && arm_features().i8mm; } // the variant uses both
+
 #endif
 
 // Slowest first: the fastest variant a CPU runs is the last it has.
@@ -62,6 +102,10 @@ const KernelVariant kVariants[] = {
     {"avx2", has_avx2, kernels_avx2},
     {"avx-vnni", has_avx_vnni, kernels_avx_vnni},
     {"avx512", has_avx512, kernels_avx512},
+#elif defined(__aarch64__)
+    {"neon", always, kernels_neon},
+    {"dotprod", has_dotprod, kernels_dotprod},
+    {"i8mm", has_i8mm, kernels_i8mm},
 #endif
 };
 constexpr int kVariantCount = sizeof kVariants / sizeof kVariants[0];

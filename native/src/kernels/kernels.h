@@ -3,12 +3,13 @@
 // the engine runs.
 //
 // A variant is one or more translation units built with their own compiler flags
-// (build_native.py): kernels/x86/ (avx2, avx-vnni, avx512) on x86-64, kernels/arm/ on
-// arm64. The rest of the engine is built for the ISA's baseline and calls through
+// (build_native.py): kernels/x86/ (avx2, avx-vnni, avx512) on x86-64, kernels/arm/
+// (neon, dotprod, i8mm) on arm64. The rest of the engine is built for the ISA's baseline and calls through
 // kernels(), so one build runs on every CPU of its ISA and nothing outside kernels/
 // knows which variant runs. The scalar variant holds the references (the test oracle):
 // every entry of every variant is checked against them by tests/test_kernels.py
-// through the llmd_kernel_* entry points, which name the variant to run.
+// through the llmd_kernel_* entry points, which name the variant to run, and by
+// native/tests/kernel_test.cpp without Python (which .ci/arm64 runs under qemu).
 //
 // Within a variant, results are batch-invariant: a token's numbers never depend on
 // what else shares its batch, its chunk or its thread split. Across variants they may
@@ -35,7 +36,7 @@ using DeltaStepFn = void (*)(float *m, const float *q, const float *k, const flo
                              float scale, float *out);
 
 struct Kernels {
-    const char *name; // "scalar", "avx2", "avx-vnni", "avx512", ...
+    const char *name; // "scalar", "avx2", "avx-vnni", "avx512", "neon", "dotprod", "i8mm"
     // A row against n elements of x (F32-activation types) or their Q8A/Q8K blocks,
     // indexed by GGUF type; nullptr where the engine has no kernels for the type.
     DotFn dot[kTypeCount];
@@ -110,6 +111,10 @@ const Kernels &kernels_scalar();
 const Kernels &kernels_avx2();
 const Kernels &kernels_avx_vnni();
 const Kernels &kernels_avx512();
+#elif defined(__aarch64__)
+const Kernels &kernels_neon();
+const Kernels &kernels_dotprod();
+const Kernels &kernels_i8mm();
 #endif
 
 } // namespace llmd

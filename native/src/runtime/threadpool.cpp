@@ -6,6 +6,8 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define LLMD_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define LLMD_PAUSE() __asm__ __volatile__("yield") // a hint, as pause is; no system call
 #else
 #define LLMD_PAUSE() std::this_thread::yield()
 #endif

@@ -1,0 +1,99 @@
+// ops_arm.h — the arm64 variants' vector operations (kernels.h): activation
+// quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
+// DeltaNet step, 4 lanes at a time.
+#pragma once
+
+#include "kernels/arm/simd_arm.h"
+#include "kernels/kernels.h"
+
+#include <cmath>
+
+namespace llmd {
+namespace {
+
+// quantize_q8a_ref's arithmetic 4 lanes at a time: FMAXNM ignores a NaN as fmax
+// does, a max is exact in any order, FCVTNS rounds to nearest even like nearbyint,
+// and the int sums are exact: the blocks are bit for bit the reference's.
+void quantize_q8a_neon(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
+    for (int64_t g = 0; g < n; g += group) {
+        float32x4_t m = vdupq_n_f32(0.0f);
+        for (int64_t i = g; i < g + group; i += 4) m = vmaxnmq_f32(m, vabsq_f32(vld1q_f32(x + i)));
+        const float d = vmaxnmvq_f32(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t b = g / QK; b < (g + group) / QK; ++b) {
+            int32x4_t q[8];
+            for (int i = 0; i < 8; ++i) q[i] = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + b * QK + 4 * i), id));
+            int16x8_t h[4];
+            for (int i = 0; i < 4; ++i) h[i] = vcombine_s16(vmovn_s32(q[2 * i]), vmovn_s32(q[2 * i + 1]));
+            vst1q_s8(y[b].qs, vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
+            vst1q_s8(y[b].qs + 16, vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
+            y[b].sum_lo = vaddvq_s32(vaddq_s32(vaddq_s32(q[0], q[1]), vaddq_s32(q[2], q[3])));
+            y[b].sum = y[b].sum_lo + vaddvq_s32(vaddq_s32(vaddq_s32(q[4], q[5]), vaddq_s32(q[6], q[7])));
+            y[b].d = d;
+            y[b].s = d * static_cast<float>(y[b].sum);
+        }
+    }
+}
+
+// Both activations are g · sigmoid(z): z = g for SiLU, and for GELU, since
+// (1 + tanh(u)) / 2 = sigmoid(2u), z = 2u = 2√(2/π) (g + 0.044715 g³). One exp and
+// one division per element, and no cancellation near 0 as 1 + tanh would have.
+void glu_neon(bool gelu, float *gate, const float *up, int64_t n) {
+    constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
+    const float32x4_t one = vdupq_n_f32(1.0f);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t g = vld1q_f32(gate + i);
+        const float32x4_t minus_z =
+            gelu ? vmulq_f32(vmulq_n_f32(g, -2.0f * kGeluK), vfmaq_f32(one, vmulq_n_f32(g, kGeluC), g)) : vnegq_f32(g);
+        const float32x4_t act = vdivq_f32(g, vaddq_f32(one, exp4(minus_z)));
+        vst1q_f32(gate + i, vmulq_f32(act, vld1q_f32(up + i)));
+    }
+    glu_ref(gelu, gate + i, up + i, n - i); // the rest: at the same index every time
+}
+
+double sum_squares_neon(const float *x, int n) {
+    float64x2_t acc[2] = {vdupq_n_f64(0.0), vdupq_n_f64(0.0)}; // two chains hide the add latency
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vld1q_f32(x + i);
+        const float64x2_t lo = vcvt_f64_f32(vget_low_f32(v)), hi = vcvt_high_f64_f32(v);
+        acc[0] = vfmaq_f64(acc[0], lo, lo);
+        acc[1] = vfmaq_f64(acc[1], hi, hi);
+    }
+    double ss = vaddvq_f64(vaddq_f64(acc[0], acc[1]));
+    for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    return ss;
+}
+
+// FCVTN rounds by the FPCR's mode, which is round to nearest even unless a program
+// changes it (none of the engine's callers does).
+void to_f16_neon(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    to_f16_ref(x + i, y + i, n - i);
+}
+
+void delta_step_neon(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
+                     float scale, float *out) {
+    if (hd % 4 != 0) return delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
+    for (int j = 0; j < hd; ++j) {
+        float *row = m + static_cast<size_t>(j) * hd;
+        float32x4_t mk = vdupq_n_f32(0.0f);
+        for (int i = 0; i < hd; i += 4) {
+            const float32x4_t r = vmulq_n_f32(vld1q_f32(row + i), decay);
+            vst1q_f32(row + i, r);
+            mk = vfmaq_f32(mk, r, vld1q_f32(k + i));
+        }
+        const float delta = (v[j] - vaddvq_f32(mk)) * beta;
+        float32x4_t mq = vdupq_n_f32(0.0f);
+        for (int i = 0; i < hd; i += 4) {
+            const float32x4_t r = vfmaq_n_f32(vld1q_f32(row + i), vld1q_f32(k + i), delta);
+            vst1q_f32(row + i, r);
+            mq = vfmaq_f32(mq, r, vld1q_f32(q + i));
+        }
+        out[j] = vaddvq_f32(mq) * scale;
+    }
+}
+
+} // namespace
+} // namespace llmd
