@@ -1,4 +1,4 @@
-"""Matrix kernels: the fast paths (repacked panels on AVX-512 VNNI builds; row dot
+"""Matrix kernels: the fast paths (repacked panels on AVX-512 VNNI and AVX2 builds; row dot
 products, AVX2 where the build has it) against each type's scalar reference, and
 the reference against a pure-Python model, through llmd.engine.kernel_matmul; the
 reference dequantization against the Python decoders through kernel_dequantize.

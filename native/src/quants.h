@@ -60,8 +60,8 @@ enum class Activation : uint8_t {
           // Q8_K quantizes for the K-quants (so that results match its numerics)
 };
 
-// How a type is repacked into panels of kPanel rows for the AVX-512 VNNI kernels
-// (quants_packed.h). Every panel-block is 16 rows × 32 elements: the weights as
+// How a type is repacked into panels of kPanel rows for the panel kernels
+// (quants_packed.h for AVX-512 VNNI, quants_panel_avx2.h for AVX2). Every panel-block is 16 rows × 32 elements: the weights as
 // unsigned integers u = q + offset of `bits` bits, then the rows' scales d * scale
 // (one set, or two when the scale changes every 16 elements), then their mins
 // likewise when the type has them. The kernel multiplies 8 vectors w[g] of 64
@@ -102,7 +102,7 @@ struct TypeTraits {
     ToFloatFn to_float;   // scalar reference: a row as floats
     DotFn dot_ref;        // scalar reference: a row dotted with x (F32) or xq (Q8A)
     DotFn dot;            // this build's fast row dot (the reference where it has none)
-    PanelLayout panel;    // the AVX-512 VNNI repacked form
+    PanelLayout panel;    // the repacked form
     PanelFn panel_matmul; // its kernel, or nullptr when this build has none
     FromFloatFn from_float = nullptr; // quantizer: n floats into a row (quantize.h), or nullptr
 };
@@ -135,10 +135,10 @@ inline const BlockQ8A *activations_of(const TypeTraits &t, const BlockQ8A *xq, i
 // Bytes of a row of n elements (n a whole number of blocks).
 size_t row_bytes(uint32_t type, int64_t n);
 
-// Name of the dot-product path this build uses ("avx512-vnni, repacked", "avx2", "scalar").
+// Name of the dot-product path this build uses ("avx512-vnni, repacked", "avx2, repacked", "scalar").
 const char *kernel_path();
 
-// ---- repacked weights (AVX-512 VNNI builds) -------------------------------
+// ---- repacked weights (AVX-512 VNNI and AVX2 builds) -------------------------------
 //
 // Row dot products spend most of their instructions unpacking one row's blocks and
 // reducing one accumulator. Packed weights interleave kPanel rows piece by piece
