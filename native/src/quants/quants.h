@@ -63,7 +63,8 @@ enum class Activation : uint8_t {
 };
 
 // How a type is repacked into panels of kPanel rows for the tiled kernels of the
-// variants that have them (kernels/x86/panels_avx512.h, kernels/arm/panels_arm.h). Every panel-block is 16 rows × 32 elements: the weights as
+// variants that have them (kernels/x86/panels_avx512.h and panels_avx2.h,
+// kernels/arm/panels_arm.h). Every panel-block is 16 rows × 32 elements: the weights as
 // unsigned integers u = q + offset of `bits` bits, then the rows' scales d * scale
 // (one set, or two when the scale changes every 16 elements), then their mins
 // likewise when the type has them. The kernel multiplies 8 vectors w[g] of 64

@@ -20,7 +20,7 @@
 // a time. Offsets come off exactly in integers through x's block sums, so a piece's
 // integer dot is exact and only the float scaling rounds.
 //
-// The unpacked weights of a group serve a tile of T tokens (panel_tile_tokens_avx2)
+// The unpacked weights of a group serve a tile of T tokens (tile_tokens)
 // while each token's int16 sums stay in registers; 16 vector registers bound T.
 // Every token accumulates its pieces in one fixed order whatever tile or thread it
 // runs in: results are batch-invariant.
@@ -34,6 +34,13 @@
 
 namespace llmd {
 namespace {
+
+// GCC's temporary expression replacement folds each token's chain of int16 adds into
+// one expression tree expanded at its end, after every product of the piece: all 64
+// products of a 4-token tile were spilled to the stack and summed last (212 spills
+// in Q4_0's kernel; 50 without it).
+#pragma GCC push_options
+#pragma GCC optimize("no-tree-ter")
 
 namespace panel_avx2 {
 
@@ -220,7 +227,10 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
 }
 
 // Tokens sharing one unpacking of a group's weights, and how many of the panel's two
-// halves they take at once.
+// halves they take at once: each token keeps an int16 sum per half in a register
+// beside the group's two weight vectors, so 4 tokens over both halves (8 sums).
+// Not yet measured against the alternatives (one half at a time for 6 to 10 tokens)
+// on a quiet machine.
 template <const PanelLayout &L> constexpr int tile_tokens() { return 4; }
 template <const PanelLayout &L> constexpr int tile_halves() { return 2; }
 
@@ -265,6 +275,8 @@ void panel_matmul_avx2(const uint8_t *packed, int64_t rows, int64_t cols, int64_
         }
     }
 }
+
+#pragma GCC pop_options
 
 // The kernel of each layout, for set_panels (kernels.h).
 template <const PanelLayout &L> struct PanelsAvx2 {
