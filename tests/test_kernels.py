@@ -31,7 +31,8 @@ import struct
 
 import pytest
 
-from llmd.engine import EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, tensor_type
+from llmd.engine import (EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, kernel_quantize,
+                         kernel_rmsnorm, kernel_to_f16, tensor_type)
 from tests.gguf_writer import (
     GGML_BF16, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K,
     GGML_Q4_0, GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, QK, TYPE_LAYOUT,
@@ -391,6 +392,7 @@ def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, 
             for fast in (False, True):
                 got = kernel_attention(q, k, v, n_pos, head_dim, ranges, fast, run)
                 diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+                print(f"attention ranges={ranges} run={run} fast={fast}: max difference {diff:.3g}")
                 assert diff < 2e-5, (ranges, run, fast, diff)
 
 
@@ -455,4 +457,65 @@ def test_fast_glu_matches_reference_and_the_python_formula(gelu):
     for fast in (False, True):
         got = kernel_glu(gelu, gate, up, fast=fast)
         worst = max(abs(x - e) / max(abs(g * u), 1e-30) for x, e, g, u in zip(got, expected, gate, up))
+        print(f"glu fast={fast}: worst error {worst:.3g} of |gate * up|")
         assert worst < 2e-7, (fast, worst)
+
+
+# ---- the per-token kernels: norms, f16 rows for the cache, activation quantization ------------
+
+@pytest.mark.parametrize("n", [576, 64, 37])
+def test_fast_rmsnorm_matches_reference(n):
+    """Both sum the squares in double precision, in different orders, and round the
+    scale to float: within one float rounding (2^-23 relative) of each other, and of
+    the formula in double precision. 37: vectors and a scalar rest."""
+    rng = random.Random(n)
+    x = [f32(rng.gauss(0, 3)) for _ in range(n)]
+    w = [f32(rng.gauss(1, 0.2)) for _ in range(n)]
+    scale = 1 / math.sqrt(math.fsum(v * v for v in x) / n + 1e-5)
+    expected = [v * scale * g for v, g in zip(x, w)]
+    ref, fast = kernel_rmsnorm(x, w, 1e-5, fast=False), kernel_rmsnorm(x, w, 1e-5, fast=True)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(fast, ref) if b != 0.0)
+    off = max(abs(a - e) / abs(e) for a, e in zip(fast, expected) if e != 0.0)
+    print(f"rmsnorm n={n}: fast vs reference {worst:.3g}, vs formula {off:.3g} (relative)")
+    assert worst <= 2 ** -23 and off < 4e-7, (worst, off)
+
+
+def test_fast_f16_conversion_gives_the_reference_bits():
+    """The cache's rows in f16: rounding to nearest even at every edge (ties,
+    subnormals, the largest half, overflow to inf), the same bits from both."""
+    rng = random.Random(5)
+    edges = [0.0, -0.0, 1.0, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11, 65504.0, 65519.0, 65520.0, 1e9, -1e9, 2 ** -24,
+             2 ** -25, 3 * 2 ** -26, 6e-8, -6e-5, float("inf"), float("-inf")]
+    x = [f32(v) for v in edges] + [f32(rng.gauss(0, 1) * 10 ** rng.uniform(-8, 5)) for _ in range(300)]
+    fast, ref = kernel_to_f16(x, fast=True), kernel_to_f16(x, fast=False)
+    mismatches = sum(a != b for a, b in zip(fast, ref))
+    print(f"to_f16: {mismatches} of {len(x)} differ")
+    assert fast == ref
+    assert [f16_value(b) for b in ref[:5]] == [0.0, 0.0, 1.0, 1.0, 1.0 + 2 ** -9]
+
+
+@pytest.mark.parametrize("group", [32, 256])
+def test_fast_activation_quantization_gives_the_reference_blocks(group):
+    """The integer kernels' int8 activations: the vector path rounds and saturates as
+    the scalar one does, so values, scales and sums are the same bits; rows with a
+    zero group, ties at .5 and a value that is the group's maximum in either sign."""
+    rng = random.Random(group)
+    x = [f32(rng.gauss(0, 2)) for _ in range(1024)]
+    x[:group] = [0.0] * group  # an all-zero group: d = 0
+    x[group:group + 4] = [127.0, -127.0, 0.5, -2.5]  # d = 1: exact ties round to even
+    fast, ref = kernel_quantize(x, group, fast=True), kernel_quantize(x, group, fast=False)
+    assert fast == ref
+    qs, d, sums = ref
+    assert qs[group:group + 4] == [127, -127, 0, -2] and d[group // 32] == 1.0
+    for b in range(len(d)):
+        assert sums[2 * b] == sum(qs[32 * b:32 * b + 32]) and sums[2 * b + 1] == sum(qs[32 * b:32 * b + 16])
+        assert all(abs(x[32 * b + j] - d[b] * qs[32 * b + j]) <= d[b] / 2 * (1 + 1e-6) for j in range(32))
+
+
+def test_bad_per_token_kernel_arguments_raise():
+    with pytest.raises(EngineError, match="bad quantize arguments"):
+        kernel_quantize([0.0] * 48, 32, fast=True)  # not a whole number of groups
+    with pytest.raises(EngineError, match="bad quantize arguments"):
+        kernel_quantize([0.0] * 64, 64, fast=True)
+    with pytest.raises(EngineError, match="bad rmsnorm arguments"):
+        kernel_rmsnorm([], [], 1e-5, fast=True)
