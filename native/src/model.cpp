@@ -8,6 +8,7 @@
 #include "attention.h"
 #include "recurrent.h"
 #include "simd.h"
+#include "simd_avx2.h"
 
 #include <algorithm>
 #include <cmath>
@@ -669,6 +670,15 @@ void glu(bool gelu, float *gate, const float *up, int64_t n) {
         const __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp512(minus_z)));
         _mm512_storeu_ps(gate + i, _mm512_mul_ps(act, _mm512_loadu_ps(up + i)));
     }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    const __m256 one = _mm256_set1_ps(1.0f), k2 = _mm256_set1_ps(-2.0f * kGeluK), c = _mm256_set1_ps(kGeluC);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 minus_z = gelu ? _mm256_mul_ps(_mm256_mul_ps(k2, g), _mm256_fmadd_ps(_mm256_mul_ps(c, g), g, one))
+                                    : _mm256_sub_ps(_mm256_setzero_ps(), g);
+        const __m256 act = _mm256_div_ps(g, _mm256_add_ps(one, exp256(minus_z)));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(act, _mm256_loadu_ps(up + i)));
+    }
 #endif
     glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
 }
@@ -761,6 +771,13 @@ void run_matmuls(ThreadPool &pool, int n, const std::vector<MatJob> &jobs) {
 
 } // namespace
 
+void rmsnorm_ref(float *out, const float *x, const float *weight, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
 void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0.0;
     int i = 0;
@@ -772,6 +789,16 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) 
             acc[h] = _mm512_fmadd_pd(v, v, acc[h]);
         }
     ss = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    for (; i + 16 <= n; i += 16) // four chains hide the add latency
+        for (int h = 0; h < 4; ++h) {
+            const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * h));
+            acc[h] = _mm256_fmadd_pd(v, v, acc[h]);
+        }
+    const __m256d pairs = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+    const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(pairs), _mm256_extractf128_pd(pairs, 1));
+    ss = _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
 #endif
     for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
     const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
@@ -790,15 +817,23 @@ void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_fre
     }
 }
 
-void to_f16(const float *x, uint16_t *y, int n) {
-    int i = 0;
+} // namespace
+
+void to_f16(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
 #if defined(__AVX512F__)
     for (; i + 16 <= n; i += 16)
         _mm256_storeu_si256(reinterpret_cast<__m256i *>(y + i),
                             _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
     for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
+
+namespace {
 
 // Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
 // cache into out/part (attend_range's partial), in one kernel call over the span's

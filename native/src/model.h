@@ -391,8 +391,13 @@ MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch);
 // Runs the jobs, all reading x (n, cols of their weights), as one parallel region.
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
 
-// out (n) = x / rms(x) * weight, in double precision; out may be x.
+// out (n) = x / rms(x) * weight, in double precision; out may be x. The scalar
+// reference sums the squares in another order (exposed for tests through
+// llmd_kernel_rmsnorm, as is to_f16).
 void rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
+void rmsnorm_ref(float *out, const float *x, const float *weight, int n, float eps);
+// y (n) = x rounded to f16 bits, to nearest even, as fp32_to_fp16 does.
+void to_f16(const float *x, uint16_t *y, int64_t n);
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): each token's top

@@ -6,6 +6,7 @@
 #include "quants_avx2.h"
 #include "quants_packed.h"
 #include "quantize.h"
+#include "simd_avx2.h"
 
 #include <cmath>
 #include <cstring>
@@ -293,6 +294,18 @@ template <ToFloatFn ToFloat, int kBytes> float dot_ref_float(const uint8_t *row,
 }
 
 // One block of 32 with a given scale d (and its inverse id).
+void quantize_block_ref(const float *x, float d, float id, BlockQ8A *y) {
+    y->sum = y->sum_lo = 0;
+    for (int j = 0; j < QK; ++j) {
+        const int q = static_cast<int>(std::nearbyint(x[j] * id));
+        y->qs[j] = static_cast<int8_t>(q);
+        y->sum += q;
+        if (j < 16) y->sum_lo += q;
+    }
+    y->d = d;
+    y->s = d * static_cast<float>(y->sum);
+}
+
 void quantize_block(const float *x, float d, float id, BlockQ8A *y) {
 #if defined(__AVX512F__)
     // The scalar arithmetic 16 lanes at a time: the conversion rounds to nearest
@@ -303,17 +316,29 @@ void quantize_block(const float *x, float d, float id, BlockQ8A *y) {
     _mm_storeu_si128(reinterpret_cast<__m128i *>(y->qs + 16), _mm512_cvtsepi32_epi8(qhi));
     y->sum_lo = _mm512_reduce_add_epi32(qlo);
     y->sum = y->sum_lo + _mm512_reduce_add_epi32(qhi);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    // The scalar arithmetic 8 lanes at a time (the conversion rounds to nearest even
+    // like nearbyint); the packs saturate as the AVX-512 path's conversion does, and
+    // interleave 128-bit lanes, which the permutation puts back in order.
+    __m256i q[4];
+    for (int h = 0; h < 4; ++h) q[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * h), _mm256_set1_ps(id)));
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(y->qs),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    y->sum_lo = hsum256_epi32(_mm256_add_epi32(q[0], q[1]));
+    y->sum = y->sum_lo + hsum256_epi32(_mm256_add_epi32(q[2], q[3]));
 #else
-    y->sum = y->sum_lo = 0;
-    for (int j = 0; j < QK; ++j) {
-        const int q = static_cast<int>(std::nearbyint(x[j] * id));
-        y->qs[j] = static_cast<int8_t>(q);
-        y->sum += q;
-        if (j < 16) y->sum_lo += q;
-    }
+    quantize_block_ref(x, d, id, y);
+    return;
 #endif
     y->d = d;
     y->s = d * static_cast<float>(y->sum);
+}
+
+float max_abs_ref(const float *x, int64_t n) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    return amax;
 }
 
 float max_abs(const float *x, int64_t n) {
@@ -322,19 +347,25 @@ float max_abs(const float *x, int64_t n) {
     __m512 m = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
     amax = _mm512_reduce_max_ps(m); // max is exact in any order
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
+    amax = hmax256(m); // max is exact in any order
 #else
-    for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    amax = max_abs_ref(x, n);
 #endif
     return amax;
 }
 
 // n floats (n a multiple of group) into n / QK blocks, one scale d = max |x| / 127
-// per group of `group` elements.
-void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
+// per group of `group` elements; Fast picks the vector kernels or the scalar ones.
+template <bool Fast> void quantize_row(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
     for (int64_t g = 0; g < n; g += group) {
-        const float d = max_abs(x + g, group) / 127.0f;
+        const float d = (Fast ? max_abs : max_abs_ref)(x + g, group) / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int64_t b = g / QK; b < (g + group) / QK; ++b) quantize_block(x + b * QK, d, id, y + b);
+        for (int64_t b = g / QK; b < (g + group) / QK; ++b)
+            (Fast ? quantize_block : quantize_block_ref)(x + b * QK, d, id, y + b);
     }
 }
 
@@ -452,9 +483,13 @@ void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq) {
 void quantize_rows_part(const float *x, int n, int64_t cols, BlockQ8A *xq, int t0, int t1, bool q8a, bool q8k) {
     const int64_t nb = cols / QK;
     if (q8a)
-        for (int t = t0; t < t1; ++t) quantize_row(x + t * cols, xq + t * nb, cols, QK);
+        for (int t = t0; t < t1; ++t) quantize_row<true>(x + t * cols, xq + t * nb, cols, QK);
     if (q8k && cols % QK_K == 0)
-        for (int t = t0; t < t1; ++t) quantize_row(x + t * cols, xq + (n + t) * nb, cols, QK_K);
+        for (int t = t0; t < t1; ++t) quantize_row<true>(x + t * cols, xq + (n + t) * nb, cols, QK_K);
+}
+
+void quantize_activations(const float *x, BlockQ8A *y, int64_t n, int64_t group, bool fast) {
+    (fast ? quantize_row<true> : quantize_row<false>)(x, y, n, group);
 }
 
 const char *kernel_path() {

@@ -126,6 +126,10 @@ void quantize_rows(const float *x, int n, int64_t cols, BlockQ8A *xq);
 // (Q8K only where cols allows it): threads can share the rows, and a matrix input
 // is quantized only as its kernels read it.
 void quantize_rows_part(const float *x, int n, int64_t cols, BlockQ8A *xq, int t0, int t1, bool q8a, bool q8k);
+// One row of n floats (n a multiple of group, group a multiple of QK) into n / QK
+// blocks, one scale per group: the engine's kernels (fast) or the scalar reference,
+// which give the same bits (exposed for tests through llmd_kernel_quantize).
+void quantize_activations(const float *x, BlockQ8A *y, int64_t n, int64_t group, bool fast);
 inline size_t quantized_blocks(int n, int64_t cols) { return 2 * static_cast<size_t>(n) * static_cast<size_t>(cols / QK); }
 // The blocks a type's kernels read from what quantize_rows wrote for n rows.
 inline const BlockQ8A *activations_of(const TypeTraits &t, const BlockQ8A *xq, int n, int64_t cols) {

@@ -5,6 +5,7 @@
 #include "model.h"
 
 #include "simd.h"
+#include "simd_avx2.h"
 
 #include <algorithm>
 #include <cmath>
@@ -191,6 +192,32 @@ void delta_step(float *m, const float *q, const float *k, const float *v, float 
                 mq = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), mq);
             }
             out[j] = _mm512_reduce_add_ps(mq) * scale;
+        }
+        return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    if (hd % 16 == 0) {
+        // Both passes over a row sum in two chains (even and odd 8-lane slices): one
+        // chain waits an FMA's latency at every step of a 128-wide row.
+        const __m256 vdecay = _mm256_set1_ps(decay);
+        for (int j = 0; j < hd; ++j) {
+            float *row = m + static_cast<size_t>(j) * hd;
+            __m256 mk[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int i = 0; i < hd; i += 16)
+                for (int h = 0; h < 2; ++h) {
+                    const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i + 8 * h), vdecay);
+                    _mm256_storeu_ps(row + i + 8 * h, r);
+                    mk[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i + 8 * h), mk[h]);
+                }
+            const __m256 delta = _mm256_set1_ps((v[j] - hsum256(_mm256_add_ps(mk[0], mk[1]))) * beta);
+            __m256 mq[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int i = 0; i < hd; i += 16)
+                for (int h = 0; h < 2; ++h) {
+                    const __m256 r = _mm256_fmadd_ps(delta, _mm256_loadu_ps(k + i + 8 * h), _mm256_loadu_ps(row + i + 8 * h));
+                    _mm256_storeu_ps(row + i + 8 * h, r);
+                    mq[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i + 8 * h), mq[h]);
+                }
+            out[j] = hsum256(_mm256_add_ps(mq[0], mq[1])) * scale;
         }
         return;
     }
