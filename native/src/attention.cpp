@@ -210,12 +210,15 @@ void sum_values(const float *weights, const uint16_t *v, int len, int hd, int d0
         for (int s = 0; s < S; ++s) _mm256_storeu_ps(out + g * hd + d0 + 8 * s, acc[g][s]);
 }
 
-// Sixteen registers: the scores take heads four at a time (8 accumulators, two key
-// rows), the values three at a time over 32 dimensions (12 accumulators).
+// Sixteen registers: the scores take heads at most four at a time (8 accumulators,
+// two key rows), in calls of equal size (a prefill's 6 heads as 3 and 3: 6 chains
+// each, where 4 and 2 would leave the second call waiting on 4 chains), the values
+// three at a time over 32 dimensions (12 accumulators).
 void score_heads(const float *q, int n_q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
-    for (int g = 0; g < n_q; g += 4) {
+    const int calls = (n_q + 3) / 4, per = (n_q + calls - 1) / calls;
+    for (int g = 0; g < n_q; g += per) {
         float *sg = scores + g * kBlock;
-        switch (std::min(4, n_q - g)) {
+        switch (std::min(per, n_q - g)) {
         case 1: score_half<1>(q + g * hd, hd, kb, scale, valid, sg); break;
         case 2: score_half<2>(q + g * hd, hd, kb, scale, valid, sg); break;
         case 3: score_half<3>(q + g * hd, hd, kb, scale, valid, sg); break;
