@@ -165,27 +165,36 @@ namespace {
 constexpr int kBlock = 64;           // positions scored before their values are summed
 constexpr size_t kAttnPrefetch = 4096; // as the AVX-512 kernel's (7 % faster decode at 4k positions there)
 
-// Scores of C query heads (at q, hd apart) against 8 keys: one half of a key block
-// (kb, kKeyBlock positions dimension-major), each load one dimension of the 8 keys.
-// Each head sums even and odd dimensions in two chains (an FMA's latency exceeds its
-// issue interval) and adds them at the end, so its bits never depend on C: a head is
-// scored the same whichever heads share its call. valid: positions that exist.
+// Scores of C query heads (at q, hd apart) against a key block (kb: kKeyBlock
+// positions dimension-major), each load one dimension of 8 of its keys, each query
+// element broadcast once for both halves. Each head sums even and odd dimensions in
+// two chains per half (an FMA's latency exceeds its issue interval) and adds them at
+// the end, so its bits never depend on C: a head is scored the same whichever heads
+// share its call. valid: the block's positions that exist.
 template <int C>
-void score_half(const float *q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
-    __m256 acc[C][2];
-    for (int g = 0; g < C; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+void score_block(const float *q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
+    __m256 acc[C][2][2]; // head, half, parity
+    for (int g = 0; g < C; ++g)
+        for (int h = 0; h < 2; ++h) acc[g][h][0] = acc[g][h][1] = _mm256_setzero_ps();
     for (int d = 0; d < hd; d += 2)
-        for (int h = 0; h < 2; ++h) {
-            const __m256 kd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kb + (d + h) * kKeyBlock)));
-            for (int g = 0; g < C; ++g)
-                acc[g][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + g * hd + d + h), kd, acc[g][h]);
+        for (int p = 0; p < 2; ++p) {
+            const uint16_t *kd = kb + (d + p) * kKeyBlock;
+            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kd)));
+            const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kd + 8)));
+            for (int g = 0; g < C; ++g) {
+                const __m256 qd = _mm256_broadcast_ss(q + g * hd + d + p);
+                acc[g][0][p] = _mm256_fmadd_ps(qd, k0, acc[g][0][p]);
+                acc[g][1][p] = _mm256_fmadd_ps(qd, k1, acc[g][1][p]);
+            }
         }
     // Positions past the range (the block's unwritten rest) score -inf.
-    const __m256 keep = _mm256_castsi256_ps(
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-    for (int g = 0; g < C; ++g) {
-        const __m256 dots = _mm256_mul_ps(_mm256_add_ps(acc[g][0], acc[g][1]), _mm256_set1_ps(scale));
-        _mm256_store_ps(scores + g * kBlock, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), dots, keep));
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int h = 0; h < 2; ++h) {
+        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), lane));
+        for (int g = 0; g < C; ++g) {
+            const __m256 dots = _mm256_mul_ps(_mm256_add_ps(acc[g][h][0], acc[g][h][1]), _mm256_set1_ps(scale));
+            _mm256_store_ps(scores + g * kBlock + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), dots, keep));
+        }
     }
 }
 
@@ -210,19 +219,17 @@ void sum_values(const float *weights, const uint16_t *v, int len, int hd, int d0
         for (int s = 0; s < S; ++s) _mm256_storeu_ps(out + g * hd + d0 + 8 * s, acc[g][s]);
 }
 
-// Sixteen registers: the scores take heads at most four at a time (8 accumulators,
-// two key rows), in calls of equal size (a prefill's 6 heads as 3 and 3: 6 chains
-// each, where 4 and 2 would leave the second call waiting on 4 chains), the values
-// three at a time over 32 dimensions (12 accumulators).
+// Sixteen registers: the scores take heads at most three at a time (12 accumulators,
+// two key rows), in calls of equal size (8 heads as 3, 3 and 2, not 3, 3, 1 and 1),
+// the values three at a time over 32 dimensions (12 accumulators).
 void score_heads(const float *q, int n_q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
-    const int calls = (n_q + 3) / 4, per = (n_q + calls - 1) / calls;
+    const int calls = (n_q + 2) / 3, per = (n_q + calls - 1) / calls;
     for (int g = 0; g < n_q; g += per) {
         float *sg = scores + g * kBlock;
         switch (std::min(per, n_q - g)) {
-        case 1: score_half<1>(q + g * hd, hd, kb, scale, valid, sg); break;
-        case 2: score_half<2>(q + g * hd, hd, kb, scale, valid, sg); break;
-        case 3: score_half<3>(q + g * hd, hd, kb, scale, valid, sg); break;
-        default: score_half<4>(q + g * hd, hd, kb, scale, valid, sg); break;
+        case 1: score_block<1>(q + g * hd, hd, kb, scale, valid, sg); break;
+        case 2: score_block<2>(q + g * hd, hd, kb, scale, valid, sg); break;
+        default: score_block<3>(q + g * hd, hd, kb, scale, valid, sg); break;
         }
     }
 }
@@ -254,8 +261,7 @@ void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, fl
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
                 }
-                for (int h = 0; h < 2; ++h)
-                    score_heads(q, n_q, hd, kb + 8 * h, scale, len - i0 - 8 * h, &scores[0][i0 + 8 * h]);
+                score_heads(q, n_q, hd, kb, scale, len - i0, &scores[0][i0]);
             }
             for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
                 for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
