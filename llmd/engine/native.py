@@ -567,6 +567,33 @@ def kernel_glu(gelu: bool, gate: list[float], up: list[float], kernels: str | No
     return list(ffi.unpack(out, len(gate)))
 
 
+def kernel_rmsnorm(x: list[float], weight: list[float], eps: float, kernels: str | None) -> list[float]:
+    """x / rms(x) * weight, by a kernel variant or the scalar reference (None) (for tests)."""
+    if len(x) != len(weight):
+        raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "x and weight differ in length")
+    out = ffi.new("float[]", max(1, len(x)))
+    _check(lib.llmd_kernel_rmsnorm(ffi.new("float[]", x), ffi.new("float[]", weight), len(x), eps, out,
+                                   _variant(kernels)))
+    return list(ffi.unpack(out, len(x)))
+
+
+def kernel_to_f16(x: list[float], kernels: str | None) -> list[int]:
+    """x as f16 bits, by a kernel variant or the scalar reference (None) (for tests)."""
+    out = ffi.new("uint16_t[]", max(1, len(x)))
+    _check(lib.llmd_kernel_to_f16(ffi.new("float[]", x), len(x), out, _variant(kernels)))
+    return list(ffi.unpack(out, len(x)))
+
+
+def kernel_quantize(x: list[float], group: int, kernels: str | None) -> tuple[list[int], list[float], list[int]]:
+    """x quantized as the integer kernels read activations: (int8 values, a scale per
+    block of 32, (sum, sum of the first 16) per block), by a kernel variant or the
+    scalar reference (None) (for tests)."""
+    blocks = max(1, len(x) // 32)
+    qs, d, sums = ffi.new("int8_t[]", 32 * blocks), ffi.new("float[]", blocks), ffi.new("int32_t[]", 2 * blocks)
+    _check(lib.llmd_kernel_quantize(ffi.new("float[]", x), len(x), group, qs, d, sums, _variant(kernels)))
+    return list(ffi.unpack(qs, len(x))), list(ffi.unpack(d, len(x) // 32)), list(ffi.unpack(sums, 2 * (len(x) // 32)))
+
+
 def kernel_matmul(type_id: int, weights: bytes, rows: int, cols: int, xs: list[list[float]],
                   kernels: str | None, packed: bool = True) -> list[list[float]]:
     """Each x in xs times the matrix, by the scalar reference (kernels None) or a kernel

@@ -383,6 +383,17 @@ llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, con
 /* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
  * approximation (gelu == 1). */
 llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, const char *kernels);
+/* out (n) = x / sqrt(mean(x²) + eps) * weight, the sum of squares by a variant. */
+llmd_status llmd_kernel_rmsnorm(const float *x, const float *weight, int32_t n, float eps, float *out,
+                                const char *kernels);
+/* out (n) = x as f16 bits, rounded to nearest even (as the KV cache is written). */
+llmd_status llmd_kernel_to_f16(const float *x, int32_t n, uint16_t *out, const char *kernels);
+/* A row of n floats quantized as the integer kernels read activations: per block of
+ * 32 the int8 values qs (n), the scale d (n / 32) and the sums of the block's values
+ * and of its first 16 (sums: 2 per block), one scale d = max |x| / 127 per `group`
+ * elements (32 or 256, dividing n). */
+llmd_status llmd_kernel_quantize(const float *x, int64_t n, int32_t group, int8_t *qs, float *d, int32_t *sums,
+                                 const char *kernels);
 
 #ifdef __cplusplus
 }

@@ -36,7 +36,8 @@ import sys
 import pytest
 
 from llmd.engine.native import (
-    EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, kernel_variants, tensor_type,
+    EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, kernel_quantize, kernel_rmsnorm,
+    kernel_to_f16, kernel_variants, tensor_type,
 )
 from tests.support.gguf_writer import (
     GGML_BF16, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K,
@@ -473,6 +474,69 @@ def test_fast_glu_matches_reference_and_the_python_formula(gelu):
         worst = max(abs(x - e) / max(abs(g * u), 1e-30) for x, e, g, u in zip(got, expected, gate, up))
         assert worst < 2e-7, (kernels, worst)
 
+
+# ---- the per-token kernels: norms, f16 rows for the cache, activation quantization ------------
+
+@pytest.mark.parametrize("n", [576, 64, 37])
+def test_rmsnorm_of_every_variant_matches_reference(n):
+    """All sum the squares in double precision, in different orders, and round the
+    scale to float: within one float rounding (2^-23 relative) of each other, and of
+    the formula in double precision. 37: vectors and a scalar rest."""
+    rng = random.Random(n)
+    x = [f32(rng.gauss(0, 3)) for _ in range(n)]
+    w = [f32(rng.gauss(1, 0.2)) for _ in range(n)]
+    scale = 1 / math.sqrt(math.fsum(v * v for v in x) / n + 1e-5)
+    expected = [v * scale * g for v, g in zip(x, w)]
+    ref = kernel_rmsnorm(x, w, 1e-5, None)
+    for kernels in VARIANTS:
+        fast = kernel_rmsnorm(x, w, 1e-5, kernels)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(fast, ref) if b != 0.0)
+        off = max(abs(a - e) / abs(e) for a, e in zip(fast, expected) if e != 0.0)
+        print(f"rmsnorm {kernels} n={n}: vs reference {worst:.3g}, vs formula {off:.3g} (relative)")
+        assert worst <= 2 ** -23 and off < 4e-7, (kernels, worst, off)
+
+
+def test_f16_conversion_of_every_variant_gives_the_reference_bits():
+    """The cache's rows in f16: rounding to nearest even at every edge (ties,
+    subnormals, the largest half, overflow to inf), the same bits from every variant."""
+    rng = random.Random(5)
+    edges = [0.0, -0.0, 1.0, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11, 65504.0, 65519.0, 65520.0, 1e9, -1e9, 2 ** -24,
+             2 ** -25, 3 * 2 ** -26, 6e-8, -6e-5, float("inf"), float("-inf")]
+    x = [f32(v) for v in edges] + [f32(rng.gauss(0, 1) * 10 ** rng.uniform(-8, 5)) for _ in range(300)]
+    ref = kernel_to_f16(x, None)
+    assert [f16_value(b) for b in ref[:5]] == [0.0, 0.0, 1.0, 1.0, 1.0 + 2 ** -9]
+    for kernels in VARIANTS:
+        assert kernel_to_f16(x, kernels) == ref, kernels
+
+
+@pytest.mark.parametrize("group", [32, 256])
+def test_activation_quantization_of_every_variant_gives_the_reference_blocks(group):
+    """The integer kernels' int8 activations: every variant rounds and saturates as the
+    scalar one does, so values, scales and sums are the same bits; rows with a zero
+    group, ties at .5 and a value that is the group's maximum in either sign."""
+    rng = random.Random(group)
+    x = [f32(rng.gauss(0, 2)) for _ in range(1024)]
+    x[:group] = [0.0] * group  # an all-zero group: d = 0
+    x[group:group + 4] = [127.0, -127.0, 0.5, -2.5]  # d = 1: exact ties round to even
+    ref = kernel_quantize(x, group, None)
+    for kernels in VARIANTS:
+        assert kernel_quantize(x, group, kernels) == ref, kernels
+    qs, d, sums = ref
+    assert qs[group:group + 4] == [127, -127, 0, -2] and d[group // 32] == 1.0
+    for b in range(len(d)):
+        assert sums[2 * b] == sum(qs[32 * b:32 * b + 32]) and sums[2 * b + 1] == sum(qs[32 * b:32 * b + 16])
+        assert all(abs(x[32 * b + j] - d[b] * qs[32 * b + j]) <= d[b] / 2 * (1 + 1e-6) for j in range(32))
+
+
+def test_bad_per_token_kernel_arguments_raise():
+    with pytest.raises(EngineError, match="bad quantize arguments"):
+        kernel_quantize([0.0] * 48, 32, VARIANTS[-1])  # not a whole number of groups
+    with pytest.raises(EngineError, match="bad quantize arguments"):
+        kernel_quantize([0.0] * 64, 64, VARIANTS[-1])
+    with pytest.raises(EngineError, match="bad rmsnorm arguments"):
+        kernel_rmsnorm([], [], 1e-5, VARIANTS[-1])
+    with pytest.raises(EngineError, match="no kernel variant"):
+        kernel_to_f16([1.0], "no-such-variant")
 
 # ---- choosing the variant ------------------------------------------------------------------
 

@@ -1324,4 +1324,46 @@ llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t 
     });
 }
 
+llmd_status llmd_kernel_rmsnorm(const float *x, const float *weight, int32_t n, float eps, float *out,
+                                const char *kernels) {
+    return guarded([&]() -> llmd_status {
+        if (x == nullptr || weight == nullptr || out == nullptr || n < 1 || !(eps >= 0.0f))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad rmsnorm arguments");
+        const Kernels *table = kernels_for_test(kernels);
+        if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
+        rmsnorm(out, x, weight, n, eps, table->sum_squares);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_to_f16(const float *x, int32_t n, uint16_t *out, const char *kernels) {
+    return guarded([&]() -> llmd_status {
+        if (x == nullptr || out == nullptr || n < 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "bad f16 arguments");
+        const Kernels *table = kernels_for_test(kernels);
+        if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
+        table->to_f16(x, out, n);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_quantize(const float *x, int64_t n, int32_t group, int8_t *qs, float *d, int32_t *sums,
+                                 const char *kernels) {
+    return guarded([&]() -> llmd_status {
+        if (x == nullptr || qs == nullptr || d == nullptr || sums == nullptr || (group != QK && group != QK_K) ||
+            n < 1 || n % group != 0)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad quantize arguments");
+        const Kernels *table = kernels_for_test(kernels);
+        if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
+        std::vector<BlockQ8A> blocks(static_cast<size_t>(n / QK));
+        table->quantize_q8a(x, blocks.data(), n, group);
+        for (size_t b = 0; b < blocks.size(); ++b) {
+            std::copy_n(blocks[b].qs, QK, qs + b * QK);
+            d[b] = blocks[b].d;
+            sums[2 * b] = blocks[b].sum;
+            sums[2 * b + 1] = blocks[b].sum_lo;
+        }
+        return LLMD_OK;
+    });
+}
+
 } // extern "C"

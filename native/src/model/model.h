@@ -7,6 +7,7 @@
 
 #include "ops/attention.h"
 #include "format/gguf.h"
+#include "kernels/kernels.h"
 #include "memory/kvpool.h"
 #include "quants/quants.h"
 #include "runtime/threadpool.h"
@@ -391,7 +392,8 @@ MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch);
 void matmuls(const Pass &p, const float *x, std::initializer_list<MatJob> jobs);
 
 // out (n) = x / rms(x) * weight, in double precision; out may be x.
-void rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
+void rmsnorm(float *out, const float *x, const float *weight, int n, float eps,
+             double (*sum_squares)(const float *x, int n) = kernels().sum_squares);
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): each token's top

@@ -3,6 +3,8 @@
 #pragma once
 
 #include "kernels/kernels.h"
+#include "kernels/x86/attention_avx2.h"
+#include "kernels/x86/ops_avx2.h"
 #include "kernels/x86/panels_avx2.h"
 #include "kernels/x86/rows_avx2.h"
 
@@ -14,6 +16,12 @@ Kernels table_256(const char *name) {
     k.name = name;
     set_row_dots(k);
     set_panels<PanelsAvx2>(k);
+    k.quantize_q8a = quantize_q8a_avx2;
+    k.attend_range = attend_range_avx2;
+    k.delta_step = delta_step_avx2;
+    k.glu = glu_avx2;
+    k.sum_squares = sum_squares_avx2;
+    k.to_f16 = to_f16_avx2;
     return k;
 }
 

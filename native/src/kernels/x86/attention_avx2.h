@@ -1,0 +1,159 @@
+// attention_avx2.h — the 256-bit variants' attention over a range of cached positions
+// (ops/attention.h): a key block's 16 positions in two registers per dimension.
+#pragma once
+
+#include "kernels/kernels.h"
+#include "kernels/x86/simd_avx2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <immintrin.h>
+
+namespace llmd {
+namespace {
+
+constexpr int kBlock = 64;           // positions scored before their values are summed
+constexpr size_t kAttnPrefetch = 4096; // as the AVX-512 kernel's (7 % faster decode at 4k positions there)
+
+// Scores of C query heads (at q, hd apart) against a key block (kb: kKeyBlock
+// positions dimension-major), each load one dimension of 8 of its keys, each query
+// element broadcast once for both halves. Each head sums even and odd dimensions in
+// two chains per half (an FMA's latency exceeds its issue interval) and adds them at
+// the end, so its bits never depend on C: a head is scored the same whichever heads
+// share its call. valid: the block's positions that exist.
+template <int C>
+void score_block(const float *q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
+    __m256 acc[C][2][2]; // head, half, parity
+    for (int g = 0; g < C; ++g)
+        for (int h = 0; h < 2; ++h) acc[g][h][0] = acc[g][h][1] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 2)
+        for (int p = 0; p < 2; ++p) {
+            const uint16_t *kd = kb + (d + p) * kKeyBlock;
+            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kd)));
+            const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(kd + 8)));
+            for (int g = 0; g < C; ++g) {
+                const __m256 qd = _mm256_broadcast_ss(q + g * hd + d + p);
+                acc[g][0][p] = _mm256_fmadd_ps(qd, k0, acc[g][0][p]);
+                acc[g][1][p] = _mm256_fmadd_ps(qd, k1, acc[g][1][p]);
+            }
+        }
+    // Positions past the range (the block's unwritten rest) score -inf.
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int h = 0; h < 2; ++h) {
+        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), lane));
+        for (int g = 0; g < C; ++g) {
+            const __m256 dots = _mm256_mul_ps(_mm256_add_ps(acc[g][h][0], acc[g][h][1]), _mm256_set1_ps(scale));
+            _mm256_store_ps(scores + g * kBlock + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), dots, keep));
+        }
+    }
+}
+
+// out (C heads, hd apart) += the weighted sum of `len` value rows (v, hd apart), for
+// 8 × S dimensions from d0: the heads' sums stay in registers across the rows while
+// each row's slice is converted once for all of them. Every output lane adds the rows
+// in order, so its bits depend on neither C nor S.
+template <int C, int S>
+void sum_values(const float *weights, const uint16_t *v, int len, int hd, int d0, float *out) {
+    __m256 acc[C][S];
+    for (int g = 0; g < C; ++g)
+        for (int s = 0; s < S; ++s) acc[g][s] = _mm256_loadu_ps(out + g * hd + d0 + 8 * s);
+    for (int i = 0; i < len; ++i) {
+        const uint16_t *row = v + static_cast<size_t>(i) * hd + d0;
+        for (int s = 0; s < S; ++s) {
+            const __m256 vf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(row + 8 * s)));
+            for (int g = 0; g < C; ++g)
+                acc[g][s] = _mm256_fmadd_ps(_mm256_broadcast_ss(weights + g * kBlock + i), vf, acc[g][s]);
+        }
+    }
+    for (int g = 0; g < C; ++g)
+        for (int s = 0; s < S; ++s) _mm256_storeu_ps(out + g * hd + d0 + 8 * s, acc[g][s]);
+}
+
+// Sixteen registers: the scores take heads at most three at a time (12 accumulators,
+// two key rows), in calls of equal size (8 heads as 3, 3 and 2, not 3, 3, 1 and 1),
+// the values three at a time over 32 dimensions (12 accumulators).
+void score_heads(const float *q, int n_q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
+    const int calls = (n_q + 2) / 3, per = (n_q + calls - 1) / calls;
+    for (int g = 0; g < n_q; g += per) {
+        float *sg = scores + g * kBlock;
+        switch (std::min(per, n_q - g)) {
+        case 1: score_block<1>(q + g * hd, hd, kb, scale, valid, sg); break;
+        case 2: score_block<2>(q + g * hd, hd, kb, scale, valid, sg); break;
+        default: score_block<3>(q + g * hd, hd, kb, scale, valid, sg); break;
+        }
+    }
+}
+
+template <int C> void sum_values_heads(const float *weights, const uint16_t *v, int len, int hd, float *out) {
+    int d = 0;
+    for (; d + 32 <= hd; d += 32) sum_values<C, 4>(weights, v, len, hd, d, out);
+    for (; d < hd; d += 16) sum_values<C, 2>(weights, v, len, hd, d, out); // hd is a multiple of 16
+}
+
+void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+            AttnPartial *part) {
+    alignas(32) float scores[kMaxGroup][kBlock];
+    float mx[kMaxGroup], sum[kMaxGroup];
+    std::fill(mx, mx + n_q, -INFINITY);
+    std::fill(sum, sum + n_q, 0.0f);
+    std::fill(out, out + n_q * hd, 0.0f);
+    for (int r = 0; r < n_runs; ++r) { // the runs' positions as one sequence
+        const uint16_t *k = runs[r].k, *v = runs[r].v;
+        for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
+            const int len = std::min(kBlock, runs[r].n_pos - p0);
+            if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
+                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd);
+            for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
+                const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
+                const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
+                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * hd) + kAttnPrefetch;
+                for (size_t at = 0; at < kKeyBlock * hd * sizeof(uint16_t); at += 64) {
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
+                }
+                score_heads(q, n_q, hd, kb, scale, len - i0, &scores[0][i0]);
+            }
+            for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
+                for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
+            // Softmax weights, rescaling what was summed so far when the max grows.
+            for (int g = 0; g < n_q; ++g) {
+                __m256 bm = _mm256_set1_ps(-INFINITY);
+                for (int i = 0; i < kBlock; i += 8) bm = _mm256_max_ps(bm, _mm256_load_ps(&scores[g][i]));
+                const float new_max = std::max(mx[g], hmax256(bm));
+                if (new_max > mx[g]) {
+                    const float shrink = std::exp(mx[g] - new_max); // 0 on the first block
+                    sum[g] *= shrink;
+                    for (int d = 0; d < hd; ++d) out[g * hd + d] *= shrink;
+                    mx[g] = new_max;
+                }
+                __m256 s = _mm256_setzero_ps();
+                for (int i = 0; i < kBlock; i += 8) {
+                    const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(&scores[g][i]), _mm256_set1_ps(new_max)));
+                    _mm256_store_ps(&scores[g][i], e);
+                    s = _mm256_add_ps(s, e);
+                }
+                sum[g] += hsum256(s);
+            }
+            const uint16_t *vb = v + static_cast<size_t>(p0) * hd;
+            for (int g = 0; g < n_q; g += 3) {
+                float *og = out + g * hd;
+                switch (std::min(3, n_q - g)) {
+                case 1: sum_values_heads<1>(scores[g], vb, len, hd, og); break;
+                case 2: sum_values_heads<2>(scores[g], vb, len, hd, og); break;
+                default: sum_values_heads<3>(scores[g], vb, len, hd, og); break;
+                }
+            }
+        }
+    }
+    for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
+}
+
+
+void attend_range_avx2(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+                       AttnPartial *part) {
+    if (hd % 16 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, scale, out, part);
+    attend(q, n_q, runs, n_runs, hd, scale, out, part);
+}
+
+} // namespace
+} // namespace llmd

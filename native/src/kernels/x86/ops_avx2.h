@@ -1,0 +1,106 @@
+// ops_avx2.h — the 256-bit variants' vector operations (kernels.h): activation
+// quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
+// DeltaNet step, 8 lanes at a time.
+#pragma once
+
+#include "kernels/kernels.h"
+#include "kernels/x86/simd_avx2.h"
+
+#include <cmath>
+#include <immintrin.h>
+
+namespace llmd {
+namespace {
+
+// quantize_q8a_ref's arithmetic 8 lanes at a time: the conversion rounds to nearest
+// even like nearbyint, the packs saturate (as the avx512 variant's conversion does)
+// and interleave 128-bit lanes, which the permutation puts back in order; a max is
+// exact in any order. The blocks are bit for bit the reference's.
+void quantize_q8a_avx2(const float *x, BlockQ8A *y, int64_t n, int64_t group) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t g = 0; g < n; g += group) {
+        __m256 m = _mm256_setzero_ps();
+        for (int64_t i = g; i < g + group; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + i), magnitude));
+        const float d = hmax256(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int64_t b = g / QK; b < (g + group) / QK; ++b) {
+            __m256i q[4];
+            for (int h = 0; h < 4; ++h)
+                q[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * QK + 8 * h), _mm256_set1_ps(id)));
+            const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(y[b].qs),
+                                _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            y[b].sum_lo = hsum256_epi32(_mm256_add_epi32(q[0], q[1]));
+            y[b].sum = y[b].sum_lo + hsum256_epi32(_mm256_add_epi32(q[2], q[3]));
+            y[b].d = d;
+            y[b].s = d * static_cast<float>(y[b].sum);
+        }
+    }
+}
+
+// Both activations are g · sigmoid(z), as glu_avx512 computes them.
+void glu_avx2(bool gelu, float *gate, const float *up, int64_t n) {
+    constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
+    const __m256 one = _mm256_set1_ps(1.0f), k2 = _mm256_set1_ps(-2.0f * kGeluK), c = _mm256_set1_ps(kGeluC);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 minus_z = gelu ? _mm256_mul_ps(_mm256_mul_ps(k2, g), _mm256_fmadd_ps(_mm256_mul_ps(c, g), g, one))
+                                    : _mm256_sub_ps(_mm256_setzero_ps(), g);
+        const __m256 act = _mm256_div_ps(g, _mm256_add_ps(one, exp256(minus_z)));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(act, _mm256_loadu_ps(up + i)));
+    }
+    glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
+}
+
+double sum_squares_avx2(const float *x, int n) {
+    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) // four chains hide the add latency
+        for (int h = 0; h < 4; ++h) {
+            const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * h));
+            acc[h] = _mm256_fmadd_pd(v, v, acc[h]);
+        }
+    const __m256d pairs = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+    const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(pairs), _mm256_extractf128_pd(pairs, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
+    for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    return ss;
+}
+
+void to_f16_avx2(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    to_f16_ref(x + i, y + i, n - i);
+}
+
+void delta_step_avx2(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
+                     float scale, float *out) {
+    if (hd % 16 != 0) return delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
+    // Both passes over a row sum in two chains (even and odd 8-lane slices): one chain
+    // waits an FMA's latency at every step of a 128-wide row.
+    const __m256 vdecay = _mm256_set1_ps(decay);
+    for (int j = 0; j < hd; ++j) {
+        float *row = m + static_cast<size_t>(j) * hd;
+        __m256 mk[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int i = 0; i < hd; i += 16)
+            for (int h = 0; h < 2; ++h) {
+                const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i + 8 * h), vdecay);
+                _mm256_storeu_ps(row + i + 8 * h, r);
+                mk[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i + 8 * h), mk[h]);
+            }
+        const __m256 delta = _mm256_set1_ps((v[j] - hsum256(_mm256_add_ps(mk[0], mk[1]))) * beta);
+        __m256 mq[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int i = 0; i < hd; i += 16)
+            for (int h = 0; h < 2; ++h) {
+                const __m256 r = _mm256_fmadd_ps(delta, _mm256_loadu_ps(k + i + 8 * h), _mm256_loadu_ps(row + i + 8 * h));
+                _mm256_storeu_ps(row + i + 8 * h, r);
+                mq[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i + 8 * h), mq[h]);
+            }
+        out[j] = hsum256(_mm256_add_ps(mq[0], mq[1])) * scale;
+    }
+}
+
+} // namespace
+} // namespace llmd
