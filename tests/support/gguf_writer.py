@@ -1010,7 +1010,7 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
     and random_matrix as build_tiny_llama takes them."""
     w = build_llama_base("qwen35", n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                          n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35", n_vocab=n_vocab,
-                         reserved=reserved)
+                         reserved=reserved, random_matrix=random_matrix)
     w.set("qwen35.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
     w.set("qwen35.attention.value_length", U32, head_dim)
     w.set("qwen35.rope.dimension_count", U32, rope_dim)
