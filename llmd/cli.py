@@ -196,6 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "restart next to a warm turn in memory")
     bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
                        help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
+    bench.add_argument("--accuracy", action="store_true", default=_env("accuracy", False, bool),
+                       help="instead: what the quantized kernels cost in perplexity (context 512, --file TEXT): "
+                            "the model and its F32 twin (the same weights decoded, computed without quantizing "
+                            "activations) under each kernel variant this CPU runs, and the cost in %%; exits 1 "
+                            "when one is above 0.5%%. E.g. python -m llmd bench --accuracy --model F.gguf "
+                            "--file TEXT")
+    bench.add_argument("--file", default=_env("file", None), help="--accuracy: the UTF-8 text to score")
+    bench.add_argument("--twin", default=_env("twin", None),
+                       help="--accuracy: the F32 twin's path, used if it exists, else written there and kept "
+                            "(default: a temporary file beside the model)")
 
     quant = sub.add_parser("quantize", help="write a GGUF model in another weight format", formatter_class=fmt,
                            description="Re-encodes IN as the file mix TYPE (llama-quantize's rules: e.g. Q4_K_M "
@@ -229,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_perplexity(args)
         if args.command == "quantize":
             return cmd_quantize(args)
+        if args.command == "bench" and args.accuracy:
+            if args.file is None:
+                print("llmd: bench --accuracy needs --file TEXT", file=sys.stderr)
+                return 2
+            from llmd import accuracy
+            return accuracy.run(str(models.resolve_model(args.model)), args.file, args.twin, args.threads, args.json)
         if args.command == "bench":
             from llmd import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
@@ -283,28 +299,35 @@ def perplexity_windows(ids: list[int], ctx: int, bos: int | None) -> list[list[i
     return windows
 
 
-def cmd_perplexity(args) -> int:
+def text_perplexity(engine, text: str, ctx: int) -> tuple[float, int, int]:
     """llama-perplexity's method: over perplexity_windows(), the second half of each
-    window scored given the first."""
+    window scored given the first. Returns (perplexity, tokens scored, windows); a
+    text shorter than two windows scores nothing (nan, 0, windows)."""
+    windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
+    if len(windows) < 2:
+        return math.nan, 0, len(windows)
+    total, n = 0.0, 0
+    with engine.new_session() as session:
+        for window in windows:
+            session.reset()
+            logprobs = session.score(window, ctx // 2)
+            total -= sum(logprobs)
+            n += len(logprobs)
+    return math.exp(total / n), n, len(windows)
+
+
+def cmd_perplexity(args) -> int:
+    """text_perplexity() of a file, as JSON."""
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
     with _open_engine(args, generate=True) as engine:
-        ctx, first = args.ctx, args.ctx // 2
-        windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
-        if len(windows) < 2:
-            print(f"llmd: {args.file} is too short; perplexity needs at least {2 * ctx} tokens", file=sys.stderr)
-            return 2
-        total, n = 0.0, 0
         start = time.perf_counter()
-        with engine.new_session() as session:
-            for window in windows:
-                session.reset()
-                logprobs = session.score(window, first)
-                total -= sum(logprobs)
-                n += len(logprobs)
+        ppl, n, windows = text_perplexity(engine, text, args.ctx)
         elapsed = time.perf_counter() - start
-    print(json.dumps({"ppl": round(math.exp(total / n), 4), "tokens_scored": n,
-                      "tok_s": round(len(windows) * ctx / elapsed, 1)}))
+    if n == 0:
+        print(f"llmd: {args.file} is too short; perplexity needs at least {2 * args.ctx} tokens", file=sys.stderr)
+        return 2
+    print(json.dumps({"ppl": round(ppl, 4), "tokens_scored": n, "tok_s": round(windows * args.ctx / elapsed, 1)}))
     return 0
 
 

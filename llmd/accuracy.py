@@ -1,0 +1,100 @@
+"""`python -m llmd bench --accuracy`: what the quantized kernels cost in perplexity.
+
+Theory of operation. A quantized file's exact result is that of its F32 twin: the
+same weights decoded to F32 (`python -m llmd quantize --allow-requantize IN TWIN F32`
+writes them bit for bit), computed without quantizing the activations. What a kernel
+variant costs on the file is ppl(file) / ppl(twin) - 1, both measured under that
+variant: the activations' int8 rounding and the kernels' accumulation, nothing of
+the weights' own quantization. The engine fixes its variant once per process
+(LLMD_KERNELS), so every measurement runs `python -m llmd perplexity` in a process
+of its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from llmd.engine import kernel_variants
+
+MAX_COST = 0.005  # the issue's ceiling: no variant loses more than 0.5 % to its file's exact result
+
+
+@dataclass(frozen=True)
+class Cost:
+    variant: str
+    exact: float      # perplexity of the F32 twin
+    quantized: float  # perplexity of the file itself
+
+    @property
+    def cost(self) -> float:
+        return self.quantized / self.exact - 1.0
+
+
+def variants() -> list[str]:
+    """The kernel variants this CPU runs, the scalar references first."""
+    return [v.name for v in kernel_variants() if v.runs]
+
+
+def perplexities(paths: list[str], text_file: str, variant: str, threads: int = 0, ctx: int = 512) -> list[float]:
+    """Each model's perplexity on the text (cli.text_perplexity) under one kernel
+    variant, in one process that runs it (this module's main)."""
+    cmd = [sys.executable, "-m", "llmd.accuracy", text_file, str(ctx), str(threads), *paths]
+    done = subprocess.run(cmd, env=dict(os.environ, LLMD_KERNELS=variant), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"LLMD_KERNELS={variant} {' '.join(cmd)}: {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def _main(text_file: str, ctx: str, threads: str, *paths: str) -> None:
+    from llmd.cli import text_perplexity
+    from llmd.engine import Engine
+    with open(text_file, encoding="utf-8") as f:
+        text = f.read()
+    found = []
+    for path in paths:
+        with Engine(path, n_threads=int(threads), n_ctx=int(ctx), max_sessions=1) as engine:
+            ppl, n, _ = text_perplexity(engine, text, int(ctx))
+        if n == 0:
+            raise SystemExit(f"{text_file} is too short; perplexity needs at least {2 * int(ctx)} tokens")
+        found.append(ppl)
+    print(json.dumps(found))
+
+
+def write_twin(model: str, twin: str, threads: int = 0) -> None:
+    """The F32 twin of `model` at `twin` (its matrices decoded, nothing else changed)."""
+    from llmd.quantize import quantize_file
+    with open(os.devnull, "w") as quiet:
+        quantize_file(model, twin, "F32", n_threads=threads, allow_requantize=True, out=quiet)
+
+
+def costs(model: str, text_file: str, twin: str | None = None, threads: int = 0, ctx: int = 512) -> list[Cost]:
+    """Each variant's cost on `model`, against `twin` (written first when it does not
+    exist; a temporary file beside the model, removed afterwards, when None)."""
+    if twin is None:
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(model))) as folder:
+            return costs(model, text_file, os.path.join(folder, "twin-F32.gguf"), threads, ctx)
+    if not os.path.exists(twin):
+        write_twin(model, twin, threads)
+    return [Cost(v, *perplexities([twin, model], text_file, v, threads, ctx)) for v in variants()]
+
+
+def run(model: str, text_file: str, twin: str | None, threads: int, as_json: bool) -> int:
+    """Prints each variant's cost; 1 when one is above MAX_COST."""
+    rows = costs(model, text_file, twin, threads)
+    if as_json:
+        print(json.dumps([{"variant": r.variant, "exact": r.exact, "quantized": r.quantized,
+                           "cost_pct": round(100 * r.cost, 3)} for r in rows]))
+    else:
+        print(f"llmd bench --accuracy: {model} on {text_file}, context 512")
+        print(f"  {'variant':<10} {'exact (F32 twin)':>17} {'quantized':>10} {'cost':>8}")
+        for r in rows:
+            print(f"  {r.variant:<10} {r.exact:>17.4f} {r.quantized:>10.4f} {100 * r.cost:>+7.2f}%")
+    return 1 if any(r.cost > MAX_COST for r in rows) else 0
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:])
