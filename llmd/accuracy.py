@@ -12,6 +12,7 @@ of its own.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,13 +26,26 @@ MAX_COST = 0.005  # the issue's ceiling: no variant loses more than 0.5 % to its
 
 @dataclass(frozen=True)
 class Cost:
+    """One variant's figures: the perplexities, and the cost with its standard error.
+    The int8 rounding moves each token's log-probability by a few hundredths either
+    way, so on a few thousand tokens the cost itself is uncertain by a few tenths of
+    a percent: `stderr` says how much (paired over the tokens, on the log scale)."""
     variant: str
     exact: float      # perplexity of the F32 twin
     quantized: float  # perplexity of the file itself
+    cost: float       # quantized / exact - 1
+    stderr: float     # of the mean per-token difference in log-probability
+    tokens: int
 
-    @property
-    def cost(self) -> float:
-        return self.quantized / self.exact - 1.0
+
+def compare(variant: str, exact: list[float], quantized: list[float]) -> Cost:
+    """The cost from two runs' per-token log-probabilities of the same text."""
+    n = len(exact)
+    diffs = [e - q for e, q in zip(exact, quantized)]
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / n)
+    return Cost(variant, math.exp(-sum(exact) / n), math.exp(-sum(quantized) / n), math.exp(mean) - 1,
+                sd / math.sqrt(n), n)
 
 
 def variants() -> list[str]:
@@ -39,9 +53,9 @@ def variants() -> list[str]:
     return [v.name for v in kernel_variants() if v.runs]
 
 
-def perplexities(paths: list[str], text_file: str, variant: str, threads: int = 0, ctx: int = 512) -> list[float]:
-    """Each model's perplexity on the text (cli.text_perplexity) under one kernel
-    variant, in one process that runs it (this module's main)."""
+def logprobs(paths: list[str], text_file: str, variant: str, threads: int = 0, ctx: int = 512) -> list[list[float]]:
+    """Each model's per-token log-probabilities of the text (cli.text_logprobs) under
+    one kernel variant, in one process that runs it (this module's main)."""
     cmd = [sys.executable, "-m", "llmd.accuracy", text_file, str(ctx), str(threads), *paths]
     done = subprocess.run(cmd, env=dict(os.environ, LLMD_KERNELS=variant), capture_output=True, text=True)
     if done.returncode != 0:
@@ -50,17 +64,17 @@ def perplexities(paths: list[str], text_file: str, variant: str, threads: int = 
 
 
 def _main(text_file: str, ctx: str, threads: str, *paths: str) -> None:
-    from llmd.cli import text_perplexity
+    from llmd.cli import text_logprobs
     from llmd.engine import Engine
     with open(text_file, encoding="utf-8") as f:
         text = f.read()
     found = []
     for path in paths:
         with Engine(path, n_threads=int(threads), n_ctx=int(ctx), max_sessions=1) as engine:
-            ppl, n, _ = text_perplexity(engine, text, int(ctx))
-        if n == 0:
+            scored, _ = text_logprobs(engine, text, int(ctx))
+        if not scored:
             raise SystemExit(f"{text_file} is too short; perplexity needs at least {2 * int(ctx)} tokens")
-        found.append(ppl)
+        found.append(scored)
     print(json.dumps(found))
 
 
@@ -79,20 +93,22 @@ def costs(model: str, text_file: str, twin: str | None = None, threads: int = 0,
             return costs(model, text_file, os.path.join(folder, "twin-F32.gguf"), threads, ctx)
     if not os.path.exists(twin):
         write_twin(model, twin, threads)
-    return [Cost(v, *perplexities([twin, model], text_file, v, threads, ctx)) for v in variants()]
+    return [compare(v, *logprobs([twin, model], text_file, v, threads, ctx)) for v in variants()]
 
 
 def run(model: str, text_file: str, twin: str | None, threads: int, as_json: bool) -> int:
     """Prints each variant's cost; 1 when one is above MAX_COST."""
     rows = costs(model, text_file, twin, threads)
     if as_json:
-        print(json.dumps([{"variant": r.variant, "exact": r.exact, "quantized": r.quantized,
-                           "cost_pct": round(100 * r.cost, 3)} for r in rows]))
+        print(json.dumps([{"variant": r.variant, "exact": round(r.exact, 4), "quantized": round(r.quantized, 4),
+                           "cost_pct": round(100 * r.cost, 3), "stderr_pct": round(100 * r.stderr, 3),
+                           "tokens": r.tokens} for r in rows]))
     else:
-        print(f"llmd bench --accuracy: {model} on {text_file}, context 512")
-        print(f"  {'variant':<10} {'exact (F32 twin)':>17} {'quantized':>10} {'cost':>8}")
+        print(f"llmd bench --accuracy: {model} on {text_file} ({rows[0].tokens} tokens scored), context 512")
+        print(f"  {'variant':<10} {'exact (F32 twin)':>17} {'quantized':>10} {'cost':>8}  standard error")
         for r in rows:
-            print(f"  {r.variant:<10} {r.exact:>17.4f} {r.quantized:>10.4f} {100 * r.cost:>+7.2f}%")
+            print(f"  {r.variant:<10} {r.exact:>17.4f} {r.quantized:>10.4f} {100 * r.cost:>+7.2f}%  "
+                  f"{100 * r.stderr:.2f}%")
     return 1 if any(r.cost > MAX_COST for r in rows) else 0
 
 

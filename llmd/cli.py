@@ -299,35 +299,34 @@ def perplexity_windows(ids: list[int], ctx: int, bos: int | None) -> list[list[i
     return windows
 
 
-def text_perplexity(engine, text: str, ctx: int) -> tuple[float, int, int]:
+def text_logprobs(engine, text: str, ctx: int) -> tuple[list[float], int]:
     """llama-perplexity's method: over perplexity_windows(), the second half of each
-    window scored given the first. Returns (perplexity, tokens scored, windows); a
-    text shorter than two windows scores nothing (nan, 0, windows)."""
+    window scored given the first. Returns the scored tokens' log-probabilities and
+    the number of windows; a text shorter than two windows scores nothing."""
     windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
     if len(windows) < 2:
-        return math.nan, 0, len(windows)
-    total, n = 0.0, 0
+        return [], len(windows)
+    logprobs: list[float] = []
     with engine.new_session() as session:
         for window in windows:
             session.reset()
-            logprobs = session.score(window, ctx // 2)
-            total -= sum(logprobs)
-            n += len(logprobs)
-    return math.exp(total / n), n, len(windows)
+            logprobs += session.score(window, ctx // 2)
+    return logprobs, len(windows)
 
 
 def cmd_perplexity(args) -> int:
-    """text_perplexity() of a file, as JSON."""
+    """The perplexity of text_logprobs() on a file, as JSON."""
     with open(args.file, encoding="utf-8") as f:
         text = f.read()
     with _open_engine(args, generate=True) as engine:
         start = time.perf_counter()
-        ppl, n, windows = text_perplexity(engine, text, args.ctx)
+        logprobs, windows = text_logprobs(engine, text, args.ctx)
         elapsed = time.perf_counter() - start
-    if n == 0:
+    if not logprobs:
         print(f"llmd: {args.file} is too short; perplexity needs at least {2 * args.ctx} tokens", file=sys.stderr)
         return 2
-    print(json.dumps({"ppl": round(ppl, 4), "tokens_scored": n, "tok_s": round(windows * args.ctx / elapsed, 1)}))
+    print(json.dumps({"ppl": round(math.exp(-sum(logprobs) / len(logprobs)), 4), "tokens_scored": len(logprobs),
+                      "tok_s": round(windows * args.ctx / elapsed, 1)}))
     return 0
 
 

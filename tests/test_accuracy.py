@@ -9,6 +9,7 @@ ceiling llmd sets itself on real models: llmd.accuracy.MAX_COST).
 """
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -55,10 +56,18 @@ def files(tmp_path_factory):
 def test_quantized_kernels_cost_little_perplexity_over_the_exact_result(files, variant):
     made, text = files
     paths = [p for mix in MIXES for p in made[mix]]
-    found = dict(zip(paths, accuracy.perplexities(paths, text, variant, threads=1, ctx=128)))
-    costs = {mix: found[made[mix][0]] / found[made[mix][1]] - 1 for mix in MIXES}
-    assert all(abs(c) <= BOUND for c in costs.values()), {m: f"{100 * c:+.3f} %" for m, c in costs.items()}
+    found = dict(zip(paths, accuracy.logprobs(paths, text, variant, threads=1, ctx=128)))
+    costs = {mix: accuracy.compare(variant, found[made[mix][1]], found[made[mix][0]]) for mix in MIXES}
+    assert all(abs(c.cost) <= BOUND for c in costs.values()), \
+        {m: f"{100 * c.cost:+.3f} % (standard error {100 * c.stderr:.3f} %)" for m, c in costs.items()}
 
+
+def test_the_cost_is_the_perplexity_ratio_and_its_error_that_of_the_paired_mean():
+    c = accuracy.compare("scalar", [-1.0, -2.0, -3.0, -2.0], [-1.1, -2.1, -2.9, -2.3])
+    # differences 0.1, 0.1, -0.1, 0.3: mean 0.1, population sd sqrt(0.02), over sqrt(4)
+    assert c.exact == pytest.approx(math.exp(2.0)) and c.quantized == pytest.approx(math.exp(2.1))
+    assert c.cost == pytest.approx(math.exp(0.1) - 1) and c.stderr == pytest.approx(math.sqrt(0.02) / 2)
+    assert c.tokens == 4
 
 def test_costs_write_a_temporary_twin_and_measure_every_variant(files, tmp_path):
     made, text = files
