@@ -57,7 +57,11 @@ def logprobs(paths: list[str], text_file: str, variant: str, threads: int = 0, c
     """Each model's per-token log-probabilities of the text (cli.text_logprobs) under
     one kernel variant, in one process that runs it (this module's main)."""
     cmd = [sys.executable, "-m", "llmd.accuracy", text_file, str(ctx), str(threads), *paths]
-    done = subprocess.run(cmd, env=dict(os.environ, LLMD_KERNELS=variant), capture_output=True, text=True)
+    # The child imports this llmd, wherever the caller's working directory is.
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, LLMD_KERNELS=variant, PYTHONPATH=path)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"LLMD_KERNELS={variant} {' '.join(cmd)}: {done.stderr.strip()}")
     return json.loads(done.stdout)
