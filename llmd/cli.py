@@ -209,6 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "restart next to a warm turn in memory")
     bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
                        help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
+    bench.add_argument("--accuracy", action="store_true", default=_env("accuracy", False, bool),
+                       help="instead: what the quantized kernels cost in perplexity (context 512, --file TEXT): "
+                            "the model and its F32 twin (the same weights decoded, computed without quantizing "
+                            "activations) under each kernel variant this CPU runs, and the cost in %%; exits 1 "
+                            "when one is above 0.5%%. E.g. python -m llmd bench --accuracy --model F.gguf "
+                            "--file TEXT")
+    bench.add_argument("--file", default=_env("file", None), help="--accuracy: the UTF-8 text to score")
+    bench.add_argument("--twin", default=_env("twin", None),
+                       help="--accuracy: the F32 twin's path, used if it exists, else written there and kept "
+                            "(default: a temporary file beside the model)")
 
     quant = sub.add_parser("quantize", help="write a GGUF model in another weight format", formatter_class=fmt,
                            description="Re-encodes IN as the file mix TYPE (llama-quantize's rules: e.g. Q4_K_M "
@@ -244,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
             return perplexity.run(args.model, args.threads, args.ctx, args.file)
         if args.command == "quantize":
             return cmd_quantize(args)
+        if args.command == "bench" and args.accuracy:
+            if args.file is None:
+                print("llmd: bench --accuracy needs --file TEXT", file=sys.stderr)
+                return 2
+            from llmd.commands import accuracy
+            return accuracy.run(str(fetch.resolve_model(args.model)), args.file, args.twin, args.threads, args.json)
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,

@@ -21,25 +21,32 @@ def perplexity_windows(ids: list[int], ctx: int, bos: int | None) -> list[list[i
     return windows
 
 
+def text_logprobs(engine, text: str, ctx: int) -> tuple[list[float], int]:
+    """llama-perplexity's method: over perplexity_windows(), the second half of each
+    window scored given the first. Returns the scored tokens' log-probabilities and
+    the number of windows; a text shorter than two windows scores nothing."""
+    windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
+    if len(windows) < 2:
+        return [], len(windows)
+    logprobs: list[float] = []
+    with engine.new_session() as session:
+        for window in windows:
+            session.reset()
+            logprobs += session.score(window, ctx // 2)
+    return logprobs, len(windows)
+
+
 def run(model: str | None, n_threads: int, ctx: int, path: str) -> int:
-    """Over perplexity_windows(), the second half of each window scored given the first."""
+    """The perplexity of text_logprobs() on a file, as JSON."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     with open_engine(model, n_threads, ctx, generate=True) as engine:
-        first = ctx // 2
-        windows = perplexity_windows(engine.tokenize(text), ctx, engine.info.bos_id if engine.info.add_bos else None)
-        if len(windows) < 2:
-            print(f"llmd: {path} is too short; perplexity needs at least {2 * ctx} tokens", file=sys.stderr)
-            return 2
-        total, n = 0.0, 0
         start = time.perf_counter()
-        with engine.new_session() as session:
-            for window in windows:
-                session.reset()
-                logprobs = session.score(window, first)
-                total -= sum(logprobs)
-                n += len(logprobs)
+        logprobs, windows = text_logprobs(engine, text, ctx)
         elapsed = time.perf_counter() - start
-    print(json.dumps({"ppl": round(math.exp(total / n), 4), "tokens_scored": n,
-                      "tok_s": round(len(windows) * ctx / elapsed, 1)}))
+    if not logprobs:
+        print(f"llmd: {path} is too short; perplexity needs at least {2 * ctx} tokens", file=sys.stderr)
+        return 2
+    print(json.dumps({"ppl": round(math.exp(-sum(logprobs) / len(logprobs)), 4), "tokens_scored": len(logprobs),
+                      "tok_s": round(windows * ctx / elapsed, 1)}))
     return 0

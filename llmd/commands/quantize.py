@@ -45,7 +45,7 @@ class Mix:
 
 
 MIXES = {m.name: m for m in [
-    Mix("F16", 1, F16), Mix("BF16", 32, BF16),
+    Mix("F32", 0, F32), Mix("F16", 1, F16), Mix("BF16", 32, BF16),
     Mix("Q8_0", 7, Q8_0), Mix("Q4_0", 2, Q4_0), Mix("Q4_1", 3, Q4_1), Mix("Q5_0", 8, Q5_0), Mix("Q5_1", 9, Q5_1),
     Mix("Q4_K_S", 14, Q4_K), Mix("Q4_K_M", 15, Q4_K), Mix("Q5_K_S", 16, Q5_K), Mix("Q5_K_M", 17, Q5_K),
     Mix("Q6_K", 18, Q6_K),

@@ -174,7 +174,7 @@ def test_mix_types_match_llama_quantize(model, tmp_path):
 
 
 def test_every_quantized_mix_has_a_golden_table():
-    assert {m for m in MIXES if m not in ("F16", "BF16")} == set(GOLDEN["mixes"]["llama-64-tied"]) - {"tensors"}
+    assert {m for m in MIXES if m not in ("F32", "F16", "BF16")} == set(GOLDEN["mixes"]["llama-64-tied"]) - {"tensors"}
 
 
 # ---- the command ---------------------------------------------------------------------
@@ -275,7 +275,7 @@ def test_bad_input_is_a_clear_error_with_exit_code_2(tmp_path, capsys):
         assert "Traceback" not in err and not (tmp_path / "out.gguf").exists(), name
     src = write_tiny_model("llama-64-tied", tmp_path / "in.gguf")
     for args, message in [((tmp_path / "missing.gguf", tmp_path / "o.gguf", "Q4_0"), "no such file"),
-                          ((src, tmp_path / "o.gguf", "Q3_K_XL"), "unknown type 'Q3_K_XL'; known: F16, BF16, Q8_0"),
+                          ((src, tmp_path / "o.gguf", "Q3_K_XL"), "unknown type 'Q3_K_XL'; known: F32, F16, BF16, Q8_0"),
                           ((src, tmp_path / "no" / "such" / "dir.gguf", "Q4_0"), "cannot write"),
                           ((src, src, "Q4_0"), "would overwrite the input")]:
         code, _, err = run(capsys, *args)
@@ -290,7 +290,7 @@ def test_quantize_file_raises_quantize_error_not_a_traceback(tmp_path):
 
 def test_float_mixes_turn_every_matrix_into_that_float_type(tmp_path):
     h = header(write_tiny_model("llama-64-tied", tmp_path / "m.gguf"))
-    for mix, want in (("F16", "F16"), ("BF16", "BF16")):
+    for mix, want in (("F32", "F32"), ("F16", "F16"), ("BF16", "BF16")):
         types = plan(h.tensors, MIXES[mix], "llama", 2, 0, 4, 2)
         assert {t.name: TYPE_NAMES[ty] for t, ty in zip(h.tensors, types)} == \
             {t.name: "F32" if len(t.shape) == 1 else want for t in h.tensors}

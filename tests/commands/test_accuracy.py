@@ -1,0 +1,84 @@
+"""llmd.commands.accuracy: the perplexity the quantized kernels cost, per weight type and per
+kernel variant this CPU runs, on a small random-weight model.
+
+Each mix of `llmd quantize` is made from one F32 model, then its F32 twin from it
+(the same weights decoded), and both score the same text in a process per variant.
+The difference is the kernels' alone (the activations' int8 rounding, the
+accumulation order), and stays within BOUND of the exact result (0.5 %, the
+ceiling llmd sets itself on real models: llmd.commands.accuracy.MAX_COST).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from llmd.commands import accuracy
+from llmd.commands.quantize import quantize_file
+from tests.support.gguf_writer import GGML_F32, build_tiny_llama, encode_f32
+
+# The mixes whose main matrix type the engine's quantizer writes: every 32-element
+# type, and the K-quants with their own output types.
+MIXES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_S", "Q6_K")
+# |cost| on this model, either sign: the int8 rounding of the activations is noise
+# that can help a short text as well as hurt it. Measured on an AVX2 machine (scalar
+# and avx2): at most 0.27 % (Q6_K), most types under 0.15 %.
+BOUND = accuracy.MAX_COST
+TEXT = ("The river ran past the old mill, and the miller counted the sacks of grain that the farmers "
+        "brought him in the autumn. Some years the harvest was good and the mill turned from dawn "
+        "until dark; in others the wheel stood still for weeks, and the miller mended nets. ") * 3
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("accuracy")
+    # Rows of 256: every matrix is whole K-quant super-blocks, so each mix uses its own
+    # types. The output norm at 1/4 gives logits of a real model's spread (the writer's
+    # own make them so peaked that the text's tokens get ~1e-7 probability).
+    w = build_tiny_llama(n_vocab=512, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_ctx=256)
+    w.remove_tensor("output_norm.weight")
+    w.add_tensor("output_norm.weight", [256], GGML_F32, encode_f32([0.25] * 256))
+    base = str(w.write(folder / "base-F32.gguf"))
+    text = folder / "text.txt"
+    text.write_text(TEXT)
+    made = {}
+    with open(os.devnull, "w") as quiet:
+        for mix in MIXES:
+            quantized, twin = str(folder / f"m-{mix}.gguf"), str(folder / f"m-{mix}-F32.gguf")
+            quantize_file(base, quantized, mix, n_threads=1, out=quiet)
+            accuracy.write_twin(quantized, twin, threads=1)
+            made[mix] = (quantized, twin)
+    return made, str(text)
+
+
+@pytest.mark.parametrize("variant", accuracy.variants())
+def test_quantized_kernels_cost_little_perplexity_over_the_exact_result(files, variant):
+    made, text = files
+    paths = [p for mix in MIXES for p in made[mix]]
+    found = dict(zip(paths, accuracy.logprobs(paths, text, variant, threads=1, ctx=128)))
+    costs = {mix: accuracy.compare(variant, found[made[mix][1]], found[made[mix][0]]) for mix in MIXES}
+    assert all(abs(c.cost) <= BOUND for c in costs.values()), \
+        {m: f"{100 * c.cost:+.3f} % (standard error {100 * c.stderr:.3f} %)" for m, c in costs.items()}
+
+
+def test_the_cost_is_the_perplexity_ratio_and_its_error_that_of_the_paired_mean():
+    c = accuracy.compare("scalar", [-1.0, -2.0, -3.0, -2.0], [-1.1, -2.1, -2.9, -2.3])
+    # differences 0.1, 0.1, -0.1, 0.3: mean 0.1, population sd sqrt(0.02), over sqrt(4)
+    assert c.exact == pytest.approx(math.exp(2.0)) and c.quantized == pytest.approx(math.exp(2.1))
+    assert c.cost == pytest.approx(math.exp(0.1) - 1) and c.stderr == pytest.approx(math.sqrt(0.02) / 2)
+    assert c.tokens == 4
+
+def test_costs_write_a_temporary_twin_and_measure_every_variant(files, tmp_path):
+    made, text = files
+    quantized = tmp_path / "q.gguf"
+    quantized.write_bytes(open(made["Q4_0"][0], "rb").read())
+    rows = accuracy.costs(str(quantized), text, threads=1, ctx=128)
+    assert [r.variant for r in rows] == accuracy.variants()
+    assert all(r.exact > 1 and abs(r.cost) <= BOUND for r in rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.gguf"]  # the twin is gone
+
+
+def test_bench_accuracy_needs_a_text():
+    from llmd.cli import main
+    assert main(["bench", "--accuracy"]) == 2
