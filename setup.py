@@ -14,11 +14,13 @@ import build_native  # noqa: E402
 class BuildExt(build_ext):
     def build_extension(self, ext):
         variants = [s for s in ext.sources if build_native.variant_flags(s) is not None]
+        # A variant's instructions are its own flags alone, whatever LLMD_MARCH gives the rest.
+        common = [a for a in ext.extra_compile_args if not a.startswith("-march=")]
         objects = []
         for source in variants:
             objects += self.compiler.compile(
                 [source], output_dir=self.build_temp, include_dirs=ext.include_dirs, depends=ext.depends,
-                extra_postargs=ext.extra_compile_args + build_native.variant_flags(source))
+                extra_postargs=common + build_native.variant_flags(source))
         ext.sources = [s for s in ext.sources if s not in variants]
         ext.extra_objects = list(ext.extra_objects or []) + objects
         super().build_extension(ext)
