@@ -680,6 +680,9 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     capacity = n_tokens;
 }
 
+namespace {
+
+// Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel.
 void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
     const Matrix &w = *job.w;
     const int64_t cols = w.cols, rows = w.rows, nb = cols / QK;
@@ -704,9 +707,6 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
         }
     }
 }
-
-namespace {
-
 
 // y[t * rows + r] += bias[r] for rows [r0, r1) of n tokens.
 void add_bias(float *y, const float *bias, int n, int64_t rows, int64_t r0, int64_t r1) {

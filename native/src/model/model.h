@@ -324,9 +324,6 @@ struct MatJob {
     int n = 0;         // tokens of this job when not the region's (an expert's own group)
 };
 
-// Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel. Exposed for tests.
-void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1);
-
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
