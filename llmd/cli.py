@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a response write waits for a client that does not read; then "
                             "its generation is cancelled")
     serve.add_argument("--shutdown-grace", type=float, default=_env("shutdown_grace", 10.0, float),
-                       help="on SIGTERM/SIGINT, seconds in-flight requests get to finish")
+                       help="on SIGTERM/SIGINT, /health answers 503 and new requests are refused with 503; "
+                            "requests in flight or queued get this many seconds to finish, then llmd exits")
     levels = ("debug", "info", "warning", "error")
     serve.add_argument("--log-level", default=_env("log_level", "info", choices=levels), choices=levels,
                        help="log verbosity")
@@ -383,10 +384,15 @@ async def serve(args) -> None:
     print(banner(url, model_id, str(path), info, load_seconds), flush=True)
     notify_systemd("READY=1")
     await stop.wait()
-    log.info("shutting down: %d generations in flight get up to %gs to finish", runtime.active,
-             args.shutdown_grace)
+    # /health answers 503 from now on, so balancers send new work elsewhere; what is
+    # in flight or queued gets the grace period to finish.
+    app.draining = True
+    log.info("draining: %d generations in flight and %d queued get up to %gs to finish", runtime.active,
+             app.api.waiting, args.shutdown_grace)
     notify_systemd("STOPPING=1")
-    await server.close(grace=args.shutdown_grace,
+    deadline = loop.time() + args.shutdown_grace
+    await server.drain(args.shutdown_grace)
+    await server.close(grace=max(deadline - loop.time(), 0.0),
                        cut=lambda: runtime.end_all(errors.unavailable("the server is shutting down")))
     await table.close()
     await runtime.close()

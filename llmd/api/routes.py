@@ -488,15 +488,22 @@ class Api:
 
 
 class App:
-    """The HTTP application: answers /health with 503 until the model is loaded,
-    then hands every request to the Api."""
+    """The HTTP application: answers /health with 503 until the model is loaded and
+    again once the server drains for shutdown, then hands every request to the Api.
+    While draining, requests already in flight run on; new ones but /metrics are
+    refused with 503, which a balancer retries on another instance."""
 
     def __init__(self) -> None:
         self.api: Api | None = None
+        self.draining = False
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
+        if request.path == "/health" and (self.api is None or self.draining):
+            return json_response({"status": "draining" if self.draining else "loading"}, 503,
+                                 headers=[("Retry-After", "1")])
+        if self.draining and request.path != "/metrics":
+            return error_response(errors.unavailable("the server is shutting down", retry_after=1),
+                                  error_shape(request.path))
         if self.api is not None:
             return await self.api(request)
-        if request.path == "/health":
-            return json_response({"status": "loading"}, 503)
         return error_response(errors.unavailable("the model is loading", retry_after=1))
