@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--session-dir-max", type=_size, default=_env("session_dir_max", 4 << 30, _size),
                        help="disk space for --session-dir, e.g. 20G; the least recently used files go "
                             "first (0: no limit)")
+    serve.add_argument("--session-save-delay", type=float, default=_env("session_save_delay", 10.0, float),
+                       help="with --session-dir: seconds a named session stays idle before its file is "
+                            "written; 0 writes it at the end of every turn (for a directory that several "
+                            "instances share)")
     serve.add_argument("--scratch-reuse", action="store_true", default=_env("scratch_reuse", False, bool),
                        help="let anonymous requests reuse the scratch session's cache")
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),
@@ -368,7 +372,7 @@ async def serve(args) -> None:
     model_id = fetch.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
     store = await open_session_store(args, engine, str(path)) if args.session_dir else None
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
-                         scratch_reuse=args.scratch_reuse, store=store)
+                         scratch_reuse=args.scratch_reuse, store=store, save_delay=args.session_save_delay)
     await table.start()
     app.api = Api(engine, runtime, table, template,
                   Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,

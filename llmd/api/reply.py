@@ -28,7 +28,7 @@ from llmd.prompt.stops import StopMatcher
 from llmd.prompt.text import Utf8Stream
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta, call_stream, merge_tool_calls
 from llmd.serving.runtime import Generation, Runtime
-from llmd.serving.sessions import Lease, reply_fingerprint
+from llmd.serving.sessions import Lease, Slot, reply_fingerprint
 
 Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
@@ -44,6 +44,7 @@ class ReplyContext:
     piece: Callable[..., bytes]           # engine.piece: a token's bytes (special=True: control tokens by name)
     shown: Mapping[int, bytes]            # control tokens the output parser reads, with their text
     log_prompts: bool = False             # log prompt and completion text (never logged otherwise)
+    turn_ended: Callable[[Slot], None] = lambda slot: None  # SessionTable.turn_ended: the reply is complete
 
 
 class Output:
@@ -204,6 +205,7 @@ class Reply:
                 self.g.lease = lease                         # gives the slot back as it ends
         elif lease is not None:
             lease.release()
+        self.ctx.turn_ended(self.g.slot)
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),

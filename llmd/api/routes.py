@@ -116,7 +116,7 @@ class Api:
         self.shown = templates.control_pieces(engine, markers)
         self.controls = {piece.decode(): i for i, piece in self.shown.items()}
         self.reply_context = ReplyContext(runtime, options.model_ids[0], engine.piece, self.shown,
-                                          options.log_prompts)
+                                          options.log_prompts, table.turn_ended)
         tokenizer, sessions = TokenizerRoutes(engine, runtime, self.text_limit), SessionRoutes(engine, table)
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),

@@ -232,6 +232,10 @@ class ServerMetrics:
         self.session_files_failed = r.counter(
             "llmd_session_files_failed_total",
             "Session files that could not be written (disk full, read-only directory, over --session-dir-max).")
+        self.session_files_conflicts = r.counter(
+            "llmd_session_file_conflicts_total",
+            "Session files not written because another instance sharing --session-dir had written a newer "
+            "version of the session (the session is reloaded from that file before its next request here).")
         self.session_dir_bytes = r.gauge("llmd_session_dir_bytes", "Bytes of session files in --session-dir.")
 
     def render(self) -> str:

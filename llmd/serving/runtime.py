@@ -374,4 +374,5 @@ def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable) -> None
         metrics.session_files_loaded.read = lambda: store.loaded
         metrics.session_files_refused.read = lambda: store.refused
         metrics.session_files_failed.read = lambda: store.failed
+        metrics.session_files_conflicts.read = lambda: store.conflicts
         metrics.session_dir_bytes.read = lambda: store.bytes_used
