@@ -105,7 +105,7 @@ class Api:
         self.template = template
         self.options = options
         self.metrics = runtime.metrics
-        watch(self.metrics, runtime, table)
+        watch(self.metrics, runtime, table, lambda: self.queued)
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
@@ -420,10 +420,15 @@ class Api:
             repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
 
+    @property
+    def queued(self) -> int:
+        """Generation requests waiting to start: for their session's slot, or for their
+        first step."""
+        return self.waiting + self.runtime.queued
+
     def _admit(self) -> None:
-        """Refuse with 503 while max_queue generations wait to start (for their
-        session's slot, or for their first step)."""
-        queued = self.waiting + self.runtime.queued
+        """Refuse with 503 while max_queue generations wait to start."""
+        queued = self.queued
         if self.options.max_queue and queued >= self.options.max_queue:
             raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
                                      "limit; retry later", retry_after=1)
