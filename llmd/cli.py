@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "first (0: no limit)")
     serve.add_argument("--session-save-delay", type=float, default=_env("session_save_delay", 10.0, float),
                        help="with --session-dir: seconds a named session stays idle before its file is "
-                            "written; 0 writes it at the end of every turn (for a directory that several "
-                            "instances share)")
+                            "written; 0 writes it at the end of every turn, before the reply's last bytes "
+                            "are sent (for a directory that several instances share)")
     serve.add_argument("--scratch-reuse", action="store_true", default=_env("scratch_reuse", False, bool),
                        help="let anonymous requests reuse the scratch session's cache")
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),

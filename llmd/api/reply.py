@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Mapping, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from llmd import errors
 from llmd.api.logprobs import TokenLogprob
@@ -44,7 +44,8 @@ class ReplyContext:
     piece: Callable[..., bytes]           # engine.piece: a token's bytes (special=True: control tokens by name)
     shown: Mapping[int, bytes]            # control tokens the output parser reads, with their text
     log_prompts: bool = False             # log prompt and completion text (never logged otherwise)
-    turn_ended: Callable[[Slot], None] = lambda slot: None  # SessionTable.turn_ended: the reply is complete
+    # SessionTable.turn_ended: the reply is complete; what to await before its last bytes
+    turn_ended: Callable[[Slot], Awaitable | None] = lambda slot: None
 
 
 class Output:
@@ -205,7 +206,6 @@ class Reply:
                 self.g.lease = lease                         # gives the slot back as it ends
         elif lease is not None:
             lease.release()
-        self.ctx.turn_ended(self.g.slot)
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),
@@ -320,9 +320,15 @@ class Reply:
                         raise as_api_error(value)
                     elif kind == "end":
                         self._end(value)
+            await self._turn_saved()
         finally:
             watcher.cancel()
         return self.fmt.body(self)
+
+    async def _turn_saved(self) -> None:
+        """Wait until the session's turn is saved, when the session store saves each turn."""
+        if self.finish_reason is not None and (saving := self.ctx.turn_ended(self.g.slot)) is not None:
+            await asyncio.gather(saving, return_exceptions=True)
 
     async def _cancel_on_disconnect(self, request: HttpRequest) -> None:
         await request.disconnected.wait()
@@ -355,6 +361,8 @@ class Reply:
                             return
                         for frame in frames:
                             yield frame
+                if i == self.n - 1:
+                    await self._turn_saved()
                 for frame in self.fmt.end(self):
                     yield frame
         finally:

@@ -379,16 +379,21 @@ class SessionTable:
         if slot.turns == turns and not slot.users and not slot.deleted and slot.session is not None:
             self._save(slot, slot.session, why)
 
-    def turn_ended(self, slot: Slot) -> None:
-        """A request's reply is complete, and remembered (Slot.remember_reply): with a
-        save_delay of 0, save the session once its lease is back too, whichever comes
-        last (a reply is remembered after the generation has ended). If the session's
-        next request holds it by then, that one's end saves both turns."""
+    def turn_ended(self, slot: Slot) -> Awaitable | None:
+        """A request's reply is complete and remembered (Slot.remember_reply), and not
+        yet sent in full: with a save_delay of 0, save the session now, or once its
+        lease is back if the generation has not ended yet (whichever comes last). The
+        save's completion, for the reply to wait for, so that a client that has its
+        whole reply finds the turn on disk wherever it sends the next one. None when
+        there is nothing to wait for; if the session's next request holds it already,
+        that one's end saves both turns."""
         if self.store is None or slot.id is None or self.save_delay > 0:
-            return
+            return None
         slot.turn_ended = True
-        if not slot.users:
-            self._save_turn(slot)
+        if slot.users:
+            return None
+        self._save_turn(slot)
+        return self._disk.get(slot.id)
 
     def _save_turn(self, slot: Slot) -> None:
         slot.turn_ended = False
