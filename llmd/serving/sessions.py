@@ -467,11 +467,14 @@ class SessionTable:
         return True
 
     def _unsave(self, session_id: str) -> bool:
-        """Remove the id's file, if the store lists one (after its pending writes)."""
-        if self.store is None or not (self.store.has(session_id) or session_id in self._disk):
+        """Remove the id's file (after its pending writes); whether the store lists one.
+        The removal is queued even when it does not: an instance sharing the directory
+        may have written it."""
+        if self.store is None:
             return False
+        listed = self.store.has(session_id) or session_id in self._disk
         self._on_disk(session_id, lambda: asyncio.to_thread(self.store.remove, session_id))
-        return True
+        return listed
 
     def reset(self, session_id: str) -> bool:
         """Clear a named session's context; it keeps its slot. A request running on

@@ -557,6 +557,18 @@ async def test_a_session_moves_to_another_instance_through_the_shared_dir_and_ba
 
 
 @pytest.mark.asyncio
+async def test_delete_on_one_instance_removes_the_file_another_instance_wrote(stack):
+    (a, table_a, _), (b, table_b, _) = await stack(save_delay=0), await stack(save_delay=0)
+    await turn(b, "gone", [], "hi")
+    await settled(table_b)
+    assert not table_a.store.has("gone")  # a's listing has not seen b's file
+    await asyncio.to_thread(a.request, "DELETE", "/sessions/gone")
+    await settled(table_a)
+    assert table_a.store.version("gone") is None
+    assert cached(await turn(a, "gone", [], "hi")) == 0
+
+
+@pytest.mark.asyncio
 async def test_two_instances_serving_one_session_at_once_never_corrupt_its_file(stack):
     (a, table_a, _), (b, table_b, _) = await stack(save_delay=0), await stack(save_delay=0)
     history: list = []
