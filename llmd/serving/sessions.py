@@ -124,7 +124,6 @@ class Slot:
     turns: int = 0                  # requests that ended on it (with a session store)
     saved_turns: int = -1           # `turns` when the store last wrote its file
     version: int = 0                # of the session's file its state came from or last went to (0: none)
-    turn_ended: bool = False        # a reply is complete and not yet saved (save_delay 0)
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # reply_fingerprint -> the ids the model generated for that reply, so a resent
@@ -380,24 +379,16 @@ class SessionTable:
             self._save(slot, slot.session, why)
 
     def turn_ended(self, slot: Slot) -> Awaitable | None:
-        """A request's reply is complete and remembered (Slot.remember_reply), and not
-        yet sent in full: with a save_delay of 0, save the session now, or once its
-        lease is back if the generation has not ended yet (whichever comes last). The
-        save's completion, for the reply to wait for, so that a client that has its
-        whole reply finds the turn on disk wherever it sends the next one. None when
-        there is nothing to wait for; if the session's next request holds it already,
-        that one's end saves both turns."""
-        if self.store is None or slot.id is None or self.save_delay > 0:
+        """A request's generation has ended and its reply is complete and remembered
+        (Slot.remember_reply), but not yet sent in full: with a save_delay of 0, save
+        the session now. The save's completion, for the reply to wait for, so that a
+        client that has its whole reply finds the turn on disk wherever it sends the
+        next one; None when there is nothing to wait for. If the session's next request
+        holds it already, that one's end saves both turns."""
+        if self.store is None or slot.id is None or self.save_delay > 0 or slot.users:
             return None
-        slot.turn_ended = True
-        if slot.users:
-            return None
-        self._save_turn(slot)
-        return self._disk.get(slot.id)
-
-    def _save_turn(self, slot: Slot) -> None:
-        slot.turn_ended = False
         self._save_idle(slot, slot.turns, "turn")
+        return self._disk.get(slot.id)
 
     def _opened(self, slot: Slot, future: asyncio.Future) -> None:
         slot.opening = None
@@ -447,10 +438,8 @@ class SessionTable:
         slot.lock.release()
         if self.store is not None and slot.id is not None:
             slot.turns += 1
-            if self.save_delay > 0:
+            if self.save_delay > 0:  # else the reply saves it (turn_ended)
                 asyncio.get_running_loop().call_later(self.save_delay, self._save_idle, slot, slot.turns)
-            elif slot.turn_ended:
-                self._save_turn(slot)
         self._settle(slot)
 
     # ---- operator actions ---------------------------------------------------------
