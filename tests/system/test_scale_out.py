@@ -57,10 +57,10 @@ def nginx(directory: Path, ports: list[int]):
     """nginx on the shipped site file, its upstream ports replaced by `ports`, run as
     this user with everything in `directory`; yields its port."""
     site = SITE.read_text()
-    shipped = re.findall(r"server 127\.0\.0\.1:(\d+) ", site)
-    assert len(shipped) == len(ports), "the site file lists three instances"
-    for old, new in zip(shipped, ports):
-        site = site.replace(f"server 127.0.0.1:{old} ", f"server 127.0.0.1:{new} ")
+    shipped = re.findall(r"^ *server 127\.0\.0\.1:\d+ (.*)\n", site, re.M)
+    assert len(shipped) == 3 and len(set(shipped)) == 1, "the site file lists three instances alike"
+    servers = "".join(f"    server 127.0.0.1:{p} {shipped[0]}\n" for p in ports)
+    site = re.sub(r"(^ *server 127\.0\.0\.1:\d+ .*\n)+", lambda m: servers, site, flags=re.M)
     port = free_port()
     site = site.replace("listen 127.0.0.1:8000;", f"listen 127.0.0.1:{port};")
     (directory / "llmd.conf").write_text(site)
