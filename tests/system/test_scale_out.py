@@ -191,6 +191,12 @@ def test_thirty_conversations_through_nginx_survive_a_killed_and_a_drained_insta
         assert all(holders), "the hash spreads 30 sessions over all three instances"
         assert all(cached(c.usages[n]) > 0 for c in calm for n in range(1, TURNS))
         assert not [c.failures for c in calm if c.failures]
+        # Requests that name no session go round robin.
+        served = [metric(i.url, COMPLETIONS_200) for i in instances]
+        for _ in range(6):
+            body = {"model": "model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            assert request(port, "POST", "/v1/chat/completions", body)[0] == 200
+        assert all(metric(i.url, COMPLETIONS_200) > before for i, before in zip(instances, served))
 
         # The same conversations under new ids; after their second turn the instance
         # holding most of them is killed, while their third turns are being sent.
@@ -246,9 +252,12 @@ def cached(usage: dict) -> int:
     return usage["prompt_tokens_details"]["cached_tokens"]
 
 
-def metric(url: str, name: str) -> float:
+COMPLETIONS_200 = 'llmd_requests_total{route="/v1/chat/completions",status="200"}'
+
+
+def metric(url: str, sample: str) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-        return float(re.search(rf"^{name} (\S+)$", response.read().decode(), re.M).group(1))
+        return float(re.search(rf"^{re.escape(sample)} (\S+)$", response.read().decode(), re.M).group(1))
 
 
 def test_the_haproxy_example_is_a_valid_configuration():
