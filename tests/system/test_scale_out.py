@@ -260,11 +260,42 @@ def metric(url: str, sample: str) -> float:
         return float(re.search(rf"^{re.escape(sample)} (\S+)$", response.read().decode(), re.M).group(1))
 
 
-def test_the_haproxy_example_is_a_valid_configuration():
-    haproxy = shutil.which("haproxy") or next(
-        (p for p in ("/usr/sbin/haproxy",) if os.access(p, os.X_OK)), None)
-    if haproxy is None:
-        pytest.skip("haproxy is not installed")
-    result = subprocess.run([haproxy, "-c", "-f", str(ROOT / "contrib" / "haproxy-llmd.cfg")],
+HAPROXY = shutil.which("haproxy") or next((p for p in ("/usr/sbin/haproxy",) if os.access(p, os.X_OK)), None)
+
+
+@pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed (apt-get install haproxy)")
+def test_the_haproxy_example_keeps_sessions_on_one_instance_and_skips_a_draining_one(tiny_model, tmp_path):
+    config = (ROOT / "contrib" / "haproxy-llmd.cfg").read_text()
+    result = subprocess.run([HAPROXY, "-c", "-f", str(ROOT / "contrib" / "haproxy-llmd.cfg")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+    with contextlib.ExitStack() as stack:
+        instances = [stack.enter_context(llmd_process("--model", str(tiny_model.path), "--threads", "1",
+                                                      "--max-sessions", "16")) for _ in range(3)]
+        port = free_port()
+        config = config.replace("bind 127.0.0.1:8000", f"bind 127.0.0.1:{port}")
+        for k, instance in enumerate(instances):
+            config = config.replace(f"127.0.0.1:800{k + 1}", f"127.0.0.1:{address(instance.url)[1]}")
+        (tmp_path / "haproxy.cfg").write_text(config)
+        proc = subprocess.Popen([HAPROXY, "-db", "-f", str(tmp_path / "haproxy.cfg")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stack.callback(proc.wait, timeout=20)
+        stack.callback(proc.terminate)
+        wait_for(lambda: listening(port), what="haproxy to listen")
+        body = {"model": "model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for k in range(8):  # named sessions, each in a different one of llmd's headers
+            for _ in range(3):
+                assert request(port, "POST", "/v1/chat/completions", body, {HEADERS[k % 4]: f"h-{k}"})[0] == 200
+        holders = [held(i.url) for i in instances]
+        assert sorted(sid for h in holders for sid in h) == [f"h-{k}" for k in range(8)]  # each on one
+        served = [metric(i.url, COMPLETIONS_200) for i in instances]
+        for _ in range(6):
+            assert request(port, "POST", "/v1/chat/completions", body)[0] == 200
+        assert all(metric(i.url, COMPLETIONS_200) > before for i, before in zip(instances, served))
+        # A draining instance answers its health check 503 and leaves the ring; its
+        # sessions' requests go to another instance (none fails meanwhile).
+        drained = max(range(3), key=lambda k: len(holders[k]))
+        instances[drained].proc.send_signal(signal.SIGTERM)
+        for k in range(8):
+            assert request(port, "POST", "/v1/chat/completions", body, {HEADERS[k % 4]: f"h-{k}"})[0] == 200
+        assert instances[drained].proc.wait(timeout=30) == 0
