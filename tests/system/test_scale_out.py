@@ -9,7 +9,8 @@ another is stopped (SIGTERM) after their third. Every conversation completes; th
 sessions of the killed instance resume from their files on other instances
 (`cached_tokens`); every temperature-0 reply equals the calm run's; every session file
 in the directory loads; and the drained instance exits 0 with no request failing.
-Skipped where nginx is not installed (CI installs Debian's nginx)."""
+Then contrib/haproxy-llmd.cfg likewise, more briefly. Each is skipped where its balancer
+is not installed (CI installs Debian's nginx and haproxy)."""
 from __future__ import annotations
 
 import contextlib
