@@ -53,6 +53,7 @@ the event loop.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -66,6 +67,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Iterator
 
 log = logging.getLogger("llmd.sessions")
 
@@ -342,10 +344,16 @@ class SessionStore:
             self._files.pop(name, None)
         return self._unlink(name)
 
-    def _locked(self):
-        """An exclusive flock of the directory's lock file, shared by every instance
-        that writes there (a context manager)."""
-        return _Flock(self.directory / LOCK_NAME)
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Holds an exclusive flock of the directory's lock file, which every instance
+        writing there takes, for a `with` block."""
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # which releases the lock
 
     def _make_room(self, name: str, size: int) -> None:
         """Remove the least recently used files (not `name`, which the write replaces)
@@ -390,23 +398,3 @@ class SessionStore:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-class _Flock:
-    """Holds an exclusive flock of a file for a `with` block."""
-
-    def __init__(self, path: pathlib.Path):
-        self.path = path
-        self.fd = -1
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except OSError:
-            os.close(self.fd)
-            raise
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
