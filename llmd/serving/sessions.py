@@ -26,19 +26,19 @@ holds more sessions than the table has reserved, whatever order clients and
 operators act in. `engine_sessions` counts what the table holds; it equals the
 engine's own `live_sessions()` whenever the executor is idle.
 
-Sessions on disk (llmd.serving.session_store, with --session-dir). A named session idle for
-`save_delay` seconds (IDLE_SAVE_SECONDS; 0: at the end of every turn, see turn_ended), evicted, or
-still in the table when the server closes, is exported on the executor (before its
-engine session is freed) and its file written on a worker thread, unless its file
-already holds what it holds; so a session evicted after a pause costs its next
-request nothing, and a crash loses at most what came after the last save. A new
-named slot reads the id's file while its engine session opens, then loads it into
-the session if the store accepts it, so its first request finds `resident` as the
-file left it. A slot remembers the version of the file its state came from or last
-went to (`version`), which its saves must find in the file (the store's ownership
-rule); before each request on a slot, a file that another instance sharing the
-directory has advanced since is loaded into the session in place of what it holds
-(the session moved away and back). DELETE and reset remove the file. Disk
+Sessions on disk (llmd.serving.session_store, with --session-dir). A named session
+idle for `save_delay` seconds (IDLE_SAVE_SECONDS; 0: at the end of every turn, see
+turn_ended), evicted, or still in the table when the server closes, is exported on
+the executor (before its engine session is freed) and its file written on a worker
+thread, unless its file already holds what it holds; so a session evicted after a
+pause costs its next request nothing, and a crash loses at most what came after the
+last save. A new named slot reads the id's file while its engine session opens, then
+loads it into the session if the store accepts it, so its first request finds
+`resident` as the file left it. A slot remembers the version of the file its state
+came from or last went to (`version`), which its saves must find in the file (the
+store's ownership rule); before each request on a slot, a file that another instance
+sharing the directory has advanced since is loaded into the session in place of what
+it holds (the session moved away and back). DELETE and reset remove the file. Disk
 operations for one id run in order (a load waits for the id's pending write or
 removal), and never on the event loop.
 """
