@@ -532,6 +532,18 @@ async def settled(*tables: SessionTable) -> None:
 
 
 @pytest.mark.asyncio
+async def test_with_a_save_after_each_turn_a_reply_ends_only_once_its_file_is_written(stack):
+    client, table, _ = await stack(save_delay=0)
+    history: list = []
+    await turn(client, "now", history, "hi")
+    assert table.store.version("now") == 1  # not waited for: the JSON body came after the write
+    history.append({"role": "user", "content": "and now a stream"})
+    stream = await asyncio.to_thread(client.chat_stream, history, session_id="now", max_tokens=4)
+    assert stream.status == 200
+    assert table.store.version("now") == 2  # [DONE] came after the write
+
+
+@pytest.mark.asyncio
 async def test_a_session_moves_to_another_instance_through_the_shared_dir_and_back(stack, caplog):
     (a, table_a, _), (b, table_b, _) = await stack(save_delay=0), await stack(save_delay=0)
     history: list = []
