@@ -156,6 +156,11 @@ def test_sigterm_drains_health_503_at_once_in_flight_and_queued_finish_then_exit
         assert status == 503 and refusal["error"]["type"] == "unavailable_error"
         assert "shutting down" in refusal["error"]["message"] and headers["Retry-After"] == "1"
         assert headers["Connection"] == "close"
+        conn_metrics = http.client.HTTPConnection(*address(llmd.url), timeout=10)
+        conn_metrics.request("GET", "/metrics")
+        scrape = conn_metrics.getresponse()
+        assert scrape.status == 200 and b"vllm:num_requests_running 1" in scrape.read()  # still scraped
+        conn_metrics.close()
         rest = resp.read().decode()
         assert rest.rstrip().endswith("data: [DONE]")
         usage = [json.loads(line[6:]) for line in rest.splitlines() if '"usage"' in line][-1]["usage"]
