@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--session-dir-max", type=_size, default=_env("session_dir_max", 4 << 30, _size),
                        help="disk space for --session-dir, e.g. 20G; the least recently used files go "
                             "first (0: no limit)")
+    serve.add_argument("--session-save-delay", type=float, default=_env("session_save_delay", 10.0, float),
+                       help="with --session-dir: seconds a named session stays idle before its file is "
+                            "written; 0 writes it at the end of every turn, before the reply's last bytes "
+                            "are sent (for a directory that several instances share)")
     serve.add_argument("--scratch-reuse", action="store_true", default=_env("scratch_reuse", False, bool),
                        help="let anonymous requests reuse the scratch session's cache")
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),
@@ -173,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a response write waits for a client that does not read; then "
                             "its generation is cancelled")
     serve.add_argument("--shutdown-grace", type=float, default=_env("shutdown_grace", 10.0, float),
-                       help="on SIGTERM/SIGINT, seconds in-flight requests get to finish")
+                       help="on SIGTERM/SIGINT, /health answers 503 and new requests are refused with 503; "
+                            "requests in flight or queued get this many seconds to finish, then llmd exits")
     levels = ("debug", "info", "warning", "error")
     serve.add_argument("--log-level", default=_env("log_level", "info", choices=levels), choices=levels,
                        help="log verbosity")
@@ -367,7 +372,7 @@ async def serve(args) -> None:
     model_id = fetch.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
     store = await open_session_store(args, engine, str(path)) if args.session_dir else None
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
-                         scratch_reuse=args.scratch_reuse, store=store)
+                         scratch_reuse=args.scratch_reuse, store=store, save_delay=args.session_save_delay)
     await table.start()
     app.api = Api(engine, runtime, table, template,
                   Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,
@@ -383,10 +388,15 @@ async def serve(args) -> None:
     print(banner(url, model_id, str(path), info, load_seconds), flush=True)
     notify_systemd("READY=1")
     await stop.wait()
-    log.info("shutting down: %d generations in flight get up to %gs to finish", runtime.active,
-             args.shutdown_grace)
+    # /health answers 503 from now on, so balancers send new work elsewhere; what is
+    # in flight or queued gets the grace period to finish.
+    app.draining = True
+    log.info("draining: %d generations in flight and %d queued get up to %gs to finish", runtime.active,
+             app.api.waiting, args.shutdown_grace)
     notify_systemd("STOPPING=1")
-    await server.close(grace=args.shutdown_grace,
+    deadline = loop.time() + args.shutdown_grace
+    await server.drain(args.shutdown_grace)
+    await server.close(grace=max(deadline - loop.time(), 0.0),
                        cut=lambda: runtime.end_all(errors.unavailable("the server is shutting down")))
     await table.close()
     await runtime.close()

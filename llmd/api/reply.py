@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Mapping, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Protocol
 
 from llmd import errors
 from llmd.api.logprobs import TokenLogprob
@@ -28,7 +28,7 @@ from llmd.prompt.stops import StopMatcher
 from llmd.prompt.text import Utf8Stream
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta, call_stream, merge_tool_calls
 from llmd.serving.runtime import Generation, Runtime
-from llmd.serving.sessions import Lease, reply_fingerprint
+from llmd.serving.sessions import Lease, Slot, reply_fingerprint
 
 Delta = ContentDelta | ToolCallDelta | ReasoningDelta  # what a token adds to a reply
 PING_SECONDS = 3.0  # `: ping` comments while the prompt is processed
@@ -44,6 +44,8 @@ class ReplyContext:
     piece: Callable[..., bytes]           # engine.piece: a token's bytes (special=True: control tokens by name)
     shown: Mapping[int, bytes]            # control tokens the output parser reads, with their text
     log_prompts: bool = False             # log prompt and completion text (never logged otherwise)
+    # SessionTable.turn_ended: the reply is complete; what to await before its last bytes
+    turn_ended: Callable[[Slot], Awaitable | None] = lambda slot: None
 
 
 class Output:
@@ -318,9 +320,15 @@ class Reply:
                         raise as_api_error(value)
                     elif kind == "end":
                         self._end(value)
+            await self._turn_saved()
         finally:
             watcher.cancel()
         return self.fmt.body(self)
+
+    async def _turn_saved(self) -> None:
+        """Wait until the session's turn is saved, when the session store saves each turn."""
+        if self.finish_reason is not None and (saving := self.ctx.turn_ended(self.g.slot)) is not None:
+            await asyncio.gather(saving, return_exceptions=True)
 
     async def _cancel_on_disconnect(self, request: HttpRequest) -> None:
         await request.disconnected.wait()
@@ -353,6 +361,8 @@ class Reply:
                             return
                         for frame in frames:
                             yield frame
+                if i == self.n - 1:
+                    await self._turn_saved()
                 for frame in self.fmt.end(self):
                     yield frame
         finally:

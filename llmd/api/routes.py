@@ -105,7 +105,7 @@ class Api:
         self.template = template
         self.options = options
         self.metrics = runtime.metrics
-        watch(self.metrics, runtime, table)
+        watch(self.metrics, runtime, table, lambda: self.queued)
         self.page_html = importlib.resources.files("llmd").joinpath("static/index.html").read_bytes()
         self.created = int(time.time())
         self.waiting = 0  # generation requests waiting for their session's slot
@@ -116,7 +116,7 @@ class Api:
         self.shown = templates.control_pieces(engine, markers)
         self.controls = {piece.decode(): i for i, piece in self.shown.items()}
         self.reply_context = ReplyContext(runtime, options.model_ids[0], engine.piece, self.shown,
-                                          options.log_prompts)
+                                          options.log_prompts, table.turn_ended)
         tokenizer, sessions = TokenizerRoutes(engine, runtime, self.text_limit), SessionRoutes(engine, table)
         self.routes: list[tuple[re.Pattern, dict[str, object]]] = [
             (re.compile(r"/"), {"GET": self.page}),
@@ -420,10 +420,15 @@ class Api:
             repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
 
+    @property
+    def queued(self) -> int:
+        """Generation requests waiting to start: for their session's slot, or for their
+        first step."""
+        return self.waiting + self.runtime.queued
+
     def _admit(self) -> None:
-        """Refuse with 503 while max_queue generations wait to start (for their
-        session's slot, or for their first step)."""
-        queued = self.waiting + self.runtime.queued
+        """Refuse with 503 while max_queue generations wait to start."""
+        queued = self.queued
         if self.options.max_queue and queued >= self.options.max_queue:
             raise errors.unavailable(f"{queued} generations are waiting to start, this server's "
                                      "limit; retry later", retry_after=1)
@@ -488,15 +493,22 @@ class Api:
 
 
 class App:
-    """The HTTP application: answers /health with 503 until the model is loaded,
-    then hands every request to the Api."""
+    """The HTTP application: answers /health with 503 until the model is loaded and
+    again once the server drains for shutdown, then hands every request to the Api.
+    While draining, requests already in flight run on; new ones but /metrics are
+    refused with 503, which a balancer retries on another instance."""
 
     def __init__(self) -> None:
         self.api: Api | None = None
+        self.draining = False
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
+        if request.path == "/health" and (self.api is None or self.draining):
+            return json_response({"status": "draining" if self.draining else "loading"}, 503,
+                                 headers=[("Retry-After", "1")])
+        if self.draining and request.path != "/metrics":
+            return error_response(errors.unavailable("the server is shutting down", retry_after=1),
+                                  error_shape(request.path))
         if self.api is not None:
             return await self.api(request)
-        if request.path == "/health":
-            return json_response({"status": "loading"}, 503)
         return error_response(errors.unavailable("the model is loading", retry_after=1))

@@ -16,7 +16,10 @@ buffer and asyncio's are both capped at `write_buffer` bytes, so a reader that s
 reading is noticed after a bounded amount of stream, not after megabytes. Parse errors
 and app failures are answered with the app's own refusal (`Refusal`); nothing that happens
 on one connection escapes its task. Past `max_connections` open connections, a new
-one is answered 503 at once, without reading its request, and closed.
+one is answered 503 at once, without reading its request, and closed. Shutting
+down is two steps: `drain` keeps accepting but ends each connection after its
+response until nothing is in flight, then `close` stops accepting and cuts what is
+left.
 """
 from __future__ import annotations
 
@@ -78,6 +81,7 @@ _FRAMING = {"content-length", "transfer-encoding", "connection"}  # only the glu
 _READ_SIZE = 65536
 _READ_AHEAD = 256 * 1024   # while busy, buffer at most this much of pipelined requests
 _LINGER = 1.0              # seconds to drain a rejected client before closing
+_DRAIN_POLL = 0.05         # seconds between looks for requests still in flight while draining
 CUT_SECONDS = 1.0          # after the shutdown grace, for cut responses to be written
 
 
@@ -145,8 +149,8 @@ class _Connection:
 
     async def run(self) -> None:
         try:
-            # Once the server is closing, a connection ends after its current response.
-            while await self._exchange() and not self.server.closing:
+            # Once the server drains or closes, a connection ends after its current response.
+            while await self._exchange() and not self.server.draining:
                 self.served += 1
                 self.pending.extend(self.parser.start_next())
         except OSError:  # reset, broken pipe, write timeout: the peer is gone or stuck
@@ -180,7 +184,7 @@ class _Connection:
             try:
                 response = await self._call_app(request)
                 response.headers.append(("X-Request-Id", request.id))
-                keep_alive = head.keep_alive and not self.server.closing and not self.eof
+                keep_alive = head.keep_alive and not self.server.draining and not self.eof
                 if isinstance(response, StreamResponse):
                     return await self._stream(head, request, response, keep_alive)
                 return await self._send(head.method, head.version, response, keep_alive)
@@ -400,6 +404,7 @@ class HttpServer:
         self.refusal = refusal
         self.limits = limits or Limits()
         self.closing = False
+        self.draining = False           # connections end after their current response
         self._server: asyncio.Server | None = None
         self._port = 0
         self._conns: dict[asyncio.Task, _Connection] = {}
@@ -420,13 +425,25 @@ class HttpServer:
         """Return once `close()` has finished."""
         await self._closed.wait()
 
+    async def drain(self, timeout: float) -> None:
+        """Keep accepting, but end every connection after its current response, until
+        no request is in flight or `timeout` seconds have passed. The app answers what
+        arrives meanwhile: a balancer polling a health route must get an answer (a
+        refusal to connect looks like a crash), and a client one it can retry."""
+        self.draining = True
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(conn.busy for conn in self._conns.values()):
+            if asyncio.get_running_loop().time() >= deadline:
+                return
+            await asyncio.sleep(_DRAIN_POLL)
+
     async def close(self, grace: float = 5.0, cut: Callable[[], None] | None = None) -> None:
         """Stop accepting; close idle connections now; let busy ones finish their
         current response for up to `grace` seconds. Then call `cut`, with which the
         app ends what is still in flight (a stream with an error event and its
         proper end), give the connections up to CUT_SECONDS to write that, and
         cancel the rest."""
-        self.closing = True
+        self.closing = self.draining = True
         if self._server is not None:
             self._server.close()
         for task, conn in list(self._conns.items()):

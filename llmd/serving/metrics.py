@@ -232,7 +232,26 @@ class ServerMetrics:
         self.session_files_failed = r.counter(
             "llmd_session_files_failed_total",
             "Session files that could not be written (disk full, read-only directory, over --session-dir-max).")
+        self.session_files_conflicts = r.counter(
+            "llmd_session_file_conflicts_total",
+            "Session files not written because another instance sharing --session-dir had written a newer "
+            "version of the session (the session is reloaded from that file before its next request here).")
         self.session_dir_bytes = r.gauge("llmd_session_dir_bytes", "Bytes of session files in --session-dir.")
+
+        # The model-server protocol of the Kubernetes Gateway API Inference Extension
+        # (what its endpoint picker and llm-d's scheduler scrape), under the names it
+        # recommends, which are vLLM's. The older name of the KV gauge is exported too,
+        # for pickers that still read it by default.
+        self.gateway_queued = r.gauge("vllm:num_requests_waiting",
+                                      "Generation requests waiting to start (llmd_generations_queued counts only "
+                                      "those waiting for their session).")
+        self.gateway_running = r.gauge("vllm:num_requests_running", "Generations being prefilled or decoded.")
+        self.gateway_kv_usage = r.gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV cache utilisation as a fraction (1 = full): the larger of the KV bytes sessions hold over the KV "
+            "memory of all session slots, and the slots in use over all slots (a full table evicts).")
+        self.gateway_kv_usage_old = r.gauge("vllm:gpu_cache_usage_perc",
+                                            "The same as vllm:kv_cache_usage_perc, under its former name.")
 
     def render(self) -> str:
         return self.registry.render()

@@ -345,9 +345,9 @@ class Runtime:
                 self._finish(g, "end", "length")
 
 
-def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable) -> None:
+def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable, queued: Callable[[], int]) -> None:
     """Sample the state gauges of `metrics` from the runtime and the session table at each
-    scrape."""
+    scrape; `queued` counts the generation requests waiting to start."""
     metrics.generations_active.read = lambda: runtime.active
     metrics.generations_queued.read = lambda: table.waiting
     metrics.sessions_in_use.read = lambda: table.in_use
@@ -369,9 +369,19 @@ def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable) -> None
     metrics.snapshots.read = lambda: engine.kv_stats().snapshots
     metrics.snapshot_bytes.read = lambda: engine.kv_stats().snapshot_bytes
     metrics.evictions.read = lambda: table.evictions
+    metrics.gateway_queued.read = queued
+    metrics.gateway_running.read = lambda: runtime.active - runtime.queued
+    kv_memory = max(table.capacity * table.engine.info.bytes_per_session, 1)
+
+    def kv_usage() -> float:
+        slots = table.in_use / (table.capacity - 1) if table.capacity > 1 else 0.0
+        return min(max(metrics.kv_bytes.read() / kv_memory, slots), 1.0)
+
+    metrics.gateway_kv_usage.read = metrics.gateway_kv_usage_old.read = kv_usage
     if (store := table.store) is not None:
         metrics.session_files_saved.read = lambda: store.saved
         metrics.session_files_loaded.read = lambda: store.loaded
         metrics.session_files_refused.read = lambda: store.refused
         metrics.session_files_failed.read = lambda: store.failed
+        metrics.session_files_conflicts.read = lambda: store.conflicts
         metrics.session_dir_bytes.read = lambda: store.bytes_used

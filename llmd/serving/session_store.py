@@ -1,5 +1,6 @@
 """Sessions on disk (`--session-dir`): one file per named session, so that a session
-pushed out of memory by eviction, or alive when the server stopped, resumes warm.
+pushed out of memory by eviction, alive when the server stopped, or served by another
+instance that shares the directory, resumes warm.
 
 A file wraps the engine's exported state (the ids in the KV cache, their keys and
 values, and a hybrid model's recurrent state with its checkpoints,
@@ -10,46 +11,73 @@ native/src/memory/session_state.h) in what makes it safe to load:
     u32       metadata length
     u64       payload length
     u32       CRC-32 of metadata + payload
-    metadata  JSON: session_id, model (fingerprint), n_ctx, n_tokens, saved_at, and
-              replies (the session's remembered replies: fingerprint, generated ids)
+    metadata  JSON: session_id, model (fingerprint), kv_type, n_ctx, n_tokens, version
+              (1 for the session's first file, one more for each file that replaced
+              it), writer (host:pid), saved_at, and replies (the session's remembered
+              replies: fingerprint, generated ids)
     payload   the engine's state bytes
 
 A file is loaded only when every check passes: magic, version, length, checksum,
-the session id it names, the model fingerprint (model_fingerprint) and the context
-size; the engine checks the payload's shape once more as it imports it. A file that
-fails any check is refused with a log line naming the reason, and the request runs
-cold: it is never loaded into a session.
+the session id it names, the model fingerprint (model_fingerprint), the KV type and
+the context size; the engine checks the payload's shape once more as it imports it.
+A file that fails any check is refused with a log line naming the reason, and the
+request runs cold: it is never loaded into a session.
 
-Files are written atomically (a temporary file in the same directory, fsync, rename,
-fsync of the directory): a crash leaves the old file or the new one, never a half
-file that loads. A file's name is a digest of its session id, so any id is a safe
-name and none can reach outside the directory. Disk use stays within max_bytes:
-before a write the least recently used files (by modification time, which a load
-refreshes) are removed to make room. A write that fails (disk full, read-only
-directory, no permission) is a warning, and the session is not kept, as without
---session-dir; it is never an error for a client.
+Several instances may share the directory (one model, several writers; the file
+system must support flock, as local disks, NFSv4 and CephFS do). Theory of
+operation:
+- Writes are atomic: a temporary file with a name no other writer uses (host, pid,
+  random), fsync, rename over the session's file, fsync of the directory. A crash
+  leaves the old file or the new one, never a half file that loads; temporary files
+  older than STALE_TEMP_SECONDS are a crashed writer's and are removed at start-up.
+- Ownership is a version check: `save` replaces a session's file only if the file is
+  absent, unreadable, or still holds the `version` the caller loaded or last wrote
+  (checked and renamed under an exclusive flock of LOCK_NAME, held for that moment
+  only). An instance that served the same session meanwhile has written a newer
+  version: the save is refused (a conflict, counted and logged) rather than overwrite
+  that turn, and the table reloads the newer file before the session's next request
+  here. So no file is ever corrupt, and no turn is lost silently: a session's files
+  form one line of versions, each written by an instance that held the one before.
+- Disk use stays within max_bytes across all writers: before a write the directory
+  is listed afresh and the least recently used files (by modification time, which a
+  load refreshes) are removed to make room. Another instance may remove or replace
+  a file meanwhile; a file that vanishes is no error, and one whose modification
+  time changed since the listing is left alone.
+A file's name is a digest of its session id, so any id is a safe name and none can
+reach outside the directory. A write that fails (disk full, read-only directory, no
+permission) is a warning, and the session is not kept, as without --session-dir; it
+is never an error for a client.
 
 Every method does blocking file I/O: callers run them on a worker thread, never on
 the event loop.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import pathlib
+import secrets
+import socket
 import struct
 import threading
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Iterator
 
 log = logging.getLogger("llmd.sessions")
 
 MAGIC = b"LLMDSESS"
 FORMAT_VERSION = 2  # 2: the payload carries the recurrent state of hybrid models
 SUFFIX = ".session"
+KV_TYPE = "f16"  # how the payload stores keys and values (session_state.h)
+LOCK_NAME = ".lock"
+CONFLICT = 0  # what `save` returns when another writer's version is in the file
+STALE_TEMP_SECONDS = 600.0  # a temporary file this old is a crashed writer's: a write takes seconds
 _PREFIX = struct.Struct("<8sIIQI")  # magic, version, metadata length, payload length, crc32
 _MAX_METADATA = 64 << 20            # far above what MAX_REPLIES replies take
 _SAMPLES, _SAMPLE_BYTES = 64, 4096  # tensor data read into the model fingerprint
@@ -88,6 +116,10 @@ class Saved:
     payload: memoryview                 # the engine's state bytes (Session.import_state)
     replies: list[tuple[str, list[int]]]
     n_tokens: int
+    version: int
+
+
+WRITER = f"{socket.gethostname()}:{os.getpid()}"  # names the writer in a file's metadata
 
 
 class Refused(Exception):
@@ -100,9 +132,10 @@ def file_name(session_id: str) -> str:
 
 
 def encode(session_id: str, fingerprint: str, n_ctx: int, n_tokens: int, replies: list[tuple[str, list[int]]],
-           payload: bytes | memoryview) -> list[bytes | memoryview]:
+           payload: bytes | memoryview, version: int = 1) -> list[bytes | memoryview]:
     """A session file's bytes, in pieces to write one after the other."""
-    meta = json.dumps({"session_id": session_id, "model": fingerprint, "n_ctx": n_ctx, "n_tokens": n_tokens,
+    meta = json.dumps({"session_id": session_id, "model": fingerprint, "kv_type": KV_TYPE, "n_ctx": n_ctx,
+                       "n_tokens": n_tokens, "version": version, "writer": WRITER,
                        "saved_at": round(time.time(), 3), "replies": [[fp, ids] for fp, ids in replies]},
                       separators=(",", ":")).encode()
     crc = zlib.crc32(payload, zlib.crc32(meta))
@@ -128,15 +161,36 @@ def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int) -> Saved:
         meta = json.loads(bytes(meta_bytes))
         replies = [(str(fp), [int(i) for i in ids]) for fp, ids in meta["replies"]]
         saved_id, model, ctx, n_tokens = meta["session_id"], meta["model"], meta["n_ctx"], int(meta["n_tokens"])
-    except (ValueError, TypeError, KeyError) as exc:
+        # Files from before several writers shared a directory: version 0, f16 keys.
+        version, kv_type = int(meta.get("version", 0)), meta.get("kv_type", KV_TYPE)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise Refused(f"unreadable metadata ({exc})") from None
     if saved_id != session_id:
         raise Refused("it belongs to another session id")
     if model != fingerprint:
         raise Refused("it was written for another model file or another llmd engine build")
+    if kv_type != KV_TYPE:
+        raise Refused(f"its KV cache is stored as {kv_type!r}; this engine stores {KV_TYPE!r}")
     if ctx != n_ctx:
         raise Refused(f"it was written at a context of {ctx} tokens; this server runs {n_ctx}")
-    return Saved(session_id, payload, replies, n_tokens)
+    return Saved(session_id, payload, replies, n_tokens, version)
+
+
+def read_version(path: str | os.PathLike) -> int | None:
+    """The version a session file holds, from its header and metadata alone; None when
+    there is no file or it is unreadable (such a file may be replaced)."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(_PREFIX.size)
+            if len(prefix) < _PREFIX.size or prefix[:len(MAGIC)] != MAGIC:
+                return None
+            _, version, meta_len, _, _ = _PREFIX.unpack(prefix)
+            if version != FORMAT_VERSION or meta_len > _MAX_METADATA:
+                return None
+            meta = json.loads(f.read(meta_len))
+        return int(meta.get("version", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 class SessionStore:
@@ -147,24 +201,35 @@ class SessionStore:
         self.max_bytes = max_bytes  # 0: no limit
         self.fingerprint = fingerprint
         self.n_ctx = n_ctx
-        self._files: dict[str, tuple[int, float]] = {}  # file name -> (bytes, mtime)
+        self._files: dict[str, tuple[int, float]] = {}  # file name -> (bytes, mtime), as last listed
         self._lock = threading.Lock()        # guards _files and the counts
-        self.saved = self.loaded = self.refused = self.failed = 0  # files written, loaded, refused; failed writes
-        self._write_lock = threading.Lock()  # one write at a time: make room, then write
+        # Files written, loaded, refused; failed writes; saves refused by the version check.
+        self.saved = self.loaded = self.refused = self.failed = self.conflicts = 0
+        self._write_lock = threading.Lock()  # one write at a time in this process: make room, then write
 
     def scan(self) -> None:
         """Create the directory if need be and list its session files; temporary files
-        a crash left behind are removed. OSError if the directory cannot be listed."""
+        a crashed writer left behind are removed (not those another writer is writing).
+        OSError if the directory cannot be listed."""
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        files = {}
+        self._list(remove_stale=True)
+
+    def _list(self, remove_stale: bool = False) -> list[tuple[float, str, int]]:
+        """List the session files afresh: (mtime, name, bytes) of each, oldest first."""
+        files, now = {}, time.time()
         for entry in os.scandir(self.directory):
-            if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                self._unlink(entry.name)
-            elif entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
-                st = entry.stat(follow_symlinks=False)
-                files[entry.name] = (st.st_size, st.st_mtime)
+            try:
+                if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    files[entry.name] = (st.st_size, st.st_mtime)
+                elif (remove_stale and entry.name.startswith(".") and entry.name.endswith(".tmp")
+                      and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_SECONDS):
+                    self._unlink(entry.name)
+            except FileNotFoundError:
+                continue  # removed by another instance as we listed it
         with self._lock:
             self._files = files
+        return sorted((mtime, name, size) for name, (size, mtime) in files.items())
 
     @property
     def count(self) -> int:
@@ -176,8 +241,16 @@ class SessionStore:
             return sum(size for size, _ in self._files.values())
 
     def has(self, session_id: str) -> bool:
-        """Whether a file for the session is listed (no disk access)."""
+        """Whether a file for the session is listed (no disk access; files other
+        instances wrote since the last listing are not)."""
         return file_name(session_id) in self._files
+
+    def path(self, session_id: str) -> pathlib.Path:
+        return self.directory / file_name(session_id)
+
+    def version(self, session_id: str) -> int | None:
+        """The version the session's file holds now; None without a readable file."""
+        return read_version(self.path(session_id))
 
     def load(self, session_id: str) -> Saved | None:
         """The saved session, or None when there is no file or it is refused (logged)."""
@@ -205,7 +278,7 @@ class SessionStore:
             with self._lock:
                 self._files[name] = (len(data), time.time())
         except OSError:
-            pass  # a read-only directory still restores
+            pass  # a read-only directory still restores; another instance may have removed it
         return saved
 
     def count_refused(self) -> None:
@@ -214,29 +287,43 @@ class SessionStore:
             self.refused += 1
 
     def save(self, session_id: str, payload: bytes | memoryview, replies: list[tuple[str, list[int]]],
-             n_tokens: int) -> bool:
-        """Write the session's file atomically, removing the least recently used files
-        if the budget needs room. False (logged) if it cannot be written."""
-        pieces = encode(session_id, self.fingerprint, self.n_ctx, n_tokens, replies, payload)
+             n_tokens: int, base: int = 0) -> int | None:
+        """Write the session's file atomically as version base + 1, if its file is
+        absent, unreadable or still at version `base` (the version the caller loaded
+        or last wrote; 0: none), removing the least recently used files if the budget
+        needs room. The version written; CONFLICT if another writer's version is
+        there, None (logged) if the write failed."""
+        pieces = encode(session_id, self.fingerprint, self.n_ctx, n_tokens, replies, payload, base + 1)
         size = sum(len(p) for p in pieces)
         if self.max_bytes and size > self.max_bytes:
             log.warning("session %r takes %d bytes, more than --session-dir-max (%d): not saved",
                         session_id, size, self.max_bytes)
             with self._lock:
                 self.failed += 1
-            return False
+            return None
         name = file_name(session_id)
-        path, tmp = self.directory / name, self.directory / f".{name}.{os.getpid()}.tmp"
+        path = self.directory / name
+        tmp = self.directory / f".{name}.{WRITER.replace(':', '-')}-{secrets.token_hex(4)}.tmp"
         with self._write_lock:
-            self._make_room(name, size)
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                self._make_room(name, size)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 with open(fd, "wb") as f:
                     for piece in pieces:
                         f.write(piece)
                     f.flush()
                     os.fsync(f.fileno())
-                os.replace(tmp, path)
+                with self._locked():
+                    current = read_version(path)
+                    if current is not None and current != base:
+                        self._unlink(tmp.name)
+                        log.info("session %r not saved: its file is at version %d, written by another "
+                                 "instance since this one's version %d; it is reloaded before its next "
+                                 "request here", session_id, current, base)
+                        with self._lock:
+                            self.conflicts += 1
+                        return CONFLICT
+                    os.replace(tmp, path)
                 self._sync_directory()
             except OSError as exc:
                 self._unlink(tmp.name)
@@ -244,11 +331,11 @@ class SessionStore:
                             "--session-dir", session_id, self.directory, exc)
                 with self._lock:
                     self.failed += 1
-                return False
+                return None
         with self._lock:
             self._files[name] = (size, time.time())
             self.saved += 1
-        return True
+        return base + 1
 
     def remove(self, session_id: str) -> bool:
         """Delete the session's file; whether there was one."""
@@ -257,22 +344,42 @@ class SessionStore:
             self._files.pop(name, None)
         return self._unlink(name)
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Holds an exclusive flock of the directory's lock file, which every instance
+        writing there takes, for a `with` block."""
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # which releases the lock
+
     def _make_room(self, name: str, size: int) -> None:
         """Remove the least recently used files (not `name`, which the write replaces)
-        until `size` more bytes fit the budget."""
+        until `size` more bytes fit the budget, listing the directory afresh: other
+        instances write and remove files in it too."""
         if not self.max_bytes:
             return
-        with self._lock:
-            others = sorted((mtime, n, b) for n, (b, mtime) in self._files.items() if n != name)
-            used = sum(b for _, _, b in others)
-        for _, victim, victim_bytes in others:
+        others = [(mtime, n, b) for mtime, n, b in self._list() if n != name]
+        used = sum(b for _, _, b in others)
+        for mtime, victim, victim_bytes in others:
             if used + size <= self.max_bytes:
                 break
+            with self._locked():  # not between another writer's version check and its rename
+                try:
+                    # Written or loaded since the listing: no longer among the oldest.
+                    fresh = os.stat(self.directory / victim).st_mtime != mtime
+                except FileNotFoundError:  # another instance removed it first
+                    fresh = False
+                removed = not fresh and self._unlink(victim)
+            if fresh:
+                continue
+            used -= victim_bytes
             with self._lock:
                 self._files.pop(victim, None)
-            self._unlink(victim)
-            used -= victim_bytes
-            log.info("removed session file %s to stay within --session-dir-max", victim)
+            if removed:
+                log.info("removed session file %s to stay within --session-dir-max", victim)
 
     def _unlink(self, name: str) -> bool:
         try:

@@ -26,15 +26,20 @@ holds more sessions than the table has reserved, whatever order clients and
 operators act in. `engine_sessions` counts what the table holds; it equals the
 engine's own `live_sessions()` whenever the executor is idle.
 
-Sessions on disk (llmd.serving.session_store, with --session-dir). A named session idle for
-IDLE_SAVE_SECONDS, evicted, or still in the table when the server closes, is
-exported on the executor (before its engine session is freed) and its file written
-on a worker thread, unless its file already holds what it holds; so a session
-evicted after a pause costs its next request nothing, and a crash loses at most
-what came after a pause. A new named slot reads the id's file while its engine
-session opens, then loads it into the session if the store accepts it, so its first
-request finds `resident` as the file left it. DELETE and reset remove the file.
-Disk operations for one id run in order (a load waits for the id's pending write or
+Sessions on disk (llmd.serving.session_store, with --session-dir). A named session
+idle for `save_delay` seconds (IDLE_SAVE_SECONDS; 0: at the end of every turn, see
+turn_ended), evicted, or still in the table when the server closes, is exported on
+the executor (before its engine session is freed) and its file written on a worker
+thread, unless its file already holds what it holds; so a session evicted after a
+pause costs its next request nothing, and a crash loses at most what came after the
+last save. A new named slot reads the id's file while its engine session opens, then
+loads it into the session if the store accepts it, so its first request finds
+`resident` as the file left it. A slot remembers the version of the file its state
+came from or last went to (`version`), which its saves must find in the file (the
+store's ownership rule); before each request on a slot, a file that another instance
+sharing the directory has advanced since is loaded into the session in place of what
+it holds (the session moved away and back). DELETE and reset remove the file. Disk
+operations for one id run in order (a load waits for the id's pending write or
 removal), and never on the event loop.
 """
 from __future__ import annotations
@@ -50,7 +55,7 @@ from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
 from llmd.engine.native import Engine, EngineError, Session
-from llmd.serving.session_store import Saved, SessionStore
+from llmd.serving.session_store import CONFLICT, Saved, SessionStore
 
 log = logging.getLogger("llmd.sessions")
 
@@ -118,6 +123,7 @@ class Slot:
     save: bool = False              # written to the session store when freed (evicted, shutdown)
     turns: int = 0                  # requests that ended on it (with a session store)
     saved_turns: int = -1           # `turns` when the store last wrote its file
+    version: int = 0                # of the session's file its state came from or last went to (0: none)
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # reply_fingerprint -> the ids the model generated for that reply, so a resent
@@ -148,7 +154,8 @@ class SessionTable:
     """Named sessions, the scratch slot, capacity admission, and engine session lifetime."""
 
     def __init__(self, engine: Engine, call: Callable[..., Awaitable], *, capacity: int,
-                 eviction: str = "lru", scratch_reuse: bool = False, store: SessionStore | None = None):
+                 eviction: str = "lru", scratch_reuse: bool = False, store: SessionStore | None = None,
+                 save_delay: float = IDLE_SAVE_SECONDS):
         self.engine = engine
         # Queues a function on the engine's executor thread at once and returns an
         # awaitable of its result (Runtime.call).
@@ -164,6 +171,7 @@ class SessionTable:
         self.scratch: Slot | None = None
         self._pending: set[asyncio.Future] = set()  # engine calls and disk work the table queued
         self.store = store
+        self.save_delay = save_delay    # seconds idle before a named session is saved (0: after each turn)
         self._disk: dict[str, asyncio.Future] = {}   # session id -> its last disk operation
         self._closing = False
 
@@ -199,6 +207,8 @@ class SessionTable:
                     await asyncio.shield(slot.opening)
                 if slot.failure is not None:
                     raise slot.failure
+                if self.store is not None and slot.id is not None and not slot.deleted:
+                    await self._refresh(slot)
             except BaseException:
                 lease.release()
                 raise
@@ -264,7 +274,7 @@ class SessionTable:
             loading.cancel()
             raise
         try:
-            saved = await loading
+            saved, slot.version = await loading
             if saved is not None:
                 def restore() -> list[int]:
                     session.import_state(saved.payload)
@@ -282,10 +292,46 @@ class SessionTable:
             raise
         return session
 
-    async def _load(self, sid: str) -> Saved | None:
+    async def _load(self, sid: str) -> tuple[Saved | None, int]:
+        """The id's saved session if the store accepts it, and the version of its file
+        (0: none); a refused file's version too, so that a save may replace it."""
         if (earlier := self._disk.get(sid)) is not None:
             await asyncio.gather(earlier, return_exceptions=True)
-        return await asyncio.to_thread(self.store.load, sid)
+        if (saved := await asyncio.to_thread(self.store.load, sid)) is not None:
+            return saved, saved.version
+        return None, await asyncio.to_thread(self.store.version, sid) or 0
+
+    async def _refresh(self, slot: Slot) -> None:
+        """Before a request on the slot: if another instance has written the session's
+        file since this one loaded or wrote it, load that newer state into the session."""
+        if (earlier := self._disk.get(slot.id)) is not None:  # this instance's own save first
+            await asyncio.gather(earlier, return_exceptions=True)
+        version = await asyncio.to_thread(self.store.version, slot.id)
+        if version is None or version == slot.version:
+            return
+        saved, slot.version = await self._load(slot.id)
+        if saved is None:
+            return
+        session = slot.session
+        # Until the import has run, nothing of the cache is trusted: a request that
+        # goes away meanwhile leaves the next one a dirty (cold) session, never a
+        # `resident` that the cache does not hold.
+        slot.resident, slot.dirty = [], True
+
+        def restore() -> list[int]:
+            session.import_state(saved.payload)
+            return session.tokens()
+
+        try:
+            resident = await asyncio.shield(self._call(restore))
+        except EngineError as exc:
+            log.warning("the engine refused the saved state of session %r: %s; it runs cold", slot.id, exc)
+            self.store.count_refused()
+            return
+        slot.resident, slot.dirty, slot.replies = resident, False, OrderedDict(saved.replies)
+        slot.saved_turns = slot.turns
+        log.info("session %r reloaded from disk: version %d, written by another instance, %d tokens",
+                 slot.id, saved.version, len(resident))
 
     def _on_disk(self, sid: str, work: Callable[[], Awaitable]) -> None:
         """Run work() after the id's earlier disk operations, tracked like engine calls."""
@@ -313,21 +359,36 @@ class SessionTable:
         async def write() -> None:
             try:
                 payload = await exported
-                saved = await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep)
+                # The base is read only now, after this id's earlier saves have run.
+                version = await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep, slot.version)
             except EngineError as exc:
                 log.warning("session %r could not be exported: %s; not saved", slot.id, exc)
-                saved = False
-            if saved:
-                log.info("session %r saved to disk (%s): %d tokens", slot.id, why, keep)
-            elif slot.saved_turns == turns:
-                slot.saved_turns = -1
+                version = None
+            if version is None:  # not written: try again at the next occasion
+                if slot.saved_turns == turns:
+                    slot.saved_turns = -1
+            elif version != CONFLICT:  # (after a conflict, the next request here reloads the file)
+                slot.version = version
+                log.info("session %r saved to disk (%s): %d tokens, version %d", slot.id, why, keep, version)
 
         self._on_disk(slot.id, write)
 
-    def _save_idle(self, slot: Slot, turns: int) -> None:
+    def _save_idle(self, slot: Slot, turns: int, why: str = "idle") -> None:
         """Save a named session that has seen no request since `turns`."""
         if slot.turns == turns and not slot.users and not slot.deleted and slot.session is not None:
-            self._save(slot, slot.session, "idle")
+            self._save(slot, slot.session, why)
+
+    def turn_ended(self, slot: Slot) -> Awaitable | None:
+        """A request's generation has ended and its reply is complete and remembered
+        (Slot.remember_reply), but not yet sent in full: with a save_delay of 0, save
+        the session now. The save's completion, for the reply to wait for, so that a
+        client that has its whole reply finds the turn on disk wherever it sends the
+        next one; None when there is nothing to wait for. If the session's next request
+        holds it already, that one's end saves both turns."""
+        if self.store is None or slot.id is None or self.save_delay > 0 or slot.users:
+            return None
+        self._save_idle(slot, slot.turns, "turn")
+        return self._disk.get(slot.id)
 
     def _opened(self, slot: Slot, future: asyncio.Future) -> None:
         slot.opening = None
@@ -377,7 +438,8 @@ class SessionTable:
         slot.lock.release()
         if self.store is not None and slot.id is not None:
             slot.turns += 1
-            asyncio.get_running_loop().call_later(IDLE_SAVE_SECONDS, self._save_idle, slot, slot.turns)
+            if self.save_delay > 0:  # else the reply saves it (turn_ended)
+                asyncio.get_running_loop().call_later(self.save_delay, self._save_idle, slot, slot.turns)
         self._settle(slot)
 
     # ---- operator actions ---------------------------------------------------------
@@ -394,11 +456,14 @@ class SessionTable:
         return True
 
     def _unsave(self, session_id: str) -> bool:
-        """Remove the id's file, if the store lists one (after its pending writes)."""
-        if self.store is None or not (self.store.has(session_id) or session_id in self._disk):
+        """Remove the id's file (after its pending writes); whether the store lists one.
+        The removal is queued even when it does not: an instance sharing the directory
+        may have written it."""
+        if self.store is None:
             return False
+        listed = self.store.has(session_id) or session_id in self._disk
         self._on_disk(session_id, lambda: asyncio.to_thread(self.store.remove, session_id))
-        return True
+        return listed
 
     def reset(self, session_id: str) -> bool:
         """Clear a named session's context; it keeps its slot. A request running on

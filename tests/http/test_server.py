@@ -462,6 +462,40 @@ async def test_close_drops_idle_connections_and_lets_busy_ones_finish(start):
     writer.close()
 
 
+async def test_drain_keeps_accepting_ends_connections_after_their_response_and_returns_when_idle(start):
+    server, app = await start()
+    reader, writer = await connect(server)
+    writer.write(b"GET /sleep?0.5 HTTP/1.1\r\nHost: t\r\n\r\n")
+    while not app.requests:
+        await asyncio.sleep(0.01)
+    draining = asyncio.create_task(server.drain(5.0))
+    await asyncio.sleep(0.05)
+    # A new connection is still accepted and answered (a balancer's health check), and
+    # told to close; the drain waits for the request in flight.
+    late_reader, late_writer = await connect(server)
+    late_writer.write(GET_ECHO)
+    status, headers, _ = await read_response(late_reader)
+    assert status == 200 and headers["connection"] == "close" and not draining.done()
+    status, headers, body = await read_response(reader)
+    assert status == 200 and body == b"0.5" and headers["connection"] == "close"
+    await within(draining, 2.0)
+    assert await within(reader.read()) == b""
+    for w in (writer, late_writer):
+        w.close()
+
+
+async def test_drain_gives_up_after_its_timeout(start):
+    server, app = await start()
+    reader, writer = await connect(server)
+    writer.write(b"GET /sleep?3 HTTP/1.1\r\nHost: t\r\n\r\n")
+    while not app.requests:
+        await asyncio.sleep(0.01)
+    started = asyncio.get_running_loop().time()
+    await within(server.drain(0.2), 2.0)
+    assert asyncio.get_running_loop().time() - started < 1.0
+    writer.close()
+
+
 async def test_request_id_is_echoed_or_generated_on_every_response(start, caplog):
     server, _ = await start()
     reader, writer = await connect(server)

@@ -267,8 +267,15 @@ def scrape(url: str) -> dict[tuple, float]:
         assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         families, samples = parse(response.read().decode())
     for name, family in families.items():
-        assert name.startswith("llmd_") and family["help"] and family.get("typed"), name
+        assert name.startswith("llmd_") or name in GATEWAY, name
+        assert family["help"] and family.get("typed"), name
+    assert {name: families[name]["type"] for name in GATEWAY} == GATEWAY
     return samples
+
+
+# The Gateway API Inference Extension's model-server protocol, under vLLM's names.
+GATEWAY = {"vllm:num_requests_waiting": "gauge", "vllm:num_requests_running": "gauge",
+           "vllm:kv_cache_usage_perc": "gauge", "vllm:gpu_cache_usage_perc": "gauge"}
 
 
 def chat(url: str, messages: list[dict], session: str | None, max_tokens: int = 4) -> dict:
@@ -321,6 +328,9 @@ def test_metrics_count_requests_tokens_latencies_and_sessions(server):
     resident = json.loads(urllib.request.urlopen(server + "/v1/sessions/m1", timeout=10).read())
     assert after[("llmd_kv_cache_bytes", ())] == resident["kv_bytes"] > 0
     assert after[("llmd_generations_active", ())] == 0 and after[("llmd_generations_queued", ())] == 0
+    assert after[("vllm:num_requests_waiting", ())] == after[("vllm:num_requests_running", ())] == 0
+    # One named slot of two in use, and far less than half the KV memory of all slots held.
+    assert after[("vllm:kv_cache_usage_perc", ())] == after[("vllm:gpu_cache_usage_perc", ())] == 0.5
 
     # Two more named sessions in a 2-slot table: the least recently used one goes.
     chat(server, turn1, "m2", 1)
@@ -328,6 +338,7 @@ def test_metrics_count_requests_tokens_latencies_and_sessions(server):
     final = scrape(server)
     assert final[("llmd_session_evictions_total", ())] - before[("llmd_session_evictions_total", ())] == 1
     assert final[("llmd_sessions_in_use", ())] == 2
+    assert final[("vllm:kv_cache_usage_perc", ())] == 1.0  # the table is full: the next new session evicts
 
 
 def test_gauges_show_a_running_generation_and_one_waiting_for_its_session(server):
@@ -349,6 +360,7 @@ def test_gauges_show_a_running_generation_and_one_waiting_for_its_session(server
             time.sleep(0.02)
         assert now[("llmd_generations_queued", ())] == 1
         assert now[("llmd_generations_active", ())] == 1
+        assert now[("vllm:num_requests_waiting", ())] == 1 and now[("vllm:num_requests_running", ())] == 1
     finally:
         sock.close()  # the stream is cancelled; the waiting request runs then
         waiter.join(timeout=60)

@@ -15,6 +15,8 @@ import os
 import signal
 import struct
 import subprocess
+import threading
+import time
 
 import pytest
 import pytest_asyncio
@@ -26,8 +28,9 @@ from llmd.prompt import templates
 from llmd.serving import sessions
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import Runtime
-from llmd.serving.session_store import (FORMAT_VERSION, MAGIC, SUFFIX, SessionStore, decode, encode, file_name,
-                                model_fingerprint)
+from llmd.serving import session_store
+from llmd.serving.session_store import (CONFLICT, FORMAT_VERSION, LOCK_NAME, MAGIC, STALE_TEMP_SECONDS, SUFFIX,
+                                        SessionStore, decode, encode, file_name, model_fingerprint, read_version)
 from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
@@ -43,13 +46,28 @@ def file_bytes(session_id: str = "s1", fingerprint: str = FINGERPRINT, n_ctx: in
     return b"".join(bytes(p) for p in encode(session_id, fingerprint, n_ctx, 7, REPLIES, payload))
 
 
+def listed(directory) -> list[str]:
+    """The directory's files but the lock file every writer shares."""
+    return sorted(n for n in os.listdir(directory) if n != LOCK_NAME)
+
+
 # ---- the file format -------------------------------------------------------------------
 
 def test_a_file_decodes_to_what_was_encoded():
     saved = decode(file_bytes(), "s1", FINGERPRINT, 128)
     assert bytes(saved.payload) == PAYLOAD
-    assert saved.replies == REPLIES and saved.n_tokens == 7 and saved.session_id == "s1"
+    assert saved.replies == REPLIES and saved.n_tokens == 7 and saved.session_id == "s1" and saved.version == 1
     assert file_bytes()[:8] == MAGIC
+    meta = json.loads(file_bytes()[28:28 + struct.unpack_from("<I", file_bytes(), 12)[0]])
+    assert meta["model"] == FINGERPRINT and meta["kv_type"] == "f16" and meta["writer"] == session_store.WRITER
+
+
+def test_a_file_whose_kv_cache_is_stored_another_way_is_refused(monkeypatch):
+    monkeypatch.setattr(session_store, "KV_TYPE", "q8_0")
+    other = file_bytes()
+    monkeypatch.undo()
+    with pytest.raises(session_store.Refused, match="stored as 'q8_0'; this engine stores 'f16'"):
+        decode(other, "s1", FINGERPRINT, 128)
 
 
 def flipped(data: bytes, offset: int) -> bytes:
@@ -95,8 +113,8 @@ def test_a_damaged_or_foreign_file_is_refused_with_its_reason(tmp_path, caplog, 
 def test_save_then_load_round_trips_and_leaves_no_temporary_file(tmp_path):
     store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
     store.scan()
-    assert store.save("s1", PAYLOAD, REPLIES, 7)
-    assert os.listdir(tmp_path) == [file_name("s1")]
+    assert store.save("s1", PAYLOAD, REPLIES, 7) == 1
+    assert listed(tmp_path) == [file_name("s1")]
     assert oct(os.stat(tmp_path / file_name("s1")).st_mode & 0o777) == "0o600"
     saved = store.load("s1")
     assert bytes(saved.payload) == PAYLOAD and saved.replies == REPLIES
@@ -108,22 +126,27 @@ def test_any_session_id_is_a_safe_file_name_inside_the_directory(tmp_path, sid):
     store = SessionStore(tmp_path / "dir", 0, FINGERPRINT, 128)
     store.scan()
     assert store.save(sid, PAYLOAD, [], 7)
-    names = os.listdir(tmp_path / "dir")
+    names = listed(tmp_path / "dir")
     assert names == [file_name(sid)] and not names[0].startswith(".") and names[0].endswith(SUFFIX)
     assert os.listdir(tmp_path) == ["dir"]
     assert bytes(store.load(sid).payload) == PAYLOAD
 
 
-def test_scan_lists_saved_files_and_removes_temporaries_a_crash_left(tmp_path):
+def test_scan_lists_saved_files_and_removes_only_temporaries_a_crashed_writer_left(tmp_path):
     store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
     store.scan()
     store.save("s1", PAYLOAD, [], 7)
-    (tmp_path / f".{file_name('s2')}.999.tmp").write_bytes(file_bytes("s2")[:50])
+    crashed, writing = tmp_path / f".{file_name('s2')}.host-999-0a1b2c3d.tmp", tmp_path / f".{file_name('s3')}.x.tmp"
+    for path in (crashed, writing):
+        path.write_bytes(file_bytes("s2")[:50])
+    old = time.time() - STALE_TEMP_SECONDS - 10
+    os.utime(crashed, (old, old))
     again = SessionStore(tmp_path, 0, FINGERPRINT, 128)
     again.scan()
     assert again.count == 1 and again.has("s1") and not again.has("s2")
     assert again.bytes_used == (tmp_path / file_name("s1")).stat().st_size
-    assert os.listdir(tmp_path) == [file_name("s1")]
+    # Another instance's write in progress is left alone.
+    assert listed(tmp_path) == sorted([file_name("s1"), writing.name])
 
 
 def test_the_budget_removes_the_least_recently_used_files_first(tmp_path):
@@ -147,8 +170,8 @@ def test_a_session_larger_than_the_budget_is_not_written(tmp_path, caplog):
     store = SessionStore(tmp_path, 1000, FINGERPRINT, 128)
     store.scan()
     with caplog.at_level(logging.WARNING, "llmd.sessions"):
-        assert not store.save("big", PAYLOAD, [], 7)
-    assert "more than --session-dir-max" in caplog.text and os.listdir(tmp_path) == []
+        assert store.save("big", PAYLOAD, [], 7) is None
+    assert "more than --session-dir-max" in caplog.text and listed(tmp_path) == []
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
@@ -162,9 +185,9 @@ def test_a_failing_write_is_a_warning_and_leaves_the_old_file(tmp_path, monkeypa
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with caplog.at_level(logging.WARNING, "llmd.sessions"):
-        assert not store.save("s1", PAYLOAD[:100], [], 3)
+        assert store.save("s1", PAYLOAD[:100], [], 3, base=1) is None
     assert os.strerror(code) in caplog.text and "kept in memory only" in caplog.text
-    assert os.listdir(tmp_path) == [file_name("s1")]  # no temporary file left
+    assert listed(tmp_path) == [file_name("s1")]  # no temporary file left
     monkeypatch.undo()
     assert bytes(store.load("s1").payload) == PAYLOAD
 
@@ -173,8 +196,94 @@ def test_remove_deletes_the_file(tmp_path):
     store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
     store.scan()
     store.save("s1", PAYLOAD, [], 7)
-    assert store.remove("s1") and not store.has("s1") and os.listdir(tmp_path) == []
+    assert store.remove("s1") and not store.has("s1") and listed(tmp_path) == []
     assert not store.remove("s1")
+
+
+# ---- several instances sharing one directory ----------------------------------------------
+
+def test_a_save_replaces_only_the_version_it_read_and_a_conflict_leaves_the_newer_file(tmp_path, caplog):
+    a, b = SessionStore(tmp_path, 0, FINGERPRINT, 128), SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    a.scan(), b.scan()
+    assert a.save("s1", PAYLOAD, REPLIES, 7) == 1
+    assert b.load("s1").version == 1
+    assert b.save("s1", PAYLOAD[:200], [], 3, base=1) == 2
+    with caplog.at_level(logging.INFO, "llmd.sessions"):
+        assert a.save("s1", PAYLOAD, REPLIES, 7, base=1) == CONFLICT
+    assert "at version 2, written by another instance since this one's version 1" in caplog.text
+    assert (a.conflicts, a.saved, a.failed) == (1, 1, 0)
+    saved = a.load("s1")
+    assert saved.version == 2 and bytes(saved.payload) == PAYLOAD[:200]
+    assert listed(tmp_path) == [file_name("s1")]  # the refused write left no temporary file
+    # A file that is unreadable, or gone (removed by the budget), may be written over.
+    (tmp_path / file_name("s1")).write_bytes(b"LLMDSESS and then nothing")
+    assert read_version(tmp_path / file_name("s1")) is None
+    assert a.save("s1", PAYLOAD, REPLIES, 7, base=1) == 2
+    assert a.remove("s1") and a.save("s1", PAYLOAD, REPLIES, 7, base=5) == 6
+
+
+def test_two_writers_racing_on_one_session_never_corrupt_it_and_keep_one_line_of_versions(tmp_path):
+    writers = [SessionStore(tmp_path, 0, FINGERPRINT, 128) for _ in range(2)]
+    reader = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    for store in (*writers, reader):
+        store.scan()
+    written: dict[int, bytes] = {}
+    done = threading.Event()
+
+    def write(i: int) -> None:
+        store = writers[i]
+        for n in range(40):
+            payload = bytes([i, n]) * 3000
+            if version := store.save("s1", payload, [], 7, base=store.version("s1") or 0):
+                written[version] = payload
+
+    def read() -> None:
+        while not done.is_set():
+            reader.load("s1")
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    watcher = threading.Thread(target=read)
+    for t in (*threads, watcher):
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    watcher.join()
+    final = reader.load("s1")
+    saves = sum(w.saved for w in writers)
+    # Every write that succeeded advanced the file by exactly one version; the others
+    # were refused as conflicts; a reader never saw a half-written or damaged file.
+    assert final.version == saves and bytes(final.payload) == written[final.version]
+    assert saves + sum(w.conflicts for w in writers) == 80 and sum(w.failed for w in writers) == 0
+    assert reader.refused == 0 and listed(tmp_path) == [file_name("s1")]
+
+
+def test_two_instances_pruning_one_directory_at_once_stay_near_the_budget_without_errors(tmp_path, caplog):
+    size = len(file_bytes())
+    budget = 5 * size + size // 2
+    stores = [SessionStore(tmp_path, budget, FINGERPRINT, 128) for _ in range(2)]
+    for store in stores:
+        store.scan()
+    versions: list = []
+    written: list[str] = []
+
+    def write(i: int) -> None:
+        for n in range(30):
+            versions.append(stores[i].save(f"w{i}-{n}", PAYLOAD, REPLIES, 7))
+            written.append(f"w{i}-{n}")
+
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert versions == [1] * 60 and not caplog.records  # a file removed by the other is no error
+    names = listed(tmp_path)
+    # Each writer made room before its own write: at worst the other's write of that
+    # moment is over the budget, never more.
+    assert sum((tmp_path / n).stat().st_size for n in names) <= budget + size
+    assert file_name(written[-1]) in names  # the newest stays
 
 
 def test_the_fingerprint_changes_with_the_model_file_the_engine_and_its_kernels(tmp_path):
@@ -202,12 +311,13 @@ async def stack(tiny_model, tmp_path):
     stacks = []
 
     async def start(store_dir=tmp_path / "sessions", max_bytes=0, fingerprint="tiny", model=tiny_model.path,
-                    n_ctx=0):
+                    n_ctx=0, save_delay=sessions.IDLE_SAVE_SECONDS):
         runtime = Runtime(ServerMetrics())
         engine = await runtime.load(str(model), n_threads=1, max_sessions=3, n_ctx=n_ctx)
         store = SessionStore(store_dir, max_bytes, fingerprint, engine.info.n_ctx)
         store.scan()
-        table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store)
+        table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store,
+                             save_delay=save_delay)
         await table.start()
         app = App()
         # No prefix cache: what is cached here came from the session or its file alone.
@@ -260,8 +370,7 @@ async def test_an_evicted_session_comes_back_warm_from_its_file(stack, tmp_path)
 
 @pytest.mark.asyncio
 async def test_an_idle_session_is_saved_once_and_its_eviction_then_costs_no_export(stack, monkeypatch, caplog):
-    monkeypatch.setattr(sessions, "IDLE_SAVE_SECONDS", 0.05)
-    client, table, _ = await stack()
+    client, table, _ = await stack(save_delay=0.05)
     history: list = []
     with caplog.at_level(logging.INFO, "llmd.sessions"):
         first = await turn(client, "idle", history, "hello")
@@ -414,6 +523,79 @@ async def test_a_read_only_session_dir_still_restores_and_never_fails_a_request(
         await asyncio.gather(*table._disk.values())
     assert cached(restored) == first["prompt_tokens"] + first["completion_tokens"] - 1
     assert "Read-only file system" in caplog.text
+
+
+async def settled(*tables: SessionTable) -> None:
+    """Once the tables' disk work (saves after each turn) is done."""
+    for table in tables:
+        await asyncio.gather(*table._disk.values())
+
+
+@pytest.mark.asyncio
+async def test_with_a_save_after_each_turn_a_reply_ends_only_once_its_file_is_written(stack):
+    client, table, _ = await stack(save_delay=0)
+    history: list = []
+    await turn(client, "now", history, "hi")
+    assert table.store.version("now") == 1  # not waited for: the JSON body came after the write
+    history.append({"role": "user", "content": "and now a stream"})
+    stream = await asyncio.to_thread(client.chat_stream, history, session_id="now", max_tokens=4)
+    assert stream.status == 200
+    assert table.store.version("now") == 2  # [DONE] came after the write
+
+
+@pytest.mark.asyncio
+async def test_a_session_moves_to_another_instance_through_the_shared_dir_and_back(stack, caplog):
+    (a, table_a, _), (b, table_b, _) = await stack(save_delay=0), await stack(save_delay=0)
+    history: list = []
+    with caplog.at_level(logging.INFO, "llmd.sessions"):
+        first = await turn(a, "m", history, "hello")
+        await settled(table_a)
+        assert table_a.named["m"].version == 1
+        # b does not hold the session: it resumes from the file a wrote after that turn.
+        moved = await turn(b, "m", history, "moved")
+        assert cached(moved) == first["prompt_tokens"] + first["completion_tokens"] - 1
+        await settled(table_b)
+        # a still holds version 1; b has written version 2: a reloads it first.
+        back = await turn(a, "m", history, "and back")
+        await settled(table_a)
+    assert cached(back) == moved["prompt_tokens"] + moved["completion_tokens"] - 1
+    assert "session 'm' reloaded from disk: version 2" in caplog.text
+    assert table_a.named["m"].version == 3 and table_a.store.conflicts == table_b.store.conflicts == 0
+    # The same conversation on one instance, never moved, has the same replies.
+    reference: list = []
+    for content in ("hello", "moved", "and back"):
+        await turn(a, "ref", reference, content)
+    assert reference == history
+
+
+@pytest.mark.asyncio
+async def test_delete_on_one_instance_removes_the_file_another_instance_wrote(stack):
+    (a, table_a, _), (b, table_b, _) = await stack(save_delay=0), await stack(save_delay=0)
+    await turn(b, "gone", [], "hi")
+    await settled(table_b)
+    assert not table_a.store.has("gone")  # a's listing has not seen b's file
+    await asyncio.to_thread(a.request, "DELETE", "/sessions/gone")
+    await settled(table_a)
+    assert table_a.store.version("gone") is None
+    assert cached(await turn(a, "gone", [], "hi")) == 0
+
+
+@pytest.mark.asyncio
+async def test_two_instances_serving_one_session_at_once_never_corrupt_its_file(stack):
+    (a, table_a, _), (b, table_b, _) = await stack(save_delay=0), await stack(save_delay=0)
+    history: list = []
+    await turn(a, "both", history, "hi")
+    await settled(table_a)
+    for rnd in range(3):  # the same session's turns on both at once: one save of each pair may conflict
+        await asyncio.gather(turn(a, "both", list(history), f"a {rnd}"), turn(b, "both", list(history), f"b {rnd}"))
+        await settled(table_a, table_b)
+    saves = table_a.store.saved + table_b.store.saved
+    assert saves + table_a.store.conflicts + table_b.store.conflicts == 7
+    final = table_a.store.load("both")  # checksum, session id, model: it loads
+    assert final is not None and final.version == saves
+    # Both go on serving the session, warm, from whichever state is newest.
+    for client in (a, b):
+        assert cached(await turn(client, "both", list(history), "next")) > 0
 
 
 # ---- real server processes on the default model: the acceptance ------------------------------

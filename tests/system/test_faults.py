@@ -6,6 +6,7 @@ import http.client
 import json
 import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -108,33 +109,75 @@ def long_model(tiny_llama_factory):
     return tiny_llama_factory(n_ctx=4096)
 
 
+def get(url: str, path: str) -> tuple[int, dict, dict]:
+    conn = http.client.HTTPConnection(*address(url), timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def post(url: str, path: str, body: dict) -> tuple[int, dict, dict]:
+    conn = http.client.HTTPConnection(*address(url), timeout=60)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_sigterm_drains_health_503_at_once_in_flight_and_queued_finish_then_exits_0(long_model):
+    # A keep-alive timeout and a grace far past the exit wait below: the kept-alive
+    # connection must not hold the exit up to either (room for a loaded machine).
+    flags = ("--model", str(long_model.path), "--keepalive-timeout", "120", "--shutdown-grace", "120")
+    with llmd_process(*flags) as llmd:
+        assert get(llmd.url, "/health")[0] == 200
+        conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
+        body = {**long_body(long_model, sid="s", max_tokens=300), "stream": True,
+                "stream_options": {"include_usage": True}}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        first = resp.readline()
+        assert first.startswith(b"data: ")
+        # A second request of the same session waits behind the stream: queued, not started.
+        queued: list = []
+        waiter = threading.Thread(target=lambda: queued.append(
+            post(llmd.url, "/v1/completions", long_body(long_model, sid="s", max_tokens=5))))
+        waiter.start()
+        wait_for(lambda: get(llmd.url, "/v1/sessions/s")[2]["in_flight"] == 2, what="the second request to queue")
+        llmd.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: get(llmd.url, "/health")[0] == 503, seconds=5, what="/health to answer 503")
+        status, headers, health = get(llmd.url, "/health")
+        assert (status, health, headers["Retry-After"]) == (503, {"status": "draining"}, "1")
+        status, headers, refusal = post(llmd.url, "/v1/completions", long_body(long_model, max_tokens=5))
+        assert status == 503 and refusal["error"]["type"] == "unavailable_error"
+        assert "shutting down" in refusal["error"]["message"] and headers["Retry-After"] == "1"
+        assert headers["Connection"] == "close"
+        conn_metrics = http.client.HTTPConnection(*address(llmd.url), timeout=10)
+        conn_metrics.request("GET", "/metrics")
+        scrape = conn_metrics.getresponse()
+        assert scrape.status == 200 and b"vllm:num_requests_running 1" in scrape.read()  # still scraped
+        conn_metrics.close()
+        rest = resp.read().decode()
+        assert rest.rstrip().endswith("data: [DONE]")
+        usage = [json.loads(line[6:]) for line in rest.splitlines() if '"usage"' in line][-1]["usage"]
+        assert usage["completion_tokens"] == 300  # finished, not cut
+        waiter.join(timeout=30)
+        status, _, answer = queued[0]
+        assert status == 200 and answer["usage"]["completion_tokens"] == 5
+        assert llmd.proc.wait(timeout=30) == 0  # the kept-alive connection is not waited for
+        assert refused(llmd.url)
+
+
 def refused(url: str) -> bool:
     try:
         socket.create_connection(address(url), timeout=1).close()
     except ConnectionRefusedError:
         return True
     return False
-
-
-def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(long_model):
-    # A keep-alive timeout and a grace far past the exit wait below: the kept-alive
-    # connection must not hold the exit up to either (room for a loaded machine).
-    flags = ("--model", str(long_model.path), "--keepalive-timeout", "120", "--shutdown-grace", "120")
-    with llmd_process(*flags) as llmd:
-        conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
-        body = {**long_body(long_model, max_tokens=300), "stream": True,
-                "stream_options": {"include_usage": True}}
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        first = resp.readline()
-        assert first.startswith(b"data: ")
-        llmd.proc.send_signal(signal.SIGTERM)
-        wait_for(lambda: refused(llmd.url), seconds=30, what="new connections to be refused after SIGTERM")
-        rest = resp.read().decode()
-        assert rest.rstrip().endswith("data: [DONE]")
-        usage = [json.loads(line[6:]) for line in rest.splitlines() if '"usage"' in line][-1]["usage"]
-        assert usage["completion_tokens"] == 300  # finished, not cut
-        assert llmd.proc.wait(timeout=30) == 0  # the kept-alive connection is not waited for
 
 
 def test_when_the_grace_period_ends_streams_end_with_an_error_event_then_done(tiny_llama_factory):
