@@ -215,11 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
                        help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
     bench.add_argument("--accuracy", action="store_true", default=_env("accuracy", False, bool),
-                       help="instead: what the quantized kernels cost in perplexity (context 512, --file TEXT): "
-                            "the model and its F32 twin (the same weights decoded, computed without quantizing "
-                            "activations) under each kernel variant this CPU runs, and the cost in %%; exits 1 "
-                            "when one is above 0.5%%. E.g. python -m llmd bench --accuracy --model F.gguf "
-                            "--file TEXT")
+                       help="instead: what the quantized kernels cost (context 512, --file TEXT): the model "
+                            "and its F32 twin (the same weights decoded, computed without quantizing "
+                            "activations) under each kernel variant this CPU runs, the perplexity cost in %% and "
+                            "the mean KL divergence from the twin; exits 1 when a cost is above 0.5%%. E.g. "
+                            "python -m llmd bench --accuracy --model F.gguf --file TEXT")
     bench.add_argument("--file", default=_env("file", None), help="--accuracy: the UTF-8 text to score")
     bench.add_argument("--twin", default=_env("twin", None),
                        help="--accuracy: the F32 twin's path, used if it exists, else written there and kept "

@@ -6,8 +6,15 @@ writes them bit for bit), computed without quantizing the activations. What a ke
 variant costs on the file is ppl(file) / ppl(twin) - 1, both measured under that
 variant: the activations' int8 rounding and the kernels' accumulation, nothing of
 the weights' own quantization. The engine fixes its variant once per process
-(LLMD_KERNELS), so every measurement runs `python -m llmd perplexity` in a process
-of its own.
+(LLMD_KERNELS), so every measurement runs in a process of its own.
+
+The perplexity ratio on a few thousand tokens is a noisy figure: the rounding moves
+each token's log-probability a little either way, and a perturbation as small as
+storing the activations' scales in f16 moves the ratio by a few tenths of a percent
+(`Cost.stderr` says how much). The mean KL divergence of the file's next-token
+distribution from the twin's, at the same positions, measures the same loss
+precisely (to a few percent of itself): it is the figure to compare with
+llama-perplexity's `--kl-divergence` on the same pair of files.
 """
 from __future__ import annotations
 
@@ -26,26 +33,32 @@ MAX_COST = 0.005  # the issue's ceiling: no variant loses more than 0.5 % to its
 
 @dataclass(frozen=True)
 class Cost:
-    """One variant's figures: the perplexities, and the cost with its standard error.
-    The int8 rounding moves each token's log-probability by a few hundredths either
-    way, so on a few thousand tokens the cost itself is uncertain by a few tenths of
-    a percent: `stderr` says how much (paired over the tokens, on the log scale)."""
+    """One variant's figures: the perplexities, the cost with its standard error, and
+    the mean KL divergence with its standard error."""
     variant: str
     exact: float      # perplexity of the F32 twin
     quantized: float  # perplexity of the file itself
     cost: float       # quantized / exact - 1
     stderr: float     # of the mean per-token difference in log-probability
+    kld: float        # mean KL(twin's next-token distribution || the file's)
+    kld_stderr: float
     tokens: int
 
 
-def compare(variant: str, exact: list[float], quantized: list[float]) -> Cost:
-    """The cost from two runs' per-token log-probabilities of the same text."""
+def _mean_and_stderr(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / n) / math.sqrt(n)
+
+
+def compare(variant: str, scored: dict) -> Cost:
+    """The figures from one pair's per-token measurements (`pair_scores`)."""
+    exact, quantized = scored["exact"], scored["quantized"]
+    mean, stderr = _mean_and_stderr([e - q for e, q in zip(exact, quantized)])
+    kld, kld_stderr = _mean_and_stderr(scored["kld"])
     n = len(exact)
-    diffs = [e - q for e, q in zip(exact, quantized)]
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / n)
-    return Cost(variant, math.exp(-sum(exact) / n), math.exp(-sum(quantized) / n), math.exp(mean) - 1,
-                sd / math.sqrt(n), n)
+    return Cost(variant, math.exp(-sum(exact) / n), math.exp(-sum(quantized) / n), math.exp(mean) - 1, stderr,
+                kld, kld_stderr, n)
 
 
 def variants() -> list[str]:
@@ -53,10 +66,47 @@ def variants() -> list[str]:
     return [v.name for v in kernel_variants() if v.runs]
 
 
-def logprobs(paths: list[str], text_file: str, variant: str, threads: int = 0, ctx: int = 512) -> list[list[float]]:
-    """Each model's per-token log-probabilities of the text (perplexity.text_logprobs) under
-    one kernel variant, in one process that runs it (this module's main)."""
-    cmd = [sys.executable, "-m", "llmd.commands.accuracy", text_file, str(ctx), str(threads), *paths]
+def _log_softmax(logits: list[float]) -> list[float]:
+    top = max(logits)
+    log_sum = top + math.log(sum(math.exp(v - top) for v in logits))
+    return [v - log_sum for v in logits]
+
+
+def pair_scores(twin, quantized, text: str, ctx: int) -> dict:
+    """Two engines (the twin's and the file's) over llama-perplexity's windows
+    (perplexity.perplexity_windows), the second half of each scored given the first:
+    per scored token, each one's log-probability of it and the KL divergence of the
+    file's next-token distribution from the twin's. The positions go one at a time,
+    which the engine computes as it would in a batch (its numbers are batch-invariant),
+    so that every position's whole distribution can be read."""
+    from llmd.commands.perplexity import perplexity_windows
+    info = twin.info
+    windows = perplexity_windows(twin.tokenize(text), ctx, info.bos_id if info.add_bos else None)
+    if len(windows) < 2:
+        raise ValueError(f"the text is too short; perplexity needs at least {2 * ctx} tokens")
+    first = ctx // 2
+    found: dict[str, list[float]] = {"exact": [], "quantized": [], "kld": []}
+    with twin.new_session() as a, quantized.new_session() as b:
+        for window in windows:
+            a.reset()
+            b.reset()
+            for at in range(first, ctx - 1):
+                step = window[:at + 1] if at == first else [window[at]]
+                a.prefill(step)
+                b.prefill(step)
+                p, q = _log_softmax(a.logits()), _log_softmax(b.logits())
+                found["exact"].append(p[window[at + 1]])
+                found["quantized"].append(q[window[at + 1]])
+                found["kld"].append(sum(math.exp(lp) * (lp - lq) for lp, lq in zip(p, q)))
+    return found
+
+
+def measure(pairs: list[tuple[str, str]], text_file: str, variant: str, threads: int = 0,
+            ctx: int = 512) -> list[dict]:
+    """pair_scores of each (twin, quantized) pair of files under one kernel variant, in
+    one process that runs it (this module's main)."""
+    cmd = [sys.executable, "-m", "llmd.commands.accuracy", text_file, str(ctx), str(threads),
+           *[path for pair in pairs for path in pair]]
     # The child imports this llmd, wherever the caller's working directory is.
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
@@ -68,17 +118,17 @@ def logprobs(paths: list[str], text_file: str, variant: str, threads: int = 0, c
 
 
 def _main(text_file: str, ctx: str, threads: str, *paths: str) -> None:
-    from llmd.commands.perplexity import text_logprobs
     from llmd.engine.native import Engine
     with open(text_file, encoding="utf-8") as f:
         text = f.read()
     found = []
-    for path in paths:
-        with Engine(path, n_threads=int(threads), n_ctx=int(ctx), max_sessions=1) as engine:
-            scored, _ = text_logprobs(engine, text, int(ctx))
-        if not scored:
-            raise SystemExit(f"{text_file} is too short; perplexity needs at least {2 * int(ctx)} tokens")
-        found.append(scored)
+    for twin_path, quantized_path in zip(paths[0::2], paths[1::2]):
+        with Engine(twin_path, n_threads=int(threads), n_ctx=int(ctx), max_sessions=1) as twin, \
+                Engine(quantized_path, n_threads=int(threads), n_ctx=int(ctx), max_sessions=1) as quantized:
+            try:
+                found.append(pair_scores(twin, quantized, text, int(ctx)))
+            except ValueError as e:
+                raise SystemExit(f"{text_file}: {e}")
     print(json.dumps(found))
 
 
@@ -97,7 +147,7 @@ def costs(model: str, text_file: str, twin: str | None = None, threads: int = 0,
             return costs(model, text_file, os.path.join(folder, "twin-F32.gguf"), threads, ctx)
     if not os.path.exists(twin):
         write_twin(model, twin, threads)
-    return [compare(v, *logprobs([twin, model], text_file, v, threads, ctx)) for v in variants()]
+    return [compare(v, measure([(twin, model)], text_file, v, threads, ctx)[0]) for v in variants()]
 
 
 def run(model: str, text_file: str, twin: str | None, threads: int, as_json: bool) -> int:
@@ -106,13 +156,15 @@ def run(model: str, text_file: str, twin: str | None, threads: int, as_json: boo
     if as_json:
         print(json.dumps([{"variant": r.variant, "exact": round(r.exact, 4), "quantized": round(r.quantized, 4),
                            "cost_pct": round(100 * r.cost, 3), "stderr_pct": round(100 * r.stderr, 3),
+                           "kld": round(r.kld, 6), "kld_stderr": round(r.kld_stderr, 6),
                            "tokens": r.tokens} for r in rows]))
     else:
         print(f"llmd bench --accuracy: {model} on {text_file} ({rows[0].tokens} tokens scored), context 512")
-        print(f"  {'variant':<10} {'exact (F32 twin)':>17} {'quantized':>10} {'cost':>8}  standard error")
+        print(f"  {'variant':<10} {'exact (F32 twin)':>17} {'quantized':>10} {'cost':>8} {'± error':>8}"
+              f" {'mean KLD':>10} {'± error':>9}")
         for r in rows:
-            print(f"  {r.variant:<10} {r.exact:>17.4f} {r.quantized:>10.4f} {100 * r.cost:>+7.2f}%  "
-                  f"{100 * r.stderr:.2f}%")
+            print(f"  {r.variant:<10} {r.exact:>17.4f} {r.quantized:>10.4f} {100 * r.cost:>+7.2f}% "
+                  f"{100 * r.stderr:>7.2f}% {r.kld:>10.6f} {r.kld_stderr:>9.6f}")
     return 1 if any(r.cost > MAX_COST for r in rows) else 0
 
 

@@ -1,5 +1,5 @@
-"""llmd.commands.accuracy: the perplexity the quantized kernels cost, per weight type and per
-kernel variant this CPU runs, on a small random-weight model.
+"""llmd.commands.accuracy: the perplexity (and KL divergence) the quantized kernels cost, per
+weight type and per kernel variant this CPU runs, on a small random-weight model.
 
 Each mix of `llmd quantize` is made from one F32 model, then its F32 twin from it
 (the same weights decoded), and both score the same text in a process per variant.
@@ -15,6 +15,8 @@ import os
 import pytest
 
 from llmd.commands import accuracy
+from llmd.commands.perplexity import text_logprobs
+from llmd.engine.native import Engine
 from llmd.commands.quantize import quantize_file
 from tests.support.gguf_writer import GGML_F32, build_tiny_llama, encode_f32
 
@@ -25,6 +27,7 @@ MIXES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q5_K_S", "Q6_K")
 # that can help a short text as well as hurt it. Measured on an AVX2 machine (scalar
 # and avx2): at most 0.27 % (Q6_K), most types under 0.15 %.
 BOUND = accuracy.MAX_COST
+KLD_BOUND = 0.01
 TEXT = ("The river ran past the old mill, and the miller counted the sacks of grain that the farmers "
         "brought him in the autumn. Some years the harvest was good and the mill turned from dawn "
         "until dark; in others the wheel stood still for weeks, and the miller mended nets. ") * 3
@@ -55,18 +58,36 @@ def files(tmp_path_factory):
 @pytest.mark.parametrize("variant", accuracy.variants())
 def test_quantized_kernels_cost_little_perplexity_over_the_exact_result(files, variant):
     made, text = files
-    paths = [p for mix in MIXES for p in made[mix]]
-    found = dict(zip(paths, accuracy.logprobs(paths, text, variant, threads=1, ctx=128)))
-    costs = {mix: accuracy.compare(variant, found[made[mix][1]], found[made[mix][0]]) for mix in MIXES}
+    pairs = [(made[mix][1], made[mix][0]) for mix in MIXES]
+    found = accuracy.measure(pairs, text, variant, threads=1, ctx=128)
+    costs = {mix: accuracy.compare(variant, scored) for mix, scored in zip(MIXES, found)}
     assert all(abs(c.cost) <= BOUND for c in costs.values()), \
         {m: f"{100 * c.cost:+.3f} % (standard error {100 * c.stderr:.3f} %)" for m, c in costs.items()}
+    # The rounding always costs some divergence, and little: under KLD_BOUND nats a token.
+    assert all(0 < c.kld <= KLD_BOUND for c in costs.values()), {m: c.kld for m, c in costs.items()}
+
+
+def test_a_file_against_itself_costs_nothing_and_scores_as_perplexity_does(files):
+    """The one-position-at-a-time scoring gives the batched perplexity's log-probabilities
+    (the engine is batch-invariant; only the log-softmax, in double here and in float in
+    the engine, differs in the last bits), and identical distributions diverge by 0."""
+    made, text_file = files
+    twin, text = made["Q4_0"][1], open(text_file).read()
+    with Engine(twin, n_threads=1, n_ctx=128, max_sessions=1) as a, \
+            Engine(twin, n_threads=1, n_ctx=128, max_sessions=1) as b:
+        scored = accuracy.pair_scores(a, b, text, 128)
+        batched, _ = text_logprobs(a, text, 128)
+    assert scored["exact"] == scored["quantized"] == pytest.approx(batched, abs=1e-5)
+    assert scored["kld"] == [0.0] * len(batched)
 
 
 def test_the_cost_is_the_perplexity_ratio_and_its_error_that_of_the_paired_mean():
-    c = accuracy.compare("scalar", [-1.0, -2.0, -3.0, -2.0], [-1.1, -2.1, -2.9, -2.3])
+    c = accuracy.compare("scalar", {"exact": [-1.0, -2.0, -3.0, -2.0], "quantized": [-1.1, -2.1, -2.9, -2.3],
+                                    "kld": [0.01, 0.03, 0.01, 0.03]})
     # differences 0.1, 0.1, -0.1, 0.3: mean 0.1, population sd sqrt(0.02), over sqrt(4)
     assert c.exact == pytest.approx(math.exp(2.0)) and c.quantized == pytest.approx(math.exp(2.1))
     assert c.cost == pytest.approx(math.exp(0.1) - 1) and c.stderr == pytest.approx(math.sqrt(0.02) / 2)
+    assert c.kld == pytest.approx(0.02) and c.kld_stderr == pytest.approx(0.01 / 2)
     assert c.tokens == 4
 
 def test_costs_write_a_temporary_twin_and_measure_every_variant(files, tmp_path):
@@ -75,7 +96,7 @@ def test_costs_write_a_temporary_twin_and_measure_every_variant(files, tmp_path)
     quantized.write_bytes(open(made["Q4_0"][0], "rb").read())
     rows = accuracy.costs(str(quantized), text, threads=1, ctx=128)
     assert [r.variant for r in rows] == accuracy.variants()
-    assert all(r.exact > 1 and abs(r.cost) <= BOUND for r in rows)
+    assert all(r.exact > 1 and abs(r.cost) <= BOUND and 0 < r.kld <= KLD_BOUND for r in rows)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.gguf"]  # the twin is gone
 
 
