@@ -9,6 +9,7 @@
 #include "format/gguf.h"
 #include "decode/grammar.h"
 #include "kernels/kernels.h"
+#include "memory/kvcache.h"
 #include "model/model.h"
 #include "quants/quantize.h"
 #include "ops/recurrent.h"

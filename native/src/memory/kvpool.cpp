@@ -2,6 +2,7 @@
 #include "memory/kvpool.h"
 
 #include "ops/attention.h"
+#include "memory/kvcache.h"
 #include "model/model.h"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // kvpool.h — the paged attention memory of an engine: blocks of kKVBlock positions
-// that sessions hold through block tables (KVCache::blocks, model.h), with reference
+// that sessions hold through block tables (KVCache::blocks, kvcache.h), with reference
 // counts, and the prefix index that lets a session reuse another's blocks.
 //
 // Theory of operation. A block holds the keys and values of kKVBlock consecutive
@@ -14,7 +14,7 @@
 // chunk- and batch-invariant, attention.h). Writing into a published block (after a
 // truncate into it) copies it first. A published block nobody holds is retired: kept,
 // least recently released first out, while the retired blocks fit the budget.
-// Sliding-window layers keep rings, not blocks (model.h: KVCache): a prefix of such a
+// Sliding-window layers keep rings, not blocks (kvcache.h: KVCache): a prefix of such a
 // model is reused only with a copy of the rings of a live session that still holds
 // its window (llmd_session_share_prefix).
 //
@@ -49,7 +49,7 @@ constexpr int kKVBlock = 64;
 // few hundred kilobytes of a head's history costs the prefetchers little.
 constexpr int kMaxSlabBlocks = 64;
 
-struct KVCache; // model.h
+struct KVCache; // kvcache.h
 
 // The full blocks of a prompt's longest cached prefix, and the block whose first
 // tail_len positions hold the rest of it (copied, never shared: the tail is written on).

@@ -25,6 +25,7 @@
 // where the saved one could: the same positions, the same resume_floor().
 #pragma once
 
+#include "memory/kvcache.h"
 #include "model/model.h"
 #include "ops/recurrent.h"
 

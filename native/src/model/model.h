@@ -8,7 +8,6 @@
 #include "ops/attention.h"
 #include "format/gguf.h"
 #include "kernels/kernels.h"
-#include "memory/kvpool.h"
 #include "quants/quants.h"
 #include "runtime/threadpool.h"
 
@@ -201,98 +200,7 @@ struct Binder {
     void moe_ffn(const HParams &hp, int l, LayerWeights &L);
 };
 
-// One session's attention memory: per layer, keys and values as f16, per KV head in
-// runs of positions (row()): keys in blocks of positions inside a run (attention.h:
-// key_at), values as rows. A layer that attends every position keeps its positions
-// in the engine's pool (kvpool.h), in blocks of kKVBlock that `blocks` lists in
-// order, allocated as positions are written and shared with sessions that hold the
-// same tokens; a sliding-window layer keeps a ring of its own, position p in slot
-// p % slots, just large enough for its window and one forward batch.
-struct KVCache {
-    struct Layer {
-        size_t offset = 0; // ring: element offset of the layer's first row in k and v
-        int slots = 0;     // ring: a whole number of key blocks; 0 for a paged layer
-        int window = 0;    // positions attended, its own included; 0: all
-        int paged = -1;    // paged: the layer's place in a pool block
-    };
-    std::vector<Layer> layers;
-    int high = -1; // highest position written since the cache was last emptied
-    int ring_low = 0; // the rings hold no position below this one (a prefix copied from another cache starts here)
-    std::unique_ptr<uint16_t[]> k; // the rings
-    std::unique_ptr<uint16_t[]> v;
-    KVPool *pool = nullptr;
-    std::vector<int> blocks; // pool blocks of positions [i * kKVBlock, (i + 1) * kKVBlock)
-    // The prefix cache (kvpool.h): full blocks are published in `scope` while
-    // `sharing`; blocks [0, published) are published or were offered. A cache that
-    // still holds tokens computed for another scope is `foreign` until it is emptied:
-    // it neither publishes nor lends them, so no scope learns another's prompts.
-    bool sharing = false;
-    bool foreign = false;
-    std::string scope;
-    int published = 0;
-
-    KVCache() = default;
-    KVCache(const KVCache &) = delete;
-    KVCache &operator=(const KVCache &) = delete;
-    ~KVCache() { if (pool != nullptr) truncate(0); }
-
-    // The layers' places for a context of n_ctx, the elements of the rings' k (and
-    // of v), and of one pool block's keys (and values).
-    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_elements, size_t *block_elements);
-    // Bytes of keys and values per position of the paged layers (those that attend
-    // every position, or a window no shorter than n_ctx), and the fixed bytes of the
-    // sliding-window layers' rings at n_ctx.
-    static uint64_t bytes_per_token(const HParams &hp, int n_ctx);
-    static uint64_t ring_bytes(const HParams &hp, int n_ctx);
-
-    // Where (layer, kv head, position) is stored: the run of positions holding it, as
-    // its keys and values, and its index there: element d of its key is
-    // keys[key_at(index, d, hd)], its value row values + index * hd, and positions
-    // up to the run's `count` follow it contiguously. The one place that maps a
-    // position to memory; the block of a paged position must exist (prepare()).
-    struct Row {
-        uint16_t *keys;
-        uint16_t *values;
-        int index;
-        int count;
-    };
-    Row row(const HParams &hp, int layer, int head, int pos) const {
-        const Layer &L = layers[layer];
-        if (L.paged < 0) {
-            const size_t base = L.offset + static_cast<size_t>(head) * L.slots * hp.head_dim;
-            return {&k[base], &v[base], pos % L.slots, L.slots};
-        }
-        const int block = blocks[pos / kKVBlock];
-        const size_t run = static_cast<size_t>(L.paged) * hp.n_head_kv + head;
-        return {pool->keys(block, run), pool->values(block, run), pos % kKVBlock, kKVBlock};
-    }
-    // Makes the block of position pos (the next one written, or one before it after
-    // a truncate) this session's own to write: allocated, or copied if published.
-    void prepare(int pos);
-    // Keeps positions [0, pos): releases the blocks past them; 0 also empties the rings.
-    void truncate(int pos);
-    // Publishes the full blocks of `tokens` (the ids in this cache) not yet offered.
-    void publish(const std::vector<int32_t> &tokens);
-    // Replaces the contents with a prefix the pool matched (kvpool.h): its full
-    // blocks held, its tail copied into a block of its own.
-    void adopt(const PrefixMatch &m);
-
-    // Positions written at or below `high` that a ring has overwritten are gone: the
-    // cache can be cut back to 0 or to any position from resume_floor() on, where
-    // every ring still holds the window the next position attends.
-    int resume_floor() const;
-    // The first position layer L still holds (of those up to `high`): 0 for a paged
-    // layer; for a ring, the oldest its later writes have not overwritten, from ring_low.
-    int held_from(const Layer &L) const {
-        return L.paged >= 0 ? 0 : std::max({0, ring_low, high - L.slots + 1});
-    }
-    bool has_rings() const {
-        return std::any_of(layers.begin(), layers.end(), [](const Layer &L) { return L.paged < 0 && L.slots > 0; });
-    }
-    // Copies positions [begin, end) of every ring from `from`, a cache of the same
-    // layout that holds them (begin >= from.held_from of each ring).
-    void copy_rings(const HParams &hp, const KVCache &from, int begin, int end);
-};
+struct KVCache; // memory/kvcache.h
 
 // One token of a forward batch.
 struct RecurrentState; // recurrent.h

@@ -1,0 +1,527 @@
+// load.cpp — see model.h: a model from a GGUF file. The shared metadata and the
+// binder (model.h: Binder) every architecture's binding uses, RoPE scaling, the
+// check that no tensor of the file goes unused, and the repacking of the matrices
+// into the panels of the kernels this build has.
+#include "model/model.h"
+
+#include "arch/arch.h"
+#include "kernels/kernels.h"
+#include "ops/recurrent.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace llmd {
+
+
+Binder::Binder(const GGUFFile &file, std::string *error, const std::string &arch_name)
+    : file(file), error(error), prefix(arch_name + "."), used(file.tensors().size(), false) {}
+
+bool Binder::fail(const std::string &msg) {
+    if (error->empty()) *error = msg;
+    return false;
+}
+
+int Binder::get_int(const std::string &key, int fallback, bool required) {
+    int64_t v = fallback;
+    std::string err;
+    if (!file.get_int(key, &v, &err)) {
+        if (!err.empty()) fail(err);
+        else if (required) fail("model metadata lacks " + key);
+        return fallback;
+    }
+    if (v < 0 || v > (1 << 30)) {
+        fail("model metadata " + key + " = " + std::to_string(v) + " is out of range");
+        return fallback;
+    }
+    return static_cast<int>(v);
+}
+
+int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values) {
+    const GGUFKV *kv = file.find(key);
+    if (kv == nullptr || kv->type != GGUF_ARRAY) {
+        const int v = get_int(key, fallback, required);
+        values->assign(n_layer, v);
+        return v;
+    }
+    if ((kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || kv->arr_count != static_cast<uint64_t>(n_layer)) {
+        fail("model metadata " + key + " must be one integer per layer");
+        return fallback;
+    }
+    values->resize(n_layer);
+    int most = 0;
+    for (int l = 0; l < n_layer; ++l) {
+        int32_t v;
+        std::memcpy(&v, kv->arr_data + 4 * l, 4);
+        if (v < 0 || v > (1 << 20)) {
+            fail("model metadata " + key + " holds " + std::to_string(v) + ", out of range");
+            return fallback;
+        }
+        // Layers that have heads have the same number: the shared attention assumes it.
+        if (v != 0 && most != 0 && v != most) {
+            fail("model metadata " + key + " gives layers different head counts, which llmd does not run");
+            return fallback;
+        }
+        (*values)[l] = v;
+        most = std::max(most, v);
+    }
+    return most;
+}
+
+bool Binder::layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags) {
+    const GGUFKV *kv = file.find(key);
+    if (kv == nullptr || kv->type != GGUF_ARRAY) return false;
+    size_t width = 0;
+    switch (kv->arr_type) {
+    case GGUF_BOOL: case GGUF_U8: case GGUF_I8: width = 1; break;
+    case GGUF_U16: case GGUF_I16: width = 2; break;
+    case GGUF_U32: case GGUF_I32: width = 4; break;
+    case GGUF_U64: case GGUF_I64: width = 8; break;
+    default: break;
+    }
+    if (width == 0 || kv->arr_count != static_cast<uint64_t>(n_layer))
+        return fail("model metadata " + key + " must be one bool or integer per layer");
+    flags->assign(n_layer, false);
+    for (int l = 0; l < n_layer; ++l) {
+        uint64_t v = 0;
+        std::memcpy(&v, kv->arr_data + width * l, width); // little-endian, as GGUF is
+        (*flags)[l] = v != 0;
+    }
+    return true;
+}
+
+float Binder::get_float(const std::string &key, float fallback) {
+    double v = fallback;
+    std::string err;
+    if (!file.get_float(key, &v, &err) && !err.empty()) fail(err);
+    return static_cast<float>(v);
+}
+
+const GGUFTensor *Binder::find(const std::string &name, bool required) {
+    const GGUFTensor *t = file.tensor(name);
+    if (t == nullptr && required) fail("model lacks tensor " + name);
+    if (t != nullptr) used[t - file.tensors().data()] = true;
+    return t;
+}
+
+bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required) {
+    const GGUFTensor *t = find(name, required);
+    if (t == nullptr) return false;
+    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
+        return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
+                    std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
+                    std::to_string(rows) + "]");
+    if (!type_runs(t->type, cols))
+        return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
+                    type_name(t->type) + " kernels cannot run");
+    m->type = t->type;
+    m->cols = cols;
+    m->rows = rows;
+    m->row_bytes = row_bytes(t->type, cols);
+    m->data = t->data;
+    return true;
+}
+
+bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out) {
+    const GGUFTensor *t = find(name, true);
+    if (t == nullptr) return false;
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n)
+        return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+                    ", " + std::to_string(t->ne[2]) + "], expected [" + std::to_string(cols) + ", " +
+                    std::to_string(rows) + ", " + std::to_string(n) + "]");
+    if (!type_runs(t->type, cols))
+        return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
+                    type_name(t->type) + " kernels cannot run");
+    out->assign(n, Matrix{});
+    for (int e = 0; e < n; ++e) {
+        Matrix &m = (*out)[e];
+        m.type = t->type;
+        m.cols = cols;
+        m.rows = rows;
+        m.row_bytes = row_bytes(t->type, cols);
+        m.data = t->data + static_cast<size_t>(e) * rows * m.row_bytes;
+    }
+    return true;
+}
+
+bool Binder::split_matrix(const std::string &name, int64_t cols,
+                          std::initializer_list<std::pair<Matrix *, int64_t>> parts) {
+    int64_t rows = 0;
+    for (const auto &part : parts) rows += part.second;
+    Matrix fused;
+    if (!matrix(name, cols, rows, &fused)) return false;
+    int64_t r0 = 0;
+    for (const auto &[m, n] : parts) {
+        *m = fused;
+        m->rows = n;
+        m->data = fused.data + static_cast<size_t>(r0) * fused.row_bytes;
+        r0 += n;
+    }
+    return true;
+}
+
+const float *Binder::vector(const std::string &name, int64_t n, bool required) {
+    const GGUFTensor *t = find(name, required);
+    if (t == nullptr) return nullptr;
+    if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != n) {
+        fail("tensor " + name + " should be F32 of " + std::to_string(n) + " elements");
+        return nullptr;
+    }
+    if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+        fail("tensor " + name + " is misaligned");
+        return nullptr;
+    }
+    return reinterpret_cast<const float *>(t->data);
+}
+
+const float *Binder::filters(const std::string &name, int64_t cols, int64_t rows) {
+    const GGUFTensor *t = find(name, true);
+    if (t == nullptr) return nullptr;
+    if (t->type != GGML_F32 || t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+        fail("tensor " + name + " should be F32 of shape [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+        return nullptr;
+    }
+    if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+        fail("tensor " + name + " is misaligned");
+        return nullptr;
+    }
+    return reinterpret_cast<const float *>(t->data);
+}
+
+void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    L.attn_norm = vector(blk + "attn_norm.weight", dim);
+    matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
+    matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+    matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+    matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+    L.bq = vector(blk + "attn_q.bias", hp.q_dim(), false);
+    L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
+    L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+}
+
+void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    L.ffn_norm = vector(blk + norm + ".weight", dim);
+    matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
+    matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
+    matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
+}
+
+void Binder::moe_hparams(HParams &hp, bool norm) {
+    hp.n_expert = get_int(prefix + "expert_count", 0, true);
+    hp.n_expert_used = get_int(prefix + "expert_used_count", 0, true);
+    if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert) {
+        fail("model expert counts are inconsistent (" + std::to_string(hp.n_expert_used) + " of " +
+             std::to_string(hp.n_expert) + ")");
+        return;
+    }
+    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+    std::string err;
+    if (!file.get_bool(prefix + "expert_weights_norm", &norm, &err) && !err.empty()) fail(err);
+    hp.expert_norm = norm;
+    const float scale = get_float(prefix + "expert_weights_scale", 0.0f);
+    hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
+    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_scale)) fail("model expert FFN length or weight scale is invalid");
+    // A shared expert is as wide as the file says, else as the dense FFN would be.
+    if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr)
+        hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", hp.n_ff, false);
+}
+
+void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    L.ffn_norm = vector(blk + "ffn_norm.weight", dim);
+    matrix(blk + "ffn_gate_inp.weight", dim, hp.n_expert, &L.router);
+    experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
+    experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+    experts(blk + "ffn_down_exps.weight", hp.n_ff_exp, dim, hp.n_expert, &L.down_exps);
+    if (hp.n_ff_shexp == 0) return;
+    L.shexp_gate = vector(blk + "ffn_gate_inp_shexp.weight", dim);
+    matrix(blk + "ffn_gate_shexp.weight", dim, hp.n_ff_shexp, &L.gate_shexp);
+    matrix(blk + "ffn_up_shexp.weight", dim, hp.n_ff_shexp, &L.up_shexp);
+    matrix(blk + "ffn_down_shexp.weight", hp.n_ff_shexp, dim, &L.down_shexp);
+}
+
+namespace {
+
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kLfm2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen3Moe, &kSmolLM3};
+
+// How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
+// factor without a type is linear; YaRN blends interpolated and extrapolated
+// frequencies pair by pair and corrects the magnitude.
+struct RopeScaling {
+    enum Kind { none, linear, yarn } kind = none;
+    float factor = 1.0f;      // context extension: interpolated frequencies are divided by it
+    float attn_factor = 1.0f; // multiplies cos and sin
+    int n_ctx_orig = 0;       // YaRN: the context the model was trained at
+};
+
+bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
+    const std::string &p = b.prefix;
+    std::string err;
+    std::string_view type = "linear";
+    if (!b.file.get_string(p + "rope.scaling.type", &type, &err) && !err.empty()) return b.fail(err);
+    float factor = b.get_float(p + "rope.scaling.factor", 0.0f);
+    if (factor == 0.0f) factor = b.get_float(p + "rope.scale_linear", 0.0f); // the older key
+    rs->attn_factor = b.get_float(p + "rope.scaling.attn_factor", 1.0f);
+    rs->n_ctx_orig = b.get_int(p + "rope.scaling.original_context_length", hp.n_ctx_train, false);
+    if (!b.error->empty()) return false;
+    if (factor == 0.0f) factor = 1.0f;
+    if (!(factor > 0.0f) || !std::isfinite(factor) || !(rs->attn_factor > 0.0f) || !std::isfinite(rs->attn_factor) ||
+        rs->n_ctx_orig < 1)
+        return b.fail("model RoPE scaling factor is invalid");
+    rs->factor = factor;
+    if (type == "none") {
+        rs->factor = 1.0f; // a factor is meaningless without scaling
+    } else if (type == "linear") {
+        rs->kind = factor == 1.0f ? RopeScaling::none : RopeScaling::linear;
+    } else if (type == "longrope") { // its factors are tensors (rope_frequencies); a factor here is linear
+        rs->kind = factor == 1.0f ? RopeScaling::none : RopeScaling::linear;
+    } else if (type == "yarn") {
+        rs->kind = RopeScaling::yarn;
+    } else {
+        return b.fail("unsupported RoPE scaling '" + std::string(type) + "' (llmd runs none, linear, yarn, longrope)");
+    }
+    return true;
+}
+
+// out (rope_dim / 2): each pair's frequency, divided by the factors of tensor
+// `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets),
+// then scaled as the file says.
+bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::string &factors,
+                std::vector<float> *out) {
+    const int half = hp.rope_dim / 2;
+    const GGUFTensor *freqs = b.find(factors, false);
+    if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != half))
+        return b.fail("tensor " + factors + " has the wrong type or shape");
+    // YaRN keeps the pairs that turn many times over the original context (below
+    // `low`) extrapolated, interpolates those that turn less than once (above
+    // `high`), and ramps between; beta_fast 32 and beta_slow 1 as the files assume.
+    const auto corr_dim = [&](double turns) {
+        return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(double{hp.rope_base}));
+    };
+    const double low = std::max(0.0, std::floor(corr_dim(32.0))),
+                 high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(1.0)));
+    out->resize(half);
+    for (int i = 0; i < half; ++i) {
+        double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
+        if (freqs != nullptr) {
+            float div;
+            std::memcpy(&div, freqs->data + 4 * i, 4);
+            if (!(div > 0.0f)) return b.fail("tensor " + factors + " holds a non-positive factor");
+            f /= div;
+        }
+        if (!hp.rope_fixed.empty() && hp.rope_fixed[i]) f = 0.0; // an angle of 0 at every position
+        if (rs.kind == RopeScaling::linear) f /= rs.factor;
+        if (rs.kind == RopeScaling::yarn) {
+            const double extrapolated = 1.0 - std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0);
+            f *= (1.0 - extrapolated) / rs.factor + extrapolated;
+        }
+        (*out)[i] = static_cast<float>(f);
+    }
+    return true;
+}
+
+// m.inv_freq (and m.inv_freq_long for LongRoPE files) and hp.rope_mscale.
+bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
+    HParams &hp = m.hp;
+    const bool longrope = b.file.tensor("rope_factors_short.weight") != nullptr ||
+                          b.file.tensor("rope_factors_long.weight") != nullptr;
+    if (longrope && b.file.tensor("rope_freqs.weight") != nullptr)
+        return b.fail("model has both rope_freqs and LongRoPE factors");
+    if (!longrope) return rope_table(b, rs, hp, "rope_freqs.weight", &m.inv_freq);
+    // LongRoPE (Phi-3): short factors up to the original context, long ones past it.
+    if (!rope_table(b, rs, hp, "rope_factors_short.weight", &m.inv_freq) ||
+        !rope_table(b, rs, hp, "rope_factors_long.weight", &m.inv_freq_long))
+        return false;
+    m.rope_ctx_orig = rs.n_ctx_orig;
+    return true;
+}
+
+} // namespace
+
+const Arch *find_arch(std::string_view name) {
+    for (const Arch *a : kArchs)
+        if (name == a->name) return a;
+    return nullptr;
+}
+
+std::string arch_names() {
+    std::string names;
+    for (const Arch *a : kArchs) names += (names.empty() ? "" : ", ") + std::string(a->name);
+    return names;
+}
+
+std::string unsupported_tensors(const GGUFFile &file) {
+    std::vector<std::pair<uint32_t, std::vector<std::string_view>>> by_type; // in order of first use
+    for (const auto &t : file.tensors()) {
+        if (type_traits(t.type)->activation != Activation::None) continue;
+        auto it = std::find_if(by_type.begin(), by_type.end(), [&](const auto &e) { return e.first == t.type; });
+        if (it == by_type.end()) it = by_type.insert(by_type.end(), {t.type, {}});
+        it->second.push_back(t.name);
+    }
+    std::string out;
+    for (const auto &[type, names] : by_type) {
+        out += (out.empty() ? "" : ", ") + std::string(type_name(type)) + " (" + std::string(names[0]);
+        if (names.size() > 1) out += " and " + std::to_string(names.size() - 1) + " more";
+        out += ")";
+    }
+    return out.empty() ? out : "the engine has no kernels for tensor type " + out;
+}
+
+std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n_vocab, std::string *error) {
+    auto model = std::make_unique<Model>();
+    model->arch = &arch;
+    Binder b(file, error, arch.name);
+    HParams &hp = model->hp;
+    const std::string &p = b.prefix;
+    hp.n_vocab = n_vocab;
+    hp.n_ctx_train = b.get_int(p + "context_length", 0, true);
+    hp.n_embd = b.get_int(p + "embedding_length", 0, true);
+    hp.n_layer = b.get_int(p + "block_count", 0, true);
+    // Every layer has a norm and a matrix at least: refuse an absurd block count
+    // before allocating for it.
+    if (static_cast<uint64_t>(hp.n_layer) * 2 > file.tensors().size()) {
+        *error = p + "block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
+                 std::to_string(file.tensors().size()) + " tensors";
+        return nullptr;
+    }
+    std::vector<int> heads, kv_heads; // per layer: hybrid models give 0 to their recurrent layers
+    hp.n_head = b.per_layer_int(p + "attention.head_count", hp.n_layer, 0, true, &heads);
+    hp.n_head_kv = b.per_layer_int(p + "attention.head_count_kv", hp.n_layer, hp.n_head, false, &kv_heads);
+    hp.n_ff = b.get_int(p + "feed_forward_length", 0, true);
+    hp.rope_base = b.get_float(p + "rope.freq_base", 10000.0f);
+    hp.norm_eps = b.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5f);
+    if (!error->empty()) return nullptr;
+    if (hp.n_ctx_train < 1 || hp.n_embd < 1 || hp.n_layer < 1 || hp.n_head < 1 || hp.n_ff < 1 ||
+        hp.n_head_kv < 1 || hp.n_head % hp.n_head_kv != 0) {
+        *error = "model hyperparameters are inconsistent (heads, dims or layers)";
+        return nullptr;
+    }
+    // Heads are n_embd / n_head wide unless the file says otherwise (Qwen3, Gemma 3).
+    hp.head_dim = b.get_int(p + "attention.key_length", 0, false);
+    if (hp.head_dim == 0 && hp.n_embd % hp.n_head != 0) {
+        *error = "model hyperparameters are inconsistent (heads, dims or layers)";
+        return nullptr;
+    }
+    if (hp.head_dim == 0) hp.head_dim = hp.n_embd / hp.n_head;
+    hp.rope_dim = b.get_int(p + "rope.dimension_count", hp.head_dim, false);
+    if (hp.head_dim < 2 || hp.head_dim > 1024 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2 != 0 ||
+        b.get_int(p + "attention.value_length", hp.head_dim, false) != hp.head_dim) {
+        *error = "model head or RoPE dimensions are inconsistent";
+        return nullptr;
+    }
+    if (!(hp.rope_base > 0.0f) || !(hp.norm_eps > 0.0f) || !std::isfinite(hp.rope_base)) {
+        *error = "model RoPE base or norm epsilon is invalid";
+        return nullptr;
+    }
+    RopeScaling scaling;
+    if (!read_rope_scaling(b, hp, &scaling)) return nullptr;
+    hp.window.assign(hp.n_layer, 0);
+    hp.state.assign(hp.n_layer, 0);
+    arch.load_hparams(b, hp);
+    if (!error->empty()) return nullptr;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        // A layer without heads computes nothing unless the family gives it a recurrent state.
+        if ((heads[l] == 0 || kv_heads[l] == 0) && !hp.recurrent(l)) {
+            *error = "layer " + std::to_string(l) + " has no attention heads, and the " + arch.name +
+                     " architecture gives it no recurrent state";
+            return nullptr;
+        }
+    }
+
+    const int dim = hp.n_embd;
+    if (!b.matrix("token_embd.weight", dim, n_vocab, &model->tok_embd)) return nullptr;
+    model->output_norm = b.vector("output_norm.weight", dim, false); // or the family's own name, in bind
+    if (file.tensor("output.weight") != nullptr) {
+        if (!b.matrix("output.weight", dim, n_vocab, &model->output)) return nullptr;
+    } else {
+        model->output = model->tok_embd;
+    }
+    model->layers.resize(hp.n_layer);
+    arch.bind(b, *model);
+    if (!error->empty()) return nullptr;
+    if (model->output_norm == nullptr) {
+        *error = "model lacks tensor output_norm.weight";
+        return nullptr;
+    }
+
+    if (!rope_frequencies(b, scaling, *model)) return nullptr;
+    hp.rope_mscale = scaling.attn_factor;
+    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) hp.rope_mscale *= 1.0f + 0.1f * std::log(scaling.factor);
+
+    // A tensor nobody bound is a part of the model llmd would not compute.
+    for (size_t i = 0; i < b.used.size(); ++i)
+        if (!b.used[i]) {
+            *error = "model has tensor " + std::string(file.tensors()[i].name) + ", which the " + arch.name +
+                     " architecture does not use";
+            return nullptr;
+        }
+    for (const auto &t : file.tensors()) model->weight_bytes += t.size;
+    model->pack();
+    return model;
+}
+
+void Model::use_context(int n_ctx) {
+    if (!inv_freq_long.empty() && n_ctx > rope_ctx_orig) inv_freq = inv_freq_long;
+}
+
+AlignedBytes::AlignedBytes(size_t n, bool huge) {
+    const size_t align = huge ? size_t{2} << 20 : 64, size = (std::max<size_t>(n, 1) + align - 1) / align * align;
+    void *p = nullptr;
+    if (posix_memalign(&p, align, size) != 0) throw std::bad_alloc();
+    raw.reset(static_cast<uint8_t *>(p));
+    data = raw.get();
+    // A decode step streams every weight: with 4 KB pages that is a TLB miss every
+    // 4 KB. Where the kernel grants huge pages only on request, this requests them.
+    if (huge) madvise(p, size, MADV_HUGEPAGE);
+}
+
+namespace {
+
+// Gives the mapped pages of a packed original back to the page cache: the engine
+// reads the packed copy from now on (a tied embedding's rows fault back in singly).
+void release_mapping(const Matrix &m) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(m.data) + page - 1) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(m.data) + m.rows * m.row_bytes) & ~(page - 1);
+    if (end > begin) madvise(reinterpret_cast<void *>(begin), end - begin, MADV_DONTNEED);
+}
+
+} // namespace
+
+void Model::pack() {
+    std::vector<Matrix *> matrices{&output};
+    for (LayerWeights &L : layers) {
+        for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp,
+                          &L.up_shexp, &L.down_shexp, &L.conv_in, &L.conv_out, &L.delta_in, &L.delta_gate,
+                          &L.delta_beta, &L.delta_alpha, &L.delta_out})
+            if (m->data != nullptr) matrices.push_back(m);
+        for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
+            for (Matrix &m : *stack) matrices.push_back(&m);
+    }
+    const auto span = [](const Matrix *m) { return (packed_bytes(m->type, m->rows, m->cols) + 63) / 64 * 64; };
+    size_t total = 0;
+    for (const Matrix *m : matrices) total += span(m);
+    if (total == 0) return;
+    packed = std::make_unique<AlignedBytes>(total, true); // one block: few huge pages
+    uint8_t *at = packed->data;
+    for (Matrix *m : matrices) {
+        const size_t n = packed_bytes(m->type, m->rows, m->cols);
+        if (n == 0) continue;
+        pack_rows(m->type, m->data, m->rows, m->cols, at);
+        m->packed = at;
+        at += span(m);
+        weight_bytes += n - m->rows * m->row_bytes;
+        release_mapping(*m);
+    }
+}
+
+} // namespace llmd
