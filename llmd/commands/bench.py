@@ -211,7 +211,8 @@ STREAM_PROMPT = 64   # prompt tokens of each stream of --streams
 
 def stream_prompts(engine: Engine, count: int, length: int, tag: str) -> list[str]:
     """`count` texts of `length` tokens each (as `engine` tokenizes them) that differ from
-    their first words on, so that no server can reuse one's cache for another."""
+    their first words on (`tag` and their index), so that no server can reuse one's cache
+    for another."""
     texts = []
     for i in range(count):
         ids = engine.tokenize(f"{tag} {i}: " + FILLER * (length // 8 + 1))[:length]
@@ -235,7 +236,8 @@ def concurrent_figures(url: str | None, path: str, threads: int, runs: int, stre
     range; the ratio is the median of the runs' ratios."""
     with Engine(path, n_ctx=16) as engine:
         eog_ids = engine.info.eog_ids
-        texts = [stream_prompts(engine, streams, prompt, f"Run {r}") for r in range(runs + 1)]
+        # A nonce in each, so that no server finds one in its cache from an earlier run.
+        texts = [stream_prompts(engine, streams, prompt, f"{uuid.uuid4().hex[:8]} {r}") for r in range(runs + 1)]
     proc = None
     if url is None:
         proc, port = _start(path, threads)
