@@ -236,8 +236,9 @@ def concurrent_figures(url: str | None, path: str, threads: int, runs: int, stre
     range; the ratio is the median of the runs' ratios."""
     with Engine(path, n_ctx=16) as engine:
         eog_ids = engine.info.eog_ids
-        # A nonce in each, so that no server finds one in its cache from an earlier run.
-        texts = [stream_prompts(engine, streams, prompt, f"{uuid.uuid4().hex[:8]} {r}") for r in range(runs + 1)]
+        # A nonce in each, so that no server finds one in its cache from an earlier run;
+        # per run one prompt for the single stream and others for the concurrent ones.
+        texts = [stream_prompts(engine, streams + 1, prompt, f"{uuid.uuid4().hex[:8]} {r}") for r in range(runs + 1)]
     proc = None
     if url is None:
         proc, port = _start(path, threads)
@@ -271,10 +272,10 @@ def concurrent_figures(url: str | None, path: str, threads: int, runs: int, stre
                 raise RuntimeError("a stream reported no usage")
             return sum(u["completion_tokens"] for u in usages) / (max(ends) - start), usages
 
-        burst(texts[-1])  # the server's first-request costs are not counted
+        burst(texts[-1][1:])  # the server's first-request costs are not counted
         one, many, prompt_tokens, completion_tokens = [], [], set(), set()
         for r in range(runs):
-            for prompts, rates in ((texts[r][:1], one), (texts[r], many)):
+            for prompts, rates in ((texts[r][:1], one), (texts[r][1:], many)):
                 rate, usages = burst(prompts)
                 rates.append(rate)
                 prompt_tokens.update(u["prompt_tokens"] for u in usages)
