@@ -214,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "restart next to a warm turn in memory")
     bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
                        help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
+    bench.add_argument("--streams", type=int, default=_env("streams", 0, int),
+                       help="instead: aggregate tokens/s of one stream and of this many concurrent ones through "
+                            "HTTP (streamed /v1/completions, 128 tokens each)")
+    bench.add_argument("--url", default=_env("url", None),
+                       help="--streams: measure the server at this URL (any OpenAI-compatible one, e.g. "
+                            "llama-server) instead of starting llmd; --model names its model file")
     bench.add_argument("--accuracy", action="store_true", default=_env("accuracy", False, bool),
                        help="instead: what the quantized kernels cost (context 512, --file TEXT): the model "
                             "and its F32 twin (the same weights decoded, computed without quantizing "
@@ -268,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
-                             args.shared_prompt)
+                             args.shared_prompt, args.streams, args.url)
         return cmd_serve(args)
     except fetch.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

@@ -16,7 +16,9 @@ With --sessions: sessions on disk (--session-dir), first-token latency of a turn
 comes back from its file (after LRU eviction, and after SIGTERM and a restart) next
 to a warm turn in memory, and the share of each turn that was cached. With
 --shared-prompt: the KV bytes of 8 named sessions sharing a long system prompt (the
-prefix cache stores it once) next to one session's.
+prefix cache stores it once) next to one session's. With --streams N: aggregate
+generation through HTTP of one stream and of N concurrent ones, against llmd or, with
+--url, any server that speaks OpenAI's streamed /v1/completions (llama-server too).
 """
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 import uuid
 
 from llmd.engine.native import Engine, Sampling
@@ -143,11 +147,11 @@ def bandwidth_figures(bytes_per_token: int, paired: list[tuple[float, float]]) -
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
 
-def _stream(port: int, body: dict, headers: dict,
-            route: str = CHAT) -> tuple[float, float, list[str], dict, dict]:
+def _stream(port: int, body: dict, headers: dict, route: str = CHAT,
+            host: str = "127.0.0.1") -> tuple[float, float, list[str], dict, dict]:
     """One streamed request: (seconds to the first content delta, seconds in all,
     the content deltas, usage and timings if the stream reported them)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn = http.client.HTTPConnection(host, port, timeout=300)
     start = time.perf_counter()
     conn.request("POST", route, json.dumps(body), {"Content-Type": "application/json", **headers})
     first, deltas, usage, timings = 0.0, [], {}, {}
@@ -199,6 +203,94 @@ def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+STREAM_TOKENS = 128  # tokens each stream of --streams generates
+STREAM_PROMPT = 64   # prompt tokens of each stream of --streams
+
+
+def stream_prompts(engine: Engine, count: int, length: int, tag: str) -> list[str]:
+    """`count` texts of `length` tokens each (as `engine` tokenizes them) that differ from
+    their first words on (`tag` and their index), so that no server can reuse one's cache
+    for another."""
+    texts = []
+    for i in range(count):
+        ids = engine.tokenize(f"{tag} {i}: " + FILLER * (length // 8 + 1))[:length]
+        text = engine.detokenize(ids).decode("utf-8", "replace")
+        if len(engine.tokenize(text)) != length:
+            raise RuntimeError(f"no prompt of {length} tokens: the text of {length} tokens tokenizes otherwise")
+        texts.append(text)
+    return texts
+
+
+def concurrent_figures(url: str | None, path: str, threads: int, runs: int, streams: int,
+                       tokens: int = STREAM_TOKENS, prompt: int = STREAM_PROMPT) -> dict:
+    """Aggregate generation through HTTP: per run, one stream alone, then `streams`
+    streams started together, each a streamed /v1/completions of a distinct `prompt`-token
+    prompt generating `tokens` tokens at temperature 0 with the model's end-of-generation
+    ids banned (logit_bias, which llama-server honours as well). A run's aggregate is
+    the completion tokens of all its streams over the time from the first request sent
+    to the last stream's end. Against the server at `url`, else a `python -m llmd` of
+    `path` started for it; `path` names the model whose tokenizer sizes the prompts and
+    whose end-of-generation ids are banned. Speeds are medians over the runs, with their
+    range; the ratio is the median of the runs' ratios."""
+    with Engine(path, n_ctx=16) as engine:
+        eog_ids = engine.info.eog_ids
+        # A nonce in each, so that no server finds one in its cache from an earlier run;
+        # per run one prompt for the single stream and others for the concurrent ones.
+        texts = [stream_prompts(engine, streams + 1, prompt, f"{uuid.uuid4().hex[:8]} {r}") for r in range(runs + 1)]
+    proc = None
+    if url is None:
+        proc, port = _start(path, threads)
+        host = "127.0.0.1"
+    else:
+        parsed = urllib.parse.urlsplit(url)
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    try:
+        model = json.loads(_request(port, "GET", "/v1/models", host=host))["data"][0]["id"]
+
+        def burst(prompts: list[str]) -> tuple[float, list[dict]]:
+            """(tokens/s of all streams together, each stream's usage)."""
+            barrier, usages, ends = threading.Barrier(len(prompts) + 1), [None] * len(prompts), [0.0] * len(prompts)
+
+            def one(i: int) -> None:
+                body = {"model": model, "prompt": prompts[i], "stream": True, "max_tokens": tokens,
+                        "temperature": 0, "stream_options": {"include_usage": True},
+                        "logit_bias": {str(t): -100 for t in eog_ids}}
+                barrier.wait()
+                usages[i] = _stream(port, body, {}, COMPLETIONS, host)[3]
+                ends[i] = time.perf_counter()
+
+            workers = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+            for w in workers:
+                w.start()
+            barrier.wait()
+            start = time.perf_counter()
+            for w in workers:
+                w.join()
+            if not all(usages):
+                raise RuntimeError("a stream reported no usage")
+            return sum(u["completion_tokens"] for u in usages) / (max(ends) - start), usages
+
+        burst(texts[-1][1:])  # the server's first-request costs are not counted
+        one, many, prompt_tokens, completion_tokens = [], [], set(), set()
+        for r in range(runs):
+            for prompts, rates in ((texts[r][:1], one), (texts[r][1:], many)):
+                rate, usages = burst(prompts)
+                rates.append(rate)
+                prompt_tokens.update(u["prompt_tokens"] for u in usages)
+                completion_tokens.update(u["completion_tokens"] for u in usages)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return {"streams": streams, "stream_prompt_tokens": sorted(prompt_tokens),
+            "stream_completion_tokens": sorted(completion_tokens),
+            "one_stream_tok_s": round(statistics.median(one), 1),
+            "one_stream_tok_s_range": [round(min(one), 1), round(max(one), 1)],
+            f"{streams}_streams_tok_s": round(statistics.median(many), 1),
+            f"{streams}_streams_tok_s_range": [round(min(many), 1), round(max(many), 1)],
+            f"{streams}_streams_over_one": round(statistics.median(m / o for m, o in zip(many, one)), 2)}
 
 
 QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.", "Name a tool.",
@@ -345,8 +437,9 @@ def shared_prompt_figures(path: str | None, threads: int) -> dict:
             "shared_all_over_one": round(held[-1] / held[0], 2)}
 
 
-def _request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+def _request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None,
+             host: str = "127.0.0.1") -> bytes:
+    conn = http.client.HTTPConnection(host, port, timeout=300)
     conn.request(method, path, json.dumps(body) if body else None,
                  {"Content-Type": "application/json", **(headers or {})})
     data = conn.getresponse().read()
@@ -371,7 +464,11 @@ def _default() -> str:
 
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
-        sessions: bool = False, shared_prompt: bool = False) -> int:
+        sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None) -> int:
+    if streams:
+        figures = concurrent_figures(url, path or _default(), threads, runs, streams)
+        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+        return 0
     if sessions or shared_prompt:
         figures = session_dir_figures(path, threads, runs) if sessions else shared_prompt_figures(path, threads)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))

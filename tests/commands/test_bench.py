@@ -37,3 +37,23 @@ def test_the_probe_counts_every_weight_of_a_dense_model_and_reads_at_a_positive_
     with Engine(str(model.path), n_threads=1) as engine:
         per_token, rate = bench.probe(engine)
     assert per_token == model.weight_bytes and rate > 0
+
+
+def test_concurrent_figures_count_every_stream_of_distinct_equal_length_prompts(tmp_path):
+    model = write_tiny_llama(tmp_path / "m.gguf", n_ctx=512)
+    figures = bench.concurrent_figures(None, str(model.path), threads=1, runs=2, streams=3, tokens=8, prompt=24)
+    assert figures["streams"] == 3
+    assert figures["stream_completion_tokens"] == [8]  # end of generation banned: every stream runs to max_tokens
+    assert figures["stream_prompt_tokens"] == [24]
+    low, high = figures["3_streams_tok_s_range"]
+    assert 0 < low <= figures["3_streams_tok_s"] <= high
+    assert figures["3_streams_over_one"] > 0
+
+
+def test_stream_prompts_differ_from_the_start_and_fit_the_length(tmp_path):
+    model = write_tiny_llama(tmp_path / "m.gguf", n_ctx=512)
+    with Engine(str(model.path)) as engine:
+        texts = bench.stream_prompts(engine, 4, 40, "Run 0")
+        lengths = [len(engine.tokenize(t)) for t in texts]
+    assert len({t[:8] for t in texts}) == 4
+    assert lengths == [40] * 4
