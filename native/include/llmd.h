@@ -375,11 +375,12 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
                                   int32_t n_pos, int32_t head_dim, int32_t n_ranges, int32_t run, float *out,
                                   const char *kernels);
 
-/* One token through one Gated DeltaNet head: the state m (hd x hd floats, updated in
- * place) decays by `decay`, learns v (hd) from k (hd) at rate beta, and answers q (hd)
- * into out (hd), scaled by 1/sqrt(hd). */
-llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, const float *v, float decay,
-                                   float beta, int32_t hd, float *out, const char *kernels);
+/* n tokens in order through one Gated DeltaNet head: at token t the state m (hd x hd
+ * floats, updated in place) decays by decay[t], learns v[t] (hd) from k[t] (hd) at rate
+ * beta[t], and answers q[t] (hd) into out[t] (hd), scaled by 1/sqrt(hd); q, k, v and
+ * out are n x hd. */
+llmd_status llmd_kernel_delta_scan(float *m, const float *q, const float *k, const float *v, const float *decay,
+                                   const float *beta, int32_t n, int32_t hd, float *out, const char *kernels);
 /* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
  * approximation (gelu == 1). */
 llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, const char *kernels);

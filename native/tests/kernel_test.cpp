@@ -4,7 +4,7 @@
 // (.ci/arm64). For each variant: the row dots and panel kernels of every weight type
 // on several shapes (partial panels; 1, 7 and 17 tokens), batch invariance (a token's
 // bits alone, within any batch and any split of the panels among threads), attention
-// (groups 1 to 8, runs, ranges), the Gated DeltaNet step, GLU, quantize_q8a (bit for
+// (groups 1 to 8, runs, ranges), the Gated DeltaNet scan (and its run invariance), GLU, quantize_q8a (bit for
 // bit), sum_squares and to_f16 (bit for bit). Prints each check's worst difference;
 // exits non-zero on any breach of tests/test_kernels.py's tolerances.
 #include "kernels/kernels.h"
@@ -240,21 +240,37 @@ void test_attention(const char *variant, Rng &rng) {
     check(worst < 4e-5, variant, "attention (|diff|, outputs ~1)", worst, 4e-5);
 }
 
-void test_delta_step(const char *variant, Rng &rng) {
+// n tokens through a head by a variant against the reference, and the variant's run of
+// n tokens against the same tokens one call each (bit for bit: a token's result does
+// not depend on the run it is in).
+void test_delta_scan(const char *variant, Rng &rng) {
     double worst = 0.0;
+    bool invariant = true;
     for (const int hd : {64, 128, 37}) {
-        std::vector<float> m(static_cast<size_t>(hd) * hd), q(hd), k(hd), v(hd);
+        const int n = 5;
+        const size_t per = static_cast<size_t>(n) * hd;
+        std::vector<float> m(static_cast<size_t>(hd) * hd), q(per), k(per), v(per), decay(n), beta(n);
         for (float &x : m) x = 0.2f * rng.gauss();
         for (float &x : q) x = rng.gauss();
         for (float &x : k) x = rng.gauss() / std::sqrt(static_cast<float>(hd));
         for (float &x : v) x = rng.gauss();
-        std::vector<float> m_ref = m, out_ref(hd), out(hd);
-        llmd_kernel_delta_step(m_ref.data(), q.data(), k.data(), v.data(), 0.9f, 0.5f, hd, out_ref.data(), nullptr);
-        llmd_kernel_delta_step(m.data(), q.data(), k.data(), v.data(), 0.9f, 0.5f, hd, out.data(), variant);
-        for (int i = 0; i < hd; ++i) worst = std::max(worst, static_cast<double>(std::fabs(out[i] - out_ref[i])));
+        for (int t = 0; t < n; ++t) decay[t] = 0.8f + 0.04f * t, beta[t] = 0.5f - 0.05f * t;
+        std::vector<float> m_ref = m, m_one = m, out_ref(per), out(per), out_one(per);
+        llmd_kernel_delta_scan(m_ref.data(), q.data(), k.data(), v.data(), decay.data(), beta.data(), n, hd,
+                               out_ref.data(), nullptr);
+        llmd_kernel_delta_scan(m.data(), q.data(), k.data(), v.data(), decay.data(), beta.data(), n, hd, out.data(),
+                               variant);
+        for (int t = 0; t < n; ++t) {
+            const size_t at = static_cast<size_t>(t) * hd;
+            llmd_kernel_delta_scan(m_one.data(), q.data() + at, k.data() + at, v.data() + at, decay.data() + t,
+                                   beta.data() + t, 1, hd, out_one.data() + at, variant);
+        }
+        for (size_t i = 0; i < per; ++i) worst = std::max(worst, static_cast<double>(std::fabs(out[i] - out_ref[i])));
         for (size_t i = 0; i < m.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(m[i] - m_ref[i])));
+        if (m != m_one || out != out_one) invariant = false;
     }
-    check(worst < 1e-5, variant, "delta_step (|diff|, values ~1)", worst, 1e-5);
+    check(worst < 1e-5, variant, "delta_scan (|diff|, values ~1)", worst, 1e-5);
+    check(invariant, variant, "delta_scan run invariance", invariant ? 0.0 : 1.0, 0.0);
 }
 
 void test_glu(const Kernels &k, Rng &rng) {
@@ -329,7 +345,7 @@ int main() {
             test_matmul(k, type, rng);
         }
         test_attention(k.name, rng);
-        test_delta_step(k.name, rng);
+        test_delta_scan(k.name, rng);
         test_glu(k, rng);
         test_vector_ops(k, rng);
     }

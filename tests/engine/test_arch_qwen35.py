@@ -59,35 +59,62 @@ models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up
 
 # ---- the DeltaNet scan kernel ----------------------------------------------------------------
 
-def delta_steps(hd: int, steps: int, kernels: str | None, seed: int = 3) -> tuple[list[float], list[float]]:
-    """The state and the last output after `steps` tokens of random q, k, v through one head,
-    by a kernel variant or the scalar reference (None)."""
+def delta_tokens(hd: int, n: int, seed: int = 3) -> tuple[list[float], list[float], list[float], list[float],
+                                                        list[float], list[float]]:
+    """A random state and n tokens' q, k (unit length), v, decays and betas for one head."""
     rng = random.Random(seed)
-    m = ffi.new("float[]", [rng.gauss(0.0, 0.3) for _ in range(hd * hd)])
-    out = ffi.new("float[]", hd)
-    for _ in range(steps):
-        q, k = ([rng.gauss(0.0, 1.0) for _ in range(hd)] for _ in range(2))
-        k = [x / math.sqrt(sum(y * y for y in k)) for x in k]
-        v = [rng.gauss(0.0, 1.0) for _ in range(hd)]
-        decay, beta = rng.uniform(0.5, 1.0), rng.uniform(0.0, 1.0)
-        variant = ffi.NULL if kernels is None else kernels.encode()
-        assert lib.llmd_kernel_delta_step(m, q, k, v, decay, beta, hd, out, variant) == lib.LLMD_OK
-    return list(ffi.unpack(m, hd * hd)), list(ffi.unpack(out, hd))
+    m = [rng.gauss(0.0, 0.3) for _ in range(hd * hd)]
+    q, k, v = [], [], []
+    for _ in range(n):
+        q += [rng.gauss(0.0, 1.0) for _ in range(hd)]
+        kt = [rng.gauss(0.0, 1.0) for _ in range(hd)]
+        k += [x / math.sqrt(sum(y * y for y in kt)) for x in kt]
+        v += [rng.gauss(0.0, 1.0) for _ in range(hd)]
+    decay = [rng.uniform(0.5, 1.0) for _ in range(n)]
+    beta = [rng.uniform(0.0, 1.0) for _ in range(n)]
+    return m, q, k, v, decay, beta
+
+
+def delta_scan(hd: int, n: int, kernels: str | None, runs: list[int]) -> tuple[list[float], list[float]]:
+    """The state and every output after n random tokens through one head, by a kernel
+    variant or the scalar reference (None), in calls of runs[i] tokens each."""
+    m0, q, k, v, decay, beta = delta_tokens(hd, n)
+    m, out = ffi.new("float[]", m0), ffi.new("float[]", n * hd)
+    q, k, v = (ffi.new("float[]", x) for x in (q, k, v))
+    decay, beta = ffi.new("float[]", decay), ffi.new("float[]", beta)
+    variant = ffi.NULL if kernels is None else kernels.encode()
+    t = 0
+    for run in runs:
+        at = t * hd
+        assert lib.llmd_kernel_delta_scan(m, q + at, k + at, v + at, decay + t, beta + t, run, hd, out + at,
+                                          variant) == lib.LLMD_OK
+        t += run
+    assert t == n
+    return list(ffi.unpack(m, hd * hd)), list(ffi.unpack(out, n * hd))
 
 
 @pytest.mark.parametrize("kernels", [v.name for v in kernel_variants() if v.runs])
 @pytest.mark.parametrize("hd", [16, 24, 128])
 def test_the_delta_scan_kernel_matches_its_scalar_reference(hd, kernels):
-    (m_fast, out_fast), (m_ref, out_ref) = delta_steps(hd, 20, kernels), delta_steps(hd, 20, None)
+    (m_fast, out_fast), (m_ref, out_ref) = delta_scan(hd, 20, kernels, [20]), delta_scan(hd, 20, None, [20])
     worst = max(abs(a - b) for a, b in zip(m_fast + out_fast, m_ref + out_ref))
     assert worst < 1e-4, f"max difference {worst}"
 
 
+@pytest.mark.parametrize("kernels", [v.name for v in kernel_variants() if v.runs])
+def test_a_token_scans_to_the_same_bits_in_a_run_of_any_length(kernels):
+    whole = delta_scan(128, 20, kernels, [20])
+    assert delta_scan(128, 20, kernels, [1] * 20) == whole
+    assert delta_scan(128, 20, kernels, [7, 1, 12]) == whole
+
+
 def test_the_delta_scan_kernel_refuses_bad_arguments():
     m = ffi.new("float[]", 4)
-    assert lib.llmd_kernel_delta_step(m, m, m, m, 1.0, 1.0, 0, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
-    assert lib.llmd_kernel_delta_step(ffi.NULL, m, m, m, 1.0, 1.0, 2, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
-    assert lib.llmd_kernel_delta_step(m, m, m, m, 1.0, 1.0, 2, m, b"no-such-variant") == lib.LLMD_ERR_UNSUPPORTED
+    assert lib.llmd_kernel_delta_scan(m, m, m, m, m, m, 1, 0, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert lib.llmd_kernel_delta_scan(m, m, m, m, m, m, 0, 2, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert lib.llmd_kernel_delta_scan(ffi.NULL, m, m, m, m, m, 1, 2, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert lib.llmd_kernel_delta_scan(m, m, m, m, ffi.NULL, m, 1, 2, m, ffi.NULL) == lib.LLMD_ERR_INVALID_ARGUMENT
+    assert lib.llmd_kernel_delta_scan(m, m, m, m, m, m, 1, 2, m, b"no-such-variant") == lib.LLMD_ERR_UNSUPPORTED
 
 
 # ---- the session's memory ------------------------------------------------------------------

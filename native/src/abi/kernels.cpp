@@ -168,15 +168,17 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
     });
 }
 
-llmd_status llmd_kernel_delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta,
-                                   int32_t hd, float *out, const char *kernels) {
+llmd_status llmd_kernel_delta_scan(float *m, const float *q, const float *k, const float *v, const float *decay,
+                                   const float *beta, int32_t n, int32_t hd, float *out, const char *kernels) {
     return guarded([&]() -> llmd_status {
-        if (m == nullptr || q == nullptr || k == nullptr || v == nullptr || out == nullptr || hd < 1 || hd > 1024)
-            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad delta step arguments");
+        if (m == nullptr || q == nullptr || k == nullptr || v == nullptr || decay == nullptr || beta == nullptr ||
+            out == nullptr || n < 1 || hd < 1 || hd > 1024)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad delta scan arguments");
         const Kernels *table = kernels_for_test(kernels);
         if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
         const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        table->delta_step(m, q, k, v, decay, beta, hd, scale, out);
+        const size_t stride = static_cast<size_t>(hd);
+        table->delta_scan(m, {q, k, v, stride, decay, beta, 1, out, stride}, n, hd, scale);
         return LLMD_OK;
     });
 }

@@ -32,8 +32,18 @@ namespace llmd {
 
 using AttendFn = void (*)(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
                           AttnPartial *part);
-using DeltaStepFn = void (*)(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                             float scale, float *out);
+// A run of tokens through one Gated DeltaNet head (ops/recurrent.h: delta_scan):
+// token t reads q, k and v (hd each) at + t · stride, its decay and beta at
+// [t · gate_stride], and writes its output (hd) at out + t · out_stride.
+struct DeltaTokens {
+    const float *q, *k, *v;
+    size_t stride;
+    const float *decay, *beta;
+    size_t gate_stride;
+    float *out;
+    size_t out_stride;
+};
+using DeltaScanFn = void (*)(float *m, const DeltaTokens &x, int n, int hd, float scale);
 
 struct Kernels {
     const char *name; // "scalar", "avx2", "avx-vnni", "avx512", "neon", "dotprod", "i8mm"
@@ -47,7 +57,7 @@ struct Kernels {
     // every variant.
     void (*quantize_q8a)(const float *x, BlockQ8A *y, int64_t n, int64_t group);
     AttendFn attend_range;    // ops/attention.h
-    DeltaStepFn delta_step;   // ops/recurrent.h
+    DeltaScanFn delta_scan;   // ops/recurrent.h
     // gate[i] = act(gate[i]) * up[i], act SiLU or GELU (tanh approximation).
     void (*glu)(bool gelu, float *gate, const float *up, int64_t n);
     // Σ x[i]² in double, for rmsnorm.
@@ -81,8 +91,7 @@ void quantize_q8a_ref(const float *x, BlockQ8A *y, int64_t n, int64_t group);
 void glu_ref(bool gelu, float *gate, const float *up, int64_t n);
 double sum_squares_ref(const float *x, int n);
 void to_f16_ref(const float *x, uint16_t *y, int n);
-void delta_step_ref(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                    float scale, float *out); // ops/recurrent.cpp
+void delta_scan_ref(float *m, const DeltaTokens &x, int n, int hd, float scale); // ops/recurrent.cpp
 
 // The table of each variant this build has (kernels/*/), the scalar one first; a
 // variant is listed whether or not this CPU can run it.

@@ -39,7 +39,7 @@ const Kernels &kernels_scalar() {
                 s.dot[t] = traits->dot_ref;
         s.quantize_q8a = quantize_q8a_ref;
         s.attend_range = attend_range_ref;
-        s.delta_step = delta_step_ref;
+        s.delta_scan = delta_scan_ref;
         s.glu = glu_ref;
         s.sum_squares = sum_squares_ref;
         s.to_f16 = to_f16_ref;

@@ -118,15 +118,15 @@ std::vector<float> SnapshotCache::take(std::list<Entry>::iterator it) {
 
 // ---- short convolution (LFM2) ----------------------------------------------
 
-void conv_step(const float *w, int conv_len, float *state, const float *in, int dim, float *out) {
+void conv_step(const float *w, int conv_len, float *state, size_t stride, const float *in, int dim, float *out) {
     const int rows = conv_len - 1;
     for (int d = 0; d < dim; ++d) {
         float acc = 0.0f;
-        for (int j = 0; j < rows; ++j) acc += w[static_cast<size_t>(d) * conv_len + j] * state[static_cast<size_t>(j) * dim + d];
+        for (int j = 0; j < rows; ++j) acc += w[static_cast<size_t>(d) * conv_len + j] * state[j * stride + d];
         out[d] = acc + w[static_cast<size_t>(d) * conv_len + rows] * in[d];
     }
-    std::copy(state + dim, state + static_cast<size_t>(rows) * dim, state);
-    std::copy(in, in + dim, state + static_cast<size_t>(rows - 1) * dim);
+    for (int j = 0; j + 1 < rows; ++j) std::copy(state + (j + 1) * stride, state + (j + 1) * stride + dim, state + j * stride);
+    std::copy(in, in + dim, state + (rows - 1) * stride);
 }
 
 void short_conv(const Pass &p, const LayerWeights &L, int layer) {
@@ -144,7 +144,7 @@ void short_conv(const Pass &p, const LayerWeights &L, int layer) {
         const float *b = bcu.data() + t * row, *c = b + dim, *u = c + dim;
         float *y = p.xb + static_cast<size_t>(t) * dim;
         for (int d = 0; d < dim; ++d) bu[d] = b[d] * u[d];
-        conv_step(L.conv_w, p.hp.conv_len, p.batch[t].rs->layer(layer), bu.data(), dim, y);
+        conv_step(L.conv_w, p.hp.conv_len, p.batch[t].rs->layer(layer), dim, bu.data(), dim, y);
         for (int d = 0; d < dim; ++d) y[d] *= c[d];
     }
     matmuls(p, p.xb, {residual(L.conv_out, p.x)}); // x += (c * conv) · conv_outᵀ
@@ -152,29 +152,30 @@ void short_conv(const Pass &p, const LayerWeights &L, int layer) {
 
 // ---- Gated DeltaNet (Qwen3.5) ------------------------------------------------
 
-void delta_step_ref(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                    float scale, float *out) {
-    for (int j = 0; j < hd; ++j) {
-        float *row = m + static_cast<size_t>(j) * hd;
-        float mk = 0.0f;
-        for (int i = 0; i < hd; ++i) {
-            row[i] *= decay;
-            mk += row[i] * k[i];
+void delta_scan_ref(float *m, const DeltaTokens &x, int n, int hd, float scale) {
+    for (int t = 0; t < n; ++t) {
+        const float *q = x.q + t * x.stride, *k = x.k + t * x.stride, *v = x.v + t * x.stride;
+        const float decay = x.decay[t * x.gate_stride], beta = x.beta[t * x.gate_stride];
+        float *out = x.out + t * x.out_stride;
+        for (int j = 0; j < hd; ++j) {
+            float *row = m + static_cast<size_t>(j) * hd;
+            float mk = 0.0f;
+            for (int i = 0; i < hd; ++i) {
+                row[i] *= decay;
+                mk += row[i] * k[i];
+            }
+            const float delta = (v[j] - mk) * beta;
+            float mq = 0.0f;
+            for (int i = 0; i < hd; ++i) {
+                row[i] += delta * k[i];
+                mq += row[i] * q[i];
+            }
+            out[j] = mq * scale;
         }
-        const float delta = (v[j] - mk) * beta;
-        float mq = 0.0f;
-        for (int i = 0; i < hd; ++i) {
-            row[i] += delta * k[i];
-            mq += row[i] * q[i];
-        }
-        out[j] = mq * scale;
     }
 }
 
-void delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                float scale, float *out) {
-    kernels().delta_step(m, q, k, v, decay, beta, hd, scale, out);
-}
+void delta_scan(float *m, const DeltaTokens &x, int n, int hd, float scale) { kernels().delta_scan(m, x, n, hd, scale); }
 
 namespace {
 
@@ -208,40 +209,50 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
     rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
     matmuls(p, p.xb, {project(L.delta_in, mixed), project(L.delta_gate, z), project(L.delta_beta, beta),
                       project(L.delta_alpha, alpha)});
-    // The convolution and the gates, token by token in batch order (each token continues
-    // the convolution window its predecessor in the session left).
-    for (int t = 0; t < n; ++t) {
-        float *c = qkv + t * conv_dim;
-        conv_step(L.conv_w, hp.conv_len, p.batch[t].rs->layer(layer), mixed + t * conv_dim, static_cast<int>(conv_dim), c);
-        for (size_t i = 0; i < conv_dim; ++i) c[i] = silu(c[i]);
-        for (int h = 0; h < 2 * n_k; ++h) l2_normalize(c + static_cast<size_t>(h) * hd, hd, hp.norm_eps); // q, k heads
-        for (int h = 0; h < n_v; ++h) {
-            float &a = alpha[t * n_v + h], &b = beta[t * n_v + h];
-            a = std::exp(softplus(a + L.delta_dt[h]) * L.delta_a[h]); // the decay
-            b = sigmoid(b);
-        }
-    }
-    // The scan: a task per value head runs the batch's tokens in order over their
-    // sessions' states, so a token's result depends on nothing else in the batch.
+    // The convolution, SiLU and the q and k heads' L2 norm: a task per head's hd
+    // channels (of q, k or v) runs the batch's tokens in order, each continuing the
+    // convolution window its predecessor in the session left.
     const size_t conv_state = static_cast<size_t>(hp.conv_len - 1) * conv_dim;
+    p.pool.run(static_cast<int>(conv_dim / hd), [&](int g) {
+        const size_t c0 = static_cast<size_t>(g) * hd;
+        for (int t = 0; t < n; ++t) {
+            float *c = qkv + t * conv_dim + c0;
+            conv_step(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
+                      mixed + t * conv_dim + c0, hd, c);
+            for (int i = 0; i < hd; ++i) c[i] = silu(c[i]);
+            if (g < 2 * n_k) l2_normalize(c, hd, hp.norm_eps); // a q or k head
+        }
+    });
+    // The scan: a task per value head runs the batch's tokens in order over their
+    // sessions' states, so a token's result depends on nothing else in the batch; then
+    // the head's output is RMS-normed and gated.
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     p.pool.run(n_v, [&](int h) {
         const int kh = h % n_k;
         for (int t = 0; t < n; ++t) {
-            const float *c = qkv + t * conv_dim;
-            float *m = p.batch[t].rs->layer(layer) + conv_state + static_cast<size_t>(h) * hd * hd;
-            delta_step(m, c + static_cast<size_t>(kh) * hd, c + dn.qk_dim() + static_cast<size_t>(kh) * hd,
-                       c + 2 * dn.qk_dim() + static_cast<size_t>(h) * hd, alpha[t * n_v + h], beta[t * n_v + h], hd,
-                       scale, out + t * v_dim + static_cast<size_t>(h) * hd);
+            float &a = alpha[t * n_v + h], &b = beta[t * n_v + h];
+            a = std::exp(softplus(a + L.delta_dt[h]) * L.delta_a[h]); // the decay
+            b = sigmoid(b);
         }
-    });
-    for (int t = 0; t < n; ++t)
-        for (int h = 0; h < n_v; ++h) {
+        for (int t0 = 0; t0 < n;) { // runs of consecutive tokens of one session, one kernel call each
+            RecurrentState *rs = p.batch[t0].rs;
+            int t1 = t0 + 1;
+            while (t1 < n && p.batch[t1].rs == rs) ++t1;
+            const float *c = qkv + t0 * conv_dim;
+            const DeltaTokens run{c + static_cast<size_t>(kh) * hd, c + dn.qk_dim() + static_cast<size_t>(kh) * hd,
+                                  c + 2 * dn.qk_dim() + static_cast<size_t>(h) * hd, conv_dim,
+                                  alpha + t0 * n_v + h, beta + t0 * n_v + h, static_cast<size_t>(n_v),
+                                  out + t0 * v_dim + static_cast<size_t>(h) * hd, v_dim};
+            delta_scan(rs->layer(layer) + conv_state + static_cast<size_t>(h) * hd * hd, run, t1 - t0, hd, scale);
+            t0 = t1;
+        }
+        for (int t = 0; t < n; ++t) {
             float *o = out + t * v_dim + static_cast<size_t>(h) * hd;
             const float *g = z + t * v_dim + static_cast<size_t>(h) * hd;
             rmsnorm(o, o, L.delta_norm, hd, hp.norm_eps);
             for (int i = 0; i < hd; ++i) o[i] *= silu(g[i]);
         }
+    });
     matmuls(p, out, {residual(L.delta_out, p.x)}); // x += gated output · delta_outᵀ
 }
 

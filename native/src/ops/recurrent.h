@@ -22,6 +22,7 @@ namespace llmd {
 struct HParams;
 struct LayerWeights;
 struct Pass;
+struct DeltaTokens;
 
 constexpr int kMaxCheckpoints = 8; // per session; the oldest is dropped for a newer one
 
@@ -100,23 +101,27 @@ void short_conv(const Pass &p, const LayerWeights &L, int layer);
 
 // out (dim) = for each channel d, Σ_j w[d][j] · window_j[d] over the conv_len
 // positions window = (state rows oldest first, then in), accumulated in that order;
-// the state (conv_len - 1 rows of dim) then drops its oldest row and appends in.
-void conv_step(const float *w, int conv_len, float *state, const float *in, int dim, float *out);
+// the state (conv_len - 1 rows, `stride` floats apart, of which the first dim are
+// these channels') then drops its oldest row and appends in.
+void conv_step(const float *w, int conv_len, float *state, size_t stride, const float *in, int dim, float *out);
 
-// One token through one Gated DeltaNet head. m (hd × hd) holds the delta rule's state
-// transposed (row j is column j of S), so that every step reads rows:
+// n tokens of one session, in order, through one Gated DeltaNet head (kernels.h:
+// DeltaTokens says where each token's inputs and output are). m (hd × hd) holds the
+// delta rule's state transposed (row j is column j of S), so that every step reads rows:
 //   m *= decay;  delta_j = (v_j - m_j · k) · beta;  m_j += delta_j · k;  out_j = (m_j · q) · scale
-// The kernel in use (kernels.h; delta_step_ref is the scalar reference, summing in
+// A row never reads another, so a fast scan takes a few rows through every token while
+// they stay in cache, rather than every row through one token; each row's arithmetic is
+// that of its token alone, so a token's result is the same in a run of any length.
+// The kernel in use (kernels.h; delta_scan_ref is the scalar reference, summing in
 // index order); each variant's fixed sums make its result independent of anything but
 // its arguments.
-void delta_step(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                float scale, float *out);
+void delta_scan(float *m, const DeltaTokens &x, int n, int hd, float scale);
 
 // The Gated DeltaNet block of Qwen3.5, for layer `layer`: with xb = rmsnorm(x), the
 // mixed q, k, v = xb · delta_inᵀ go through a causal convolution over conv_len positions
 // (the session's state holds the earlier ones) and SiLU; q and k are L2-normalised per
 // head; each value head's state decays by exp(softplus(xb · alphaᵀ + dt) · a) and learns
-// at rate sigmoid(xb · betaᵀ) (delta_step); its output is RMS-normed, gated by
+// at rate sigmoid(xb · betaᵀ) (delta_scan); its output is RMS-normed, gated by
 // silu(xb · delta_gateᵀ), and x += that · delta_outᵀ.
 void gated_delta_net(const Pass &p, const LayerWeights &L, int layer);
 

@@ -1,11 +1,12 @@
 // ops_arm.h — the arm64 variants' vector operations (kernels.h): activation
 // quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
-// DeltaNet step, 4 lanes at a time.
+// DeltaNet scan, 4 lanes at a time.
 #pragma once
 
 #include "kernels/arm/simd_arm.h"
 #include "kernels/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace llmd {
@@ -73,26 +74,35 @@ void to_f16_neon(const float *x, uint16_t *y, int n) {
     to_f16_ref(x + i, y + i, n - i);
 }
 
-void delta_step_neon(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                     float scale, float *out) {
-    if (hd % 4 != 0) return delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
-    for (int j = 0; j < hd; ++j) {
-        float *row = m + static_cast<size_t>(j) * hd;
-        float32x4_t mk = vdupq_n_f32(0.0f);
-        for (int i = 0; i < hd; i += 4) {
-            const float32x4_t r = vmulq_n_f32(vld1q_f32(row + i), decay);
-            vst1q_f32(row + i, r);
-            mk = vfmaq_f32(mk, r, vld1q_f32(k + i));
+// Rows of the state a scan takes through every token of its run at a time (as
+// delta_scan_avx2: 16 rows of a 128-wide head stay in L1).
+constexpr int kDeltaRows = 16;
+
+void delta_scan_neon(float *m, const DeltaTokens &x, int n, int hd, float scale) {
+    if (hd % 4 != 0) return delta_scan_ref(m, x, n, hd, scale);
+    for (int j0 = 0; j0 < hd; j0 += kDeltaRows)
+        for (int t = 0; t < n; ++t) {
+            const float *q = x.q + t * x.stride, *k = x.k + t * x.stride, *v = x.v + t * x.stride;
+            const float decay = x.decay[t * x.gate_stride], beta = x.beta[t * x.gate_stride];
+            float *out = x.out + t * x.out_stride;
+            for (int j = j0; j < std::min(hd, j0 + kDeltaRows); ++j) {
+                float *row = m + static_cast<size_t>(j) * hd;
+                float32x4_t mk = vdupq_n_f32(0.0f);
+                for (int i = 0; i < hd; i += 4) {
+                    const float32x4_t r = vmulq_n_f32(vld1q_f32(row + i), decay);
+                    vst1q_f32(row + i, r);
+                    mk = vfmaq_f32(mk, r, vld1q_f32(k + i));
+                }
+                const float delta = (v[j] - vaddvq_f32(mk)) * beta;
+                float32x4_t mq = vdupq_n_f32(0.0f);
+                for (int i = 0; i < hd; i += 4) {
+                    const float32x4_t r = vfmaq_n_f32(vld1q_f32(row + i), vld1q_f32(k + i), delta);
+                    vst1q_f32(row + i, r);
+                    mq = vfmaq_f32(mq, r, vld1q_f32(q + i));
+                }
+                out[j] = vaddvq_f32(mq) * scale;
+            }
         }
-        const float delta = (v[j] - vaddvq_f32(mk)) * beta;
-        float32x4_t mq = vdupq_n_f32(0.0f);
-        for (int i = 0; i < hd; i += 4) {
-            const float32x4_t r = vfmaq_n_f32(vld1q_f32(row + i), vld1q_f32(k + i), delta);
-            vst1q_f32(row + i, r);
-            mq = vfmaq_f32(mq, r, vld1q_f32(q + i));
-        }
-        out[j] = vaddvq_f32(mq) * scale;
-    }
 }
 
 } // namespace

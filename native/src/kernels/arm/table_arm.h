@@ -26,7 +26,7 @@ Kernels table_arm(const char *name) {
 #endif
     k.quantize_q8a = quantize_q8a_neon;
     k.attend_range = attend_range_neon;
-    k.delta_step = delta_step_neon;
+    k.delta_scan = delta_scan_neon;
     k.glu = glu_neon;
     k.sum_squares = sum_squares_neon;
     k.to_f16 = to_f16_neon;

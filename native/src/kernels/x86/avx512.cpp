@@ -16,7 +16,7 @@ const Kernels &kernels_avx512() {
         set_panels<PanelsAvx512>(t);
         t.quantize_q8a = quantize_q8a_avx512;
         t.attend_range = attend_range_avx512;
-        t.delta_step = delta_step_avx512;
+        t.delta_scan = delta_scan_avx512;
         t.glu = glu_avx512;
         t.sum_squares = sum_squares_avx512;
         t.to_f16 = to_f16_avx512;

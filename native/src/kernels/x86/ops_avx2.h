@@ -1,11 +1,12 @@
 // ops_avx2.h — the 256-bit variants' vector operations (kernels.h): activation
 // quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
-// DeltaNet step, 8 lanes at a time.
+// DeltaNet scan, 8 lanes at a time.
 #pragma once
 
 #include "kernels/kernels.h"
 #include "kernels/x86/simd_avx2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <immintrin.h>
 
@@ -75,31 +76,40 @@ void to_f16_avx2(const float *x, uint16_t *y, int n) {
     to_f16_ref(x + i, y + i, n - i);
 }
 
-void delta_step_avx2(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                     float scale, float *out) {
-    if (hd % 16 != 0) return delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
-    // Both passes over a row sum in two chains (even and odd 8-lane slices): one chain
-    // waits an FMA's latency at every step of a 128-wide row.
-    const __m256 vdecay = _mm256_set1_ps(decay);
-    for (int j = 0; j < hd; ++j) {
-        float *row = m + static_cast<size_t>(j) * hd;
-        __m256 mk[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int i = 0; i < hd; i += 16)
-            for (int h = 0; h < 2; ++h) {
-                const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i + 8 * h), vdecay);
-                _mm256_storeu_ps(row + i + 8 * h, r);
-                mk[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i + 8 * h), mk[h]);
+// Rows of the state a scan takes through every token of its run at a time (64 KiB of
+// a 128-wide head's state stream from L2 at every token; 16 rows, 8 KiB, stay in L1).
+constexpr int kDeltaRows = 16;
+
+void delta_scan_avx2(float *m, const DeltaTokens &x, int n, int hd, float scale) {
+    if (hd % 16 != 0) return delta_scan_ref(m, x, n, hd, scale);
+    for (int j0 = 0; j0 < hd; j0 += kDeltaRows)
+        for (int t = 0; t < n; ++t) {
+            const float *q = x.q + t * x.stride, *k = x.k + t * x.stride, *v = x.v + t * x.stride;
+            const __m256 vdecay = _mm256_set1_ps(x.decay[t * x.gate_stride]);
+            const float beta = x.beta[t * x.gate_stride];
+            float *out = x.out + t * x.out_stride;
+            // Both passes over a row sum in two chains (even and odd 8-lane slices): one
+            // chain waits an FMA's latency at every step of a 128-wide row.
+            for (int j = j0; j < std::min(hd, j0 + kDeltaRows); ++j) {
+                float *row = m + static_cast<size_t>(j) * hd;
+                __m256 mk[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+                for (int i = 0; i < hd; i += 16)
+                    for (int h = 0; h < 2; ++h) {
+                        const __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i + 8 * h), vdecay);
+                        _mm256_storeu_ps(row + i + 8 * h, r);
+                        mk[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i + 8 * h), mk[h]);
+                    }
+                const __m256 delta = _mm256_set1_ps((v[j] - hsum256(_mm256_add_ps(mk[0], mk[1]))) * beta);
+                __m256 mq[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+                for (int i = 0; i < hd; i += 16)
+                    for (int h = 0; h < 2; ++h) {
+                        const __m256 r = _mm256_fmadd_ps(delta, _mm256_loadu_ps(k + i + 8 * h), _mm256_loadu_ps(row + i + 8 * h));
+                        _mm256_storeu_ps(row + i + 8 * h, r);
+                        mq[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i + 8 * h), mq[h]);
+                    }
+                out[j] = hsum256(_mm256_add_ps(mq[0], mq[1])) * scale;
             }
-        const __m256 delta = _mm256_set1_ps((v[j] - hsum256(_mm256_add_ps(mk[0], mk[1]))) * beta);
-        __m256 mq[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int i = 0; i < hd; i += 16)
-            for (int h = 0; h < 2; ++h) {
-                const __m256 r = _mm256_fmadd_ps(delta, _mm256_loadu_ps(k + i + 8 * h), _mm256_loadu_ps(row + i + 8 * h));
-                _mm256_storeu_ps(row + i + 8 * h, r);
-                mq[h] = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i + 8 * h), mq[h]);
-            }
-        out[j] = hsum256(_mm256_add_ps(mq[0], mq[1])) * scale;
-    }
+        }
 }
 
 } // namespace

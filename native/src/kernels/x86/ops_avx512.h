@@ -1,11 +1,12 @@
 // ops_avx512.h — the avx512 variant's vector operations (kernels.h): activation
 // quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
-// DeltaNet step, 16 lanes at a time.
+// DeltaNet scan, 16 lanes at a time.
 #pragma once
 
 #include "kernels/kernels.h"
 #include "kernels/x86/simd_avx512.h"
 
+#include <algorithm>
 #include <cmath>
 #include <immintrin.h>
 
@@ -71,27 +72,36 @@ void to_f16_avx512(const float *x, uint16_t *y, int n) {
     to_f16_ref(x + i, y + i, n - i);
 }
 
-void delta_step_avx512(float *m, const float *q, const float *k, const float *v, float decay, float beta, int hd,
-                       float scale, float *out) {
-    if (hd % 16 != 0) return delta_step_ref(m, q, k, v, decay, beta, hd, scale, out);
-    const __m512 vdecay = _mm512_set1_ps(decay);
-    for (int j = 0; j < hd; ++j) {
-        float *row = m + static_cast<size_t>(j) * hd;
-        __m512 mk = _mm512_setzero_ps();
-        for (int i = 0; i < hd; i += 16) {
-            const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + i), vdecay);
-            _mm512_storeu_ps(row + i, r);
-            mk = _mm512_fmadd_ps(r, _mm512_loadu_ps(k + i), mk);
+// Rows of the state a scan takes through every token of its run at a time (as
+// delta_scan_avx2: 16 rows of a 128-wide head stay in L1).
+constexpr int kDeltaRows = 16;
+
+void delta_scan_avx512(float *m, const DeltaTokens &x, int n, int hd, float scale) {
+    if (hd % 16 != 0) return delta_scan_ref(m, x, n, hd, scale);
+    for (int j0 = 0; j0 < hd; j0 += kDeltaRows)
+        for (int t = 0; t < n; ++t) {
+            const float *q = x.q + t * x.stride, *k = x.k + t * x.stride, *v = x.v + t * x.stride;
+            const __m512 vdecay = _mm512_set1_ps(x.decay[t * x.gate_stride]);
+            const float beta = x.beta[t * x.gate_stride];
+            float *out = x.out + t * x.out_stride;
+            for (int j = j0; j < std::min(hd, j0 + kDeltaRows); ++j) {
+                float *row = m + static_cast<size_t>(j) * hd;
+                __m512 mk = _mm512_setzero_ps();
+                for (int i = 0; i < hd; i += 16) {
+                    const __m512 r = _mm512_mul_ps(_mm512_loadu_ps(row + i), vdecay);
+                    _mm512_storeu_ps(row + i, r);
+                    mk = _mm512_fmadd_ps(r, _mm512_loadu_ps(k + i), mk);
+                }
+                const __m512 delta = _mm512_set1_ps((v[j] - _mm512_reduce_add_ps(mk)) * beta);
+                __m512 mq = _mm512_setzero_ps();
+                for (int i = 0; i < hd; i += 16) {
+                    const __m512 r = _mm512_fmadd_ps(delta, _mm512_loadu_ps(k + i), _mm512_loadu_ps(row + i));
+                    _mm512_storeu_ps(row + i, r);
+                    mq = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), mq);
+                }
+                out[j] = _mm512_reduce_add_ps(mq) * scale;
+            }
         }
-        const __m512 delta = _mm512_set1_ps((v[j] - _mm512_reduce_add_ps(mk)) * beta);
-        __m512 mq = _mm512_setzero_ps();
-        for (int i = 0; i < hd; i += 16) {
-            const __m512 r = _mm512_fmadd_ps(delta, _mm512_loadu_ps(k + i), _mm512_loadu_ps(row + i));
-            _mm512_storeu_ps(row + i, r);
-            mq = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), mq);
-        }
-        out[j] = _mm512_reduce_add_ps(mq) * scale;
-    }
 }
 
 } // namespace

@@ -18,7 +18,7 @@ Kernels table_256(const char *name) {
     set_panels<PanelsAvx2>(k);
     k.quantize_q8a = quantize_q8a_avx2;
     k.attend_range = attend_range_avx2;
-    k.delta_step = delta_step_avx2;
+    k.delta_scan = delta_scan_avx2;
     k.glu = glu_avx2;
     k.sum_squares = sum_squares_avx2;
     k.to_f16 = to_f16_avx2;
