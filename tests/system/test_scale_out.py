@@ -217,17 +217,20 @@ def test_thirty_conversations_through_nginx_survive_a_killed_and_a_drained_insta
         third.join()
         assert instances[victim].proc.wait(timeout=10) == -signal.SIGKILL
 
-        # Then a second instance drains (SIGTERM) while the fourth turns are sent; the
-        # last turns all go to the one instance left. No request may fail from here.
+        # Then a second instance drains (SIGTERM) while the fourth turns are sent, and once
+        # it has exited the last turns all go to the one instance left (sent only then, so
+        # that none can finish on the draining instance first, however fast it is). No
+        # request may fail from here.
         failures_before = sum(len(c.failures) for c in moved)
         drained = next(k for k in range(3) if k != victim)
         draining = held(instances[drained].url) & {c.sid for c in moved}
-        fourth = threading.Thread(target=run_turns, args=(port, moved, range(TERM_AFTER, TURNS)))
+        fourth = threading.Thread(target=run_turns, args=(port, moved, range(TERM_AFTER, TERM_AFTER + 1)))
         fourth.start()
         wait_for(lambda: metric(instances[drained].url, "vllm:num_requests_running"), what="generations in flight")
         instances[drained].proc.send_signal(signal.SIGTERM)
         fourth.join()
         assert instances[drained].proc.wait(timeout=60) == 0
+        run_turns(port, moved, range(TERM_AFTER + 1, TURNS))
         assert sum(len(c.failures) for c in moved) == failures_before, [c.failures for c in moved]
 
         # Every conversation completed, with the calm run's replies, whichever instances
