@@ -161,7 +161,7 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
             }
             table->attend_range(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim, scale, part_out.data(),
                                 part.data());
-            attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
+            table->attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
         attend_finish(out, acc.data(), n_q, head_dim);
         return LLMD_OK;

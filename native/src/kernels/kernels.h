@@ -43,6 +43,7 @@ struct DeltaTokens {
     float *out;
     size_t out_stride;
 };
+using FoldFn = void (*)(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd);
 using DeltaScanFn = void (*)(float *m, const DeltaTokens &x, int n, int hd, float scale);
 
 struct Kernels {
@@ -57,6 +58,7 @@ struct Kernels {
     // every variant.
     void (*quantize_q8a)(const float *x, BlockQ8A *y, int64_t n, int64_t group);
     AttendFn attend_range;    // ops/attention.h
+    FoldFn attend_fold;       // ops/attention.h; the same bits in every variant (kernels/fold.h)
     DeltaScanFn delta_scan;   // ops/recurrent.h
     // gate[i] = act(gate[i]) * up[i], act SiLU or GELU (tanh approximation).
     void (*glu)(bool gelu, float *gate, const float *up, int64_t n);

@@ -39,6 +39,7 @@ const Kernels &kernels_scalar() {
                 s.dot[t] = traits->dot_ref;
         s.quantize_q8a = quantize_q8a_ref;
         s.attend_range = attend_range_ref;
+        s.attend_fold = attend_fold_ref;
         s.delta_scan = delta_scan_ref;
         s.glu = glu_ref;
         s.sum_squares = sum_squares_ref;

@@ -1,6 +1,7 @@
 // attention.cpp — see attention.h.
 #include "ops/attention.h"
 
+#include "kernels/fold.h"
 #include "kernels/kernels.h"
 #include "quants/quants.h"
 
@@ -54,19 +55,12 @@ void attend_start(float *y, AttnPartial *acc, int n_q, int hd) {
     std::fill(acc, acc + n_q, AttnPartial{-INFINITY, 0.0f});
 }
 
-// Explicit fused multiply-adds: the compiler may not contract these differently
-// wherever it inlines them, so every caller folds the same bits.
+void attend_fold_ref(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd) {
+    fold_partial(y, acc, out, part, n_q, hd);
+}
+
 void attend_fold(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd) {
-    for (int g = 0; g < n_q; ++g) {
-        const float m0 = acc[g].max, m1 = part[g].max, mx = std::max(m0, m1);
-        // The side with the larger max keeps its scale exp(0) = 1; the other shrinks
-        // (to 0 on the first fold, where m0 is -inf).
-        const float e = std::exp(std::min(m0, m1) - mx), a = m0 < m1 ? e : 1.0f, b = m0 < m1 ? 1.0f : e;
-        float *yg = y + static_cast<size_t>(g) * hd;
-        const float *og = out + static_cast<size_t>(g) * hd;
-        for (int d = 0; d < hd; ++d) yg[d] = std::fma(yg[d], a, og[d] * b);
-        acc[g] = {mx, std::fma(acc[g].sum, a, part[g].sum * b)};
-    }
+    kernels().attend_fold(y, acc, out, part, n_q, hd);
 }
 
 void attend_finish(float *y, const AttnPartial *acc, int n_q, int hd) {

@@ -83,6 +83,7 @@ int attn_task_spans(int pairs, int ranges, int threads);
 // is there to the larger max, and attend_finish divides by the sum.
 void attend_start(float *y, AttnPartial *acc, int n_q, int hd);
 void attend_fold(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd);
+void attend_fold_ref(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd);
 void attend_finish(float *y, const AttnPartial *acc, int n_q, int hd);
 
 } // namespace llmd

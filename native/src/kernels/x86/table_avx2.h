@@ -2,6 +2,7 @@
 // sources, built with and without the VEX-coded VNNI instructions (build_native.py).
 #pragma once
 
+#include "kernels/fold.h"
 #include "kernels/kernels.h"
 #include "kernels/x86/attention_avx2.h"
 #include "kernels/x86/ops_avx2.h"
@@ -18,6 +19,7 @@ Kernels table_256(const char *name) {
     set_panels<PanelsAvx2>(k);
     k.quantize_q8a = quantize_q8a_avx2;
     k.attend_range = attend_range_avx2;
+    k.attend_fold = fold_partial;
     k.delta_scan = delta_scan_avx2;
     k.glu = glu_avx2;
     k.sum_squares = sum_squares_avx2;
