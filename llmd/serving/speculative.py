@@ -22,37 +22,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MODES = ("off", "ngram")  # the drafters there are (--speculative); a draft model and MTP heads are not built yet
+MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
 NGRAM_MIN = 2        # a single token repeats too often to predict what follows it
+FIRST_K = 4          # a generation's first proposal's length, before it has a record
 N_MAX = 16           # default cap on k (a verification of 16 drafts still costs about one step)
 MISSES = 2           # proposals rejected outright in a row before proposing pauses
 FIRST_PAUSE = 8      # steps of the first pause
 MAX_PAUSE = 256      # longest pause
 
 
-@dataclass
-class DraftStats:
-    """What a generation's proposals achieved, for timings and metrics."""
+@dataclass(frozen=True)
+class DraftLimits:
+    """A generation's bounds on its proposals' length (llama.cpp's speculative.n_max
+    and speculative.n_min)."""
 
-    drafted: int = 0   # ids proposed and verified
-    accepted: int = 0  # of those, ids the engine's sampling agreed with
+    n_max: int = N_MAX
+    n_min: int = 0
 
 
 class NgramDrafter:
     """One generation's prompt-lookup drafter over its tokens (prompt, then generated)."""
 
-    def __init__(self, tokens: list[int], *, n_max: int = N_MAX, n_min: int = 0):
-        if not 0 <= n_min <= n_max:
+    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits()):
+        if not 0 <= limits.n_min <= limits.n_max:
             raise ValueError("need 0 <= n_min <= n_max")
-        self.n_max, self.n_min = n_max, n_min
-        self.k = min(4, n_max)  # the next proposal's length
+        self.n_max, self.n_min = limits.n_max, limits.n_min
+        self.k = max(self.n_min, min(FIRST_K, self.n_max))  # the next proposal's length
         self.tokens: list[int] = []
         # n-gram -> index in tokens of what followed its most recent occurrence
         self._next: dict[tuple[int, ...], int] = {}
         self._misses = 0
         self._pause = 0      # steps left without proposing
         self._pause_len = FIRST_PAUSE
-        self.stats = DraftStats()
         self.extend(tokens)
 
     def extend(self, ids: list[int]) -> None:
@@ -84,8 +87,6 @@ class NgramDrafter:
 
     def record(self, drafted: int, accepted: int) -> None:
         """The engine accepted `accepted` of the `drafted` ids last proposed."""
-        self.stats.drafted += drafted
-        self.stats.accepted += accepted
         if accepted == drafted:
             self.k = min(self.n_max, 2 * self.k)
         else:
