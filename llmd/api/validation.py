@@ -133,6 +133,16 @@ class ResponseFormat:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """A request's say on speculative decoding: off, or bounds on a proposal's length
+    (None: the server's)."""
+
+    enabled: bool = True
+    n_max: int | None = None
+    n_min: int | None = None
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     messages: list[Message]
@@ -470,16 +480,6 @@ def parse_timings_per_token(body: dict) -> bool:
 def parse_return_progress(body: dict) -> bool:
     v = body.get("return_progress")
     return False if v is None else bool_field(v, "return_progress")
-
-
-@dataclass(frozen=True)
-class Speculative:
-    """A request's say on speculative decoding: off, or bounds on a proposal's length
-    (None: the server's)."""
-
-    enabled: bool = True
-    n_max: int | None = None
-    n_min: int | None = None
 
 
 def parse_speculative(body: dict) -> Speculative:
