@@ -243,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--streams", type=int, default=_env("streams", 0, int),
                        help="instead: aggregate tokens/s of one stream and of this many concurrent ones through "
                             "HTTP (streamed /v1/completions, 128 tokens each)")
+    # Its own variable: LLMD_SPECULATIVE is the server's mode (off|ngram).
+    bench.add_argument("--speculative", action="store_true", dest="bench_speculative",
+                       default=_env("bench_speculative", False, bool),
+                       help="instead: single-stream decode speed with speculative decoding on and off on four "
+                            "tasks (code edit, RAG answer, JSON rewrite, open chat), and 4 busy streams")
     bench.add_argument("--url", default=_env("url", None),
                        help="--streams: measure the server at this URL (any OpenAI-compatible one, e.g. "
                             "llama-server) instead of starting llmd; --model names its model file")
@@ -300,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
-                             args.shared_prompt, args.streams, args.url)
+                             args.shared_prompt, args.streams, args.url, args.bench_speculative)
         return cmd_serve(args)
     except fetch.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

@@ -19,6 +19,8 @@ to a warm turn in memory, and the share of each turn that was cached. With
 prefix cache stores it once) next to one session's. With --streams N: aggregate
 generation through HTTP of one stream and of N concurrent ones, against llmd or, with
 --url, any server that speaks OpenAI's streamed /v1/completions (llama-server too).
+With --speculative: speculative decoding on and off on four tasks, and with 4 busy
+streams (llmd/commands/speculative_bench.py).
 """
 from __future__ import annotations
 
@@ -464,7 +466,13 @@ def _default() -> str:
 
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
-        sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None) -> int:
+        sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None,
+        speculative: bool = False) -> int:
+    if speculative:
+        from llmd.commands.speculative_bench import speculative_figures
+        figures = speculative_figures(path, threads, runs)
+        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+        return 0 if figures["identical_output"] else 1
     if streams:
         figures = concurrent_figures(url, path or _default(), threads, runs, streams)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))

@@ -238,8 +238,9 @@ class Runtime:
                 continue
             if decoding:
                 waiting = any(not g.decoding for g in self._active)
-                if len(decoding) <= SPECULATE_MAX_STREAMS and decoding[0].drafter is not None:
-                    await self._speculative_steps(decoding[0], 1 if waiting else BURST)
+                if len(decoding) <= SPECULATE_MAX_STREAMS and all(g.drafter is not None for g in decoding):
+                    for g in decoding:  # each in calls of its own: a verification is one session's
+                        await self._speculative_steps(g, 1 if waiting or len(decoding) > 1 else BURST)
                 else:
                     await self._decode_steps(decoding[:MAX_DECODE_BATCH], 1 if waiting else BURST)
                 # Rotate so that more than MAX_DECODE_BATCH streams all advance.

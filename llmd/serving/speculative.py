@@ -25,7 +25,7 @@ from dataclasses import dataclass
 MODES = ("off", "ngram")  # the drafters there are (--speculative); a draft model and MTP heads are not built yet
 MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
-NGRAM_MIN = 2        # a single token repeats too often to predict what follows it
+NGRAM_MIN = 3        # shorter matches guess wrong too often to pay for their verification (docs/speculative.md)
 FIRST_K = 4          # a generation's first proposal's length, before it has a record
 N_MAX = 16           # default cap on k (a verification of 16 drafts still costs about one step)
 MISSES = 2           # proposals rejected outright in a row before proposing pauses

@@ -228,7 +228,8 @@ llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
  * token (decode one step first: LLMD_ERR_STATE); 0 drafts is decode_one. Drafts
  * past the context are not verified. A stopped session gives one stopped step.
  * n_draft <= LLMD_MAX_DRAFT. With recurrent layers, a step that rejects a draft
- * runs the accepted tokens again from the state before it. */
+ * runs the accepted tokens again from the state before it (also one that passes a
+ * block boundary, where plain steps offer the state to the prefix cache). */
 enum { LLMD_MAX_DRAFT = 32 };
 llmd_status llmd_session_decode_draft(llmd_session *session, const int32_t *draft, size_t n_draft, int32_t n_top,
                                       llmd_token *out, float *logprobs, int32_t *top_ids, float *top_logprobs,

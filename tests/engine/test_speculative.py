@@ -198,3 +198,36 @@ def test_drafts_past_the_context_are_not_verified(engines):
         assert [t.id for t in step] == [1] * 4 and s.position == N_CTX
         with pytest.raises(EngineError, match="the context is full"):
             s.decode_draft([1])
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+def test_a_hybrid_models_prefix_cache_gets_the_snapshots_plain_steps_give(tmp_path, arch):
+    """Plain decode steps offer the recurrent state at each block boundary they pass to
+    the prefix cache; verification steps that pass one do too, so a later request
+    resumes from the same place."""
+    path = tmp_path / f"{arch}.gguf"
+    (build_tiny_qwen35 if arch == "qwen35" else build_tiny_lfm2)(n_ctx=N_CTX).write(path)
+    reused, passed = {}, 0
+    for mode in ("plain", "speculative"):
+        with Engine(str(path), n_threads=2, n_ctx=N_CTX, max_sessions=4) as engine:
+            prompt = prompt_of(engine)
+            with engine.new_session() as s:
+                s.share_prefix("scope", prompt, 0)
+                s.prefill(prompt)
+                ids = [s.decode_one().id]
+                while len(ids) < 100:
+                    if mode == "plain":
+                        ids.append(s.decode_one().id)
+                    else:  # wrong drafts, then right ones: rollbacks, and whole passes over the boundary
+                        right = plain_ids[len(ids):len(ids) + 7]
+                        draft = right if len(ids) % 3 else [(right[0] + 1) % engine.info.n_vocab] + right[1:]
+                        before = s.position
+                        ids += [t.id for t in s.decode_draft(draft[:100 - len(ids) - 1])]
+                        passed += before < 128 < s.position
+                tokens = s.tokens()
+            plain_ids = ids
+            with engine.new_session() as other:
+                reused[mode] = other.share_prefix("scope", tokens + [1], 0)
+            assert engine.kv_stats().snapshots >= 1
+    assert passed == 1  # a verification step went past the boundary at 128 in one pass
+    assert reused["plain"] == reused["speculative"] == 128  # the newest boundary the reply passed

@@ -214,11 +214,26 @@ llmd_status decode_draft(llmd_session *s, const int32_t *draft, size_t k, int32_
     }
     const int kept = static_cast<int>(s->tokens.size()); // the pending token and the accepted drafts
     s->kv.truncate(kept);
-    if (!s->rs.empty() && kept < pos + 1 + static_cast<int>(k)) {
+    // Plain steps would have offered the recurrent state at a block boundary they passed
+    // to the prefix cache (publish_snapshot); the pass went by it.
+    const int boundary = kept / kKVBlock * kKVBlock;
+    const bool passed = boundary > pos && boundary < kept;
+    if (!s->rs.empty() && (kept < pos + 1 + static_cast<int>(k) || passed)) {
         std::copy(before.begin(), before.end(), s->rs.now.begin());
         s->rs.pos = pos;
-        for (int j = pos; j < kept; ++j) batch[j - pos] = {&s->kv, s->tokens[j], j, false, &s->rs};
-        forward(*e->model, batch.data(), kept - pos, e->ws, *e->pool, nullptr);
+        auto run = [&](int from, int to) { // the accepted tokens [from, to) again, from the state at from
+            for (int j = from; j < to; ++j) batch[j - from] = {&s->kv, s->tokens[j], j, false, &s->rs};
+            forward(*e->model, batch.data(), to - from, e->ws, *e->pool, nullptr);
+        };
+        if (passed) {
+            run(pos, boundary);
+            const std::vector<int32_t> tail(s->tokens.begin() + boundary, s->tokens.end());
+            s->tokens.resize(boundary);
+            s->kv.publish(s->tokens);
+            if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
+            s->tokens.insert(s->tokens.end(), tail.begin(), tail.end());
+        }
+        run(passed ? boundary : pos, kept);
     }
     s->kv.publish(s->tokens);
     if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
