@@ -17,6 +17,7 @@ import pytest
 
 from llmd._native import lib
 from llmd.engine.native import Engine, EngineError, Sampling
+from tests.engine.test_engine_grammar import PERSON, schema_grammar
 from tests.support.gguf_writer import build_tiny_lfm2, build_tiny_qwen35
 
 N_CTX = 256
@@ -231,3 +232,33 @@ def test_a_hybrid_models_prefix_cache_gets_the_snapshots_plain_steps_give(tmp_pa
             assert engine.kv_stats().snapshots >= 1
     assert passed == 1  # a verification step went past the boundary at 128 in one pass
     assert reused["plain"] == reused["speculative"] == 128  # the newest boundary the reply passed
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_a_grammar_constrained_generation_verifies_drafts_through_its_mask(engines, sampling):
+    """Drafts pass through the grammar as sampled tokens do: the output, the forced
+    (budget) flags and the completing terminal token are plain decoding's."""
+    engine = engines["llama"]
+    grammar = schema_grammar(PERSON)
+
+    def run(drafts) -> list[tuple[int, bool, bool]]:
+        with engine.new_session() as s:
+            s.set_sampling(SAMPLINGS[sampling])
+            s.set_grammar(grammar, 40)
+            s.prefill(prompt_of(engine))
+            out: list = []
+            while not out or not out[-1][2]:
+                step = s.decode_draft(drafts(len(out)) if out else [])
+                out += [(t.id, t.forced, t.is_terminal) for t in step]
+            return out
+
+    reference = run(lambda i: [])
+    rng = random.Random(5)
+
+    def drafts(i: int) -> list[int]:
+        draft = [r[0] for r in reference[i:i + rng.randint(1, 6)]]
+        if draft and rng.random() < 0.4:
+            draft[-1] = (draft[-1] + 1) % engine.info.n_vocab  # likely outside the grammar
+        return draft
+
+    assert run(drafts) == reference

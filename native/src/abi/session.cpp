@@ -186,8 +186,8 @@ llmd_status decode_draft(llmd_session *s, const int32_t *draft, size_t k, int32_
     const int n_vocab = e->model->hp.n_vocab;
     const int pos = static_cast<int>(s->tokens.size());
     // A recurrent state cannot be cut back: the state before the pass, to run the
-    // accepted tokens again from if a draft is rejected.
-    const std::vector<float> before = s->rs.now;
+    // accepted tokens again from if a draft is rejected (none without drafts).
+    const std::vector<float> before = k > 0 ? s->rs.now : std::vector<float>();
     std::vector<BatchToken> batch(k + 1);
     batch[0] = {&s->kv, s->pending, pos, true, &s->rs};
     for (size_t j = 0; j < k; ++j) batch[j + 1] = {&s->kv, draft[j], static_cast<int32_t>(pos + 1 + j), true, &s->rs};
