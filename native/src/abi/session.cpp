@@ -1,6 +1,6 @@
 // session.cpp — the C ABI of llmd.h for sessions: prefill, batched decode and
-// sampling, speculative verification, truncation, the prefix cache, state export and import, grammars,
-// embeddings, scoring and log-probabilities.
+// sampling, speculative verification, truncation, the prefix cache, state export and
+// import, grammars, embeddings, scoring and log-probabilities.
 #include "abi/handles.h"
 
 #include "memory/session_state.h"
