@@ -809,3 +809,20 @@ def test_speculative_bounds_past_the_servers_are_400(server):
     assert resp.status == 400 and resp.json()["error"]["param"] == "speculative.n_min"
     body = {**server.completion_body("Hi", max_tokens=2), "speculative.n_max": 4, "speculative.n_min": 4}
     assert server.post_json("/completions", body).status == 200
+
+
+def test_streams_with_stop_strings_and_n_choices_are_the_same_with_speculation(server):
+    """Each speculated token goes through the plain path: streamed deltas, a stop string
+    cut, seeded choices and their finish reasons equal a request's without speculation."""
+    text = "one two three four five six seven eight nine ten " * 3
+    for extra in ({"stop": ["seven"]}, {"n": 2, "temperature": 0.9, "seed": 5}):
+        replies = []
+        for flag in (True, False):
+            stream = server.completion_stream(text, max_tokens=30, speculative=flag, **extra)
+            deltas = [(c["choices"][0]["index"], c["choices"][0]["text"], c["choices"][0].get("finish_reason"))
+                      for c in stream.chunks if isinstance(c, dict) and c.get("choices")]
+            replies.append(deltas)
+        joined = "".join(t for _, t, _ in replies[0])
+        assert replies[0] == replies[1] and joined
+        if "stop" in extra:
+            assert "seven" not in joined and replies[0][-1][2] == "stop"
