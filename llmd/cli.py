@@ -302,10 +302,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             from llmd.commands import accuracy
             return accuracy.run(str(fetch.resolve_model(args.model)), args.file, args.twin, args.threads, args.json)
+        if args.command == "bench" and args.bench_speculative:
+            from llmd.commands import speculative_bench
+            return speculative_bench.run(args.model, args.threads, args.runs, args.json)
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
-                             args.shared_prompt, args.streams, args.url, args.bench_speculative)
+                             args.shared_prompt, args.streams, args.url)
         return cmd_serve(args)
     except fetch.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

@@ -466,13 +466,7 @@ def _default() -> str:
 
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
-        sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None,
-        speculative: bool = False) -> int:
-    if speculative:
-        from llmd.commands.speculative_bench import speculative_figures
-        figures = speculative_figures(path, threads, runs)
-        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
-        return 0 if figures["identical_output"] else 1
+        sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None) -> int:
     if streams:
         figures = concurrent_figures(url, path or _default(), threads, runs, streams)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))

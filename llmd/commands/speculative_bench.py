@@ -161,3 +161,10 @@ def _busy_streams(port: int, model: str, texts: dict[str, str], runs: int, eog_i
     return {"4_streams_on_tok_s": round(statistics.median(on), 1),
             "4_streams_off_tok_s": round(statistics.median(off), 1),
             "4_streams_speedup": round(statistics.median(a / b for a, b in zip(on, off)), 2)}
+
+
+def run(path: str | None, threads: int, runs: int, as_json: bool) -> int:
+    """Prints the figures; exits 1 when a reply differed with speculation."""
+    figures = speculative_figures(path, threads, runs)
+    print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+    return 0 if figures["identical_output"] else 1
