@@ -21,6 +21,7 @@ import time
 from llmd import logs
 from llmd.engine import fetch
 from llmd.serving.prefill import SCOPES
+from llmd.serving.speculative import MAX_DRAFT, MODES, N_MAX
 
 log = logging.getLogger("llmd")
 
@@ -91,6 +92,23 @@ def _api_key(text: str) -> str:
     return text
 
 
+def _speculative(text: str) -> str:
+    """--speculative: a drafter the runtime has, or a clear word on one it has not yet."""
+    if text in ("draft", "mtp"):
+        raise argparse.ArgumentTypeError(f"'{text}' speculative decoding is not built yet "
+                                         "(a draft model and MTP heads are planned); use 'ngram' or 'off'")
+    if text not in MODES:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(MODES)}")
+    return text
+
+
+def _draft_max(text: str) -> int:
+    n = int(text)
+    if not 0 <= n <= MAX_DRAFT:
+        raise argparse.ArgumentTypeError(f"must be 0..{MAX_DRAFT}")
+    return n
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=_env("model", None),
                    help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once)")
@@ -141,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let anonymous requests reuse the scratch session's cache")
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),
                        help="never reuse a session's KV cache (for A/B measurement)")
+    serve.add_argument("--speculative", type=_speculative, default=_env("speculative", "ngram", _speculative),
+                       metavar="{off,ngram}",
+                       help="speculative decoding: 'ngram' drafts the continuation of a repeated n-gram of the "
+                            "conversation (prompt lookup) and verifies it in one pass, without changing any "
+                            "output token; 'off' decodes one token per step")
+    serve.add_argument("--draft-max", type=_draft_max, default=_env("draft_max", N_MAX, _draft_max),
+                       help="longest speculative proposal in tokens, unless a request sets speculative.n_max "
+                            f"(0..{MAX_DRAFT})")
     serve.add_argument("--prefix-cache", choices=SCOPES, default=_env("prefix_cache", "key", choices=SCOPES),
                        help="share cached prompt prefixes between requests: among those with the same API key "
                             "(all of them when no key is configured), among all, or not at all")
@@ -217,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--streams", type=int, default=_env("streams", 0, int),
                        help="instead: aggregate tokens/s of one stream and of this many concurrent ones through "
                             "HTTP (streamed /v1/completions, 128 tokens each)")
+    # Its own variable: LLMD_SPECULATIVE is the server's mode (off|ngram).
+    bench.add_argument("--speculative", action="store_true", dest="bench_speculative",
+                       default=_env("bench_speculative", False, bool),
+                       help="instead: single-stream decode speed with speculative decoding on and off on four "
+                            "tasks (code edit, RAG answer, JSON rewrite, open chat), and 4 busy streams")
     bench.add_argument("--url", default=_env("url", None),
                        help="--streams: measure the server at this URL (any OpenAI-compatible one, e.g. "
                             "llama-server) instead of starting llmd; --model names its model file")
@@ -271,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             from llmd.commands import accuracy
             return accuracy.run(str(fetch.resolve_model(args.model)), args.file, args.twin, args.threads, args.json)
+        if args.command == "bench" and args.bench_speculative:
+            from llmd.commands import speculative_bench
+            return speculative_bench.run(args.model, args.threads, args.runs, args.json)
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
@@ -343,7 +377,7 @@ async def serve(args) -> None:
     if warning := exposure_warning(args.host, policy):
         log.warning(warning)
 
-    runtime = Runtime(ServerMetrics(), warm_resume=not args.no_warm_resume)
+    runtime = Runtime(ServerMetrics(), warm_resume=not args.no_warm_resume, speculative=args.speculative)
     try:
         path = await asyncio.to_thread(fetch.resolve_model, args.model)
         started = time.perf_counter()
@@ -383,7 +417,7 @@ async def serve(args) -> None:
     app.api = Api(engine, runtime, table, template,
                   Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, log_prompts=args.log_prompts,
-                          prefix_cache=args.prefix_cache))
+                          prefix_cache=args.prefix_cache, draft_max=args.draft_max))
     log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads, %s kernels",
              model_id, load_seconds, info.n_ctx, info.max_sessions, info.bytes_per_session / 1e6, info.n_threads,
              info.kernels,

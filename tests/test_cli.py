@@ -182,3 +182,18 @@ def test_a_host_that_cannot_be_bound_is_a_clear_error_not_a_traceback(host):
     result = run("--host", host, "--port", "0")
     assert result.returncode == 2
     assert f"cannot listen on {host}" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("mode", ["draft", "mtp"])
+def test_drafters_not_built_yet_are_refused_by_name(mode):
+    result = run("serve", "--speculative", mode)
+    assert result.returncode == 2
+    assert f"'{mode}' speculative decoding is not built yet" in result.stderr and "'ngram' or 'off'" in result.stderr
+
+
+def test_draft_max_is_bounded_by_the_engine():
+    from llmd import cli
+
+    assert cli.build_parser().parse_args(["serve", "--draft-max", "32"]).draft_max == 32
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["serve", "--draft-max", "33"])

@@ -16,7 +16,7 @@ from llmd.api.validation import (bool_field, CHAT_KEYS, CHAT_UNSUPPORTED, ChatRe
                                  MAX_TOP_LOGPROBS, parse_cache_salt, parse_common, parse_json_object,
                                  parse_max_tokens, parse_messages, parse_n, parse_n_probs,
                                  parse_prompt_cache_key, parse_reasoning, parse_response_format,
-                                 parse_return_progress, parse_sampling, parse_stop, parse_stream,
+                                 parse_return_progress, parse_sampling, parse_speculative, parse_stop, parse_stream,
                                  parse_template_kwargs, parse_timings_per_token, parse_tool_choice,
                                  parse_tools, required_field)
 from llmd.errors import ApiError, error_body, invalid_request, invalid_type, unsupported_parameter
@@ -192,6 +192,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         prompt_cache_key=parse_prompt_cache_key(obj),
         n=n,
         cache_salt=parse_cache_salt(obj),
+        speculative=parse_speculative(obj),
     )
 
 

@@ -11,7 +11,7 @@ from llmd.api.validation import (bool_field, CACHE_KEYS, check_keys, CompletionR
                                  LLAMA_KEYS, MAX_TOP_LOGPROBS, parse_cache_salt, parse_common,
                                  parse_json_object, parse_max_tokens, parse_n, parse_n_probs,
                                  parse_prompt_cache_key, parse_prompt_one, parse_response_format,
-                                 parse_return_progress, parse_sampling, parse_stop, parse_stream,
+                                 parse_return_progress, parse_sampling, parse_speculative, parse_stop, parse_stream,
                                  parse_timings_per_token, required_field, SAMPLING_KEYS, str_field)
 from llmd.errors import unsupported_parameter
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
@@ -131,6 +131,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         prompt_cache_key=parse_prompt_cache_key(obj),
         n=n,
         cache_salt=parse_cache_salt(obj),
+        speculative=parse_speculative(obj),
     )
 
 

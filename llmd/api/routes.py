@@ -35,6 +35,7 @@ from llmd.serving import metrics
 from llmd.serving.prefill import cache_scope
 from llmd.serving.runtime import Generation, Runtime, watch
 from llmd.serving.sessions import SessionTable, cache_key_session, reply_fingerprint, session_id_of
+from llmd.serving.speculative import N_MAX, DraftLimits
 from llmd.structured import constrain
 
 # The status page's scripts and styles are inline; nothing may come from elsewhere.
@@ -68,6 +69,7 @@ class Options:
     max_tokens_limit: int = 0     # cap on any request's max_tokens (0: the context)
     log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
     prefix_cache: str = "key"     # who shares cached prompt prefixes (llmd.serving.prefill.cache_scope)
+    draft_max: int = N_MAX        # longest speculative proposal unless a request says (--draft-max)
 
 
 @dataclass
@@ -420,6 +422,16 @@ class Api:
             repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
 
+    def _draft_limits(self, s: validation.Speculative) -> DraftLimits | None:
+        """A request's bounds on speculative proposals (None: it does not speculate)."""
+        if not s.enabled:
+            return None
+        limits = DraftLimits(self.options.draft_max if s.n_max is None else s.n_max, s.n_min or 0)
+        if limits.n_min > limits.n_max:
+            raise errors.invalid_request(f"'speculative.n_min' ({limits.n_min}) exceeds the longest proposal "
+                                         f"({limits.n_max})", "speculative.n_min")
+        return limits
+
     @property
     def queued(self) -> int:
         """Generation requests waiting to start: for their session's slot, or for their
@@ -460,6 +472,7 @@ class Api:
             cap = min(self.options.max_tokens_limit or n_ctx, n_ctx - len(ids))
             max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
             sampling = self._sampling(req.sampling)
+            speculative = self._draft_limits(req.speculative)
             scope = cache_scope(self.options.prefix_cache, request.principal, req.cache_salt)
 
             def generation(index: int) -> Generation:
@@ -471,6 +484,7 @@ class Api:
                                   logprobs=req.logprobs,
                                   prompt_logprobs=prompt_logprobs if index == 0 else None,
                                   progress=req.return_progress and req.stream and index == 0,
+                                  speculative=speculative,
                                   lease=lease if index == req.n - 1 else None)
 
             g = generation(0)

@@ -28,7 +28,9 @@ Field policy (the reasoned choice):
   `user` and `prompt_cache_retention` are checked. `prompt_cache_key` names the
   session when no session id is given. llama.cpp's `cache_prompt`, `id_slot` (-1
   only), `n_probs` (top logprobs), `timings_per_token` and `return_progress` (prompt
-  progress chunks in a stream, as llama.cpp's server sends them) are accepted too.
+  progress chunks in a stream, as llama.cpp's server sends them) are accepted too,
+  and so are `speculative` (false: no speculative decoding for this request) and
+  llama.cpp's `speculative.n_max` / `speculative.n_min` (bounds on a proposal's length).
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
   `verbosity`, tool_choice "allowed_tools"/custom,
@@ -75,6 +77,7 @@ from llmd.errors import (
     unknown_parameter,
     unsupported_parameter,
 )
+from llmd.serving.speculative import MAX_DRAFT
 
 MAX_DEPTH = 64           # JSON nesting; the top-level object is depth 1
 PARSE_INLINE_BYTES = 64 * 1024  # bodies parsed on the event loop; bigger ones on a thread
@@ -130,6 +133,16 @@ class ResponseFormat:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """A request's say on speculative decoding: off, or bounds on a proposal's length
+    (None: the server's)."""
+
+    enabled: bool = True
+    n_max: int | None = None
+    n_min: int | None = None
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     messages: list[Message]
@@ -158,6 +171,7 @@ class ChatRequest:
     # template variable -> the request field that set it (named when the template has no use for it)
     template_params: dict = field(default_factory=dict)
     cache_salt: str | None = None      # shares cached prefixes only with the same salt
+    speculative: Speculative = Speculative()
 
 
 @dataclass(frozen=True)
@@ -178,6 +192,7 @@ class CompletionRequest:
     prompt_cache_key: str | None = None
     n: int = 1
     cache_salt: str | None = None
+    speculative: Speculative = Speculative()
 
 
 @dataclass(frozen=True)
@@ -367,7 +382,8 @@ _NO_EFFECT_KEYS = frozenset({
 # llama.cpp server fields: cache_prompt (llmd always reuses the cache), id_slot (refused
 # unless -1, "any slot": sessions are named by session_id), n_probs (top logprobs),
 # timings_per_token, return_progress (prompt progress chunks while a stream's prompt is processed).
-LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress"})
+LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token", "return_progress",
+                        "speculative", "speculative.n_max", "speculative.n_min"})
 # vLLM's cache_salt: only requests that send the same salt share cached prompt prefixes.
 CACHE_KEYS = frozenset({"cache_salt"})
 MAX_CACHE_SALT = 256
@@ -464,6 +480,19 @@ def parse_timings_per_token(body: dict) -> bool:
 def parse_return_progress(body: dict) -> bool:
     v = body.get("return_progress")
     return False if v is None else bool_field(v, "return_progress")
+
+
+def parse_speculative(body: dict) -> Speculative:
+    """`speculative` (a boolean) and llama.cpp's `speculative.n_max` / `speculative.n_min`."""
+    v = body.get("speculative")
+    enabled = True if v is None else bool_field(v, "speculative")
+    bounds = {}
+    for key in ("n_max", "n_min"):
+        v = body.get(f"speculative.{key}")
+        bounds[key] = None if v is None else int_field(v, f"speculative.{key}", 0, MAX_DRAFT)
+    if bounds["n_max"] is not None and bounds["n_min"] is not None and bounds["n_min"] > bounds["n_max"]:
+        raise invalid_request("'speculative.n_min' must not exceed 'speculative.n_max'.", "speculative.n_min")
+    return Speculative(enabled, **bounds)
 
 
 def parse_prompt_cache_key(body: dict) -> str | None:

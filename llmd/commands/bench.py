@@ -19,6 +19,8 @@ to a warm turn in memory, and the share of each turn that was cached. With
 prefix cache stores it once) next to one session's. With --streams N: aggregate
 generation through HTTP of one stream and of N concurrent ones, against llmd or, with
 --url, any server that speaks OpenAI's streamed /v1/completions (llama-server too).
+With --speculative: speculative decoding on and off on four tasks, and with 4 busy
+streams (llmd/commands/speculative_bench.py).
 """
 from __future__ import annotations
 

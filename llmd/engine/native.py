@@ -426,6 +426,27 @@ class Session:
         _check(lib.llmd_session_decode_one(self.handle, self._token_out))
         return _token(self._token_out)
 
+    def decode_draft(self, draft: list[int], logprobs: int | None = None) -> list[Token]:
+        """Speculative decoding: the steps decode_one would take, one to len(draft) + 1 of
+        them, verified in one forward pass (llmd_session_decode_draft): the tokens equal
+        those decode_one calls would give, as long as they agree with the draft. With
+        logprobs, each carries its logprob and that many top ones."""
+        n = len(draft)
+        out = ffi.new("llmd_token[]", n + 1)
+        n_out = ffi.new("size_t *")
+        n_top = logprobs or 0
+        lps = ffi.new("float[]", n + 1) if logprobs is not None else ffi.NULL
+        top_ids, top_lps = ffi.new("int32_t[]", (n + 1) * n_top), ffi.new("float[]", (n + 1) * n_top)
+        _check(lib.llmd_session_decode_draft(self.handle, ffi.new("int32_t[]", draft), n, n_top, out, lps,
+                                             top_ids, top_lps, n_out))
+        tokens = [_token(out[i]) for i in range(n_out[0])]
+        if logprobs is not None and not tokens[0].stopped:
+            tokens = [dataclasses.replace(t, logprob=lps[i],
+                                          top=tuple((top_ids[i * n_top + j], top_lps[i * n_top + j])
+                                                    for j in range(n_top)))
+                      for i, t in enumerate(tokens)]
+        return tokens
+
     def stop(self) -> None:
         """Thread-safe: the next decode step returns a stopped step."""
         if self._handle is not None:

@@ -1,5 +1,6 @@
 """Serving: the one executor thread that makes every engine call, the session table
-and its admission, session files on disk, prefill planning and the metrics registry.
+and its admission, session files on disk, prefill planning, speculative drafting
+and the metrics registry.
 
 It knows requests only as token ids and sampling settings, never an API's shapes.
 

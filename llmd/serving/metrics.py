@@ -175,6 +175,10 @@ class ServerMetrics:
         self.cached_tokens = r.counter("llmd_prompt_tokens_cached_total",
                                        "Prompt tokens reused from a session's KV cache instead of prefilled.")
         self.generated_tokens = r.counter("llmd_generated_tokens_total", "Tokens generated.")
+        self.draft_tokens = r.counter("llmd_draft_tokens_total",
+                                      "Drafted tokens verified by speculative decoding, by drafter.", ("drafter",))
+        self.draft_accepted = r.counter("llmd_draft_tokens_accepted_total",
+                                        "Drafted tokens that speculative decoding accepted, by drafter.", ("drafter",))
         self.first_token = r.histogram(
             "llmd_time_to_first_token_seconds",
             "Seconds from a generation's admission to its first token.",

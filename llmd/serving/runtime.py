@@ -25,6 +25,15 @@ moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
 `end_all` at shutdown. The handler that started it only cancels it; it never has to
 wait for the end, so a handler interrupted at any await cannot leave a session held.
 
+Speculative decoding (llmd.serving.speculative). While a single generation is
+decoding, each of its steps may verify a proposal of its drafter (prompt lookup) in
+the same engine call (Session.decode_draft): the call returns one token or several,
+exactly those plain steps would give, and each goes through `_deliver` one by one as
+a plain step's token does, so streams, stops, logprobs, grammars and cancellation see
+no difference. With several generations decoding, a batched step serves them all
+with one read of the weights, which speculation would break into one call each
+(SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they decode plainly.
+
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step until the generation ends, whether or not it was cancelled meanwhile, so
 `resident` is always a prefix of what the cache holds (the next prefill truncates
@@ -43,11 +52,13 @@ from llmd.engine.native import Engine, Sampling, Token
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
 from llmd.serving.sessions import Lease, SessionTable, Slot
+from llmd.serving.speculative import MODES, DraftLimits, NgramDrafter
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
 READ_AHEAD = 64        # tokens a generation may run ahead of its reader
 BURST = 16             # decode steps run back to back while nothing else waits
+SPECULATE_MAX_STREAMS = 1  # speculate only while this many generations decode (docs/speculative.md)
 
 
 @dataclass(eq=False)
@@ -62,6 +73,7 @@ class Generation:
     logprobs: int | None = None    # tokens carry their logprob and this many top ones
     prompt_logprobs: int | None = None  # score the prompt (with this many top ones): no reuse
     progress: bool = False         # ("progress", prompt_progress()) events as the prompt is processed
+    speculative: DraftLimits | None = DraftLimits()  # None: never speculate
     prompt_scores: list = field(default_factory=list)  # (logprob, top) of prompt[1:]
     lease: Lease | None = None     # released when the generation ends
     plan: PrefillPlan | None = None
@@ -71,6 +83,9 @@ class Generation:
     pending: int | None = None     # sampled, not yet in the KV cache
     generated: int = 0
     forced: bool = False           # the grammar closed the output early to fit max_tokens
+    drafter: NgramDrafter | None = None  # from the first decode step on, if it speculates
+    drafted: int = 0               # drafted ids verified
+    accepted: int = 0              # of those, ids accepted
     cancelled: bool = False
     finished: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
@@ -104,16 +119,21 @@ class Generation:
             "predicted_n": self.generated,
             "predicted_ms": round(predicted_ms, 3),
             "predicted_per_second": round(self.generated / predicted_ms * 1000, 2) if predicted_ms > 0 else 0.0,
+            "draft_n": self.drafted,
+            "draft_n_accepted": self.accepted,
         }
 
 
 class Runtime:
     """Owns the executor thread and schedules generations on it."""
 
-    def __init__(self, metrics: ServerMetrics, *, warm_resume: bool = True):
+    def __init__(self, metrics: ServerMetrics, *, warm_resume: bool = True, speculative: str = "ngram"):
+        if speculative not in MODES:
+            raise ValueError(f"speculative must be one of {', '.join(MODES)}")
         self.engine: Engine | None = None
         self.metrics = metrics
         self.warm_resume = warm_resume
+        self.speculative = speculative
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-engine")
         self._active: list[Generation] = []
         self._wake = asyncio.Event()
@@ -218,7 +238,11 @@ class Runtime:
                 continue
             if decoding:
                 waiting = any(not g.decoding for g in self._active)
-                await self._decode_steps(decoding[:MAX_DECODE_BATCH], 1 if waiting else BURST)
+                if len(decoding) <= SPECULATE_MAX_STREAMS and all(g.drafter is not None for g in decoding):
+                    for g in decoding:  # each in calls of its own: a verification is one session's
+                        await self._speculative_steps(g, 1 if waiting or len(decoding) > 1 else BURST)
+                else:
+                    await self._decode_steps(decoding[:MAX_DECODE_BATCH], 1 if waiting else BURST)
                 # Rotate so that more than MAX_DECODE_BATCH streams all advance.
                 for g in decoding[:MAX_DECODE_BATCH]:
                     if g in self._active:
@@ -286,6 +310,8 @@ class Runtime:
             g.events.put_nowait(("progress", g.prompt_progress()))
         if g.next_prefill == len(g.prompt):
             g.decoding = True
+            if self.speculative == "ngram" and g.speculative is not None and g.speculative.n_max > 0:
+                g.drafter = NgramDrafter(g.prompt, g.speculative)
             g.t_prefill_end = time.perf_counter()
             if g.max_tokens == 0:  # the prompt's logprobs were all that was asked for
                 self._finish(g, "end", "length")
@@ -302,6 +328,9 @@ class Runtime:
         def run() -> None:
             for _ in range(steps):
                 tokens = self.engine.decode_batch(sessions, logprobs)
+                for g, tok in zip(batch, tokens):  # a drafter sees every token, on this thread
+                    if g.drafter is not None and not tok.stopped:
+                        g.drafter.extend([tok.id])
                 loop.call_soon_threadsafe(self._deliver, batch, tokens)
                 if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
                     return
@@ -313,6 +342,52 @@ class Runtime:
             for g in batch:
                 g.slot.dirty = True
                 self._finish(g, "error", exc)
+
+    async def _speculative_steps(self, g: Generation, most: int) -> None:
+        """Up to `most` steps of one generation, each verifying its drafter's proposal
+        (if any), fewer when it would reach its token budget or run READ_AHEAD ahead of
+        its reader, or ends."""
+        loop = asyncio.get_running_loop()
+        session, drafter = g.slot.session, g.drafter
+        left = min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize())
+        # The first step of a reply has no pending token for a proposal to follow.
+        started = g.generated > 0
+        self._interrupt = False
+
+        def run() -> None:
+            nonlocal left, started
+            for _ in range(most):
+                if left <= 0:
+                    return
+                draft = drafter.propose(left - 1) if started else []
+                tokens = session.decode_draft(draft, g.logprobs)
+                started = True
+                accepted = 0
+                while accepted < min(len(draft), len(tokens)) and tokens[accepted].id == draft[accepted]:
+                    accepted += 1
+                if draft:
+                    drafter.record(len(draft), accepted)
+                drafter.extend([t.id for t in tokens if not t.stopped])
+                left -= len(tokens)
+                loop.call_soon_threadsafe(self._deliver_draft, g, tokens, len(draft), accepted)
+                if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
+                    return
+
+        try:
+            await loop.run_in_executor(self.executor, run)
+        except Exception as exc:
+            g.slot.dirty = True
+            self._finish(g, "error", exc)
+
+    def _deliver_draft(self, g: Generation, tokens: list[Token], drafted: int, accepted: int) -> None:
+        """A speculative step's tokens, on the event loop: each as a plain step's."""
+        if drafted:
+            g.drafted += drafted
+            g.accepted += accepted
+            self.metrics.draft_tokens.inc(drafted, drafter="ngram")
+            self.metrics.draft_accepted.inc(accepted, drafter="ngram")
+        for tok in tokens:
+            self._deliver([g], [tok])
 
     def _deliver(self, batch: list[Generation], tokens: list[Token]) -> None:
         """One decode step's tokens, on the event loop."""

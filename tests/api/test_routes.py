@@ -3,6 +3,7 @@ conformance suite cannot see (disconnects, limits, pings, llmd's extension route
 import http.client
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -783,3 +784,45 @@ def test_models_meta_names_the_kernel_variant_the_engine_runs(server):
         body = resp.json()
         meta = (body["data"][0] if "data" in body else body)["meta"]
         assert meta["kernels"] == (os.environ.get("LLMD_KERNELS") or fastest)
+
+
+def test_speculative_decoding_shows_in_timings_and_metrics_and_changes_no_token(server):
+    """The server speculates by default (prompt lookup): a reply that copies its prompt
+    has drafts accepted, its tokens equal a request's that turns speculation off, and
+    /metrics counts the drafts."""
+    text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu " * 2
+    body = server.completion_body(text, max_tokens=40, logprobs=2)
+    on = server.post_json("/completions", body).json()
+    off = server.post_json("/completions", {**body, "speculative": False}).json()
+    assert on["choices"][0]["text"] == off["choices"][0]["text"]
+    assert on["choices"][0]["logprobs"] == off["choices"][0]["logprobs"]
+    assert 0 < on["timings"]["draft_n_accepted"] <= on["timings"]["draft_n"]
+    assert off["timings"]["draft_n"] == 0
+    metrics = server.request("GET", server.origin + "/metrics").body.decode()
+    accepted = re.search(r'^llmd_draft_tokens_accepted_total\{drafter="ngram"\} (\S+)$', metrics, re.M)
+    assert accepted and float(accepted.group(1)) >= on["timings"]["draft_n_accepted"]
+
+
+def test_speculative_bounds_past_the_servers_are_400(server):
+    body = {**server.completion_body("Hi", max_tokens=2), "speculative.n_min": 20}
+    resp = server.post_json("/completions", body)
+    assert resp.status == 400 and resp.json()["error"]["param"] == "speculative.n_min"
+    body = {**server.completion_body("Hi", max_tokens=2), "speculative.n_max": 4, "speculative.n_min": 4}
+    assert server.post_json("/completions", body).status == 200
+
+
+def test_streams_with_stop_strings_and_n_choices_are_the_same_with_speculation(server):
+    """Each speculated token goes through the plain path: streamed deltas, a stop string
+    cut, seeded choices and their finish reasons equal a request's without speculation."""
+    text = "one two three four five six seven eight nine ten " * 3
+    for extra in ({"stop": ["seven"]}, {"n": 2, "temperature": 0.9, "seed": 5}):
+        replies = []
+        for flag in (True, False):
+            stream = server.completion_stream(text, max_tokens=30, speculative=flag, **extra)
+            deltas = [(c["choices"][0]["index"], c["choices"][0]["text"], c["choices"][0].get("finish_reason"))
+                      for c in stream.chunks if isinstance(c, dict) and c.get("choices")]
+            replies.append(deltas)
+        joined = "".join(t for _, t, _ in replies[0])
+        assert replies[0] == replies[1] and joined
+        if "stop" in extra:
+            assert "seven" not in joined and replies[0][-1][2] == "stop"

@@ -5,7 +5,7 @@ import pytest
 from llmd.api.chat_completions import parse_chat_request
 from llmd.api.completions import parse_completion_request
 from llmd.api.validation import (MAX_DEPTH, ChatRequest, CompletionRequest, DetokenizeRequest, Message,
-                                 ResponseFormat, Sampling, Tool, ToolCall, check_token_ids, check_vocab,
+                                 ResponseFormat, Sampling, Speculative, Tool, ToolCall, check_token_ids, check_vocab,
                                  parse_detokenize_request, parse_json_object, parse_tokenize_request)
 from llmd.errors import ApiError
 
@@ -507,6 +507,20 @@ def test_llama_cpp_fields_that_cost_nothing_are_accepted():
     assert completion(return_progress=True).return_progress is True
     assert chat_refused(cache_prompt="yes").code == "invalid_type"
     assert completion_refused(return_progress="yes").param == "return_progress"
+
+
+def test_speculative_decoding_is_asked_for_as_llama_cpp_does():
+    assert chat().speculative == Speculative(True, None, None)
+    assert chat(speculative=False).speculative.enabled is False
+    assert completion(**{"speculative.n_max": 8, "speculative.n_min": 2}).speculative == Speculative(True, 8, 2)
+    assert chat(**{"speculative.n_max": 0}).speculative.n_max == 0
+    assert chat_refused(speculative="no").param == "speculative"
+    assert chat_refused(**{"speculative.n_max": 33}).code == "invalid_value"
+    assert completion_refused(**{"speculative.n_min": -1}).param == "speculative.n_min"
+    assert chat_refused(**{"speculative.n_max": 2.5}).param == "speculative.n_max"
+    err = chat_refused(**{"speculative.n_max": 2, "speculative.n_min": 3})
+    assert err.param == "speculative.n_min" and "n_max" in err.message
+    assert chat_refused(**{"speculative.p_min": 0.5}).code == "unknown_parameter"
 
 
 def test_id_slot_is_refused_pointing_to_session_id():

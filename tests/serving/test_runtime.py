@@ -1,16 +1,18 @@
 """The scheduler on the default model: generations advance in steps (a prefill chunk
 or one batched decode step), so streams share the executor fairly, a long prompt
 is prefilled between other streams' tokens, and a cancel takes effect at the next
-step. Assertions are on the order of events, never on times."""
+step; speculative decoding changes no token of any of it. Assertions are on the
+order of events and on tokens, never on times."""
 import asyncio
 
 import pytest_asyncio
 
 from llmd.engine import fetch
-from llmd.engine.native import Sampling
+from llmd.engine.native import Sampling, Session
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import PREFILL_CHUNK, Generation, Runtime
 from llmd.serving.sessions import Slot
+from tests.support.gguf_writer import build_tiny_qwen35
 
 FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
 
@@ -113,11 +115,19 @@ async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime, monkeyp
     steps = [0]  # decode steps the executor has finished, counted on the executor
     decode_batch = runtime.engine.decode_batch
 
+    decode_draft = Session.decode_draft  # a single stream decodes speculatively
+
     def counted(*args):
         tokens = decode_batch(*args)
         steps[0] += 1
         return tokens
+
+    def counted_draft(*args):
+        tokens = decode_draft(*args)
+        steps[0] += 1
+        return tokens
     monkeypatch.setattr(runtime.engine, "decode_batch", counted)
+    monkeypatch.setattr(Session, "decode_draft", counted_draft)
     log: list = []
     g, reader = await start(runtime, "d", FILLER, 1000, log)
     while len(log) < 3:
@@ -158,3 +168,65 @@ async def test_echo_without_new_tokens_ends_after_the_prompt(runtime):
     runtime.submit(g)
     assert await runtime.next_event(g) == ("end", "length")
     assert len(g.prompt_scores) == len(ids) - 1 and g.generated == 0
+
+
+# ---- speculative decoding --------------------------------------------------------------
+
+CODE = "".join(f"    total_{i} = compute(value_{i}, factor={i % 7})\n" for i in range(12))
+SPEC_PROMPTS = {
+    "copy": "Repeat this code exactly:\n" + CODE + "\nHere it is again:\n",
+    "story": FILLER * 2,
+    "chat": "Hello! How are you today?",
+}
+
+
+async def speculation_scenario(rt: Runtime, narrow: bool) -> tuple[dict, int, int]:
+    """Greedy generations with logprobs: one alone, then three at once (so speculation
+    stops and starts as the batch grows and shrinks), then a second turn of the first on
+    its warm session. Each generation's (id, logprob, top) tokens, the drafted and the
+    accepted ids in all. `narrow` biases the choice towards three ids, so that n-grams
+    recur on random weights too."""
+    sessions = {name: Slot(name, await rt.call(rt.engine.new_session)) for name in SPEC_PROMPTS}
+    bias = {i: float("-inf") for i in rt.engine.info.eog_ids} | ({i: 6.0 for i in range(40, 43)} if narrow else {})
+    never_end = Sampling(logit_bias=bias)  # greedy
+    out: dict = {}
+
+    async def run(key: str, slot: Slot, prompt: list[int], max_tokens: int) -> list[int]:
+        g = Generation(slot, prompt, never_end, max_tokens, logprobs=2)
+        rt.submit(g)
+        tokens = []
+        while (event := await rt.next_event(g))[0] == "token":
+            tokens.append(event[1])
+        out[key] = ([(t.id, t.logprob, t.top) for t in tokens], event)
+        return [t.id for t in tokens]
+
+    prompts = {name: await rt.call(rt.engine.tokenize, text) for name, text in SPEC_PROMPTS.items()}
+    first = await run("alone", sessions["copy"], prompts["copy"], 120)
+    together = {**sessions, "copy": Slot("copy2", await rt.call(rt.engine.new_session))}
+    await asyncio.gather(*(run(name, together[name], prompts[name], 60 + 20 * i)
+                           for i, name in enumerate(SPEC_PROMPTS)))
+    again = prompts["copy"] + first + await rt.call(rt.engine.tokenize, "\nOnce more:\n" + CODE[:80])
+    await run("warm", sessions["copy"], again, 80)
+    assert out["warm"][0] and sessions["copy"].resident[:len(prompts["copy"])] == prompts["copy"]
+    drafted = rt.metrics.draft_tokens.values.get(("ngram",), 0)
+    accepted = rt.metrics.draft_accepted.values.get(("ngram",), 0)
+    return out, drafted, accepted
+
+
+async def scenario_with(path: str, speculative: str, narrow: bool) -> tuple[dict, int, int]:
+    rt = Runtime(ServerMetrics(), speculative=speculative)
+    await rt.load(path, n_ctx=2048, max_sessions=8, n_threads=2)
+    try:
+        return await speculation_scenario(rt, narrow)
+    finally:
+        await rt.close()
+
+
+async def test_speculation_changes_no_token_or_logprob_of_greedy_generations(tmp_path):
+    qwen35 = tmp_path / "qwen35.gguf"
+    build_tiny_qwen35(n_ctx=2048).write(qwen35)
+    for path, narrow in ((str(fetch.default_model(fetch=False)), False), (str(qwen35), True)):
+        plain, drafted_off, _ = await scenario_with(path, "off", narrow)
+        speculated, drafted, accepted = await scenario_with(path, "ngram", narrow)
+        assert speculated == plain, path
+        assert drafted_off == 0 and 0 < accepted < drafted, (path, drafted, accepted)  # accepts and rejects

@@ -15,7 +15,7 @@ import pytest_asyncio
 from llmd._native import lib
 from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
-from llmd.engine.native import EngineError
+from llmd.engine.native import EngineError, Session
 from llmd.http.server import HttpServer
 from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
@@ -29,30 +29,39 @@ from tests.system.test_limits import address, long_body, stalled_stream, wait_fo
 
 
 class FailingDecode:
-    """Engine.decode_batch that raises a native error on the `fail_on`-th call from now."""
+    """A decode step (`real`: Engine.decode_batch, or Session.decode_draft, the step of
+    a generation that speculates) that raises a native error on the `fail_on`-th call
+    from now."""
 
-    def __init__(self, engine):
-        self.real = engine.decode_batch
+    def __init__(self, real, several: bool = False):
+        self.real = real
+        self.several = several  # a step may yield several tokens (a speculative one)
         self.calls = 0
         self.fail_on: int | None = None
 
     def arm(self, fail_on: int) -> None:
         self.calls, self.fail_on = 0, fail_on
 
-    def __call__(self, sessions, logprobs=None):
+    def __call__(self, *args):
         self.calls += 1
         if self.calls == self.fail_on:
             raise EngineError(lib.LLMD_ERR_INTERNAL, "internal error: injected kernel failure")
-        return self.real(sessions, logprobs)
+        return self.real(*args)
 
 
-@pytest_asyncio.fixture
-async def stack(tiny_model):
-    """The real server stack in this process; yields (client, table, fault)."""
-    runtime = Runtime(ServerMetrics())
+@pytest_asyncio.fixture(params=["off", "ngram"])
+async def stack(tiny_model, request, monkeypatch):
+    """The real server stack in this process, without speculative decoding (a decode step
+    is Engine.decode_batch) and with it (a lone stream's step is Session.decode_draft);
+    yields (client, table, fault)."""
+    runtime = Runtime(ServerMetrics(), speculative=request.param)
     engine = await runtime.load(str(tiny_model.path), n_threads=1, max_sessions=4)
-    fault = FailingDecode(engine)
-    engine.decode_batch = fault
+    if request.param == "off":
+        fault = FailingDecode(engine.decode_batch)
+        engine.decode_batch = fault
+    else:
+        fault = FailingDecode(Session.decode_draft, several=True)
+        monkeypatch.setattr(Session, "decode_draft", lambda session, *args: fault(session, *args))
     table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
     await table.start()
     app = App()
@@ -77,7 +86,8 @@ async def test_native_error_mid_stream_is_an_error_event_and_the_session_is_rese
                                      session_id="victim", max_tokens=8)
     assert stream.status == 200
     tokens = [c for c in stream.chunks[1:] if "choices" in c]
-    assert len(tokens) == 2  # two steps went well, the third failed
+    # Two steps went well, the third failed (a speculative step may yield several tokens).
+    assert 2 <= len(tokens) < 8 if fault.several else len(tokens) == 2
     error = stream.chunks[-1]["error"]
     assert error["type"] == "server_error" and "injected kernel failure" in error["message"]
     assert table.named["victim"].dirty

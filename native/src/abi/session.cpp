@@ -1,6 +1,6 @@
 // session.cpp — the C ABI of llmd.h for sessions: prefill, batched decode and
-// sampling, truncation, the prefix cache, state export and import, grammars,
-// embeddings, scoring and log-probabilities.
+// sampling, speculative verification, truncation, the prefix cache, state export and
+// import, grammars, embeddings, scoring and log-probabilities.
 #include "abi/handles.h"
 
 #include "memory/session_state.h"
@@ -109,6 +109,25 @@ llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limi
     return LLMD_OK;
 }
 
+// Samples the session's next token from logits (n_vocab; the sampler works on a copy
+// in scratch) as a decode step does: its sampler, penalties over its tokens, and its
+// grammar, which then takes the token.
+llmd_status sample_token(llmd_session *s, const float *logits, std::vector<float> &scratch, llmd_token *out) {
+    const llmd_engine *e = s->engine;
+    const int n_vocab = static_cast<int>(scratch.size());
+    std::copy_n(logits, n_vocab, scratch.begin());
+    bool forced = false;
+    const int32_t id = s->sampler.sample(scratch.data(), n_vocab, s->tokens, s->grammar.get(), &forced);
+    if (s->grammar && (id < 0 || !s->grammar->error().empty()))
+        return fail(LLMD_ERR_STATE, "grammar: " + (id < 0 ? std::string("no token of the vocabulary can continue")
+                                                          : s->grammar->error()));
+    if (s->grammar) s->grammar->accept(id);
+    const bool completed = s->grammar && s->grammar->complete();
+    const std::string_view piece = e->vocab->is_control(id) ? std::string_view() : e->vocab->piece(id);
+    *out = llmd_token{id, piece.data(), piece.size(), id == e->eos_id, e->is_eog(id) || completed, 0, forced};
+    return LLMD_OK;
+}
+
 // One decode step for sessions that are live, distinct and of one engine.
 llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out) {
     llmd_engine *e = sessions[0]->engine;
@@ -152,19 +171,75 @@ llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out
     for (size_t i = 0; i < n; ++i) {
         if (stopped[i]) continue;
         llmd_session *s = sessions[i];
-        std::copy(s->logits.begin(), s->logits.end(), scratch.begin());
-        bool forced = false;
-        const int32_t id = s->sampler.sample(scratch.data(), hp.n_vocab, s->tokens, s->grammar.get(), &forced);
-        if (s->grammar && (id < 0 || !s->grammar->error().empty()))
-            return fail(LLMD_ERR_STATE, "grammar: " + (id < 0 ? std::string("no token of the vocabulary can continue")
-                                                              : s->grammar->error()));
-        if (s->grammar) s->grammar->accept(id);
-        const bool completed = s->grammar && s->grammar->complete();
-        s->pending = id;
-        const std::string_view piece = e->vocab->is_control(id) ? std::string_view() : e->vocab->piece(id);
-        out[i] = llmd_token{id, piece.data(), piece.size(), id == e->eos_id, e->is_eog(id) || completed, 0, forced};
+        if (const llmd_status st = sample_token(s, s->logits.data(), scratch, &out[i]); st != LLMD_OK) return st;
+        s->pending = out[i].token_id;
     }
     return LLMD_OK;
+}
+
+// llmd_session_decode_draft for a session with a pending token, k drafts that fit the
+// context (checked by the caller): the pending token and the drafts in one forward
+// pass, then sampling position by position while the drafts agree.
+llmd_status decode_draft(llmd_session *s, const int32_t *draft, size_t k, int32_t n_top, llmd_token *out,
+                         float *logprobs, int32_t *top_ids, float *top_logprobs, size_t *n_out) {
+    llmd_engine *e = s->engine;
+    const int n_vocab = e->model->hp.n_vocab;
+    const int pos = static_cast<int>(s->tokens.size());
+    // A recurrent state cannot be cut back: the state before the pass, to run the
+    // accepted tokens again from if a draft is rejected (none without drafts).
+    const std::vector<float> before = k > 0 ? s->rs.now : std::vector<float>();
+    std::vector<BatchToken> batch(k + 1);
+    batch[0] = {&s->kv, s->pending, pos, true, &s->rs};
+    for (size_t j = 0; j < k; ++j) batch[j + 1] = {&s->kv, draft[j], static_cast<int32_t>(pos + 1 + j), true, &s->rs};
+    std::vector<float> logits((k + 1) * static_cast<size_t>(n_vocab));
+    forward(*e->model, batch.data(), static_cast<int>(k + 1), e->ws, *e->pool, logits.data());
+    s->tokens.push_back(s->pending);
+    s->pending = -1;
+    std::vector<float> scratch(n_vocab);
+    llmd_status st = LLMD_OK;
+    size_t n = 0;
+    while (st == LLMD_OK) {
+        const float *row = logits.data() + n * n_vocab;
+        llmd_token &t = out[n];
+        if ((st = sample_token(s, row, scratch, &t)) != LLMD_OK) break;
+        if (logprobs != nullptr)
+            logprobs[n] = log_softmax_top(row, n_vocab, t.token_id, n_top, top_ids + n * n_top,
+                                          top_logprobs + n * n_top);
+        if (++n > k || t.token_id != draft[n - 1] || t.is_terminal) {
+            s->pending = t.token_id;
+            std::copy_n(row, n_vocab, s->logits.data());
+            break;
+        }
+        s->tokens.push_back(t.token_id);
+    }
+    const int kept = static_cast<int>(s->tokens.size()); // the pending token and the accepted drafts
+    s->kv.truncate(kept);
+    // Plain steps would have offered the recurrent state at a block boundary they passed
+    // to the prefix cache (publish_snapshot); the pass went by it.
+    const int boundary = kept / kKVBlock * kKVBlock;
+    const bool passed = boundary > pos && boundary < kept;
+    if (!s->rs.empty() && (kept < pos + 1 + static_cast<int>(k) || passed)) {
+        std::copy(before.begin(), before.end(), s->rs.now.begin());
+        s->rs.pos = pos;
+        auto run = [&](int from, int to) { // the accepted tokens [from, to) again, from the state at from
+            for (int j = from; j < to; ++j) batch[j - from] = {&s->kv, s->tokens[j], j, false, &s->rs};
+            forward(*e->model, batch.data(), to - from, e->ws, *e->pool, nullptr);
+        };
+        if (passed) {
+            run(pos, boundary);
+            const std::vector<int32_t> tail(s->tokens.begin() + boundary, s->tokens.end());
+            s->tokens.resize(boundary);
+            s->kv.publish(s->tokens);
+            if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
+            s->tokens.insert(s->tokens.end(), tail.begin(), tail.end());
+        }
+        run(passed ? boundary : pos, kept);
+    }
+    s->kv.publish(s->tokens);
+    if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
+    s->logits_valid = st == LLMD_OK;
+    *n_out = n;
+    return st;
 }
 
 // A prefix of the session that its cache holds whole: 0, or from resume_floor on,
@@ -292,6 +367,38 @@ llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n, l
                 if (sessions[j] == sessions[i]) return fail(LLMD_ERR_INVALID_ARGUMENT, "a session appears twice in a batch");
         }
         return decode_step(sessions, n, out);
+    });
+}
+
+llmd_status llmd_session_decode_draft(llmd_session *s, const int32_t *draft, size_t n_draft, int32_t n_top,
+                                      llmd_token *out, float *logprobs, int32_t *top_ids, float *top_logprobs,
+                                      size_t *n_out) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (out == nullptr || n_out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "out and n_out must not be null");
+        *n_out = 0;
+        if (n_draft > LLMD_MAX_DRAFT)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "n_draft " + std::to_string(n_draft) + " is more than " +
+                                                       std::to_string(LLMD_MAX_DRAFT));
+        if (logprobs != nullptr)
+            if (const llmd_status st = check_top(n_top, top_ids, top_logprobs); st != LLMD_OK) return st;
+        llmd_engine *e = s->engine;
+        if (const llmd_status st = check_ids(e, draft, n_draft); st != LLMD_OK) return st;
+        if (n_draft > 0 && s->pending < 0 && !s->stop.load())
+            return fail(LLMD_ERR_STATE, "drafts follow a pending token: decode one step first");
+        if (s->pending < 0 || s->stop.load()) { // a plain step: the first of a reply, or a stopped one
+            *n_out = 1;
+            const llmd_status st = decode_step(&s, 1, out);
+            if (st == LLMD_OK && logprobs != nullptr && !out[0].stopped)
+                logprobs[0] = log_softmax_top(s->logits.data(), e->model->hp.n_vocab, s->pending, n_top, top_ids,
+                                              top_logprobs);
+            return st;
+        }
+        const size_t pos = s->tokens.size();
+        if (pos >= static_cast<size_t>(e->n_ctx))
+            return fail(LLMD_ERR_CONTEXT_FULL, "the context is full (" + std::to_string(e->n_ctx) + " tokens)");
+        const size_t k = std::min(n_draft, static_cast<size_t>(e->n_ctx) - pos - 1); // the rest would not fit
+        return decode_draft(s, draft, k, n_top, out, logprobs, top_ids, top_logprobs, n_out);
     });
 }
 
