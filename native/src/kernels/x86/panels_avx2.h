@@ -249,12 +249,23 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
     }
 }
 
+// panel_tile for a run-time count of tokens, 1 to T: every count is an instantiation
+// of its own, so that any batch unpacks each panel's weights once per tile (3 tokens,
+// a decode step of three sessions or a speculative verification, in one tile, not 2 + 1).
+template <const PanelLayout &L, int T = tile_tokens<L>()>
+inline void panel_tile_upto(int tn, const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y,
+                            int valid, bool add) {
+    if constexpr (T > 1)
+        if (tn < T) return panel_tile_upto<L, T - 1>(tn, panel, nb, x, y, valid, add);
+    panel_tile<L, T>(panel, nb, x, y, valid, add);
+}
+
 } // namespace panel_avx2
 
 template <const PanelLayout &L>
 void panel_matmul_avx2(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1, const BlockQ8A *xq,
                        int n, float *y, int64_t y_stride, bool add) {
-    constexpr int kTile = panel_avx2::tile_tokens<L>(); // fewer at the end: 2, 1
+    constexpr int kTile = panel_avx2::tile_tokens<L>(); // fewer at the end
     const int64_t nb = cols / QK;
     const size_t pbytes = panel_bytes(L, nb);
     for (int64_t p = p0; p < p1; ++p) {
@@ -263,14 +274,12 @@ void panel_matmul_avx2(const uint8_t *packed, int64_t rows, int64_t cols, int64_
         const BlockQ8A *x[kTile];
         float *out[kTile];
         for (int t0 = 0; t0 < n;) {
-            const int left = n - t0, tn = left >= kTile ? kTile : left >= 2 ? 2 : 1;
+            const int tn = std::min(n - t0, kTile);
             for (int t = 0; t < tn; ++t) {
                 x[t] = xq + static_cast<int64_t>(t0 + t) * nb;
                 out[t] = y + static_cast<int64_t>(t0 + t) * y_stride + p * kPanel;
             }
-            if (tn == kTile) panel_avx2::panel_tile<L, kTile>(panel, nb, x, out, valid, add);
-            else if (tn == 2) panel_avx2::panel_tile<L, 2>(panel, nb, x, out, valid, add);
-            else panel_avx2::panel_tile<L, 1>(panel, nb, x, out, valid, add);
+            panel_avx2::panel_tile_upto<L>(tn, panel, nb, x, out, valid, add);
             t0 += tn;
         }
     }

@@ -310,10 +310,22 @@ void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const Blo
     }
 }
 
+// panel_tile for a run-time count of tokens, 1 to T: every count is an instantiation
+// of its own, so that any batch unpacks each panel's weights once per tile. Before,
+// the rest of a batch past its full tiles went in tiles of 4, 2 and 1, and 3 tokens
+// (a decode step of three sessions, a speculative verification) cost more than 4.
+template <const PanelLayout &L, int T = panel_tile_tokens(L)>
+inline void panel_tile_upto(int tn, const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, float *const *y,
+                            int valid, bool add) {
+    if constexpr (T > 1)
+        if (tn < T) return panel_tile_upto<L, T - 1>(tn, panel, nb, x, y, valid, add);
+    panel_tile<L, T>(panel, nb, x, y, valid, add);
+}
+
 template <const PanelLayout &L>
 void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0, int64_t p1, const BlockQ8A *xq,
                   int n, float *y, int64_t y_stride, bool add) {
-    constexpr int kTile = panel_tile_tokens(L); // fewer at the end: 4, 2, 1
+    constexpr int kTile = panel_tile_tokens(L); // fewer at the end
     const int64_t nb = cols / QK;
     const size_t pbytes = panel_bytes(L, nb);
     const auto x_of = [&](int t) { return xq + static_cast<int64_t>(t) * nb; };
@@ -325,15 +337,12 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
         const BlockQ8A *x[kTile];
         float *out[kTile];
         while (t0 < n) {
-            const int left = n - t0, tn = left >= kTile ? kTile : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            const int tn = std::min(n - t0, kTile);
             for (int t = 0; t < tn; ++t) {
                 x[t] = x_of(t0 + t);
                 out[t] = y_of(t0 + t, p);
             }
-            if (tn == kTile) panel_tile<L, kTile>(panel, nb, x, out, valid, add);
-            else if (tn == 4) panel_tile<L, 4>(panel, nb, x, out, valid, add);
-            else if (tn == 2) panel_tile<L, 2>(panel, nb, x, out, valid, add);
-            else panel_tile<L, 1>(panel, nb, x, out, valid, add);
+            panel_tile_upto<L>(tn, panel, nb, x, out, valid, add);
             t0 += tn;
         }
     };
