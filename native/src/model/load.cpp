@@ -48,7 +48,7 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
         values->assign(n_layer, v);
         return v;
     }
-    if ((kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || kv->arr_count != static_cast<uint64_t>(n_layer)) {
+    if ((kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || !covers_layers(kv->arr_count, n_layer)) {
         fail("model metadata " + key + " must be one integer per layer");
         return fallback;
     }
@@ -75,23 +75,20 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
 bool Binder::layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags) {
     const GGUFKV *kv = file.find(key);
     if (kv == nullptr || kv->type != GGUF_ARRAY) return false;
-    size_t width = 0;
-    switch (kv->arr_type) {
-    case GGUF_BOOL: case GGUF_U8: case GGUF_I8: width = 1; break;
-    case GGUF_U16: case GGUF_I16: width = 2; break;
-    case GGUF_U32: case GGUF_I32: width = 4; break;
-    case GGUF_U64: case GGUF_I64: width = 8; break;
-    default: break;
-    }
-    if (width == 0 || kv->arr_count != static_cast<uint64_t>(n_layer))
-        return fail("model metadata " + key + " must be one bool or integer per layer");
+    const size_t width = kv->arr_type == GGUF_BOOL ? 1 : kv->arr_type == GGUF_I32 || kv->arr_type == GGUF_U32 ? 4 : 0;
+    if (width == 0 || !covers_layers(kv->arr_count, n_layer))
+        return fail("model metadata " + key + " must be one bool, int32 or uint32 per layer");
     flags->assign(n_layer, false);
     for (int l = 0; l < n_layer; ++l) {
-        uint64_t v = 0;
+        uint32_t v = 0;
         std::memcpy(&v, kv->arr_data + width * l, width); // little-endian, as GGUF is
         (*flags)[l] = v != 0;
     }
     return true;
+}
+
+bool Binder::covers_layers(uint64_t count, int n_layer) const {
+    return count == static_cast<uint64_t>(n_layer) || count == static_cast<uint64_t>(n_layer) + n_layer_nextn;
 }
 
 float Binder::get_float(const std::string &key, float fallback) {
@@ -106,6 +103,17 @@ const GGUFTensor *Binder::find(const std::string &name, bool required) {
     if (t == nullptr && required) fail("model lacks tensor " + name);
     if (t != nullptr) used[t - file.tensors().data()] = true;
     return t;
+}
+
+void Binder::ignore(const std::string &name, int64_t cols, int64_t rows, const std::string &what) {
+    const GGUFTensor *t = find(name, false);
+    if (t == nullptr) return;
+    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+        fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+             "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+        return;
+    }
+    warnings.push_back("tensor " + name + " (" + what + ") is not used by llmd");
 }
 
 bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required) {
@@ -214,7 +222,7 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *no
     matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
 }
 
-void Binder::moe_hparams(HParams &hp, bool norm) {
+void Binder::moe_hparams(HParams &hp) {
     hp.n_expert = get_int(prefix + "expert_count", 0, true);
     hp.n_expert_used = get_int(prefix + "expert_used_count", 0, true);
     if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert) {
@@ -223,21 +231,25 @@ void Binder::moe_hparams(HParams &hp, bool norm) {
         return;
     }
     hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
-    std::string err;
-    if (!file.get_bool(prefix + "expert_weights_norm", &norm, &err) && !err.empty()) fail(err);
-    hp.expert_norm = norm;
-    const float scale = get_float(prefix + "expert_weights_scale", 0.0f);
-    hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
-    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_scale)) fail("model expert FFN length or weight scale is invalid");
+    if (hp.n_ff_exp < 1) fail("model expert FFN length is invalid");
     // A shared expert is as wide as the file says, else as the dense FFN would be.
     if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr)
         hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", hp.n_ff, false);
 }
 
-void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
+void Binder::moe_weighting(HParams &hp, bool norm) {
+    std::string err;
+    if (!file.get_bool(prefix + "expert_weights_norm", &norm, &err) && !err.empty()) fail(err);
+    hp.expert_norm = norm;
+    const float scale = get_float(prefix + "expert_weights_scale", 0.0f);
+    hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
+    if (!std::isfinite(hp.expert_scale)) fail("model expert weight scale is invalid");
+}
+
+void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const int dim = hp.n_embd;
-    L.ffn_norm = vector(blk + "ffn_norm.weight", dim);
+    L.ffn_norm = vector(blk + norm + ".weight", dim);
     matrix(blk + "ffn_gate_inp.weight", dim, hp.n_expert, &L.router);
     experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
     experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
@@ -251,7 +263,112 @@ void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3, &kLfm2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen3Moe, &kSmolLM3};
+// Which layers are DeltaNet layers, as llama.cpp reads it: a flag per layer, one flag
+// for every layer, or else every layer but each full_attention_interval-th.
+bool read_recurrent_layers(Binder &b, const HParams &hp, std::vector<bool> *recurrent) {
+    const std::string key = b.prefix + "attention.recurrent_layers";
+    if (b.layer_flags(key, hp.n_layer, recurrent)) return true;
+    if (!b.error->empty()) return false;
+    if (b.file.find(key) != nullptr) {
+        recurrent->assign(hp.n_layer, b.get_int(key, 0, true) != 0);
+        return b.error->empty();
+    }
+    recurrent->assign(hp.n_layer, false);
+    const int interval = b.get_int(b.prefix + "full_attention_interval", 4, false);
+    if (interval < 1) return b.fail("model metadata " + b.prefix + "full_attention_interval must be positive");
+    for (int l = 0; l < hp.n_layer; ++l) (*recurrent)[l] = (l + 1) % interval != 0;
+    return true;
+}
+
+// The multi-section RoPE of text positions: pair i lies in section i % Σsections,
+// interleaved (sector s belongs to section s % 3 while s < 3 · that section's size);
+// the sectors of none of the first three sections take the fourth position, which is
+// 0 for text, so they stay unrotated.
+bool read_rope_sections(Binder &b, HParams &hp) {
+    const std::string key = b.prefix + "rope.dimension_sections";
+    const GGUFKV *kv = b.file.find(key);
+    if (kv == nullptr) return b.fail("model metadata lacks " + key);
+    if (kv->type != GGUF_ARRAY || (kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || kv->arr_count < 3 ||
+        kv->arr_count > 4)
+        return b.fail("model metadata " + key + " must be 3 or 4 integers");
+    int sections[4] = {0, 0, 0, 0}, total = 0;
+    for (uint64_t i = 0; i < kv->arr_count; ++i) {
+        int32_t v;
+        std::memcpy(&v, kv->arr_data + 4 * i, 4);
+        if (v < 0 || v > hp.rope_dim) return b.fail("model metadata " + key + " holds an out-of-range section");
+        sections[i] = v;
+        total += v;
+    }
+    if (total == 0 || total > hp.head_dim) return b.fail("model metadata " + key + " does not fit the heads");
+    hp.rope_fixed.assign(hp.rope_dim / 2, false);
+    for (int i = 0; i < hp.rope_dim / 2; ++i) {
+        const int sector = i % total;
+        const bool text = sector < 3 * sections[sector % 3];
+        hp.rope_fixed[i] = !text;
+    }
+    return true;
+}
+
+} // namespace
+
+void Binder::delta_net_hparams(HParams &hp) {
+    HParams::DeltaNet &dn = hp.delta;
+    hp.conv_len = get_int(prefix + "ssm.conv_kernel", 0, true);
+    const int inner = get_int(prefix + "ssm.inner_size", 0, true);
+    dn.head_dim = get_int(prefix + "ssm.state_size", 0, true);
+    dn.v_heads = get_int(prefix + "ssm.time_step_rank", 0, true);
+    dn.k_heads = get_int(prefix + "ssm.group_count", 0, true);
+    if (!error->empty()) return;
+    if (hp.conv_len < 2 || hp.conv_len > 64 || dn.head_dim < 1 || dn.head_dim > 1024 || dn.v_heads < 1 ||
+        dn.k_heads < 1 || dn.v_heads % dn.k_heads != 0 || inner != dn.v_heads * dn.head_dim) {
+        fail("model Gated DeltaNet dimensions (ssm.*) are inconsistent");
+        return;
+    }
+    std::vector<bool> recurrent;
+    if (!read_recurrent_layers(*this, hp, &recurrent) || !read_rope_sections(*this, hp)) return;
+    const int state = (hp.conv_len - 1) * dn.conv_dim() + dn.v_heads * dn.head_dim * dn.head_dim;
+    for (int l = 0; l < hp.n_layer; ++l) hp.state[l] = recurrent[l] ? state : 0;
+}
+
+void Binder::delta_net_mixer(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const HParams::DeltaNet &dn = hp.delta;
+    const int dim = hp.n_embd;
+    L.attn_norm = vector(blk + "attn_norm.weight", dim);
+    if (l < hp.n_layer && hp.recurrent(l)) {
+        matrix(blk + "attn_qkv.weight", dim, dn.conv_dim(), &L.delta_in);
+        matrix(blk + "attn_gate.weight", dim, dn.v_dim(), &L.delta_gate);
+        L.conv_w = filters(blk + "ssm_conv1d.weight", hp.conv_len, dn.conv_dim());
+        L.delta_dt = vector(blk + "ssm_dt.bias", dn.v_heads);
+        L.delta_a = vector(blk + "ssm_a", dn.v_heads);
+        matrix(blk + "ssm_beta.weight", dim, dn.v_heads, &L.delta_beta);
+        matrix(blk + "ssm_alpha.weight", dim, dn.v_heads, &L.delta_alpha);
+        L.delta_norm = vector(blk + "ssm_norm.weight", dn.head_dim);
+        matrix(blk + "ssm_out.weight", dn.v_dim(), dim, &L.delta_out);
+    } else { // an attention layer, or a prediction block (always one)
+        matrix(blk + "attn_q.weight", dim, 2 * hp.q_dim(), &L.wq); // per head: queries, then the gate
+        matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+        matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+        matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+        L.q_norm = vector(blk + "attn_q_norm.weight", hp.head_dim);
+        L.k_norm = vector(blk + "attn_k_norm.weight", hp.head_dim);
+    }
+}
+
+void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
+    const std::string blk = "blk." + std::to_string(l) + ".nextn.";
+    const int dim = hp.n_embd;
+    matrix(blk + "eh_proj.weight", 2 * dim, dim, &N.eh_proj);
+    N.enorm = vector(blk + "enorm.weight", dim);
+    N.hnorm = vector(blk + "hnorm.weight", dim);
+    matrix(blk + "embed_tokens.weight", dim, hp.n_vocab, &N.embed_tokens, false);
+    matrix(blk + "shared_head_head.weight", dim, hp.n_vocab, &N.head, false);
+    N.head_norm = vector(blk + "shared_head_norm.weight", dim, false);
+}
+
+namespace {
+
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kLfm2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -385,12 +502,22 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     hp.n_vocab = n_vocab;
     hp.n_ctx_train = b.get_int(p + "context_length", 0, true);
     hp.n_embd = b.get_int(p + "embedding_length", 0, true);
-    hp.n_layer = b.get_int(p + "block_count", 0, true);
+    const int n_blocks = b.get_int(p + "block_count", 0, true);
     // Every layer has a norm and a matrix at least: refuse an absurd block count
     // before allocating for it.
-    if (static_cast<uint64_t>(hp.n_layer) * 2 > file.tensors().size()) {
-        *error = p + "block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
+    if (static_cast<uint64_t>(n_blocks) * 2 > file.tensors().size()) {
+        *error = p + "block_count = " + std::to_string(n_blocks) + " but the file holds only " +
                  std::to_string(file.tensors().size()) + " tensors";
+        return nullptr;
+    }
+    // The multi-token-prediction blocks, if any, are the last of block_count. A family
+    // that has none leaves their tensors unbound, and the file is refused by name.
+    hp.n_layer_nextn = b.n_layer_nextn = b.get_int(p + "nextn_predict_layers", 0, false);
+    hp.n_layer = n_blocks - hp.n_layer_nextn;
+    if (!error->empty()) return nullptr;
+    if (hp.n_layer < 1) {
+        *error = p + "nextn_predict_layers = " + std::to_string(hp.n_layer_nextn) + " leaves no layer of the " +
+                 std::to_string(n_blocks) + " blocks to run";
         return nullptr;
     }
     std::vector<int> heads, kv_heads; // per layer: hybrid models give 0 to their recurrent layers
@@ -446,6 +573,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
         model->output = model->tok_embd;
     }
     model->layers.resize(hp.n_layer);
+    model->nextn.resize(hp.n_layer_nextn);
     arch.bind(b, *model);
     if (!error->empty()) return nullptr;
     if (model->output_norm == nullptr) {
@@ -464,6 +592,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
                      " architecture does not use";
             return nullptr;
         }
+    model->warnings = std::move(b.warnings);
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
     model->pack();
     return model;

@@ -503,6 +503,31 @@ void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer) {
     matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
 }
 
+void gated_attention(const Pass &p, const LayerWeights &L, int layer) {
+    const HParams &hp = p.hp;
+    const int hd = hp.head_dim, q_dim = hp.q_dim();
+    std::vector<float> &qg = p.ws.recurrent; // (n, 2 · q_dim): per head, queries then gate
+    qg.resize(static_cast<size_t>(p.n) * 2 * q_dim);
+    rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
+    matmuls(p, p.xb, {project(L.wq, qg.data()), project(L.wk, p.k), project(L.wv, p.v)});
+    for (int t = 0; t < p.n; ++t)
+        for (int h = 0; h < hp.n_head; ++h)
+            std::memcpy(p.q + static_cast<size_t>(t) * q_dim + h * hd, qg.data() + (static_cast<size_t>(t) * hp.n_head + h) * 2 * hd,
+                        hd * sizeof(float));
+    rmsnorm_heads(p, p.q, hp.n_head, L.q_norm);
+    rmsnorm_heads(p, p.k, hp.n_head_kv, L.k_norm);
+    rope(p, p.q, hp.n_head, Rope::neox);
+    rope(p, p.k, hp.n_head_kv, Rope::neox);
+    attend(p, layer); // att = softmax(q kᵀ / √hd) v
+    for (int t = 0; t < p.n; ++t)
+        for (int h = 0; h < hp.n_head; ++h) {
+            float *a = p.att + static_cast<size_t>(t) * q_dim + h * hd;
+            const float *gate = qg.data() + (static_cast<size_t>(t) * hp.n_head + h) * 2 * hd + hd;
+            for (int i = 0; i < hd; ++i) a[i] /= 1.0f + std::exp(-gate[i]);
+        }
+    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += gated att · woᵀ
+}
+
 void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
     matmuls(p, p.xb, {swiglu(L.w_gate, L.w_up, p.hb, p.hb2, L.b_gate, L.b_up)});
