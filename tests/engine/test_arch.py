@@ -223,6 +223,14 @@ def test_a_tensor_nobody_knows_is_still_refused_by_name(tmp_path):
         with_classifier("llama", 1).write(tmp_path / "llama.gguf"))
 
 
+def test_an_architecture_llmd_does_not_run_is_refused_with_the_ones_it_does(tmp_path):
+    w = build_tiny_llama()
+    w.set("general.architecture", STRING, "gpt-oss")
+    assert open_error(w.write(tmp_path / "m.gguf")) == (
+        "unsupported architecture 'gpt-oss' (llmd runs llama, gemma3, lfm2, phi3, qwen2, qwen2moe, qwen3, qwen35, "
+        "qwen35moe, qwen3moe, smollm3)")
+
+
 # ---- sessions through HTTP on every family ------------------------------------------------
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3", "smollm3", "phi3_long", "qwen3moe"])

@@ -21,7 +21,9 @@ from llmd._native import ffi, lib
 from llmd.engine.native import Engine, EngineError, kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.support.gguf_writer import ARRAY, BOOL, F32, GGML_Q8_0, I16, I32, U8, U32, U64, build_tiny_qwen35
+from tests.support.gguf_writer import (
+    ARRAY, BOOL, F32, GGML_Q8_0, I16, I32, U8, U32, U64, build_tiny_llama, build_tiny_qwen35,
+)
 from tests.support.llama_cpp_golden import golden_tests
 from tests.engine.test_arch import (
     GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT,
@@ -235,12 +237,13 @@ def test_rope_sections_are_required(tmp_path):
 
 # ---- multi-token-prediction blocks ---------------------------------------------------------
 
-def test_prediction_blocks_are_loaded_and_leave_the_model_s_logits_as_they_are(tmp_path):
+@pytest.mark.parametrize("n_expert", [0, 8], ids=["qwen35", "qwen35moe"])
+def test_prediction_blocks_are_loaded_and_leave_the_model_s_logits_as_they_are(tmp_path, n_expert):
     """nextn_predict_layers blocks come after the layers (block_count counts them): they are
     held for drafting, and the model computes exactly what the same file without them does."""
-    plain = build_tiny_qwen35(n_ctx=N_CTX, n_expert=8).write(tmp_path / "plain.gguf")
-    with_mtp = build_tiny_qwen35(n_ctx=N_CTX, n_expert=8, nextn=1)
-    assert with_mtp.get("qwen35moe.block_count").value == 5
+    plain = build_tiny_qwen35(n_ctx=N_CTX, n_expert=n_expert).write(tmp_path / "plain.gguf")
+    with_mtp = build_tiny_qwen35(n_ctx=N_CTX, n_expert=n_expert, nextn=1)
+    assert with_mtp.get(f"{'qwen35moe' if n_expert else 'qwen35'}.block_count").value == 5
     with_mtp = with_mtp.write(tmp_path / "mtp.gguf")
     logits = []
     for path in (plain, with_mtp):
@@ -258,9 +261,12 @@ def test_a_prediction_block_missing_a_tensor_is_refused_by_name(tmp_path):
 
 
 def test_prediction_blocks_of_a_family_that_does_not_keep_them_are_refused_by_name(tmp_path):
-    w = build_tiny_qwen35(nextn=1)  # dense qwen35 does not keep prediction blocks (yet)
-    assert "model has tensor blk.4.attn_norm.weight, which the qwen35 architecture does not use" in open_error(
+    w = build_tiny_llama(arch="qwen3", n_layer=3)
+    w.set("qwen3.nextn_predict_layers", U32, 1)  # qwen3 keeps no prediction blocks: the last is left over
+    assert "model has tensor blk.2.attn_norm.weight, which the qwen3 architecture does not use" in open_error(
         w.write(tmp_path / "m.gguf"))
+    w.set("qwen3.nextn_predict_layers", U32, 3)
+    assert "nextn_predict_layers = 3 leaves no layer of the 3 blocks to run" in open_error(w.write(tmp_path / "n.gguf"))
 
 
 # ---- a conversation through HTTP -----------------------------------------------------------

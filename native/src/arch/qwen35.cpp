@@ -7,7 +7,8 @@
 // and RoPE turns the first rope.dimension_count dims of each head (NEOX pairs) by the
 // multi-section scheme, which for text positions rotates the pairs of the first three
 // sections and leaves the fourth's unrotated (model.h: gated_attention). Every layer
-// then has the SwiGLU feed-forward, normed by post_attention_norm.
+// then has the SwiGLU feed-forward, normed by post_attention_norm. Multi-token-prediction
+// blocks (nextn_predict_layers) are loaded into Model::nextn for drafting, not run.
 #include "arch/arch.h"
 
 namespace llmd {
@@ -16,9 +17,16 @@ namespace {
 void load_hparams(Binder &b, HParams &hp) { b.delta_net_hparams(hp); }
 
 void bind(Binder &b, Model &m) {
-    for (int l = 0; l < m.hp.n_layer; ++l) {
-        b.delta_net_mixer(m.hp, l, m.layers[l]);
-        b.gated_ffn(m.hp, l, m.layers[l], "post_attention_norm"); // the FFN's norm, by Qwen3.5's name
+    const HParams &hp = m.hp;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        b.delta_net_mixer(hp, l, m.layers[l]);
+        b.gated_ffn(hp, l, m.layers[l], "post_attention_norm"); // the FFN's norm, by Qwen3.5's name
+    }
+    for (int i = 0; i < hp.n_layer_nextn; ++i) { // prediction blocks: gated attention and the FFN
+        NextNWeights &N = m.nextn[i];
+        b.delta_net_mixer(hp, hp.n_layer + i, N.block);
+        b.gated_ffn(hp, hp.n_layer + i, N.block, "post_attention_norm");
+        b.nextn(hp, hp.n_layer + i, N);
     }
 }
 
