@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+from array import array
 
 import pytest
 
@@ -190,8 +191,11 @@ CLS_WARNING = "tensor cls.output.weight (a reranker's classifier head) is not us
 
 
 def with_classifier(arch: str, labels: int, labels_key: bool = False) -> GGUFWriter:
+    """A tiny model with a classifier head of `labels` rows (one row written as ggml
+    writes it: [64], its trailing 1 left out)."""
     w = build_tiny_llama(arch=arch)
-    w.add_tensor("cls.output.weight", [64, labels], GGML_F32, encode_f32([0.5] * 64 * labels))
+    w.add_tensor("cls.output.weight", [64, labels] if labels > 1 else [64], GGML_F32,
+                 encode_f32([0.5] * 64 * labels))
     if labels_key:
         w.set(f"{arch}.classifier.output_labels", ARRAY, (STRING, [f"label{i}" for i in range(labels)]))
     return w
@@ -229,6 +233,69 @@ def test_an_architecture_llmd_does_not_run_is_refused_with_the_ones_it_does(tmp_
     assert open_error(w.write(tmp_path / "m.gguf")) == (
         "unsupported architecture 'gpt-oss' (llmd runs llama, gemma3, lfm2, phi3, qwen2, qwen2moe, qwen3, qwen35, "
         "qwen35moe, qwen3moe, smollm3)")
+
+
+# ---- per-tensor scales (<weight>.scale, as llama.cpp's writer stores them) ------------------
+
+def scaled(w: GGUFWriter, weight: str, value: float) -> None:
+    """Gives weight a per-tensor scale (one per expert for a stack)."""
+    t = w.tensor(weight)
+    n = t.ne[2] if len(t.ne) == 3 else 1
+    w.add_tensor(weight.removesuffix(".weight") + ".scale", [n], GGML_F32, encode_f32([value] * n))
+
+
+def doubled(w: GGUFWriter, weight: str) -> None:
+    """Multiplies an F32 weight by 2 in place (exactly: a power of two)."""
+    t = w.tensor(weight)
+    t.data = encode_f32([2.0 * v for v in array("f", t.data)])
+
+
+@pytest.mark.parametrize("arch, weight", [("llama", "blk.1.attn_output.weight"), ("llama", "blk.0.ffn_down.weight"),
+                                          ("llama", "blk.1.ffn_up.weight"), ("qwen3", "blk.0.attn_q.weight"),
+                                          ("mixtral", "blk.1.ffn_down_exps.weight"),
+                                          ("mixtral", "blk.0.ffn_gate_exps.weight")])
+def test_a_weight_s_scale_multiplies_its_product(tmp_path, arch, weight):
+    """A scale of 2 computes exactly what the weight times 2 does (both are exact)."""
+    def build():
+        return build_tiny_llama(experts=True) if arch == "mixtral" else build_tiny_llama(arch=arch)
+    with_scale, times_two = build(), build()
+    scaled(with_scale, weight, 2.0)
+    doubled(times_two, weight)
+    plain = logits_after(build().write(tmp_path / "plain.gguf"))
+    expected = logits_after(times_two.write(tmp_path / "doubled.gguf"))
+    assert logits_after(with_scale.write(tmp_path / "scaled.gguf")) == expected != plain
+
+
+def test_an_ffn_bias_is_scaled_with_its_product_as_llama_cpp_adds_it(tmp_path):
+    """llama.cpp's FFN adds a bias before the scale, its attention after: s · (x wᵀ + b)."""
+    w, two = build_tiny_llama(), build_tiny_llama()
+    for g in (w, two):
+        g.add_tensor("blk.0.ffn_down.bias", [64], GGML_F32, encode_f32([0.25 * (i % 5 - 2) for i in range(64)]))
+    scaled(w, "blk.0.ffn_down.weight", 2.0)
+    doubled(two, "blk.0.ffn_down.weight")
+    doubled(two, "blk.0.ffn_down.bias")
+    assert logits_after(w.write(tmp_path / "s.gguf")) == logits_after(two.write(tmp_path / "d.gguf"))
+
+
+def test_scales_a_family_s_llama_cpp_graph_leaves_out_are_named_and_change_nothing(tmp_path):
+    w = build_tiny_llama(arch="qwen2")
+    scaled(w, "blk.0.ffn_down.weight", 2.0)
+    w.add_tensor("blk.0.attn_q.input_scale", [1], GGML_F32, encode_f32([3.0]))
+    path = w.write(tmp_path / "qwen2.gguf")
+    with Engine(str(path), n_threads=1, max_sessions=1) as e:
+        assert e.info.warnings == ("tensor blk.0.attn_q.input_scale and 1 more (scales llama.cpp loads and does not "
+                                   "apply for qwen2 either) are not used by llmd",)
+    assert logits_after(path) == logits_after(build_tiny_llama(arch="qwen2").write(tmp_path / "plain.gguf"))
+
+
+def test_scales_llama_cpp_does_not_know_or_of_the_wrong_shape_are_refused(tmp_path):
+    w = build_tiny_llama()
+    w.add_tensor("blk.0.attn_norm.scale", [1], GGML_F32, encode_f32([2.0]))
+    assert "model has tensor blk.0.attn_norm.scale, which the llama architecture does not use" in open_error(
+        w.write(tmp_path / "a.gguf"))
+    w = build_tiny_llama()
+    w.add_tensor("blk.0.attn_q.scale", [2], GGML_F32, encode_f32([2.0, 2.0]))
+    assert "tensor blk.0.attn_q.scale should be F32 of 1 elements" in open_error(w.write(tmp_path / "b.gguf"))
 
 
 # ---- sessions through HTTP on every family ------------------------------------------------

@@ -17,6 +17,19 @@
 
 namespace llmd {
 
+namespace {
+
+// Whether tensor t has shape ne, as ggml counts dimensions: trailing dimensions of 1
+// may be left out of the file (a [n, 1] matrix is written as [n]).
+bool shaped(const GGUFTensor *t, std::initializer_list<int64_t> ne) {
+    if (t->n_dims > static_cast<int>(ne.size())) return false;
+    int i = 0;
+    for (const int64_t n : ne)
+        if (t->ne[i++] != n) return false;
+    return true;
+}
+
+} // namespace
 
 Binder::Binder(const GGUFFile &file, std::string *error, const std::string &arch_name)
     : file(file), error(error), prefix(arch_name + "."), used(file.tensors().size(), false) {}
@@ -108,7 +121,7 @@ const GGUFTensor *Binder::find(const std::string &name, bool required) {
 void Binder::ignore(const std::string &name, int64_t cols, int64_t rows, const std::string &what) {
     const GGUFTensor *t = find(name, false);
     if (t == nullptr) return;
-    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+    if (!shaped(t, {cols, rows})) {
         fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
              "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
         return;
@@ -116,10 +129,56 @@ void Binder::ignore(const std::string &name, int64_t cols, int64_t rows, const s
     warnings.push_back("tensor " + name + " (" + what + ") is not used by llmd");
 }
 
+namespace {
+
+// The weights whose products llama.cpp multiplies by a per-tensor scale from the file
+// (its generic pass over every architecture's layers); a scale of any other tensor is
+// one it does not know, and stays unbound.
+bool scaled_weight(const std::string &name) {
+    static const char *const kScaled[] = {
+        "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ffn_gate", "ffn_up", "ffn_down",
+        "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+        "ssm_in", "ssm_out", "ssm_alpha", "ssm_beta", "nextn.eh_proj", "nextn.shared_head_head"};
+    if (name.rfind("blk.", 0) != 0) return false;
+    const size_t dot = name.find('.', 4); // after the block number
+    if (dot == std::string::npos) return false;
+    const std::string part = name.substr(dot + 1);
+    for (const char *w : kScaled)
+        if (part == std::string(w) + ".weight") return true;
+    return false;
+}
+
+} // namespace
+
+bool Binder::scales(const std::string &name, int64_t n, float *out) {
+    if (!scaled_weight(name)) return false;
+    const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    const auto scale_vector = [&](const std::string &key) -> const float * {
+        const GGUFTensor *t = find(key, false);
+        if (t == nullptr) return nullptr;
+        if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != n) {
+            fail("tensor " + key + " should be F32 of " + std::to_string(n) + " elements");
+            return nullptr;
+        }
+        return reinterpret_cast<const float *>(t->data);
+    };
+    if (scale_vector(base + ".input_scale") != nullptr) unapplied.push_back(base + ".input_scale");
+    const float *s = scale_vector(base + ".scale");
+    if (s == nullptr) return false;
+    if (!ffn_scales && name.find(".ffn_") != std::string::npos) {
+        unapplied.push_back(base + ".scale");
+        return false;
+    }
+    std::memcpy(out, s, n * sizeof(float));
+    for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(out[i])) return fail("tensor " + base + ".scale holds a value that is not finite");
+    return true;
+}
+
 bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required) {
     const GGUFTensor *t = find(name, required);
     if (t == nullptr) return false;
-    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
+    if (!shaped(t, {cols, rows}))
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
                     std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
                     std::to_string(rows) + "]");
@@ -131,13 +190,14 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
     m->rows = rows;
     m->row_bytes = row_bytes(t->type, cols);
     m->data = t->data;
-    return true;
+    scales(name, 1, &m->scale);
+    return error->empty();
 }
 
 bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out) {
     const GGUFTensor *t = find(name, true);
     if (t == nullptr) return false;
-    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n)
+    if (!shaped(t, {cols, rows, n}))
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
                     ", " + std::to_string(t->ne[2]) + "], expected [" + std::to_string(cols) + ", " +
                     std::to_string(rows) + ", " + std::to_string(n) + "]");
@@ -145,6 +205,8 @@ bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n,
         return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
                     type_name(t->type) + " kernels cannot run");
     out->assign(n, Matrix{});
+    std::vector<float> scale(n, 1.0f);
+    scales(name, n, scale.data());
     for (int e = 0; e < n; ++e) {
         Matrix &m = (*out)[e];
         m.type = t->type;
@@ -152,8 +214,9 @@ bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n,
         m.rows = rows;
         m.row_bytes = row_bytes(t->type, cols);
         m.data = t->data + static_cast<size_t>(e) * rows * m.row_bytes;
+        m.scale = scale[e];
     }
-    return true;
+    return error->empty();
 }
 
 bool Binder::split_matrix(const std::string &name, int64_t cols,
@@ -189,7 +252,7 @@ const float *Binder::vector(const std::string &name, int64_t n, bool required) {
 const float *Binder::filters(const std::string &name, int64_t cols, int64_t rows) {
     const GGUFTensor *t = find(name, true);
     if (t == nullptr) return nullptr;
-    if (t->type != GGML_F32 || t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+    if (t->type != GGML_F32 || !shaped(t, {cols, rows})) {
         fail("tensor " + name + " should be F32 of shape [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
         return nullptr;
     }
@@ -230,11 +293,15 @@ void Binder::moe_hparams(HParams &hp) {
              std::to_string(hp.n_expert) + ")");
         return;
     }
-    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+    // A width of 0, as llama.cpp's writer puts it for "unset", takes the default as absence does.
+    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", 0, false);
+    if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff / hp.n_expert_used;
     if (hp.n_ff_exp < 1) fail("model expert FFN length is invalid");
     // A shared expert is as wide as the file says, else as the dense FFN would be.
-    if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr)
-        hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", hp.n_ff, false);
+    if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr) {
+        hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", 0, false);
+        if (hp.n_ff_shexp == 0) hp.n_ff_shexp = hp.n_ff;
+    }
 }
 
 void Binder::moe_weighting(HParams &hp, bool norm) {
@@ -251,8 +318,20 @@ void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm
     const int dim = hp.n_embd;
     L.ffn_norm = vector(blk + norm + ".weight", dim);
     matrix(blk + "ffn_gate_inp.weight", dim, hp.n_expert, &L.router);
-    experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
-    experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+    if (file.tensor(blk + "ffn_gate_up_exps.weight") != nullptr) {
+        // gate and up fused, as llama.cpp's writer may store them: in each expert's
+        // slice the gate's rows, then the up projection's.
+        std::vector<Matrix> fused;
+        experts(blk + "ffn_gate_up_exps.weight", dim, 2 * static_cast<int64_t>(hp.n_ff_exp), hp.n_expert, &fused);
+        L.gate_exps = L.up_exps = fused;
+        for (size_t e = 0; e < fused.size(); ++e) {
+            L.gate_exps[e].rows = L.up_exps[e].rows = hp.n_ff_exp;
+            L.up_exps[e].data += static_cast<size_t>(hp.n_ff_exp) * fused[e].row_bytes;
+        }
+    } else {
+        experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
+        experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+    }
     experts(blk + "ffn_down_exps.weight", hp.n_ff_exp, dim, hp.n_expert, &L.down_exps);
     if (hp.n_ff_shexp == 0) return;
     L.shexp_gate = vector(blk + "ffn_gate_inp_shexp.weight", dim);
@@ -350,6 +429,9 @@ void Binder::delta_net_mixer(const HParams &hp, int l, LayerWeights &L) {
         matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
         matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
         matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+        L.bq = vector(blk + "attn_q.bias", 2 * hp.q_dim(), false); // optional, as llama.cpp reads them
+        L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
+        L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
         L.q_norm = vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = vector(blk + "attn_k_norm.weight", hp.head_dim);
     }
@@ -432,7 +514,8 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::
         if (freqs != nullptr) {
             float div;
             std::memcpy(&div, freqs->data + 4 * i, 4);
-            if (!(div > 0.0f)) return b.fail("tensor " + factors + " holds a non-positive factor");
+            // llama.cpp divides by any factor; zero or one not finite has no angle
+            if (div == 0.0f || !std::isfinite(div)) return b.fail("tensor " + factors + " holds a zero or infinite factor");
             f /= div;
         }
         if (!hp.rope_fixed.empty() && hp.rope_fixed[i]) f = 0.0; // an angle of 0 at every position
@@ -592,6 +675,10 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
                      " architecture does not use";
             return nullptr;
         }
+    if (!b.unapplied.empty())
+        b.warnings.push_back("tensor " + b.unapplied[0] +
+                             (b.unapplied.size() > 1 ? " and " + std::to_string(b.unapplied.size() - 1) + " more" : "") +
+                             " (scales llama.cpp loads and does not apply for " + arch.name + " either) are not used by llmd");
     model->warnings = std::move(b.warnings);
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
     model->pack();

@@ -29,6 +29,7 @@ struct Matrix {
     size_t row_bytes = 0;
     const uint8_t *data = nullptr;
     const uint8_t *packed = nullptr;
+    float scale = 1.0f; // the file's per-tensor scale (<name>.scale): products are multiplied by it
     const uint8_t *row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 
@@ -183,6 +184,8 @@ struct Binder {
     std::string prefix;     // "<architecture>.", the start of the family's metadata keys
     std::vector<bool> used; // per tensor of the file: bound by the architecture
     int n_layer_nextn = 0;  // per-layer arrays may also cover the multi-token-prediction blocks
+    bool ffn_scales = true; // the family's FFN applies its weights' scales (llama.cpp's graphs of some do not)
+    std::vector<std::string> unapplied; // scale tensors accepted and not applied, as by llama.cpp (see scales)
     std::vector<std::string> warnings; // tensors left unused on purpose (ignore), for Model::warnings
 
     Binder(const GGUFFile &file, std::string *error, const std::string &arch_name);
@@ -203,9 +206,18 @@ struct Binder {
     // file has it (of that shape), it is accepted and named in a warning with `what` it
     // is, instead of refused.
     void ignore(const std::string &name, int64_t cols, int64_t rows, const std::string &what);
+    // A matrix [cols, rows] and, for the weights llama.cpp scales (attention, FFN, experts,
+    // the recurrent projections), its per-tensor scale <base>.scale when the file has one
+    // (F32 [1]; see scales).
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
-    // A stack of n matrices [cols, rows, n] (MoE experts), one Matrix per slice.
+    // A stack of n matrices [cols, rows, n] (MoE experts), one Matrix per slice, each with
+    // its entry of the stack's scales (F32 [n]) when the file has them.
     bool experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out);
+    // The per-tensor scales of weight `name` (n values, one per expert of a stack) into
+    // out, or false when the file has none or the family does not apply them (FFN
+    // scales without ffn_scales); its input scales, which llama.cpp never applies, and
+    // the scales it does not apply are accepted and listed in `unapplied`.
+    bool scales(const std::string &name, int64_t n, float *out);
     // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
     bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
     const float *vector(const std::string &name, int64_t n, bool required = true);
@@ -268,6 +280,10 @@ struct MatJob {
     float *scratch = nullptr;
     bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
     int n = 0;         // tokens of this job when not the region's (an expert's own group)
+    // Where a weight has a per-tensor scale (Matrix::scale), llama.cpp scales attention
+    // products before their bias, s · (x wᵀ) + b, and FFN products after it,
+    // s · (x wᵀ + b): the latter with this set.
+    bool scale_bias = false;
 };
 
 // Scratch activations, shared by all sessions (one forward runs at a time).
@@ -379,7 +395,8 @@ void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer);
 void gated_attention(const Pass &p, const LayerWeights &L, int layer);
 
 // The pre-norm SwiGLU feed-forward sublayer most families share:
-// x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them.
+// x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them
+// (inside the weights' per-tensor scales, as llama.cpp's FFN adds them).
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
