@@ -130,7 +130,8 @@ struct LayerWeights {
 // A multi-token-prediction block (nextn_predict_layers; blk.<n_layer + i>): a decoder
 // block of the family's own kind over eh_proj · [enorm(embedding), hnorm(hidden)],
 // with an embedding and an output head of its own where the file has them. Loaded and
-// kept for drafting; forward() does not run it.
+// kept for drafting; forward() does not run it, and its matrices are not repacked (the
+// kernels' unpacked path runs them from the mapping).
 struct NextNWeights {
     LayerWeights block;
     Matrix eh_proj;                    // (dim, 2 · dim)
