@@ -396,6 +396,8 @@ async def serve(args) -> None:
         await runtime.close()
         raise SystemExit(2)
     info = engine.info
+    for warning in info.warnings:
+        log.warning("%s", warning)
     try:  # the vocab is asked which template strings are control tokens: engine calls
         template = await runtime.call(templates.load_template, info.chat_template, args.chat_template, engine)
     except templates.ChatTemplateError as exc:

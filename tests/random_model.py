@@ -22,6 +22,12 @@ Shapes:
                 experts of 768, 8 routed per token) at half its width and with half
                 its experts: n_embd 1024, 6 layers, 16 / 2 heads, 64 experts, vocab
                 151936, untied; 1.25 B weights, 0.3 B of them read per token
+  qwen3.5-moe-2b  qwen35moe: Qwen3.5-35B-A3B's layers at half their width (n_embd 1024;
+                attention 8 / 2 heads of 256, DeltaNet 8 key and 16 value heads of 128;
+                experts of 256 and a shared one of 256) with all 256 of its experts, 8
+                routed per token, in 8 of its 40 layers (twice its pattern of three
+                DeltaNet layers and one attention layer); vocab 248320, untied; 2.2 B
+                weights, 0.4 B of them read per token
 """
 from __future__ import annotations
 
@@ -56,6 +62,12 @@ SHAPES = {
                                              n_ff=3584, k_heads=16, v_heads=16, state=128, conv_len=4,
                                              n_ctx=4096, reserved=246000),
                      {"qwen35.rope.freq_base": 1e7, "qwen35.attention.layer_norm_rms_epsilon": 1e-6}),
+    "qwen3.5-moe-2b": (build_tiny_qwen35, dict(n_vocab=248320, n_embd=1024, n_layer=8, interval=4, n_head=8,
+                                               n_head_kv=2, head_dim=256, rope_dim=64, sections=(11, 11, 10, 0),
+                                               n_ff=256, k_heads=8, v_heads=16, state=128, conv_len=4,
+                                               n_expert=256, n_expert_used=8, n_ff_exp=256, n_ff_shexp=256,
+                                               n_ctx=4096, reserved=246000),
+                       {"qwen35moe.rope.freq_base": 1e7, "qwen35moe.attention.layer_norm_rms_epsilon": 1e-6}),
 }
 
 

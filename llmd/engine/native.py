@@ -87,6 +87,7 @@ class EngineInfo:
     kv_block_positions: int = 0  # KV memory is paged in blocks of this many positions
     kv_block_bytes: int = 0      # bytes of one block
     kv_shares_prefixes: bool = False  # sessions can share prefixes (recurrent layers through snapshots)
+    warnings: tuple[str, ...] = ()  # what the file holds that the engine leaves unused
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ class Engine:
             add_eos=bool(raw.add_eos), vocab_only=bool(raw.vocab_only),
             n_recurrent_layers=raw.n_recurrent_layers, recurrent_bytes=raw.recurrent_bytes,
             kv_block_positions=raw.kv_block_positions, kv_block_bytes=raw.kv_block_bytes,
-            kv_shares_prefixes=bool(raw.kv_shares_prefixes))
+            kv_shares_prefixes=bool(raw.kv_shares_prefixes),
+            warnings=tuple(w for w in _string(raw.warnings).split("\n") if w))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:

@@ -79,6 +79,7 @@ typedef struct {
     int32_t kv_block_positions; /* KV memory is paged in blocks of this many positions */
     uint64_t kv_block_bytes;    /* bytes of one block (every layer that attends all positions) */
     int32_t kv_shares_prefixes; /* 1 if sessions can share prefixes (paged layers; recurrent ones by snapshots) */
+    const char *warnings;       /* "" or one a line: what the file holds that the engine leaves unused */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,

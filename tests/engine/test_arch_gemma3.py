@@ -14,9 +14,9 @@ import pytest
 from llmd.engine.native import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.support.gguf_writer import ARRAY, GGML_Q8_0, I32, build_tiny_gemma3
+from tests.support.gguf_writer import ARRAY, GGML_Q8_0, I32, U8, U32, build_tiny_gemma3
 from tests.support.llama_cpp_golden import golden_tests
-from tests.engine.test_arch import assert_decode_batch_equals_decode_one
+from tests.engine.test_arch import assert_decode_batch_equals_decode_one, open_error
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his "
         "father had taught him: one hundred and twelve, no more and no less. At the top he trimmed the wick, "
@@ -96,17 +96,25 @@ def test_sliding_window_layers_keep_a_ring_and_capacity_counts_it(engine):
     assert (sessions, per_session) == (10, info.bytes_per_session)
 
 
-def test_a_per_layer_window_pattern_reads_as_bools_or_integers(tmp_path):
-    """llama.cpp's own writer (test-llama-archs) gives the pattern as int32 per layer:
+@pytest.mark.parametrize("element", [I32, U32], ids=["int32", "uint32"])
+def test_a_per_layer_window_pattern_reads_as_bools_or_integers(tmp_path, element):
+    """llama.cpp's own writer (test-llama-archs) gives the pattern as uint32 per layer:
     it means what the same bools mean."""
     flags = [True, False, True, False, True, True]
     as_bools = build_tiny_gemma3(pattern=flags).write(tmp_path / "b.gguf")
     w = build_tiny_gemma3(pattern=flags)
-    w.set("gemma3.attention.sliding_window_pattern", ARRAY, (I32, [int(f) for f in flags]))
+    w.set("gemma3.attention.sliding_window_pattern", ARRAY, (element, [int(f) for f in flags]))
     as_ints = w.write(tmp_path / "i.gguf")
     with Engine(str(as_bools), n_threads=1, max_sessions=1) as a, Engine(str(as_ints), n_threads=1, max_sessions=1) as b:
         assert (a.info.kv_bytes_per_token, a.info.kv_ring_bytes) == (b.info.kv_bytes_per_token, b.info.kv_ring_bytes)
         assert a.info.kv_ring_bytes > 0 and a.info.kv_bytes_per_token > 0  # both kinds of layer are there
+
+
+def test_a_per_layer_window_pattern_of_bytes_is_refused_as_llama_cpp_refuses_it(tmp_path):
+    w = build_tiny_gemma3()
+    w.set("gemma3.attention.sliding_window_pattern", ARRAY, (U8, [1, 0, 1, 0, 1, 1]))
+    assert "sliding_window_pattern must be one bool, int32 or uint32 per layer" in open_error(
+        w.write(tmp_path / "p.gguf"))
 
 
 def test_a_long_context_needs_less_than_full_attention_memory(models):

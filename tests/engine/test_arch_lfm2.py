@@ -21,7 +21,7 @@ from tests.support.llama_cpp_golden import golden_tests
 from tests.engine.test_arch import (
     GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT,
     assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks,
-    assert_sessions_are_isolated_under_concurrency, chat, model_client,
+    assert_sessions_are_isolated_under_concurrency, chat, model_client, open_error,
 )
 
 CONFIGS = {
@@ -153,12 +153,6 @@ def test_score_leaves_the_next_token_logits_as_prefill_does(engine, ids):
 
 
 # ---- files the engine refuses -------------------------------------------------------------
-
-def open_error(path) -> str:
-    with pytest.raises(EngineError) as err:
-        Engine(str(path), max_sessions=2)
-    return str(err.value)
-
 
 def test_a_layer_without_heads_needs_a_family_that_gives_it_a_state(tmp_path):
     w = build_tiny_llama(arch="qwen3", n_layer=2)

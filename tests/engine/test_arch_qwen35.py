@@ -21,19 +21,24 @@ from llmd._native import ffi, lib
 from llmd.engine.native import Engine, EngineError, kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.support.gguf_writer import ARRAY, BOOL, GGML_Q8_0, I32, U8, build_tiny_qwen35
+from tests.support.gguf_writer import (
+    ARRAY, BOOL, F32, GGML_Q8_0, I16, I32, U8, U32, U64, build_tiny_llama, build_tiny_qwen35,
+)
 from tests.support.llama_cpp_golden import golden_tests
 from tests.engine.test_arch import (
     GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT,
-    assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks, chat, model_client,
+    assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks, chat, model_client, open_error,
 )
-from tests.engine.test_arch_lfm2 import open_error
 
 CONFIGS = {
     "qwen35": dict(),                           # 3 DeltaNet layers, then attention; RoPE sections (3, 3, 2, 0)
     "qwen35_sections": dict(sections=(2, 2, 2, 2)),  # the last 2 of 8 RoPE pairs stay unrotated
     "qwen35_q8_0": dict(weight_type=GGML_Q8_0, interval=2, k_heads=1, conv_len=3),
+    "qwen35moe": dict(n_expert=8, n_expert_used=2),  # qwen35's layers, MoE FFNs with a shared expert
+    "qwen35moe_q8_0": dict(n_expert=8, n_expert_used=2, weight_type=GGML_Q8_0, interval=2, k_heads=1),
 }
+# The families whose sessions the tests below drive alike: dense and MoE.
+FAMILIES = ["qwen35", "qwen35moe"]
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
 GOLDEN = {
@@ -46,6 +51,12 @@ GOLDEN = {
     "qwen35_q8_0": (1075.6038,
         [183, 212, 192, 123, 51, 260, 112, 46, 255, 138, 62, 139],
         [0.102, 0.044, 0.483, 0.047, 0.078, 0.192, 0.879, 0.492, 0.527, 0.252, 0.409, 0.066]),
+    "qwen35moe": (1052.0413,
+        [277, 47, 175, 201, 134, 244, 64, 44, 73, 263, 119, 122],
+        [0.128, 2.868, 0.217, 0.878, 0.049, 0.254, 0.37, 0.918, 0.051, 0.053, 0.287, 0.616]),
+    "qwen35moe_q8_0": (1343.3369,
+        [32, 102, 21, 101, 271, 74, 9, 81, 73, 0, 128, 223],
+        [2.354, 0.875, 0.64, 0.455, 0.372, 0.294, 1.863, 0.114, 1.25, 2.173, 0.755, 0.261]),
 }
 
 
@@ -119,9 +130,9 @@ def test_the_delta_scan_kernel_refuses_bad_arguments():
 
 # ---- the session's memory ------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def engine(models):
-    with Engine(str(models["qwen35"]), n_threads=2, n_ctx=N_CTX, max_sessions=4) as e:
+@pytest.fixture(scope="module", params=FAMILIES)
+def engine(models, request):
+    with Engine(str(models[request.param]), n_threads=2, n_ctx=N_CTX, max_sessions=4) as e:
         yield e
 
 
@@ -181,15 +192,23 @@ def test_inconsistent_deltanet_dimensions_are_refused(tmp_path):
 def test_a_recurrent_layer_list_must_cover_every_layer(tmp_path):
     w = build_tiny_qwen35()
     w.set("qwen35.attention.recurrent_layers", ARRAY, (BOOL, [True, True]))
-    assert "attention.recurrent_layers must be one bool or integer per layer" in open_error(w.write(tmp_path / "r.gguf"))
-    w.set("qwen35.attention.recurrent_layers", U8, 1)
-    assert "attention.recurrent_layers must be one bool or integer per layer" in open_error(w.write(tmp_path / "s.gguf"))
+    assert "attention.recurrent_layers must be one bool, int32 or uint32 per layer" in open_error(
+        w.write(tmp_path / "r.gguf"))
 
 
-@pytest.mark.parametrize("element", [BOOL, I32, U8], ids=["bools", "int32", "uint8"])
+@pytest.mark.parametrize("element", [U8, I16, U64, F32], ids=["uint8", "int16", "uint64", "float"])
+def test_a_recurrent_layer_list_of_a_type_llama_cpp_refuses_is_refused(tmp_path, element):
+    """llama.cpp reads per-layer flags as bools, int32 or uint32 only: llmd is no more lenient."""
+    w = build_tiny_qwen35()
+    w.set("qwen35.attention.recurrent_layers", ARRAY, (element, [1, 1, 1, 0]))
+    assert "attention.recurrent_layers must be one bool, int32 or uint32 per layer" in open_error(
+        w.write(tmp_path / "r.gguf"))
+
+
+@pytest.mark.parametrize("element", [BOOL, I32, U32], ids=["bools", "int32", "uint32"])
 def test_the_recurrent_layer_list_overrides_the_interval_as_bools_or_integers(tmp_path, element):
     """llama.cpp's writers give per-layer flags as bools or as integers (test-llama-archs
-    writes int32): both read alike."""
+    writes uint32): both read alike."""
     w = build_tiny_qwen35()  # layer 3 attends; saying it is a DeltaNet layer leaves its tensors unbound
     w.set("qwen35.attention.recurrent_layers", ARRAY, (element, [1, 1, 1, 1] if element != BOOL else [True] * 4))
     assert "lacks tensor blk.3.attn_qkv.weight" in open_error(w.write(tmp_path / "r.gguf"))
@@ -198,17 +217,64 @@ def test_the_recurrent_layer_list_overrides_the_interval_as_bools_or_integers(tm
         assert e.info.n_recurrent_layers == 3
 
 
+def test_one_recurrent_flag_for_every_layer_is_read_as_llama_cpp_reads_it(tmp_path):
+    """A scalar stands for every layer (llama.cpp's get_key_or_arr): 0 makes all of them
+    attention layers, whose tensors this file does not have for layer 0."""
+    w = build_tiny_qwen35()
+    w.set("qwen35.attention.recurrent_layers", U32, 0)
+    assert "lacks tensor blk.0.attn_q.weight" in open_error(w.write(tmp_path / "r.gguf"))
+    w = build_tiny_qwen35(interval=1)  # every layer attends
+    w.set("qwen35.attention.recurrent_layers", U32, 0)
+    with Engine(w.write(tmp_path / "ok.gguf"), n_threads=1, max_sessions=1) as e:
+        assert e.info.n_recurrent_layers == 0
+
+
 def test_rope_sections_are_required(tmp_path):
     w = build_tiny_qwen35()
     w.remove("qwen35.rope.dimension_sections")
     assert "lacks qwen35.rope.dimension_sections" in open_error(w.write(tmp_path / "s.gguf"))
 
 
+# ---- multi-token-prediction blocks ---------------------------------------------------------
+
+@pytest.mark.parametrize("n_expert", [0, 8], ids=["qwen35", "qwen35moe"])
+def test_prediction_blocks_are_loaded_and_leave_the_model_s_logits_as_they_are(tmp_path, n_expert):
+    """nextn_predict_layers blocks come after the layers (block_count counts them): they are
+    held for drafting, and the model computes exactly what the same file without them does."""
+    plain = build_tiny_qwen35(n_ctx=N_CTX, n_expert=n_expert).write(tmp_path / "plain.gguf")
+    with_mtp = build_tiny_qwen35(n_ctx=N_CTX, n_expert=n_expert, nextn=1)
+    assert with_mtp.get(f"{'qwen35moe' if n_expert else 'qwen35'}.block_count").value == 5
+    with_mtp = with_mtp.write(tmp_path / "mtp.gguf")
+    logits = []
+    for path in (plain, with_mtp):
+        with Engine(str(path), n_threads=2, n_ctx=N_CTX, max_sessions=2) as e, e.new_session() as s:
+            assert e.info.n_layer == 4 and e.info.n_recurrent_layers == 3
+            s.prefill(e.tokenize(TEXT)[:30])
+            logits.append(s.logits())
+    assert logits[0] == logits[1]
+
+
+def test_a_prediction_block_missing_a_tensor_is_refused_by_name(tmp_path):
+    w = build_tiny_qwen35(n_expert=8, nextn=1)
+    w.remove_tensor("blk.4.nextn.eh_proj.weight")
+    assert "lacks tensor blk.4.nextn.eh_proj.weight" in open_error(w.write(tmp_path / "m.gguf"))
+
+
+def test_prediction_blocks_of_a_family_that_does_not_keep_them_are_refused_by_name(tmp_path):
+    w = build_tiny_llama(arch="qwen3", n_layer=3)
+    w.set("qwen3.nextn_predict_layers", U32, 1)  # qwen3 keeps no prediction blocks: the last is left over
+    assert "model has tensor blk.2.attn_norm.weight, which the qwen3 architecture does not use" in open_error(
+        w.write(tmp_path / "m.gguf"))
+    w.set("qwen3.nextn_predict_layers", U32, 3)
+    assert "nextn_predict_layers = 3 leaves no layer of the 3 blocks to run" in open_error(w.write(tmp_path / "n.gguf"))
+
+
 # ---- a conversation through HTTP -----------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    path = build_tiny_qwen35(n_ctx=1024).write(tmp_path_factory.mktemp("qwen35_http") / "qwen35.gguf")
+@pytest.fixture(scope="module", params=FAMILIES)
+def server(tmp_path_factory, request):
+    path = build_tiny_qwen35(n_ctx=1024, **CONFIGS[request.param]).write(
+        tmp_path_factory.mktemp("qwen35_http") / f"{request.param}.gguf")
     with running_llmd("--model", str(path), "--max-sessions", "4", "--ctx", "1024",
                       "--session-eviction", "none") as url:
         yield model_client(url)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmd.engine.native import Engine
-from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
+from tests.support.gguf_writer import GGML_Q8_0, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
 from tests.engine.test_arch_gemma3 import TEXT
 
 N_CTX = 384
@@ -15,6 +15,7 @@ FAMILIES = {
     "phi3": lambda: build_tiny_llama(n_ctx=N_CTX, arch="phi3"),
     "qwen3moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX),
     "qwen2moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX, arch="qwen2moe"),  # with a shared expert
+    "mixtral": lambda: build_tiny_llama(n_ctx=N_CTX, experts=True, weight_type=GGML_Q8_0),
 }
 
 

@@ -331,7 +331,7 @@ HOSTILE = {
     "rope_freqs_wrong_shape": (edit(lambda w: w.add_tensor("rope_freqs.weight", [3], GGML_F32, encode_f32([1] * 3))),
                                MODEL, "rope_freqs.weight has the wrong type or shape"),
     "rope_freqs_zero_factor": (edit(lambda w: w.add_tensor("rope_freqs.weight", [8], GGML_F32, encode_f32([0] * 8))),
-                               MODEL, "non-positive factor"),
+                               MODEL, "holds a zero or infinite factor"),
     "tensor_unused": (edit(lambda w: w.add_tensor("blk.0.attn_qkv.weight", [32, 64], GGML_F32, encode_f32([0] * 2048))),
                       MODEL, "model has tensor blk.0.attn_qkv.weight, which the llama architecture does not use"),
     "bias_wrong_shape": (edit(lambda w: w.add_tensor("blk.0.attn_k.bias", [32], GGML_F32, encode_f32([0] * 32))),

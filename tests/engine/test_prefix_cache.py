@@ -3,11 +3,15 @@ between sessions of one scope, reference counts, copy on write, retired blocks u
 their budget, the recurrent snapshots of hybrid models (recurrent.h: SnapshotCache),
 and outputs equal to a fresh prefill's. Tiny random-weight models."""
 import random
+from functools import partial
 
 import pytest
 
 from llmd.engine.native import Engine, EngineError, Sampling
 from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_tiny_qwen35
+
+# The hybrid families, each a builder of a tiny model taking n_ctx.
+HYBRIDS = {"qwen35": build_tiny_qwen35, "qwen35moe": partial(build_tiny_qwen35, n_expert=8), "lfm2": build_tiny_lfm2}
 
 BLOCK = 64  # positions per block (kKVBlock)
 
@@ -286,9 +290,9 @@ def test_a_prefix_with_copied_rings_saves_and_restores_exactly(gemma):
 SNAPSHOTS = 8  # kSnapshots: the engine's budget of recurrent snapshots, in states
 
 
-@pytest.fixture(scope="module", params=["qwen35", "lfm2"])
+@pytest.fixture(scope="module", params=list(HYBRIDS))
 def hybrid_model(request, tmp_path_factory):
-    build = build_tiny_qwen35 if request.param == "qwen35" else build_tiny_lfm2
+    build = HYBRIDS[request.param]
     return build(n_ctx=512).write(tmp_path_factory.mktemp("hybrid") / f"{request.param}.gguf")
 
 

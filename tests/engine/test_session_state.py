@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import random
 import struct
+from functools import partial
 
 import pytest
 
 from llmd._native import lib
 from llmd.engine.native import Engine, EngineError
 from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_tiny_qwen35
+
+# The hybrid families, each a builder of a tiny model taking n_ctx.
+HYBRIDS = {"qwen35": build_tiny_qwen35, "qwen35moe": partial(build_tiny_qwen35, n_expert=8), "lfm2": build_tiny_lfm2}
 
 HEADER = struct.Struct("<7Ii")  # magic, version, n_layer, n_head_kv, head_dim, n_ctx, n_tokens, high
 
@@ -212,9 +216,9 @@ def test_file_layout_points_at_the_tensor_data(tiny_model, engine):
 
 # ---- hybrid models: the recurrent state and its checkpoints ----------------------------------
 
-@pytest.fixture(scope="module", params=["qwen35", "lfm2"])
+@pytest.fixture(scope="module", params=list(HYBRIDS))
 def hybrid(request, tmp_path_factory):
-    build = build_tiny_qwen35 if request.param == "qwen35" else build_tiny_lfm2
+    build = HYBRIDS[request.param]
     path = build(n_ctx=256).write(tmp_path_factory.mktemp("state") / f"{request.param}.gguf")
     with Engine(str(path), n_threads=2, n_ctx=256, max_sessions=4) as e:
         yield e

@@ -414,8 +414,9 @@ async def test_a_session_whose_rings_wrapped_comes_back_from_disk_and_equals_a_f
 
 
 @pytest.mark.asyncio
-async def test_a_hybrid_session_comes_back_from_disk_and_answers_as_one_that_never_left(stack, tmp_path):
-    model = build_tiny_qwen35(n_ctx=512).write(tmp_path / "qwen35.gguf")
+@pytest.mark.parametrize("n_expert", [0, 8], ids=["qwen35", "qwen35moe"])
+async def test_a_hybrid_session_comes_back_from_disk_and_answers_as_one_that_never_left(stack, tmp_path, n_expert):
+    model = build_tiny_qwen35(n_ctx=512, n_expert=n_expert).write(tmp_path / "qwen35.gguf")
     client, table, _ = await stack(model=model, n_ctx=512)
     histories = {sid: [] for sid in "abc"}
     for sid in "abc":

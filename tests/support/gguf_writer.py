@@ -620,10 +620,13 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
                      chat_template: str = CHATML_TEMPLATE, alignment: int | None = 32,
                      extra_metadata: list[tuple[str, int, object]] = (),
                      attn_bias: bool = False, arch: str = "llama",
-                     head_dim: int | None = None, reserved: int = 0, random_matrix=None) -> GGUFWriter:
+                     head_dim: int | None = None, reserved: int = 0, random_matrix=None,
+                     experts: bool = False) -> GGUFWriter:
     """A GGUFWriter holding a complete random-weight model (edit it, then write) of
     `arch`, laid out as llama.cpp names it:
-      llama    with `attn_bias`, q/k/v/output projections carry biases;
+      llama    with `attn_bias`, q/k/v/output projections carry biases; with `experts`,
+               Mixtral's layout: N_EXPERT SwiGLU experts of n_ff in place of the FFN,
+               N_EXPERT_USED routed per token;
       qwen2    q/k/v biases;
       qwen3    RMS norms over each query and key head (attn_q_norm, attn_k_norm);
       smollm3  the llama layout (the engine skips RoPE on every 4th layer);
@@ -666,9 +669,13 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
     w.set(f"{arch}.rope.dimension_count", U32, head_dim * 3 // 8 * 2 if arch == "phi3" else head_dim)
     w.set(f"{arch}.rope.freq_base", F32, 10000.0)
     w.set(f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-5)
-    if arch == "qwen3moe":
+    assert not experts or arch == "llama", "experts: the llama layout (qwen3moe has its own)"
+    moe = arch == "qwen3moe" or experts
+    n_ff_exp = N_FF_EXP if arch == "qwen3moe" else n_ff
+    if moe:
         w.set(f"{arch}.expert_count", U32, N_EXPERT)
         w.set(f"{arch}.expert_used_count", U32, N_EXPERT_USED)
+    if arch == "qwen3moe":
         w.set(f"{arch}.expert_feed_forward_length", U32, N_FF_EXP)
     w.set("tokenizer.ggml.model", STRING, "gpt2")
     w.set("tokenizer.ggml.pre", STRING, pre)
@@ -730,13 +737,13 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
             head_norm(blk + "attn_q_norm.weight")
             head_norm(blk + "attn_k_norm.weight")
         norm(blk + "ffn_norm.weight")
-        if arch == "qwen3moe":
+        if moe:
             # The router stays F32, as llama-quantize leaves it.
             router = [rng.gauss(0.0, 1.0) for _ in range(n_embd * N_EXPERT)]
             w.add_tensor(blk + "ffn_gate_inp.weight", [n_embd, N_EXPERT], GGML_F32, encode_f32(router))
-            for part, cols, rows, std in (("gate", n_embd, N_FF_EXP, 1.0 / math.sqrt(n_embd)),
-                                          ("up", n_embd, N_FF_EXP, 1.0 / math.sqrt(n_embd)),
-                                          ("down", N_FF_EXP, n_embd, 2.0 / math.sqrt(N_FF_EXP))):
+            for part, cols, rows, std in (("gate", n_embd, n_ff_exp, 1.0 / math.sqrt(n_embd)),
+                                          ("up", n_embd, n_ff_exp, 1.0 / math.sqrt(n_embd)),
+                                          ("down", n_ff_exp, n_embd, 2.0 / math.sqrt(n_ff_exp))):
                 values = [rng.gauss(0.0, std) for _ in range(cols * rows * N_EXPERT)]
                 w.add_tensor(blk + f"ffn_{part}_exps.weight", [cols, rows, N_EXPERT], weight_type,
                              encode_tensor(weight_type, values))
@@ -1000,29 +1007,42 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
                       sections: tuple[int, ...] = (3, 3, 2, 0), n_ff: int = 256, k_heads: int = 2,
                       v_heads: int = 4, state: int = 32, conv_len: int = 4, n_ctx: int = 128,
                       weight_type: int = GGML_F32, seed: int = 1, n_vocab: int = 300, reserved: int = 0,
-                      random_matrix=None) -> GGUFWriter:
+                      random_matrix=None, n_expert: int = 0, n_expert_used: int = 2, n_ff_exp: int = 64,
+                      n_ff_shexp: int = 96, nextn: int = 0) -> GGUFWriter:
     """A GGUFWriter holding a random-weight qwen35 model laid out as llama.cpp's converter
     writes one, with build_tiny_llama's tokenizer: every `interval`-th layer gated
     attention (queries and gate interleaved per head in attn_q, q/k head norms, RoPE over
     rope_dim dims of each head in multi-`sections`), the others Gated DeltaNet layers
     (k_heads query/key heads and v_heads value heads of `state` dims, a convolution over
-    conv_len positions); post_attention_norm before every SwiGLU FFN. n_vocab, reserved
-    and random_matrix as build_tiny_llama takes them."""
-    w = build_llama_base("qwen35", n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
-                         n_ctx=n_ctx, weight_type=weight_type, name="tiny-qwen35", n_vocab=n_vocab,
+    conv_len positions); post_attention_norm before every SwiGLU FFN. With n_expert, a
+    qwen35moe model instead: in place of each FFN a router over n_expert SwiGLU experts
+    of n_ff_exp (n_expert_used per token) and a shared expert of n_ff_shexp behind a
+    sigmoid gate; and `nextn` multi-token-prediction blocks after the n_layer (block_count
+    counts them): gated attention, the same MoE and the blk.N.nextn.* tensors. n_vocab,
+    reserved and random_matrix as build_tiny_llama takes them."""
+    arch = "qwen35moe" if n_expert else "qwen35"
+    w = build_llama_base(arch, n_layer + nextn, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+                         n_ctx=n_ctx, weight_type=weight_type, name=f"tiny-{arch}", n_vocab=n_vocab,
                          reserved=reserved, random_matrix=random_matrix)
-    w.set("qwen35.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
-    w.set("qwen35.attention.value_length", U32, head_dim)
-    w.set("qwen35.rope.dimension_count", U32, rope_dim)
-    w.set("qwen35.rope.dimension_sections", ARRAY, (I32, list(sections)))
-    w.set("qwen35.full_attention_interval", U32, interval)
-    w.set("qwen35.ssm.conv_kernel", U32, conv_len)
-    w.set("qwen35.ssm.inner_size", U32, v_heads * state)
-    w.set("qwen35.ssm.state_size", U32, state)
-    w.set("qwen35.ssm.time_step_rank", U32, v_heads)
-    w.set("qwen35.ssm.group_count", U32, k_heads)
+    w.set(f"{arch}.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
+    w.set(f"{arch}.attention.value_length", U32, head_dim)
+    w.set(f"{arch}.rope.dimension_count", U32, rope_dim)
+    w.set(f"{arch}.rope.dimension_sections", ARRAY, (I32, list(sections)))
+    w.set(f"{arch}.full_attention_interval", U32, interval)
+    w.set(f"{arch}.ssm.conv_kernel", U32, conv_len)
+    w.set(f"{arch}.ssm.inner_size", U32, v_heads * state)
+    w.set(f"{arch}.ssm.state_size", U32, state)
+    w.set(f"{arch}.ssm.time_step_rank", U32, v_heads)
+    w.set(f"{arch}.ssm.group_count", U32, k_heads)
+    if n_expert:
+        w.set(f"{arch}.expert_count", U32, n_expert)
+        w.set(f"{arch}.expert_used_count", U32, n_expert_used)
+        w.set(f"{arch}.expert_feed_forward_length", U32, n_ff_exp)
+        w.set(f"{arch}.expert_shared_feed_forward_length", U32, n_ff_shexp)
+    if nextn:
+        w.set(f"{arch}.nextn_predict_layers", U32, nextn)
     rng = random.Random(seed)
-    n_vocab = w.get("qwen35.vocab_size").value
+    n_vocab = w.get(f"{arch}.vocab_size").value
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     qk_dim, v_dim = k_heads * state, v_heads * state
     conv_dim = 2 * qk_dim + v_dim
@@ -1030,7 +1050,7 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
 
     def matrix(name: str, ne: list[int], std: float) -> None:
         if random_matrix is not None:
-            w.add_tensor(name, ne, weight_type, random_matrix(ne[0], ne[1], std, rng))
+            w.add_tensor(name, ne, weight_type, random_matrix(ne[0], math.prod(ne[1:]), std, rng))
             return
         values = [rng.gauss(0.0, std) for _ in range(math.prod(ne))]
         w.add_tensor(name, ne, weight_type, encode_tensor(weight_type, values))
@@ -1041,6 +1061,30 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
     def norm(name: str, n: int = n_embd) -> None:
         f32(name, [n], lambda: 1.0 + rng.uniform(-0.2, 0.2))
 
+    def attention(blk: str) -> None:
+        matrix(blk + "attn_q.weight", [n_embd, 2 * q_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_k.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_v.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_output.weight", [q_dim, n_embd], 2.0 / math.sqrt(q_dim))
+        norm(blk + "attn_q_norm.weight", head_dim)
+        norm(blk + "attn_k_norm.weight", head_dim)
+
+    def ffn(blk: str) -> None:
+        norm(blk + "post_attention_norm.weight")
+        if not n_expert:
+            matrix(blk + "ffn_gate.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_up.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_down.weight", [n_ff, n_embd], 2.0 / math.sqrt(n_ff))
+            return
+        f32(blk + "ffn_gate_inp.weight", [n_embd, n_expert], lambda: rng.gauss(0.0, 1.0))
+        matrix(blk + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down_exps.weight", [n_ff_exp, n_embd, n_expert], 2.0 / math.sqrt(n_ff_exp))
+        f32(blk + "ffn_gate_inp_shexp.weight", [n_embd], lambda: rng.gauss(0.0, 2.0 / math.sqrt(n_embd)))
+        matrix(blk + "ffn_gate_shexp.weight", [n_embd, n_ff_shexp], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up_shexp.weight", [n_embd, n_ff_shexp], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down_shexp.weight", [n_ff_shexp, n_embd], 2.0 / math.sqrt(n_ff_shexp))
+
     matrix("token_embd.weight", [n_embd, n_vocab], 0.3)
     norm("output_norm.weight")
     matrix("output.weight", [n_embd, n_vocab], 0.15)  # logits of std ~1.7
@@ -1048,12 +1092,7 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
         blk = f"blk.{layer}."
         norm(blk + "attn_norm.weight")
         if (layer + 1) % interval == 0:
-            matrix(blk + "attn_q.weight", [n_embd, 2 * q_dim], 1.0 / math.sqrt(n_embd))
-            matrix(blk + "attn_k.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
-            matrix(blk + "attn_v.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
-            matrix(blk + "attn_output.weight", [q_dim, n_embd], 2.0 / math.sqrt(q_dim))
-            norm(blk + "attn_q_norm.weight", head_dim)
-            norm(blk + "attn_k_norm.weight", head_dim)
+            attention(blk)
         else:
             matrix(blk + "attn_qkv.weight", [n_embd, conv_dim], 1.0 / math.sqrt(n_embd))
             matrix(blk + "attn_gate.weight", [n_embd, v_dim], 1.0 / math.sqrt(n_embd))
@@ -1064,10 +1103,16 @@ def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4,
             matrix(blk + "ssm_alpha.weight", [n_embd, v_heads], 1.0 / math.sqrt(n_embd))
             norm(blk + "ssm_norm.weight", state)
             matrix(blk + "ssm_out.weight", [v_dim, n_embd], 2.0 / math.sqrt(v_dim))
-        norm(blk + "post_attention_norm.weight")
-        matrix(blk + "ffn_gate.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
-        matrix(blk + "ffn_up.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
-        matrix(blk + "ffn_down.weight", [n_ff, n_embd], 2.0 / math.sqrt(n_ff))
+        ffn(blk)
+    for layer in range(n_layer, n_layer + nextn):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        attention(blk)
+        ffn(blk)
+        matrix(blk + "nextn.eh_proj.weight", [2 * n_embd, n_embd], 1.0 / math.sqrt(2 * n_embd))
+        norm(blk + "nextn.enorm.weight")
+        norm(blk + "nextn.hnorm.weight")
+        norm(blk + "nextn.shared_head_norm.weight")
     return w
 
 

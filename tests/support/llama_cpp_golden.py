@@ -17,13 +17,17 @@ NEAR_TIE = 0.05
 
 
 def perplexity(path, text: str, n_ctx: int) -> float:
-    """llmd's perplexity over text as llama-perplexity -c n_ctx -b n_ctx computes it."""
+    """llmd's perplexity over text as llama-perplexity -c n_ctx -b n_ctx computes it: where
+    the vocabulary adds BOS, the text starts with it and so does every chunk (its first
+    token replaced)."""
     with Engine(str(path), n_threads=2, n_ctx=n_ctx, max_sessions=2) as engine:
-        ids = engine.tokenize(text)
+        bos = [engine.info.bos_id] if engine.info.add_bos else []
+        ids = bos + engine.tokenize(text)
         log_probs = []
         for start in range(0, len(ids) - n_ctx + 1, n_ctx):
+            chunk = bos + ids[start + len(bos):start + n_ctx]
             with engine.new_session() as s:
-                log_probs += s.score(ids[start:start + n_ctx], n_ctx // 2)
+                log_probs += s.score(chunk, n_ctx // 2)
     return math.exp(-sum(log_probs) / len(log_probs))
 
 

@@ -222,6 +222,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         const uint64_t fingerprint = model_fingerprint(*e->file); // before loading releases mapped pages
         e->model = Model::load(*e->file, *family, e->vocab->size(), &err);
         if (!e->model) return fail(LLMD_ERR_FORMAT, err);
+        for (const std::string &w : e->model->warnings) e->warnings += (e->warnings.empty() ? "" : "\n") + w;
 
         const HParams &hp = e->model->hp;
         e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
@@ -269,6 +270,7 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->chat_template = e->chat_template.c_str();
         out->tokenizer_pre = e->tokenizer_pre.c_str();
         out->kernels = kernels().name;
+        out->warnings = e->warnings.c_str();
         out->bos_id = e->bos_id;
         out->eos_id = e->eos_id;
         out->add_bos = e->add_bos ? 1 : 0;

@@ -30,6 +30,7 @@ bool read_pattern(Binder &b, HParams &hp) {
 }
 
 void load_hparams(Binder &b, HParams &hp) {
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
     // A file without a window attends globally in every layer.
     if (b.file.find(b.prefix + "attention.sliding_window") != nullptr && !read_pattern(b, hp)) return;
     hp.rope_base_local = b.get_float(b.prefix + "rope.freq_base_swa", 10000.0f);
@@ -57,6 +58,9 @@ void bind(Binder &b, Model &m) {
         b.matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
         b.matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
         b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+        L.bq = b.vector(blk + "attn_q.bias", hp.q_dim(), false); // optional, as llama.cpp reads them
+        L.bk = b.vector(blk + "attn_k.bias", hp.kv_dim(), false);
+        L.bv = b.vector(blk + "attn_v.bias", hp.kv_dim(), false);
         L.q_norm = b.vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = b.vector(blk + "attn_k_norm.weight", hp.head_dim);
         L.attn_post_norm = b.vector(blk + "post_attention_norm.weight", dim);

@@ -10,6 +10,7 @@ namespace llmd {
 namespace {
 
 void load_hparams(Binder &b, HParams &hp) {
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
     std::vector<int> kv_heads;
     b.per_layer_int(b.prefix + "attention.head_count_kv", hp.n_layer, hp.n_head, false, &kv_heads);
     hp.conv_len = b.get_int(b.prefix + "shortconv.l_cache", 0, true);

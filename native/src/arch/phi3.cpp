@@ -10,6 +10,7 @@ namespace llmd {
 namespace {
 
 void load_hparams(Binder &b, HParams &) {
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
     b.get_int(b.prefix + "attention.sliding_window", 0, false); // checked for type only: see above
 }
 

@@ -6,7 +6,9 @@
 namespace llmd {
 namespace {
 
-void load_hparams(Binder &, HParams &) {} // only the keys every decoder has
+void load_hparams(Binder &b, HParams &) {
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
+}
 
 void bind(Binder &b, Model &m) {
     m.output_b = b.vector("output.bias", m.hp.n_vocab, false);

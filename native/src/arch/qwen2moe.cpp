@@ -8,7 +8,9 @@ namespace llmd {
 namespace {
 
 void load_hparams(Binder &b, HParams &hp) {
-    b.moe_hparams(hp, false);
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its experts' scales out
+    b.moe_hparams(hp);
+    b.moe_weighting(hp, false);
     if (hp.n_ff_shexp == 0) b.fail("model lacks tensor blk.0.ffn_up_shexp.weight (qwen2moe's shared expert)");
 }
 

@@ -9,7 +9,10 @@
 namespace llmd {
 namespace {
 
-void load_hparams(Binder &b, HParams &hp) { b.moe_hparams(hp, true); }
+void load_hparams(Binder &b, HParams &hp) {
+    b.moe_hparams(hp);
+    b.moe_weighting(hp, true);
+}
 
 void bind(Binder &b, Model &m) {
     const HParams &hp = m.hp;

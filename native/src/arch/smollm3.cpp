@@ -8,7 +8,9 @@ namespace {
 
 constexpr int kNoRopeInterval = 4;
 
-void load_hparams(Binder &, HParams &) {} // only the keys every decoder has
+void load_hparams(Binder &b, HParams &) {
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
+}
 
 void bind(Binder &b, Model &m) {
     for (int l = 0; l < m.hp.n_layer; ++l) {

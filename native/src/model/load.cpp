@@ -17,6 +17,19 @@
 
 namespace llmd {
 
+namespace {
+
+// Whether tensor t has shape ne, as ggml counts dimensions: trailing dimensions of 1
+// may be left out of the file (a [n, 1] matrix is written as [n]).
+bool shaped(const GGUFTensor *t, std::initializer_list<int64_t> ne) {
+    if (t->n_dims > static_cast<int>(ne.size())) return false;
+    int i = 0;
+    for (const int64_t n : ne)
+        if (t->ne[i++] != n) return false;
+    return true;
+}
+
+} // namespace
 
 Binder::Binder(const GGUFFile &file, std::string *error, const std::string &arch_name)
     : file(file), error(error), prefix(arch_name + "."), used(file.tensors().size(), false) {}
@@ -48,7 +61,7 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
         values->assign(n_layer, v);
         return v;
     }
-    if ((kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || kv->arr_count != static_cast<uint64_t>(n_layer)) {
+    if ((kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || !covers_layers(kv->arr_count, n_layer)) {
         fail("model metadata " + key + " must be one integer per layer");
         return fallback;
     }
@@ -75,23 +88,20 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
 bool Binder::layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags) {
     const GGUFKV *kv = file.find(key);
     if (kv == nullptr || kv->type != GGUF_ARRAY) return false;
-    size_t width = 0;
-    switch (kv->arr_type) {
-    case GGUF_BOOL: case GGUF_U8: case GGUF_I8: width = 1; break;
-    case GGUF_U16: case GGUF_I16: width = 2; break;
-    case GGUF_U32: case GGUF_I32: width = 4; break;
-    case GGUF_U64: case GGUF_I64: width = 8; break;
-    default: break;
-    }
-    if (width == 0 || kv->arr_count != static_cast<uint64_t>(n_layer))
-        return fail("model metadata " + key + " must be one bool or integer per layer");
+    const size_t width = kv->arr_type == GGUF_BOOL ? 1 : kv->arr_type == GGUF_I32 || kv->arr_type == GGUF_U32 ? 4 : 0;
+    if (width == 0 || !covers_layers(kv->arr_count, n_layer))
+        return fail("model metadata " + key + " must be one bool, int32 or uint32 per layer");
     flags->assign(n_layer, false);
     for (int l = 0; l < n_layer; ++l) {
-        uint64_t v = 0;
+        uint32_t v = 0;
         std::memcpy(&v, kv->arr_data + width * l, width); // little-endian, as GGUF is
         (*flags)[l] = v != 0;
     }
     return true;
+}
+
+bool Binder::covers_layers(uint64_t count, int n_layer) const {
+    return count == static_cast<uint64_t>(n_layer) || count == static_cast<uint64_t>(n_layer) + n_layer_nextn;
 }
 
 float Binder::get_float(const std::string &key, float fallback) {
@@ -108,10 +118,67 @@ const GGUFTensor *Binder::find(const std::string &name, bool required) {
     return t;
 }
 
+void Binder::ignore(const std::string &name, int64_t cols, int64_t rows, const std::string &what) {
+    const GGUFTensor *t = find(name, false);
+    if (t == nullptr) return;
+    if (!shaped(t, {cols, rows})) {
+        fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+             "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+        return;
+    }
+    warnings.push_back("tensor " + name + " (" + what + ") is not used by llmd");
+}
+
+namespace {
+
+// The weights whose products llama.cpp multiplies by a per-tensor scale from the file
+// (its generic pass over every architecture's layers); a scale of any other tensor is
+// one it does not know, and stays unbound.
+bool scaled_weight(const std::string &name) {
+    static const char *const kScaled[] = {
+        "attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate", "ffn_gate", "ffn_up", "ffn_down",
+        "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+        "ssm_in", "ssm_out", "ssm_alpha", "ssm_beta", "nextn.eh_proj", "nextn.shared_head_head"};
+    if (name.rfind("blk.", 0) != 0) return false;
+    const size_t dot = name.find('.', 4); // after the block number
+    if (dot == std::string::npos) return false;
+    const std::string part = name.substr(dot + 1);
+    for (const char *w : kScaled)
+        if (part == std::string(w) + ".weight") return true;
+    return false;
+}
+
+} // namespace
+
+bool Binder::scales(const std::string &name, int64_t n, float *out) {
+    if (!scaled_weight(name)) return false;
+    const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    const auto scale_vector = [&](const std::string &key) -> const float * {
+        const GGUFTensor *t = find(key, false);
+        if (t == nullptr) return nullptr;
+        if (t->type != GGML_F32 || t->n_dims != 1 || t->ne[0] != n) {
+            fail("tensor " + key + " should be F32 of " + std::to_string(n) + " elements");
+            return nullptr;
+        }
+        return reinterpret_cast<const float *>(t->data);
+    };
+    if (scale_vector(base + ".input_scale") != nullptr) unapplied.push_back(base + ".input_scale");
+    const float *s = scale_vector(base + ".scale");
+    if (s == nullptr) return false;
+    if (!ffn_scales && name.find(".ffn_") != std::string::npos) {
+        unapplied.push_back(base + ".scale");
+        return false;
+    }
+    std::memcpy(out, s, n * sizeof(float));
+    for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(out[i])) return fail("tensor " + base + ".scale holds a value that is not finite");
+    return true;
+}
+
 bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required) {
     const GGUFTensor *t = find(name, required);
     if (t == nullptr) return false;
-    if (t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows)
+    if (!shaped(t, {cols, rows}))
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
                     std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
                     std::to_string(rows) + "]");
@@ -123,13 +190,14 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
     m->rows = rows;
     m->row_bytes = row_bytes(t->type, cols);
     m->data = t->data;
-    return true;
+    scales(name, 1, &m->scale);
+    return error->empty();
 }
 
 bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out) {
     const GGUFTensor *t = find(name, true);
     if (t == nullptr) return false;
-    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n)
+    if (!shaped(t, {cols, rows, n}))
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
                     ", " + std::to_string(t->ne[2]) + "], expected [" + std::to_string(cols) + ", " +
                     std::to_string(rows) + ", " + std::to_string(n) + "]");
@@ -137,6 +205,8 @@ bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n,
         return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
                     type_name(t->type) + " kernels cannot run");
     out->assign(n, Matrix{});
+    std::vector<float> scale(n, 1.0f);
+    scales(name, n, scale.data());
     for (int e = 0; e < n; ++e) {
         Matrix &m = (*out)[e];
         m.type = t->type;
@@ -144,8 +214,9 @@ bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n,
         m.rows = rows;
         m.row_bytes = row_bytes(t->type, cols);
         m.data = t->data + static_cast<size_t>(e) * rows * m.row_bytes;
+        m.scale = scale[e];
     }
-    return true;
+    return error->empty();
 }
 
 bool Binder::split_matrix(const std::string &name, int64_t cols,
@@ -181,7 +252,7 @@ const float *Binder::vector(const std::string &name, int64_t n, bool required) {
 const float *Binder::filters(const std::string &name, int64_t cols, int64_t rows) {
     const GGUFTensor *t = find(name, true);
     if (t == nullptr) return nullptr;
-    if (t->type != GGML_F32 || t->n_dims != 2 || t->ne[0] != cols || t->ne[1] != rows) {
+    if (t->type != GGML_F32 || !shaped(t, {cols, rows})) {
         fail("tensor " + name + " should be F32 of shape [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
         return nullptr;
     }
@@ -214,7 +285,7 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *no
     matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
 }
 
-void Binder::moe_hparams(HParams &hp, bool norm) {
+void Binder::moe_hparams(HParams &hp) {
     hp.n_expert = get_int(prefix + "expert_count", 0, true);
     hp.n_expert_used = get_int(prefix + "expert_used_count", 0, true);
     if (hp.n_expert < 1 || hp.n_expert > 4096 || hp.n_expert_used < 1 || hp.n_expert_used > hp.n_expert) {
@@ -222,25 +293,45 @@ void Binder::moe_hparams(HParams &hp, bool norm) {
              std::to_string(hp.n_expert) + ")");
         return;
     }
-    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", hp.n_ff / hp.n_expert_used, false);
+    // A width of 0, as llama.cpp's writer puts it for "unset", takes the default as absence does.
+    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", 0, false);
+    if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff / hp.n_expert_used;
+    if (hp.n_ff_exp < 1) fail("model expert FFN length is invalid");
+    // A shared expert is as wide as the file says, else as the dense FFN would be.
+    if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr) {
+        hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", 0, false);
+        if (hp.n_ff_shexp == 0) hp.n_ff_shexp = hp.n_ff;
+    }
+}
+
+void Binder::moe_weighting(HParams &hp, bool norm) {
     std::string err;
     if (!file.get_bool(prefix + "expert_weights_norm", &norm, &err) && !err.empty()) fail(err);
     hp.expert_norm = norm;
     const float scale = get_float(prefix + "expert_weights_scale", 0.0f);
     hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
-    if (hp.n_ff_exp < 1 || !std::isfinite(hp.expert_scale)) fail("model expert FFN length or weight scale is invalid");
-    // A shared expert is as wide as the file says, else as the dense FFN would be.
-    if (file.tensor("blk.0.ffn_up_shexp.weight") != nullptr)
-        hp.n_ff_shexp = get_int(prefix + "expert_shared_feed_forward_length", hp.n_ff, false);
+    if (!std::isfinite(hp.expert_scale)) fail("model expert weight scale is invalid");
 }
 
-void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
+void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const int dim = hp.n_embd;
-    L.ffn_norm = vector(blk + "ffn_norm.weight", dim);
+    L.ffn_norm = vector(blk + norm + ".weight", dim);
     matrix(blk + "ffn_gate_inp.weight", dim, hp.n_expert, &L.router);
-    experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
-    experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+    if (file.tensor(blk + "ffn_gate_up_exps.weight") != nullptr) {
+        // gate and up fused, as llama.cpp's writer may store them: in each expert's
+        // slice the gate's rows, then the up projection's.
+        std::vector<Matrix> fused;
+        experts(blk + "ffn_gate_up_exps.weight", dim, 2 * static_cast<int64_t>(hp.n_ff_exp), hp.n_expert, &fused);
+        L.gate_exps = L.up_exps = fused;
+        for (size_t e = 0; e < fused.size(); ++e) {
+            L.gate_exps[e].rows = L.up_exps[e].rows = hp.n_ff_exp;
+            L.up_exps[e].data += static_cast<size_t>(hp.n_ff_exp) * fused[e].row_bytes;
+        }
+    } else {
+        experts(blk + "ffn_gate_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.gate_exps);
+        experts(blk + "ffn_up_exps.weight", dim, hp.n_ff_exp, hp.n_expert, &L.up_exps);
+    }
     experts(blk + "ffn_down_exps.weight", hp.n_ff_exp, dim, hp.n_expert, &L.down_exps);
     if (hp.n_ff_shexp == 0) return;
     L.shexp_gate = vector(blk + "ffn_gate_inp_shexp.weight", dim);
@@ -251,7 +342,115 @@ void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3, &kLfm2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen3Moe, &kSmolLM3};
+// Which layers are DeltaNet layers, as llama.cpp reads it: a flag per layer, one flag
+// for every layer, or else every layer but each full_attention_interval-th.
+bool read_recurrent_layers(Binder &b, const HParams &hp, std::vector<bool> *recurrent) {
+    const std::string key = b.prefix + "attention.recurrent_layers";
+    if (b.layer_flags(key, hp.n_layer, recurrent)) return true;
+    if (!b.error->empty()) return false;
+    if (b.file.find(key) != nullptr) {
+        recurrent->assign(hp.n_layer, b.get_int(key, 0, true) != 0);
+        return b.error->empty();
+    }
+    recurrent->assign(hp.n_layer, false);
+    const int interval = b.get_int(b.prefix + "full_attention_interval", 4, false);
+    if (interval < 1) return b.fail("model metadata " + b.prefix + "full_attention_interval must be positive");
+    for (int l = 0; l < hp.n_layer; ++l) (*recurrent)[l] = (l + 1) % interval != 0;
+    return true;
+}
+
+// The multi-section RoPE of text positions: pair i lies in section i % Σsections,
+// interleaved (sector s belongs to section s % 3 while s < 3 · that section's size);
+// the sectors of none of the first three sections take the fourth position, which is
+// 0 for text, so they stay unrotated.
+bool read_rope_sections(Binder &b, HParams &hp) {
+    const std::string key = b.prefix + "rope.dimension_sections";
+    const GGUFKV *kv = b.file.find(key);
+    if (kv == nullptr) return b.fail("model metadata lacks " + key);
+    if (kv->type != GGUF_ARRAY || (kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || kv->arr_count < 3 ||
+        kv->arr_count > 4)
+        return b.fail("model metadata " + key + " must be 3 or 4 integers");
+    int sections[4] = {0, 0, 0, 0}, total = 0;
+    for (uint64_t i = 0; i < kv->arr_count; ++i) {
+        int32_t v;
+        std::memcpy(&v, kv->arr_data + 4 * i, 4);
+        if (v < 0 || v > hp.rope_dim) return b.fail("model metadata " + key + " holds an out-of-range section");
+        sections[i] = v;
+        total += v;
+    }
+    if (total == 0 || total > hp.head_dim) return b.fail("model metadata " + key + " does not fit the heads");
+    hp.rope_fixed.assign(hp.rope_dim / 2, false);
+    for (int i = 0; i < hp.rope_dim / 2; ++i) {
+        const int sector = i % total;
+        const bool text = sector < 3 * sections[sector % 3];
+        hp.rope_fixed[i] = !text;
+    }
+    return true;
+}
+
+} // namespace
+
+void Binder::delta_net_hparams(HParams &hp) {
+    HParams::DeltaNet &dn = hp.delta;
+    hp.conv_len = get_int(prefix + "ssm.conv_kernel", 0, true);
+    const int inner = get_int(prefix + "ssm.inner_size", 0, true);
+    dn.head_dim = get_int(prefix + "ssm.state_size", 0, true);
+    dn.v_heads = get_int(prefix + "ssm.time_step_rank", 0, true);
+    dn.k_heads = get_int(prefix + "ssm.group_count", 0, true);
+    if (!error->empty()) return;
+    if (hp.conv_len < 2 || hp.conv_len > 64 || dn.head_dim < 1 || dn.head_dim > 1024 || dn.v_heads < 1 ||
+        dn.k_heads < 1 || dn.v_heads % dn.k_heads != 0 || inner != dn.v_heads * dn.head_dim) {
+        fail("model Gated DeltaNet dimensions (ssm.*) are inconsistent");
+        return;
+    }
+    std::vector<bool> recurrent;
+    if (!read_recurrent_layers(*this, hp, &recurrent) || !read_rope_sections(*this, hp)) return;
+    const int state = (hp.conv_len - 1) * dn.conv_dim() + dn.v_heads * dn.head_dim * dn.head_dim;
+    for (int l = 0; l < hp.n_layer; ++l) hp.state[l] = recurrent[l] ? state : 0;
+}
+
+void Binder::delta_net_mixer(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const HParams::DeltaNet &dn = hp.delta;
+    const int dim = hp.n_embd;
+    L.attn_norm = vector(blk + "attn_norm.weight", dim);
+    if (l < hp.n_layer && hp.recurrent(l)) {
+        matrix(blk + "attn_qkv.weight", dim, dn.conv_dim(), &L.delta_in);
+        matrix(blk + "attn_gate.weight", dim, dn.v_dim(), &L.delta_gate);
+        L.conv_w = filters(blk + "ssm_conv1d.weight", hp.conv_len, dn.conv_dim());
+        L.delta_dt = vector(blk + "ssm_dt.bias", dn.v_heads);
+        L.delta_a = vector(blk + "ssm_a", dn.v_heads);
+        matrix(blk + "ssm_beta.weight", dim, dn.v_heads, &L.delta_beta);
+        matrix(blk + "ssm_alpha.weight", dim, dn.v_heads, &L.delta_alpha);
+        L.delta_norm = vector(blk + "ssm_norm.weight", dn.head_dim);
+        matrix(blk + "ssm_out.weight", dn.v_dim(), dim, &L.delta_out);
+    } else { // an attention layer, or a prediction block (always one)
+        matrix(blk + "attn_q.weight", dim, 2 * hp.q_dim(), &L.wq); // per head: queries, then the gate
+        matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+        matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+        matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+        L.bq = vector(blk + "attn_q.bias", 2 * hp.q_dim(), false); // optional, as llama.cpp reads them
+        L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
+        L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+        L.q_norm = vector(blk + "attn_q_norm.weight", hp.head_dim);
+        L.k_norm = vector(blk + "attn_k_norm.weight", hp.head_dim);
+    }
+}
+
+void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
+    const std::string blk = "blk." + std::to_string(l) + ".nextn.";
+    const int dim = hp.n_embd;
+    matrix(blk + "eh_proj.weight", 2 * dim, dim, &N.eh_proj);
+    N.enorm = vector(blk + "enorm.weight", dim);
+    N.hnorm = vector(blk + "hnorm.weight", dim);
+    matrix(blk + "embed_tokens.weight", dim, hp.n_vocab, &N.embed_tokens, false);
+    matrix(blk + "shared_head_head.weight", dim, hp.n_vocab, &N.head, false);
+    N.head_norm = vector(blk + "shared_head_norm.weight", dim, false);
+}
+
+namespace {
+
+const Arch *const kArchs[] = {&kLlama, &kGemma3, &kLfm2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -315,7 +514,8 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::
         if (freqs != nullptr) {
             float div;
             std::memcpy(&div, freqs->data + 4 * i, 4);
-            if (!(div > 0.0f)) return b.fail("tensor " + factors + " holds a non-positive factor");
+            // llama.cpp divides by any factor; zero or one not finite has no angle
+            if (div == 0.0f || !std::isfinite(div)) return b.fail("tensor " + factors + " holds a zero or infinite factor");
             f /= div;
         }
         if (!hp.rope_fixed.empty() && hp.rope_fixed[i]) f = 0.0; // an angle of 0 at every position
@@ -385,12 +585,22 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     hp.n_vocab = n_vocab;
     hp.n_ctx_train = b.get_int(p + "context_length", 0, true);
     hp.n_embd = b.get_int(p + "embedding_length", 0, true);
-    hp.n_layer = b.get_int(p + "block_count", 0, true);
+    const int n_blocks = b.get_int(p + "block_count", 0, true);
     // Every layer has a norm and a matrix at least: refuse an absurd block count
     // before allocating for it.
-    if (static_cast<uint64_t>(hp.n_layer) * 2 > file.tensors().size()) {
-        *error = p + "block_count = " + std::to_string(hp.n_layer) + " but the file holds only " +
+    if (static_cast<uint64_t>(n_blocks) * 2 > file.tensors().size()) {
+        *error = p + "block_count = " + std::to_string(n_blocks) + " but the file holds only " +
                  std::to_string(file.tensors().size()) + " tensors";
+        return nullptr;
+    }
+    // The multi-token-prediction blocks, if any, are the last of block_count. A family
+    // that has none leaves their tensors unbound, and the file is refused by name.
+    hp.n_layer_nextn = b.n_layer_nextn = b.get_int(p + "nextn_predict_layers", 0, false);
+    hp.n_layer = n_blocks - hp.n_layer_nextn;
+    if (!error->empty()) return nullptr;
+    if (hp.n_layer < 1) {
+        *error = p + "nextn_predict_layers = " + std::to_string(hp.n_layer_nextn) + " leaves no layer of the " +
+                 std::to_string(n_blocks) + " blocks to run";
         return nullptr;
     }
     std::vector<int> heads, kv_heads; // per layer: hybrid models give 0 to their recurrent layers
@@ -446,6 +656,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
         model->output = model->tok_embd;
     }
     model->layers.resize(hp.n_layer);
+    model->nextn.resize(hp.n_layer_nextn);
     arch.bind(b, *model);
     if (!error->empty()) return nullptr;
     if (model->output_norm == nullptr) {
@@ -464,6 +675,11 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
                      " architecture does not use";
             return nullptr;
         }
+    if (!b.unapplied.empty())
+        b.warnings.push_back("tensor " + b.unapplied[0] +
+                             (b.unapplied.size() > 1 ? " and " + std::to_string(b.unapplied.size() - 1) + " more" : "") +
+                             " (scales llama.cpp loads and does not apply for " + arch.name + " either) are not used by llmd");
+    model->warnings = std::move(b.warnings);
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
     model->pack();
     return model;

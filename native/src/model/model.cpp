@@ -38,8 +38,8 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
 
 namespace {
 
-// Rows [r0, r1) of a job for n tokens; r0 is a multiple of kPanel.
-void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
+// Rows [r0, r1) of a job's product for n tokens, unscaled; r0 is a multiple of kPanel.
+void matmul_product(const MatJob &job, int n, int64_t r0, int64_t r1) {
     const Matrix &w = *job.w;
     const int64_t cols = w.cols, rows = w.rows, nb = cols / QK;
     const TypeTraits &traits = *type_traits(w.type);
@@ -64,20 +64,43 @@ void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
     }
 }
 
-// y[t * rows + r] += bias[r] for rows [r0, r1) of n tokens.
-void add_bias(float *y, const float *bias, int n, int64_t rows, int64_t r0, int64_t r1) {
+// Rows [r0, r1) of a job for n tokens. A matrix with a per-tensor scale has its product
+// multiplied by it before it joins y, as llama.cpp scales it: y = s · (x wᵀ) or y += that.
+void matmul_rows(const MatJob &job, int n, int64_t r0, int64_t r1) {
+    const float s = job.w->scale;
+    if (s == 1.0f) {
+        matmul_product(job, n, r0, r1);
+        return;
+    }
+    const int64_t rows = job.w->rows, width = r1 - r0;
+    thread_local std::vector<float> kept; // y's rows before a residual product joins them
+    if (job.add) {
+        kept.resize(static_cast<size_t>(n) * width);
+        for (int t = 0; t < n; ++t) std::copy_n(job.y + t * rows + r0, width, kept.data() + t * width);
+    }
+    MatJob product = job;
+    product.add = false;
+    matmul_product(product, n, r0, r1);
+    for (int t = 0; t < n; ++t) {
+        float *y = job.y + t * rows + r0;
+        for (int64_t r = 0; r < width; ++r) y[r] = job.add ? kept[t * width + r] + s * y[r] : s * y[r];
+    }
+}
+
+// y[t * rows + r] += scale · bias[r] for rows [r0, r1) of n tokens.
+void add_bias(float *y, const float *bias, float scale, int n, int64_t rows, int64_t r0, int64_t r1) {
     for (int t = 0; t < n; ++t)
-        for (int64_t r = r0; r < r1; ++r) y[t * rows + r] += bias[r];
+        for (int64_t r = r0; r < r1; ++r) y[t * rows + r] += scale == 1.0f ? bias[r] : scale * bias[r];
 }
 
 // Rows [r0, r1) of a job, with its biases and SwiGLU when it has them.
 void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     matmul_rows(j, n, r0, r1);
     const int64_t rows = j.w->rows;
-    if (j.bias != nullptr) add_bias(j.y, j.bias, n, rows, r0, r1);
+    if (j.bias != nullptr) add_bias(j.y, j.bias, j.scale_bias ? j.w->scale : 1.0f, n, rows, r0, r1);
     if (j.up == nullptr) return;
     matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
-    if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, n, rows, r0, r1);
+    if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, j.scale_bias ? j.up->scale : 1.0f, n, rows, r0, r1);
     const auto glu = kernels().glu;
     for (int t = 0; t < n; ++t) glu(j.gelu, j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
 }
@@ -503,10 +526,37 @@ void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer) {
     matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ
 }
 
+void gated_attention(const Pass &p, const LayerWeights &L, int layer) {
+    const HParams &hp = p.hp;
+    const int hd = hp.head_dim, q_dim = hp.q_dim();
+    std::vector<float> &qg = p.ws.recurrent; // (n, 2 · q_dim): per head, queries then gate
+    qg.resize(static_cast<size_t>(p.n) * 2 * q_dim);
+    rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
+    matmuls(p, p.xb, {project(L.wq, qg.data(), L.bq), project(L.wk, p.k, L.bk), project(L.wv, p.v, L.bv)});
+    for (int t = 0; t < p.n; ++t)
+        for (int h = 0; h < hp.n_head; ++h)
+            std::memcpy(p.q + static_cast<size_t>(t) * q_dim + h * hd, qg.data() + (static_cast<size_t>(t) * hp.n_head + h) * 2 * hd,
+                        hd * sizeof(float));
+    rmsnorm_heads(p, p.q, hp.n_head, L.q_norm);
+    rmsnorm_heads(p, p.k, hp.n_head_kv, L.k_norm);
+    rope(p, p.q, hp.n_head, Rope::neox);
+    rope(p, p.k, hp.n_head_kv, Rope::neox);
+    attend(p, layer); // att = softmax(q kᵀ / √hd) v
+    for (int t = 0; t < p.n; ++t)
+        for (int h = 0; h < hp.n_head; ++h) {
+            float *a = p.att + static_cast<size_t>(t) * q_dim + h * hd;
+            const float *gate = qg.data() + (static_cast<size_t>(t) * hp.n_head + h) * 2 * hd + hd;
+            for (int i = 0; i < hd; ++i) a[i] /= 1.0f + std::exp(-gate[i]);
+        }
+    matmuls(p, p.att, {residual(L.wo, p.x)}); // x += gated att · woᵀ
+}
+
 void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    matmuls(p, p.xb, {swiglu(L.w_gate, L.w_up, p.hb, p.hb2, L.b_gate, L.b_up)});
-    matmuls(p, p.hb, {residual(L.w_down, p.x, L.b_down)});
+    MatJob gate_up = swiglu(L.w_gate, L.w_up, p.hb, p.hb2, L.b_gate, L.b_up), down = residual(L.w_down, p.x, L.b_down);
+    gate_up.scale_bias = down.scale_bias = true;
+    matmuls(p, p.xb, {gate_up});
+    matmuls(p, p.hb, {down});
 }
 
 void attend(const Pass &p, int layer) {

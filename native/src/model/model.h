@@ -29,6 +29,7 @@ struct Matrix {
     size_t row_bytes = 0;
     const uint8_t *data = nullptr;
     const uint8_t *packed = nullptr;
+    float scale = 1.0f; // the file's per-tensor scale (<name>.scale): products are multiplied by it
     const uint8_t *row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 
@@ -44,7 +45,8 @@ struct HParams {
     int n_vocab = 0;
     int n_ctx_train = 0;
     int n_embd = 0;    // dim
-    int n_layer = 0;
+    int n_layer = 0;   // the blocks forward() runs
+    int n_layer_nextn = 0; // multi-token-prediction blocks after them (Model::nextn)
     int n_head = 0;
     int n_head_kv = 0;
     int n_ff = 0;      // hidden dim of the FFN
@@ -125,6 +127,21 @@ struct LayerWeights {
     Matrix down_shexp;                // (dim, n_ff_shexp)
 };
 
+// A multi-token-prediction block (nextn_predict_layers; blk.<n_layer + i>): a decoder
+// block of the family's own kind over eh_proj · [enorm(embedding), hnorm(hidden)],
+// with an embedding and an output head of its own where the file has them. Loaded and
+// kept for drafting; forward() does not run it, and its matrices are not repacked (the
+// kernels' unpacked path runs them from the mapping).
+struct NextNWeights {
+    LayerWeights block;
+    Matrix eh_proj;                    // (dim, 2 · dim)
+    const float *enorm = nullptr;      // (dim) norm of the next token's embedding
+    const float *hnorm = nullptr;      // (dim) norm of the previous position's hidden state
+    Matrix embed_tokens;               // (vocab, dim) optional: else the model's token_embd
+    Matrix head;                       // (vocab, dim) optional: else the model's output
+    const float *head_norm = nullptr;  // (dim) optional: else output_norm
+};
+
 // Every tensor whose type the engine has no kernels for, grouped by type and named
 // ("...tensor type Q3_K (blk.0.attn_q.weight and 29 more)"); empty when it can run all.
 std::string unsupported_tensors(const GGUFFile &file);
@@ -143,6 +160,8 @@ struct Model {
     int rope_ctx_orig = 0;
     std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own base
     std::vector<LayerWeights> layers;
+    std::vector<NextNWeights> nextn;  // (n_layer_nextn) held, not run (NextNWeights)
+    std::vector<std::string> warnings; // tensors the file holds that llmd knowingly leaves unused
     std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
 
@@ -165,22 +184,41 @@ struct Binder {
     std::string *error;
     std::string prefix;     // "<architecture>.", the start of the family's metadata keys
     std::vector<bool> used; // per tensor of the file: bound by the architecture
+    int n_layer_nextn = 0;  // per-layer arrays may also cover the multi-token-prediction blocks
+    bool ffn_scales = true; // the family's FFN applies its weights' scales (llama.cpp's graphs of some do not)
+    std::vector<std::string> unapplied; // scale tensors accepted and not applied, as by llama.cpp (see scales)
+    std::vector<std::string> warnings; // tensors left unused on purpose (ignore), for Model::warnings
 
     Binder(const GGUFFile &file, std::string *error, const std::string &arch_name);
     bool fail(const std::string &msg);
     int get_int(const std::string &key, int fallback, bool required);
-    // A count the file gives once or per layer (an array of n_layer): *values per layer,
-    // returning the common non-zero value (layers that have any must agree).
+    // A count the file gives once or per layer (an array of n_layer, or of n_layer +
+    // n_layer_nextn as llama.cpp writes it for files with prediction blocks): *values
+    // per layer, returning the common non-zero value (layers that have any must agree).
     int per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values);
-    // A flag the file gives per layer: an array of n_layer bools or integers of any
-    // width (nonzero: set), both forms llama.cpp's writers use. False when the key is
-    // absent or a scalar (the caller's rule applies); fails on another shape.
+    // A flag the file gives per layer as llama.cpp reads one: an array (n_layer long, or
+    // n_layer + n_layer_nextn) of bools, int32 or uint32 (nonzero: set). False when the
+    // key is absent or a scalar (the caller's rule applies); fails on another shape.
     bool layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags);
+    bool covers_layers(uint64_t count, int n_layer) const; // an array's length is n_layer (+ n_layer_nextn)
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
+    // An optional matrix [cols, rows] llama.cpp knows that llmd has no use for: if the
+    // file has it (of that shape), it is accepted and named in a warning with `what` it
+    // is, instead of refused.
+    void ignore(const std::string &name, int64_t cols, int64_t rows, const std::string &what);
+    // A matrix [cols, rows] and, for the weights llama.cpp scales (attention, FFN, experts,
+    // the recurrent projections), its per-tensor scale <base>.scale when the file has one
+    // (F32 [1]; see scales).
     bool matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required = true);
-    // A stack of n matrices [cols, rows, n] (MoE experts), one Matrix per slice.
+    // A stack of n matrices [cols, rows, n] (MoE experts), one Matrix per slice, each with
+    // its entry of the stack's scales (F32 [n]) when the file has them.
     bool experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out);
+    // The per-tensor scales of weight `name` (n values, one per expert of a stack) into
+    // out, or false when the file has none or the family does not apply them (FFN
+    // scales without ffn_scales); its input scales, which llama.cpp never applies, and
+    // the scales it does not apply are accepted and listed in `unapplied`.
+    bool scales(const std::string &name, int64_t n, float *out);
     // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
     bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
     const float *vector(const std::string &name, int64_t n, bool required = true);
@@ -192,12 +230,25 @@ struct Binder {
     // in most families) and the gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
-    // The Qwen MoE families' metadata (expert counts and widths, expert_weights_norm
-    // defaulting to `norm`, expert_weights_scale, the shared expert's width), and the
-    // FFN of block l: ffn_norm, the router, the expert stacks and, when the file has
+    // The MoE families' metadata: expert counts and widths, and the shared expert's
+    // width when the file has one; then, for the families whose files may set them,
+    // expert_weights_norm (defaulting to `norm`) and expert_weights_scale. The FFN of
+    // block l: its norm (`norm`), the router, the expert stacks and, when the file has
     // one (hp.n_ff_shexp), the shared expert and its gate.
-    void moe_hparams(HParams &hp, bool norm);
-    void moe_ffn(const HParams &hp, int l, LayerWeights &L);
+    void moe_hparams(HParams &hp);
+    void moe_weighting(HParams &hp, bool norm);
+    void moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
+    // The Qwen3.5 families' metadata: the Gated DeltaNet's dimensions (ssm.*), which
+    // layers are DeltaNet layers (attention.recurrent_layers, else every layer but each
+    // full_attention_interval-th) and the multi-section RoPE of text positions. And the
+    // first half of their block l: attn_norm, then the DeltaNet's tensors in a
+    // recurrent layer or the gated attention's (model.h: gated_attention) in the others.
+    void delta_net_hparams(HParams &hp);
+    void delta_net_mixer(const HParams &hp, int l, LayerWeights &L);
+    // The tensors of multi-token-prediction block l that every family names alike
+    // (blk.<l>.nextn.*: eh_proj, enorm, hnorm, and the optional embed_tokens,
+    // shared_head_head, shared_head_norm); the block's own layer is the family's.
+    void nextn(const HParams &hp, int l, NextNWeights &N);
 };
 
 struct KVCache; // memory/kvcache.h
@@ -230,6 +281,10 @@ struct MatJob {
     float *scratch = nullptr;
     bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
     int n = 0;         // tokens of this job when not the region's (an expert's own group)
+    // Where a weight has a per-tensor scale (Matrix::scale), llama.cpp scales attention
+    // products before their bias, s · (x wᵀ) + b, and FFN products after it,
+    // s · (x wᵀ + b): the latter with this set.
+    bool scale_bias = false;
 };
 
 // Scratch activations, shared by all sessions (one forward runs at a time).
@@ -334,8 +389,15 @@ void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style)
 // head RMS-normed, NEOX RoPE, attention, and x += att · woᵀ.
 void qk_norm_attention(const Pass &p, const LayerWeights &L, int layer);
 
+// The attention sublayer of the Qwen3.5 families: xb = rmsnorm(x); wq gives each head
+// its queries and, beside them, a gate; q and k RMS-normed per head, NEOX RoPE (the
+// multi-section angles), attention, each head's output times sigmoid(its gate), and
+// x += that · woᵀ.
+void gated_attention(const Pass &p, const LayerWeights &L, int layer);
+
 // The pre-norm SwiGLU feed-forward sublayer most families share:
-// x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them.
+// x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them
+// (inside the weights' per-tensor scales, as llama.cpp's FFN adds them).
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,

@@ -1,0 +1,76 @@
+"""The files llama.cpp's own writer makes (test-llama-archs -o) load in llmd and compute
+llama.cpp's perplexity: tests/llama_archs.py rebuilds each from its layout
+(tests/data/llama_archs.json.gz: the writer's metadata forms, tensor names, shapes and
+types) with a real vocabulary from llama.cpp's models/ggml-vocab-*.gguf (reference data)
+and weights drawn from a seed, and GOLDEN holds llama-perplexity -c 128 -b 128 over its
+TEXT on exactly that file, as `python -m tests.llama_archs LLAMA_DIR` printed it with the
+llama.cpp of the llama-cpp-python 0.3.36 sdist. No llama.cpp runs here."""
+from __future__ import annotations
+
+import pytest
+
+from llmd.engine.native import Engine
+from tests.llama_archs import MODELS, N_CTX, TEXT, load_layout, regenerate
+from tests.reference_data import require
+from tests.support.llama_cpp_golden import perplexity
+
+# name -> llama.cpp's perplexity over TEXT on the regenerated file
+GOLDEN = {
+    "gemma3-dense": 151732.823,
+    "llama-dense": 149677.5347,
+    "llama-moe": 149484.6915,
+    "qwen3-dense": 600486.6654,
+    "qwen35-dense": 604801.3908,
+    "qwen35moe-moe": 604992.3742,
+    "qwen2-dense": 616144.832,
+    "qwen2moe-moe": 607241.5663,
+    "qwen3moe-moe": 606783.8074,
+    "phi3-dense": 152225.6405,
+    "smollm3-dense": 625334.7883,
+    "lfm2-dense": 790397.7455,
+}
+# F32 weights (the writer's), F16 embeddings: both engines sum the same products in
+# different orders. Measured within 0.01 % of llama.cpp on every model here (and as close
+# on test-llama-archs' own weights, which the script also compares); issue 29's bar is 0.5 %.
+TOLERANCE = 0.001
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("llama_archs")
+
+    def file(name: str):
+        path = directory / f"{name}.gguf"
+        if not path.exists():
+            vocab = require(f"models/ggml-vocab-{MODELS[name][1]}.gguf")
+            regenerate(load_layout(name), vocab).write(path)
+        return path
+    return file
+
+
+@pytest.mark.parametrize("name", list(GOLDEN))
+def test_llama_cpp_s_own_file_computes_llama_cpp_s_perplexity(files, name):
+    assert perplexity(files(name), TEXT, N_CTX) == pytest.approx(GOLDEN[name], rel=TOLERANCE)
+
+
+def test_the_writer_s_files_hold_what_llmd_must_read_leniently():
+    """What makes these files worth loading: per-layer flags as uint32 arrays, per-tensor
+    scales and input scales, optional biases, a reranker's head, fused expert gate/up."""
+    def metadata(name):
+        return {key: vtype for key, vtype, _ in load_layout(name)["metadata"]}
+
+    def tensors(name):
+        return {t[0] for t in load_layout(name)["tensors"]}
+    assert metadata("gemma3-dense")["gemma3.attention.sliding_window_pattern"] == 9  # an array
+    assert metadata("qwen35-dense")["qwen35.attention.recurrent_layers"] == 9
+    assert {"blk.0.attn_q.scale", "blk.0.attn_q.input_scale", "blk.0.attn_q.bias"} <= tensors("gemma3-dense")
+    assert "cls.output.weight" in tensors("qwen3-dense")
+    assert "blk.0.ffn_gate_up_exps.weight" in tensors("qwen35moe-moe")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_model_of_the_writer_loads_naming_what_it_leaves_unused(files, name):
+    with Engine(str(files(name)), n_threads=2, n_ctx=N_CTX, max_sessions=1) as e:
+        assert e.info.architecture == MODELS[name][0]
+        assert any(w.startswith("tensor blk.0.") and ".input_scale and " in w for w in e.info.warnings)
+        assert any("cls.output.weight" in w for w in e.info.warnings) == (name == "qwen3-dense")

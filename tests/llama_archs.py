@@ -1,0 +1,194 @@
+"""The files llama.cpp's own writer makes, with a real vocabulary: llmd's perplexity on
+them against llama.cpp's (the reference check of the architectures, issue 29).
+
+    python -m tests.llama_archs LLAMA_DIR [NAME ...]     (by hand, against a built llama.cpp)
+
+NAME is one of MODELS (all by default), e.g. qwen35moe-moe: test-llama-archs' file of
+that architecture and variant. For each, the script
+  1. runs `LLAMA_DIR/build/bin/test-llama-archs -s SEED -a '^ARCH$' -o DIR` and reads the
+     file it wrote with llmd's own GGUF reader;
+  2. keeps its layout in tests/data/llama_archs.json.gz (under NAME): the metadata but
+     the tokenizer's (each value's bytes as the file holds them) and every tensor's name,
+     shape and type; a few kilobytes compressed;
+  3. regenerates the model from that layout (regenerate(): the tests do the same): every
+     tokenizer.* key of llama.cpp's models/ggml-vocab-VOCAB.gguf (the reference data of
+     tests/reference_data.py), token_embd and output redrawn at that vocabulary's size,
+     every other tensor drawn from SEED as test-llama-archs draws its own (normal, σ 0.1;
+     ssm_a negative);
+  4. prints the perplexity over TEXT of `llama-perplexity -c 128 -b 128` on it, which is
+     the GOLDEN row for tests/engine/test_llama_archs.py, next to llmd's; and both
+     perplexities on test-llama-archs' own weights (only the embeddings redrawn) for the
+     record.
+Nothing it writes but the layouts is kept: the models are rebuilt from them.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import mmap
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from llmd.commands.quantize import read_gguf, tensor_bytes
+from tests.random_model import random_f16
+from tests.support.gguf_writer import GGML_F16, GGML_F32, U32, GGUFWriter, encode_tensor
+
+LAYOUTS = Path(__file__).parent / "data" / "llama_archs.json.gz"
+SEED = 29
+N_CTX = 128
+# name -> (test-llama-archs architecture, the vocabulary its file is given)
+MODELS = {
+    "gemma3-dense": ("gemma3", "llama-spm"),
+    "llama-dense": ("llama", "llama-spm"),
+    "llama-moe": ("llama", "llama-spm"),  # Mixtral's layout
+    "qwen3-dense": ("qwen3", "qwen2"),
+    "qwen35-dense": ("qwen35", "qwen2"),
+    "qwen35moe-moe": ("qwen35moe", "qwen2"),
+    "qwen2-dense": ("qwen2", "qwen2"),
+    "qwen2moe-moe": ("qwen2moe", "qwen2"),
+    "qwen3moe-moe": ("qwen3moe", "qwen2"),
+    "phi3-dense": ("phi3", "phi-3"),
+    "smollm3-dense": ("smollm3", "llama-bpe"),
+    "lfm2-dense": ("lfm2", "llama-bpe"),
+}
+TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
+        "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "
+        "too large for indoor display, had been tacked to the wall. It depicted simply an enormous face, "
+        "more than a metre wide: the face of a man of about forty-five, with a heavy black moustache "
+        "and ruggedly handsome features. Winston made for the stairs. It was no use trying the lift. "
+        "The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his "
+        "father had taught him: one hundred and twelve, no more and no less. At the top he trimmed the wick, "
+        "polished the great lens with a soft cloth, and struck a match against the iron rail. The flame caught, "
+        "wavered, and then stood tall, and the beam began its slow sweep across the water. Ships he would never "
+        "meet steered by it; fishermen coming home late counted its flashes to know which bay they had reached. "
+        "In winter the wind shook the tower so hard that the oil trembled in its bowl, and he would sit beside it "
+        "through the night with a blanket over his knees, reading by the light meant for others. He kept a log "
+        "of every storm, every wreck he saw or heard of, every bird that struck the glass. The pages filled slowly. "
+        "Nobody asked to read them, and he did not expect anyone to, yet he wrote each entry with care, the date "
+        "first, then the weather, then whatever the sea had done that day.")
+EMBEDDINGS = ("token_embd.weight", "output.weight")  # redrawn at the vocabulary's size, and output.bias
+STDEV = 0.1         # test-llama-archs' default spread of every weight
+EMBEDDING_STDEV = 1.0  # the redrawn embeddings': logits that vary, so that perplexity tells models apart
+
+
+def _kv_value(raw: bytes, key: str) -> tuple[int, bytes]:
+    """(value type, value bytes) of a key/value pair as read_gguf keeps it."""
+    at = 8 + len(key.encode("utf-8"))
+    return struct.unpack_from("<I", raw, at)[0], raw[at + 4:]
+
+
+def read_layout(path: Path) -> tuple[dict, object, object]:
+    """The layout of the GGUF at path (see the module's step 2), its header and its mapping."""
+    f = open(path, "rb")
+    buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    header = read_gguf(buf, len(buf))
+    kvs = []
+    for key, raw in header.kvs:
+        if not key.startswith("tokenizer."):
+            vtype, value = _kv_value(raw, key)
+            kvs.append([key, vtype, value.hex()])
+    tensors = [[t.name, list(t.shape), t.type] for t in header.tensors]
+    return {"metadata": kvs, "tensors": tensors}, header, buf
+
+
+def vocabulary(path: Path) -> tuple[list[tuple[str, int, bytes]], int]:
+    """Every tokenizer.* pair of the vocabulary file at path, and its number of tokens."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    header = read_gguf(buf, len(buf))
+    pairs = [(key, *_kv_value(raw, key)) for key, raw in header.kvs if key.startswith("tokenizer.")]
+    tokens = next(value for key, _, value in pairs if key == "tokenizer.ggml.tokens")
+    return pairs, struct.unpack_from("<Q", tokens, 4)[0]  # an array: element type, then count
+
+
+def regenerate(layout: dict, vocab: Path, seed: int = SEED, weights=None) -> GGUFWriter:
+    """The model of `layout` with the vocabulary of the GGUF at `vocab`: its tokenizer keys,
+    token_embd and output redrawn at its size, every other tensor drawn from seed (or,
+    with `weights`, name -> bytes, taken from there)."""
+    pairs, n_vocab = vocabulary(vocab)
+    w = GGUFWriter()
+    for key, vtype, value in layout["metadata"]:
+        raw = bytes.fromhex(value)
+        if key.endswith(".vocab_size"):  # the vocabulary's size, not the writer's 128 tokens
+            assert vtype == U32, key
+            raw = struct.pack("<I", n_vocab)
+        w.append(key, vtype, None, raw=raw)
+    for key, vtype, value in pairs:
+        w.append(key, vtype, None, raw=value)
+    for name, shape, ttype in layout["tensors"]:
+        rng = random.Random(f"{seed}:{name}")
+        if name in EMBEDDINGS:
+            shape = [shape[0], n_vocab]
+            w.add_tensor(name, shape, GGML_F16, random_f16(shape[0], n_vocab, EMBEDDING_STDEV, rng))
+            continue
+        if name == "output.bias":
+            shape = [n_vocab]
+        elif weights is not None:
+            w.add_tensor(name, shape, ttype, weights[name])
+            continue
+        assert ttype in (GGML_F32, GGML_F16), f"{name}: test-llama-archs writes F32 and F16 only"
+        values = [rng.gauss(0.0, STDEV) for _ in range(math.prod(shape))]
+        if "ssm_a" in name:  # a state that decays, as test-llama-archs makes it
+            values = [-abs(v) for v in values]
+        w.add_tensor(name, shape, ttype, encode_tensor(ttype, values))
+    return w
+
+
+def load_layouts() -> dict[str, dict]:
+    """name -> layout, as the script last wrote them."""
+    return json.loads(gzip.decompress(LAYOUTS.read_bytes())) if LAYOUTS.exists() else {}
+
+
+def load_layout(name: str) -> dict:
+    return load_layouts()[name]
+
+
+def _llama_perplexity(llama: Path, model: Path, text: Path) -> float:
+    from tests.support.make_arch_golden import perplexity
+    return perplexity(llama, model, text, N_CTX)
+
+
+def main(llama: Path, names: list[str]) -> None:
+    from tests.support.llama_cpp_golden import perplexity
+    work = Path(tempfile.mkdtemp())
+    text = work / "text.txt"
+    text.write_text(TEXT)
+    vocabs = llama / "models"
+    for name in names or list(MODELS):
+        arch, vocab = MODELS[name]
+        out = work / arch
+        out.mkdir(exist_ok=True)
+        subprocess.run([str(llama / "build/bin/test-llama-archs"), "-s", str(SEED), "-a", f"^{arch}$",
+                        "-o", str(out)], check=True, capture_output=True)
+        layout, header, buf = read_layout(out / f"{name}.gguf")
+        layouts = load_layouts()
+        layouts[name] = layout
+        LAYOUTS.write_bytes(gzip.compress(json.dumps(layouts, sort_keys=True).encode(), mtime=0))
+        vocab_file = vocabs / f"ggml-vocab-{vocab}.gguf"
+        own = {t.name: bytes(buf[header.data_start + t.offset:header.data_start + t.offset +
+                                 tensor_bytes(t.type, t.shape)]) for t in header.tensors}
+        rows = []
+        for label, weights in (("regenerated", None), ("test-llama-archs weights", own)):
+            model = regenerate(layout, vocab_file, weights=weights).write(work / f"{name}-{len(rows)}.gguf")
+            ref, ours = _llama_perplexity(llama, model, text), perplexity(model, TEXT, N_CTX)
+            rows.append(f"{label}: llama.cpp {ref:.4f}, llmd {ours:.4f} ({(ours / ref - 1) * 100:+.3f} %)")
+            if weights is None:
+                print(f'    "{name}": {ref},', flush=True)
+        print(f"    # {name}: " + "; ".join(rows), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("llama", type=Path)
+    parser.add_argument("names", nargs="*")
+    args = parser.parse_args()
+    unknown = [n for n in args.names if n not in MODELS]
+    if unknown:
+        sys.exit(f"unknown model {unknown[0]} (known: {', '.join(MODELS)})")
+    main(args.llama, args.names)
