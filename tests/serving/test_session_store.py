@@ -62,12 +62,22 @@ def test_a_file_decodes_to_what_was_encoded():
     assert meta["model"] == FINGERPRINT and meta["kv_type"] == "f16" and meta["writer"] == session_store.WRITER
 
 
-def test_a_file_whose_kv_cache_is_stored_another_way_is_refused(monkeypatch):
-    monkeypatch.setattr(session_store, "KV_TYPE", "q8_0")
-    other = file_bytes()
-    monkeypatch.undo()
+def test_a_file_whose_kv_cache_is_stored_another_way_is_refused():
+    quantized = b"".join(bytes(p) for p in encode("s1", FINGERPRINT, 128, 7, REPLIES, PAYLOAD, kv_type="q8_0"))
+    assert bytes(decode(quantized, "s1", FINGERPRINT, 128, "q8_0").payload) == PAYLOAD
     with pytest.raises(session_store.Refused, match="stored as 'q8_0'; this engine stores 'f16'"):
-        decode(other, "s1", FINGERPRINT, 128)
+        decode(quantized, "s1", FINGERPRINT, 128)
+    with pytest.raises(session_store.Refused, match="stored as 'f16'; this engine stores 'q8_0/f16'"):
+        decode(file_bytes(), "s1", FINGERPRINT, 128, session_store.kv_type_name("q8_0", "f16"))
+
+
+def test_a_file_of_the_format_before_kv_types_is_refused():
+    """Version 2 files hold f16 keys and values without saying so: refused (the
+    session then runs cold), never read as this engine's types."""
+    old = bytearray(file_bytes())
+    struct.pack_into("<I", old, 8, 2)
+    with pytest.raises(session_store.Refused, match="format version 2; this llmd reads version 3"):
+        decode(bytes(old), "s1", FINGERPRINT, 128)
 
 
 def flipped(data: bytes, offset: int) -> bytes:

@@ -1,5 +1,5 @@
 // ops_arm.h — the arm64 variants' vector operations (kernels.h): activation
-// quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
+// quantization, GLU, the sum of squares of rmsnorm, the KV cache's writes and the Gated
 // DeltaNet scan, 4 lanes at a time.
 #pragma once
 
@@ -68,10 +68,14 @@ double sum_squares_neon(const float *x, int n) {
 
 // FCVTN rounds by the FPCR's mode, which is round to nearest even unless a program
 // changes it (none of the engine's callers does).
-void to_f16_neon(const float *x, uint16_t *y, int n) {
+// The KV cache's writes (kernels.h: kv_row): F16 rows here, the quantized ones by the
+// reference quantizers.
+void kv_row_neon(uint32_t type, const float *x, uint8_t *y, int n) {
+    if (type != GGML_F16) return kv_row_ref(type, x, y, n);
+    uint16_t *h = reinterpret_cast<uint16_t *>(y); // F16 rows lie at even addresses
     int i = 0;
-    for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
-    to_f16_ref(x + i, y + i, n - i);
+    for (; i + 4 <= n; i += 4) vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    to_f16_ref(x + i, h + i, n - i);
 }
 
 // Rows of the state a scan takes through every token of its run at a time (as
