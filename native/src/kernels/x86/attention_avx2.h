@@ -160,15 +160,16 @@ void sum_values_quant(const float *weights, const uint8_t *vb, int len, int hd, 
         for (int s = 0; s < 4; ++s) _mm256_storeu_ps(out + g * hd + c * QK + 8 * s, acc[g][s]);
 }
 
-// Sixteen registers: the scores take heads at most three at a time (12 accumulators,
-// two key rows), in calls of equal size (8 heads as 3, 3 and 2, not 3, 3, 1 and 1),
-// the values three at a time over 32 dimensions (12 accumulators).
+// C heads against a key block of the keys' type.
 template <int C>
 void score_call(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid, float *scores) {
     if (type == GGML_F16) score_block<C>(q, hd, kb, scale, valid, scores);
     else score_block_quant<C>(q, hd, kb, type, scale, valid, scores);
 }
 
+// Sixteen registers: the scores take heads at most three at a time (12 accumulators,
+// two key rows), in calls of equal size (8 heads as 3, 3 and 2, not 3, 3, 1 and 1),
+// the values three at a time over 32 dimensions (12 accumulators).
 void score_heads(const float *q, int n_q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
                  float *scores) {
     const int calls = (n_q + 2) / 3, per = (n_q + calls - 1) / calls;
