@@ -651,11 +651,13 @@ def test_a_session_dir_that_cannot_be_used_is_a_warning_and_sessions_stay_in_mem
     assert "cannot use --session-dir" in log.read_text() and "kept in memory only" in log.read_text()
 
 
-def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tmp_path):
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tmp_path, kv_type):
     history: list = []
     log = tmp_path / "log"
+    kv = ("--kv-type", kv_type)
     with open(log, "w") as stderr:
-        with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir"),
+        with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir"), *kv,
                           stderr=stderr) as server:
             client = Client(server.url + "/v1", model=MODEL)
             for q in ("Name three colours.", "And three animals?"):
@@ -664,7 +666,7 @@ def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tm
             assert server.proc.wait(timeout=60) == 0
     assert "session 'conv' saved to disk" in log.read_text()
     question = "Which of them is largest?"
-    with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir")) as server:
+    with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir"), *kv) as server:
         client = Client(server.url + "/v1", model=MODEL)
         restored = chat_turn(client, "conv", list(history), question)
         total = first["prompt_tokens"] + first["completion_tokens"]
@@ -672,3 +674,20 @@ def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tm
         fresh = chat_turn(client, None, list(history), question)  # the scratch slot: a cold prefill
         assert cached(fresh["usage"]) == 0
         assert restored["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
+
+
+def test_a_session_file_of_another_kv_type_is_refused_with_the_reason_and_the_turn_runs_cold(tmp_path):
+    history: list = []
+    with llmd_process("--max-sessions", "3", "--ctx", "1024", "--session-dir", str(tmp_path / "dir"),
+                      "--kv-type", "q8_0") as server:
+        client = Client(server.url + "/v1", model=MODEL)
+        chat_turn(client, "conv", history, "Name three colours.")
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+    log = tmp_path / "log"
+    with open(log, "w") as stderr:
+        with llmd_process("--max-sessions", "3", "--ctx", "1024", "--session-dir", str(tmp_path / "dir"),
+                          stderr=stderr) as server:
+            client = Client(server.url + "/v1", model=MODEL)
+            assert cached(chat_turn(client, "conv", history, "And three animals?")["usage"]) == 0
+    assert "its KV cache is stored as 'q8_0'; this engine stores 'f16'" in log.read_text()
