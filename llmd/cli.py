@@ -494,7 +494,8 @@ def banner(url: str, model_id: str, path: str, info, load_seconds: float) -> str
         f"llmd ready on {url}",
         f"  model     {model_id}  ({path}, loaded in {load_seconds:.1f}s)",
         f"  context   {info.n_ctx} tokens per session",
-        f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each",
+        f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each "
+        f"({info.kv_type_k} keys, {info.kv_type_v} values)",
         f"  threads   {info.n_threads}, {info.kernels} kernels",
         f"  page      {url}/        metrics  {url}/metrics",
         f"  try       curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}",
