@@ -53,13 +53,23 @@ void KVCache::write(const HParams &hp, int layer, int head, int pos, const float
     if (types.k == GGML_F16) { // straight into the key block, element by element
         uint16_t *kb = reinterpret_cast<uint16_t *>(r.keys);
         for (int d = 0; d < hd; ++d) kb[key_at(r.index, d, hd)] = fp32_to_fp16(key[d]);
-    } else {
+    } else { // rotated (attention.h), quantized as a row, then into its key block
+        thread_local std::vector<float> rotated;
         thread_local std::vector<uint8_t> quantized;
+        rotated.assign(key, key + hd);
+        kv_rotate(rotated.data(), hd, kv_rotation(types.k, hd, true));
         quantized.resize(k_row);
-        kv_row(types.k, key, quantized.data(), hd);
+        kv_row(types.k, rotated.data(), quantized.data(), hd);
         key_store(types.k, quantized.data(), key_block(r.keys, types.k, r.index, hd), r.index % kKeyBlock, hd);
     }
-    kv_row(types.v, value, r.values + r.index * v_row, hd);
+    if (const int n = kv_rotation(types.v, hd, false); n > 0) {
+        thread_local std::vector<float> rotated;
+        rotated.assign(value, value + hd);
+        kv_rotate(rotated.data(), hd, n);
+        kv_row(types.v, rotated.data(), r.values + r.index * v_row, hd);
+    } else {
+        kv_row(types.v, value, r.values + r.index * v_row, hd);
+    }
 }
 
 void KVCache::load(const HParams &hp, int layer, int head, int pos, uint8_t *key, uint8_t *value) const {

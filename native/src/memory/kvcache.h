@@ -89,7 +89,8 @@ struct KVCache {
         return {pool->keys(block, run), pool->values(block, run), pos % kKVBlock, kKVBlock};
     }
     // Stores a position's key and value (hd floats each) as their types' rows, by
-    // the kernels' kv_row: the same bytes whatever else is written with them.
+    // the kernels' kv_row, rotated first where the type is quantized (attention.h:
+    // kv_rotation): the same bytes whatever else is written with them.
     void write(const HParams &hp, int layer, int head, int pos, const float *key, const float *value) const;
     // A position's key and value as rows (attention.h), out of the cache and into it.
     void load(const HParams &hp, int layer, int head, int pos, uint8_t *key, uint8_t *value) const;

@@ -563,14 +563,28 @@ void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
     const int kv_dim = hp.kv_dim();
     for (int t = 0; t < p.n; ++t) p.batch[t].kv->high = std::max(p.batch[t].kv->high, p.batch[t].pos);
+    // A quantized cache holds its keys and values rotated (attention.h: kv_rotation):
+    // the queries rotate alike, the outputs rotate back.
+    const int hd = hp.head_dim, q_dim = hp.q_dim();
+    const int rot_k = kv_rotation(p.batch[0].kv->types.k, hd, true), rot_v = kv_rotation(p.batch[0].kv->types.v, hd, false);
+    const auto rotate_heads = [&](float *x, int n) { // every head of n tokens' rows of q_dim, divided by n
+        per_token(p, [&](int t0, int t1) {
+            for (float *h = x + static_cast<size_t>(t0) * q_dim; h < x + static_cast<size_t>(t1) * q_dim; h += hd) {
+                kv_rotate(h, hd, n);
+                for (int d = 0; d < hd; ++d) h[d] *= 1.0f / static_cast<float>(n); // a power of two: exact
+            }
+        });
+    };
     per_token(p, [&](int t0, int t1) { // the tokens' rows are distinct: a batch never holds one position twice
         for (int t = t0; t < t1; ++t)
             for (int h = 0; h < hp.n_head_kv; ++h) {
-                const size_t at = static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hp.head_dim;
+                const size_t at = static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd;
                 p.batch[t].kv->write(hp, layer, h, p.batch[t].pos, p.ws.k.data() + at, p.ws.v.data() + at);
             }
     });
+    if (rot_k > 0) rotate_heads(p.q, rot_k);
     attention(p.model, p.batch, p.n, layer, p.ws, p.pool);
+    if (rot_v > 0) rotate_heads(p.att, rot_v);
 }
 
 // ---- the forward pass ------------------------------------------------------

@@ -31,6 +31,25 @@ bool kv_type_fits(uint32_t t, int hd, const char **why) {
     return false;
 }
 
+int kv_rotation(uint32_t t, int hd, bool keys) {
+    if (t == GGML_F16) return 0;
+    if (!keys) return hd % 64 == 0 ? 64 : QK;
+    int n = QK;
+    while (hd % (2 * n) == 0) n *= 2;
+    return n;
+}
+
+void kv_rotate(float *x, int hd, int n) {
+    for (float *b = x; b < x + hd; b += n)
+        for (int len = 1; len < n; len *= 2) // the fast Walsh-Hadamard transform's butterflies
+            for (int i = 0; i < n; i += 2 * len)
+                for (int j = i; j < i + len; ++j) {
+                    const float a = b[j], c = b[j + len];
+                    b[j] = a + c;
+                    b[j + len] = a - c;
+                }
+}
+
 // A quantized key group's bytes (attention.h): 16 f16 scales, then the quants.
 void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd) {
     if (t == GGML_F16) {

@@ -44,6 +44,16 @@ constexpr int kMaxGroup = 16; // query heads per KV head of the fast kernel; wid
 // a load costs one more conversion than f16's, while a decode step at long context,
 // which is bound by reading the cache, reads 53 % (Q8_0) or 28 % (Q4_0) of the bytes.
 // A key block's bytes equal 16 rows', so positions map to memory by rows alone.
+//
+// Rotation. A quantized key or value is stored rotated: each block of n dimensions
+// multiplied by the n × n Walsh-Hadamard matrix H (entries ±1, H H = n I), which
+// spreads a few large dimensions over the block, so that one scale per 32 fits them
+// all (as llama.cpp does since its PR 21038: on SmolLM2, Q4_0 keys cost a quarter of
+// the perplexity unrotated). Attention is unchanged: the query is rotated alike and
+// divided by n, since (H q / n) · (H k) = q · k, and the output, a sum of rotated
+// values, is rotated back, H (Σ w H v) / n = Σ w v. Keys rotate in blocks of the
+// largest power of two dividing hd, values in blocks of 64 (32 where hd is not a
+// multiple of 64), as llama.cpp found best; f16 keys and values are not rotated.
 struct KVTypes {
     uint32_t k = GGML_F16, v = GGML_F16; // GGUF type numbers (quants.h)
 };
@@ -62,6 +72,12 @@ const char *kv_type_name(uint32_t type);
 constexpr const char *kKVTypeNames = "f16, q8_0, q4_0";
 // Whether a head of hd dimensions can be stored as type t; else *why says why.
 bool kv_type_fits(uint32_t t, int hd, const char **why);
+
+// The rotation's block for keys (keys = true) or values of type t: 0 for none (f16).
+int kv_rotation(uint32_t t, int hd, bool keys);
+// x (hd) := each block of n of it times H (unnormalised: the caller divides by n where
+// it must), in a fixed order: a row's bits depend on its own numbers alone.
+void kv_rotate(float *x, int hd, int n);
 
 // Keys are stored in blocks of kKeyBlock positions (above). A range of positions
 // starts at a block boundary.
