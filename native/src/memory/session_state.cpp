@@ -25,7 +25,7 @@ struct Reader {
     const uint8_t *at, *end;
     bool take(void *out, size_t n) {
         if (static_cast<size_t>(end - at) < n) return false;
-        std::memcpy(out, at, n);
+        if (n > 0) std::memcpy(out, at, n); // an empty session's ids: out may be null
         at += n;
         return true;
     }
