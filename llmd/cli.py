@@ -19,7 +19,7 @@ import sys
 import time
 
 from llmd import logs
-from llmd.engine import fetch
+from llmd.engine import KV_TYPES, fetch
 from llmd.serving.prefill import SCOPES
 from llmd.serving.speculative import MAX_DRAFT, MODES, N_MAX
 
@@ -118,6 +118,21 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    help="context tokens per session (default: 0 = the model's, at most 8192)")
 
 
+def _kv_type_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-type", choices=KV_TYPES, default=_env("kv_type", "f16", choices=KV_TYPES),
+                   help="how the KV cache stores keys and values: f16, or quantized per 32 values as q8_0 "
+                        "(half the memory) or q4_0 (a quarter)")
+    p.add_argument("--kv-type-k", choices=KV_TYPES, default=_env("kv_type_k", None, choices=KV_TYPES),
+                   help="keys alone (default: --kv-type)")
+    p.add_argument("--kv-type-v", choices=KV_TYPES, default=_env("kv_type_v", None, choices=KV_TYPES),
+                   help="values alone (default: --kv-type)")
+
+
+def kv_types(args: argparse.Namespace) -> tuple[str, str]:
+    """The (keys, values) KV types the flags ask for."""
+    return args.kv_type_k or args.kv_type, args.kv_type_v or args.kv_type
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m llmd", description="A small, fast, OpenAI-compatible LLM server.",
                                      formatter_class=_HelpFormatter)
@@ -132,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog="Other commands: pull, tokenize, perplexity, bench "
                                   "(python -m llmd COMMAND --help).")
     _model_flags(serve)
+    _kv_type_flags(serve)
     serve.add_argument("--host", default=_env("host", "127.0.0.1"), help="address to bind")
     serve.add_argument("--port", type=int, default=_env("port", 8000, int), help="port to bind")
     serve.add_argument("--model-alias", action="append", default=_env("model_alias", [], list),
@@ -222,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file", formatter_class=fmt)
     _model_flags(ppl)
+    _kv_type_flags(ppl)
     ppl.set_defaults(ctx=_env("ctx", 512, int))
     ppl.add_argument("--file", default=_env("file", None), required=_env("file", None) is None,
                      help="UTF-8 text file")
@@ -293,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             return tokenize.run(args.model, args.threads, args.ctx, args.text, args.special)
         if args.command == "perplexity":
             from llmd.commands import perplexity
-            return perplexity.run(args.model, args.threads, args.ctx, args.file)
+            return perplexity.run(args.model, args.threads, args.ctx, args.file, kv_types(args))
         if args.command == "quantize":
             return cmd_quantize(args)
         if args.command == "bench" and args.accuracy:
@@ -384,12 +401,15 @@ async def serve(args) -> None:
         await asyncio.to_thread(fetch.preload, path)
         engine = await runtime.load(str(path), n_threads=args.threads, n_ctx=args.ctx,
                                     max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget,
-                                    prefix_cache_bytes=args.prefix_cache_size)
+                                    prefix_cache_bytes=args.prefix_cache_size, kv_type_k=kv_types(args)[0],
+                                    kv_type_v=kv_types(args)[1])
         if engine.info.vocab_only:
             raise fetch.ModelError(f"{path} holds only a vocabulary (no weights): it can be tokenized "
                                     "(`python -m llmd tokenize --model FILE TEXT`), not served")
         load_seconds = time.perf_counter() - started
         runtime.metrics.model_load.set(load_seconds)
+        runtime.metrics.kv_bytes_per_token.set(engine.info.kv_bytes_per_token, type_k=engine.info.kv_type_k,
+                                               type_v=engine.info.kv_type_v)
     except (fetch.ModelError, EngineError) as exc:
         log.error("cannot load the model: %s", exc)
         await server.close()
@@ -448,12 +468,13 @@ async def open_session_store(args, engine, model_path: str):
     """The --session-dir store, its files listed; None (in-memory sessions, with a
     warning) if the directory cannot be created or listed."""
     from llmd import _native
-    from llmd.serving.session_store import SessionStore, model_fingerprint
+    from llmd.serving.session_store import SessionStore, kv_type_name, model_fingerprint
     header_bytes, file_bytes = engine.file_layout()
     try:
         fingerprint = await asyncio.to_thread(model_fingerprint, model_path, header_bytes, file_bytes,
                                               _native.__file__, engine.info.kernels)
-        store = SessionStore(args.session_dir, args.session_dir_max, fingerprint, engine.info.n_ctx)
+        store = SessionStore(args.session_dir, args.session_dir_max, fingerprint, engine.info.n_ctx,
+                             kv_type_name(engine.info.kv_type_k, engine.info.kv_type_v))
         await asyncio.to_thread(store.scan)
     except OSError as exc:
         log.warning("cannot use --session-dir %s: %s; sessions are kept in memory only", args.session_dir, exc)
@@ -473,7 +494,8 @@ def banner(url: str, model_id: str, path: str, info, load_seconds: float) -> str
         f"llmd ready on {url}",
         f"  model     {model_id}  ({path}, loaded in {load_seconds:.1f}s)",
         f"  context   {info.n_ctx} tokens per session",
-        f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each",
+        f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each "
+        f"({info.kv_type_k} keys, {info.kv_type_v} values)",
         f"  threads   {info.n_threads}, {info.kernels} kernels",
         f"  page      {url}/        metrics  {url}/metrics",
         f"  try       curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}",

@@ -130,7 +130,7 @@ def test_every_serve_flag_reads_its_environment_variable(monkeypatch):
         if flag == "--api-key":
             continue  # read when serving, so that --help never shows a key (tests/api/test_access.py)
         dest = flag[2:].replace("-", "_")
-        choices = re.search(re.escape(flag) + r" \{([a-z,]+)\}", help_text)
+        choices = re.search(re.escape(flag) + r" \{([a-z0-9_,]+)\}", help_text)
         raw, expected = _other_value(defaults[dest], choices.group(1).split(",") if choices else [])
         monkeypatch.setenv("LLMD_" + dest.upper(), raw)
         assert getattr(cli.build_parser().parse_args(["serve"]), dest) == expected, flag
@@ -149,12 +149,14 @@ def test_a_bad_environment_value_is_a_clear_error(variable, value):
 def test_banner_names_the_model_capacity_and_a_curl_that_works_when_pasted():
     from llmd.cli import banner
 
-    info = SimpleNamespace(n_ctx=2048, max_sessions=5, bytes_per_session=47_000_000, n_threads=2, kernels="avx2")
+    info = SimpleNamespace(n_ctx=2048, max_sessions=5, bytes_per_session=47_000_000, n_threads=2, kernels="avx2",
+                           kv_type_k="q8_0", kv_type_v="f16")
     text = banner("http://127.0.0.1:8000", "it's-a-model", "/m/it's.gguf", info, 1.25)
     lines = text.splitlines()
     assert lines[0] == "llmd ready on http://127.0.0.1:8000"
     assert "it's-a-model" in lines[1] and "loaded in 1.2s" in lines[1]
     assert "2048 tokens" in text and "4 named sessions" in text and "47 MB" in text
+    assert "47 MB of KV cache each (q8_0 keys, f16 values)" in text
     assert "threads   2, avx2 kernels" in text and "http://127.0.0.1:8000/metrics" in text
     curl = shlex.split(lines[-1].split("try", 1)[1])
     assert curl[:2] == ["curl", "http://127.0.0.1:8000/v1/chat/completions"]

@@ -184,7 +184,9 @@ class Api:
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "llmd",
                 "meta": {"n_ctx": self.info.n_ctx, "n_ctx_train": self.info.n_ctx_train,
                          "n_vocab": self.info.n_vocab, "max_sessions": self.table.capacity,
-                         "kernels": self.info.kernels}}
+                         "kernels": self.info.kernels, "kv_type_k": self.info.kv_type_k,
+                         "kv_type_v": self.info.kv_type_v, "kv_bytes_per_token": self.info.kv_bytes_per_token,
+                         "bytes_per_session": self.info.bytes_per_session}}
 
     async def models(self, request: HttpRequest) -> Response:
         return json_response({"object": "list", "data": [self._model_object(m) for m in self.options.model_ids]})

@@ -36,11 +36,12 @@ def text_logprobs(engine, text: str, ctx: int) -> tuple[list[float], int]:
     return logprobs, len(windows)
 
 
-def run(model: str | None, n_threads: int, ctx: int, path: str) -> int:
-    """The perplexity of text_logprobs() on a file, as JSON."""
+def run(model: str | None, n_threads: int, ctx: int, path: str, kv_types: tuple[str, str] = ("f16", "f16")) -> int:
+    """The perplexity of text_logprobs() on a file, as JSON, the KV cache storing keys
+    and values as kv_types."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    with open_engine(model, n_threads, ctx, generate=True) as engine:
+    with open_engine(model, n_threads, ctx, generate=True, kv_types=kv_types) as engine:
         start = time.perf_counter()
         logprobs, windows = text_logprobs(engine, text, ctx)
         elapsed = time.perf_counter() - start

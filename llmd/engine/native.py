@@ -88,6 +88,8 @@ class EngineInfo:
     kv_block_bytes: int = 0      # bytes of one block
     kv_shares_prefixes: bool = False  # sessions can share prefixes (recurrent layers through snapshots)
     warnings: tuple[str, ...] = ()  # what the file holds that the engine leaves unused
+    kv_type_k: str = "f16"       # how the KV cache stores keys (one of llmd.engine.KV_TYPES)
+    kv_type_v: str = "f16"       # and values
 
 
 @dataclass(frozen=True)
@@ -147,10 +149,13 @@ class Engine:
     """A loaded model. Close it (or use `with`) to free weights and sessions."""
 
     def __init__(self, path: str, *, n_threads: int = 0, n_ctx: int = 0, max_sessions: int = 0,
-                 kv_budget_bytes: int = 0, prefix_cache_bytes: int = 0):
+                 kv_budget_bytes: int = 0, prefix_cache_bytes: int = 0, kv_type_k: str = "f16",
+                 kv_type_v: str = "f16"):
+        names = [ffi.new("char[]", kv_type_k.encode()), ffi.new("char[]", kv_type_v.encode())]
         opts = ffi.new("llmd_engine_options *", {
             "n_threads": n_threads, "n_ctx": n_ctx, "max_sessions": max_sessions,
-            "kv_budget_bytes": kv_budget_bytes, "prefix_cache_bytes": prefix_cache_bytes})
+            "kv_budget_bytes": kv_budget_bytes, "prefix_cache_bytes": prefix_cache_bytes,
+            "kv_type_k": names[0], "kv_type_v": names[1]})
         out = ffi.new("llmd_engine **")
         _check(lib.llmd_engine_open(str(path).encode(), opts, out))
         self._handle = out[0]
@@ -172,7 +177,8 @@ class Engine:
             n_recurrent_layers=raw.n_recurrent_layers, recurrent_bytes=raw.recurrent_bytes,
             kv_block_positions=raw.kv_block_positions, kv_block_bytes=raw.kv_block_bytes,
             kv_shares_prefixes=bool(raw.kv_shares_prefixes),
-            warnings=tuple(w for w in _string(raw.warnings).split("\n") if w))
+            warnings=tuple(w for w in _string(raw.warnings).split("\n") if w),
+            kv_type_k=_string(raw.kv_type_k), kv_type_v=_string(raw.kv_type_v))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:
@@ -565,17 +571,19 @@ def _variant(kernels: str | None):
     return ffi.NULL if kernels is None else kernels.encode()
 
 
-def kernel_attention(q: list[list[float]], k: bytes, v: bytes, n_pos: int, head_dim: int,
-                     n_ranges: int, kernels: str | None, run: int = 0) -> list[list[float]]:
-    """Attention of the query heads q over n_pos f16 key and value rows (k, v), the
-    rows split into n_ranges ranges and stored in runs of `run` positions (0: one
-    run), by a kernel variant or the scalar reference (None) (for tests)."""
-    if any(len(h) != head_dim for h in q) or min(len(k), len(v)) < 2 * n_pos * head_dim:
+def kernel_attention(q: list[list[float]], k: list[float], v: list[float], n_pos: int, head_dim: int,
+                     n_ranges: int, kernels: str | None, run: int = 0, kv_type_k: str = "f16",
+                     kv_type_v: str = "f16") -> list[list[float]]:
+    """Attention of the query heads q over n_pos key and value rows (k, v: n_pos x
+    head_dim floats) stored as a KV cache of those types stores them, the rows split
+    into n_ranges ranges and stored in runs of `run` positions (0: one run), by a
+    kernel variant or the scalar reference (None) (for tests)."""
+    if any(len(h) != head_dim for h in q) or min(len(k), len(v)) < n_pos * head_dim:
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "q, k or v do not match n_pos x head_dim")
     out = ffi.new("float[]", len(q) * head_dim)
-    _check(lib.llmd_kernel_attention(ffi.new("float[]", [x for h in q for x in h]), len(q), ffi.from_buffer("uint16_t[]", k),
-                                     ffi.from_buffer("uint16_t[]", v), n_pos, head_dim, n_ranges, run, out,
-                                     _variant(kernels)))
+    _check(lib.llmd_kernel_attention(ffi.new("float[]", [x for h in q for x in h]), len(q), ffi.new("float[]", k),
+                                     ffi.new("float[]", v), n_pos, head_dim, kv_type_k.encode(), kv_type_v.encode(),
+                                     n_ranges, run, out, _variant(kernels)))
     flat = list(ffi.unpack(out, len(q) * head_dim))
     return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
 
@@ -600,11 +608,14 @@ def kernel_rmsnorm(x: list[float], weight: list[float], eps: float, kernels: str
     return list(ffi.unpack(out, len(x)))
 
 
-def kernel_to_f16(x: list[float], kernels: str | None) -> list[int]:
-    """x as f16 bits, by a kernel variant or the scalar reference (None) (for tests)."""
-    out = ffi.new("uint16_t[]", max(1, len(x)))
-    _check(lib.llmd_kernel_to_f16(ffi.new("float[]", x), len(x), out, _variant(kernels)))
-    return list(ffi.unpack(out, len(x)))
+def kernel_kv_row(kv_type: str, x: list[float], kernels: str | None) -> bytes:
+    """x as the KV cache writes a key or value of that type (f16 bits, or Q8_0 / Q4_0
+    blocks), by a kernel variant or the scalar reference (None) (for tests)."""
+    capacity = 2 * len(x) + 2
+    out, written = ffi.new("uint8_t[]", capacity), ffi.new("size_t *")
+    _check(lib.llmd_kernel_kv_row(kv_type.encode(), ffi.new("float[]", x), len(x), out, capacity, written,
+                                  _variant(kernels)))
+    return bytes(ffi.buffer(out, written[0]))
 
 
 def kernel_quantize(x: list[float], group: int, kernels: str | None) -> tuple[list[int], list[float], list[int]]:

@@ -226,6 +226,10 @@ class ServerMetrics:
         self.evictions = r.counter("llmd_session_evictions_total",
                                    "Idle named sessions evicted to make room for a new one.")
         self.model_load = r.gauge("llmd_model_load_seconds", "Seconds it took to read and load the model.")
+        self.kv_bytes_per_token = r.gauge(
+            "llmd_kv_cache_bytes_per_token", "KV cache bytes per position of a session (the layers that attend "
+                                             "every position), by how keys and values are stored (--kv-type).",
+            ("type_k", "type_v"))
         self.session_files_saved = r.counter("llmd_session_files_saved_total",
                                              "Session files written to --session-dir.")
         self.session_files_loaded = r.counter("llmd_session_files_loaded_total",

@@ -11,7 +11,7 @@ native/src/memory/session_state.h) in what makes it safe to load:
     u32       metadata length
     u64       payload length
     u32       CRC-32 of metadata + payload
-    metadata  JSON: session_id, model (fingerprint), kv_type, n_ctx, n_tokens, version
+    metadata  JSON: session_id, model (fingerprint), kv_type (kv_type_name), n_ctx, n_tokens, version
               (1 for the session's first file, one more for each file that replaced
               it), writer (host:pid), saved_at, and replies (the session's remembered
               replies: fingerprint, generated ids)
@@ -72,9 +72,10 @@ from typing import Iterator
 log = logging.getLogger("llmd.sessions")
 
 MAGIC = b"LLMDSESS"
-FORMAT_VERSION = 2  # 2: the payload carries the recurrent state of hybrid models
+# 2: the payload carries the recurrent state of hybrid models; 3: its keys and values in
+# the engine's KV types (session_state.h), which an older file cannot say.
+FORMAT_VERSION = 3
 SUFFIX = ".session"
-KV_TYPE = "f16"  # how the payload stores keys and values (session_state.h)
 LOCK_NAME = ".lock"
 CONFLICT = 0  # what `save` returns when another writer's version is in the file
 STALE_TEMP_SECONDS = 600.0  # a temporary file this old is a crashed writer's: a write takes seconds
@@ -131,10 +132,16 @@ def file_name(session_id: str) -> str:
     return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:40] + SUFFIX
 
 
+def kv_type_name(kv_type_k: str, kv_type_v: str) -> str:
+    """How a payload stores keys and values: "q8_0" for both, "q8_0/f16" for keys and
+    values apart."""
+    return kv_type_k if kv_type_k == kv_type_v else f"{kv_type_k}/{kv_type_v}"
+
+
 def encode(session_id: str, fingerprint: str, n_ctx: int, n_tokens: int, replies: list[tuple[str, list[int]]],
-           payload: bytes | memoryview, version: int = 1) -> list[bytes | memoryview]:
+           payload: bytes | memoryview, version: int = 1, kv_type: str = "f16") -> list[bytes | memoryview]:
     """A session file's bytes, in pieces to write one after the other."""
-    meta = json.dumps({"session_id": session_id, "model": fingerprint, "kv_type": KV_TYPE, "n_ctx": n_ctx,
+    meta = json.dumps({"session_id": session_id, "model": fingerprint, "kv_type": kv_type, "n_ctx": n_ctx,
                        "n_tokens": n_tokens, "version": version, "writer": WRITER,
                        "saved_at": round(time.time(), 3), "replies": [[fp, ids] for fp, ids in replies]},
                       separators=(",", ":")).encode()
@@ -142,9 +149,9 @@ def encode(session_id: str, fingerprint: str, n_ctx: int, n_tokens: int, replies
     return [_PREFIX.pack(MAGIC, FORMAT_VERSION, len(meta), len(payload), crc), meta, payload]
 
 
-def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int) -> Saved:
+def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int, kv_type: str = "f16") -> Saved:
     """The session a file's bytes hold, if they may be loaded for session_id by this
-    model at this context; else Refused with the reason."""
+    model at this context with this KV type (kv_type_name); else Refused with the reason."""
     if len(data) < _PREFIX.size or data[:len(MAGIC)] != MAGIC:
         raise Refused("not an llmd session file")
     _, version, meta_len, payload_len, crc = _PREFIX.unpack_from(data)
@@ -161,16 +168,16 @@ def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int) -> Saved:
         meta = json.loads(bytes(meta_bytes))
         replies = [(str(fp), [int(i) for i in ids]) for fp, ids in meta["replies"]]
         saved_id, model, ctx, n_tokens = meta["session_id"], meta["model"], meta["n_ctx"], int(meta["n_tokens"])
-        # Files from before several writers shared a directory: version 0, f16 keys.
-        version, kv_type = int(meta.get("version", 0)), meta.get("kv_type", KV_TYPE)
+        # Files from before several writers shared a directory: version 0.
+        version, stored = int(meta.get("version", 0)), str(meta["kv_type"])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise Refused(f"unreadable metadata ({exc})") from None
     if saved_id != session_id:
         raise Refused("it belongs to another session id")
     if model != fingerprint:
         raise Refused("it was written for another model file or another llmd engine build")
-    if kv_type != KV_TYPE:
-        raise Refused(f"its KV cache is stored as {kv_type!r}; this engine stores {KV_TYPE!r}")
+    if stored != kv_type:
+        raise Refused(f"its KV cache is stored as {stored!r}; this engine stores {kv_type!r}")
     if ctx != n_ctx:
         raise Refused(f"it was written at a context of {ctx} tokens; this server runs {n_ctx}")
     return Saved(session_id, payload, replies, n_tokens, version)
@@ -196,11 +203,13 @@ def read_version(path: str | os.PathLike) -> int | None:
 class SessionStore:
     """The session files of one directory, within a disk budget (see the module doc)."""
 
-    def __init__(self, directory: str | os.PathLike, max_bytes: int, fingerprint: str, n_ctx: int):
+    def __init__(self, directory: str | os.PathLike, max_bytes: int, fingerprint: str, n_ctx: int,
+                 kv_type: str = "f16"):
         self.directory = pathlib.Path(directory)
         self.max_bytes = max_bytes  # 0: no limit
         self.fingerprint = fingerprint
         self.n_ctx = n_ctx
+        self.kv_type = kv_type  # kv_type_name of the engine's KV types
         self._files: dict[str, tuple[int, float]] = {}  # file name -> (bytes, mtime), as last listed
         self._lock = threading.Lock()        # guards _files and the counts
         # Files written, loaded, refused; failed writes; saves refused by the version check.
@@ -266,7 +275,7 @@ class SessionStore:
             self.count_refused()
             return None
         try:
-            saved = decode(data, session_id, self.fingerprint, self.n_ctx)
+            saved = decode(data, session_id, self.fingerprint, self.n_ctx, self.kv_type)
         except Refused as exc:
             log.warning("session file %s refused for session %r: %s; it starts cold", path, session_id, exc)
             self.count_refused()
@@ -293,7 +302,7 @@ class SessionStore:
         or last wrote; 0: none), removing the least recently used files if the budget
         needs room. The version written; CONFLICT if another writer's version is
         there, None (logged) if the write failed."""
-        pieces = encode(session_id, self.fingerprint, self.n_ctx, n_tokens, replies, payload, base + 1)
+        pieces = encode(session_id, self.fingerprint, self.n_ctx, n_tokens, replies, payload, base + 1, self.kv_type)
         size = sum(len(p) for p in pieces)
         if self.max_bytes and size > self.max_bytes:
             log.warning("session %r takes %d bytes, more than --session-dir-max (%d): not saved",

@@ -46,6 +46,8 @@ typedef struct {
     int32_t max_sessions;   /* 0: as many as kv_budget_bytes allows */
     uint64_t kv_budget_bytes; /* 0: a default share of physical memory */
     uint64_t prefix_cache_bytes; /* retired prefix-cache blocks kept (LRU); 0: one context's worth */
+    const char *kv_type_k;  /* how the KV cache stores keys: "f16", "q8_0" or "q4_0"; NULL or "": f16 */
+    const char *kv_type_v;  /* and values, likewise (another name is LLMD_ERR_INVALID_ARGUMENT) */
 } llmd_engine_options;
 
 typedef struct {
@@ -80,6 +82,8 @@ typedef struct {
     uint64_t kv_block_bytes;    /* bytes of one block (every layer that attends all positions) */
     int32_t kv_shares_prefixes; /* 1 if sessions can share prefixes (paged layers; recurrent ones by snapshots) */
     const char *warnings;       /* "" or one a line: what the file holds that the engine leaves unused */
+    const char *kv_type_k;      /* the KV cache's storage of keys: "f16", "q8_0" or "q4_0" */
+    const char *kv_type_v;      /* and of values */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
@@ -286,9 +290,9 @@ llmd_status llmd_session_tokens(const llmd_session *session, int32_t *out, size_
  * layers the position or a checkpoint, else LLMD_ERR_STATE. The session is
  * not changed. llmd_session_state_size gives the length; export writes exactly that
  * many bytes. Import restores such bytes into a session of an engine running the
- * same model shape at the same context, replacing its cache (the pending token and
- * logits are dropped, as by truncate): bytes of another shape, another context or
- * format version, a bad token id or a wrong length are LLMD_ERR_FORMAT with the
+ * same model shape at the same context and KV types, replacing its cache (the pending token and
+ * logits are dropped, as by truncate): bytes of another shape, another context, KV
+ * types or format version, a bad token id or a wrong length are LLMD_ERR_FORMAT with the
  * reason, and the session is left unchanged. The bytes carry no checksum and no
  * model identity: whoever stores them must (llmd/session_store.py). */
 llmd_status llmd_session_state_size(const llmd_session *session, int32_t n_tokens, size_t *bytes);
@@ -389,14 +393,16 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
                                int32_t cols, const float *x, int32_t n, float *y, const char *kernels,
                                int32_t packed);
 
-/* Attention of n_q query heads (q: n_q x head_dim floats) over n_pos cached rows
- * (k, v: n_pos x head_dim f16 bits), the rows split into n_ranges ranges whose
- * partial results are combined: out (n_q x head_dim). run > 0 (a multiple of 16)
- * stores the rows in runs of that many positions, each in a buffer of its own, as a
- * paged cache's blocks are; 0 stores them in one. */
-llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
-                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, int32_t run, float *out,
-                                  const char *kernels);
+/* Attention of n_q query heads (q: n_q x head_dim floats) over n_pos positions
+ * (k, v: n_pos x head_dim floats), stored as a KV cache stores them: keys as
+ * kv_type_k, values as kv_type_v ("f16", "q8_0", "q4_0"), by the reference's writes
+ * (llmd_kernel_kv_row with kernels "scalar"). The rows are split into n_ranges
+ * ranges whose partial results are combined: out (n_q x head_dim). run > 0 (a
+ * multiple of 16) stores the rows in runs of that many positions, each in a buffer
+ * of its own, as a paged cache's blocks are; 0 stores them in one. */
+llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, const float *v, int32_t n_pos,
+                                  int32_t head_dim, const char *kv_type_k, const char *kv_type_v, int32_t n_ranges,
+                                  int32_t run, float *out, const char *kernels);
 
 /* n tokens in order through one Gated DeltaNet head: at token t the state m (hd x hd
  * floats, updated in place) decays by decay[t], learns v[t] (hd) from k[t] (hd) at rate
@@ -410,8 +416,11 @@ llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t 
 /* out (n) = x / sqrt(mean(x²) + eps) * weight, the sum of squares by a variant. */
 llmd_status llmd_kernel_rmsnorm(const float *x, const float *weight, int32_t n, float eps, float *out,
                                 const char *kernels);
-/* out (n) = x as f16 bits, rounded to nearest even (as the KV cache is written). */
-llmd_status llmd_kernel_to_f16(const float *x, int32_t n, uint16_t *out, const char *kernels);
+/* n floats as the KV cache writes a key or value of KV type `type` ("f16": f16 bits
+ * rounded to nearest even; "q8_0", "q4_0": GGUF blocks, n a multiple of 32) into out,
+ * which holds its bytes (2 n, n / 32 * 34, n / 32 * 18); *written gets their count. */
+llmd_status llmd_kernel_kv_row(const char *type, const float *x, int32_t n, uint8_t *out, size_t capacity,
+                               size_t *written, const char *kernels);
 /* A row of n floats quantized as the integer kernels read activations: per block of
  * 32 the int8 values qs (n), the scale d (n / 32) and the sums of the block's values
  * and of its first 16 (sums: 2 per block), one scale d = max |x| / 127 per `group`

@@ -4,8 +4,9 @@
 // (.ci/arm64). For each variant: the row dots and panel kernels of every weight type
 // on several shapes (partial panels; 1, 7 and 17 tokens), batch invariance (a token's
 // bits alone, within any batch and any split of the panels among threads), attention
-// (groups 1 to 8, runs, ranges), the Gated DeltaNet scan (and its run invariance), GLU, quantize_q8a (bit for
-// bit), sum_squares and to_f16 (bit for bit). Prints each check's worst difference;
+// (groups 1 to 8, runs, ranges, every KV type), the Gated DeltaNet scan (and its run
+// invariance), GLU, quantize_q8a (bit for bit), sum_squares and the KV cache's writes
+// of every KV type (bit for bit). Prints each check's worst difference;
 // exits non-zero on any breach of tests/test_kernels.py's tolerances.
 #include "kernels/kernels.h"
 #include "llmd.h"
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 using namespace llmd;
@@ -197,47 +199,55 @@ void test_matmul(const Kernels &k, uint32_t type, Rng &rng) {
 }
 
 void test_attention(const char *variant, Rng &rng) {
-    double worst = 0.0;
-    for (const int hd : {64, 32, 40}) // 40: the reference's path
-        for (int group = 1; group <= 8; ++group)
-            for (const int n_pos : {1, 63, 65, 200}) {
-                const float spread = group == 8 ? 8.0f : 1.0f; // nearly one-hot softmax
-                std::vector<float> q(static_cast<size_t>(group) * hd);
-                for (float &v : q) v = spread * rng.gauss();
-                std::vector<uint16_t> k(static_cast<size_t>(n_pos) * hd), v(k.size());
-                for (uint16_t &h : k) h = fp32_to_fp16(rng.gauss());
-                for (uint16_t &h : v) h = fp32_to_fp16(rng.gauss());
-                std::vector<float> ref(q.size()), got(q.size()), again(q.size());
-                for (const int ranges : {1, std::min(3, n_pos)})
-                    for (const int run : {0, 16, 64}) {
-                        llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, ranges, run, ref.data(),
-                                              nullptr);
-                        if (llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, ranges, run,
-                                                  got.data(), variant) != LLMD_OK) {
-                            check(false, variant, "attention call", 1.0, 0.0);
-                            return;
+    // Keys and values of every KV type, alone and mixed (llama.cpp's -ctk / -ctv).
+    const char *pairs[][2] = {{"f16", "f16"}, {"q8_0", "q8_0"}, {"q4_0", "q4_0"}, {"q8_0", "f16"}, {"f16", "q4_0"}};
+    for (const auto &[kt, vt] : pairs) {
+        const bool f16 = std::strcmp(kt, "f16") == 0 && std::strcmp(vt, "f16") == 0;
+        double worst = 0.0;
+        for (const int hd : {64, 32, 40}) { // 40: the reference's path (f16 only: quantized rows take 32s)
+            if (hd == 40 && !f16) continue;
+            for (int group = 1; group <= 8; ++group)
+                for (const int n_pos : {1, 63, 65, 200}) {
+                    const float spread = group == 8 ? 8.0f : 1.0f; // nearly one-hot softmax
+                    std::vector<float> q(static_cast<size_t>(group) * hd);
+                    for (float &v : q) v = spread * rng.gauss();
+                    std::vector<float> k(static_cast<size_t>(n_pos) * hd), v(k.size());
+                    for (float &x : k) x = rng.gauss();
+                    for (float &x : v) x = rng.gauss();
+                    const auto attend = [&](const float *qs, int n_q, int ranges, int run, float *out, const char *on) {
+                        return llmd_kernel_attention(qs, n_q, k.data(), v.data(), n_pos, hd, kt, vt, ranges, run, out, on);
+                    };
+                    std::vector<float> ref(q.size()), got(q.size()), again(q.size());
+                    for (const int ranges : {1, std::min(3, n_pos)})
+                        for (const int run : {0, 16, 64}) {
+                            attend(q.data(), group, ranges, run, ref.data(), nullptr);
+                            if (attend(q.data(), group, ranges, run, got.data(), variant) != LLMD_OK) {
+                                check(false, variant, "attention call", 1.0, 0.0);
+                                return;
+                            }
+                            for (size_t i = 0; i < got.size(); ++i)
+                                worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(static_cast<double>(got[i]) - ref[i])
+                                                                              : INFINITY);
+                            // Runs of whole 64-position blocks read as one buffer: the same bits (one
+                            // range here: others may start inside a run, which then is not whole).
+                            if (run == 64 && ranges == 1) {
+                                attend(q.data(), group, ranges, 0, again.data(), variant);
+                                if (again != got) check(false, variant, "attention runs of 64 = one buffer", 1.0, 0.0);
+                            }
                         }
-                        for (size_t i = 0; i < got.size(); ++i)
-                            worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(static_cast<double>(got[i]) - ref[i]) : INFINITY);
-                        // Runs of whole 64-position blocks read as one buffer: the same bits (one
-                        // range here: others may start inside a run, which then is not whole).
-                        if (run == 64 && ranges == 1) {
-                            llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, ranges, 0,
-                                                  again.data(), variant);
-                            if (again != got) check(false, variant, "attention runs of 64 = one buffer", 1.0, 0.0);
-                        }
+                    // Each head's bits whatever shares its call.
+                    for (int g = 0; g < group; ++g) {
+                        std::vector<float> one(hd);
+                        attend(q.data() + g * hd, 1, 1, 0, one.data(), variant);
+                        attend(q.data(), group, 1, 0, got.data(), variant);
+                        if (std::memcmp(one.data(), got.data() + g * hd, hd * sizeof(float)) != 0)
+                            check(false, variant, "attention head alone = in its group", 1.0, 0.0);
                     }
-                // Each head's bits whatever shares its call.
-                for (int g = 0; g < group; ++g) {
-                    std::vector<float> one(hd);
-                    llmd_kernel_attention(q.data() + g * hd, 1, k.data(), v.data(), n_pos, hd, 1, 0, one.data(),
-                                          variant);
-                    llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, 1, 0, got.data(), variant);
-                    if (std::memcmp(one.data(), got.data() + g * hd, hd * sizeof(float)) != 0)
-                        check(false, variant, "attention head alone = in its group", 1.0, 0.0);
                 }
-            }
-    check(worst < 4e-5, variant, "attention (|diff|, outputs ~1)", worst, 4e-5);
+        }
+        const std::string what = std::string("attention ") + kt + "/" + vt + " (|diff|, outputs ~1)";
+        check(worst < 4e-5, variant, what.c_str(), worst, 4e-5);
+    }
 }
 
 // n tokens through a head by a variant against the reference, and the variant's run of
@@ -317,10 +327,21 @@ void test_vector_ops(const Kernels &k, Rng &rng) {
     for (size_t i = 0; i < f.size(); ++i) f[i] = rng.gauss() * std::ldexp(1.0f, static_cast<int>(i % 40) - 28);
     f[1] = 65520.0f; // rounds to infinity
     f[2] = 1.0f + std::ldexp(1.0f, -11); // a tie: to even
-    std::vector<uint16_t> ref(f.size()), got(f.size());
-    to_f16_ref(f.data(), ref.data(), static_cast<int>(f.size()));
-    k.to_f16(f.data(), got.data(), static_cast<int>(f.size()));
-    check(ref == got, k.name, "to_f16 bits", ref == got ? 0.0 : 1.0, 0.0);
+    // The quantized rows take whole blocks; ties of magnitude (Q4_0 takes the first),
+    // an all-zero block and values whose quotient is near a half.
+    const int blocks = static_cast<int>(f.size()) / QK * QK;
+    f[40] = -3.0f;
+    f[45] = 3.0f;
+    std::fill(f.begin() + 64, f.begin() + 96, 0.0f);
+    for (int i = 96; i < 128; ++i) f[i] = (i % 2 == 0 ? 0.5f : -1.5f) * (1.0f + std::ldexp(1.0f, -20) * (i % 5));
+    for (const uint32_t type : {GGML_F16, GGML_Q8_0, GGML_Q4_0}) {
+        const int n = type == GGML_F16 ? static_cast<int>(f.size()) : blocks;
+        std::vector<uint8_t> ref(kv_row_bytes(type, n)), got(ref.size());
+        kv_row_ref(type, f.data(), ref.data(), n);
+        k.kv_row(type, f.data(), got.data(), n);
+        const std::string what = std::string("kv_row ") + type_name(type) + " bits";
+        check(ref == got, k.name, what.c_str(), ref == got ? 0.0 : 1.0, 0.0);
+    }
 }
 
 } // namespace

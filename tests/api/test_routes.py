@@ -784,6 +784,9 @@ def test_models_meta_names_the_kernel_variant_the_engine_runs(server):
         body = resp.json()
         meta = (body["data"][0] if "data" in body else body)["meta"]
         assert meta["kernels"] == (os.environ.get("LLMD_KERNELS") or fastest)
+        # and how the KV cache is stored (the default: f16 keys and values, 64 bytes per 32 values)
+        assert (meta["kv_type_k"], meta["kv_type_v"]) == ("f16", "f16")
+        assert meta["kv_bytes_per_token"] == 23040 and meta["bytes_per_session"] > 23040 * 256
 
 
 def test_speculative_decoding_shows_in_timings_and_metrics_and_changes_no_token(server):

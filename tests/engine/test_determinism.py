@@ -6,10 +6,12 @@ alone or batched with other sessions' tokens, not on a warm resume (truncate, th
 prefill the rest) versus a cold prefill, and not on the thread count. These tests
 compare raw float bits, never a tolerance, for every architecture and weight format
 of the lists below, on contexts long enough that attention splits them into several
-ranges (attention.h), and on the real default model.
+ranges (attention.h), and on the real default model; each with the KV cache in f16
+and, per architecture, quantized (KV_TYPES: the promise holds within a KV type).
 
 Adding an architecture or a weight format is one entry in ARCHITECTURES or
-WEIGHT_TYPES (WIDE_* for formats that need rows of whole 256-element super-blocks).
+WEIGHT_TYPES (WIDE_* for formats that need rows of whole 256-element super-blocks);
+a KV type, one entry in KV_TYPES.
 """
 from __future__ import annotations
 
@@ -74,29 +76,34 @@ WIDE_ARCHITECTURES = {"llama": wide("llama"), "qwen3": wide("qwen3")}
 WIDE_WEIGHT_TYPES = {"BF16": GGML_BF16, "Q5_0": GGML_Q5_0, "Q5_1": GGML_Q5_1, "IQ4_NL": GGML_IQ4_NL,
                      "MXFP4": GGML_MXFP4, "Q2_K": GGML_Q2_K, "Q3_K": GGML_Q3_K, "Q4_K": GGML_Q4_K,
                      "Q5_K": GGML_Q5_K, "Q6_K": GGML_Q6_K, "IQ4_XS": GGML_IQ4_XS}
-MODELS = [pytest.param((make, wtype), id=f"{arch}-{wname}")
+# KV cache types (keys, values) beside f16, each on every architecture with Q8_0 weights.
+KV_TYPES = {"kv_q8_0": ("q8_0", "q8_0"), "kv_q4_0": ("q4_0", "q4_0"), "kv_q8_0-f16": ("q8_0", "f16")}
+MODELS = [pytest.param((make, wtype, ("f16", "f16")), id=f"{arch}-{wname}")
           for archs, types in ((ARCHITECTURES, WEIGHT_TYPES), (WIDE_ARCHITECTURES, WIDE_WEIGHT_TYPES))
-          for arch, make in archs.items() for wname, wtype in types.items()]
+          for arch, make in archs.items() for wname, wtype in types.items()] + [
+          pytest.param((make, GGML_Q8_0, kv), id=f"{arch}-Q8_0-{kname}")
+          for arch, make in ARCHITECTURES.items() for kname, kv in KV_TYPES.items()]
 
 
 @pytest.fixture(scope="module", params=MODELS)
 def engines(request, tiny_llama_factory):
-    """{1: engine with one thread, 2: engine with two} on one tiny model."""
-    make, weight_type = request.param
+    """{1: engine with one thread, 2: engine with two} on one tiny model and KV type."""
+    make, weight_type, (kv_k, kv_v) = request.param
     model = make(tiny_llama_factory, weight_type)
-    opened = {n: Engine(model.path, n_threads=n, max_sessions=8) for n in (1, 2)}
+    opened = {n: Engine(model.path, n_threads=n, max_sessions=8, kv_type_k=kv_k, kv_type_v=kv_v) for n in (1, 2)}
     yield opened
     for e in opened.values():
         e.close()
 
 
-@pytest.fixture(scope="module")
-def default_engines():
-    """The default model with one and with two threads."""
+@pytest.fixture(scope="module", params=["f16", "q8_0", "q4_0"])
+def default_engines(request):
+    """The default model with one and with two threads, its KV cache of each type."""
     from llmd.engine import fetch
 
     path = str(fetch.default_model(fetch=False))
-    opened = {n: Engine(path, n_threads=n, n_ctx=1024, max_sessions=8) for n in (1, 2)}
+    opened = {n: Engine(path, n_threads=n, n_ctx=1024, max_sessions=8, kv_type_k=request.param,
+                        kv_type_v=request.param) for n in (1, 2)}
     yield opened
     for e in opened.values():
         e.close()
@@ -271,8 +278,9 @@ def stream_reply(client: Client, messages: list[dict], session_id: str, max_toke
     return text, usage
 
 
-def test_concurrent_streams_are_byte_identical_to_their_solo_runs():
-    with running_llmd("--max-sessions", "8", "--ctx", "1024") as url:
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_concurrent_streams_are_byte_identical_to_their_solo_runs(kv_type):
+    with running_llmd("--max-sessions", "8", "--ctx", "1024", "--kv-type", kv_type) as url:
         client = Client(url + "/v1", model=MODEL)
         prompts = [[{"role": "user", "content": f"Write a long story about {t}."}] for t in TOPICS]
         solo = []
@@ -287,13 +295,14 @@ def test_concurrent_streams_are_byte_identical_to_their_solo_runs():
     assert len(set(solo)) == len(solo)
 
 
-def test_a_warm_resumed_turn_is_byte_identical_to_the_same_turn_computed_cold():
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_a_warm_resumed_turn_is_byte_identical_to_the_same_turn_computed_cold(kv_type):
     """The second turn resumes after the first; resubmitted, it reuses all but its last
     prompt token, so a one-token prefill precedes its reply."""
     system = {"role": "system", "content": "You are a patient teacher. " * 12}
     runs = {}
     for mode, flags in (("warm", ()), ("cold", ("--no-warm-resume",))):
-        with running_llmd("--max-sessions", "4", "--ctx", "1024", *flags) as url:
+        with running_llmd("--max-sessions", "4", "--ctx", "1024", "--kv-type", kv_type, *flags) as url:
             client = Client(url + "/v1", model=MODEL)
             history = [system, {"role": "user", "content": "Explain how a water mill works."}]
             first, _ = stream_reply(client, history, "conversation", 96)

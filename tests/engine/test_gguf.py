@@ -417,6 +417,39 @@ def test_kv_budget_bounds_max_sessions(tiny_model):
         assert engine.info.max_sessions == 7
 
 
+def test_a_quantized_kv_cache_costs_its_bytes_and_a_budget_admits_more_sessions(tiny_llama_factory):
+    """Bytes per position follow the KV types (per 32 values: 64 bytes f16, 34 q8_0,
+    18 q4_0, keys and values each), and so do a session's bytes and the sessions a
+    budget admits."""
+    m = tiny_llama_factory(n_embd=128, n_head=4, n_head_kv=2)  # heads of 32
+    rows = m.n_layer * m.n_head_kv  # rows of 32 values per position, keys and values each
+    budget = 40 * 2 * rows * 64 * m.n_ctx
+    infos = {}
+    for k, v in (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16")):
+        with Engine(m.path, n_threads=1, kv_budget_bytes=budget, kv_type_k=k, kv_type_v=v) as engine:
+            infos[k, v] = info = engine.info
+            assert (info.kv_type_k, info.kv_type_v) == (k, v)
+            assert info.bytes_per_session == info.kv_bytes_per_token * m.n_ctx + m.n_vocab * 4
+            assert info.kv_block_bytes == info.kv_block_positions * info.kv_bytes_per_token
+    per_value = {"f16": 64, "q8_0": 34, "q4_0": 18}
+    for (k, v), info in infos.items():
+        assert info.kv_bytes_per_token == rows * (per_value[k] + per_value[v])
+    assert infos["q8_0", "q8_0"].max_sessions > 1.8 * infos["f16", "f16"].max_sessions
+    assert infos["q4_0", "q4_0"].max_sessions > 3.2 * infos["f16", "f16"].max_sessions
+
+
+def test_an_unknown_kv_type_or_one_the_heads_cannot_take_is_refused_at_open(tiny_model):
+    with pytest.raises(EngineError, match=r"unknown KV type 'q5_0' for keys \(allowed: f16, q8_0, q4_0\)") as err:
+        Engine(tiny_model.path, kv_type_k="q5_0")
+    assert err.value.status == lib.LLMD_ERR_INVALID_ARGUMENT
+    with pytest.raises(EngineError, match="unknown KV type 'Q8_0' for values"):
+        Engine(tiny_model.path, kv_type_v="Q8_0")
+    # The default tiny model's heads hold 16 values: no whole block of 32.
+    with pytest.raises(EngineError, match="KV type q8_0: .*multiple of 32; this model's is 16 .allowed here: f16.") as err:
+        Engine(tiny_model.path, kv_type_k="q8_0", kv_type_v="q8_0")
+    assert err.value.status == lib.LLMD_ERR_UNSUPPORTED
+
+
 def test_kv_budget_below_one_session_is_a_capacity_error(tiny_model):
     with pytest.raises(CapacityError, match="does not fit one session"):
         Engine(tiny_model.path, n_threads=1, kv_budget_bytes=1000)

@@ -37,7 +37,7 @@ import pytest
 
 from llmd.engine.native import (
     EngineError, kernel_attention, kernel_dequantize, kernel_glu, kernel_matmul, kernel_quantize, kernel_rmsnorm,
-    kernel_to_f16, kernel_variants, tensor_type,
+    kernel_kv_row, kernel_variants, tensor_type,
 )
 from tests.support.gguf_writer import (
     GGML_BF16, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K,
@@ -384,72 +384,94 @@ def softmax_attention(q: list[float], keys: list[list[float]], values: list[list
     return [math.fsum(w * v[d] for w, v in zip(weights, values)) / total for d in range(len(q))]
 
 
+# KV cache types: keys and values alike, and mixed (llama.cpp's -ctk / -ctv).
+KV_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"), ("f16", "q4_0")]
+KV_GGML = {"f16": GGML_F16, "q8_0": GGML_Q8_0, "q4_0": GGML_Q4_0}
+
+
+def stored(kv_type: str, rows: list[list[float]]) -> list[list[float]]:
+    """Each row as the KV cache holds it: written by the reference, decoded by its
+    GGUF type's definition."""
+    return [dequantize(KV_GGML[kv_type], kernel_kv_row(kv_type, row, None), len(row)) for row in rows]
+
+
+@pytest.mark.parametrize("kv", KV_PAIRS, ids=["/".join(p) for p in KV_PAIRS])
 @pytest.mark.parametrize("n_pos, head_dim, spread, group", [
     (1, 64, 1.0, 3), (63, 64, 1.0, 3), (65, 64, 1.0, 3), (300, 64, 8.0, 3), (130, 32, 1.0, 3), (40, 40, 1.0, 3),
-    (70, 64, 1.0, 1), (70, 64, 4.0, 8), (70, 64, 1.0, 5), (70, 32, 1.0, 16)])
-def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, spread, group):
+    (70, 64, 1.0, 1), (70, 64, 4.0, 8), (70, 64, 1.0, 5), (70, 32, 1.0, 16), (70, 128, 1.0, 2)])
+def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, spread, group, kv):
     """spread scales the scores: 8 makes softmax nearly one-hot, where a wrong running
-    max or rescaling shows at once. head_dim 40 takes the reference path. group is the
-    number of query heads sharing the keys: the fast kernel is compiled for common
-    sizes (1, 3, 8) and runs any other (5, 16) through its general form."""
+    max or rescaling shows at once. head_dim 40 takes the reference path (f16 only:
+    quantized rows hold blocks of 32). group is the number of query heads sharing the
+    keys: the fast kernel is compiled for common sizes (1, 3, 8) and runs any other (5,
+    16) through its general form. The Python model attends over the keys and values as
+    the cache stores them: f16, or the GGUF blocks the reference quantizer writes."""
+    if head_dim % 32 and kv != ("f16", "f16"):
+        pytest.skip("quantized KV types need a head dimension that is a multiple of 32")
     rng = random.Random(n_pos * 1000 + head_dim + group)
-    half = lambda x: f16_value(f16_bits(x))
-    keys = [[half(rng.gauss(0, 1)) for _ in range(head_dim)] for _ in range(n_pos)]
-    values = [[half(rng.gauss(0, 1)) for _ in range(head_dim)] for _ in range(n_pos)]
+    k = [f32(rng.gauss(0, 1)) for _ in range(n_pos * head_dim)]
+    v = [f32(rng.gauss(0, 1)) for _ in range(n_pos * head_dim)]
     q = [[f32(rng.gauss(0, spread)) for _ in range(head_dim)] for _ in range(group)]
-    k = encode_f16([x for row in keys for x in row])
-    v = encode_f16([x for row in values for x in row])
+    keys = stored(kv[0], [k[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
+    values = stored(kv[1], [v[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
     expected = [softmax_attention(h, keys, values) for h in q]
     for ranges in sorted({1, min(3, n_pos)}):
         for run in (0, 16, 64):  # one buffer, or runs in buffers of their own as a paged cache's blocks
             for kernels in [None] + VARIANTS:
-                got = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, run)
+                got = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, run, *kv)
                 diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
                 assert diff < 2e-5, (ranges, run, kernels, diff)
 
 
+@pytest.mark.parametrize("kv", KV_PAIRS, ids=["/".join(p) for p in KV_PAIRS])
 @pytest.mark.parametrize("kernels", VARIANTS)
 @pytest.mark.parametrize("group", [1, 3, 8])
-def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_or_in_runs(group, kernels):
+def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_or_in_runs(group, kernels, kv):
     """A paged cache hands the kernel a range as pool blocks of 64 positions; a
     contiguous cache as one buffer. Runs of whole 64-position blocks are read as one
     sequence, so the bits cannot depend on where memory breaks (ranges start at
     multiples of 64 here, as the engine's ranges of 128 positions do)."""
     rng = random.Random(group)
     n_pos, head_dim = 250, 64
-    k = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
-    v = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
+    k = [rng.gauss(0, 1) for _ in range(n_pos * head_dim)]
+    v = [rng.gauss(0, 1) for _ in range(n_pos * head_dim)]
     q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(group)]
     for ranges in (1, 2):
-        whole = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels)
-        assert kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, run=64) == whole
+        whole = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, 0, *kv)
+        assert kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, 64, *kv) == whole
 
 
+@pytest.mark.parametrize("kv", KV_PAIRS, ids=["/".join(p) for p in KV_PAIRS])
 @pytest.mark.parametrize("kernels", VARIANTS)
 @pytest.mark.parametrize("head_dim, group, n_pos", [(64, 4, 128), (128, 2, 128), (128, 2, 200), (64, 1, 77)])
-def test_fast_attention_gives_each_query_head_the_same_bits_whatever_shares_its_call(head_dim, group, n_pos, kernels):
+def test_fast_attention_gives_each_query_head_the_same_bits_whatever_shares_its_call(head_dim, group, n_pos, kernels,
+                                                                                     kv):
     """A prefill attends up to 8 query heads of consecutive tokens in one call (the
     tokens' groups side by side), a decode step only its own group: every head's
     output must be the same bits either way, or prefill and decode would differ."""
     rng = random.Random(head_dim * 7 + group * 3 + n_pos)
-    k = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
-    v = encode_f16([rng.gauss(0, 1) for _ in range(n_pos * head_dim)])
+    k = [rng.gauss(0, 1) for _ in range(n_pos * head_dim)]
+    v = [rng.gauss(0, 1) for _ in range(n_pos * head_dim)]
     q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(8)]
     for ranges in (1, 2):
-        together = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels)
+        together = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, 0, *kv)
         alone = [h for i in range(0, 8, group)
-                 for h in kernel_attention(q[i:i + group], k, v, n_pos, head_dim, ranges, kernels)]
+                 for h in kernel_attention(q[i:i + group], k, v, n_pos, head_dim, ranges, kernels, 0, *kv)]
         assert together == alone, ranges
 
 
 def test_bad_attention_arguments_raise():
-    k = encode_f16([0.0] * 64)
+    k = [0.0] * 64
     with pytest.raises(EngineError, match="bad attention arguments"):
         kernel_attention([[0.0] * 64], k, k, 1, 64, 2, VARIANTS[-1])  # more ranges than rows
     with pytest.raises(EngineError, match="bad attention arguments"):
         kernel_attention([[0.0] * 64], k, k, 1, 64, 0, VARIANTS[-1])
     with pytest.raises(EngineError, match="bad attention arguments"):
         kernel_attention([[0.0] * 64], k, k, 1, 64, 1, VARIANTS[-1], run=24)  # runs must hold whole key blocks
+    with pytest.raises(EngineError, match=r"unknown KV type \(allowed: f16, q8_0, q4_0\)"):
+        kernel_attention([[0.0] * 64], k, k, 1, 64, 1, VARIANTS[-1], 0, "q5_0", "f16")
+    with pytest.raises(EngineError, match="multiple of 32"):
+        kernel_attention([[0.0] * 40], k, k, 1, 40, 1, VARIANTS[-1], 0, "f16", "q8_0")
 
 
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
@@ -496,17 +518,50 @@ def test_rmsnorm_of_every_variant_matches_reference(n):
         assert worst <= 2 ** -23 and off < 4e-7, (kernels, worst, off)
 
 
-def test_f16_conversion_of_every_variant_gives_the_reference_bits():
+def test_f16_rows_of_every_variant_give_the_reference_bits():
     """The cache's rows in f16: rounding to nearest even at every edge (ties,
     subnormals, the largest half, overflow to inf), the same bits from every variant."""
     rng = random.Random(5)
     edges = [0.0, -0.0, 1.0, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11, 65504.0, 65519.0, 65520.0, 1e9, -1e9, 2 ** -24,
              2 ** -25, 3 * 2 ** -26, 6e-8, -6e-5, float("inf"), float("-inf")]
     x = [f32(v) for v in edges] + [f32(rng.gauss(0, 1) * 10 ** rng.uniform(-8, 5)) for _ in range(300)]
-    ref = kernel_to_f16(x, None)
-    assert [f16_value(b) for b in ref[:5]] == [0.0, 0.0, 1.0, 1.0, 1.0 + 2 ** -9]
+    ref = kernel_kv_row("f16", x, None)
+    assert ref == encode_f16(x)
     for kernels in VARIANTS:
-        assert kernel_to_f16(x, kernels) == ref, kernels
+        assert kernel_kv_row("f16", x, kernels) == ref, kernels
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_quantized_rows_of_every_variant_give_the_reference_blocks(kv_type):
+    """The cache's quantized rows are GGUF blocks from the reference quantizer (each
+    value within half a step of its block's scale, plus the scale's own rounding to
+    f16: up to 127 steps of 2^-11; Q4_0 one step where a value as large as the
+    block's signed maximum has the other sign, which q = 16 would need), and every
+    variant writes the same
+    bytes: an all-zero block, a tie of magnitudes in either sign (Q4_0 takes the first),
+    quotients at exact halves (Q8_0 rounds them away from zero), and random rows."""
+    rng = random.Random(len(kv_type))
+    x = [f32(rng.gauss(0, 1) * 10 ** rng.uniform(-3, 3)) for _ in range(32 * 40)]
+    x[:32] = [0.0] * 32
+    x[32:64] = [f32(rng.uniform(-2, 2)) for _ in range(32)]
+    x[40], x[45] = -3.0, 3.0
+    x[64:96] = [127.0] + [f32(j + 0.5) for j in range(-15, 16)]  # d = 1 for Q8_0: halves
+    ref = kernel_kv_row(kv_type, x, None)
+    step = 34 if kv_type == "q8_0" else 18
+    assert len(ref) == len(x) // 32 * step
+    decoded = dequantize(KV_GGML[kv_type], ref, len(x))
+    steps = 0.5 + 127 * 2 ** -11 if kv_type == "q8_0" else 1.0
+    for b in range(len(x) // 32):
+        d = abs(f16_value(struct.unpack_from("<H", ref, b * step)[0]))
+        assert all(abs(a - e) <= d * steps for a, e in zip(decoded[32 * b:32 * b + 32],
+                                                                              x[32 * b:32 * b + 32])), b
+    if kv_type == "q8_0":
+        assert list(struct.unpack_from("<32b", ref, 2 * step + 2)) == [127] + [
+            int(math.copysign(math.floor(abs(j + 0.5) + 0.5), j + 0.5)) for j in range(-15, 16)]
+    else:
+        assert f16_value(struct.unpack_from("<H", ref, step)[0]) == f32(-3.0 / -8.0)  # the first of -3 and 3
+    for kernels in VARIANTS:
+        assert kernel_kv_row(kv_type, x, kernels) == ref, kernels
 
 
 @pytest.mark.parametrize("group", [32, 256])
@@ -536,7 +591,9 @@ def test_bad_per_token_kernel_arguments_raise():
     with pytest.raises(EngineError, match="bad rmsnorm arguments"):
         kernel_rmsnorm([], [], 1e-5, VARIANTS[-1])
     with pytest.raises(EngineError, match="no kernel variant"):
-        kernel_to_f16([1.0], "no-such-variant")
+        kernel_kv_row("f16", [1.0], "no-such-variant")
+    with pytest.raises(EngineError, match="multiple of 32"):
+        kernel_kv_row("q8_0", [1.0] * 48, None)
 
 # ---- choosing the variant ------------------------------------------------------------------
 

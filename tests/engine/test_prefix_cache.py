@@ -18,12 +18,14 @@ BLOCK = 64  # positions per block (kKVBlock)
 
 @pytest.fixture(scope="module")
 def model(tiny_llama_factory):
-    return tiny_llama_factory(n_ctx=1024)
+    return tiny_llama_factory(n_ctx=1024, n_embd=128, n_head=4, n_head_kv=2)  # heads of 32: any KV type
 
 
-@pytest.fixture
-def engine(model):
-    with Engine(model.path, n_threads=2, max_sessions=8) as e:
+@pytest.fixture(params=["f16", "q8_0", "q4_0"])
+def engine(request, model):
+    """The engine, its KV cache of each type: the prefix cache shares quantized blocks
+    as it shares f16 ones."""
+    with Engine(model.path, n_threads=2, max_sessions=8, kv_type_k=request.param, kv_type_v=request.param) as e:
         yield e
 
 

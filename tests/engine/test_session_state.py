@@ -18,7 +18,8 @@ from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_
 # The hybrid families, each a builder of a tiny model taking n_ctx.
 HYBRIDS = {"qwen35": build_tiny_qwen35, "qwen35moe": partial(build_tiny_qwen35, n_expert=8), "lfm2": build_tiny_lfm2}
 
-HEADER = struct.Struct("<7Ii")  # magic, version, n_layer, n_head_kv, head_dim, n_ctx, n_tokens, high
+# magic, version, n_layer, n_head_kv, head_dim, n_ctx, k_type, v_type, n_tokens, high
+HEADER = struct.Struct("<9Ii")
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +28,26 @@ def engine(tiny_model):
         yield e
 
 
-@pytest.fixture(scope="module")
-def gemma3_engine(tmp_path_factory):
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def gemma3_engine(request, tmp_path_factory):
     """Sliding-window layers of 32 positions whose rings (288 slots) wrap well before
-    the context's end."""
+    the context's end; the KV cache in f16 and in q8_0."""
     path = build_tiny_gemma3(n_ctx=1024, window=32).write(tmp_path_factory.mktemp("state") / "gemma3.gguf")
-    with Engine(str(path), n_threads=2, n_ctx=1024, max_sessions=4) as e:
+    with Engine(str(path), n_threads=2, n_ctx=1024, max_sessions=4, kv_type_k=request.param,
+                kv_type_v=request.param) as e:
         yield e
+
+
+# KV types (keys, values) of a cache, quantized ones included.
+KV_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16")]
+GGML = {"f16": 1, "q8_0": 8, "q4_0": 2}
+ROW_BYTES = {"f16": lambda hd: 2 * hd, "q8_0": lambda hd: hd // 32 * 34, "q4_0": lambda hd: hd // 32 * 18}
+
+
+@pytest.fixture(scope="module")
+def wide_heads(tiny_llama_factory):
+    """A tiny llama with heads of 32, which quantized KV types take."""
+    return tiny_llama_factory(n_embd=128, n_head=4, n_head_kv=2)
 
 
 def ids(n: int, n_vocab: int, seed: int = 7) -> list[int]:
@@ -107,8 +121,8 @@ def test_state_bytes_follow_the_documented_layout(engine, tiny_model):
     with engine.new_session() as s:
         s.prefill(ids(10, engine.info.n_vocab))
         state = bytes(s.export_state())
-    magic, version, n_layer, n_head_kv, head_dim, n_ctx, n_tokens, high = HEADER.unpack_from(state)
-    assert magic.to_bytes(4, "little") == b"LKVS" and version == 2
+    magic, version, n_layer, n_head_kv, head_dim, n_ctx, k_type, v_type, n_tokens, high = HEADER.unpack_from(state)
+    assert magic.to_bytes(4, "little") == b"LKVS" and version == 3 and (k_type, v_type) == (1, 1)
     assert (n_layer, n_head_kv, n_ctx, n_tokens, high) == (tiny_model.n_layer, tiny_model.n_head_kv, 128, 10, 9)
     assert head_dim == tiny_model.n_embd // tiny_model.n_head
     # header, ids, then per layer its first position and K and V rows of f16, then the
@@ -130,12 +144,14 @@ def corruptions(state: bytes) -> dict[str, bytes]:
         "header_only": state[:HEADER.size - 1],
         "empty": b"",
         "bad_magic": patched(0, 0x12345678),
-        "older_version": patched(4, 1),
-        "newer_version": patched(4, 3),
+        "older_version": patched(4, 2),
+        "newer_version": patched(4, 4),
         "other_n_layer": patched(8, 3),
         "other_n_ctx": patched(20, 256),
-        "more_tokens_than_context": patched(24, 129),
-        "impossible_high": patched(28, 3, "<i"),
+        "other_key_type": patched(24, 8),
+        "unknown_value_type": patched(28, 99),
+        "more_tokens_than_context": patched(32, 129),
+        "impossible_high": patched(36, 3, "<i"),
         "token_outside_vocabulary": patched(HEADER.size, 100000, "<i"),
         "negative_token": patched(HEADER.size, -1, "<i"),
         "layer_first_position": patched(HEADER.size + 4 * 10, 1),
@@ -163,6 +179,46 @@ def test_state_of_another_context_is_refused(tiny_model, engine):
             s.prefill(ids(10, small.info.n_vocab))
             with pytest.raises(EngineError, match="n_ctx 64 does not match this engine's 128"):
                 target.import_state(s.export_state())
+
+
+@pytest.mark.parametrize("kv", KV_PAIRS, ids=["/".join(p) for p in KV_PAIRS])
+def test_a_cache_of_each_kv_type_restores_as_its_rows_and_continues_as_a_fresh_prefill(wide_heads, kv):
+    """The state holds each position's key and value as rows of the cache's types (the
+    quantized bytes themselves: nothing is requantized), so a restored session
+    continues bit-identically to a fresh prefill with the same KV types."""
+    with Engine(str(wide_heads.path), n_threads=2, max_sessions=4, kv_type_k=kv[0], kv_type_v=kv[1]) as engine:
+        prompt = ids(120, engine.info.n_vocab)
+        with engine.new_session() as saved, engine.new_session() as fresh:
+            saved.prefill(prompt[:70])
+            fresh.prefill(prompt)
+            state = bytes(saved.export_state())
+            with restored_copy(engine, saved) as restored:
+                restored.prefill(prompt[70:])
+                assert restored.logits() == fresh.logits()
+                assert [restored.decode_one().id for _ in range(8)] == [fresh.decode_one().id for _ in range(8)]
+    *_, k_type, v_type, n_tokens, _ = HEADER.unpack_from(state)
+    assert (k_type, v_type, n_tokens) == (GGML[kv[0]], GGML[kv[1]], 70)
+    rows = wide_heads.n_head_kv * n_tokens
+    hd = 32
+    per_layer = 4 + rows * (ROW_BYTES[kv[0]](hd) + ROW_BYTES[kv[1]](hd))
+    assert len(state) == HEADER.size + 4 * n_tokens + wide_heads.n_layer * per_layer + 8
+
+
+def test_state_of_other_kv_types_is_refused_with_the_reason(wide_heads):
+    """A quantized row cannot become the f16 row a prefill computes (nor the other way
+    round): the state is refused, never converted or misread."""
+    path = str(wide_heads.path)
+    with Engine(path, n_threads=1, max_sessions=2, kv_type_k="q8_0", kv_type_v="q8_0") as q8, \
+            Engine(path, n_threads=1, max_sessions=2) as f16, \
+            Engine(path, n_threads=1, max_sessions=2, kv_type_k="q8_0", kv_type_v="f16") as mixed:
+        with q8.new_session() as s, f16.new_session() as target, mixed.new_session() as other:
+            s.prefill(ids(10, q8.info.n_vocab))
+            state = s.export_state()
+            with pytest.raises(EngineError, match="keys stored as q8_0, this engine's cache keeps f16"):
+                target.import_state(state)
+            with pytest.raises(EngineError, match="values stored as q8_0, this engine's cache keeps f16"):
+                other.import_state(state)
+            assert target.position == 0 and other.position == 0
 
 
 def test_sliding_window_rings_resume_exactly_after_they_wrapped(gemma3_engine):

@@ -296,6 +296,7 @@ def requests_of(samples, route: str, status: str) -> float:
 def test_metrics_count_requests_tokens_latencies_and_sessions(server):
     before = scrape(server)
     assert before[("llmd_model_load_seconds", ())] > 0
+    assert before[("llmd_kv_cache_bytes_per_token", (("type_k", "f16"), ("type_v", "f16")))] == 23040
     assert before[("llmd_sessions_capacity", ())] == 2
     turn1 = [{"role": "user", "content": "Hello there"}]
     first = chat(server, turn1, "m1")

@@ -62,12 +62,22 @@ def test_a_file_decodes_to_what_was_encoded():
     assert meta["model"] == FINGERPRINT and meta["kv_type"] == "f16" and meta["writer"] == session_store.WRITER
 
 
-def test_a_file_whose_kv_cache_is_stored_another_way_is_refused(monkeypatch):
-    monkeypatch.setattr(session_store, "KV_TYPE", "q8_0")
-    other = file_bytes()
-    monkeypatch.undo()
+def test_a_file_whose_kv_cache_is_stored_another_way_is_refused():
+    quantized = b"".join(bytes(p) for p in encode("s1", FINGERPRINT, 128, 7, REPLIES, PAYLOAD, kv_type="q8_0"))
+    assert bytes(decode(quantized, "s1", FINGERPRINT, 128, "q8_0").payload) == PAYLOAD
     with pytest.raises(session_store.Refused, match="stored as 'q8_0'; this engine stores 'f16'"):
-        decode(other, "s1", FINGERPRINT, 128)
+        decode(quantized, "s1", FINGERPRINT, 128)
+    with pytest.raises(session_store.Refused, match="stored as 'f16'; this engine stores 'q8_0/f16'"):
+        decode(file_bytes(), "s1", FINGERPRINT, 128, session_store.kv_type_name("q8_0", "f16"))
+
+
+def test_a_file_of_the_format_before_kv_types_is_refused():
+    """Version 2 files hold f16 keys and values without saying so: refused (the
+    session then runs cold), never read as this engine's types."""
+    old = bytearray(file_bytes())
+    struct.pack_into("<I", old, 8, 2)
+    with pytest.raises(session_store.Refused, match="format version 2; this llmd reads version 3"):
+        decode(bytes(old), "s1", FINGERPRINT, 128)
 
 
 def flipped(data: bytes, offset: int) -> bytes:
@@ -641,11 +651,13 @@ def test_a_session_dir_that_cannot_be_used_is_a_warning_and_sessions_stay_in_mem
     assert "cannot use --session-dir" in log.read_text() and "kept in memory only" in log.read_text()
 
 
-def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tmp_path):
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tmp_path, kv_type):
     history: list = []
     log = tmp_path / "log"
+    kv = ("--kv-type", kv_type)
     with open(log, "w") as stderr:
-        with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir"),
+        with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir"), *kv,
                           stderr=stderr) as server:
             client = Client(server.url + "/v1", model=MODEL)
             for q in ("Name three colours.", "And three animals?"):
@@ -654,7 +666,7 @@ def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tm
             assert server.proc.wait(timeout=60) == 0
     assert "session 'conv' saved to disk" in log.read_text()
     question = "Which of them is largest?"
-    with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir")) as server:
+    with llmd_process("--max-sessions", "3", "--ctx", "2048", "--session-dir", str(tmp_path / "dir"), *kv) as server:
         client = Client(server.url + "/v1", model=MODEL)
         restored = chat_turn(client, "conv", list(history), question)
         total = first["prompt_tokens"] + first["completion_tokens"]
@@ -662,3 +674,20 @@ def test_a_session_survives_sigterm_and_a_restart_and_matches_a_fresh_prefill(tm
         fresh = chat_turn(client, None, list(history), question)  # the scratch slot: a cold prefill
         assert cached(fresh["usage"]) == 0
         assert restored["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
+
+
+def test_a_session_file_of_another_kv_type_is_refused_with_the_reason_and_the_turn_runs_cold(tmp_path):
+    history: list = []
+    with llmd_process("--max-sessions", "3", "--ctx", "1024", "--session-dir", str(tmp_path / "dir"),
+                      "--kv-type", "q8_0") as server:
+        client = Client(server.url + "/v1", model=MODEL)
+        chat_turn(client, "conv", history, "Name three colours.")
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+    log = tmp_path / "log"
+    with open(log, "w") as stderr:
+        with llmd_process("--max-sessions", "3", "--ctx", "1024", "--session-dir", str(tmp_path / "dir"),
+                          stderr=stderr) as server:
+            client = Client(server.url + "/v1", model=MODEL)
+            assert cached(chat_turn(client, "conv", history, "And three animals?")["usage"]) == 0
+    assert "its KV cache is stored as 'q8_0'; this engine stores 'f16'" in log.read_text()

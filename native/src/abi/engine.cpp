@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -194,6 +195,11 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         if (opts.n_threads < 0 || opts.n_ctx < 0 || opts.max_sessions < 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "engine options must not be negative");
         auto e = std::make_unique<llmd_engine>();
+        for (const auto &[name, type, what] : {std::tuple{opts.kv_type_k, &e->kv_types.k, "keys"},
+                                               std::tuple{opts.kv_type_v, &e->kv_types.v, "values"}})
+            if (name != nullptr && *name != '\0' && !kv_type_from_name(name, type))
+                return fail(LLMD_ERR_INVALID_ARGUMENT, std::string("unknown KV type '") + name + "' for " + what +
+                                                           " (allowed: " + kKVTypeNames + ")");
         std::string err;
         e->file = GGUFFile::open(path, &err);
         if (!e->file) return fail(err.rfind("cannot", 0) == 0 ? LLMD_ERR_IO : LLMD_ERR_FORMAT, err);
@@ -228,6 +234,11 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->n_ctx = opts.n_ctx > 0 ? opts.n_ctx : std::min(hp.n_ctx_train, 8192);
         if (e->n_ctx > (1 << 20)) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_ctx is too large");
         e->model->use_context(e->n_ctx);
+        for (const uint32_t t : {e->kv_types.k, e->kv_types.v})
+            if (const char *why = nullptr; !kv_type_fits(t, hp.head_dim, &why))
+                return fail(LLMD_ERR_UNSUPPORTED, std::string("KV type ") + kv_type_name(t) + ": " + why +
+                                                      "; this model's is " + std::to_string(hp.head_dim) +
+                                                      " (allowed here: f16)");
         size_t ring = 0, block = 0;
         KVCache::layout(hp, e->n_ctx, &ring, &block);
         // A recurrent model's prefix is its blocks and a snapshot of the state after
@@ -243,9 +254,10 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->pool = std::make_unique<ThreadPool>(pool_threads(opts.n_threads));
         e->ws.reserve(hp, 1);
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
-                                                             : KVCache::bytes_per_token(hp, e->n_ctx) * static_cast<uint64_t>(e->n_ctx);
-        const size_t runs = block > 0 ? block / (static_cast<size_t>(kKVBlock) * hp.head_dim) : 0;
-        e->kv_pool = std::make_unique<KVPool>(runs, hp.head_dim, (e->n_ctx + kKVBlock - 1) / kKVBlock, fingerprint, retired);
+                                                             : KVCache::bytes_per_token(hp, e->n_ctx, e->kv_types) * static_cast<uint64_t>(e->n_ctx);
+        e->kv_pool = std::make_unique<KVPool>(block / kKVBlock, kv_row_bytes(e->kv_types.k, hp.head_dim),
+                                              kv_row_bytes(e->kv_types.v, hp.head_dim),
+                                              (e->n_ctx + kKVBlock - 1) / kKVBlock, fingerprint, retired);
         e->snapshots = std::make_unique<SnapshotCache>(e->snapshot_budget);
         *out = e.release();
         return LLMD_OK;
@@ -292,12 +304,14 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->n_head_kv = hp.n_head_kv;
         out->n_threads = e->pool->size();
         out->weight_bytes = e->model->weight_bytes;
-        out->kv_bytes_per_token = KVCache::bytes_per_token(hp, e->n_ctx);
-        out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx);
+        out->kv_bytes_per_token = KVCache::bytes_per_token(hp, e->n_ctx, e->kv_types);
+        out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx, e->kv_types);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;
         out->n_recurrent_layers = static_cast<int32_t>(std::count_if(hp.state.begin(), hp.state.end(), [](int n) { return n > 0; }));
         out->recurrent_bytes = RecurrentState::session_bytes(hp);
+        out->kv_type_k = kv_type_name(e->kv_types.k);
+        out->kv_type_v = kv_type_name(e->kv_types.v);
         out->kv_block_positions = kKVBlock;
         out->kv_block_bytes = e->kv_pool->block_bytes();
         out->kv_shares_prefixes = e->kv_shares ? 1 : 0;

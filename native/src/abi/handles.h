@@ -46,6 +46,7 @@ struct llmd_engine {
     bool add_bos = false, add_eos = false;
     int n_ctx = 0;
     int max_sessions = 0;
+    llmd::KVTypes kv_types; // how sessions' caches store keys and values
     std::unique_ptr<llmd::KVPool> kv_pool;       // before the sessions, whose caches hold its blocks
     bool kv_shares = false;                      // a prefix's KV is its blocks (and a ring's copy, or a recurrent snapshot)
     std::unique_ptr<llmd::SnapshotCache> snapshots; // the recurrent layers' part of the prefix cache
@@ -55,8 +56,8 @@ struct llmd_engine {
     // Each layer's memory (keys and values per position, a ring, or a recurrent state
     // with its checkpoints) and the logits.
     uint64_t bytes_per_session() const {
-        return llmd::KVCache::bytes_per_token(model->hp, n_ctx) * static_cast<uint64_t>(n_ctx) +
-               llmd::KVCache::ring_bytes(model->hp, n_ctx) + llmd::RecurrentState::session_bytes(model->hp) +
+        return llmd::KVCache::bytes_per_token(model->hp, n_ctx, kv_types) * static_cast<uint64_t>(n_ctx) +
+               llmd::KVCache::ring_bytes(model->hp, n_ctx, kv_types) + llmd::RecurrentState::session_bytes(model->hp) +
                static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
     }
     bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }

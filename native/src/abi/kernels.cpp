@@ -28,6 +28,19 @@ const Kernels *kernels_for_test(const char *name) {
     return k;
 }
 
+// A KV type by name for a test entry point; false (the failure recorded) for another.
+bool kv_type_for_test(const char *name, int32_t n, uint32_t *type) {
+    if (name == nullptr || !kv_type_from_name(name, type)) {
+        fail(LLMD_ERR_INVALID_ARGUMENT, std::string("unknown KV type (allowed: ") + kKVTypeNames + ")");
+        return false;
+    }
+    if (const char *why = nullptr; !kv_type_fits(*type, n, &why)) {
+        fail(LLMD_ERR_INVALID_ARGUMENT, why);
+        return false;
+    }
+    return true;
+}
+
 } // namespace
 
 extern "C" {
@@ -120,29 +133,36 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
     });
 }
 
-llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k, const uint16_t *v,
-                                  int32_t n_pos, int32_t head_dim, int32_t n_ranges, int32_t run, float *out,
-                                  const char *kernels) {
+llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, const float *v, int32_t n_pos,
+                                  int32_t head_dim, const char *kv_type_k, const char *kv_type_v, int32_t n_ranges,
+                                  int32_t run, float *out, const char *kernels) {
     return guarded([&]() -> llmd_status {
         if (q == nullptr || k == nullptr || v == nullptr || out == nullptr || n_q < 1 || n_q > 1024 ||
             n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos || run < 0 ||
             run % kKeyBlock != 0)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad attention arguments");
+        KVTypes types;
+        if (!kv_type_for_test(kv_type_k, head_dim, &types.k) || !kv_type_for_test(kv_type_v, head_dim, &types.v))
+            return LLMD_ERR_INVALID_ARGUMENT;
         const Kernels *table = kernels_for_test(kernels);
         if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
         const size_t hd = static_cast<size_t>(head_dim);
-        // The caller's keys are rows; the kernels read them in blocks (attention.h),
-        // from runs of `run` positions each in a buffer of its own, as pool blocks are.
+        const size_t k_row = kv_row_bytes(types.k, head_dim), v_row = kv_row_bytes(types.v, head_dim);
+        // The caller's rows written as the cache writes them (by the reference), keys
+        // into key blocks (attention.h), in runs of `run` positions each in a buffer of
+        // its own, as pool blocks are.
         const int32_t blocks = (n_pos + kKeyBlock - 1) / kKeyBlock, per_run = run > 0 ? run : blocks * kKeyBlock;
-        std::vector<std::vector<uint16_t>> keys, values;
+        std::vector<std::vector<uint8_t>> keys, values;
+        std::vector<uint8_t> key(k_row);
         for (int32_t p = 0; p < n_pos; ++p) {
             const int32_t i = p % per_run;
             if (i == 0) {
-                keys.emplace_back(static_cast<size_t>(per_run) * hd);
-                values.emplace_back(static_cast<size_t>(per_run) * hd);
+                keys.emplace_back(static_cast<size_t>(per_run) * k_row);
+                values.emplace_back(static_cast<size_t>(per_run) * v_row);
             }
-            for (int32_t d = 0; d < head_dim; ++d) keys.back()[key_at(i, d, head_dim)] = k[p * hd + d];
-            std::copy_n(v + p * hd, hd, &values.back()[i * hd]);
+            kv_row_ref(types.k, k + p * hd, key.data(), head_dim);
+            key_store(types.k, key.data(), key_block(keys.back().data(), types.k, i, head_dim), i % kKeyBlock, head_dim);
+            kv_row_ref(types.v, v + p * hd, &values.back()[i * v_row], head_dim);
         }
         std::vector<float> part_out(static_cast<size_t>(n_q) * hd);
         std::vector<AttnPartial> part(n_q), acc(n_q);
@@ -155,12 +175,12 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const uint16_t *k
             std::vector<AttnRun> runs;
             for (int32_t p = p0; p < p1;) {
                 const int32_t n = std::min(p1 - p, per_run - p % per_run);
-                const size_t at = static_cast<size_t>(p % per_run) * hd;
-                runs.push_back({keys[p / per_run].data() + at, values[p / per_run].data() + at, n});
+                const size_t at = static_cast<size_t>(p % per_run);
+                runs.push_back({keys[p / per_run].data() + at * k_row, values[p / per_run].data() + at * v_row, n});
                 p += n;
             }
-            table->attend_range(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim, scale, part_out.data(),
-                                part.data());
+            table->attend_range(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim, types, scale,
+                                part_out.data(), part.data());
             table->attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
         attend_finish(out, acc.data(), n_q, head_dim);
@@ -206,12 +226,18 @@ llmd_status llmd_kernel_rmsnorm(const float *x, const float *weight, int32_t n, 
     });
 }
 
-llmd_status llmd_kernel_to_f16(const float *x, int32_t n, uint16_t *out, const char *kernels) {
+llmd_status llmd_kernel_kv_row(const char *type, const float *x, int32_t n, uint8_t *out, size_t capacity,
+                               size_t *written, const char *kernels) {
     return guarded([&]() -> llmd_status {
-        if (x == nullptr || out == nullptr || n < 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "bad f16 arguments");
+        if (x == nullptr || out == nullptr || written == nullptr || n < 0)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad KV row arguments");
+        uint32_t t = GGML_F16;
+        if (!kv_type_for_test(type, n, &t)) return LLMD_ERR_INVALID_ARGUMENT;
+        if (capacity < kv_row_bytes(t, n)) return fail(LLMD_ERR_INVALID_ARGUMENT, "the KV row does not fit `out`");
         const Kernels *table = kernels_for_test(kernels);
         if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
-        table->to_f16(x, out, n);
+        table->kv_row(t, x, out, n);
+        *written = kv_row_bytes(t, n);
         return LLMD_OK;
     });
 }

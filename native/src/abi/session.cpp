@@ -274,10 +274,11 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         const HParams &hp = e->model->hp;
         size_t ring = 0, block = 0;
         s->kv.layers = KVCache::layout(hp, e->n_ctx, &ring, &block);
+        s->kv.set_types(e->kv_types, hp.head_dim);
         s->kv.pool = e->kv_pool.get();
         // Uninitialised on purpose: pages are touched only as positions fill.
-        s->kv.k.reset(new (std::nothrow) uint16_t[ring]);
-        s->kv.v.reset(new (std::nothrow) uint16_t[ring]);
+        s->kv.k.reset(new (std::nothrow) uint8_t[ring * s->kv.k_row]);
+        s->kv.v.reset(new (std::nothrow) uint8_t[ring * s->kv.v_row]);
         if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
         s->rs.init(hp);
         s->logits.resize(hp.n_vocab);

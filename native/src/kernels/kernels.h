@@ -30,8 +30,8 @@
 
 namespace llmd {
 
-using AttendFn = void (*)(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                          AttnPartial *part);
+using AttendFn = void (*)(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+                          float scale, float *out, AttnPartial *part);
 // A run of tokens through one Gated DeltaNet head (ops/recurrent.h: delta_scan):
 // token t reads q, k and v (hd each) at + t · stride, its decay and beta at
 // [t · gate_stride], and writes its output (hd) at out + t · out_stride.
@@ -64,8 +64,10 @@ struct Kernels {
     void (*glu)(bool gelu, float *gate, const float *up, int64_t n);
     // Σ x[i]² in double, for rmsnorm.
     double (*sum_squares)(const float *x, int n);
-    // n floats to f16 bits, rounding to nearest even (the KV cache's writes).
-    void (*to_f16)(const float *x, uint16_t *y, int n);
+    // A key or value of n floats as a row of KV type `type` (attention.h: KVTypes),
+    // the cache's writes: F16 bits rounded to nearest even, or Q8_0 / Q4_0 blocks by
+    // the GGUF reference quantizers (quantize.h). The same bytes in every variant.
+    void (*kv_row)(uint32_t type, const float *x, uint8_t *y, int n);
 };
 
 // A variant's panel kernels into its table: Panel<L>::matmul for the layout L of every
@@ -93,6 +95,7 @@ void quantize_q8a_ref(const float *x, BlockQ8A *y, int64_t n, int64_t group);
 void glu_ref(bool gelu, float *gate, const float *up, int64_t n);
 double sum_squares_ref(const float *x, int n);
 void to_f16_ref(const float *x, uint16_t *y, int n);
+void kv_row_ref(uint32_t type, const float *x, uint8_t *y, int n);
 void delta_scan_ref(float *m, const DeltaTokens &x, int n, int hd, float scale); // ops/recurrent.cpp
 
 // The table of each variant this build has (kernels/*/), the scalar one first; a

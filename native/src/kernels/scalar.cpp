@@ -1,6 +1,7 @@
 // scalar.cpp — the scalar variant: the references every other variant is tested
 // against, and what runs on a CPU without any of the variants' instructions.
 #include "kernels/kernels.h"
+#include "quants/quantize.h"
 
 #include <cmath>
 
@@ -30,6 +31,12 @@ void to_f16_ref(const float *x, uint16_t *y, int n) {
     for (int i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
+void kv_row_ref(uint32_t type, const float *x, uint8_t *y, int n) {
+    if (type == GGML_Q8_0) return quantize_row_q8_0(x, y, n);
+    if (type == GGML_Q4_0) return quantize_row_q4_0(x, y, n);
+    to_f16_ref(x, reinterpret_cast<uint16_t *>(y), n); // F16 rows lie at even addresses
+}
+
 const Kernels &kernels_scalar() {
     static const Kernels k = [] {
         Kernels s{};
@@ -43,7 +50,7 @@ const Kernels &kernels_scalar() {
         s.delta_scan = delta_scan_ref;
         s.glu = glu_ref;
         s.sum_squares = sum_squares_ref;
-        s.to_f16 = to_f16_ref;
+        s.kv_row = kv_row_ref;
         return s;
     }();
     return k;

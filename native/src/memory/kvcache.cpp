@@ -2,13 +2,15 @@
 // published to the prefix cache and adopted from it.
 #include "memory/kvcache.h"
 
+#include "kernels/kernels.h"
+
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 namespace llmd {
 
-std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t *ring_elements,
-                                            size_t *block_elements) {
+std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t *ring_rows, size_t *block_rows) {
     const auto blocks = [](int64_t n) { return static_cast<int>((n + kKeyBlock - 1) / kKeyBlock * kKeyBlock); };
     std::vector<Layer> layers(hp.n_layer);
     size_t offset = 0;
@@ -22,26 +24,64 @@ std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t
             layers[l] = {0, 0, 0};
         } else if (w > 0 && slots < blocks(n_ctx)) {
             layers[l] = {offset, slots, w};
-            offset += static_cast<size_t>(slots) * hp.kv_dim();
+            offset += static_cast<size_t>(slots) * hp.n_head_kv;
         } else { // a window as long as the context attends everything a ring would hold
             layers[l] = {0, 0, w, paged++};
         }
     }
-    *ring_elements = offset;
-    *block_elements = static_cast<size_t>(paged) * hp.kv_dim() * kKVBlock;
+    *ring_rows = offset;
+    *block_rows = static_cast<size_t>(paged) * hp.n_head_kv * kKVBlock;
     return layers;
 }
 
-uint64_t KVCache::bytes_per_token(const HParams &hp, int n_ctx) {
+uint64_t KVCache::bytes_per_token(const HParams &hp, int n_ctx, KVTypes types) {
     size_t ring = 0, block = 0;
     layout(hp, n_ctx, &ring, &block);
-    return 2ull * block / kKVBlock * sizeof(uint16_t);
+    return block / kKVBlock * (kv_row_bytes(types.k, hp.head_dim) + kv_row_bytes(types.v, hp.head_dim));
 }
 
-uint64_t KVCache::ring_bytes(const HParams &hp, int n_ctx) {
-    size_t elements = 0, block = 0;
-    layout(hp, n_ctx, &elements, &block);
-    return 2ull * elements * sizeof(uint16_t);
+uint64_t KVCache::ring_bytes(const HParams &hp, int n_ctx, KVTypes types) {
+    size_t rows = 0, block = 0;
+    layout(hp, n_ctx, &rows, &block);
+    return rows * (kv_row_bytes(types.k, hp.head_dim) + kv_row_bytes(types.v, hp.head_dim));
+}
+
+void KVCache::write(const HParams &hp, int layer, int head, int pos, const float *key, const float *value) const {
+    const int hd = hp.head_dim;
+    const Row r = row(hp, layer, head, pos);
+    const auto kv_row = kernels().kv_row;
+    if (types.k == GGML_F16) { // straight into the key block, element by element
+        uint16_t *kb = reinterpret_cast<uint16_t *>(r.keys);
+        for (int d = 0; d < hd; ++d) kb[key_at(r.index, d, hd)] = fp32_to_fp16(key[d]);
+    } else { // rotated (attention.h), quantized as a row, then into its key block
+        thread_local std::vector<float> rotated;
+        thread_local std::vector<uint8_t> quantized;
+        rotated.assign(key, key + hd);
+        kv_rotate(rotated.data(), hd, kv_rotation(types.k, hd, true));
+        quantized.resize(k_row);
+        kv_row(types.k, rotated.data(), quantized.data(), hd);
+        key_store(types.k, quantized.data(), key_block(r.keys, types.k, r.index, hd), r.index % kKeyBlock, hd);
+    }
+    if (const int n = kv_rotation(types.v, hd, false); n > 0) {
+        thread_local std::vector<float> rotated;
+        rotated.assign(value, value + hd);
+        kv_rotate(rotated.data(), hd, n);
+        kv_row(types.v, rotated.data(), r.values + r.index * v_row, hd);
+    } else {
+        kv_row(types.v, value, r.values + r.index * v_row, hd);
+    }
+}
+
+void KVCache::load(const HParams &hp, int layer, int head, int pos, uint8_t *key, uint8_t *value) const {
+    const Row r = row(hp, layer, head, pos);
+    key_load(types.k, key_block(r.keys, types.k, r.index, hp.head_dim), r.index % kKeyBlock, hp.head_dim, key);
+    std::memcpy(value, r.values + r.index * v_row, v_row);
+}
+
+void KVCache::store(const HParams &hp, int layer, int head, int pos, const uint8_t *key, const uint8_t *value) const {
+    const Row r = row(hp, layer, head, pos);
+    key_store(types.k, key, key_block(r.keys, types.k, r.index, hp.head_dim), r.index % kKeyBlock, hp.head_dim);
+    std::memcpy(r.values + r.index * v_row, value, v_row);
 }
 
 int KVCache::resume_floor() const {
@@ -54,15 +94,13 @@ int KVCache::resume_floor() const {
 }
 
 void KVCache::copy_rings(const HParams &hp, const KVCache &from, int begin, int end) {
-    const int hd = hp.head_dim;
+    std::vector<uint8_t> key(k_row), value(v_row);
     for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
         if (layers[l].paged >= 0 || layers[l].slots == 0) continue;
         for (int h = 0; h < hp.n_head_kv; ++h)
             for (int p = begin; p < end; ++p) {
-                const Row src = from.row(hp, l, h, p), dst = row(hp, l, h, p);
-                for (int d = 0; d < hd; ++d) dst.keys[key_at(dst.index, d, hd)] = src.keys[key_at(src.index, d, hd)];
-                std::copy_n(src.values + static_cast<size_t>(src.index) * hd, hd,
-                            dst.values + static_cast<size_t>(dst.index) * hd);
+                from.load(hp, l, h, p, key.data(), value.data());
+                store(hp, l, h, p, key.data(), value.data());
             }
     }
 }

@@ -4,6 +4,7 @@
 
 #include "memory/kvpool.h"
 #include "model/model.h"
+#include "ops/attention.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -13,16 +14,16 @@
 
 namespace llmd {
 
-// One session's attention memory: per layer, keys and values as f16, per KV head in
-// runs of positions (row()): keys in blocks of positions inside a run (attention.h:
-// key_at), values as rows. A layer that attends every position keeps its positions
+// One session's attention memory: per layer, keys and values in the engine's KV types
+// (attention.h: KVTypes), per KV head in runs of positions (row()): keys in key
+// blocks inside a run, values as rows. A layer that attends every position keeps its positions
 // in the engine's pool (kvpool.h), in blocks of kKVBlock that `blocks` lists in
 // order, allocated as positions are written and shared with sessions that hold the
 // same tokens; a sliding-window layer keeps a ring of its own, position p in slot
 // p % slots, just large enough for its window and one forward batch.
 struct KVCache {
     struct Layer {
-        size_t offset = 0; // ring: element offset of the layer's first row in k and v
+        size_t offset = 0; // ring: the layer's first row in k and v, in rows (a position of a head)
         int slots = 0;     // ring: a whole number of key blocks; 0 for a paged layer
         int window = 0;    // positions attended, its own included; 0: all
         int paged = -1;    // paged: the layer's place in a pool block
@@ -30,8 +31,10 @@ struct KVCache {
     std::vector<Layer> layers;
     int high = -1; // highest position written since the cache was last emptied
     int ring_low = 0; // the rings hold no position below this one (a prefix copied from another cache starts here)
-    std::unique_ptr<uint16_t[]> k; // the rings
-    std::unique_ptr<uint16_t[]> v;
+    KVTypes types;
+    size_t k_row = 0, v_row = 0; // bytes of a row (one position of one head) of keys and of values
+    std::unique_ptr<uint8_t[]> k; // the rings
+    std::unique_ptr<uint8_t[]> v;
     KVPool *pool = nullptr;
     std::vector<int> blocks; // pool blocks of positions [i * kKVBlock, (i + 1) * kKVBlock)
     // The prefix cache (kvpool.h): full blocks are published in `scope` while
@@ -48,36 +51,51 @@ struct KVCache {
     KVCache &operator=(const KVCache &) = delete;
     ~KVCache() { if (pool != nullptr) truncate(0); }
 
-    // The layers' places for a context of n_ctx, the elements of the rings' k (and
-    // of v), and of one pool block's keys (and values).
-    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_elements, size_t *block_elements);
+    // The layers' places for a context of n_ctx, the rows of the rings (and of one
+    // pool block) of keys, as many as of values.
+    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_rows, size_t *block_rows);
     // Bytes of keys and values per position of the paged layers (those that attend
     // every position, or a window no shorter than n_ctx), and the fixed bytes of the
-    // sliding-window layers' rings at n_ctx.
-    static uint64_t bytes_per_token(const HParams &hp, int n_ctx);
-    static uint64_t ring_bytes(const HParams &hp, int n_ctx);
+    // sliding-window layers' rings at n_ctx, stored as `types`.
+    static uint64_t bytes_per_token(const HParams &hp, int n_ctx, KVTypes types);
+    static uint64_t ring_bytes(const HParams &hp, int n_ctx, KVTypes types);
+    // Sets the types (before anything is stored) and the rows' sizes.
+    void set_types(KVTypes t, int hd) {
+        types = t;
+        k_row = kv_row_bytes(t.k, hd);
+        v_row = kv_row_bytes(t.v, hd);
+    }
 
     // Where (layer, kv head, position) is stored: the run of positions holding it, as
-    // its keys and values, and its index there: element d of its key is
-    // keys[key_at(index, d, hd)], its value row values + index * hd, and positions
-    // up to the run's `count` follow it contiguously. The one place that maps a
-    // position to memory; the block of a paged position must exist (prepare()).
+    // its keys and values, and its index there: its key in the key block
+    // key_block(keys, types.k, index, hd) at index % kKeyBlock, its value row at
+    // values + index * v_row, and positions up to the run's `count` follow it
+    // contiguously. The one place that maps a position to memory; the block of a
+    // paged position must exist (prepare()).
     struct Row {
-        uint16_t *keys;
-        uint16_t *values;
+        uint8_t *keys;
+        uint8_t *values;
         int index;
         int count;
     };
     Row row(const HParams &hp, int layer, int head, int pos) const {
         const Layer &L = layers[layer];
         if (L.paged < 0) {
-            const size_t base = L.offset + static_cast<size_t>(head) * L.slots * hp.head_dim;
-            return {&k[base], &v[base], pos % L.slots, L.slots};
+            const size_t base = L.offset + static_cast<size_t>(head) * L.slots;
+            return {&k[base * k_row], &v[base * v_row], pos % L.slots, L.slots};
         }
         const int block = blocks[pos / kKVBlock];
         const size_t run = static_cast<size_t>(L.paged) * hp.n_head_kv + head;
         return {pool->keys(block, run), pool->values(block, run), pos % kKVBlock, kKVBlock};
     }
+    // Stores a position's key and value (hd floats each) as their types' rows, by
+    // the kernels' kv_row, rotated first where the type is quantized (attention.h:
+    // kv_rotation): the same bytes whatever else is written with them.
+    void write(const HParams &hp, int layer, int head, int pos, const float *key, const float *value) const;
+    // A position's key and value as rows (attention.h), out of the cache and into it.
+    void load(const HParams &hp, int layer, int head, int pos, uint8_t *key, uint8_t *value) const;
+    void store(const HParams &hp, int layer, int head, int pos, const uint8_t *key, const uint8_t *value) const;
+
     // Makes the block of position pos (the next one written, or one before it after
     // a truncate) this session's own to write: allocated, or copied if published.
     void prepare(int pos);

@@ -22,10 +22,10 @@ uint64_t mix(uint64_t h, uint64_t x) { // splitmix64's finaliser over h ^ x
 
 } // namespace
 
-KVPool::KVPool(size_t runs, int head_dim, int slab_blocks, uint64_t fingerprint, uint64_t retired_budget)
-    : runs_(runs), run_elements_(static_cast<size_t>(kKVBlock) * head_dim),
-      slab_blocks_(static_cast<size_t>(std::clamp(slab_blocks, 1, kMaxSlabBlocks))),
-      run_stride_(slab_blocks_ * run_elements_), fingerprint_(fingerprint),
+KVPool::KVPool(size_t runs, size_t k_row, size_t v_row, int slab_blocks, uint64_t fingerprint,
+               uint64_t retired_budget)
+    : runs_(runs), k_run_(kKVBlock * k_row), v_run_(kKVBlock * v_row),
+      slab_blocks_(static_cast<size_t>(std::clamp(slab_blocks, 1, kMaxSlabBlocks))), fingerprint_(fingerprint),
       retired_max_(block_bytes() > 0 ? retired_budget / block_bytes() : 0) {}
 
 int KVPool::free_slot(int after) const {
@@ -73,11 +73,13 @@ int KVPool::acquire(int after) {
         // Uninitialised on purpose: pages are touched only as positions fill.
         void *p = nullptr;
         if (posix_memalign(&p, 4096, slab_blocks_ * block_bytes()) != 0) throw std::bad_alloc();
-        slab.data.reset(static_cast<uint16_t *>(p));
+        slab.data.reset(static_cast<uint8_t *>(p));
     }
     free_ids_.erase(id);
     ++slab.used;
-    blocks_[id].data = slab.data.get() + static_cast<size_t>(id) % slab_blocks_ * run_elements_;
+    const size_t slot = static_cast<size_t>(id) % slab_blocks_;
+    blocks_[id].k = slab.data.get() + slot * k_run_;
+    blocks_[id].v = slab.data.get() + runs_ * slab_blocks_ * k_run_ + slot * v_run_;
     blocks_[id].refs = 1;
     ++live_;
     ++refs_;
@@ -85,11 +87,10 @@ int KVPool::acquire(int after) {
 }
 
 void KVPool::copy(int to, int from, int n_pos) {
-    const size_t hd = run_elements_ / kKVBlock;
-    const size_t key_elements = static_cast<size_t>((n_pos + kKeyBlock - 1) / kKeyBlock * kKeyBlock) * hd;
+    const size_t key_bytes = static_cast<size_t>((n_pos + kKeyBlock - 1) / kKeyBlock * kKeyBlock) * (k_run_ / kKVBlock);
     for (size_t r = 0; r < runs_; ++r) {
-        std::memcpy(keys(to, r), keys(from, r), key_elements * sizeof(uint16_t));
-        std::memcpy(values(to, r), values(from, r), static_cast<size_t>(n_pos) * hd * sizeof(uint16_t));
+        std::memcpy(keys(to, r), keys(from, r), key_bytes);
+        std::memcpy(values(to, r), values(from, r), static_cast<size_t>(n_pos) * (v_run_ / kKVBlock));
     }
 }
 

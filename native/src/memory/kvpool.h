@@ -19,9 +19,11 @@
 // its window (llmd_session_share_prefix).
 //
 // Placement. A block is kept as runs, one per (paged layer, KV head): that head's
-// keys (and values) of the block's kKVBlock positions, the unit attention reads. The
-// pool's memory comes in slabs of blocks, laid out run-major: the slab's blocks' runs
-// of one head lie next to each other, block after block. A session's next block goes
+// keys (and values) of the block's kKVBlock positions in the engine's KV types
+// (attention.h: KVTypes), the unit attention reads. The pool's memory comes in slabs
+// of blocks, laid out run-major: the slab's blocks' runs of one head lie next to each
+// other, block after block, the keys' runs first, then the values'. A quantized
+// block is smaller, and the prefix cache shares it as it is. A session's next block goes
 // right behind its previous one when that slot is free, so one head's history is a
 // single stretch of memory (as in a contiguous cache) and the hardware's prefetchers,
 // which follow streams, cross from block to block without restarting.
@@ -80,25 +82,26 @@ struct PrefixHolder {
 
 class KVPool {
 public:
-    // `runs`: runs of a block (paged layers times KV heads); `head_dim`: a run holds
-    // kKVBlock positions of head_dim f16 keys (and as many values); `slab_blocks`:
+    // `runs`: runs of a block (paged layers times KV heads); a run holds kKVBlock
+    // positions of one head's keys of `k_row` bytes each (and values of `v_row`,
+    // attention.h: kv_row_bytes); `slab_blocks`:
     // blocks per slab, at most kMaxSlabBlocks (a context's worth suits: a session's
     // blocks then fit one slab);
     // `fingerprint`: the model's, the start of every chain key; `retired_budget`:
     // bytes of retired blocks kept.
-    KVPool(size_t runs, int head_dim, int slab_blocks, uint64_t fingerprint, uint64_t retired_budget);
+    KVPool(size_t runs, size_t k_row, size_t v_row, int slab_blocks, uint64_t fingerprint, uint64_t retired_budget);
 
     size_t runs() const { return runs_; }
-    uint64_t block_bytes() const { return 2 * runs_ * run_elements_ * sizeof(uint16_t); }
+    uint64_t block_bytes() const { return runs_ * (k_run_ + v_run_); }
 
     // A new private block, held once, behind block `after` (the session's previous
     // one, -1 for its first) where that slot is free; throws bad_alloc.
     int acquire(int after);
     void retain(int id);
     void release(int id);   // the last release frees the block, or retires a published one
-    // Run `run` of block `id`: keys in key blocks (attention.h: key_at), values as rows.
-    uint16_t *keys(int id, size_t run) const { return at(id, run); }
-    uint16_t *values(int id, size_t run) const { return at(id, runs_ + run); }
+    // Run `run` of block `id`: keys in key blocks (attention.h), values as rows.
+    uint8_t *keys(int id, size_t run) const { return blocks_[id].k + run * slab_blocks_ * k_run_; }
+    uint8_t *values(int id, size_t run) const { return blocks_[id].v + run * slab_blocks_ * v_run_; }
     // Copies the first n_pos positions of every run of block `from` into block `to`.
     void copy(int to, int from, int n_pos);
     bool published(int id) const { return blocks_[id].serial != 0; }
@@ -125,7 +128,7 @@ public:
 
 private:
     struct Block {
-        uint16_t *data = nullptr; // its run 0's keys in its slab, while in use
+        uint8_t *k = nullptr, *v = nullptr; // its run 0's keys and values in its slab, while in use
         int refs = 0;
         uint64_t serial = 0; // published: never reused; 0: private
         uint64_t parent = 0; // the parent's serial (0: the first block of its sequence)
@@ -139,17 +142,15 @@ private:
     int find(uint64_t key, uint64_t parent_serial, const std::string &scope, const int32_t *tokens) const;
     void free_block(int id);
     int free_slot(int after) const;
-    // Run r of block id in its slab, laid out (2 * runs, slab blocks, run elements):
-    // the keys' runs, then the values'. On every range attention reads: no division.
-    uint16_t *at(int id, size_t r) const { return blocks_[id].data + r * run_stride_; }
-
     struct Slab {
-        std::unique_ptr<uint16_t, void (*)(void *)> data{nullptr, std::free}; // null while no block of it is in use
+        // Laid out (runs, slab blocks, k_run) for the keys, then (runs, slab blocks, v_run)
+        // for the values; null while no block of it is in use.
+        std::unique_ptr<uint8_t, void (*)(void *)> data{nullptr, std::free};
         int used = 0;
     };
-    size_t runs_, run_elements_;
+    size_t runs_;
+    size_t k_run_, v_run_; // bytes of a run's keys and values
     size_t slab_blocks_;
-    size_t run_stride_; // elements from a block's run to its next run: slab_blocks_ runs
     uint64_t fingerprint_;
     uint64_t retired_max_; // blocks
     uint64_t next_serial_ = 1;

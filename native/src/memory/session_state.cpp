@@ -6,17 +6,12 @@
 namespace llmd {
 namespace {
 
-constexpr uint32_t kHeaderWords = 8; // magic .. high
+constexpr uint32_t kHeaderWords = 10; // magic .. high
 
 // The first position a layer's cache holds of [0, n_tokens) (KVCache::held_from).
 int first_held(const KVCache &kv, const KVCache::Layer &L, int n_tokens) {
     return std::min(kv.held_from(L), n_tokens);
 }
-
-// Where a position's key starts (KVCache::row); element d is kKeyBlock elements after
-// element d - 1 (attention.h: key_at).
-uint16_t *key_start(const KVCache::Row &r, int hd) { return r.keys + key_at(r.index, 0, hd); }
-uint16_t *value_row(const KVCache::Row &r, int hd) { return r.values + static_cast<size_t>(r.index) * hd; }
 
 struct Writer {
     uint8_t *at;
@@ -30,7 +25,7 @@ struct Reader {
     const uint8_t *at, *end;
     bool take(void *out, size_t n) {
         if (static_cast<size_t>(end - at) < n) return false;
-        std::memcpy(out, at, n);
+        if (n > 0) std::memcpy(out, at, n); // an empty session's ids: out may be null
         at += n;
         return true;
     }
@@ -57,7 +52,7 @@ size_t kv_section(const HParams &hp, const KVCache &kv, int n_tokens) {
     size_t bytes = (kHeaderWords + static_cast<size_t>(n_tokens)) * 4;
     for (const KVCache::Layer &L : kv.layers) {
         const size_t rows = static_cast<size_t>(n_tokens - first_held(kv, L, n_tokens)) * hp.n_head_kv;
-        bytes += 4 + 2 * rows * hp.head_dim * sizeof(uint16_t);
+        bytes += 4 + rows * (kv.k_row + kv.v_row);
     }
     return bytes;
 }
@@ -70,26 +65,22 @@ size_t state_bytes(const HParams &hp, const KVCache &kv, const RecurrentState &r
 
 void state_write(const HParams &hp, const KVCache &kv, const RecurrentState &rs, int n_ctx, const int32_t *tokens,
                  int n, uint8_t *out) {
-    const int hd = hp.head_dim;
     Writer w{out};
     for (const uint32_t word : {kStateMagic, kStateVersion, uint32_t(hp.n_layer), uint32_t(hp.n_head_kv),
-                                uint32_t(hd), uint32_t(n_ctx), uint32_t(n)})
+                                uint32_t(hp.head_dim), uint32_t(n_ctx), kv.types.k, kv.types.v, uint32_t(n)})
         w.put(word);
     w.put(int32_t(n > 0 ? kv.high : -1));
     for (int i = 0; i < n; ++i) w.put(tokens[i]);
     for (int l = 0; l < hp.n_layer; ++l) {
         const int first = first_held(kv, kv.layers[l], n);
         w.put(uint32_t(first));
+        // Keys then values, each head's positions in order: a position's key and value
+        // go to their places in the two sections.
+        const size_t rows = static_cast<size_t>(n - first) * hp.n_head_kv;
+        uint8_t *keys = w.at, *values = w.at + rows * kv.k_row;
         for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = first; p < n; ++p) {
-                const uint16_t *key = key_start(kv.row(hp, l, h, p), hd);
-                for (int d = 0; d < hd; ++d) w.put(key[d * kKeyBlock]);
-            }
-        for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = first; p < n; ++p) {
-                std::memcpy(w.at, value_row(kv.row(hp, l, h, p), hd), hd * sizeof(uint16_t));
-                w.at += hd * sizeof(uint16_t);
-            }
+            for (int p = first; p < n; ++p, keys += kv.k_row, values += kv.v_row) kv.load(hp, l, h, p, keys, values);
+        w.at = values;
     }
     const size_t floats = rs.now.size();
     w.put(uint32_t(floats));
@@ -116,18 +107,29 @@ bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, c
     Reader r{data, data + len};
     uint32_t words[kHeaderWords - 1];
     int32_t high = 0;
-    if (!r.take(words, sizeof words) || !r.take(&high, sizeof high)) return refuse("truncated header");
+    // The magic and version first: an older version's header is shorter.
+    if (!r.take(words, 2 * sizeof(uint32_t))) return refuse("truncated header");
     if (words[0] != kStateMagic) return refuse("not a session state (bad magic)");
     if (words[1] != kStateVersion)
         return refuse("format version " + std::to_string(words[1]) + ", this build reads " +
                       std::to_string(kStateVersion));
+    if (!r.take(words + 2, sizeof words - 2 * sizeof(uint32_t)) || !r.take(&high, sizeof high))
+        return refuse("truncated header");
     const uint32_t want[] = {uint32_t(hp.n_layer), uint32_t(hp.n_head_kv), uint32_t(hp.head_dim), uint32_t(n_ctx)};
     const char *names[] = {"n_layer", "n_head_kv", "head_dim", "n_ctx"};
     for (int i = 0; i < 4; ++i)
         if (words[2 + i] != want[i])
             return refuse(std::string(names[i]) + " " + std::to_string(words[2 + i]) + " does not match this engine's " +
                           std::to_string(want[i]));
-    const uint32_t n = words[6];
+    const uint32_t types[] = {kv.types.k, kv.types.v};
+    for (int i = 0; i < 2; ++i)
+        if (words[6 + i] != types[i]) {
+            const bool known = words[6 + i] == GGML_F16 || words[6 + i] == GGML_Q8_0 || words[6 + i] == GGML_Q4_0;
+            return refuse(std::string(i == 0 ? "keys" : "values") + " stored as " +
+                          (known ? kv_type_name(words[6 + i]) : "type " + std::to_string(words[6 + i])) +
+                          ", this engine's cache keeps " + kv_type_name(types[i]));
+        }
+    const uint32_t n = words[8];
     if (n > static_cast<uint32_t>(n_ctx)) return refuse("more tokens than the context holds");
     const int count = static_cast<int>(n);
     if (count == 0 ? high != -1 : high < count - 1 || high >= n_ctx)
@@ -146,12 +148,13 @@ bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, c
         if (static_cast<size_t>(data + len - at) < sizeof first) return refuse("length does not match its header");
         std::memcpy(&first, at, sizeof first);
         if (first > n) return refuse("a layer holds positions from " + std::to_string(first) + ", past its tokens");
-        const size_t bytes = 4 + 2 * static_cast<size_t>(count - first) * hp.n_head_kv * hp.head_dim * sizeof(uint16_t);
+        const size_t bytes = 4 + static_cast<size_t>(count - first) * hp.n_head_kv * (kv.k_row + kv.v_row);
         if (static_cast<size_t>(data + len - at) < bytes) return refuse("length does not match its header");
         at += bytes;
         firsts.push_back(first);
     }
     KVCache probe;
+    probe.set_types(kv.types, hp.head_dim);
     probe.layers = kv.layers;
     probe.high = high;
     for (size_t l = 0; l < kv.layers.size(); ++l)
@@ -189,20 +192,17 @@ bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, c
     kv.truncate(0);
     kv.sharing = false; // what it restores may be another scope's: not offered until emptied
     for (int p = 0; p < count; p += kKVBlock) kv.prepare(p);
-    const int hd = hp.head_dim;
     const uint8_t *at = r.at;
     for (int l = 0; l < hp.n_layer; ++l) {
         uint32_t first = 0;
         std::memcpy(&first, at, sizeof first);
         at += sizeof first;
+        const size_t rows = static_cast<size_t>(count - static_cast<int>(first)) * hp.n_head_kv;
+        const uint8_t *keys = at, *values = at + rows * kv.k_row;
         for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = static_cast<int>(first); p < count; ++p) {
-                uint16_t *key = key_start(kv.row(hp, l, h, p), hd);
-                for (int d = 0; d < hd; ++d, at += sizeof(uint16_t)) std::memcpy(&key[d * kKeyBlock], at, sizeof(uint16_t));
-            }
-        for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = static_cast<int>(first); p < count; ++p, at += hd * sizeof(uint16_t))
-                std::memcpy(value_row(kv.row(hp, l, h, p), hd), at, hd * sizeof(uint16_t));
+            for (int p = static_cast<int>(first); p < count; ++p, keys += kv.k_row, values += kv.v_row)
+                kv.store(hp, l, h, p, keys, values);
+        at = values;
     }
     kv.high = high;
     kv.ring_low = probe.ring_low;

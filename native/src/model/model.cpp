@@ -160,43 +160,43 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
                  int n_q, float scale, float *out, AttnPartial *part) {
     static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
     const int hd = hp.head_dim;
+    const KVTypes types = kv.types;
     const int head_end = std::min(p1, (p0 + kKeyBlock - 1) / kKeyBlock * kKeyBlock); // end of the unaligned part
     AttnRun runs[3];
     int n_runs = 0;
     if (head_end > p0) {
-        thread_local std::vector<uint16_t> keys, values;
-        keys.assign(static_cast<size_t>(kKeyBlock) * hd, 0);
-        values.resize(static_cast<size_t>(kKeyBlock) * hd);
+        thread_local std::vector<uint8_t> keys, values, key;
+        keys.assign(kKeyBlock * kv.k_row, 0);
+        values.resize(kKeyBlock * kv.v_row);
+        key.resize(kv.k_row);
         for (int p = p0; p < head_end; ++p) {
-            const KVCache::Row r = kv.row(hp, layer, head, p);
             const int i = p - p0;
-            for (int d = 0; d < hd; ++d) keys[key_at(i, d, hd)] = r.keys[key_at(r.index, d, hd)];
-            std::copy_n(r.values + static_cast<size_t>(r.index) * hd, hd, &values[static_cast<size_t>(i) * hd]);
+            kv.load(hp, layer, head, p, key.data(), &values[i * kv.v_row]);
+            key_store(types.k, key.data(), keys.data(), i, hd);
         }
         runs[n_runs++] = {keys.data(), values.data(), head_end - p0};
     }
     // Whether positions of n_pos (whole kernel blocks) at run `r` continue in memory at k, v.
-    const auto continues = [hd](const AttnRun &r, const uint16_t *k, const uint16_t *v) {
-        const size_t n = static_cast<size_t>(r.n_pos) * hd;
-        return r.n_pos % kKVBlock == 0 && r.k + n == k && r.v + n == v;
+    const auto continues = [&kv](const AttnRun &r, const uint8_t *k, const uint8_t *v) {
+        return r.n_pos % kKVBlock == 0 && r.k + r.n_pos * kv.k_row == k && r.v + r.n_pos * kv.v_row == v;
     };
     for (int p = head_end; p < p1;) { // whole key blocks, up to the end of a run at a time
         const KVCache::Row r = kv.row(hp, layer, head, p);
         const int n_pos = std::min(p1 - p, r.count - r.index);
-        const size_t at = static_cast<size_t>(r.index) * hd;
-        if (n_runs > 0 && continues(runs[n_runs - 1], r.keys + at, r.values + at)) // pool blocks placed in a row
+        const uint8_t *k = r.keys + r.index * kv.k_row, *v = r.values + r.index * kv.v_row;
+        if (n_runs > 0 && continues(runs[n_runs - 1], k, v)) // pool blocks placed in a row
             runs[n_runs - 1].n_pos += n_pos;
         else
-            runs[n_runs++] = {r.keys + at, r.values + at, n_pos};
+            runs[n_runs++] = {k, v, n_pos};
         p += n_pos;
     }
     if (kv.layers[layer].paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
         const KVCache::Row next = kv.row(hp, layer, head, p1); // where the next range starts
-        const size_t at = static_cast<size_t>(next.index) * hd;
-        if (n_runs == 0 || !continues(runs[n_runs - 1], next.keys + at, next.values + at)) // else the stream goes on
-            prefetch_run(next.keys + at, next.values + at, next.count - next.index, hd);
+        const uint8_t *k = next.keys + next.index * kv.k_row, *v = next.values + next.index * kv.v_row;
+        if (n_runs == 0 || !continues(runs[n_runs - 1], k, v)) // else the stream goes on
+            prefetch_run(k, v, next.count - next.index, hd, types);
     }
-    attend_range(q, n_q, runs, n_runs, hd, scale, out, part);
+    attend_range(q, n_q, runs, n_runs, hd, types, scale, out, part);
 }
 
 // Query heads one kernel call attends at most in a prefill: the kernel keeps two
@@ -563,18 +563,28 @@ void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
     const int kv_dim = hp.kv_dim();
     for (int t = 0; t < p.n; ++t) p.batch[t].kv->high = std::max(p.batch[t].kv->high, p.batch[t].pos);
-    const auto to_f16 = kernels().to_f16;
+    // A quantized cache holds its keys and values rotated (attention.h: kv_rotation):
+    // the queries rotate alike, the outputs rotate back.
+    const int hd = hp.head_dim, q_dim = hp.q_dim();
+    const int rot_k = kv_rotation(p.batch[0].kv->types.k, hd, true), rot_v = kv_rotation(p.batch[0].kv->types.v, hd, false);
+    const auto rotate_heads = [&](float *x, int n) { // every head of n tokens' rows of q_dim, divided by n
+        per_token(p, [&](int t0, int t1) {
+            for (float *h = x + static_cast<size_t>(t0) * q_dim; h < x + static_cast<size_t>(t1) * q_dim; h += hd) {
+                kv_rotate(h, hd, n);
+                for (int d = 0; d < hd; ++d) h[d] *= 1.0f / static_cast<float>(n); // a power of two: exact
+            }
+        });
+    };
     per_token(p, [&](int t0, int t1) { // the tokens' rows are distinct: a batch never holds one position twice
         for (int t = t0; t < t1; ++t)
             for (int h = 0; h < hp.n_head_kv; ++h) {
-                const KVCache::Row r = p.batch[t].kv->row(hp, layer, h, p.batch[t].pos);
-                const float *kh = p.ws.k.data() + t * kv_dim + h * hp.head_dim;
-                for (int d = 0; d < hp.head_dim; ++d) r.keys[key_at(r.index, d, hp.head_dim)] = fp32_to_fp16(kh[d]);
-                to_f16(p.ws.v.data() + t * kv_dim + h * hp.head_dim, r.values + static_cast<size_t>(r.index) * hp.head_dim,
-                       hp.head_dim);
+                const size_t at = static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd;
+                p.batch[t].kv->write(hp, layer, h, p.batch[t].pos, p.ws.k.data() + at, p.ws.v.data() + at);
             }
     });
+    if (rot_k > 0) rotate_heads(p.q, rot_k);
     attention(p.model, p.batch, p.n, layer, p.ws, p.pool);
+    if (rot_v > 0) rotate_heads(p.att, rot_v);
 }
 
 // ---- the forward pass ------------------------------------------------------

@@ -402,6 +402,7 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
-// last hp.window[layer] positions of it for a sliding-window layer).
+// last hp.window[layer] positions of it for a sliding-window layer). A quantized
+// cache's rotation (attention.h: kv_rotation) rotates ws.q in place.
 void attend(const Pass &p, int layer);
 } // namespace llmd

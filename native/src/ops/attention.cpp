@@ -7,40 +7,116 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace llmd {
 
-void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                      AttnPartial *part) {
+bool kv_type_from_name(const char *name, uint32_t *type) {
+    for (const uint32_t t : {GGML_F16, GGML_Q8_0, GGML_Q4_0})
+        if (std::strcmp(name, kv_type_name(t)) == 0) {
+            *type = t;
+            return true;
+        }
+    return false;
+}
+
+const char *kv_type_name(uint32_t type) {
+    return type == GGML_Q8_0 ? "q8_0" : type == GGML_Q4_0 ? "q4_0" : "f16";
+}
+
+bool kv_type_fits(uint32_t t, int hd, const char **why) {
+    if (t == GGML_F16 || hd % QK == 0) return true;
+    *why = "a quantized KV type needs a head dimension that is a multiple of 32";
+    return false;
+}
+
+int kv_rotation(uint32_t t, int hd, bool keys) {
+    if (t == GGML_F16) return 0;
+    if (!keys) return hd % 64 == 0 ? 64 : QK;
+    int n = QK;
+    while (hd % (2 * n) == 0) n *= 2;
+    return n;
+}
+
+void kv_rotate(float *x, int hd, int n) {
+    for (float *b = x; b < x + hd; b += n)
+        for (int len = 1; len < n; len *= 2) // the fast Walsh-Hadamard transform's butterflies
+            for (int i = 0; i < n; i += 2 * len)
+                for (int j = i; j < i + len; ++j) {
+                    const float a = b[j], c = b[j + len];
+                    b[j] = a + c;
+                    b[j + len] = a - c;
+                }
+}
+
+// A quantized key group's bytes (attention.h): 16 f16 scales, then the quants.
+void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd) {
+    if (t == GGML_F16) {
+        for (int d = 0; d < hd; ++d) std::memcpy(kb + (static_cast<size_t>(d) * kKeyBlock + i) * 2, row + 2 * d, 2);
+        return;
+    }
+    const size_t block = kv_row_bytes(t, QK), quants = block - 2;
+    for (int c = 0; c < hd / QK; ++c, row += block) {
+        uint8_t *g = kb + c * kKeyBlock * block;
+        std::memcpy(g + 2 * i, row, 2);
+        for (size_t j = 0; j < quants; ++j) g[2 * kKeyBlock + j * kKeyBlock + i] = row[2 + j];
+    }
+}
+
+void key_load(uint32_t t, const uint8_t *kb, int i, int hd, uint8_t *row) {
+    if (t == GGML_F16) {
+        for (int d = 0; d < hd; ++d) std::memcpy(row + 2 * d, kb + (static_cast<size_t>(d) * kKeyBlock + i) * 2, 2);
+        return;
+    }
+    const size_t block = kv_row_bytes(t, QK), quants = block - 2;
+    for (int c = 0; c < hd / QK; ++c, row += block) {
+        const uint8_t *g = kb + c * kKeyBlock * block;
+        std::memcpy(row, g + 2 * i, 2);
+        for (size_t j = 0; j < quants; ++j) row[2 + j] = g[2 * kKeyBlock + j * kKeyBlock + i];
+    }
+}
+
+void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
+                      float *out, AttnPartial *part) {
+    // Every position's key and value as floats, decoded from its row.
+    const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
+    std::vector<float> keys, values;
+    std::vector<uint8_t> row(k_row);
+    for (int r = 0; r < n_runs; ++r)
+        for (int p = 0; p < runs[r].n_pos; ++p) {
+            key_load(types.k, key_block(runs[r].k, types.k, p, hd), p % kKeyBlock, hd, row.data());
+            keys.resize(keys.size() + hd);
+            type_traits(types.k)->to_float(row.data(), keys.data() + keys.size() - hd, hd);
+            values.resize(values.size() + hd);
+            type_traits(types.v)->to_float(runs[r].v + p * v_row, values.data() + values.size() - hd, hd);
+        }
+    const size_t n_pos = keys.size() / static_cast<size_t>(hd);
     for (int g = 0; g < n_q; ++g) {
         const float *qg = q + g * hd;
-        std::vector<double> scores;
+        std::vector<double> scores(n_pos);
         double mx = -INFINITY;
-        for (int r = 0; r < n_runs; ++r)
-            for (int p = 0; p < runs[r].n_pos; ++p) {
-                double s = 0.0;
-                for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * fp16_to_fp32(runs[r].k[key_at(p, d, hd)]);
-                scores.push_back(s * scale);
-                mx = std::max(mx, scores.back());
-            }
+        for (size_t p = 0; p < n_pos; ++p) {
+            double s = 0.0;
+            for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * keys[p * hd + d];
+            scores[p] = s * scale;
+            mx = std::max(mx, scores[p]);
+        }
         double sum = 0.0;
         std::vector<double> acc(static_cast<size_t>(hd), 0.0);
-        size_t i = 0;
-        for (int r = 0; r < n_runs; ++r)
-            for (int p = 0; p < runs[r].n_pos; ++p) {
-                const double e = std::exp(scores[i++] - mx);
-                sum += e;
-                for (int d = 0; d < hd; ++d) acc[d] += e * fp16_to_fp32(runs[r].v[static_cast<size_t>(p) * hd + d]);
-            }
+        for (size_t p = 0; p < n_pos; ++p) {
+            const double e = std::exp(scores[p] - mx);
+            sum += e;
+            for (int d = 0; d < hd; ++d) acc[d] += e * values[p * hd + d];
+        }
         for (int d = 0; d < hd; ++d) out[g * hd + d] = static_cast<float>(acc[d]);
         part[g] = {static_cast<float>(mx), static_cast<float>(sum)};
     }
 }
 
-void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                  AttnPartial *part) {
-    kernels().attend_range(q, n_q, runs, n_runs, hd, scale, out, part);
+void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
+                  float *out, AttnPartial *part) {
+    kernels().attend_range(q, n_q, runs, n_runs, hd, types, scale, out, part);
 }
 
 int attn_task_spans(int pairs, int ranges, int threads) {

@@ -8,6 +8,8 @@
 // (`*_ref`); tests compare them through llmd_kernel_attention.
 #pragma once
 
+#include "quants/quants.h"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -15,28 +17,98 @@ namespace llmd {
 
 constexpr int kMaxGroup = 16; // query heads per KV head of the fast kernel; wider groups use the reference
 
-// Keys are stored in blocks of kKeyBlock positions, dimension-major inside a block:
-// element d of position p is at k[key_at(p, d, hd)]. One load then holds a
-// dimension of 16 keys, so 16 scores build up in one register without any
-// horizontal sum. A range of positions starts at a block boundary.
+// ---- how the cache stores keys and values -----------------------------------
+//
+// Keys and values of one KV head are stored by type (KVTypes: llama.cpp's -ctk and
+// -ctv), each a GGUF type: F16, Q8_0 (per 32 elements an f16 scale d and 32 int8
+// q, x = d q) or Q4_0 (per 32 an f16 d and 32 4-bit q, x = d (q - 8)). A type's
+// "row" is one position of one head as the GGUF row of hd elements (hd / 32 blocks
+// of 34 or 18 bytes for the quantized ones, hd halves for F16): kv_row_bytes(t, hd).
+//
+// Values are stored as rows, position after position: the kernel weights a whole row
+// by the position's softmax weight times each block's scale, 32 dimensions at a time.
+//
+// Keys are stored in key blocks of kKeyBlock positions (kKeyBlock rows' bytes), laid
+// out so that one load holds one dimension of 16 positions: 16 scores build up in
+// one register, without any horizontal sum, as the kernel walks the dimensions.
+//   F16:  element d of position i at halves [d * 16 + i] (key_at).
+//   Q8_0, Q4_0: per 32 dimensions c (hd / 32 groups, 16 blocks' bytes each) the 16
+//         positions' scales as f16 [16], then their quants dimension-major: Q8_0
+//         int8 [32][16] (dimension c·32 + j of position i at [j][i]), Q4_0 bytes
+//         [16][16] whose low nibble is dimension c·32 + j and high nibble c·32 + j + 16
+//         (GGUF's element order within a block).
+// A group's partial dot products of 16 positions are integers converted to floats in
+// registers, multiplied by the 16 scales in one more register, and added to the
+// scores: the f16 kernel's shape, with the scale applied once per 32 dimensions.
+// The query stays in floats (llama.cpp quantizes it to Q8_0 for integer dot products):
+// a load costs one more conversion than f16's, while a decode step at long context,
+// which is bound by reading the cache, reads 53 % (Q8_0) or 28 % (Q4_0) of the bytes.
+// A key block's bytes equal 16 rows', so positions map to memory by rows alone.
+//
+// Rotation. A quantized key or value is stored rotated: each block of n dimensions
+// multiplied by the n × n Walsh-Hadamard matrix H (entries ±1, H H = n I), which
+// spreads a few large dimensions over the block, so that one scale per 32 fits them
+// all (as llama.cpp does since its PR 21038: on SmolLM2, Q4_0 keys cost a quarter of
+// the perplexity unrotated). Attention is unchanged: the query is rotated alike and
+// divided by n, since (H q / n) · (H k) = q · k, and the output, a sum of rotated
+// values, is rotated back, H (Σ w H v) / n = Σ w v. Keys rotate in blocks of the
+// largest power of two dividing hd, values in blocks of 64 (32 where hd is not a
+// multiple of 64), as llama.cpp found best; f16 keys and values are not rotated.
+struct KVTypes {
+    uint32_t k = GGML_F16, v = GGML_F16; // GGUF type numbers (quants.h)
+};
+
+// Bytes of one position of one head of type t (F16, Q8_0 or Q4_0; hd a multiple of 32
+// for the quantized ones).
+inline size_t kv_row_bytes(uint32_t t, int hd) {
+    const size_t n = static_cast<size_t>(hd);
+    return t == GGML_Q8_0 ? n / 32 * 34 : t == GGML_Q4_0 ? n / 32 * 18 : n * 2;
+}
+
+// The KV types a cache may use, by name: "f16", "q8_0", "q4_0" (kKVTypeNames lists
+// them for messages); false for another name.
+bool kv_type_from_name(const char *name, uint32_t *type);
+const char *kv_type_name(uint32_t type);
+constexpr const char *kKVTypeNames = "f16, q8_0, q4_0";
+// Whether a head of hd dimensions can be stored as type t; else *why says why.
+bool kv_type_fits(uint32_t t, int hd, const char **why);
+
+// The rotation's block for keys (keys = true) or values of type t: 0 for none (f16).
+int kv_rotation(uint32_t t, int hd, bool keys);
+// x (hd) := each block of n of it times H (unnormalised: the caller divides by n where
+// it must), in a fixed order: a row's bits depend on its own numbers alone.
+void kv_rotate(float *x, int hd, int n);
+
+// Keys are stored in blocks of kKeyBlock positions (above). A range of positions
+// starts at a block boundary.
 constexpr int kKeyBlock = 16;
-inline size_t key_at(int p, int d, int hd) {
+inline size_t key_at(int p, int d, int hd) { // an F16 key's element d of position p in its run
     return static_cast<size_t>(p - p % kKeyBlock) * hd + static_cast<size_t>(d) * kKeyBlock + p % kKeyBlock;
 }
+// The key block of position p of a run starting at k (keys of type t).
+inline uint8_t *key_block(uint8_t *k, uint32_t t, int p, int hd) {
+    return k + static_cast<size_t>(p - p % kKeyBlock) * kv_row_bytes(t, hd);
+}
+inline const uint8_t *key_block(const uint8_t *k, uint32_t t, int p, int hd) {
+    return k + static_cast<size_t>(p - p % kKeyBlock) * kv_row_bytes(t, hd);
+}
+// A key as its row (above) into position i of key block kb, and back.
+void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd);
+void key_load(uint32_t t, const uint8_t *kb, int i, int hd, uint8_t *row);
 
 struct AttnPartial {
     float max; // largest score seen (-inf for an empty range)
     float sum; // sum of exp(score - max)
 };
 
-// A range's positions as one or more runs, each contiguous in memory: keys in blocks
-// from the run's start (key_at), values as rows of hd. A range of a paged cache
-// spans pool blocks (kvpool.h), a ring's range may wrap: the kernel reads their
-// runs in order as if they were one, so where memory breaks never changes a bit
-// while each run but the last is a whole number of the kernel's 64-position blocks.
+// A range's positions as one or more runs, each contiguous in memory: keys in key
+// blocks from the run's start, values as rows. A range of a paged cache spans pool
+// blocks (kvpool.h), a ring's range may wrap: the kernel reads their runs in order
+// as if they were one, so where memory breaks never changes a bit while each run but
+// the last is a whole number of the kernel's 64-position blocks.
 struct AttnRun {
-    const uint16_t *k;
-    const uint16_t *v;
+    const uint8_t *k;
+    const uint8_t *v;
     int n_pos;
 };
 
@@ -44,20 +116,22 @@ struct AttnRun {
 // ahead of their use: a paged cache's next block may lie elsewhere in memory (where
 // its session's previous block had no free slot behind it, kvpool.h), where the
 // hardware's prefetchers, which follow a stream, have not gone yet.
-inline void prefetch_run(const uint16_t *k, const uint16_t *v, int n_pos, int hd) {
-    const size_t bytes = static_cast<size_t>(n_pos) * hd * sizeof(uint16_t);
-    for (size_t at = 0; at < bytes; at += 64) {
-        __builtin_prefetch(reinterpret_cast<const char *>(k) + at);
-        __builtin_prefetch(reinterpret_cast<const char *>(v) + at);
-    }
+inline void prefetch_run(const uint8_t *k, const uint8_t *v, int n_pos, int hd, KVTypes types) {
+    const size_t k_bytes = static_cast<size_t>(n_pos) * kv_row_bytes(types.k, hd);
+    const size_t v_bytes = static_cast<size_t>(n_pos) * kv_row_bytes(types.v, hd);
+    for (size_t at = 0; at < k_bytes; at += 64) __builtin_prefetch(k + at);
+    for (size_t at = 0; at < v_bytes; at += 64) __builtin_prefetch(v + at);
 }
 
-// q: (n_q, hd) queries over the positions of the n_runs `runs`. Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
+// q: (n_q, hd) queries over the positions of the n_runs `runs`, stored as `types`.
+// Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
 // part (n_q). The fast kernel may read the unwritten rest of a run's last key block.
-void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                  AttnPartial *part);
-void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                      AttnPartial *part);
+void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
+                  float *out, AttnPartial *part);
+// The reference: every key and value decoded to floats by its type's to_float
+// (quants.h), the dot products and sums in double.
+void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
+                      float *out, AttnPartial *part);
 
 // ---- a whole context ------------------------------------------------------
 //

@@ -1,5 +1,6 @@
 // attention_arm.h — the arm64 variants' attention over a range of cached positions
-// (ops/attention.h): a key block's 16 scores in 4 registers per query.
+// (ops/attention.h): a key block's 16 scores in 4 registers per query, keys and values
+// of any KV type.
 #pragma once
 
 #include "kernels/arm/simd_arm.h"
@@ -32,28 +33,92 @@ inline void score_keys(const float *q, int hd, const uint16_t *kb, float scale, 
         for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], vmulq_n_f32(acc[g][i], scale));
 }
 
-void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                 AttnPartial *part) {
+// 8 int8 lanes as two float vectors.
+inline void int8x8_f32(int8x8_t b, float32x4_t *lo, float32x4_t *hi) {
+    const int16x8_t w = vmovl_s8(b);
+    *lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w)));
+    *hi = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
+}
+
+// Dimension j of a Q8_0 or Q4_0 key group's 16 positions as int8 (attention.h): Q4_0
+// keeps dimensions j and j + 16 in one byte's nibbles, less 8.
+inline int8x16_t key_dim(const uint8_t *qs, uint32_t type, int j) {
+    if (type == GGML_Q8_0) return vld1q_s8(reinterpret_cast<const int8_t *>(qs + j * kKeyBlock));
+    const uint8x16_t b = vld1q_u8(qs + (j % 16) * kKeyBlock);
+    const uint8x16_t u = j < 16 ? vandq_u8(b, vdupq_n_u8(0x0f)) : vshrq_n_u8(b, 4);
+    return vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(8));
+}
+
+// score_keys for a Q8_0 or Q4_0 key block: per 32 dimensions each query's 16 integer
+// sums in 4 accumulators, then times the 16 positions' scales into the dots.
+template <int C>
+inline void score_keys_quant(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale,
+                             float (*scores)[kBlock], int at) {
+    const size_t block = kv_row_bytes(type, QK);
+    float32x4_t dots[C][4];
+    for (int g = 0; g < C; ++g)
+        for (int i = 0; i < 4; ++i) dots[g][i] = vdupq_n_f32(0.0f);
+    for (int c = 0; c < hd / QK; ++c) {
+        const uint8_t *gb = kb + c * kKeyBlock * block;
+        float32x4_t acc[C][4];
+        for (int g = 0; g < C; ++g)
+            for (int i = 0; i < 4; ++i) acc[g][i] = vdupq_n_f32(0.0f);
+        for (int j = 0; j < QK; ++j) {
+            const int8x16_t k8 = key_dim(gb + 2 * kKeyBlock, type, j);
+            float32x4_t kd[4];
+            int8x8_f32(vget_low_s8(k8), &kd[0], &kd[1]);
+            int8x8_f32(vget_high_s8(k8), &kd[2], &kd[3]);
+            for (int g = 0; g < C; ++g)
+                for (int i = 0; i < 4; ++i) acc[g][i] = vfmaq_n_f32(acc[g][i], kd[i], q[g * hd + c * QK + j]);
+        }
+        const uint16_t *d = reinterpret_cast<const uint16_t *>(gb);
+        for (int i = 0; i < 4; ++i) {
+            const float32x4_t di = f16x4(d + 4 * i);
+            for (int g = 0; g < C; ++g) dots[g][i] = vfmaq_f32(dots[g][i], acc[g][i], di);
+        }
+    }
+    for (int g = 0; g < C; ++g)
+        for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], vmulq_n_f32(dots[g][i], scale));
+}
+
+template <int C>
+inline void score_call(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale, float (*scores)[kBlock],
+                       int at) {
+    if (type == GGML_F16) score_keys<C>(q, hd, reinterpret_cast<const uint16_t *>(kb), scale, scores, at);
+    else score_keys_quant<C>(q, hd, kb, type, scale, scores, at);
+}
+
+// Dimensions 8 s .. 8 s + 7 of a Q8_0 or Q4_0 value block (qs: its quants) as floats.
+inline void value_eight(const uint8_t *qs, uint32_t type, int s, float32x4_t *lo, float32x4_t *hi) {
+    if (type == GGML_Q8_0) return int8x8_f32(vld1_s8(reinterpret_cast<const int8_t *>(qs + 8 * s)), lo, hi);
+    const uint8x8_t b = vld1_u8(qs + 8 * (s % 2));
+    const uint8x8_t u = s < 2 ? vand_u8(b, vdup_n_u8(0x0f)) : vshr_n_u8(b, 4);
+    int8x8_f32(vsub_s8(vreinterpret_s8_u8(u), vdup_n_s8(8)), lo, hi);
+}
+
+void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
+                 float *out, AttnPartial *part) {
+    const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(16) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
     std::fill(mx, mx + n_q, -INFINITY);
     std::fill(sum, sum + n_q, 0.0f);
     std::fill(out, out + n_q * hd, 0.0f);
     for (int r = 0; r < n_runs; ++r) { // the runs' positions as one sequence
-        const uint16_t *k = runs[r].k, *v = runs[r].v;
+        const uint8_t *k = runs[r].k, *v = runs[r].v;
         for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
             const int len = std::min(kBlock, runs[r].n_pos - p0);
             if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
-                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd);
+                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd, types);
             // Scores, a key block at a time, for the queries 4 at a time.
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
-                const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
+                const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
                 int g = 0;
-                for (; g + 4 <= n_q; g += 4) score_keys<4>(q + g * hd, hd, kb, scale, scores + g, i0);
+                for (; g + 4 <= n_q; g += 4) score_call<4>(q + g * hd, hd, kb, types.k, scale, scores + g, i0);
                 switch (n_q - g) {
-                case 3: score_keys<3>(q + g * hd, hd, kb, scale, scores + g, i0); break;
-                case 2: score_keys<2>(q + g * hd, hd, kb, scale, scores + g, i0); break;
-                case 1: score_keys<1>(q + g * hd, hd, kb, scale, scores + g, i0); break;
+                case 3: score_call<3>(q + g * hd, hd, kb, types.k, scale, scores + g, i0); break;
+                case 2: score_call<2>(q + g * hd, hd, kb, types.k, scale, scores + g, i0); break;
+                case 1: score_call<1>(q + g * hd, hd, kb, types.k, scale, scores + g, i0); break;
                 default: break;
                 }
             }
@@ -79,17 +144,30 @@ void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int h
                 sum[g] += vaddvq_f32(s);
             }
             // Values, 8 dimensions at a time: the group's outputs stay in registers while
-            // each value row's slice is converted once for all of them.
+            // each value row's slice is converted once for all of them (a quantized row's
+            // weighted by its block's scale).
+            const size_t block = kv_row_bytes(types.v, QK);
             for (int d = 0; d < hd; d += 8) {
                 float32x4_t acc[kMaxGroup][2];
                 for (int g = 0; g < n_q; ++g)
                     for (int h = 0; h < 2; ++h) acc[g][h] = vld1q_f32(out + g * hd + d + 4 * h);
                 for (int i = 0; i < len; ++i) {
-                    const uint16_t *vr = v + static_cast<size_t>(p0 + i) * hd + d;
-                    const float32x4_t v0 = f16x4(vr), v1 = f16x4(vr + 4);
+                    const uint8_t *row = v + static_cast<size_t>(p0 + i) * v_row;
+                    float32x4_t v0, v1;
+                    float w = 1.0f;
+                    if (types.v == GGML_F16) {
+                        const uint16_t *vr = reinterpret_cast<const uint16_t *>(row) + d;
+                        v0 = f16x4(vr);
+                        v1 = f16x4(vr + 4);
+                    } else {
+                        const uint8_t *b = row + d / QK * block;
+                        w = vgetq_lane_f32(f16x4(reinterpret_cast<const uint16_t *>(b)), 0);
+                        value_eight(b + 2, types.v, d % QK / 8, &v0, &v1);
+                    }
                     for (int g = 0; g < n_q; ++g) {
-                        acc[g][0] = vfmaq_n_f32(acc[g][0], v0, scores[g][i]);
-                        acc[g][1] = vfmaq_n_f32(acc[g][1], v1, scores[g][i]);
+                        const float s = types.v == GGML_F16 ? scores[g][i] : scores[g][i] * w;
+                        acc[g][0] = vfmaq_n_f32(acc[g][0], v0, s);
+                        acc[g][1] = vfmaq_n_f32(acc[g][1], v1, s);
                     }
                 }
                 for (int g = 0; g < n_q; ++g)
@@ -100,10 +178,10 @@ void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int h
     for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
 }
 
-void attend_range_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                       AttnPartial *part) {
-    if (hd % 8 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, scale, out, part);
-    attend_neon(q, n_q, runs, n_runs, hd, scale, out, part);
+void attend_range_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+                       float scale, float *out, AttnPartial *part) {
+    if (hd % 8 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    attend_neon(q, n_q, runs, n_runs, hd, types, scale, out, part);
 }
 
 } // namespace

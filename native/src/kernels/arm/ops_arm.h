@@ -1,5 +1,5 @@
 // ops_arm.h — the arm64 variants' vector operations (kernels.h): activation
-// quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
+// quantization, GLU, the sum of squares of rmsnorm, the KV cache's writes and the Gated
 // DeltaNet scan, 4 lanes at a time.
 #pragma once
 
@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace llmd {
 namespace {
@@ -68,10 +69,66 @@ double sum_squares_neon(const float *x, int n) {
 
 // FCVTN rounds by the FPCR's mode, which is round to nearest even unless a program
 // changes it (none of the engine's callers does).
-void to_f16_neon(const float *x, uint16_t *y, int n) {
+// quantize_row_q8_0's arithmetic on 32 floats: the max is exact in any order, d and
+// 1/d are the same divisions, and FCVTAS rounds halves away from zero as std::round.
+void kv_block_q8_0(const float *x, uint8_t *out) {
+    float32x4_t v[8], m = vdupq_n_f32(0.0f);
+    for (int i = 0; i < 8; ++i) {
+        v[i] = vld1q_f32(x + 4 * i);
+        m = vmaxnmq_f32(m, vabsq_f32(v[i]));
+    }
+    const float d = vmaxnmvq_f32(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = fp32_to_fp16(d);
+    std::memcpy(out, &dh, 2);
+    int16x8_t h[4];
+    for (int i = 0; i < 4; ++i)
+        h[i] = vcombine_s16(vmovn_s32(vcvtaq_s32_f32(vmulq_n_f32(v[2 * i], id))),
+                            vmovn_s32(vcvtaq_s32_f32(vmulq_n_f32(v[2 * i + 1], id))));
+    vst1q_s8(reinterpret_cast<int8_t *>(out + 2), vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])));
+    vst1q_s8(reinterpret_cast<int8_t *>(out + 18), vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
+}
+
+// quantize_row_q4_0's: d from the signed value of largest magnitude (the first one
+// on ties), q = min(15, truncated x / d + 8.5), byte j = q[j] | q[j + 16] << 4.
+void kv_block_q4_0(const float *x, uint8_t *out) {
+    float32x4_t v[8], m = vdupq_n_f32(0.0f);
+    for (int i = 0; i < 8; ++i) {
+        v[i] = vld1q_f32(x + 4 * i);
+        m = vmaxnmq_f32(m, vabsq_f32(v[i]));
+    }
+    const float amax = vmaxnmvq_f32(m);
+    int first = 0;
+    while (first < QK && std::fabs(x[first]) != amax) ++first;
+    const float max = amax > 0.0f ? x[first] : 0.0f;
+    const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = fp32_to_fp16(d);
+    std::memcpy(out, &dh, 2);
+    uint16x8_t h[4];
+    for (int i = 0; i < 4; ++i) {
+        const auto code = [&](float32x4_t x4) {
+            return vminq_u32(vcvtq_u32_f32(vaddq_f32(vmulq_n_f32(x4, id), vdupq_n_f32(8.5f))), vdupq_n_u32(15));
+        };
+        h[i] = vcombine_u16(vmovn_u32(code(v[2 * i])), vmovn_u32(code(v[2 * i + 1])));
+    }
+    const uint8x16_t lo = vcombine_u8(vmovn_u16(h[0]), vmovn_u16(h[1]));
+    const uint8x16_t hi = vcombine_u8(vmovn_u16(h[2]), vmovn_u16(h[3]));
+    vst1q_u8(out + 2, vorrq_u8(lo, vshlq_n_u8(hi, 4)));
+}
+
+// The KV cache's writes (kernels.h: kv_row), bit for bit the reference's.
+void kv_row_neon(uint32_t type, const float *x, uint8_t *y, int n) {
+    if (type == GGML_Q8_0) {
+        for (int i = 0; i < n; i += QK, y += 34) kv_block_q8_0(x + i, y);
+        return;
+    }
+    if (type == GGML_Q4_0) {
+        for (int i = 0; i < n; i += QK, y += 18) kv_block_q4_0(x + i, y);
+        return;
+    }
+    uint16_t *h = reinterpret_cast<uint16_t *>(y); // F16 rows lie at even addresses
     int i = 0;
-    for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
-    to_f16_ref(x + i, y + i, n - i);
+    for (; i + 4 <= n; i += 4) vst1_u16(h + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    to_f16_ref(x + i, h + i, n - i);
 }
 
 // Rows of the state a scan takes through every token of its run at a time (as

@@ -29,7 +29,7 @@ Kernels table_arm(const char *name) {
     k.delta_scan = delta_scan_neon;
     k.glu = glu_neon;
     k.sum_squares = sum_squares_neon;
-    k.to_f16 = to_f16_neon;
+    k.kv_row = kv_row_neon;
     return k;
 }
 

@@ -1,5 +1,6 @@
 // attention_avx2.h — the 256-bit variants' attention over a range of cached positions
-// (ops/attention.h): a key block's 16 positions in two registers per dimension.
+// (ops/attention.h): a key block's 16 positions in two registers per dimension, keys
+// and values of any KV type.
 #pragma once
 
 #include "kernels/kernels.h"
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <immintrin.h>
 
 namespace llmd {
@@ -22,7 +24,8 @@ constexpr size_t kAttnPrefetch = 4096; // as the AVX-512 kernel's (7 % faster de
 // the end, so its bits never depend on C: a head is scored the same whichever heads
 // share its call. valid: the block's positions that exist.
 template <int C>
-void score_block(const float *q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
+void score_block(const float *q, int hd, const uint8_t *kb8, float scale, int valid, float *scores) {
+    const uint16_t *kb = reinterpret_cast<const uint16_t *>(kb8);
     __m256 acc[C][2][2]; // head, half, parity
     for (int g = 0; g < C; ++g)
         for (int h = 0; h < 2; ++h) acc[g][h][0] = acc[g][h][1] = _mm256_setzero_ps();
@@ -48,6 +51,56 @@ void score_block(const float *q, int hd, const uint16_t *kb, float scale, int va
     }
 }
 
+// Scores of C query heads against a Q8_0 or Q4_0 key block (attention.h): per 32
+// dimensions each half's 8 integer sums in one chain per head (the heads' chains
+// interleave), then times the 8 positions' scales into the dots. A head's bits never
+// depend on C.
+template <int C>
+void score_block_quant(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
+                       float *scores) {
+    const size_t block = kv_row_bytes(type, QK);
+    const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m256 dots[C][2];
+    for (int g = 0; g < C; ++g) dots[g][0] = dots[g][1] = _mm256_setzero_ps();
+    for (int c = 0; c < hd / QK; ++c) {
+        const uint8_t *gb = kb + c * kKeyBlock * block, *qs = gb + 2 * kKeyBlock;
+        __m256 acc[C][2];
+        for (int g = 0; g < C; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+        const auto add = [&](int j, __m128i k16) { // dimension j of the 16 positions, as int8
+            const __m256 k0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(k16));
+            const __m256 k1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(k16, 8)));
+            for (int g = 0; g < C; ++g) {
+                const __m256 qd = _mm256_broadcast_ss(q + g * hd + c * QK + j);
+                acc[g][0] = _mm256_fmadd_ps(qd, k0, acc[g][0]);
+                acc[g][1] = _mm256_fmadd_ps(qd, k1, acc[g][1]);
+            }
+        };
+        if (type == GGML_Q8_0) {
+            for (int j = 0; j < QK; ++j) add(j, _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + j * kKeyBlock)));
+        } else {
+            for (int j = 0; j < QK / 2; ++j) {
+                const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + j * kKeyBlock));
+                add(j, _mm_sub_epi8(_mm_and_si128(b, nibble), eight));
+                add(j + 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), eight));
+            }
+        }
+        const __m128i dh = _mm_loadu_si128(reinterpret_cast<const __m128i *>(gb));
+        const __m256 d0 = _mm256_cvtph_ps(dh), d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 16)));
+        for (int g = 0; g < C; ++g) {
+            dots[g][0] = _mm256_fmadd_ps(acc[g][0], d0, dots[g][0]);
+            dots[g][1] = _mm256_fmadd_ps(acc[g][1], d1, dots[g][1]);
+        }
+    }
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int h = 0; h < 2; ++h) {
+        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), lane));
+        for (int g = 0; g < C; ++g) {
+            const __m256 scaled = _mm256_mul_ps(dots[g][h], _mm256_set1_ps(scale));
+            _mm256_store_ps(scores + g * kBlock + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, keep));
+        }
+    }
+}
+
 // out (C heads, hd apart) += the weighted sum of `len` value rows (v, hd apart), for
 // 8 × S dimensions from d0: the heads' sums stay in registers across the rows while
 // each row's slice is converted once for all of them. Every output lane adds the rows
@@ -69,49 +122,102 @@ void sum_values(const float *weights, const uint16_t *v, int len, int hd, int d0
         for (int s = 0; s < S; ++s) _mm256_storeu_ps(out + g * hd + d0 + 8 * s, acc[g][s]);
 }
 
+// out (C heads) += the weighted sum of `len` Q8_0 or Q4_0 value rows (vb, `row`
+// bytes apart) for the 32 dimensions of block c: each row's block is converted once,
+// weighted by the head's softmax weight times the block's scale, its lanes summed in
+// row order.
+template <int C>
+void sum_values_quant(const float *weights, const uint8_t *vb, int len, int hd, uint32_t type, int c, float *out) {
+    const size_t row = kv_row_bytes(type, hd), block = kv_row_bytes(type, QK);
+    const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    __m256 acc[C][4];
+    for (int g = 0; g < C; ++g)
+        for (int s = 0; s < 4; ++s) acc[g][s] = _mm256_loadu_ps(out + g * hd + c * QK + 8 * s);
+    for (int i = 0; i < len; ++i) {
+        const uint8_t *b = vb + i * row + c * block;
+        uint16_t dh;
+        std::memcpy(&dh, b, 2);
+        const float d = _cvtsh_ss(dh);
+        __m128i lo, hi; // elements 0..15 and 16..31 as int8
+        if (type == GGML_Q8_0) {
+            lo = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2));
+            hi = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 18));
+        } else {
+            const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2));
+            lo = _mm_sub_epi8(_mm_and_si128(qs, nibble), eight);
+            hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), nibble), eight);
+        }
+        const __m256 vf[4] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+                              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+                              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+                              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))};
+        for (int g = 0; g < C; ++g) {
+            const __m256 w = _mm256_set1_ps(weights[g * kBlock + i] * d);
+            for (int s = 0; s < 4; ++s) acc[g][s] = _mm256_fmadd_ps(w, vf[s], acc[g][s]);
+        }
+    }
+    for (int g = 0; g < C; ++g)
+        for (int s = 0; s < 4; ++s) _mm256_storeu_ps(out + g * hd + c * QK + 8 * s, acc[g][s]);
+}
+
+// C heads against a key block of the keys' type.
+template <int C>
+void score_call(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid, float *scores) {
+    if (type == GGML_F16) score_block<C>(q, hd, kb, scale, valid, scores);
+    else score_block_quant<C>(q, hd, kb, type, scale, valid, scores);
+}
+
 // Sixteen registers: the scores take heads at most three at a time (12 accumulators,
 // two key rows), in calls of equal size (8 heads as 3, 3 and 2, not 3, 3, 1 and 1),
 // the values three at a time over 32 dimensions (12 accumulators).
-void score_heads(const float *q, int n_q, int hd, const uint16_t *kb, float scale, int valid, float *scores) {
+void score_heads(const float *q, int n_q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
+                 float *scores) {
     const int calls = (n_q + 2) / 3, per = (n_q + calls - 1) / calls;
     for (int g = 0; g < n_q; g += per) {
         float *sg = scores + g * kBlock;
         switch (std::min(per, n_q - g)) {
-        case 1: score_block<1>(q + g * hd, hd, kb, scale, valid, sg); break;
-        case 2: score_block<2>(q + g * hd, hd, kb, scale, valid, sg); break;
-        default: score_block<3>(q + g * hd, hd, kb, scale, valid, sg); break;
+        case 1: score_call<1>(q + g * hd, hd, kb, type, scale, valid, sg); break;
+        case 2: score_call<2>(q + g * hd, hd, kb, type, scale, valid, sg); break;
+        default: score_call<3>(q + g * hd, hd, kb, type, scale, valid, sg); break;
         }
     }
 }
 
-template <int C> void sum_values_heads(const float *weights, const uint16_t *v, int len, int hd, float *out) {
+template <int C>
+void sum_values_heads(const float *weights, const uint8_t *vb, int len, int hd, uint32_t type, float *out) {
+    if (type != GGML_F16) {
+        for (int c = 0; c < hd / QK; ++c) sum_values_quant<C>(weights, vb, len, hd, type, c, out);
+        return;
+    }
+    const uint16_t *v = reinterpret_cast<const uint16_t *>(vb);
     int d = 0;
     for (; d + 32 <= hd; d += 32) sum_values<C, 4>(weights, v, len, hd, d, out);
     for (; d < hd; d += 16) sum_values<C, 2>(weights, v, len, hd, d, out); // hd is a multiple of 16
 }
 
-void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale, float *out,
             AttnPartial *part) {
+    const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(32) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
     std::fill(mx, mx + n_q, -INFINITY);
     std::fill(sum, sum + n_q, 0.0f);
     std::fill(out, out + n_q * hd, 0.0f);
     for (int r = 0; r < n_runs; ++r) { // the runs' positions as one sequence
-        const uint16_t *k = runs[r].k, *v = runs[r].v;
+        const uint8_t *k = runs[r].k, *v = runs[r].v;
         for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
             const int len = std::min(kBlock, runs[r].n_pos - p0);
             if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
-                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd);
+                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd, types);
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
-                const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
+                const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
                 const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
-                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * hd) + kAttnPrefetch;
-                for (size_t at = 0; at < kKeyBlock * hd * sizeof(uint16_t); at += 64) {
+                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
+                for (size_t at = 0; at < kKeyBlock * k_row; at += 64)
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
+                for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
-                }
-                score_heads(q, n_q, hd, kb, scale, len - i0, &scores[0][i0]);
+                score_heads(q, n_q, hd, kb, types.k, scale, len - i0, &scores[0][i0]);
             }
             for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
                 for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
@@ -134,13 +240,13 @@ void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, fl
                 }
                 sum[g] += hsum256(s);
             }
-            const uint16_t *vb = v + static_cast<size_t>(p0) * hd;
+            const uint8_t *vb = v + static_cast<size_t>(p0) * v_row;
             for (int g = 0; g < n_q; g += 3) {
                 float *og = out + g * hd;
                 switch (std::min(3, n_q - g)) {
-                case 1: sum_values_heads<1>(scores[g], vb, len, hd, og); break;
-                case 2: sum_values_heads<2>(scores[g], vb, len, hd, og); break;
-                default: sum_values_heads<3>(scores[g], vb, len, hd, og); break;
+                case 1: sum_values_heads<1>(scores[g], vb, len, hd, types.v, og); break;
+                case 2: sum_values_heads<2>(scores[g], vb, len, hd, types.v, og); break;
+                default: sum_values_heads<3>(scores[g], vb, len, hd, types.v, og); break;
                 }
             }
         }
@@ -149,10 +255,10 @@ void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, fl
 }
 
 
-void attend_range_avx2(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                       AttnPartial *part) {
-    if (hd % 16 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, scale, out, part);
-    attend(q, n_q, runs, n_runs, hd, scale, out, part);
+void attend_range_avx2(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+                       float scale, float *out, AttnPartial *part) {
+    if (hd % 16 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    attend(q, n_q, runs, n_runs, hd, types, scale, out, part);
 }
 
 } // namespace

@@ -1,5 +1,5 @@
 // attention_avx512.h — the avx512 variant's attention over a range of cached
-// positions (ops/attention.h): 16 keys' scores a register.
+// positions (ops/attention.h): 16 keys' scores a register, keys and values of any KV type.
 #pragma once
 
 #include "kernels/kernels.h"
@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <immintrin.h>
 
 namespace llmd {
@@ -23,48 +24,164 @@ constexpr int kBlock = 64;        // positions scored before their values are su
 // the next run where memory breaks.
 constexpr size_t kAttnPrefetch = 4096;
 
+// Scores of the n_q heads against key block kb (attention.h), 16 positions a
+// register each: dots[g] = q_g · k. Every query of the group accumulates from each
+// load, in two chains each (an FMA's latency exceeds its issue interval); a head's
+// bits never depend on which heads share its call.
+template <int G> void score_f16(const float *q, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
+    const int n_q = G > 0 ? G : n_q_;
+    __m512 acc[kMaxGroup][2];
+    for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += 2)
+        for (int h = 0; h < 2; ++h) {
+            const __m512 kd = _mm512_cvtph_ps(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i *>(kb + 2 * (d + h) * kKeyBlock)));
+            for (int g = 0; g < n_q; ++g) acc[g][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d + h]), kd, acc[g][h]);
+        }
+    for (int g = 0; g < n_q; ++g) dots[g] = _mm512_add_ps(acc[g][0], acc[g][1]);
+}
+
+// Q8_0 keys: per 32 dimensions the 16 positions' integer sums in two chains, then
+// times their 16 scales into the scores.
+template <int G> void score_q8_0(const float *q, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
+    const int n_q = G > 0 ? G : n_q_;
+    for (int g = 0; g < n_q; ++g) dots[g] = _mm512_setzero_ps();
+    for (int c = 0; c < hd / QK; ++c) {
+        const uint8_t *gb = kb + c * kKeyBlock * 34;
+        __m512 acc[kMaxGroup][2];
+        for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+        for (int j = 0; j < QK; j += 2)
+            for (int h = 0; h < 2; ++h) {
+                const __m512 kd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                    _mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 2 * kKeyBlock + (j + h) * kKeyBlock))));
+                for (int g = 0; g < n_q; ++g)
+                    acc[g][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + c * QK + j + h]), kd, acc[g][h]);
+            }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(gb)));
+        for (int g = 0; g < n_q; ++g) dots[g] = _mm512_fmadd_ps(_mm512_add_ps(acc[g][0], acc[g][1]), d, dots[g]);
+    }
+}
+
+// Q4_0 keys: as Q8_0's, each load's low nibbles dimension j and high ones j + 16,
+// each less 8, in a chain each.
+template <int G> void score_q4_0(const float *q, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
+    const int n_q = G > 0 ? G : n_q_;
+    const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    for (int g = 0; g < n_q; ++g) dots[g] = _mm512_setzero_ps();
+    for (int c = 0; c < hd / QK; ++c) {
+        const uint8_t *gb = kb + c * kKeyBlock * 18;
+        __m512 acc[kMaxGroup][2];
+        for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+        for (int j = 0; j < QK / 2; ++j) {
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 2 * kKeyBlock + j * kKeyBlock));
+            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(b, nibble), eight)));
+            const __m512 hi = _mm512_cvtepi32_ps(
+                _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), eight)));
+            for (int g = 0; g < n_q; ++g) {
+                acc[g][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + c * QK + j]), lo, acc[g][0]);
+                acc[g][1] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + c * QK + j + 16]), hi, acc[g][1]);
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(gb)));
+        for (int g = 0; g < n_q; ++g) dots[g] = _mm512_fmadd_ps(_mm512_add_ps(acc[g][0], acc[g][1]), d, dots[g]);
+    }
+}
+
+// out (n_q heads, hd apart) += the weighted sum of `len` F16 value rows from vb, 16
+// dimensions at a time: the group's outputs stay in registers while each value
+// row's slice is converted once for all of them.
+template <int G>
+void sum_f16(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int len, int hd, float *out) {
+    const int n_q = G > 0 ? G : n_q_;
+    const uint16_t *v = reinterpret_cast<const uint16_t *>(vb);
+    for (int d = 0; d < hd; d += 16) {
+        __m512 acc[kMaxGroup];
+        for (int g = 0; g < n_q; ++g) acc[g] = _mm512_loadu_ps(out + g * hd + d);
+        for (int i = 0; i < len; ++i) {
+            const __m512 vf = _mm512_cvtph_ps(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + static_cast<size_t>(i) * hd + d)));
+            for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(weights[g][i]), vf, acc[g]);
+        }
+        for (int g = 0; g < n_q; ++g) _mm512_storeu_ps(out + g * hd + d, acc[g]);
+    }
+}
+
+// Q8_0 or Q4_0 value rows, a block of 32 dimensions at a time: each row's block is
+// converted once, and weighted by the head's softmax weight times the block's scale.
+template <int G>
+void sum_quant(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int len, int hd, uint32_t type,
+               float *out) {
+    const int n_q = G > 0 ? G : n_q_;
+    const size_t row = kv_row_bytes(type, hd), block = kv_row_bytes(type, QK);
+    const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    for (int c = 0; c < hd / QK; ++c) {
+        __m512 acc[kMaxGroup][2];
+        for (int g = 0; g < n_q; ++g)
+            for (int h = 0; h < 2; ++h) acc[g][h] = _mm512_loadu_ps(out + g * hd + c * QK + 16 * h);
+        for (int i = 0; i < len; ++i) {
+            const uint8_t *b = vb + i * row + c * block;
+            uint16_t dh;
+            std::memcpy(&dh, b, 2);
+            const float d = _cvtsh_ss(dh);
+            __m512 v0, v1;
+            if (type == GGML_Q8_0) {
+                v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2))));
+                v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 18))));
+            } else {
+                const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2));
+                v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(qs, nibble), eight)));
+                v1 = _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), nibble), eight)));
+            }
+            for (int g = 0; g < n_q; ++g) {
+                const __m512 w = _mm512_set1_ps(weights[g][i] * d);
+                acc[g][0] = _mm512_fmadd_ps(w, v0, acc[g][0]);
+                acc[g][1] = _mm512_fmadd_ps(w, v1, acc[g][1]);
+            }
+        }
+        for (int g = 0; g < n_q; ++g)
+            for (int h = 0; h < 2; ++h) _mm512_storeu_ps(out + g * hd + c * QK + 16 * h, acc[g][h]);
+    }
+}
+
 // G query heads, or n_q of them when G is 0: a fixed G keeps the group's value
 // sums in registers.
 template <int G>
-void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
+void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale, float *out,
             AttnPartial *part) {
     const int n_q = G > 0 ? G : n_q_;
+    const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(64) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
     std::fill(mx, mx + n_q, -INFINITY);
     std::fill(sum, sum + n_q, 0.0f);
     std::fill(out, out + n_q * hd, 0.0f);
     for (int r = 0; r < n_runs; ++r) { // the runs' positions as one sequence
-        const uint16_t *k = runs[r].k, *v = runs[r].v;
+        const uint8_t *k = runs[r].k, *v = runs[r].v;
         for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
             const int len = std::min(kBlock, runs[r].n_pos - p0);
             if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
-                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd);
+                prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd, types);
             // Scores, a key block at a time: each load is one dimension of 16 keys, and
             // every query of the group accumulates 16 scores from it (two chains each, as
             // an FMA's latency exceeds its issue interval).
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
-                const uint16_t *kb = k + static_cast<size_t>(p0 + i0) * hd;
+                const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
                 const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
-                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * hd) + kAttnPrefetch;
-                for (size_t at = 0; at < kKeyBlock * hd * sizeof(uint16_t); at += 64) {
+                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
+                for (size_t at = 0; at < kKeyBlock * k_row; at += 64)
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
+                for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
-                }
-                __m512 acc[kMaxGroup][2];
-                for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
-                for (int d = 0; d < hd; d += 2)
-                    for (int h = 0; h < 2; ++h) {
-                        const __m512 kd = _mm512_cvtph_ps(
-                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(kb + (d + h) * kKeyBlock)));
-                        for (int g = 0; g < n_q; ++g)
-                            acc[g][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d + h]), kd, acc[g][h]);
-                    }
+                __m512 dots[kMaxGroup];
+                if (types.k == GGML_Q8_0) score_q8_0<G>(q, n_q, hd, kb, dots);
+                else if (types.k == GGML_Q4_0) score_q4_0<G>(q, n_q, hd, kb, dots);
+                else score_f16<G>(q, n_q, hd, kb, dots);
                 // Positions past the range (the block's unwritten rest) score -inf.
                 const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kKeyBlock, len - i0)) - 1);
                 for (int g = 0; g < n_q; ++g) {
-                    const __m512 dots = _mm512_mul_ps(_mm512_add_ps(acc[g][0], acc[g][1]), _mm512_set1_ps(scale));
-                    _mm512_store_ps(&scores[g][i0], _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), dots));
+                    const __m512 scaled = _mm512_mul_ps(dots[g], _mm512_set1_ps(scale));
+                    _mm512_store_ps(&scores[g][i0], _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), scaled));
                 }
             }
             for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
@@ -88,38 +205,29 @@ void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, f
                 }
                 sum[g] += _mm512_reduce_add_ps(s);
             }
-            // Values, 16 dimensions at a time: the group's outputs stay in registers while
-            // each value row's slice is converted once for all of them.
-            for (int d = 0; d < hd; d += 16) {
-                __m512 acc[kMaxGroup];
-                for (int g = 0; g < n_q; ++g) acc[g] = _mm512_loadu_ps(out + g * hd + d);
-                for (int i = 0; i < len; ++i) {
-                    const __m512 vf = _mm512_cvtph_ps(
-                        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + static_cast<size_t>(p0 + i) * hd + d)));
-                    for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][i]), vf, acc[g]);
-                }
-                for (int g = 0; g < n_q; ++g) _mm512_storeu_ps(out + g * hd + d, acc[g]);
-            }
+            const uint8_t *vb = v + static_cast<size_t>(p0) * v_row;
+            if (types.v == GGML_F16) sum_f16<G>(scores, n_q, vb, len, hd, out);
+            else sum_quant<G>(scores, n_q, vb, len, hd, types.v, out);
         }
     }
     for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
 }
 
-void attend_range_avx512(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, float scale, float *out,
-                  AttnPartial *part) {
+void attend_range_avx512(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+                         float scale, float *out, AttnPartial *part) {
     if (hd % 16 != 0 || n_q > kMaxGroup) {
-        attend_range_ref(q, n_q, runs, n_runs, hd, scale, out, part);
+        attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part);
         return;
     }
     switch (n_q) { // the group sizes of common models
-    case 1: return attend<1>(q, n_q, runs, n_runs, hd, scale, out, part);
-    case 2: return attend<2>(q, n_q, runs, n_runs, hd, scale, out, part);
-    case 3: return attend<3>(q, n_q, runs, n_runs, hd, scale, out, part);
-    case 4: return attend<4>(q, n_q, runs, n_runs, hd, scale, out, part);
-    case 6: return attend<6>(q, n_q, runs, n_runs, hd, scale, out, part);
-    case 7: return attend<7>(q, n_q, runs, n_runs, hd, scale, out, part);
-    case 8: return attend<8>(q, n_q, runs, n_runs, hd, scale, out, part);
-    default: return attend<0>(q, n_q, runs, n_runs, hd, scale, out, part);
+    case 1: return attend<1>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    case 2: return attend<2>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    case 3: return attend<3>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    case 4: return attend<4>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    case 6: return attend<6>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    case 7: return attend<7>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    case 8: return attend<8>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    default: return attend<0>(q, n_q, runs, n_runs, hd, types, scale, out, part);
     }
 }
 

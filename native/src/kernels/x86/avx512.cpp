@@ -3,6 +3,7 @@
 #include "kernels/fold.h"
 #include "kernels/kernels.h"
 #include "kernels/x86/attention_avx512.h"
+#include "kernels/x86/kv_avx2.h"
 #include "kernels/x86/ops_avx512.h"
 #include "kernels/x86/panels_avx512.h"
 #include "kernels/x86/rows_avx2.h"
@@ -21,7 +22,7 @@ const Kernels &kernels_avx512() {
         t.delta_scan = delta_scan_avx512;
         t.glu = glu_avx512;
         t.sum_squares = sum_squares_avx512;
-        t.to_f16 = to_f16_avx512;
+        t.kv_row = kv_row_x86;
         return t;
     }();
     return k;

@@ -1,5 +1,5 @@
 // ops_avx2.h — the 256-bit variants' vector operations (kernels.h): activation
-// quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
+// quantization, GLU, the sum of squares of rmsnorm and the Gated
 // DeltaNet scan, 8 lanes at a time.
 #pragma once
 
@@ -66,14 +66,6 @@ double sum_squares_avx2(const float *x, int n) {
     double ss = _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
     for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
     return ss;
-}
-
-void to_f16_avx2(const float *x, uint16_t *y, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(y + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    to_f16_ref(x + i, y + i, n - i);
 }
 
 // Rows of the state a scan takes through every token of its run at a time (64 KiB of

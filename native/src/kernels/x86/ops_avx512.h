@@ -1,5 +1,5 @@
 // ops_avx512.h — the avx512 variant's vector operations (kernels.h): activation
-// quantization, GLU, the sum of squares of rmsnorm, f16 conversion and the Gated
+// quantization, GLU, the sum of squares of rmsnorm and the Gated
 // DeltaNet scan, 16 lanes at a time.
 #pragma once
 
@@ -62,14 +62,6 @@ double sum_squares_avx512(const float *x, int n) {
     double ss = _mm512_reduce_add_pd(_mm512_add_pd(acc[0], acc[1]));
     for (; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
     return ss;
-}
-
-void to_f16_avx512(const float *x, uint16_t *y, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(y + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    to_f16_ref(x + i, y + i, n - i);
 }
 
 // Rows of the state a scan takes through every token of its run at a time (as

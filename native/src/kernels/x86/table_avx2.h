@@ -5,6 +5,7 @@
 #include "kernels/fold.h"
 #include "kernels/kernels.h"
 #include "kernels/x86/attention_avx2.h"
+#include "kernels/x86/kv_avx2.h"
 #include "kernels/x86/ops_avx2.h"
 #include "kernels/x86/panels_avx2.h"
 #include "kernels/x86/rows_avx2.h"
@@ -23,7 +24,7 @@ Kernels table_256(const char *name) {
     k.delta_scan = delta_scan_avx2;
     k.glu = glu_avx2;
     k.sum_squares = sum_squares_avx2;
-    k.to_f16 = to_f16_avx2;
+    k.kv_row = kv_row_x86;
     return k;
 }
 

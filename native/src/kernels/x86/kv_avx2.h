@@ -1,0 +1,93 @@
+// kv_avx2.h — the x86 variants' KV cache writes (kernels.h: kv_row): a key or value
+// as a row of F16, Q8_0 or Q4_0, 8 lanes at a time, bit for bit the reference's.
+#pragma once
+
+#include "kernels/kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <immintrin.h>
+
+namespace llmd {
+namespace {
+
+// quantize_row_q8_0's arithmetic on 32 floats: the max is exact in any order, d and
+// 1/d are the same divisions, and rounding halves away from zero is the truncation
+// plus one step away where the (exact) remainder reaches a half.
+void kv_block_q8_0(const float *x, uint8_t *out) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int h = 0; h < 4; ++h) {
+        v[h] = _mm256_loadu_ps(x + 8 * h);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[h], magnitude));
+    }
+    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = fp32_to_fp16(d);
+    std::memcpy(out, &dh, 2);
+    __m256i q[4];
+    for (int h = 0; h < 4; ++h) {
+        const __m256 s = _mm256_mul_ps(v[h], _mm256_set1_ps(id));
+        const __m256 t = _mm256_round_ps(s, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 half = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(s, t), magnitude), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+        const __m256 step = _mm256_or_ps(_mm256_andnot_ps(magnitude, s), _mm256_set1_ps(1.0f)); // ±1 with s's sign
+        q[h] = _mm256_cvtps_epi32(_mm256_add_ps(t, _mm256_and_ps(half, step)));
+    }
+    // The packs interleave 128-bit lanes; the permutation puts them back in order.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + 2),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// quantize_row_q4_0's: d from the signed value of largest magnitude (the first one
+// on ties), q = min(15, truncated x / d + 8.5), byte j = q[j] | q[j + 16] << 4.
+void kv_block_q4_0(const float *x, uint8_t *out) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int h = 0; h < 4; ++h) {
+        v[h] = _mm256_loadu_ps(x + 8 * h);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[h], magnitude));
+    }
+    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    uint32_t first = 0; // lanes whose magnitude is the max
+    for (int h = 0; h < 4; ++h)
+        first |= static_cast<uint32_t>(_mm256_movemask_ps(
+                     _mm256_cmp_ps(_mm256_and_ps(v[h], magnitude), _mm256_set1_ps(amax), _CMP_EQ_OQ)))
+                 << (8 * h);
+    const float max = amax > 0.0f ? x[__builtin_ctz(first)] : 0.0f;
+    const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = fp32_to_fp16(d);
+    std::memcpy(out, &dh, 2);
+    __m256i q[4];
+    for (int h = 0; h < 4; ++h)
+        q[h] = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[h], _mm256_set1_ps(id)),
+                                                                  _mm256_set1_ps(8.5f))),
+                                _mm256_set1_epi32(15));
+    const __m256i lo = _mm256_packs_epi32(q[0], q[1]), hi = _mm256_packs_epi32(q[2], q[3]); // 16-bit, lanes interleaved
+    const __m256i both = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    const __m256i ordered = _mm256_permute4x64_epi64(both, 0xd8); // elements 0..15 in order
+    const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(ordered), _mm256_extracti128_si256(ordered, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(out + 2), bytes);
+}
+
+void kv_row_x86(uint32_t type, const float *x, uint8_t *y, int n) {
+    if (type == GGML_Q8_0) {
+        for (int i = 0; i < n; i += QK, y += 34) kv_block_q8_0(x + i, y);
+    } else if (type == GGML_Q4_0) {
+        for (int i = 0; i < n; i += QK, y += 18) kv_block_q4_0(x + i, y);
+    } else {
+        uint16_t *h = reinterpret_cast<uint16_t *>(y); // F16 rows lie at even addresses
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(h + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        to_f16_ref(x + i, h + i, n - i);
+    }
+}
+
+} // namespace
+} // namespace llmd
