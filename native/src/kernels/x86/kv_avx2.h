@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/kernels.h"
+#include "kernels/x86/simd_avx2.h"
 
 #include <cmath>
 #include <cstring>
@@ -11,19 +12,24 @@
 namespace llmd {
 namespace {
 
+// A block's 32 floats into v, and their largest magnitude (exact in any order).
+inline float load_block(const float *x, __m256 v[4]) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int h = 0; h < 4; ++h) {
+        v[h] = _mm256_loadu_ps(x + 8 * h);
+        m = _mm256_max_ps(m, _mm256_and_ps(v[h], magnitude));
+    }
+    return hmax256(m);
+}
+
 // quantize_row_q8_0's arithmetic on 32 floats: the max is exact in any order, d and
 // 1/d are the same divisions, and rounding halves away from zero is the truncation
 // plus one step away where the (exact) remainder reaches a half.
 void kv_block_q8_0(const float *x, uint8_t *out) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 v[4], m = _mm256_setzero_ps();
-    for (int h = 0; h < 4; ++h) {
-        v[h] = _mm256_loadu_ps(x + 8 * h);
-        m = _mm256_max_ps(m, _mm256_and_ps(v[h], magnitude));
-    }
-    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    __m256 v[4];
+    const float amax = load_block(x, v);
     const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     const uint16_t dh = fp32_to_fp16(d);
     std::memcpy(out, &dh, 2);
@@ -45,14 +51,8 @@ void kv_block_q8_0(const float *x, uint8_t *out) {
 // on ties), q = min(15, truncated x / d + 8.5), byte j = q[j] | q[j + 16] << 4.
 void kv_block_q4_0(const float *x, uint8_t *out) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 v[4], m = _mm256_setzero_ps();
-    for (int h = 0; h < 4; ++h) {
-        v[h] = _mm256_loadu_ps(x + 8 * h);
-        m = _mm256_max_ps(m, _mm256_and_ps(v[h], magnitude));
-    }
-    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+    __m256 v[4];
+    const float amax = load_block(x, v);
     uint32_t first = 0; // lanes whose magnitude is the max
     for (int h = 0; h < 4; ++h)
         first |= static_cast<uint32_t>(_mm256_movemask_ps(
