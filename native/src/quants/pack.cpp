@@ -4,6 +4,7 @@
 
 #include "kernels/kernels.h"
 
+#include <array>
 #include <cstring>
 
 namespace llmd {
@@ -16,12 +17,26 @@ size_t packed_bytes(uint32_t type, int64_t rows, int64_t cols) {
 
 namespace {
 
-// The byte a weight is stored as: its code in the layout's table, or q + offset.
-uint8_t stored_weight(const PanelLayout &l, int8_t q) {
-    if (l.lut == nullptr) return static_cast<uint8_t>(q + l.offset);
-    uint8_t code = 0;
-    while (code < 15 && l.lut[code] != q) ++code;
-    return code;
+// The byte each weight value q (as a byte) is stored as: its code in the layout's
+// table (the first, where two codes hold one value), or q + offset.
+std::array<uint8_t, 256> stored_weights(const PanelLayout &l) {
+    std::array<uint8_t, 256> stored{};
+    for (int q = -128; q < 128; ++q) stored[static_cast<uint8_t>(q)] = static_cast<uint8_t>(q + l.offset);
+    if (l.lut != nullptr)
+        for (int code = 15; code >= 0; --code) stored[static_cast<uint8_t>(l.lut[code])] = static_cast<uint8_t>(code);
+    return stored;
+}
+
+// Row i's 4 bytes of row r of a plane (64 bytes a row: 16 rows' 4 bytes each).
+void put_word(uint8_t *plane, int r, int i, uint32_t v) { std::memcpy(plane + r * 64 + i * 4, &v, 4); }
+
+// The n bits at `shift` of every byte of the words of groups g0 .. g0 + per - 1,
+// side by side in each byte: group g0 + k's at bit n·k.
+uint32_t bit_fields(const uint32_t *words, int g0, int per, int shift, int n) {
+    const uint32_t mask = 0x01010101u * ((1u << n) - 1);
+    uint32_t v = 0;
+    for (int k = 0; k < per; ++k) v |= ((words[g0 + k] >> shift) & mask) << (n * k);
+    return v;
 }
 
 // Row i's entry of a set of 16 floats: f16 (exact: such layouts hold values the
@@ -47,6 +62,7 @@ void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t
     const int sets = l.split ? 2 : 1;
     const size_t src_row = row_bytes(type, cols);
     std::memset(out, 0, static_cast<size_t>(panels) * pbytes);
+    const std::array<uint8_t, 256> stored = stored_weights(l);
     Piece p;
     for (int64_t r = 0; r < rows; ++r) {
         const uint8_t *row = static_cast<const uint8_t *>(w) + static_cast<size_t>(r) * src_row;
@@ -55,17 +71,25 @@ void pack_rows(uint32_t type, const void *w, int64_t rows, int64_t cols, uint8_t
         for (int64_t b = 0; b < nb; ++b) {
             uint8_t *blk = panel + panel_piece_offset(l, b);
             t.decode(row, b, &p);
-            for (int e = 0; e < QK; ++e) { // into w[g]'s byte at: planes as PanelLayout lays them out
-                const uint8_t u = stored_weight(l, p.q[e]);
-                const int g = e / 4, at = i * 4 + e % 4;
-                if (low == 8) blk[g * 64 + at] = u;
-                else if (low == 4) blk[g % 4 * 64 + at] |= static_cast<uint8_t>((u & 15) << 4 * (g / 4));
-                else blk[g / 4 * 64 + at] |= static_cast<uint8_t>((u & 3) << 2 * (g % 4));
-                uint8_t *high = blk + 64 * low;
-                const uint8_t rest = static_cast<uint8_t>(u >> low);
-                if (l.bits - low == 2) high[g / 4 * 64 + at] |= static_cast<uint8_t>(rest << 2 * (g % 4));
-                else if (l.bits - low == 1) high[at] |= static_cast<uint8_t>(rest << g);
+            // Element e's byte u sits in group g = e / 4 at byte e % 4 of the group's
+            // word (little-endian); PanelLayout's planes hold its low bits, then the rest.
+            uint32_t words[QK / 4];
+            for (int g = 0; g < QK / 4; ++g) {
+                words[g] = 0;
+                for (int k = 0; k < 4; ++k) words[g] |= uint32_t{stored[static_cast<uint8_t>(p.q[4 * g + k])]} << 8 * k;
             }
+            if (low == 8)
+                for (int g = 0; g < QK / 4; ++g) put_word(blk, g, i, words[g]);
+            else if (low == 4) // plane row r: group r's nibbles, then group r + 4's
+                for (int r = 0; r < 4; ++r)
+                    put_word(blk, r, i, bit_fields(words, r, 1, 0, 4) | bit_fields(words, r + 4, 1, 0, 4) << 4);
+            else // plane row r: groups 4r..4r+3, 2 bits each
+                for (int r = 0; r < 2; ++r) put_word(blk, r, i, bit_fields(words, 4 * r, 4, 0, 2));
+            uint8_t *high = blk + 64 * low;
+            if (l.bits - low == 2)
+                for (int r = 0; r < 2; ++r) put_word(high, r, i, bit_fields(words, 4 * r, 4, low, 2));
+            else if (l.bits - low == 1)
+                put_word(high, 0, i, bit_fields(words, 0, QK / 4, low, 1));
             uint8_t *scales = blk + weights, *mins = scales + sets * set;
             for (int h = 0; h < sets; ++h) {
                 if (l.k_scales) { // the integers; d and m once per 256 elements
