@@ -102,6 +102,12 @@ def sources(isa: str | None = None) -> list[str]:
     return found
 
 
+def headers() -> list[str]:
+    """Every header of the engine: a change to one rebuilds it (setuptools relinks only
+    when a source or one of these is newer than the module)."""
+    return [str(p.relative_to(ROOT)) for p in sorted(NATIVE.glob("**/*.h"))]
+
+
 def link_args() -> list[str]:
     if os.environ.get("LLMD_SANITIZE") == "1":
         return ["-pthread", "-fsanitize=address,undefined"]
@@ -115,6 +121,7 @@ ffibuilder.set_source(
     '#include "llmd.h"',
     # setuptools wants paths relative to the project root, where pip runs us.
     sources=sources(),
+    depends=headers(),
     include_dirs=["native/include", "native/src"],
     source_extension=".cpp",
     extra_compile_args=compile_args(),

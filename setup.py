@@ -22,6 +22,7 @@ class BuildExt(build_ext):
                 [source], output_dir=self.build_temp, include_dirs=ext.include_dirs, depends=ext.depends,
                 extra_postargs=common + build_native.variant_flags(source))
         ext.sources = [s for s in ext.sources if s not in variants]
+        ext.depends = list(ext.depends) + variants  # still sources of the module's, for the relink check
         ext.extra_objects = list(ext.extra_objects or []) + objects
         super().build_extension(ext)
 
