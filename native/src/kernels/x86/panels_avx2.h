@@ -126,8 +126,8 @@ template <const PanelLayout &L> inline __m256 piece_floats(const uint8_t *set, i
     else return _mm256_loadu_ps(reinterpret_cast<const float *>(set) + 8 * h);
 }
 
-// How far ahead a single token's tile asks for the panel's bytes (a decode step:
-// see kDecodePrefetch in panels_avx512.h).
+// How far ahead a tile asks for the panel's bytes (see kPanelPrefetch in
+// panels_avx512.h).
 constexpr size_t kPrefetch = 6144;
 
 // T tokens against one panel, rows 8h..8h+7 for h in [h0, h0 + H): the rows' dot
@@ -150,9 +150,8 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
             const uint8_t *blk = panel + panel_piece_offset(L, b);
-            if constexpr (T == 1)
-                for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
-                    _mm_prefetch(reinterpret_cast<const char *>(blk + kPrefetch + at), _MM_HINT_T0);
+            for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
+                _mm_prefetch(reinterpret_cast<const char *>(blk + kPrefetch + at), _MM_HINT_T0);
             const uint8_t *scales = blk + kW, *mins = scales + kSets * kSet;
             __m256i sum16[T][H], sum32[T][H];
 #pragma GCC unroll 8

@@ -89,15 +89,18 @@ template <const PanelLayout &L> inline void unpack_weights(const uint8_t *blk, _
     }
 }
 
-// How far ahead of its reads a single token's tile asks for the panel's bytes. With
-// one token a panel-block's arithmetic is short, but still long enough that the
-// core's reorder window holds only about 2 KB of loads in flight, and the hardware
-// prefetcher alone keeps fewer bytes in flight than memory's latency × bandwidth:
-// the loads stalled and one core streamed 27-35 GB/s. Asking 6 KB ahead (past the
-// panel's end into the next panel, which follows it in memory; a prefetch past the
-// matrix is harmless) let it stream 41-44 GB/s, as fast as a loop of plain loads;
-// 2 KB ahead was not enough for the K-quants, 8 KB gained nothing more.
-constexpr size_t kDecodePrefetch = 6144;
+// How far ahead of its reads a tile asks for the panel's bytes. With one token a
+// panel-block's arithmetic is short, but still long enough that the core's reorder
+// window holds only about 2 KB of loads in flight, and the hardware prefetcher alone
+// keeps fewer bytes in flight than memory's latency × bandwidth: the loads stalled and
+// one core streamed 27-35 GB/s. Asking 6 KB ahead (past the panel's end into the next
+// panel, which follows it in memory; a prefetch past the matrix is harmless) let it
+// stream 41-44 GB/s, as fast as a loop of plain loads; 2 KB ahead was not enough for
+// the K-quants, 8 KB gained nothing more. Tiles of a few tokens (a speculative
+// verification, a decode step of several sessions) read their panel once too: the
+// 1B shape's Q4_K_M took 8-13 % less time for 3 to 8 tokens asking ahead (one
+// thread); a prefill's tiles, whose panel is in cache after the first, lost nothing.
+constexpr size_t kPanelPrefetch = 6144;
 
 // Where a k_scales super-block's header (the rows' f16 d, then m) sits before its
 // first piece b0.
@@ -162,9 +165,8 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
             const uint8_t *blk = panel + panel_piece_offset(L, b);
-            if constexpr (T == 1) // a decode step: see kDecodePrefetch
-                for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
-                    _mm_prefetch(reinterpret_cast<const char *>(blk + kDecodePrefetch + at), _MM_HINT_T0);
+            for (size_t at = 0; at < panel_piece_bytes(L); at += 64) // see kPanelPrefetch
+                _mm_prefetch(reinterpret_cast<const char *>(blk + kPanelPrefetch + at), _MM_HINT_T0);
             __m512i w[8]; // w[g]: rows × elements 4g..4g+3
             unpack_weights<L>(blk, w);
             if constexpr (L.lut != nullptr)
@@ -235,6 +237,10 @@ constexpr int panel_tile_tokens(const PanelLayout &l) {
 // panel_tile's.
 constexpr bool panel_pairs(const PanelLayout &l) { return l.bits == 4 && !l.split && l.lut == nullptr; }
 
+// How far ahead a two-panel tile asks for each panel's bytes: the 1B shape's Q4_0
+// took 13-18 % less time for 5 to 8 tokens asking 2 KB ahead (one thread).
+constexpr size_t kPairPrefetch = 2048;
+
 // Tokens of a two-panel tile: each keeps two integer sums and two accumulators (four
 // with a K-quant's part sums) beside the 4 weight vectors of a plane and their 2
 // broadcasts. Measured on prefill of 512 tokens against single panels, builds taking
@@ -267,6 +273,14 @@ void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const Blo
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
             const uint8_t *ba = pa + panel_piece_offset(L, b), *bb = pb + panel_piece_offset(L, b);
+            for (size_t at = 0; at < panel_piece_bytes(L); at += 64) { // two streams: see kPairPrefetch
+                _mm_prefetch(reinterpret_cast<const char *>(ba + kPairPrefetch + at), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char *>(bb + kPairPrefetch + at), _MM_HINT_T0);
+            }
+            for (size_t at = 0; at < panel_piece_bytes(L); at += 64) { // two streams: see kPairPrefetch
+                _mm_prefetch(reinterpret_cast<const char *>(ba + kPairPrefetch + at), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char *>(bb + kPairPrefetch + at), _MM_HINT_T0);
+            }
             __m512i sa[T], sb[T];
             for (int t = 0; t < T; ++t) sa[t] = sb[t] = _mm512_set1_epi32(-L.offset * x[t][b].sum);
             for (int j = 0; j < 4; ++j) { // plane j: elements 4j..4j+3 (low nibbles) and 16+4j.. (high)
@@ -349,7 +363,12 @@ void panel_matmul(const uint8_t *packed, int64_t rows, int64_t cols, int64_t p0,
     for (int64_t p = p0; p < p1; ++p) {
         if constexpr (panel_pairs(L)) {
             constexpr int kPair = pair_tile_tokens(L);
-            if (p + 1 < p1 && (p + 2) * kPanel <= rows && n >= kPair) { // panels p and p + 1, full
+            // Panels p and p + 1, full, when each piece serves two tiles or more: with one
+            // tile (a speculative verification, a decode step of several sessions) a
+            // pass streams its weights once, and one stream read ahead of the single
+            // tiles beat the pair's two (5 tokens: SmolLM2 23 % less time, the 1B shape's
+            // Q4_K_M 10 %, its Q4_0 alike; one thread).
+            if (p + 1 < p1 && (p + 2) * kPanel <= rows && n >= 2 * kPair) {
                 const uint8_t *pa = packed + static_cast<size_t>(p) * pbytes, *pb = pa + pbytes;
                 int t0 = 0;
                 for (; t0 + kPair <= n; t0 += kPair) {
