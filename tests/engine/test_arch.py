@@ -283,7 +283,7 @@ def test_scales_a_family_s_llama_cpp_graph_leaves_out_are_named_and_change_nothi
     w.add_tensor("blk.0.attn_q.input_scale", [1], GGML_F32, encode_f32([3.0]))
     path = w.write(tmp_path / "qwen2.gguf")
     with Engine(str(path), n_threads=1, max_sessions=1) as e:
-        assert e.info.warnings == ("tensor blk.0.attn_q.input_scale and 1 more (scales llama.cpp loads and does not "
+        assert e.info.warnings == ("tensor blk.0.attn_q.input_scale and 1 more (which llama.cpp loads and does not "
                                    "apply for qwen2 either) are not used by llmd",)
     assert logits_after(path) == logits_after(build_tiny_llama(arch="qwen2").write(tmp_path / "plain.gguf"))
 
