@@ -62,6 +62,8 @@ MODELS = {
     "ernie4_5-moe": ("ernie4_5", "llama-spm"),  # the writer's name; its layers are dense (ernie4_5 has no experts)
     "ernie4_5-moe-moe": ("ernie4_5-moe", "llama-spm"),
     "smallthinker-moe": ("smallthinker", "qwen2"),
+    "mistral3-dense": ("mistral3", "llama-spm"),
+    "mistral3-moe": ("mistral3", "llama-spm"),
 }
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "

@@ -24,6 +24,7 @@ FAMILIES = {
     "ernie4_5": lambda: writer_model("ernie4_5-moe", N_CTX),
     "ernie4_5-moe": lambda: writer_model("ernie4_5-moe-moe", N_CTX),
     "smallthinker": lambda: writer_model("smallthinker-moe", N_CTX),
+    "mistral3": lambda: writer_model("mistral3-moe", N_CTX),
 }
 
 

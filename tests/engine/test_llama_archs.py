@@ -33,6 +33,8 @@ GOLDEN = {
     "ernie4_5-moe": 151934.0358,
     "ernie4_5-moe-moe": 151972.8045,
     "smallthinker-moe": 606965.2724,
+    "mistral3-dense": 149677.5347,
+    "mistral3-moe": 149484.6915,
 }
 # F32 weights (the writer's), F16 embeddings: both engines sum the same products in
 # different orders. Measured within 0.01 % of llama.cpp on every model here (and as close

@@ -533,8 +533,9 @@ void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma3, &kLfm2, &kLfm2Moe, &kOlmo2, &kPhi3,
-                              &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmallThinker, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma3, &kLfm2, &kLfm2Moe, &kMistral3,
+                              &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe,
+                              &kSmallThinker, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -586,12 +587,12 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::
         return b.fail("tensor " + factors + " has the wrong type or shape");
     // YaRN keeps the pairs that turn many times over the original context (below
     // `low`) extrapolated, interpolates those that turn less than once (above
-    // `high`), and ramps between; beta_fast 32 and beta_slow 1 as the files assume.
+    // `high`), and ramps between; beta_fast 32 and beta_slow 1 unless the family reads others.
     const auto corr_dim = [&](double turns) {
         return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(double{hp.rope_base}));
     };
-    const double low = std::max(0.0, std::floor(corr_dim(32.0))),
-                 high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(1.0)));
+    const double low = std::max(0.0, std::floor(corr_dim(hp.yarn_beta_fast))),
+                 high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(hp.yarn_beta_slow)));
     out->resize(half);
     for (int i = 0; i < half; ++i) {
         double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
@@ -750,7 +751,10 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
 
     if (!rope_frequencies(b, scaling, *model)) return nullptr;
     hp.rope_mscale = scaling.attn_factor;
-    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) hp.rope_mscale *= 1.0f + 0.1f * std::log(scaling.factor);
+    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) {
+        const float ln = std::log(scaling.factor);
+        hp.rope_mscale *= (1.0f + 0.1f * ln) / (hp.yarn_log_mul != 0.0f ? 1.0f + 0.1f * hp.yarn_log_mul * ln : 1.0f);
+    }
 
     // A tensor nobody bound is a part of the model llmd would not compute.
     for (size_t i = 0; i < b.used.size(); ++i)

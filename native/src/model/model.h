@@ -54,11 +54,16 @@ struct HParams {
     int rope_dim = 0;  // leading dims of each head that RoPE rotates
     float rope_base = 10000.0f;
     float rope_mscale = 1.0f; // multiplies cos and sin (YaRN's magnitude correction, attn_factor)
+    float yarn_beta_fast = 32.0f; // YaRN keeps pairs that turn more than this many times over the
+    float yarn_beta_slow = 1.0f;  // original context, interpolates those turning less than this
+    float yarn_log_mul = 0.0f;    // YaRN's magnitude (1 + 0.1 ln f) is divided by (1 + 0.1 · this · ln f) when set
     float norm_eps = 1e-5f;
     float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if their own
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
+    float attn_temp_scale = 0.0f; // queries at position p times 1 + this · ln(⌊p / attn_temp_floor⌋ + 1); 0: none
+    int attn_temp_floor = 0;      // (Llama 4's attention temperature, Mistral 3's)
     std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
     std::vector<int> state;     // (n_layer) floats of recurrent state a layer keeps per session
                                 // instead of keys and values (recurrent.h); 0: an attention layer
