@@ -13,7 +13,7 @@ import pytest
 from llmd.engine.native import Engine
 from tests.engine.test_arch import logits_after, open_error
 from tests.llama_archs import TEXT, writer_model
-from tests.support.gguf_writer import F32, STRING, U32, GGML_F32, build_tiny_qwen3moe, encode_f32
+from tests.support.gguf_writer import ARRAY, F32, STRING, U32, GGML_F32, build_tiny_qwen3moe, encode_f32
 
 EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
@@ -77,6 +77,16 @@ def test_routing_forms_llmd_does_not_run_are_refused_with_their_reason(tmp_path)
     w = writer_model("lfm2moe-moe")
     w.remove_tensor("blk.1.exp_probs_b.bias")  # required in lfm2moe, as llama.cpp requires it
     assert open_error(w.write(tmp_path / "nobias.gguf")) == "model lacks tensor blk.1.exp_probs_b.bias"
+
+
+def test_expert_widths_per_layer_are_read_where_llama_cpp_reads_them(tmp_path):
+    w = writer_model("lfm2moe-moe")
+    w.set("lfm2moe.expert_feed_forward_length", ARRAY, (U32, [384, 384]))
+    assert logits_after(w.write(tmp_path / "array.gguf")) == logits_after(
+        writer_model("lfm2moe-moe").write(tmp_path / "scalar.gguf"))
+    q = build_tiny_qwen3moe()  # llama.cpp reads qwen3moe's width as one integer only
+    q.set("qwen3moe.expert_feed_forward_length", ARRAY, (U32, [32, 32]))
+    assert "qwen3moe.expert_feed_forward_length" in open_error(q.write(tmp_path / "qwen3moe.gguf"))
 
 
 def test_an_expert_bias_of_a_family_without_one_is_refused_by_name(tmp_path):

@@ -13,7 +13,9 @@ namespace {
 void load_hparams(Binder &b, HParams &hp) {
     b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN and experts' scales out
     b.shexp_gated = false;
-    b.get_int(b.prefix + "expert_feed_forward_length", 0, true); // llama.cpp requires it
+    b.expert_widths_per_layer = true;
+    if (b.file.find(b.prefix + "expert_feed_forward_length") == nullptr) // llama.cpp requires it
+        b.fail("model metadata lacks " + b.prefix + "expert_feed_forward_length");
     b.moe_hparams(hp);
     hp.n_ff_shexp = b.get_int(b.prefix + "expert_shared_feed_forward_length", 0, false);
 }

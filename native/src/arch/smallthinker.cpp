@@ -19,6 +19,7 @@ constexpr int kNoRopeStep = 4;  // every fourth layer has no RoPE, when the file
 
 void load_hparams(Binder &b, HParams &hp) {
     b.ffn_scales = false; // llama.cpp's graph of this family leaves its experts' scales out
+    b.expert_widths_per_layer = true;
     b.moe_hparams(hp);
     b.moe_gating(hp, true); // llama.cpp has no default to run
     hp.expert_relu = true;

@@ -74,9 +74,9 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
             fail("model metadata " + key + " holds " + std::to_string(v) + ", out of range");
             return fallback;
         }
-        // Layers that have heads have the same number: the shared attention assumes it.
+        // Layers that have any have the same number: the shared ops assume it.
         if (v != 0 && most != 0 && v != most) {
-            fail("model metadata " + key + " gives layers different head counts, which llmd does not run");
+            fail("model metadata " + key + " gives layers different values, which llmd does not run");
             return fallback;
         }
         (*values)[l] = v;
@@ -328,7 +328,9 @@ void Binder::moe_hparams(HParams &hp) {
         return;
     }
     // A width of 0, as llama.cpp's writer puts it for "unset", takes the default as absence does.
-    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", 0, false);
+    const std::string width = prefix + "expert_feed_forward_length";
+    std::vector<int> widths;
+    hp.n_ff_exp = expert_widths_per_layer ? per_layer_int(width, hp.n_layer, 0, false, &widths) : get_int(width, 0, false);
     if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff / hp.n_expert_used;
     if (hp.n_ff_exp < 1) fail("model expert FFN length is invalid");
     // A shared expert is as wide as the file says, else as the dense FFN would be.

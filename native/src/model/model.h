@@ -195,6 +195,8 @@ struct Binder {
     int n_layer_nextn = 0;  // per-layer arrays may also cover the multi-token-prediction blocks
     bool ffn_scales = true; // the family's FFN applies its weights' scales (llama.cpp's graphs of some do not)
     bool shexp_gated = true; // a shared expert has its gate (ffn_gate_inp_shexp); Ernie 4.5's has none
+    bool expert_widths_per_layer = false; // expert_feed_forward_length may be given per layer (layers agreeing),
+                                          // as llama.cpp reads it for some families
     // Tensors accepted and not applied, as llama.cpp loads and leaves them (scales, see
     // scales; the attention output bias of a family whose graph passes none): one warning.
     std::vector<std::string> unapplied;
