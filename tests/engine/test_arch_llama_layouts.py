@@ -66,6 +66,20 @@ def test_ernie_s_attention_output_bias_is_left_out_as_llama_cpp_leaves_it(tmp_pa
     assert unused_count(with_bias) == unused_count(without) + 2  # named among the unapplied
 
 
+def test_exaone4_s_prediction_blocks_are_held_and_change_nothing(tmp_path):
+    """A file with a multi-token-prediction block (block_count counts it) loads, as
+    llama.cpp loads it, and computes the logits of the same file without it."""
+    w = writer_model("exaone4-dense")
+    w.set("exaone4.block_count", U32, 3)
+    w.set("exaone4.nextn_predict_layers", U32, 1)
+    for t in [t for t in w.tensors if t.name.startswith("blk.0.")]:
+        w.add_tensor(t.name.replace("blk.0.", "blk.2.", 1), t.ne, t.ggml_type, t.data)
+    for name, ne in (("eh_proj.weight", [512, 256]), ("enorm.weight", [256]), ("hnorm.weight", [256])):
+        w.add_tensor(f"blk.2.nextn.{name}", ne, GGML_F32, encode_f32([0.5] * (ne[0] * (ne[1] if len(ne) > 1 else 1))))
+    assert logits_after(w.write(tmp_path / "nextn.gguf")) == logits_after(
+        writer_model("exaone4-dense").write(tmp_path / "plain.gguf"))
+
+
 def test_routing_forms_llmd_does_not_run_are_refused_with_their_reason(tmp_path):
     w = writer_model("smallthinker-moe")
     w.remove("smallthinker.expert_gating_func")  # llama.cpp has no gating to run without it
