@@ -56,6 +56,14 @@ MODELS = {
     "phi3-dense": ("phi3", "phi-3"),
     "smollm3-dense": ("smollm3", "llama-bpe"),
     "lfm2-dense": ("lfm2", "llama-bpe"),
+    "lfm2moe-moe": ("lfm2moe", "llama-bpe"),
+    "olmo2-dense": ("olmo2", "llama-bpe"),
+    "exaone4-dense": ("exaone4", "llama-bpe"),
+    "ernie4_5-moe": ("ernie4_5", "llama-spm"),  # the writer's name; its layers are dense (ernie4_5 has no experts)
+    "ernie4_5-moe-moe": ("ernie4_5-moe", "llama-spm"),
+    "smallthinker-moe": ("smallthinker", "qwen2"),
+    "mistral3-dense": ("mistral3", "llama-spm"),
+    "mistral3-moe": ("mistral3", "llama-spm"),
 }
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "
@@ -137,6 +145,17 @@ def regenerate(layout: dict, vocab: Path, seed: int = SEED, weights=None) -> GGU
         if "ssm_a" in name:  # a state that decays, as test-llama-archs makes it
             values = [-abs(v) for v in values]
         w.add_tensor(name, shape, ttype, encode_tensor(ttype, values))
+    return w
+
+
+def writer_model(name: str, n_ctx: int | None = None) -> GGUFWriter:
+    """The model of `name` as the tests rebuild it: regenerate() with its vocabulary from
+    the reference data (tests/reference_data.py), trained for n_ctx positions if given."""
+    from tests.reference_data import require
+    arch, vocab = MODELS[name]
+    w = regenerate(load_layout(name), require(f"models/ggml-vocab-{vocab}.gguf"))
+    if n_ctx is not None:
+        w.set(f"{arch}.context_length", U32, n_ctx)
     return w
 
 

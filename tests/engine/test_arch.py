@@ -65,6 +65,12 @@ CONFIGS = {
     "qwen2": dict(arch="qwen2"),
     "qwen3": dict(arch="qwen3", head_dim=128),
     "smollm3": dict(arch="smollm3"),
+    # Ministral 3's YaRN (a ramp and a magnitude of its own) and Llama 4's attention
+    # temperature past every 32 positions
+    "mistral3_yarn": dict(arch="mistral3", extra_metadata=[
+        ("mistral3.rope.scaling.type", STRING, "yarn"), ("mistral3.rope.scaling.factor", F32, 4.0),
+        ("mistral3.rope.scaling.original_context_length", U32, 32), ("mistral3.rope.scaling.yarn_beta_fast", F32, 16.0),
+        ("mistral3.rope.scaling.yarn_log_multiplier", F32, 1.0), ("mistral3.attention.temperature_scale", F32, 0.5)]),
     "qwen3moe": dict(arch="qwen3moe"),
     "qwen3moe_q8_0": dict(arch="qwen3moe", weight_type=GGML_Q8_0),  # experts repacked too
     # llama with experts of n_ff (Mixtral's layout). Its Q8_0 form is too chaotic to
@@ -108,6 +114,9 @@ GOLDEN = {
     "smollm3": (5430.0311,
                 [198, 251, 251, 251, 158, 42, 274, 274, 274, 274, 274, 274],
                 [0.351, 0.139, 1.681, 0.736, 1.482, 0.46, 0.61, 0.82, 0.845, 0.449, 0.74, 1.531]),
+    "mistral3_yarn": (5355.3566,
+                      [158, 42, 274, 158, 297, 274, 198, 188, 109, 274, 198, 198],
+                      [0.241, 0.401, 0.004, 0.595, 0.606, 0.745, 0.546, 0.333, 0.344, 0.5, 2.605, 0.786]),
     "phi3_short": (4762.3273,
                    [182, 288, 147, 198, 182, 259, 292, 202, 202, 202, 86, 183],
                    [0.199, 0.182, 0.721, 1.816, 1.573, 0.528, 0.345, 0.957, 1.098, 0.182, 1.078, 0.259]),
@@ -231,8 +240,8 @@ def test_an_architecture_llmd_does_not_run_is_refused_with_the_ones_it_does(tmp_
     w = build_tiny_llama()
     w.set("general.architecture", STRING, "gpt-oss")
     assert open_error(w.write(tmp_path / "m.gguf")) == (
-        "unsupported architecture 'gpt-oss' (llmd runs llama, gemma3, lfm2, phi3, qwen2, qwen2moe, qwen3, qwen35, "
-        "qwen35moe, qwen3moe, smollm3)")
+        "unsupported architecture 'gpt-oss' (llmd runs llama, ernie4_5, ernie4_5-moe, exaone4, gemma3, lfm2, lfm2moe, "
+        "mistral3, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen35, qwen35moe, qwen3moe, smallthinker, smollm3)")
 
 
 # ---- per-tensor scales (<weight>.scale, as llama.cpp's writer stores them) ------------------
@@ -283,7 +292,7 @@ def test_scales_a_family_s_llama_cpp_graph_leaves_out_are_named_and_change_nothi
     w.add_tensor("blk.0.attn_q.input_scale", [1], GGML_F32, encode_f32([3.0]))
     path = w.write(tmp_path / "qwen2.gguf")
     with Engine(str(path), n_threads=1, max_sessions=1) as e:
-        assert e.info.warnings == ("tensor blk.0.attn_q.input_scale and 1 more (scales llama.cpp loads and does not "
+        assert e.info.warnings == ("tensor blk.0.attn_q.input_scale and 1 more (which llama.cpp loads and does not "
                                    "apply for qwen2 either) are not used by llmd",)
     assert logits_after(path) == logits_after(build_tiny_llama(arch="qwen2").write(tmp_path / "plain.gguf"))
 

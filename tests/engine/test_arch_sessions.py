@@ -1,6 +1,8 @@
 """Session behaviour on every architecture beyond llama (tests/engine/test_engine.py covers
 llama): decode batching, isolation of interleaved sessions and warm resume by
-truncation, each on one tiny model per family (a gemma3 whose rings wrap)."""
+truncation, each on one tiny model per family (a gemma3 and an olmo2 whose rings wrap),
+the families first checked on llama.cpp's writer's files on those (tests/llama_archs.py).
+The hybrid families' sessions are tested in test_session_state.py and test_prefix_cache.py."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from llmd.engine.native import Engine
 from tests.support.gguf_writer import GGML_Q8_0, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
 from tests.engine.test_arch_gemma3 import TEXT
+from tests.llama_archs import writer_model
 
 N_CTX = 384
 FAMILIES = {
@@ -16,6 +19,12 @@ FAMILIES = {
     "qwen3moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX),
     "qwen2moe": lambda: build_tiny_qwen3moe(n_ctx=N_CTX, arch="qwen2moe"),  # with a shared expert
     "mixtral": lambda: build_tiny_llama(n_ctx=N_CTX, experts=True, weight_type=GGML_Q8_0),
+    "olmo2": lambda: writer_model("olmo2-dense", N_CTX),  # layer 0 in a window of 32
+    "exaone4": lambda: writer_model("exaone4-dense", N_CTX),
+    "ernie4_5": lambda: writer_model("ernie4_5-moe", N_CTX),
+    "ernie4_5-moe": lambda: writer_model("ernie4_5-moe-moe", N_CTX),
+    "smallthinker": lambda: writer_model("smallthinker-moe", N_CTX),
+    "mistral3": lambda: writer_model("mistral3-moe", N_CTX),
 }
 
 
@@ -23,7 +32,7 @@ FAMILIES = {
 def engine(request, tmp_path_factory):
     path = FAMILIES[request.param]().write(tmp_path_factory.mktemp(request.param) / "m.gguf")
     with Engine(str(path), n_threads=2, n_ctx=N_CTX, max_sessions=4) as e:
-        e.ids = e.tokenize(TEXT)
+        e.ids = e.tokenize(TEXT) * 2  # 340 ids at least, whatever the vocabulary
         yield e
 
 

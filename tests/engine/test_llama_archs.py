@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 
 from llmd.engine.native import Engine
-from tests.llama_archs import MODELS, N_CTX, TEXT, load_layout, regenerate
-from tests.reference_data import require
+from tests.llama_archs import MODELS, N_CTX, TEXT, load_layout, writer_model
 from tests.support.llama_cpp_golden import perplexity
 
 # name -> llama.cpp's perplexity over TEXT on the regenerated file
@@ -28,6 +27,14 @@ GOLDEN = {
     "phi3-dense": 152225.6405,
     "smollm3-dense": 625334.7883,
     "lfm2-dense": 790397.7455,
+    "lfm2moe-moe": 790948.0366,
+    "olmo2-dense": 649066.7006,
+    "exaone4-dense": 649971.9913,
+    "ernie4_5-moe": 151934.0358,
+    "ernie4_5-moe-moe": 151972.8045,
+    "smallthinker-moe": 606965.2724,
+    "mistral3-dense": 149677.5347,
+    "mistral3-moe": 149484.6915,
 }
 # F32 weights (the writer's), F16 embeddings: both engines sum the same products in
 # different orders. Measured within 0.01 % of llama.cpp on every model here (and as close
@@ -42,8 +49,7 @@ def files(tmp_path_factory):
     def file(name: str):
         path = directory / f"{name}.gguf"
         if not path.exists():
-            vocab = require(f"models/ggml-vocab-{MODELS[name][1]}.gguf")
-            regenerate(load_layout(name), vocab).write(path)
+            writer_model(name).write(path)
         return path
     return file
 

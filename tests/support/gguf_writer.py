@@ -575,7 +575,7 @@ def bpe_vocab(n_merged: int) -> tuple[list[str], list[str]]:
 
 # ---- a tiny llama model -----------------------------------------------------------
 
-ARCHS = ("llama", "phi3", "qwen2", "qwen3", "qwen3moe", "smollm3")
+ARCHS = ("llama", "mistral3", "phi3", "qwen2", "qwen3", "qwen3moe", "smollm3")
 N_EXPERT, N_EXPERT_USED, N_FF_EXP = 8, 2, 32  # qwen3moe's experts  # the families build_tiny_llama writes
 
 
@@ -630,6 +630,7 @@ def build_tiny_llama(*, n_vocab: int = 300, n_embd: int = 64, n_layer: int = 2, 
       qwen2    q/k/v biases;
       qwen3    RMS norms over each query and key head (attn_q_norm, attn_k_norm);
       smollm3  the llama layout (the engine skips RoPE on every 4th layer);
+      mistral3 the llama layout;
       phi3     fused attn_qkv and ffn_up (gate rows first), RoPE over 3/4 of each head;
       qwen3moe qwen3's attention, and N_EXPERT SwiGLU experts of N_FF_EXP, N_EXPERT_USED
                routed per token.

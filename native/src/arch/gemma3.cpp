@@ -13,16 +13,11 @@
 namespace llmd {
 namespace {
 
-// Which layers use the sliding window: the file gives a period n (layer l is local
-// unless l % n == n - 1, and n = 0 makes every layer local) or a flag per layer.
+// Which layers use the sliding window: by default five local layers, then one global
+// (Binder::swa_layers).
 bool read_pattern(Binder &b, HParams &hp) {
-    const std::string key = b.prefix + "attention.sliding_window_pattern";
-    std::vector<bool> local;
-    if (!b.layer_flags(key, hp.n_layer, &local)) {
-        const int period = b.get_int(key, 6, false);
-        local.resize(hp.n_layer);
-        for (int l = 0; l < hp.n_layer; ++l) local[l] = period == 0 || l % period < period - 1;
-    }
+    const std::vector<bool> local = b.swa_layers(hp.n_layer, 6);
+    if (!b.error->empty()) return false;
     const int window = b.get_int(b.prefix + "attention.sliding_window", 0, true);
     if (window < 1) return b.fail("model metadata " + b.prefix + "attention.sliding_window must be positive");
     for (int l = 0; l < hp.n_layer; ++l) hp.window[l] = local[l] ? window : 0;

@@ -74,9 +74,9 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
             fail("model metadata " + key + " holds " + std::to_string(v) + ", out of range");
             return fallback;
         }
-        // Layers that have heads have the same number: the shared attention assumes it.
+        // Layers that have any have the same number: the shared ops assume it.
         if (v != 0 && most != 0 && v != most) {
-            fail("model metadata " + key + " gives layers different head counts, which llmd does not run");
+            fail("model metadata " + key + " gives layers different values, which llmd does not run");
             return fallback;
         }
         (*values)[l] = v;
@@ -102,6 +102,17 @@ bool Binder::layer_flags(const std::string &key, int n_layer, std::vector<bool> 
 
 bool Binder::covers_layers(uint64_t count, int n_layer) const {
     return count == static_cast<uint64_t>(n_layer) || count == static_cast<uint64_t>(n_layer) + n_layer_nextn;
+}
+
+std::vector<bool> Binder::swa_layers(int n_layer, int period, bool dense_first) {
+    const std::string key = prefix + "attention.sliding_window_pattern";
+    std::vector<bool> local;
+    if (layer_flags(key, n_layer, &local) || !error->empty()) return local;
+    period = get_int(key, period, false);
+    local.resize(n_layer);
+    for (int l = 0; l < n_layer; ++l)
+        local[l] = period == 0 || (dense_first ? l % period != 0 : l % period < period - 1);
+    return local;
 }
 
 float Binder::get_float(const std::string &key, float fallback) {
@@ -249,6 +260,10 @@ const float *Binder::vector(const std::string &name, int64_t n, bool required) {
     return reinterpret_cast<const float *>(t->data);
 }
 
+void Binder::unapplied_vector(const std::string &name, int64_t n) {
+    if (vector(name, n, false) != nullptr) unapplied.push_back(name);
+}
+
 const float *Binder::filters(const std::string &name, int64_t cols, int64_t rows) {
     const GGUFTensor *t = find(name, true);
     if (t == nullptr) return nullptr;
@@ -285,6 +300,25 @@ void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *no
     matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
 }
 
+void Binder::post_norm_block(const HParams &hp, int l, LayerWeights &L, int64_t q_norm, int64_t k_norm) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
+    matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+    matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+    matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
+    L.bq = vector(blk + "attn_q.bias", hp.q_dim(), false);
+    L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
+    L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+    L.q_norm = vector(blk + "attn_q_norm.weight", q_norm);
+    L.k_norm = vector(blk + "attn_k_norm.weight", k_norm);
+    L.attn_post_norm = vector(blk + "post_attention_norm.weight", dim);
+    matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
+    matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
+    matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
+    L.ffn_post_norm = vector(blk + "post_ffw_norm.weight", dim);
+}
+
 void Binder::moe_hparams(HParams &hp) {
     hp.n_expert = get_int(prefix + "expert_count", 0, true);
     hp.n_expert_used = get_int(prefix + "expert_used_count", 0, true);
@@ -294,7 +328,9 @@ void Binder::moe_hparams(HParams &hp) {
         return;
     }
     // A width of 0, as llama.cpp's writer puts it for "unset", takes the default as absence does.
-    hp.n_ff_exp = get_int(prefix + "expert_feed_forward_length", 0, false);
+    const std::string width = prefix + "expert_feed_forward_length";
+    std::vector<int> widths;
+    hp.n_ff_exp = expert_widths_per_layer ? per_layer_int(width, hp.n_layer, 0, false, &widths) : get_int(width, 0, false);
     if (hp.n_ff_exp == 0) hp.n_ff_exp = hp.n_ff / hp.n_expert_used;
     if (hp.n_ff_exp < 1) fail("model expert FFN length is invalid");
     // A shared expert is as wide as the file says, else as the dense FFN would be.
@@ -311,6 +347,18 @@ void Binder::moe_weighting(HParams &hp, bool norm) {
     const float scale = get_float(prefix + "expert_weights_scale", 0.0f);
     hp.expert_scale = scale == 0.0f ? 1.0f : scale; // 0, as files write "none", scales by 1
     if (!std::isfinite(hp.expert_scale)) fail("model expert weight scale is invalid");
+}
+
+void Binder::moe_gating(HParams &hp, bool required) {
+    const std::string key = prefix + "expert_gating_func";
+    const int func = get_int(key, 0, required);
+    if (!error->empty()) return;
+    if (func != 1 && func != 2) {
+        fail("model metadata " + key + " = " + std::to_string(func) +
+             " is a gating llmd does not run (1: softmax, 2: sigmoid)");
+        return;
+    }
+    hp.gating = func == 2 ? HParams::Gating::sigmoid : HParams::Gating::softmax;
 }
 
 void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
@@ -334,7 +382,7 @@ void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm
     }
     experts(blk + "ffn_down_exps.weight", hp.n_ff_exp, dim, hp.n_expert, &L.down_exps);
     if (hp.n_ff_shexp == 0) return;
-    L.shexp_gate = vector(blk + "ffn_gate_inp_shexp.weight", dim);
+    if (shexp_gated) L.shexp_gate = vector(blk + "ffn_gate_inp_shexp.weight", dim);
     matrix(blk + "ffn_gate_shexp.weight", dim, hp.n_ff_shexp, &L.gate_shexp);
     matrix(blk + "ffn_up_shexp.weight", dim, hp.n_ff_shexp, &L.up_shexp);
     matrix(blk + "ffn_down_shexp.weight", hp.n_ff_shexp, dim, &L.down_shexp);
@@ -437,6 +485,43 @@ void Binder::delta_net_mixer(const HParams &hp, int l, LayerWeights &L) {
     }
 }
 
+void Binder::short_conv_hparams(HParams &hp) {
+    std::vector<int> kv_heads;
+    per_layer_int(prefix + "attention.head_count_kv", hp.n_layer, hp.n_head, false, &kv_heads);
+    hp.conv_len = get_int(prefix + "shortconv.l_cache", 0, true);
+    if (!error->empty()) return;
+    if (hp.conv_len < 2 || hp.conv_len > 64) {
+        fail("model metadata " + prefix + "shortconv.l_cache = " + std::to_string(hp.conv_len) + " is out of range (2..64)");
+        return;
+    }
+    for (int l = 0; l < hp.n_layer; ++l)
+        if (kv_heads[l] == 0) hp.state[l] = (hp.conv_len - 1) * hp.n_embd; // the last inputs of each channel
+}
+
+void Binder::short_conv_mixer(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const int dim = hp.n_embd;
+    if (hp.recurrent(l)) {
+        L.attn_norm = vector(blk + "attn_norm.weight", dim);
+        matrix(blk + "shortconv.in_proj.weight", dim, 3 * dim, &L.conv_in);
+        L.conv_w = filters(blk + "shortconv.conv.weight", hp.conv_len, dim);
+        matrix(blk + "shortconv.out_proj.weight", dim, dim, &L.conv_out);
+    } else {
+        attention(hp, l, L);
+        L.q_norm = vector(blk + "attn_q_norm.weight", hp.head_dim);
+        L.k_norm = vector(blk + "attn_k_norm.weight", hp.head_dim);
+    }
+}
+
+void Binder::short_conv_output_norm(Model &m) {
+    if (m.output_norm != nullptr) {
+        fail("model has tensor output_norm.weight, but " + prefix.substr(0, prefix.size() - 1) +
+             " keeps its final norm in token_embd_norm.weight");
+        return;
+    }
+    m.output_norm = vector("token_embd_norm.weight", m.hp.n_embd);
+}
+
 void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
     const std::string blk = "blk." + std::to_string(l) + ".nextn.";
     const int dim = hp.n_embd;
@@ -450,7 +535,9 @@ void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kGemma3, &kLfm2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma3, &kLfm2, &kLfm2Moe, &kMistral3,
+                              &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe,
+                              &kSmallThinker, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -502,12 +589,12 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::
         return b.fail("tensor " + factors + " has the wrong type or shape");
     // YaRN keeps the pairs that turn many times over the original context (below
     // `low`) extrapolated, interpolates those that turn less than once (above
-    // `high`), and ramps between; beta_fast 32 and beta_slow 1 as the files assume.
+    // `high`), and ramps between; beta_fast 32 and beta_slow 1 unless the family reads others.
     const auto corr_dim = [&](double turns) {
         return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(double{hp.rope_base}));
     };
-    const double low = std::max(0.0, std::floor(corr_dim(32.0))),
-                 high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(1.0)));
+    const double low = std::max(0.0, std::floor(corr_dim(hp.yarn_beta_fast))),
+                 high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(hp.yarn_beta_slow)));
     out->resize(half);
     for (int i = 0; i < half; ++i) {
         double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
@@ -666,7 +753,10 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
 
     if (!rope_frequencies(b, scaling, *model)) return nullptr;
     hp.rope_mscale = scaling.attn_factor;
-    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) hp.rope_mscale *= 1.0f + 0.1f * std::log(scaling.factor);
+    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) {
+        const float ln = std::log(scaling.factor);
+        hp.rope_mscale *= (1.0f + 0.1f * ln) / (hp.yarn_log_mul != 0.0f ? 1.0f + 0.1f * hp.yarn_log_mul * ln : 1.0f);
+    }
 
     // A tensor nobody bound is a part of the model llmd would not compute.
     for (size_t i = 0; i < b.used.size(); ++i)
@@ -678,7 +768,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     if (!b.unapplied.empty())
         b.warnings.push_back("tensor " + b.unapplied[0] +
                              (b.unapplied.size() > 1 ? " and " + std::to_string(b.unapplied.size() - 1) + " more" : "") +
-                             " (scales llama.cpp loads and does not apply for " + arch.name + " either) are not used by llmd");
+                             " (which llama.cpp loads and does not apply for " + arch.name + " either) are not used by llmd");
     model->warnings = std::move(b.warnings);
     for (const auto &t : file.tensors()) model->weight_bytes += t.size;
     model->pack();

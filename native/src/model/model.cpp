@@ -93,7 +93,7 @@ void add_bias(float *y, const float *bias, float scale, int n, int64_t rows, int
         for (int64_t r = r0; r < r1; ++r) y[t * rows + r] += scale == 1.0f ? bias[r] : scale * bias[r];
 }
 
-// Rows [r0, r1) of a job, with its biases and SwiGLU when it has them.
+// Rows [r0, r1) of a job, with its biases and gated unit when it has them.
 void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     matmul_rows(j, n, r0, r1);
     const int64_t rows = j.w->rows;
@@ -102,7 +102,14 @@ void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     matmul_rows({j.up, j.x, j.xq, j.scratch}, n, r0, r1);
     if (j.up_bias != nullptr) add_bias(j.scratch, j.up_bias, j.scale_bias ? j.up->scale : 1.0f, n, rows, r0, r1);
     const auto glu = kernels().glu;
-    for (int t = 0; t < n; ++t) glu(j.gelu, j.y + t * rows + r0, j.scratch + t * rows + r0, r1 - r0);
+    for (int t = 0; t < n; ++t) {
+        float *gate = j.y + t * rows + r0;
+        const float *up = j.scratch + t * rows + r0;
+        if (j.act == Glu::relu) // exact in any order: no kernel of its own
+            for (int64_t i = 0; i < r1 - r0; ++i) gate[i] = std::max(gate[i], 0.0f) * up[i];
+        else
+            glu(j.act == Glu::gelu, gate, up, r1 - r0);
+    }
 }
 
 // Runs the jobs (which share one input) as one parallel region. Their panels, taken
@@ -322,7 +329,7 @@ MatJob swiglu(const Matrix &gate, const Matrix &up, float *y, float *scratch, co
 
 MatJob geglu(const Matrix &gate, const Matrix &up, float *y, float *scratch) {
     MatJob job = swiglu(gate, up, y, scratch);
-    job.gelu = true;
+    job.act = Glu::gelu;
     return job;
 }
 
@@ -366,7 +373,7 @@ void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight
     });
 }
 
-void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
+void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const float *route) {
     const HParams &hp = p.hp;
     const int n = p.n, dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
     Workspace &ws = p.ws;
@@ -379,32 +386,43 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
     ws.moe_h2.resize(std::max(rows * ff, n * shared_ff)); // the up-projection scratch of either
     ws.moe_xq.resize(std::max(quantized_blocks(static_cast<int>(rows), dim), quantized_blocks(static_cast<int>(rows), hp.n_ff_exp)));
     ws.moe_acc.assign(static_cast<size_t>(n) * dim, 0.0f);
-    // The shared expert reads xb as the router does: one region computes both, and its
-    // hidden rows wait in moe_shared until the routed experts are summed.
+    // The shared expert reads xb as the router mostly does: then one region computes
+    // both, and its hidden rows wait in moe_shared until the routed experts are summed.
     const bool shared = L.up_shexp.data != nullptr;
-    if (shared) {
-        ws.moe_shared.resize(n * shared_ff);
-        matmuls(p, xb, {project(L.router, ws.router.data()),
-                        swiglu(L.gate_shexp, L.up_shexp, ws.moe_shared.data(), ws.moe_h2.data())});
+    if (shared) ws.moe_shared.resize(n * shared_ff);
+    const MatJob shared_job = swiglu(L.gate_shexp, L.up_shexp, ws.moe_shared.data(), ws.moe_h2.data());
+    if (route != nullptr) {
+        matmuls(p, route, {project(L.router, ws.router.data())});
+        if (shared) matmuls(p, xb, {shared_job});
+    } else if (shared) {
+        matmuls(p, xb, {project(L.router, ws.router.data()), shared_job});
     } else {
         matmuls(p, xb, {project(L.router, ws.router.data())});
     }
-    // Per token: softmax over the experts, the top k (ties to the lower index), and
-    // their weights; chosen (n, n_expert) holds a token's weight for each chosen expert.
+    // Per token: the experts' probabilities, the top k (ties to the lower index) by
+    // probability plus bias, and their weights; chosen (n, n_expert) holds a token's
+    // weight for each chosen expert.
     std::vector<float> &chosen = ws.moe_weights;
     chosen.assign(static_cast<size_t>(n) * n_exp, 0.0f);
     std::vector<int> order(n_exp);
+    std::vector<float> score(n_exp);
     for (int t = 0; t < n; ++t) {
         float *prob = ws.router.data() + static_cast<size_t>(t) * n_exp;
-        const float mx = *std::max_element(prob, prob + n_exp);
-        float sum = 0.0f;
-        for (int e = 0; e < n_exp; ++e) sum += prob[e] = std::exp(prob[e] - mx);
-        for (int e = 0; e < n_exp; ++e) prob[e] /= sum;
+        if (hp.gating == HParams::Gating::sigmoid) {
+            for (int e = 0; e < n_exp; ++e) prob[e] = 1.0f / (1.0f + std::exp(-prob[e]));
+        } else {
+            const float mx = *std::max_element(prob, prob + n_exp);
+            float sum = 0.0f;
+            for (int e = 0; e < n_exp; ++e) sum += prob[e] = std::exp(prob[e] - mx);
+            for (int e = 0; e < n_exp; ++e) prob[e] /= sum;
+        }
+        for (int e = 0; e < n_exp; ++e) score[e] = L.expert_bias != nullptr ? prob[e] + L.expert_bias[e] : prob[e];
         for (int e = 0; e < n_exp; ++e) order[e] = e;
         std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                          [&](int a, int b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
+                          [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
         float total = 0.0f;
         for (int i = 0; i < k; ++i) total += prob[order[i]];
+        total = std::max(total, 6.103515625e-5f); // as llama.cpp bounds it (the smallest normal half): sigmoids may all be tiny
         for (int i = 0; i < k; ++i) {
             const float w = hp.expert_norm ? prob[order[i]] / total : prob[order[i]];
             chosen[static_cast<size_t>(t) * n_exp + order[i]] = w * hp.expert_scale;
@@ -441,8 +459,10 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
         run_matmuls(p.pool, n, ws.jobs);
     };
     run_groups(ws.moe_in.data(), dim, [&](const Workspace::ExpertGroup &g) {
-        return swiglu(L.gate_exps[g.expert], L.up_exps[g.expert], ws.moe_h.data() + g.row * ff,
-                      ws.moe_h2.data() + g.row * ff);
+        MatJob job = swiglu(L.gate_exps[g.expert], L.up_exps[g.expert], ws.moe_h.data() + g.row * ff,
+                            ws.moe_h2.data() + g.row * ff);
+        if (hp.expert_relu) job.act = Glu::relu;
+        return job;
     });
     run_groups(ws.moe_h.data(), hp.n_ff_exp, [&](const Workspace::ExpertGroup &g) {
         return project(L.down_exps[g.expert], ws.moe_out.data() + static_cast<size_t>(g.row) * dim);
@@ -459,9 +479,12 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x) {
         matmuls(p, ws.moe_shared.data(), {project(L.down_shexp, ws.moe_out.data())});
         for (int t = 0; t < n; ++t) {
             const float *in = xb + static_cast<size_t>(t) * dim, *y = ws.moe_out.data() + static_cast<size_t>(t) * dim;
-            float gate = 0.0f;
-            for (int d = 0; d < dim; ++d) gate += in[d] * L.shexp_gate[d];
-            const float w = 1.0f / (1.0f + std::exp(-gate));
+            float w = 1.0f;
+            if (L.shexp_gate != nullptr) {
+                float gate = 0.0f;
+                for (int d = 0; d < dim; ++d) gate += in[d] * L.shexp_gate[d];
+                w = 1.0f / (1.0f + std::exp(-gate));
+            }
             float *acc = ws.moe_acc.data() + static_cast<size_t>(t) * dim;
             for (int d = 0; d < dim; ++d) acc[d] += w * y[d];
         }
@@ -557,6 +580,13 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     gate_up.scale_bias = down.scale_bias = true;
     matmuls(p, p.xb, {gate_up});
     matmuls(p, p.hb, {down});
+}
+
+void post_norm_ffn(const Pass &p, const LayerWeights &L) {
+    matmuls(p, p.x, {swiglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = silu(x gateᵀ) * (x upᵀ)
+    matmuls(p, p.hb, {project(L.w_down, p.xb)});              // xb = hb downᵀ
+    rmsnorm_rows(p, p.xb, p.xb, L.ffn_post_norm);
+    add_rows(p, p.x, p.xb);                                   // x += norm(hb downᵀ)
 }
 
 void attend(const Pass &p, int layer) {

@@ -54,11 +54,16 @@ struct HParams {
     int rope_dim = 0;  // leading dims of each head that RoPE rotates
     float rope_base = 10000.0f;
     float rope_mscale = 1.0f; // multiplies cos and sin (YaRN's magnitude correction, attn_factor)
+    float yarn_beta_fast = 32.0f; // YaRN keeps pairs that turn more than this many times over the
+    float yarn_beta_slow = 1.0f;  // original context, interpolates those turning less than this
+    float yarn_log_mul = 0.0f;    // YaRN's magnitude (1 + 0.1 ln f) is divided by (1 + 0.1 · this · ln f) when set
     float norm_eps = 1e-5f;
     float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if their own
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
+    float attn_temp_scale = 0.0f; // queries at position p times 1 + this · ln(⌊p / attn_temp_floor⌋ + 1); 0: none
+    int attn_temp_floor = 0;      // (Llama 4's attention temperature, Mistral 3's)
     std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
     std::vector<int> state;     // (n_layer) floats of recurrent state a layer keeps per session
                                 // instead of keys and values (recurrent.h); 0: an attention layer
@@ -78,6 +83,8 @@ struct HParams {
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
     int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
+    enum class Gating { softmax, sigmoid } gating = Gating::softmax; // router scores to expert probabilities
+    bool expert_relu = false;   // the experts' gate activation is ReLU (SmallThinker), not SiLU
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
     bool recurrent(int layer) const { return state[layer] > 0; }
@@ -121,7 +128,8 @@ struct LayerWeights {
     const float *delta_a = nullptr;   // (v_heads) -exp(A_log), negative
     const float *delta_norm = nullptr; // (head_dim) RMS norm of each head's output
     Matrix delta_out;                 // (dim, v_dim)
-    const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this)
+    const float *expert_bias = nullptr; // (n_expert) added to the probabilities to choose experts, not to weigh them
+    const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this); null: 1
     Matrix gate_shexp;                // (n_ff_shexp, dim)
     Matrix up_shexp;                  // (n_ff_shexp, dim)
     Matrix down_shexp;                // (dim, n_ff_shexp)
@@ -186,7 +194,12 @@ struct Binder {
     std::vector<bool> used; // per tensor of the file: bound by the architecture
     int n_layer_nextn = 0;  // per-layer arrays may also cover the multi-token-prediction blocks
     bool ffn_scales = true; // the family's FFN applies its weights' scales (llama.cpp's graphs of some do not)
-    std::vector<std::string> unapplied; // scale tensors accepted and not applied, as by llama.cpp (see scales)
+    bool shexp_gated = true; // a shared expert has its gate (ffn_gate_inp_shexp); Ernie 4.5's has none
+    bool expert_widths_per_layer = false; // expert_feed_forward_length may be given per layer (layers agreeing),
+                                          // as llama.cpp reads it for some families
+    // Tensors accepted and not applied, as llama.cpp loads and leaves them (scales, see
+    // scales; the attention output bias of a family whose graph passes none): one warning.
+    std::vector<std::string> unapplied;
     std::vector<std::string> warnings; // tensors left unused on purpose (ignore), for Model::warnings
 
     Binder(const GGUFFile &file, std::string *error, const std::string &arch_name);
@@ -201,6 +214,11 @@ struct Binder {
     // key is absent or a scalar (the caller's rule applies); fails on another shape.
     bool layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags);
     bool covers_layers(uint64_t count, int n_layer) const; // an array's length is n_layer (+ n_layer_nextn)
+    // Which layers attend over a sliding window, as llama.cpp reads
+    // attention.sliding_window_pattern: a flag per layer (layer_flags), or else a period
+    // n (the key's, else `period`): layer l is local unless l % n == n - 1 (with
+    // `dense_first`, unless l % n == 0); n = 0 makes every layer local.
+    std::vector<bool> swa_layers(int n_layer, int period, bool dense_first = false);
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     // An optional matrix [cols, rows] llama.cpp knows that llmd has no use for: if the
@@ -222,6 +240,9 @@ struct Binder {
     // A fused matrix (rows = the sum of parts' rows) bound as consecutive row ranges.
     bool split_matrix(const std::string &name, int64_t cols, std::initializer_list<std::pair<Matrix *, int64_t>> parts);
     const float *vector(const std::string &name, int64_t n, bool required = true);
+    // An optional vector (F32 of n) llama.cpp loads for the family and its graph never
+    // applies: accepted, listed in `unapplied`, and left out as llama.cpp leaves it.
+    void unapplied_vector(const std::string &name, int64_t n);
     // An F32 [cols, rows] tensor used as rows × cols floats (convolution filters).
     const float *filters(const std::string &name, int64_t cols, int64_t rows);
 
@@ -230,6 +251,11 @@ struct Binder {
     // in most families) and the gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
+    // Block l of the post-norm families (OLMo 2, EXAONE 4: model.h post_norm_ffn): the
+    // attention's weights with optional q/k/v biases, the query and key norms (q_norm
+    // and k_norm floats wide: one head's, or every head's), post_attention_norm, the
+    // gated FFN and post_ffw_norm; no norm before either sublayer.
+    void post_norm_block(const HParams &hp, int l, LayerWeights &L, int64_t q_norm, int64_t k_norm);
     // The MoE families' metadata: expert counts and widths, and the shared expert's
     // width when the file has one; then, for the families whose files may set them,
     // expert_weights_norm (defaulting to `norm`) and expert_weights_scale. The FFN of
@@ -237,6 +263,8 @@ struct Binder {
     // one (hp.n_ff_shexp), the shared expert and its gate.
     void moe_hparams(HParams &hp);
     void moe_weighting(HParams &hp, bool norm);
+    // expert_gating_func, as llama.cpp numbers it: 1 softmax, 2 sigmoid (the others are refused).
+    void moe_gating(HParams &hp, bool required);
     void moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
     // The Qwen3.5 families' metadata: the Gated DeltaNet's dimensions (ssm.*), which
     // layers are DeltaNet layers (attention.recurrent_layers, else every layer but each
@@ -245,6 +273,13 @@ struct Binder {
     // recurrent layer or the gated attention's (model.h: gated_attention) in the others.
     void delta_net_hparams(HParams &hp);
     void delta_net_mixer(const HParams &hp, int l, LayerWeights &L);
+    // The LFM2 families' metadata: a layer without key/value heads is a short-convolution
+    // block over shortconv.l_cache positions. And the first half of their block l:
+    // attn_norm, then the convolution's tensors or Qwen3-style attention's.
+    void short_conv_hparams(HParams &hp);
+    void short_conv_mixer(const HParams &hp, int l, LayerWeights &L);
+    // Their final norm, which they keep in token_embd_norm.weight, into m.output_norm.
+    void short_conv_output_norm(Model &m);
     // The tensors of multi-token-prediction block l that every family names alike
     // (blk.<l>.nextn.*: eh_proj, enorm, hnorm, and the optional embed_tokens,
     // shared_head_head, shared_head_norm); the block's own layer is the family's.
@@ -264,9 +299,12 @@ struct BatchToken {
     RecurrentState *rs = nullptr; // the session's recurrent layers' state (at pos), if the model has any
 };
 
+// The activation of a gated unit's gate: SiLU, GELU (tanh approximation) or ReLU.
+enum class Glu { silu, gelu, relu };
+
 // One matrix product of a parallel region: y (n, w.rows) = x (n, w.cols) · wᵀ + bias,
 // or y += that when `add`. Quantized weights read xq (x quantized per block), others
-// read x. With `up`, a SwiGLU: y = silu(x · wᵀ + bias) * (x · upᵀ + up_bias),
+// read x. With `up`, a gated unit: y = act(x · wᵀ + bias) * (x · upᵀ + up_bias),
 // `scratch` (n, up.rows) holding the latter. Layers build jobs with the named helpers
 // below and run them with matmuls(), which supplies x and xq.
 struct MatJob {
@@ -279,7 +317,7 @@ struct MatJob {
     const Matrix *up = nullptr;
     const float *up_bias = nullptr;
     float *scratch = nullptr;
-    bool gelu = false; // the gate's activation is GELU (tanh approximation), not SiLU
+    Glu act = Glu::silu; // the gate's activation
     int n = 0;         // tokens of this job when not the region's (an expert's own group)
     // Where a weight has a per-tensor scale (Matrix::scale), llama.cpp scales attention
     // products before their bias, s · (x wᵀ) + b, and FFN products after it,
@@ -299,6 +337,7 @@ struct Workspace {
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
     std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // the grouped rows and their results
     std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
+    std::vector<float> moe_route;       // (n, dim) the router's input where it is not the experts' (SmallThinker)
     struct ExpertGroup { int expert, row, n; }; // rows [row, row + n) of moe_in are its tokens
     std::vector<ExpertGroup> moe_groups; // the experts any token of the batch was routed to
     std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
@@ -356,13 +395,17 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps,
              double (*sum_squares)(const float *x, int n) = kernels().sum_squares);
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
-// x (n, dim) += the mixture of experts over xb (n, dim): each token's top
-// n_expert_used experts by softmax of its router scores, weighted by those
-// probabilities (renormalised if hp.expert_norm), plus the shared expert if L has
-// one, weighted by sigmoid(xb · shexp_gate). Each expert runs once over the tokens
-// routed to it, so its weights are read once per batch; each token sums its experts
-// in expert order, then the shared one, whatever else is in the batch.
-void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x);
+// x (n, dim) += the mixture of experts over xb (n, dim): the router scores each
+// token's row of `route` (xb unless given), hp.gating turns the scores into
+// probabilities (softmax, or a sigmoid each), and the token's top n_expert_used
+// experts by probability (plus L.expert_bias where L has one: it only chooses) are
+// weighted by their probabilities, renormalised if hp.expert_norm and scaled by
+// hp.expert_scale; plus the shared expert if L has one, weighted by
+// sigmoid(xb · shexp_gate) (by 1 without that gate). Experts are SwiGLU units (ReGLU
+// with hp.expert_relu). Each expert runs once over the tokens routed to it, so its
+// weights are read once per batch; each token sums its experts in expert order, then
+// the shared one, whatever else is in the batch.
+void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const float *route = nullptr);
 // x (n, dim) += y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y);
 // x (n, n_heads * head_dim): each head of each token RMS-normalised in place and
@@ -399,6 +442,11 @@ void gated_attention(const Pass &p, const LayerWeights &L, int layer);
 // x += down(silu(gate(xb)) * up(xb)) with xb = rmsnorm(x), biases where L has them
 // (inside the weights' per-tensor scales, as llama.cpp's FFN adds them).
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
+
+// The post-norm SwiGLU feed-forward sublayer of the OLMo 2 and EXAONE 4 families, which
+// norm a sublayer's output instead of its input: x += rmsnorm(down(silu(gate(x)) * up(x)))
+// by ffn_post_norm.
+void post_norm_ffn(const Pass &p, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the

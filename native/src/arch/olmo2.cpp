@@ -1,0 +1,69 @@
+// arch/olmo2.cpp — OLMo 2 and OLMo 3: no norm before a sublayer, an RMS norm of its
+// output before it joins the residual (post_attention_norm, post_ffw_norm). Queries
+// and keys are RMS-normed over all their heads at once (attn_q_norm spans q_dim,
+// attn_k_norm kv_dim), then turned by NEOX RoPE; q/k/v biases are optional. OLMo 3
+// files add a sliding window (attention.sliding_window, by default three local layers
+// then one global), whose layers turn by the unscaled frequencies of the global base.
+#include "arch/arch.h"
+
+#include <cmath>
+
+namespace llmd {
+namespace {
+
+void load_hparams(Binder &b, HParams &hp) {
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
+    const int window = b.get_int(b.prefix + "attention.sliding_window", 0, false);
+    if (window == 0) return; // no window, or 0 as "none": every layer global
+    const std::vector<bool> local = b.swa_layers(hp.n_layer, 4);
+    if (!b.error->empty()) return;
+    for (int l = 0; l < hp.n_layer; ++l) hp.window[l] = local[l] ? window : 0;
+}
+
+void bind(Binder &b, Model &m) {
+    const HParams &hp = m.hp;
+    for (int l = 0; l < hp.n_layer; ++l) b.post_norm_block(hp, l, m.layers[l], hp.q_dim(), hp.kv_dim());
+    if (std::none_of(hp.window.begin(), hp.window.end(), [](int w) { return w > 0; })) return;
+    // The local layers' RoPE: the global base without the file's context scaling (which
+    // Model::load folds into inv_freq for the global layers) and without a magnitude
+    // correction, which llmd gives all layers alike (HParams::rope_mscale).
+    std::string_view type;
+    std::string err;
+    const bool yarn = b.file.get_string(b.prefix + "rope.scaling.type", &type, &err) && type == "yarn";
+    if (yarn || b.get_float(b.prefix + "rope.scaling.attn_factor", 1.0f) != 1.0f) {
+        b.fail("olmo2 files with a sliding window and a RoPE magnitude correction (YaRN, attn_factor) are not run by llmd");
+        return;
+    }
+    m.inv_freq_local.resize(hp.rope_dim / 2);
+    for (int i = 0; i < hp.rope_dim / 2; ++i)
+        m.inv_freq_local[i] = static_cast<float>(std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim));
+}
+
+// Each token's row of x (n, width) RMS-normed in place and scaled by weight (width).
+void rmsnorm_width(const Pass &p, float *x, int width, const float *weight) {
+    for (int t = 0; t < p.n; ++t) rmsnorm(x + static_cast<size_t>(t) * width, x + static_cast<size_t>(t) * width, weight,
+                                          width, p.hp.norm_eps);
+}
+
+void layer(const Pass &p, const LayerWeights &L, int l) {
+    const bool local = p.hp.window[l] > 0;
+
+    // attention, of x itself
+    matmuls(p, p.x, {project(L.wq, p.q, L.bq), project(L.wk, p.k, L.bk), project(L.wv, p.v, L.bv)});
+    rmsnorm_width(p, p.q, p.hp.q_dim(), L.q_norm);
+    rmsnorm_width(p, p.k, p.hp.kv_dim(), L.k_norm);
+    rope(p, p.q, p.hp.n_head, Rope::neox, local);
+    rope(p, p.k, p.hp.n_head_kv, Rope::neox, local);
+    attend(p, l);                              // att = softmax(q kᵀ / √hd) v over the window
+    matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ
+    rmsnorm_rows(p, p.xb, p.xb, L.attn_post_norm);
+    add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
+
+    post_norm_ffn(p, L);
+}
+
+} // namespace
+
+const Arch kOlmo2{"olmo2", load_hparams, bind, layer};
+
+} // namespace llmd
