@@ -279,9 +279,13 @@ const float *Binder::filters(const std::string &name, int64_t cols, int64_t rows
 }
 
 void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
+    L.attn_norm = vector("blk." + std::to_string(l) + ".attn_norm.weight", hp.n_embd);
+    attention_weights(hp, l, L);
+}
+
+void Binder::attention_weights(const HParams &hp, int l, LayerWeights &L) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const int dim = hp.n_embd;
-    L.attn_norm = vector(blk + "attn_norm.weight", dim);
     matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
     matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
     matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
@@ -292,31 +296,25 @@ void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
 }
 
 void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
+    L.ffn_norm = vector("blk." + std::to_string(l) + "." + norm + ".weight", hp.n_embd);
+    ffn_weights(hp, l, L);
+}
+
+void Binder::ffn_weights(const HParams &hp, int l, LayerWeights &L) {
     const std::string blk = "blk." + std::to_string(l) + ".";
-    const int dim = hp.n_embd;
-    L.ffn_norm = vector(blk + norm + ".weight", dim);
-    matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
-    matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
-    matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
+    matrix(blk + "ffn_gate.weight", hp.n_embd, hp.n_ff, &L.w_gate);
+    matrix(blk + "ffn_up.weight", hp.n_embd, hp.n_ff, &L.w_up);
+    matrix(blk + "ffn_down.weight", hp.n_ff, hp.n_embd, &L.w_down);
 }
 
 void Binder::post_norm_block(const HParams &hp, int l, LayerWeights &L, int64_t q_norm, int64_t k_norm) {
     const std::string blk = "blk." + std::to_string(l) + ".";
-    const int dim = hp.n_embd;
-    matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
-    matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-    matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
-    matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-    L.bq = vector(blk + "attn_q.bias", hp.q_dim(), false);
-    L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
-    L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+    attention_weights(hp, l, L);
     L.q_norm = vector(blk + "attn_q_norm.weight", q_norm);
     L.k_norm = vector(blk + "attn_k_norm.weight", k_norm);
-    L.attn_post_norm = vector(blk + "post_attention_norm.weight", dim);
-    matrix(blk + "ffn_gate.weight", dim, hp.n_ff, &L.w_gate);
-    matrix(blk + "ffn_up.weight", dim, hp.n_ff, &L.w_up);
-    matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);
-    L.ffn_post_norm = vector(blk + "post_ffw_norm.weight", dim);
+    L.attn_post_norm = vector(blk + "post_attention_norm.weight", hp.n_embd);
+    ffn_weights(hp, l, L);
+    L.ffn_post_norm = vector(blk + "post_ffw_norm.weight", hp.n_embd);
 }
 
 void Binder::moe_hparams(HParams &hp) {

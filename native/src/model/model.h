@@ -251,6 +251,9 @@ struct Binder {
     // in most families) and the gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
+    // The same without their norms.
+    void attention_weights(const HParams &hp, int l, LayerWeights &L);
+    void ffn_weights(const HParams &hp, int l, LayerWeights &L);
     // Block l of the post-norm families (OLMo 2, EXAONE 4: model.h post_norm_ffn): the
     // attention's weights with optional q/k/v biases, the query and key norms (q_norm
     // and k_norm floats wide: one head's, or every head's), post_attention_norm, the
