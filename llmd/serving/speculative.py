@@ -8,7 +8,8 @@ that followed that earlier occurrence (the most recent one). The engine verifies
 the proposal in one forward pass (Session.decode_draft) and keeps what its own
 sampling agrees with, so a proposal never changes the output, only its speed.
 
-How many tokens it proposes (k) adapts to what the engine accepts: k doubles after a
+How many tokens it proposes (k) adapts to what the engine accepts (Pace, which the
+draft model's drafter, llmd.serving.draft_model, shares): k doubles after a
 proposal accepted whole and falls to one past what was accepted otherwise, within
 [n_min, n_max]. A proposal shorter than n_min is not made. A generation whose
 proposals keep being rejected outright (MISSES in a row) pauses proposing for a
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("off", "ngram")  # the drafters there are (--speculative); a draft model and MTP heads are not built yet
+MODES = ("off", "ngram", "draft")  # the drafters there are (--speculative); MTP heads are not built yet
 MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
 NGRAM_MIN = 3        # shorter matches guess wrong too often to pay for their verification (docs/speculative.md)
@@ -42,48 +43,29 @@ class DraftLimits:
     n_min: int = 0
 
 
-class NgramDrafter:
-    """One generation's prompt-lookup drafter over its tokens (prompt, then generated)."""
+class Pace:
+    """How long a generation's next proposal may be, whatever drafts it: k adapts to
+    what the engine accepted of the last ones, and proposing pauses after rejections
+    (the module doc)."""
 
-    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits()):
+    def __init__(self, limits: DraftLimits):
         if not 0 <= limits.n_min <= limits.n_max:
             raise ValueError("need 0 <= n_min <= n_max")
         self.n_max, self.n_min = limits.n_max, limits.n_min
         self.k = max(self.n_min, min(FIRST_K, self.n_max))  # the next proposal's length
-        self.tokens: list[int] = []
-        # n-gram -> index in tokens of what followed its most recent occurrence
-        self._next: dict[tuple[int, ...], int] = {}
         self._misses = 0
         self._pause = 0      # steps left without proposing
         self._pause_len = FIRST_PAUSE
-        self.extend(tokens)
 
-    def extend(self, ids: list[int]) -> None:
-        """Append ids to the tokens the drafter looks in (each generated token, in order)."""
-        t = self.tokens
-        for tok in ids:
-            end = len(t)  # the n-grams ending just before tok are now followed by it
-            for n in range(NGRAM_MIN, min(NGRAM_MAX, end) + 1):
-                self._next[tuple(t[end - n:end])] = end
-            t.append(tok)
-
-    def propose(self, limit: int) -> list[int]:
-        """Up to min(k, limit) ids to follow the tokens, or [] (no match, a proposal
-        shorter than n_min, or a pause). A call that returns [] while pausing counts
-        as one step of the pause."""
+    def length(self, limit: int) -> int:
+        """The length of the proposal to make now: min(k, limit), or 0 for none (a
+        pause, or room for less than n_min). A call that returns 0 while pausing
+        counts as one step of the pause."""
         if self._pause > 0:
             self._pause -= 1
-            return []
+            return 0
         k = min(self.k, limit)
-        if k <= 0 or k < self.n_min:
-            return []
-        t = self.tokens
-        for n in range(min(NGRAM_MAX, len(t)), NGRAM_MIN - 1, -1):
-            start = self._next.get(tuple(t[len(t) - n:]))
-            if start is not None:
-                draft = t[start:start + k]
-                return draft if len(draft) >= max(self.n_min, 1) else []
-        return []
+        return k if k > 0 and k >= self.n_min else 0
 
     def record(self, drafted: int, accepted: int) -> None:
         """The engine accepted `accepted` of the `drafted` ids last proposed."""
@@ -99,3 +81,43 @@ class NgramDrafter:
             self._misses = 0
             self._pause = self._pause_len
             self._pause_len = min(MAX_PAUSE, 2 * self._pause_len)
+
+
+class NgramDrafter:
+    """One generation's prompt-lookup drafter over its tokens (prompt, then generated)."""
+
+    name = "ngram"  # as /metrics labels its counts
+
+    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits()):
+        self.pace = Pace(limits)
+        self.tokens: list[int] = []
+        # n-gram -> index in tokens of what followed its most recent occurrence
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, ids: list[int]) -> None:
+        """Append ids to the tokens the drafter looks in (each generated token, in order)."""
+        t = self.tokens
+        for tok in ids:
+            end = len(t)  # the n-grams ending just before tok are now followed by it
+            for n in range(NGRAM_MIN, min(NGRAM_MAX, end) + 1):
+                self._next[tuple(t[end - n:end])] = end
+            t.append(tok)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to min(k, limit) ids to follow the tokens, or [] (no match, a proposal
+        shorter than n_min, or a pause: Pace.length)."""
+        k = self.pace.length(limit)
+        if k == 0:
+            return []
+        t = self.tokens
+        for n in range(min(NGRAM_MAX, len(t)), NGRAM_MIN - 1, -1):
+            start = self._next.get(tuple(t[len(t) - n:]))
+            if start is not None:
+                draft = t[start:start + k]
+                return draft if len(draft) >= max(self.pace.n_min, 1) else []
+        return []
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """The engine accepted `accepted` of the `drafted` ids last proposed."""
+        self.pace.record(drafted, accepted)

@@ -27,7 +27,7 @@ def test_no_match_and_single_tokens_propose_nothing():
 
 def test_a_proposal_is_cut_at_the_limit_and_at_the_end_of_the_tokens():
     d = NgramDrafter([1, 2, 3, 4, 5, 1, 2, 3], DraftLimits(n_max=16))
-    d.k = 16
+    d.pace.k = 16
     assert d.propose(2) == [4, 5]
     assert d.propose(16) == [4, 5, 1, 2, 3]
     assert d.propose(0) == []
@@ -42,27 +42,27 @@ def test_extend_indexes_new_tokens():
 
 def test_k_doubles_on_full_acceptance_and_falls_past_the_accepted_prefix():
     d = NgramDrafter([], DraftLimits(n_max=10))
-    assert d.k == 4
+    assert d.pace.k == 4
     d.record(4, 4)
-    assert d.k == 8
+    assert d.pace.k == 8
     d.record(8, 8)
-    assert d.k == 10  # n_max
+    assert d.pace.k == 10  # n_max
     d.record(10, 2)
-    assert d.k == 3
+    assert d.pace.k == 3
     d.record(3, 0)
-    assert d.k == 1
+    assert d.pace.k == 1
 
 
 def test_n_min_refuses_short_proposals_and_bounds_k():
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=2))
     assert d.propose(1) == []  # the limit leaves room for less than n_min
     d.record(4, 0)
-    assert d.k == 2
+    assert d.pace.k == 2
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=4))
-    d.k = 8
+    d.pace.k = 8
     assert d.propose(8) == [4, 1, 2, 3]  # as long as n_min
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=5))
-    d.k = 8
+    d.pace.k = 8
     assert d.propose(8) == []  # [4, 1, 2, 3] is shorter than n_min
 
 
