@@ -16,9 +16,9 @@ included) and prefills the rest, planned as the target's warm resume is
 draft model decodes greedily up to k tokens, under the request's logit_bias (a token
 the request bans is never worth drafting). k adapts, and proposing pauses after
 rejections, exactly as for prompt lookup (llmd.serving.speculative.Pace). A
-generation starts with no more of the draft session's cache than the target kept of
-its own (none for a request that may not reuse the slot's cache), so the draft cache
-never shows, through timing, what the target's would not.
+generation starts with no more of the draft session's cache than the target reused
+(its own cache's or the prefix cache's: Generation.plan.keep), so the draft cache never
+shows, through timing, what the target's would not.
 
 A proposal costs one short prefill and k - 1 single-token steps of the draft model,
 so a draft model pays only where its step is much cheaper than the target's
@@ -80,9 +80,9 @@ class ModelDrafter:
 
     def __init__(self, draft: DraftSession, tokens: list[int], keep: int, limits: DraftLimits = DraftLimits(),
                  logit_bias: dict[int, float] | None = None):
-        """tokens: the prompt; keep: how much of its own cache the target session kept
-        for it (the draft session's cache is cut to that at the first proposal);
-        logit_bias: the request's."""
+        """tokens: the prompt; keep: the prompt tokens the target session reused (the
+        draft session's cache is cut to that at the first proposal); logit_bias: the
+        request's."""
         self.pace = Pace(limits)
         self.draft = draft
         self.tokens = list(tokens)
