@@ -76,6 +76,18 @@ def test_proposals_are_the_draft_models_greedy_continuation_and_the_session_mirr
         draft.session.close()
 
 
+def test_drafts_never_hold_a_token_the_request_bans(engines):
+    draft = open_draft_session(engines["llama"])
+    try:
+        tokens = prompt_of(engines["llama"])
+        favourite = greedy(engines["llama"], tokens, 1)[0]
+        proposal = ModelDrafter(draft, tokens, keep=0, logit_bias={favourite: float("-inf")}).propose(4)
+        assert proposal and favourite not in proposal
+        assert ModelDrafter(draft, tokens, keep=0).propose(4)[0] == favourite  # the next request's bias is its own
+    finally:
+        draft.session.close()
+
+
 def test_a_new_generation_reuses_no_more_of_the_draft_cache_than_the_target_kept(engines):
     draft = open_draft_session(engines["llama"])
     prefilled: list[int] = []
