@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from llmd.engine.native import Engine, Sampling, Session, TokenError
 from llmd.serving.prefill import plan_prefill
-from llmd.serving.speculative import DraftLimits, Pace
+from llmd.serving.speculative import Costs, DraftLimits, Pace
 
 CATCH_UP = 256  # tokens a draft session prefills per step at most, as a prefill chunk (runtime.PREFILL_CHUNK)
 
@@ -79,11 +79,11 @@ class ModelDrafter:
     name = "draft"  # as /metrics labels its counts
 
     def __init__(self, draft: DraftSession, tokens: list[int], keep: int, limits: DraftLimits = DraftLimits(),
-                 logit_bias: dict[int, float] | None = None):
+                 logit_bias: dict[int, float] | None = None, costs: Costs | None = None):
         """tokens: the prompt; keep: the prompt tokens the target session reused (the
         draft session's cache is cut to that at the first proposal); logit_bias: the
-        request's."""
-        self.pace = Pace(limits)
+        request's; costs: the runtime's timings, which pace the proposals."""
+        self.pace = Pace(limits, costs)
         self.draft = draft
         self.tokens = list(tokens)
         self._keep: int | None = keep

@@ -31,9 +31,12 @@ draft model: llmd.serving.draft_model, whose engine this thread runs too) in
 the same engine call (Session.decode_draft): the call returns one token or several,
 exactly those plain steps would give, and each goes through `_deliver` one by one as
 a plain step's token does, so streams, stops, logprobs, grammars and cancellation see
-no difference. With several generations decoding, a batched step serves them all
-with one read of the weights, which speculation would break into one call each
-(SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they decode plainly.
+no difference. The runtime times each step's proposal and verification there
+(Costs, shared by its generations), from which the drafters' Pace decides how long a
+proposal pays and whether any does. With several generations decoding, a batched
+step serves them all with one read of the weights, which speculation would break
+into one call each (SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they
+decode plainly.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step until the generation ends, whether or not it was cancelled meanwhile, so
@@ -55,7 +58,7 @@ from llmd.serving.draft_model import ModelDrafter, vocab_difference
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
 from llmd.serving.sessions import Lease, SessionTable, Slot
-from llmd.serving.speculative import MODES, DraftLimits, NgramDrafter
+from llmd.serving.speculative import MODES, Costs, DraftLimits, NgramDrafter
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
@@ -138,6 +141,7 @@ class Runtime:
         self.metrics = metrics
         self.warm_resume = warm_resume
         self.speculative = speculative
+        self.costs = Costs()  # what speculative steps cost here, timed on the executor thread
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-engine")
         self._active: list[Generation] = []
         self._wake = asyncio.Event()
@@ -334,9 +338,10 @@ class Runtime:
             g.decoding = True
             if g.speculative is not None and g.speculative.n_max > 0:
                 if self.speculative == "ngram":
-                    g.drafter = NgramDrafter(g.prompt, g.speculative)
+                    g.drafter = NgramDrafter(g.prompt, g.speculative, self.costs)
                 elif self.speculative == "draft" and slot.draft is not None:
-                    g.drafter = ModelDrafter(slot.draft, g.prompt, g.plan.keep, g.speculative, g.sampling.logit_bias)
+                    g.drafter = ModelDrafter(slot.draft, g.prompt, g.plan.keep, g.speculative, g.sampling.logit_bias,
+                                             self.costs)
             g.t_prefill_end = time.perf_counter()
             if g.max_tokens == 0:  # the prompt's logprobs were all that was asked for
                 self._finish(g, "end", "length")
@@ -373,7 +378,7 @@ class Runtime:
         (if any), fewer when it would reach its token budget or run READ_AHEAD ahead of
         its reader, or ends."""
         loop = asyncio.get_running_loop()
-        session, drafter = g.slot.session, g.drafter
+        session, drafter, costs = g.slot.session, g.drafter, self.costs
         left = min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize())
         # The first step of a reply has no pending token for a proposal to follow.
         started = g.generated > 0
@@ -381,11 +386,18 @@ class Runtime:
 
         def run() -> None:
             nonlocal left, started
+            steady = False  # the last step proposed too: this proposal catches up with nothing
             for _ in range(most):
                 if left <= 0:
                     return
+                t0 = time.perf_counter()
                 draft = drafter.propose(left - 1) if started else []
+                t1 = time.perf_counter()
                 tokens = session.decode_draft(draft, g.logprobs)
+                costs.verified(len(draft), time.perf_counter() - t1)
+                if draft and steady:
+                    costs.drafted(len(draft), t1 - t0)
+                steady = bool(draft)
                 started = True
                 accepted = 0
                 while accepted < min(len(draft), len(tokens)) and tokens[accepted].id == draft[accepted]:

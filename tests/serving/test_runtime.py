@@ -13,6 +13,7 @@ from llmd.serving.draft_model import open_draft_session
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import PREFILL_CHUNK, Generation, Runtime
 from llmd.serving.sessions import Slot
+from llmd.serving.speculative import Costs
 from tests.support.gguf_writer import GGML_Q4_0, build_tiny_llama, build_tiny_qwen35
 
 FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
@@ -222,9 +223,29 @@ async def speculation_scenario(rt: Runtime, narrow: bool, seed: int | None = Non
     return out, drafted, accepted
 
 
+class FixedCosts(Costs):
+    """Costs that keep the timings they are given and learn none: pacing that does not
+    depend on how busy the machine is. None given: acceptance alone paces."""
+
+    def __init__(self, plain: float | None = None, verify: dict[int, float] | None = None):
+        super().__init__()
+        for k, seconds in ({0: plain} if plain is not None else {}).items() | (verify or {}).items():
+            super().verified(k, seconds)
+            super().drafted(k, 0.0)
+
+    def verified(self, k: int, seconds: float) -> None:
+        pass
+
+    def drafted(self, k: int, seconds: float) -> None:
+        pass
+
+
 async def scenario_with(path: str, speculative: str, narrow: bool, draft: str | None = None,
-                        seed: int | None = None) -> tuple[dict, int, int]:
+                        seed: int | None = None, costs: Costs | None = None) -> tuple[dict, int, int]:
+    """The scenario on a new runtime, its speculation paced by `costs` (default: by
+    acceptance alone, so that drafts are accepted and rejected however busy the machine)."""
     rt = Runtime(ServerMetrics(), speculative=speculative)
+    rt.costs = costs or FixedCosts()
     await rt.load(path, draft, n_ctx=2048, max_sessions=8, n_threads=2)
     try:
         return await speculation_scenario(rt, narrow, seed)
@@ -240,6 +261,21 @@ async def test_speculation_changes_no_token_or_logprob_of_greedy_generations(tmp
         speculated, drafted, accepted = await scenario_with(path, "ngram", narrow)
         assert speculated == plain, path
         assert drafted_off == 0 and 0 < accepted < drafted, (path, drafted, accepted)  # accepts and rejects
+
+
+async def test_speculation_that_does_not_pay_only_probes_and_changes_nothing(tmp_path):
+    """Costs by which no proposal pays (a verification of k drafts costs 100 k plain
+    steps): each generation drafts only its probes, one per pause, and the output is
+    the plain one, as it is with the runtime's own timings."""
+    path = str(fetch.default_model(fetch=False))
+    plain, _, _ = await scenario_with(path, "off", False)
+    never = FixedCosts(1.0, {1: 100.0, 8: 800.0})
+    speculated, drafted, _ = await scenario_with(path, "ngram", False, costs=never)
+    assert speculated == plain
+    # 5 generations of 60 to 120 tokens: a probe at their start and after pauses of 8, 16, 32, 64 steps.
+    assert 0 < drafted <= 5 * 5 * 4  # probes of at most FIRST_K ids
+    timed, _, _ = await scenario_with(path, "ngram", False, costs=Costs())
+    assert timed == plain
 
 
 async def test_a_draft_model_changes_no_token_or_logprob_greedy_or_seeded(tmp_path):
