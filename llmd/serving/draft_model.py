@@ -27,6 +27,7 @@ drafter there), except the constructor, which makes no engine call.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from llmd.engine.native import Engine, Sampling, Session, TokenError
@@ -34,6 +35,7 @@ from llmd.serving.prefill import plan_prefill
 from llmd.serving.speculative import Costs, DraftLimits, Pace
 
 CATCH_UP = 256  # tokens a draft session prefills per step at most, as a prefill chunk (runtime.PREFILL_CHUNK)
+CATCH_UP_TIMED = 8  # a catch-up of this many tokens or more is timed (Costs.caught_up); a step's 1 or 2 are drafting
 
 
 def vocab_difference(target: Engine, draft: Engine) -> str | None:
@@ -102,19 +104,22 @@ class ModelDrafter:
             del d.resident[self._keep:]
             d.session.set_sampling(self._sampling)
             self._keep = None
-        # The draft session holds the tokens and k - 1 drafts after them.
-        k = self.pace.length(min(limit, d.n_ctx + 1 - len(t)))
-        if k == 0:
-            return []
         session = d.session
         plan = plan_prefill(d.resident, t, False, floor=session.resume_floor, points=session.resume_points)
+        # The draft session holds the tokens and k - 1 drafts after them.
+        k = self.pace.length(min(limit, d.n_ctx + 1 - len(t)), behind=max(plan.prefill - 1, 0))
+        if k == 0:
+            return []
         d.resident = []  # until the calls below succeed, nothing of the cache is trusted
         session.truncate(plan.keep)
+        chunk = t[plan.keep:plan.keep + CATCH_UP]
+        start = time.perf_counter()
+        session.prefill(chunk)
+        if len(chunk) >= CATCH_UP_TIMED and self.pace.costs is not None:
+            self.pace.costs.caught_up(len(chunk), time.perf_counter() - start)
         if plan.prefill > CATCH_UP:
-            session.prefill(t[plan.keep:plan.keep + CATCH_UP])
             d.resident = t[:plan.keep + CATCH_UP]
             return []
-        session.prefill(t[plan.keep:])
         draft: list[int] = []
         while len(draft) < k:
             token = session.decode_one()

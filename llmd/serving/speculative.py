@@ -36,8 +36,8 @@ MODES = ("off", "ngram", "draft")  # the drafters there are (--speculative); MTP
 MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
 NGRAM_MIN = 3        # shorter matches guess wrong too often to pay for their verification (docs/speculative.md)
-FIRST_K = 4          # a generation's first proposal's length, before it has a record
-N_MAX = 16           # default cap on k (a verification of 16 drafts still costs about one step)
+FIRST_K = 4          # the longest a generation's first proposal may be, before it has a record
+N_MAX = 16           # default cap on k (how far it pays, Costs decide)
 MISSES = 2           # proposals rejected outright in a row before proposing pauses
 FIRST_PAUSE = 8      # steps of the first pause
 MAX_PAUSE = 256      # longest pause
@@ -70,6 +70,31 @@ class Costs:
     def __init__(self):
         self._verify: dict[int, float] = {}
         self._draft: dict[int, float] = {}
+        self._catch_up: float | None = None  # seconds per token a drafter prefills to catch up
+        self._accepted, self._rejected = 0.0, 0.0  # every generation's record, as Pace keeps one's
+
+    def caught_up(self, tokens: int, seconds: float) -> None:
+        """A drafter took `seconds` to catch up with `tokens` tokens (a draft model's
+        session prefilling what the generation added while it did not propose)."""
+        per_token = seconds / tokens
+        old = self._catch_up
+        self._catch_up = per_token if old is None else old + COST_WEIGHT * (per_token - old)
+
+    def catch_up(self, tokens: int) -> float | None:
+        """Seconds to catch up with `tokens` tokens, None until a catch-up is timed."""
+        return None if self._catch_up is None else self._catch_up * tokens
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Some generation had `accepted` of `drafted` ids accepted."""
+        older = RECENT ** drafted
+        self._accepted = older * self._accepted + accepted
+        self._rejected = older * self._rejected + (accepted < drafted)
+
+    @property
+    def acceptance(self) -> float | None:
+        """The recent per-draft acceptance of all generations, None before any proposal."""
+        total = self._accepted + self._rejected
+        return self._accepted / total if total else None
 
     def verified(self, k: int, seconds: float) -> None:
         """A verification of k drafts (0: a plain step) took `seconds`."""
@@ -140,10 +165,14 @@ class Pace:
         """The recent probability that a draft is accepted once those before it are."""
         return self._accepted / (self._accepted + self._rejected)
 
-    def length(self, limit: int) -> int:
+    def length(self, limit: int, behind: int = 0) -> int:
         """The length of the proposal to make now, at most `limit`, or 0 for none (a
         pause, room for less than n_min, or no length that pays, which starts a pause).
-        A call that returns 0 while pausing counts as one step of the pause."""
+        behind: tokens the drafter must catch up with before it can propose (a draft
+        model's session after a pause); a proposal (a probe too) is made only if their
+        cost is less than speculation could save over the `limit` tokens left, at the
+        acceptance of every generation's recent proposals. A call that returns 0 while
+        pausing counts as one step of the pause."""
         if self._pause > 0:
             self._pause -= 1
             return 0
@@ -152,7 +181,7 @@ class Pace:
             return 0
         k, pays = self.best(top)
         self._paid = pays
-        if pays or self._probe:
+        if (pays or self._probe) and self._worth_catching_up(behind, limit):
             return k
         self._start_pause()
         self._pause -= 1  # this step is the pause's first
@@ -161,19 +190,35 @@ class Pace:
     def best(self, top: int) -> tuple[int, bool]:
         """The k in [max(n_min, 1), top] that yields the most tokens per second, and
         whether that beats a plain step; (top, True) while the costs are not known."""
-        costs = self.costs
-        plain = costs.plain if costs is not None else None
-        first = max(self.n_min, 1)
-        if plain is None or costs.verify(first) is None or costs.draft(first) is None:
+        found = self._best_rate(top, self.acceptance)
+        if found is None:
             return top, True
-        a = self.acceptance
-        rate, k = max((expected_tokens(k, a) / max(costs.draft(k) + costs.verify(k), 1e-9), k)
-                      for k in range(first, top + 1))
-        return k, rate > 1.0 / plain
+        rate, k = found
+        return k, rate > 1.0 / self.costs.plain
+
+    def _best_rate(self, top: int, acceptance: float) -> tuple[float, int] | None:
+        """(tokens per second, k) of the best k in [max(n_min, 1), top] at `acceptance`;
+        None while the costs are not known."""
+        costs, first = self.costs, max(self.n_min, 1)
+        if costs is None or costs.plain is None or costs.verify(first) is None or costs.draft(first) is None:
+            return None
+        return max((expected_tokens(k, acceptance) / max(costs.draft(k) + costs.verify(k), 1e-9), k)
+                   for k in range(first, max(first, top) + 1))
+
+    def _worth_catching_up(self, behind: int, limit: int) -> bool:
+        """Whether catching up with `behind` tokens costs less than speculating could
+        save over `limit` tokens; True while either is not known."""
+        costs = self.costs
+        cost = costs.catch_up(behind) if costs is not None and behind else None
+        found = self._best_rate(min(self.k, limit), costs.acceptance) \
+            if cost is not None and costs.acceptance is not None else None
+        return found is None or limit * (costs.plain - 1.0 / found[0]) > cost
 
     def record(self, drafted: int, accepted: int) -> None:
         """The engine accepted `accepted` of the `drafted` ids last proposed."""
         self._probe = False
+        if self.costs is not None:
+            self.costs.record(drafted, accepted)
         older = RECENT ** drafted
         self._accepted = older * self._accepted + accepted
         self._rejected = older * self._rejected + (accepted < drafted)
