@@ -818,7 +818,9 @@ def test_speculative_bounds_past_the_servers_are_400(server):
 def test_a_draft_model_drafts_and_changes_no_token_greedy_or_seeded():
     """--draft-model (here the model itself, so that greedy drafts are all accepted and a
     sampled reply's are not): /v1/models names it, replies equal those without
-    speculation, and timings and /metrics count its drafts."""
+    speculation, and timings and /metrics count its drafts. A draft model as slow as the
+    model never pays: the server's first reply drafts until its costs are timed, and
+    pacing may leave the next without drafts."""
     path = str(fetch.default_model(fetch=False))
     with running_llmd("--max-sessions", "3", "--ctx", "512", "--draft-model", path) as url:
         client = Client(url + "/v1", model=MODEL)
@@ -830,9 +832,9 @@ def test_a_draft_model_drafts_and_changes_no_token_greedy_or_seeded():
             on = client.post_json("/chat/completions", body).json()
             off = client.post_json("/chat/completions", {**body, "speculative": False}).json()
             assert on["choices"][0] == off["choices"][0], extra
-            assert on["timings"]["draft_n"] > 0 and off["timings"]["draft_n"] == 0
+            assert off["timings"]["draft_n"] == 0
             if not extra:
-                assert on["timings"]["draft_n_accepted"] == on["timings"]["draft_n"]
+                assert 0 < on["timings"]["draft_n_accepted"] == on["timings"]["draft_n"]
         metrics = client.request("GET", client.origin + "/metrics").body.decode()
         assert re.search(r'^llmd_draft_tokens_total\{drafter="draft"\} [1-9]', metrics, re.M)
 
