@@ -24,7 +24,10 @@ accepted; after a pause (and for a generation's first proposal) one proposal is
 made whatever the costs say, to probe the acceptance again. So a reply that copies
 nothing, or a drafter that costs more than it saves, pays at most one wasted
 verification every MAX_PAUSE steps. Until a verification has been timed, the
-allowed length is proposed as is.
+allowed length is proposed as is. A drafter that must first catch up with tokens
+(a draft model's session, at a new prompt or after a pause) proposes, a probe
+included, only if catching up costs less than speculating could save over the
+tokens left, at the recent acceptance of all the runtime's generations.
 
 No I/O, no engine: plain ids in, a proposal out (tests/serving/test_speculative.py).
 """
@@ -54,6 +57,26 @@ class DraftLimits:
     n_min: int = 0
 
 
+class Acceptance:
+    """A record of drafts accepted and of rejections (proposals not accepted whole), in
+    which each verified draft weighs the older record by RECENT."""
+
+    def __init__(self, accepted: float = 0.0, rejected: float = 0.0):
+        self.accepted, self.rejected = accepted, rejected
+
+    def add(self, drafted: int, accepted: int) -> None:
+        older = RECENT ** drafted
+        self.accepted = older * self.accepted + accepted
+        self.rejected = older * self.rejected + (accepted < drafted)
+
+    @property
+    def rate(self) -> float | None:
+        """The recent probability that a draft is accepted once those before it are,
+        None with no record."""
+        total = self.accepted + self.rejected
+        return self.accepted / total if total else None
+
+
 def expected_tokens(k: int, acceptance: float) -> float:
     """Tokens a verification of k drafts yields on average when each draft is accepted
     with probability `acceptance` once those before it are: 1 + a + a^2 + ... + a^k."""
@@ -71,7 +94,7 @@ class Costs:
         self._verify: dict[int, float] = {}
         self._draft: dict[int, float] = {}
         self._catch_up: float | None = None  # seconds per token a drafter prefills to catch up
-        self._accepted, self._rejected = 0.0, 0.0  # every generation's record, as Pace keeps one's
+        self._record = Acceptance()  # every generation's, as Pace keeps one's
 
     def caught_up(self, tokens: int, seconds: float) -> None:
         """A drafter took `seconds` to catch up with `tokens` tokens (a draft model's
@@ -86,15 +109,12 @@ class Costs:
 
     def record(self, drafted: int, accepted: int) -> None:
         """Some generation had `accepted` of `drafted` ids accepted."""
-        older = RECENT ** drafted
-        self._accepted = older * self._accepted + accepted
-        self._rejected = older * self._rejected + (accepted < drafted)
+        self._record.add(drafted, accepted)
 
     @property
     def acceptance(self) -> float | None:
         """The recent per-draft acceptance of all generations, None before any proposal."""
-        total = self._accepted + self._rejected
-        return self._accepted / total if total else None
+        return self._record.rate
 
     def verified(self, k: int, seconds: float) -> None:
         """A verification of k drafts (0: a plain step) took `seconds`."""
@@ -153,7 +173,7 @@ class Pace:
         self.n_max, self.n_min = limits.n_max, limits.n_min
         self.costs = costs
         self.k = max(self.n_min, min(FIRST_K, self.n_max))  # the longest next proposal allowed
-        self._accepted, self._rejected = 0.5, 0.5  # drafts accepted and rejections, the older weighing less
+        self._record = Acceptance(0.5, 0.5)  # before any proposal, an even chance
         self._misses = 0
         self._pause = 0      # steps left without proposing
         self._pause_len = FIRST_PAUSE
@@ -163,7 +183,7 @@ class Pace:
     @property
     def acceptance(self) -> float:
         """The recent probability that a draft is accepted once those before it are."""
-        return self._accepted / (self._accepted + self._rejected)
+        return self._record.rate
 
     def length(self, limit: int, behind: int = 0) -> int:
         """The length of the proposal to make now, at most `limit`, or 0 for none (a
@@ -219,9 +239,7 @@ class Pace:
         self._probe = False
         if self.costs is not None:
             self.costs.record(drafted, accepted)
-        older = RECENT ** drafted
-        self._accepted = older * self._accepted + accepted
-        self._rejected = older * self._rejected + (accepted < drafted)
+        self._record.add(drafted, accepted)
         if accepted == drafted:
             self.k = min(self.n_max, 2 * self.k)
         else:
