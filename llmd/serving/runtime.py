@@ -338,7 +338,8 @@ class Runtime:
             g.decoding = True
             if g.speculative is not None and g.speculative.n_max > 0:
                 if self.speculative == "ngram":
-                    g.drafter = NgramDrafter(g.prompt, g.speculative, self.costs)
+                    # Paced by acceptance alone: see docs/speculative.md, "Adaptive".
+                    g.drafter = NgramDrafter(g.prompt, g.speculative)
                 elif self.speculative == "draft" and slot.draft is not None:
                     g.drafter = ModelDrafter(slot.draft, g.prompt, g.plan.keep, g.speculative, g.sampling.logit_bias,
                                              self.costs)

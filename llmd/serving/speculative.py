@@ -265,8 +265,8 @@ class NgramDrafter:
 
     name = "ngram"  # as /metrics labels its counts
 
-    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits(), costs: Costs | None = None):
-        self.pace = Pace(limits, costs)
+    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits()):
+        self.pace = Pace(limits)  # by acceptance alone: docs/speculative.md, "Adaptive"
         self.tokens: list[int] = []
         # n-gram -> index in tokens of what followed its most recent occurrence
         self._next: dict[tuple[int, ...], int] = {}

@@ -263,19 +263,22 @@ async def test_speculation_changes_no_token_or_logprob_of_greedy_generations(tmp
         assert drafted_off == 0 and 0 < accepted < drafted, (path, drafted, accepted)  # accepts and rejects
 
 
-async def test_speculation_that_does_not_pay_only_probes_and_changes_nothing(tmp_path):
+async def test_a_draft_model_that_does_not_pay_drafts_at_most_its_probes_and_changes_nothing(tmp_path):
     """Costs by which no proposal pays (a verification of k drafts costs 100 k plain
-    steps): each generation drafts only its probes, one per pause, and the output is
-    the plain one, as it is with the runtime's own timings."""
+    steps): a draft model (here the model itself) drafts at most its probes, one per
+    pause, and the output is the plain one, as it is with the runtime's own timings.
+    Prompt lookup is paced by acceptance alone, whatever the costs."""
     path = str(fetch.default_model(fetch=False))
     plain, _, _ = await scenario_with(path, "off", False)
     never = FixedCosts(1.0, {1: 100.0, 8: 800.0})
-    speculated, drafted, _ = await scenario_with(path, "ngram", False, costs=never)
+    speculated, drafted, _ = await scenario_with(path, "draft", False, path, costs=never)
     assert speculated == plain
     # 5 generations of 60 to 120 tokens: a probe at their start and after pauses of 8, 16, 32, 64 steps.
-    assert 0 < drafted <= 5 * 5 * 4  # probes of at most FIRST_K ids
-    timed, _, _ = await scenario_with(path, "ngram", False, costs=Costs())
+    assert drafted <= 5 * 5 * 4  # probes of at most FIRST_K ids
+    timed, _, _ = await scenario_with(path, "draft", False, path, costs=Costs())
     assert timed == plain
+    lookup, drafted, _ = await scenario_with(path, "ngram", False, costs=never)
+    assert lookup == plain and drafted > 5 * 5 * 4
 
 
 async def test_a_draft_model_changes_no_token_or_logprob_greedy_or_seeded(tmp_path):
