@@ -94,9 +94,9 @@ def _api_key(text: str) -> str:
 
 def _speculative(text: str) -> str:
     """--speculative: a drafter the runtime has, or a clear word on one it has not yet."""
-    if text in ("draft", "mtp"):
-        raise argparse.ArgumentTypeError(f"'{text}' speculative decoding is not built yet "
-                                         "(a draft model and MTP heads are planned); use 'ngram' or 'off'")
+    if text == "mtp":
+        raise argparse.ArgumentTypeError("'mtp' speculative decoding is not built yet (multi-token-prediction "
+                                         "heads are planned); use 'ngram', 'draft' or 'off'")
     if text not in MODES:
         raise argparse.ArgumentTypeError(f"choose from {', '.join(MODES)}")
     return text
@@ -126,6 +126,18 @@ def _kv_type_flags(p: argparse.ArgumentParser) -> None:
                    help="keys alone (default: --kv-type)")
     p.add_argument("--kv-type-v", choices=KV_TYPES, default=_env("kv_type_v", None, choices=KV_TYPES),
                    help="values alone (default: --kv-type)")
+
+
+def speculative_mode(args: argparse.Namespace) -> str:
+    """The drafter --speculative and --draft-model ask for; fetch.ModelError when they
+    do not go together."""
+    mode = args.speculative or ("draft" if args.draft_model else "ngram")
+    if mode == "draft" and not args.draft_model:
+        raise fetch.ModelError("--speculative draft needs --draft-model PATH.gguf (a smaller model with the "
+                               "same vocabulary)")
+    if mode != "draft" and args.draft_model:
+        raise fetch.ModelError(f"--draft-model drafts only with --speculative draft, not '{mode}'")
+    return mode
 
 
 def kv_types(args: argparse.Namespace) -> tuple[str, str]:
@@ -175,11 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let anonymous requests reuse the scratch session's cache")
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),
                        help="never reuse a session's KV cache (for A/B measurement)")
-    serve.add_argument("--speculative", type=_speculative, default=_env("speculative", "ngram", _speculative),
-                       metavar="{off,ngram}",
+    serve.add_argument("--speculative", type=_speculative, default=_env("speculative", None, _speculative),
+                       metavar="{off,ngram,draft}",
                        help="speculative decoding: 'ngram' drafts the continuation of a repeated n-gram of the "
-                            "conversation (prompt lookup) and verifies it in one pass, without changing any "
-                            "output token; 'off' decodes one token per step")
+                            "conversation (prompt lookup), 'draft' lets a smaller model (--draft-model) guess "
+                            "the next tokens; the model verifies a draft in one pass, without changing any output "
+                            "token; 'off' decodes one token per step (default: draft with --draft-model, else ngram)")
+    serve.add_argument("--draft-model", default=_env("draft_model", None),
+                       help="GGUF file of a smaller model with the same vocabulary (e.g. a lower-bit "
+                            "quantization of the model) that drafts for --speculative draft")
     serve.add_argument("--draft-max", type=_draft_max, default=_env("draft_max", N_MAX, _draft_max),
                        help="longest speculative proposal in tokens, unless a request sets speculative.n_max "
                             f"(0..{MAX_DRAFT})")
@@ -265,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                        default=_env("bench_speculative", False, bool),
                        help="instead: single-stream decode speed with speculative decoding on and off on four "
                             "tasks (code edit, RAG answer, JSON rewrite, open chat), and 4 busy streams")
+    bench.add_argument("--draft-model", default=_env("draft_model", None),
+                       help="--speculative: draft with this model (--speculative draft) instead of prompt lookup")
     bench.add_argument("--url", default=_env("url", None),
                        help="--streams: measure the server at this URL (any OpenAI-compatible one, e.g. "
                             "llama-server) instead of starting llmd; --model names its model file")
@@ -321,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             return accuracy.run(str(fetch.resolve_model(args.model)), args.file, args.twin, args.threads, args.json)
         if args.command == "bench" and args.bench_speculative:
             from llmd.commands import speculative_bench
-            return speculative_bench.run(args.model, args.threads, args.runs, args.json)
+            return speculative_bench.run(args.model, args.threads, args.runs, args.json, args.draft_model)
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
@@ -344,6 +362,7 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    args.speculative = speculative_mode(args)
     logs.configure(args.log_level, args.log_format)
     try:
         asyncio.run(serve(args))
@@ -399,7 +418,7 @@ async def serve(args) -> None:
         path = await asyncio.to_thread(fetch.resolve_model, args.model)
         started = time.perf_counter()
         await asyncio.to_thread(fetch.preload, path)
-        engine = await runtime.load(str(path), n_threads=args.threads, n_ctx=args.ctx,
+        engine = await runtime.load(str(path), args.draft_model, n_threads=args.threads, n_ctx=args.ctx,
                                     max_sessions=args.max_sessions, kv_budget_bytes=args.kv_budget,
                                     prefix_cache_bytes=args.prefix_cache_size, kv_type_k=kv_types(args)[0],
                                     kv_type_v=kv_types(args)[1])
@@ -431,15 +450,17 @@ async def serve(args) -> None:
     if isinstance(template, templates.JinjaTemplate) and (missing := template.template.unsupported()):
         log.warning("the chat template uses %s, which llmd's template interpreter does not support; "
                     "conversations that reach it are refused", ", ".join(missing))
-    model_id = fetch.DEFAULT_ID if not args.model else os.path.splitext(os.path.basename(str(path)))[0]
+    model_id = _model_id(str(path)) if args.model else fetch.DEFAULT_ID
     store = await open_session_store(args, engine, str(path)) if args.session_dir else None
     table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
-                         scratch_reuse=args.scratch_reuse, store=store, save_delay=args.session_save_delay)
+                         scratch_reuse=args.scratch_reuse, store=store, save_delay=args.session_save_delay,
+                         draft_engine=runtime.draft_engine)
     await table.start()
     app.api = Api(engine, runtime, table, template,
                   Options([model_id, *args.model_alias], args.scratch_reuse, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, log_prompts=args.log_prompts,
-                          prefix_cache=args.prefix_cache, draft_max=args.draft_max))
+                          prefix_cache=args.prefix_cache, draft_max=args.draft_max,
+                          speculative=args.speculative, draft_model=_model_id(args.draft_model)))
     log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads, %s kernels",
              model_id, load_seconds, info.n_ctx, info.max_sessions, info.bytes_per_session / 1e6, info.n_threads,
              info.kernels,
@@ -447,7 +468,7 @@ async def serve(args) -> None:
                                "load_seconds": round(load_seconds, 3), "n_ctx": info.n_ctx,
                                "session_slots": info.max_sessions, "threads": info.n_threads,
                                "kernels": info.kernels}})
-    print(banner(url, model_id, str(path), info, load_seconds), flush=True)
+    print(banner(url, model_id, str(path), info, load_seconds, args.speculative, args.draft_model), flush=True)
     notify_systemd("READY=1")
     await stop.wait()
     # /health answers 503 from now on, so balancers send new work elsewhere; what is
@@ -484,8 +505,16 @@ async def open_session_store(args, engine, model_path: str):
     return store
 
 
-def banner(url: str, model_id: str, path: str, info, load_seconds: float) -> str:
+def _model_id(path: str | None) -> str | None:
+    """The id a model file is served as: its name without the extension."""
+    return os.path.splitext(os.path.basename(path))[0] if path else None
+
+
+def banner(url: str, model_id: str, path: str, info, load_seconds: float, speculative: str = "ngram",
+           draft_path: str | None = None) -> str:
     """What an operator needs once llmd is up; its first line is what scripts wait for."""
+    drafter = {"off": "off", "ngram": "prompt lookup (ngram)",
+               "draft": f"draft model {_model_id(draft_path)}  ({draft_path})"}[speculative]
     named = info.max_sessions - 1
     capacity = (f"{named} named sessions + 1 for anonymous requests" if named else
                 "1 session (anonymous requests only; raise --kv-budget or --max-sessions for named ones)")
@@ -497,6 +526,7 @@ def banner(url: str, model_id: str, path: str, info, load_seconds: float) -> str
         f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each "
         f"({info.kv_type_k} keys, {info.kv_type_v} values)",
         f"  threads   {info.n_threads}, {info.kernels} kernels",
+        f"  speculate {drafter}",
         f"  page      {url}/        metrics  {url}/metrics",
         f"  try       curl {url}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(body)}",
     ])

@@ -158,6 +158,9 @@ def test_banner_names_the_model_capacity_and_a_curl_that_works_when_pasted():
     assert "2048 tokens" in text and "4 named sessions" in text and "47 MB" in text
     assert "47 MB of KV cache each (q8_0 keys, f16 values)" in text
     assert "threads   2, avx2 kernels" in text and "http://127.0.0.1:8000/metrics" in text
+    assert "speculate prompt lookup (ngram)" in text
+    drafted = banner("http://h:1", "m", "/m.gguf", info, 0.1, "draft", "/d/small.gguf")
+    assert "speculate draft model small  (/d/small.gguf)" in drafted
     curl = shlex.split(lines[-1].split("try", 1)[1])
     assert curl[:2] == ["curl", "http://127.0.0.1:8000/v1/chat/completions"]
     assert json.loads(curl[curl.index("-d") + 1])["model"] == "it's-a-model"
@@ -186,11 +189,33 @@ def test_a_host_that_cannot_be_bound_is_a_clear_error_not_a_traceback(host):
     assert f"cannot listen on {host}" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("mode", ["draft", "mtp"])
-def test_drafters_not_built_yet_are_refused_by_name(mode):
-    result = run("serve", "--speculative", mode)
+def test_mtp_drafting_not_built_yet_is_refused_by_name():
+    result = run("serve", "--speculative", "mtp")
     assert result.returncode == 2
-    assert f"'{mode}' speculative decoding is not built yet" in result.stderr and "'ngram' or 'off'" in result.stderr
+    assert "'mtp' speculative decoding is not built yet" in result.stderr and "'ngram', 'draft' or 'off'" in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--speculative", "draft"), "--speculative draft needs --draft-model PATH.gguf"),
+    (("--speculative", "ngram", "--draft-model", "d.gguf"), "--draft-model drafts only with --speculative draft"),
+])
+def test_a_draft_model_and_the_draft_mode_go_together(flags, message):
+    result = run("serve", *flags)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_a_draft_model_of_another_vocabulary_is_a_clear_start_up_error(tiny_model):
+    result = run("serve", "--port", "0", "--draft-model", str(tiny_model.path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (f"the draft model {tiny_model.path} cannot draft for the model: its vocabulary has 300 tokens, "
+            "the model's 49152") in result.stderr, result.stderr
+
+
+def test_a_draft_model_makes_draft_the_default_drafter():
+    from llmd import cli
+
+    assert cli.speculative_mode(cli.build_parser().parse_args(["serve", "--draft-model", "d.gguf"])) == "draft"
+    assert cli.speculative_mode(cli.build_parser().parse_args(["serve"])) == "ngram"
 
 
 def test_draft_max_is_bounded_by_the_engine():

@@ -70,6 +70,8 @@ class Options:
     log_prompts: bool = False     # log prompt and completion text (never logged otherwise)
     prefix_cache: str = "key"     # who shares cached prompt prefixes (llmd.serving.prefill.cache_scope)
     draft_max: int = N_MAX        # longest speculative proposal unless a request says (--draft-max)
+    speculative: str = "ngram"    # the drafter (--speculative)
+    draft_model: str | None = None  # the draft model's id, with --speculative draft
 
 
 @dataclass
@@ -186,7 +188,9 @@ class Api:
                          "n_vocab": self.info.n_vocab, "max_sessions": self.table.capacity,
                          "kernels": self.info.kernels, "kv_type_k": self.info.kv_type_k,
                          "kv_type_v": self.info.kv_type_v, "kv_bytes_per_token": self.info.kv_bytes_per_token,
-                         "bytes_per_session": self.info.bytes_per_session}}
+                         "bytes_per_session": self.info.bytes_per_session,
+                         "speculative": self.options.speculative,
+                         **({"draft_model": self.options.draft_model} if self.options.draft_model else {})}}
 
     async def models(self, request: HttpRequest) -> Response:
         return json_response({"object": "list", "data": [self._model_object(m) for m in self.options.model_ids]})

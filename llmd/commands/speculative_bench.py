@@ -1,4 +1,5 @@
-"""`python -m llmd bench --speculative`: what speculative decoding (prompt lookup) buys.
+"""`python -m llmd bench --speculative`: what speculative decoding buys, by prompt lookup
+or, with --draft-model, by a draft model.
 
 Four tasks through HTTP chat completions at temperature 0 against one `python -m llmd`
 server: a code edit (rename a variable in a 200-line file and reprint it), a RAG
@@ -89,11 +90,12 @@ def _chat(port: int, model: str, task: str, text: str, speculative: bool, **extr
     return reply
 
 
-def speculative_figures(path: str | None, threads: int, runs: int) -> dict:
+def speculative_figures(path: str | None, threads: int, runs: int, draft_path: str | None = None) -> dict:
     path = path or _default()
     with Engine(path, n_ctx=16) as engine:
         eog_ids = engine.info.eog_ids
-    proc, port = _start(path, threads, "--max-sessions", "8", "--ctx", "4096")
+    drafter = ("--speculative", "draft", "--draft-model", draft_path) if draft_path else ()
+    proc, port = _start(path, threads, "--max-sessions", "8", "--ctx", "4096", *drafter)
     try:
         model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
         texts = task_messages()
@@ -114,7 +116,7 @@ def speculative_figures(path: str | None, threads: int, runs: int) -> dict:
                 tokens[task] = replies[True]["usage"]["completion_tokens"]
                 identical = identical and (replies[True]["choices"][0]["message"]
                                            == replies[False]["choices"][0]["message"])
-        figures: dict = {"runs": runs, "identical_output": identical}
+        figures: dict = {"drafter": "draft" if draft_path else "ngram", "runs": runs, "identical_output": identical}
         for task in TASKS:
             on, off = rates[task][True], rates[task][False]
             figures[f"{task}_tokens"] = tokens[task]
@@ -163,8 +165,8 @@ def _busy_streams(port: int, model: str, texts: dict[str, str], runs: int, eog_i
             "4_streams_speedup": round(statistics.median(a / b for a, b in zip(on, off)), 2)}
 
 
-def run(path: str | None, threads: int, runs: int, as_json: bool) -> int:
+def run(path: str | None, threads: int, runs: int, as_json: bool, draft_path: str | None = None) -> int:
     """Prints the figures; exits 1 when a reply differed with speculation."""
-    figures = speculative_figures(path, threads, runs)
+    figures = speculative_figures(path, threads, runs, draft_path)
     print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
     return 0 if figures["identical_output"] else 1

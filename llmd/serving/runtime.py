@@ -26,13 +26,17 @@ moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
 wait for the end, so a handler interrupted at any await cannot leave a session held.
 
 Speculative decoding (llmd.serving.speculative). While a single generation is
-decoding, each of its steps may verify a proposal of its drafter (prompt lookup) in
+decoding, each of its steps may verify a proposal of its drafter (prompt lookup, or a
+draft model: llmd.serving.draft_model, whose engine this thread runs too) in
 the same engine call (Session.decode_draft): the call returns one token or several,
 exactly those plain steps would give, and each goes through `_deliver` one by one as
 a plain step's token does, so streams, stops, logprobs, grammars and cancellation see
-no difference. With several generations decoding, a batched step serves them all
-with one read of the weights, which speculation would break into one call each
-(SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they decode plainly.
+no difference. The runtime times each step's proposal and verification there
+(Costs, shared by its generations), from which the drafters' Pace decides how long a
+proposal pays and whether any does. With several generations decoding, a batched
+step serves them all with one read of the weights, which speculation would break
+into one call each (SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they
+decode plainly.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step until the generation ends, whether or not it was cancelled meanwhile, so
@@ -48,11 +52,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from llmd.engine import fetch
 from llmd.engine.native import Engine, Sampling, Token
+from llmd.serving.draft_model import ModelDrafter, vocab_difference
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
 from llmd.serving.sessions import Lease, SessionTable, Slot
-from llmd.serving.speculative import MODES, DraftLimits, NgramDrafter
+from llmd.serving.speculative import MODES, Costs, DraftLimits, NgramDrafter
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
@@ -83,7 +89,7 @@ class Generation:
     pending: int | None = None     # sampled, not yet in the KV cache
     generated: int = 0
     forced: bool = False           # the grammar closed the output early to fit max_tokens
-    drafter: NgramDrafter | None = None  # from the first decode step on, if it speculates
+    drafter: NgramDrafter | ModelDrafter | None = None  # from the first decode step on, if it speculates
     drafted: int = 0               # drafted ids verified
     accepted: int = 0              # of those, ids accepted
     cancelled: bool = False
@@ -131,9 +137,11 @@ class Runtime:
         if speculative not in MODES:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}")
         self.engine: Engine | None = None
+        self.draft_engine: Engine | None = None  # the draft model ("draft" speculation)
         self.metrics = metrics
         self.warm_resume = warm_resume
         self.speculative = speculative
+        self.costs = Costs()  # what speculative steps cost here, timed on the executor thread
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-engine")
         self._active: list[Generation] = []
         self._wake = asyncio.Event()
@@ -149,19 +157,37 @@ class Runtime:
         self._interrupt = True
         return asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def load(self, path: str, **options) -> Engine:
-        """Open the model on the executor thread and start scheduling."""
+    async def load(self, path: str, draft_path: str | None = None, **options) -> Engine:
+        """Open the model (and with "draft" speculation the draft model at draft_path)
+        on the executor thread and start scheduling. fetch.ModelError when the draft
+        model's vocabulary is not the model's."""
+        if (self.speculative == "draft") != (draft_path is not None):
+            raise ValueError("a draft model is needed by, and only by, \"draft\" speculation")
         self.engine = await self.call(lambda: Engine(path, **options))
+        if draft_path is not None:
+            self.draft_engine = await self.call(self._open_draft, draft_path, options.get("n_threads", 0))
         self._task = asyncio.create_task(self._schedule(), name="llmd-scheduler")
         return self.engine
+
+    def _open_draft(self, path: str, n_threads: int) -> Engine:
+        """The draft model, with the model's context and room for a session beside each
+        of the model's (on the executor thread)."""
+        info = self.engine.info
+        draft = Engine(path, n_threads=n_threads, n_ctx=info.n_ctx, max_sessions=info.max_sessions)
+        if (why := vocab_difference(self.engine, draft)) is not None:
+            draft.close()
+            raise fetch.ModelError(f"the draft model {path} cannot draft for the model: {why} "
+                                   "(a draft model needs the model's vocabulary)")
+        return draft
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self.end_all(RuntimeError("the server is shutting down"))
-        if self.engine is not None:
-            await self.call(self.engine.close)
+        for engine in (self.engine, self.draft_engine):
+            if engine is not None:
+                await self.call(engine.close)
         self.executor.shutdown(wait=True)
 
     def end_all(self, exc: BaseException) -> None:
@@ -310,8 +336,13 @@ class Runtime:
             g.events.put_nowait(("progress", g.prompt_progress()))
         if g.next_prefill == len(g.prompt):
             g.decoding = True
-            if self.speculative == "ngram" and g.speculative is not None and g.speculative.n_max > 0:
-                g.drafter = NgramDrafter(g.prompt, g.speculative)
+            if g.speculative is not None and g.speculative.n_max > 0:
+                if self.speculative == "ngram":
+                    # Paced by acceptance alone: see docs/speculative.md, "Adaptive".
+                    g.drafter = NgramDrafter(g.prompt, g.speculative)
+                elif self.speculative == "draft" and slot.draft is not None:
+                    g.drafter = ModelDrafter(slot.draft, g.prompt, g.plan.keep, g.speculative, g.sampling.logit_bias,
+                                             self.costs)
             g.t_prefill_end = time.perf_counter()
             if g.max_tokens == 0:  # the prompt's logprobs were all that was asked for
                 self._finish(g, "end", "length")
@@ -348,7 +379,7 @@ class Runtime:
         (if any), fewer when it would reach its token budget or run READ_AHEAD ahead of
         its reader, or ends."""
         loop = asyncio.get_running_loop()
-        session, drafter = g.slot.session, g.drafter
+        session, drafter, costs = g.slot.session, g.drafter, self.costs
         left = min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize())
         # The first step of a reply has no pending token for a proposal to follow.
         started = g.generated > 0
@@ -356,11 +387,18 @@ class Runtime:
 
         def run() -> None:
             nonlocal left, started
+            steady = False  # the last step proposed too: this proposal catches up with nothing
             for _ in range(most):
                 if left <= 0:
                     return
+                t0 = time.perf_counter()
                 draft = drafter.propose(left - 1) if started else []
+                t1 = time.perf_counter()
                 tokens = session.decode_draft(draft, g.logprobs)
+                costs.verified(len(draft), time.perf_counter() - t1)
+                if draft and steady:
+                    costs.drafted(len(draft), t1 - t0)
+                steady = bool(draft)
                 started = True
                 accepted = 0
                 while accepted < min(len(draft), len(tokens)) and tokens[accepted].id == draft[accepted]:
@@ -369,7 +407,7 @@ class Runtime:
                     drafter.record(len(draft), accepted)
                 drafter.extend([t.id for t in tokens if not t.stopped])
                 left -= len(tokens)
-                loop.call_soon_threadsafe(self._deliver_draft, g, tokens, len(draft), accepted)
+                loop.call_soon_threadsafe(self._deliver_draft, g, tokens, drafter.name, len(draft), accepted)
                 if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
                     return
 
@@ -379,13 +417,13 @@ class Runtime:
             g.slot.dirty = True
             self._finish(g, "error", exc)
 
-    def _deliver_draft(self, g: Generation, tokens: list[Token], drafted: int, accepted: int) -> None:
+    def _deliver_draft(self, g: Generation, tokens: list[Token], drafter: str, drafted: int, accepted: int) -> None:
         """A speculative step's tokens, on the event loop: each as a plain step's."""
         if drafted:
             g.drafted += drafted
             g.accepted += accepted
-            self.metrics.draft_tokens.inc(drafted, drafter="ngram")
-            self.metrics.draft_accepted.inc(accepted, drafter="ngram")
+            self.metrics.draft_tokens.inc(drafted, drafter=drafter)
+            self.metrics.draft_accepted.inc(accepted, drafter=drafter)
         for tok in tokens:
             self._deliver([g], [tok])
 

@@ -24,7 +24,10 @@ without waiting for it. The executor runs calls in the order they were queued,
 so a freed session is gone before any session opened after it: the engine never
 holds more sessions than the table has reserved, whatever order clients and
 operators act in. `engine_sessions` counts what the table holds; it equals the
-engine's own `live_sessions()` whenever the executor is idle.
+engine's own `live_sessions()` whenever the executor is idle. With a draft model
+(llmd.serving.draft_model), each slot's draft session is opened in the call that opens
+its engine session and freed in the call that frees it, so the draft engine's
+`live_sessions()` equals `engine_sessions` too.
 
 Sessions on disk (llmd.serving.session_store, with --session-dir). A named session
 idle for `save_delay` seconds (IDLE_SAVE_SECONDS; 0: at the end of every turn, see
@@ -55,6 +58,7 @@ from typing import Awaitable, Callable, Iterable
 
 from llmd import errors
 from llmd.engine.native import Engine, EngineError, Session
+from llmd.serving.draft_model import DraftSession, open_draft_session
 from llmd.serving.session_store import CONFLICT, Saved, SessionStore
 
 log = logging.getLogger("llmd.sessions")
@@ -112,6 +116,7 @@ class Slot:
 
     id: str | None                  # None for the scratch slot and temporary slots
     session: Session | None = None  # None while it is being opened, and once freed
+    draft: DraftSession | None = None  # its draft model's session, with a draft model (opened and freed with it)
     resident: list[int] = field(default_factory=list)  # ids in the KV cache, in order
     dirty: bool = False             # KV cache may disagree with `resident`: reset before use
     temporary: bool = False
@@ -155,8 +160,9 @@ class SessionTable:
 
     def __init__(self, engine: Engine, call: Callable[..., Awaitable], *, capacity: int,
                  eviction: str = "lru", scratch_reuse: bool = False, store: SessionStore | None = None,
-                 save_delay: float = IDLE_SAVE_SECONDS):
+                 save_delay: float = IDLE_SAVE_SECONDS, draft_engine: Engine | None = None):
         self.engine = engine
+        self.draft_engine = draft_engine  # opens a draft session beside each engine session
         # Queues a function on the engine's executor thread at once and returns an
         # awaitable of its result (Runtime.call).
         self._call = call
@@ -259,10 +265,32 @@ class SessionTable:
         return future
 
     def _open(self, slot: Slot) -> None:
-        opened = self._call(self.engine.new_session)  # queued now, in order with the frees
+        opened = self._call(self._new_session, slot)  # queued now, in order with the frees
         if self.store is not None and slot.id is not None:
             opened = self._restore(slot.id, slot, opened)
         slot.opening = self._queue(opened, lambda f: self._opened(slot, f))
+
+    def _new_session(self, slot: Slot) -> Session:
+        """On the executor thread: a new engine session for the slot, and its draft session."""
+        session = self.engine.new_session()
+        if self.draft_engine is not None:
+            try:
+                slot.draft = open_draft_session(self.draft_engine)
+            except BaseException:
+                session.close()
+                raise
+        return session
+
+    def _free(self, slot: Slot, session: Session) -> None:
+        """Queue the freeing of the slot's engine session and its draft session."""
+        draft, slot.draft = slot.draft, None
+
+        def close() -> None:
+            session.close()
+            if draft is not None:
+                draft.session.close()
+
+        self._queue(self._call(close), self._closed)
 
     async def _restore(self, sid: str, slot: Slot, opened: Awaitable[Session]) -> Session:
         """The slot's new engine session, holding what the id's file saved, if the
@@ -288,7 +316,7 @@ class SessionTable:
             self.store.count_refused()
         except BaseException:
             self.engine_sessions += 1  # counted here, as _opened would have: _closed uncounts it
-            self._queue(self._call(session.close), self._closed)
+            self._free(slot, session)
             raise
         return session
 
@@ -417,7 +445,7 @@ class SessionTable:
             session, slot.session = slot.session, None
             if slot.save and self.store is not None:
                 self._save(slot, session, "shutdown" if self._closing else "evicted")
-            self._queue(self._call(session.close), self._closed)
+            self._free(slot, session)
 
     def _closed(self, future: asyncio.Future) -> None:
         self.engine_sessions -= 1

@@ -8,13 +8,26 @@ that followed that earlier occurrence (the most recent one). The engine verifies
 the proposal in one forward pass (Session.decode_draft) and keeps what its own
 sampling agrees with, so a proposal never changes the output, only its speed.
 
-How many tokens it proposes (k) adapts to what the engine accepts: k doubles after a
-proposal accepted whole and falls to one past what was accepted otherwise, within
-[n_min, n_max]. A proposal shorter than n_min is not made. A generation whose
-proposals keep being rejected outright (MISSES in a row) pauses proposing for a
-number of steps that doubles with each pause, up to MAX_PAUSE, and resets once a
-proposal is accepted: a reply that copies nothing pays at most one wasted
-verification every MAX_PAUSE steps.
+How many tokens it proposes (k) is paced (Pace, which the draft model's drafter,
+llmd.serving.draft_model, shares) by two records. What the engine accepted: the
+longest proposal allowed doubles after a proposal accepted whole and falls to one
+past what was accepted otherwise, within [n_min, n_max]; a proposal shorter than
+n_min is not made. And what it costs (Costs, timed by the runtime on its executor
+thread): a plain step, a verification of k drafts and a proposal of k drafts, in
+seconds. Within the allowed length, Pace proposes the k that yields the most tokens
+per second, expected_tokens(k, acceptance) over the drafting and the verification
+of k, at the session's recent per-draft acceptance; when no k yields more than a
+plain step, it does not propose and pauses. Proposals rejected outright MISSES
+times in a row pause proposing too. A pause lasts a number of steps that doubles
+with each pause, up to MAX_PAUSE, and starts over once a proposal that paid is
+accepted; after a pause (and for a generation's first proposal) one proposal is
+made whatever the costs say, to probe the acceptance again. So a reply that copies
+nothing, or a drafter that costs more than it saves, pays at most one wasted
+verification every MAX_PAUSE steps. Until a verification has been timed, the
+allowed length is proposed as is. A drafter that must first catch up with tokens
+(a draft model's session, at a new prompt or after a pause) proposes, a probe
+included, only if catching up costs less than speculating could save over the
+tokens left, at the recent acceptance of all the runtime's generations.
 
 No I/O, no engine: plain ids in, a proposal out (tests/serving/test_speculative.py).
 """
@@ -22,15 +35,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("off", "ngram")  # the drafters there are (--speculative); a draft model and MTP heads are not built yet
+MODES = ("off", "ngram", "draft")  # the drafters there are (--speculative); MTP heads are not built yet
 MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
 NGRAM_MIN = 3        # shorter matches guess wrong too often to pay for their verification (docs/speculative.md)
-FIRST_K = 4          # a generation's first proposal's length, before it has a record
-N_MAX = 16           # default cap on k (a verification of 16 drafts still costs about one step)
+FIRST_K = 4          # the longest a generation's first proposal may be, before it has a record
+N_MAX = 16           # default cap on k (how far it pays, Costs decide)
 MISSES = 2           # proposals rejected outright in a row before proposing pauses
 FIRST_PAUSE = 8      # steps of the first pause
 MAX_PAUSE = 256      # longest pause
+COST_WEIGHT = 0.2    # a new timing's weight in its running mean (Costs)
+RECENT = 0.95        # the weight of the older record of acceptance at each draft verified (Pace)
 
 
 @dataclass(frozen=True)
@@ -42,20 +57,219 @@ class DraftLimits:
     n_min: int = 0
 
 
-class NgramDrafter:
-    """One generation's prompt-lookup drafter over its tokens (prompt, then generated)."""
+class Acceptance:
+    """A record of drafts accepted and of rejections (proposals not accepted whole), in
+    which each verified draft weighs the older record by RECENT."""
 
-    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits()):
+    def __init__(self, accepted: float = 0.0, rejected: float = 0.0):
+        self.accepted, self.rejected = accepted, rejected
+
+    def add(self, drafted: int, accepted: int) -> None:
+        older = RECENT ** drafted
+        self.accepted = older * self.accepted + accepted
+        self.rejected = older * self.rejected + (accepted < drafted)
+
+    @property
+    def rate(self) -> float | None:
+        """The recent probability that a draft is accepted once those before it are,
+        None with no record."""
+        total = self.accepted + self.rejected
+        return self.accepted / total if total else None
+
+
+def expected_tokens(k: int, acceptance: float) -> float:
+    """Tokens a verification of k drafts yields on average when each draft is accepted
+    with probability `acceptance` once those before it are: 1 + a + a^2 + ... + a^k."""
+    return float(k + 1) if acceptance >= 1.0 else (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+class Costs:
+    """What a runtime's speculative steps cost, in seconds: running means (each new
+    timing weighs COST_WEIGHT) of a verification of k drafts for each k timed, k = 0
+    being a plain step, and of a proposal of k drafts. A k not timed is estimated from
+    the timed ones around it, on the line through the nearest two (a verification) or
+    through 0 at k = 0 and the nearest one (a proposal)."""
+
+    def __init__(self):
+        self._verify: dict[int, float] = {}
+        self._draft: dict[int, float] = {}
+        self._catch_up: float | None = None  # seconds per token a drafter prefills to catch up
+        self._record = Acceptance()  # every generation's, as Pace keeps one's
+
+    def caught_up(self, tokens: int, seconds: float) -> None:
+        """A drafter took `seconds` to catch up with `tokens` tokens (a draft model's
+        session prefilling what the generation added while it did not propose)."""
+        per_token = seconds / tokens
+        old = self._catch_up
+        self._catch_up = per_token if old is None else old + COST_WEIGHT * (per_token - old)
+
+    def catch_up(self, tokens: int) -> float | None:
+        """Seconds to catch up with `tokens` tokens, None until a catch-up is timed."""
+        return None if self._catch_up is None else self._catch_up * tokens
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """Some generation had `accepted` of `drafted` ids accepted."""
+        self._record.add(drafted, accepted)
+
+    @property
+    def acceptance(self) -> float | None:
+        """The recent per-draft acceptance of all generations, None before any proposal."""
+        return self._record.rate
+
+    def verified(self, k: int, seconds: float) -> None:
+        """A verification of k drafts (0: a plain step) took `seconds`."""
+        _update(self._verify, k, seconds)
+
+    def drafted(self, k: int, seconds: float) -> None:
+        """A proposal of k drafts took `seconds` to make."""
+        _update(self._draft, k, seconds)
+
+    @property
+    def plain(self) -> float | None:
+        """A plain step's seconds, None until one is timed."""
+        return self._verify.get(0)
+
+    def verify(self, k: int) -> float | None:
+        """A verification of k drafts' seconds, None until it can be estimated (a plain
+        step and one verification timed)."""
+        return _estimate(self._verify, k)
+
+    def draft(self, k: int) -> float | None:
+        """A proposal of k drafts' seconds, None until one is timed."""
+        return _estimate({0: 0.0, **self._draft}, k)
+
+
+def _update(means: dict[int, float], k: int, seconds: float) -> None:
+    old = means.get(k)
+    means[k] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+
+
+def _estimate(means: dict[int, float], k: int) -> float | None:
+    if k in means:
+        return means[k]
+    below = [j for j in means if j < k]
+    above = [j for j in means if j > k]
+    if below and above:  # between the nearest two
+        a, b = max(below), min(above)
+    elif len(below) >= 2:  # past the last two
+        a, b = sorted(below)[-2:]
+    elif len(above) >= 2:  # before the first two
+        a, b = sorted(above)[:2]
+    else:
+        return None
+    return max(0.0, means[a] + (means[b] - means[a]) * (k - a) / (b - a))
+
+
+class Pace:
+    """How long a generation's next proposal is, whatever drafts it: the k that yields
+    the most tokens per second at its recent acceptance, within a length that adapts
+    to what the engine accepted of the last proposals, and none (a pause) while no k
+    beats a plain step or after rejections (the module doc). costs: the runtime's
+    timings, None to pace by acceptance alone."""
+
+    def __init__(self, limits: DraftLimits, costs: Costs | None = None):
         if not 0 <= limits.n_min <= limits.n_max:
             raise ValueError("need 0 <= n_min <= n_max")
         self.n_max, self.n_min = limits.n_max, limits.n_min
-        self.k = max(self.n_min, min(FIRST_K, self.n_max))  # the next proposal's length
-        self.tokens: list[int] = []
-        # n-gram -> index in tokens of what followed its most recent occurrence
-        self._next: dict[tuple[int, ...], int] = {}
+        self.costs = costs
+        self.k = max(self.n_min, min(FIRST_K, self.n_max))  # the longest next proposal allowed
+        self._record = Acceptance(0.5, 0.5)  # before any proposal, an even chance
         self._misses = 0
         self._pause = 0      # steps left without proposing
         self._pause_len = FIRST_PAUSE
+        self._probe = True   # the next proposal is made whatever the costs say (until one is recorded)
+        self._paid = True    # the last proposal was expected to pay
+
+    @property
+    def acceptance(self) -> float:
+        """The recent probability that a draft is accepted once those before it are."""
+        return self._record.rate
+
+    def length(self, limit: int, behind: int = 0) -> int:
+        """The length of the proposal to make now, at most `limit`, or 0 for none (a
+        pause, room for less than n_min, or no length that pays, which starts a pause).
+        behind: tokens the drafter must catch up with before it can propose (a draft
+        model's session after a pause); a proposal (a probe too) is made only if their
+        cost is less than speculation could save over the `limit` tokens left, at the
+        acceptance of every generation's recent proposals. A call that returns 0 while
+        pausing counts as one step of the pause."""
+        if self._pause > 0:
+            self._pause -= 1
+            return 0
+        top = min(self.k, limit)
+        if top <= 0 or top < self.n_min:
+            return 0
+        k, pays = self.best(top)
+        self._paid = pays
+        if (pays or self._probe) and self._worth_catching_up(behind, limit):
+            return k
+        self._start_pause()
+        self._pause -= 1  # this step is the pause's first
+        return 0
+
+    def best(self, top: int) -> tuple[int, bool]:
+        """The k in [max(n_min, 1), top] that yields the most tokens per second, and
+        whether that beats a plain step; (top, True) while the costs are not known."""
+        found = self._best_rate(top, self.acceptance)
+        if found is None:
+            return top, True
+        rate, k = found
+        return k, rate > 1.0 / self.costs.plain
+
+    def _best_rate(self, top: int, acceptance: float) -> tuple[float, int] | None:
+        """(tokens per second, k) of the best k in [max(n_min, 1), top] at `acceptance`;
+        None while the costs are not known."""
+        costs, first = self.costs, max(self.n_min, 1)
+        if costs is None or costs.plain is None or costs.verify(first) is None or costs.draft(first) is None:
+            return None
+        return max((expected_tokens(k, acceptance) / max(costs.draft(k) + costs.verify(k), 1e-9), k)
+                   for k in range(first, max(first, top) + 1))
+
+    def _worth_catching_up(self, behind: int, limit: int) -> bool:
+        """Whether catching up with `behind` tokens costs less than speculating could
+        save over `limit` tokens; True while either is not known."""
+        costs = self.costs
+        cost = costs.catch_up(behind) if costs is not None and behind else None
+        found = self._best_rate(min(self.k, limit), costs.acceptance) \
+            if cost is not None and costs.acceptance is not None else None
+        return found is None or limit * (costs.plain - 1.0 / found[0]) > cost
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """The engine accepted `accepted` of the `drafted` ids last proposed."""
+        self._probe = False
+        if self.costs is not None:
+            self.costs.record(drafted, accepted)
+        self._record.add(drafted, accepted)
+        if accepted == drafted:
+            self.k = min(self.n_max, 2 * self.k)
+        else:
+            self.k = max(self.n_min, min(self.n_max, accepted + 1), 1)
+        if accepted > 0:
+            self._misses = 0
+            if self._paid:
+                self._pause_len = FIRST_PAUSE
+            return
+        self._misses += 1
+        if self._misses >= MISSES:
+            self._misses = 0
+            self._start_pause()
+
+    def _start_pause(self) -> None:
+        self._pause = self._pause_len
+        self._pause_len = min(MAX_PAUSE, 2 * self._pause_len)
+        self._probe = True
+
+
+class NgramDrafter:
+    """One generation's prompt-lookup drafter over its tokens (prompt, then generated)."""
+
+    name = "ngram"  # as /metrics labels its counts
+
+    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits()):
+        self.pace = Pace(limits)  # by acceptance alone: docs/speculative.md, "Adaptive"
+        self.tokens: list[int] = []
+        # n-gram -> index in tokens of what followed its most recent occurrence
+        self._next: dict[tuple[int, ...], int] = {}
         self.extend(tokens)
 
     def extend(self, ids: list[int]) -> None:
@@ -69,33 +283,18 @@ class NgramDrafter:
 
     def propose(self, limit: int) -> list[int]:
         """Up to min(k, limit) ids to follow the tokens, or [] (no match, a proposal
-        shorter than n_min, or a pause). A call that returns [] while pausing counts
-        as one step of the pause."""
-        if self._pause > 0:
-            self._pause -= 1
-            return []
-        k = min(self.k, limit)
-        if k <= 0 or k < self.n_min:
+        shorter than n_min, or a pause: Pace.length)."""
+        k = self.pace.length(limit)
+        if k == 0:
             return []
         t = self.tokens
         for n in range(min(NGRAM_MAX, len(t)), NGRAM_MIN - 1, -1):
             start = self._next.get(tuple(t[len(t) - n:]))
             if start is not None:
                 draft = t[start:start + k]
-                return draft if len(draft) >= max(self.n_min, 1) else []
+                return draft if len(draft) >= max(self.pace.n_min, 1) else []
         return []
 
     def record(self, drafted: int, accepted: int) -> None:
         """The engine accepted `accepted` of the `drafted` ids last proposed."""
-        if accepted == drafted:
-            self.k = min(self.n_max, 2 * self.k)
-        else:
-            self.k = max(self.n_min, min(self.n_max, accepted + 1), 1)
-        if accepted > 0:
-            self._misses, self._pause_len = 0, FIRST_PAUSE
-            return
-        self._misses += 1
-        if self._misses >= MISSES:
-            self._misses = 0
-            self._pause = self._pause_len
-            self._pause_len = min(MAX_PAUSE, 2 * self._pause_len)
+        self.pace.record(drafted, accepted)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from llmd.engine import fetch
 from llmd.engine.native import kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
@@ -812,6 +813,30 @@ def test_speculative_bounds_past_the_servers_are_400(server):
     assert resp.status == 400 and resp.json()["error"]["param"] == "speculative.n_min"
     body = {**server.completion_body("Hi", max_tokens=2), "speculative.n_max": 4, "speculative.n_min": 4}
     assert server.post_json("/completions", body).status == 200
+
+
+def test_a_draft_model_drafts_and_changes_no_token_greedy_or_seeded():
+    """--draft-model (here the model itself, so that greedy drafts are all accepted and a
+    sampled reply's are not): /v1/models names it, replies equal those without
+    speculation, and timings and /metrics count its drafts. A draft model as slow as the
+    model never pays: the server's first reply drafts until its costs are timed, and
+    pacing may leave the next without drafts."""
+    path = str(fetch.default_model(fetch=False))
+    with running_llmd("--max-sessions", "3", "--ctx", "512", "--draft-model", path) as url:
+        client = Client(url + "/v1", model=MODEL)
+        meta = client.get_json("/models").json()["data"][0]["meta"]
+        assert meta["speculative"] == "draft" and meta["draft_model"] == "SmolLM2-135M-Instruct.Q4_1"
+        messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+        for extra in ({}, {"temperature": 0.9, "seed": 3}):
+            body = client.chat_body(messages, max_tokens=40, logprobs=True, top_logprobs=2, **extra)
+            on = client.post_json("/chat/completions", body).json()
+            off = client.post_json("/chat/completions", {**body, "speculative": False}).json()
+            assert on["choices"][0] == off["choices"][0], extra
+            assert off["timings"]["draft_n"] == 0
+            if not extra:
+                assert 0 < on["timings"]["draft_n_accepted"] == on["timings"]["draft_n"]
+        metrics = client.request("GET", client.origin + "/metrics").body.decode()
+        assert re.search(r'^llmd_draft_tokens_total\{drafter="draft"\} [1-9]', metrics, re.M)
 
 
 def test_streams_with_stop_strings_and_n_choices_are_the_same_with_speculation(server):

@@ -9,10 +9,12 @@ import pytest_asyncio
 
 from llmd.engine import fetch
 from llmd.engine.native import Sampling, Session
+from llmd.serving.draft_model import open_draft_session
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import PREFILL_CHUNK, Generation, Runtime
 from llmd.serving.sessions import Slot
-from tests.support.gguf_writer import build_tiny_qwen35
+from llmd.serving.speculative import Costs
+from tests.support.gguf_writer import GGML_Q4_0, build_tiny_llama, build_tiny_qwen35
 
 FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
 
@@ -180,15 +182,23 @@ SPEC_PROMPTS = {
 }
 
 
-async def speculation_scenario(rt: Runtime, narrow: bool) -> tuple[dict, int, int]:
-    """Greedy generations with logprobs: one alone, then three at once (so speculation
-    stops and starts as the batch grows and shrinks), then a second turn of the first on
-    its warm session. Each generation's (id, logprob, top) tokens, the drafted and the
-    accepted ids in all. `narrow` biases the choice towards three ids, so that n-grams
-    recur on random weights too."""
-    sessions = {name: Slot(name, await rt.call(rt.engine.new_session)) for name in SPEC_PROMPTS}
+async def new_slot(rt: Runtime, name: str) -> Slot:
+    """A slot as the session table opens it: with a draft session when the runtime has
+    a draft model."""
+    draft = await rt.call(open_draft_session, rt.draft_engine) if rt.draft_engine is not None else None
+    return Slot(name, await rt.call(rt.engine.new_session), draft=draft)
+
+
+async def speculation_scenario(rt: Runtime, narrow: bool, seed: int | None = None) -> tuple[dict, int, int]:
+    """Generations with logprobs, greedy (or sampled with `seed`): one alone, then three
+    at once (so speculation stops and starts as the batch grows and shrinks), then a
+    second turn of the first on its warm session. Each generation's (id, logprob, top)
+    tokens, the drafted and the accepted ids in all. `narrow` biases the choice towards
+    three ids, so that n-grams recur on random weights too."""
+    sessions = {name: await new_slot(rt, name) for name in SPEC_PROMPTS}
     bias = {i: float("-inf") for i in rt.engine.info.eog_ids} | ({i: 6.0 for i in range(40, 43)} if narrow else {})
-    never_end = Sampling(logit_bias=bias)  # greedy
+    never_end = Sampling(logit_bias=bias) if seed is None else Sampling(temperature=0.8, top_k=20, seed=seed,
+                                                                        logit_bias=bias)
     out: dict = {}
 
     async def run(key: str, slot: Slot, prompt: list[int], max_tokens: int) -> list[int]:
@@ -202,22 +212,43 @@ async def speculation_scenario(rt: Runtime, narrow: bool) -> tuple[dict, int, in
 
     prompts = {name: await rt.call(rt.engine.tokenize, text) for name, text in SPEC_PROMPTS.items()}
     first = await run("alone", sessions["copy"], prompts["copy"], 120)
-    together = {**sessions, "copy": Slot("copy2", await rt.call(rt.engine.new_session))}
+    together = {**sessions, "copy": await new_slot(rt, "copy2")}
     await asyncio.gather(*(run(name, together[name], prompts[name], 60 + 20 * i)
                            for i, name in enumerate(SPEC_PROMPTS)))
     again = prompts["copy"] + first + await rt.call(rt.engine.tokenize, "\nOnce more:\n" + CODE[:80])
     await run("warm", sessions["copy"], again, 80)
     assert out["warm"][0] and sessions["copy"].resident[:len(prompts["copy"])] == prompts["copy"]
-    drafted = rt.metrics.draft_tokens.values.get(("ngram",), 0)
-    accepted = rt.metrics.draft_accepted.values.get(("ngram",), 0)
+    drafted = rt.metrics.draft_tokens.values.get((rt.speculative,), 0)
+    accepted = rt.metrics.draft_accepted.values.get((rt.speculative,), 0)
     return out, drafted, accepted
 
 
-async def scenario_with(path: str, speculative: str, narrow: bool) -> tuple[dict, int, int]:
+class FixedCosts(Costs):
+    """Costs that keep the timings they are given and learn none: pacing that does not
+    depend on how busy the machine is. None given: acceptance alone paces."""
+
+    def __init__(self, plain: float | None = None, verify: dict[int, float] | None = None):
+        super().__init__()
+        for k, seconds in ({0: plain} if plain is not None else {}).items() | (verify or {}).items():
+            super().verified(k, seconds)
+            super().drafted(k, 0.0)
+
+    def verified(self, k: int, seconds: float) -> None:
+        pass
+
+    def drafted(self, k: int, seconds: float) -> None:
+        pass
+
+
+async def scenario_with(path: str, speculative: str, narrow: bool, draft: str | None = None,
+                        seed: int | None = None, costs: Costs | None = None) -> tuple[dict, int, int]:
+    """The scenario on a new runtime, its speculation paced by `costs` (default: by
+    acceptance alone, so that drafts are accepted and rejected however busy the machine)."""
     rt = Runtime(ServerMetrics(), speculative=speculative)
-    await rt.load(path, n_ctx=2048, max_sessions=8, n_threads=2)
+    rt.costs = costs or FixedCosts()
+    await rt.load(path, draft, n_ctx=2048, max_sessions=8, n_threads=2)
     try:
-        return await speculation_scenario(rt, narrow)
+        return await speculation_scenario(rt, narrow, seed)
     finally:
         await rt.close()
 
@@ -230,3 +261,38 @@ async def test_speculation_changes_no_token_or_logprob_of_greedy_generations(tmp
         speculated, drafted, accepted = await scenario_with(path, "ngram", narrow)
         assert speculated == plain, path
         assert drafted_off == 0 and 0 < accepted < drafted, (path, drafted, accepted)  # accepts and rejects
+
+
+async def test_a_draft_model_that_does_not_pay_drafts_at_most_its_probes_and_changes_nothing(tmp_path):
+    """Costs by which no proposal pays (a verification of k drafts costs 100 k plain
+    steps): a draft model (here the model itself) drafts at most its probes, one per
+    pause, and the output is the plain one, as it is with the runtime's own timings.
+    Prompt lookup is paced by acceptance alone, whatever the costs."""
+    path = str(fetch.default_model(fetch=False))
+    plain, _, _ = await scenario_with(path, "off", False)
+    never = FixedCosts(1.0, {1: 100.0, 8: 800.0})
+    speculated, drafted, _ = await scenario_with(path, "draft", False, path, costs=never)
+    assert speculated == plain
+    # 5 generations of 60 to 120 tokens: a probe at their start and after pauses of 8, 16, 32, 64 steps.
+    assert drafted <= 5 * 5 * 4  # probes of at most FIRST_K ids
+    timed, _, _ = await scenario_with(path, "draft", False, path, costs=Costs())
+    assert timed == plain
+    lookup, drafted, _ = await scenario_with(path, "ngram", False, costs=never)
+    assert lookup == plain and drafted > 5 * 5 * 4
+
+
+async def test_a_draft_model_changes_no_token_or_logprob_greedy_or_seeded(tmp_path):
+    """A llama and the hybrid qwen35 (Gated DeltaNet), each drafted for by its Q4_0 twin
+    (the same random weights, coarser: it agrees often, not always)."""
+    paths = {}
+    for name, build in (("llama", build_tiny_llama), ("qwen35", build_tiny_qwen35)):
+        for weight_type, suffix in ((None, ""), (GGML_Q4_0, "_q4_0")):
+            w = build(n_ctx=2048) if weight_type is None else build(n_ctx=2048, weight_type=weight_type)
+            paths[name + suffix] = str(w.write(tmp_path / f"{name}{suffix}.gguf"))
+    for name in ("llama", "qwen35"):
+        for seed in (None, 11):
+            plain, drafted_off, _ = await scenario_with(paths[name], "off", False, seed=seed)
+            speculated, drafted, accepted = await scenario_with(paths[name], "draft", False, paths[name + "_q4_0"],
+                                                                seed)
+            assert speculated == plain, (name, seed)
+            assert drafted_off == 0 and 0 < accepted < drafted, (name, seed, drafted, accepted)

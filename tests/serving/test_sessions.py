@@ -31,19 +31,21 @@ def model(tiny_llama_factory):
 
 
 class Stack:
-    """The server stack in this process: engine, runtime, table, API, HTTP."""
+    """The server stack in this process: engine, runtime, table, API, HTTP; with `draft`,
+    speculating with the model as its own draft model (each slot has a draft session)."""
 
-    def __init__(self, model, max_sessions: int, eviction: str):
-        self.model, self.max_sessions, self.eviction = model, max_sessions, eviction
+    def __init__(self, model, max_sessions: int, eviction: str, draft: bool = False):
+        self.model, self.max_sessions, self.eviction, self.draft = model, max_sessions, eviction, draft
 
     async def __aenter__(self):
         # The clients below block threads of the default executor, which the server
         # in this same process also uses (asyncio.to_thread): give it room for both.
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(64))
-        self.runtime = Runtime(ServerMetrics())
-        self.engine = await self.runtime.load(str(self.model.path), n_threads=1, max_sessions=self.max_sessions)
+        self.runtime = Runtime(ServerMetrics(), speculative="draft" if self.draft else "ngram")
+        self.engine = await self.runtime.load(str(self.model.path), str(self.model.path) if self.draft else None,
+                                              n_threads=1, max_sessions=self.max_sessions)
         self.table = SessionTable(self.engine, self.runtime.call, capacity=self.engine.info.max_sessions,
-                                  eviction=self.eviction)
+                                  eviction=self.eviction, draft_engine=self.runtime.draft_engine)
         await self.table.start()
         app = App()
         app.api = Api(self.engine, self.runtime, self.table, templates.detect_template(self.engine.info.chat_template),
@@ -81,11 +83,15 @@ class Stack:
         await self.runtime.call(lambda: None)  # queued frees have run
 
     def assert_agree(self) -> None:
-        """The engine, the table and the listing count the same sessions."""
+        """The engine, the table and the listing count the same sessions (and the draft
+        engine one beside each)."""
         live = self.engine.live_sessions()
         assert live == self.table.engine_sessions == 1 + len(self.table.named), (
             live, self.table.engine_sessions, list(self.table.named))
         assert self.table.in_use == len(self.table.named)
+        if self.draft:
+            assert self.runtime.draft_engine.live_sessions() == live
+            assert self.runtime.metrics.draft_tokens.values.get(("draft",), 0) > 0  # it did speculate
 
 
 def open_stream(port: int, body: dict, path: str = "/v1/completions") -> socket.socket:
@@ -121,15 +127,19 @@ def reset(sock: socket.socket) -> None:
 
 
 @contextlib.asynccontextmanager
-async def stack(model, max_sessions: int = 3, eviction: str = "lru"):
-    async with Stack(model, max_sessions, eviction) as s:
+async def stack(model, max_sessions: int = 3, eviction: str = "lru", draft: bool = False):
+    async with Stack(model, max_sessions, eviction, draft) as s:
         yield s
+        if draft:  # once the table has freed its sessions, the draft model holds none either
+            await s.table.close()
+            assert s.runtime.draft_engine.live_sessions() == 0
 
 
 # ---- 1. engine sessions never leak ------------------------------------------------------
 
-async def test_deleting_streaming_sessions_whose_clients_close_at_done_leaks_nothing(model):
-    async with stack(model, max_sessions=3) as s:
+@pytest.mark.parametrize("draft", [False, True])
+async def test_deleting_streaming_sessions_whose_clients_close_at_done_leaks_nothing(model, draft):
+    async with stack(model, max_sessions=3, draft=draft) as s:
         busy = await asyncio.to_thread(open_stream, s.server.port, s.body(max_tokens=900, stream=True))
 
         def round_trip(sid: str) -> bytes:
@@ -153,8 +163,9 @@ async def test_deleting_streaming_sessions_whose_clients_close_at_done_leaks_not
         s.assert_agree()
 
 
-async def test_anonymous_streams_closed_at_done_leak_no_temporary_session(model):
-    async with stack(model, max_sessions=6) as s:
+@pytest.mark.parametrize("draft", [False, True])
+async def test_anonymous_streams_closed_at_done_leak_no_temporary_session(model, draft):
+    async with stack(model, max_sessions=6, draft=draft) as s:
         def one() -> None:
             sock = open_stream(s.server.port, s.body(max_tokens=12, stream=True))
             received = read_until(sock, b"data: [DONE]")
@@ -188,8 +199,9 @@ async def test_reset_right_after_a_streaming_request_leaves_nothing_held(model, 
 
 # ---- 3. eviction under concurrency ------------------------------------------------------------
 
-async def test_concurrent_new_sessions_on_a_full_table_get_200_or_429_never_500(model):
-    async with stack(model, max_sessions=2) as s:  # one named slot
+@pytest.mark.parametrize("draft", [False, True])
+async def test_concurrent_new_sessions_on_a_full_table_get_200_or_429_never_500(model, draft):
+    async with stack(model, max_sessions=2, draft=draft) as s:  # one named slot
         for round in range(5):
             assert (await s.post(s.body(f"seed{round}", max_tokens=1))).status == 200
             both = await asyncio.gather(s.post(s.body(f"x{round}", max_tokens=4)),
@@ -214,8 +226,9 @@ async def test_concurrent_first_requests_for_one_new_id_take_one_slot(model):
 
 # ---- 5. nothing cut short is reported as a success ----------------------------------------------
 
-async def test_delete_lets_the_running_request_finish_then_frees_the_session(model):
-    async with stack(model, max_sessions=3) as s:
+@pytest.mark.parametrize("draft", [False, True])
+async def test_delete_lets_the_running_request_finish_then_frees_the_session(model, draft):
+    async with stack(model, max_sessions=3, draft=draft) as s:
         running = asyncio.ensure_future(s.post(s.body("doomed", max_tokens=300)))
         while "doomed" not in s.table.named or not s.runtime.active:
             await asyncio.sleep(0.005)

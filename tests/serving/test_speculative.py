@@ -1,9 +1,13 @@
-"""llmd/serving/speculative.py: the prompt-lookup drafter, on plain ids."""
+"""llmd/serving/speculative.py: the prompt-lookup drafter, on plain ids, and the pacing of
+proposals by acceptance and by cost (fake timings)."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
-from llmd.serving.speculative import FIRST_PAUSE, MAX_PAUSE, MISSES, DraftLimits, NgramDrafter
+from llmd.serving.speculative import (FIRST_K, FIRST_PAUSE, MAX_PAUSE, MISSES, N_MAX, Costs, DraftLimits, NgramDrafter,
+                                     Pace, expected_tokens)
 
 
 def test_the_continuation_of_the_longest_matching_ngram_is_proposed():
@@ -27,7 +31,7 @@ def test_no_match_and_single_tokens_propose_nothing():
 
 def test_a_proposal_is_cut_at_the_limit_and_at_the_end_of_the_tokens():
     d = NgramDrafter([1, 2, 3, 4, 5, 1, 2, 3], DraftLimits(n_max=16))
-    d.k = 16
+    d.pace.k = 16
     assert d.propose(2) == [4, 5]
     assert d.propose(16) == [4, 5, 1, 2, 3]
     assert d.propose(0) == []
@@ -42,27 +46,27 @@ def test_extend_indexes_new_tokens():
 
 def test_k_doubles_on_full_acceptance_and_falls_past_the_accepted_prefix():
     d = NgramDrafter([], DraftLimits(n_max=10))
-    assert d.k == 4
+    assert d.pace.k == 4
     d.record(4, 4)
-    assert d.k == 8
+    assert d.pace.k == 8
     d.record(8, 8)
-    assert d.k == 10  # n_max
+    assert d.pace.k == 10  # n_max
     d.record(10, 2)
-    assert d.k == 3
+    assert d.pace.k == 3
     d.record(3, 0)
-    assert d.k == 1
+    assert d.pace.k == 1
 
 
 def test_n_min_refuses_short_proposals_and_bounds_k():
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=2))
     assert d.propose(1) == []  # the limit leaves room for less than n_min
     d.record(4, 0)
-    assert d.k == 2
+    assert d.pace.k == 2
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=4))
-    d.k = 8
+    d.pace.k = 8
     assert d.propose(8) == [4, 1, 2, 3]  # as long as n_min
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=5))
-    d.k = 8
+    d.pace.k = 8
     assert d.propose(8) == []  # [4, 1, 2, 3] is shorter than n_min
 
 
@@ -97,3 +101,128 @@ def test_an_accepted_proposal_ends_the_backoff():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError):
         NgramDrafter([], DraftLimits(n_max=2, n_min=3))
+
+
+def costs(plain: float, verify: dict[int, float], draft_per_token: float = 0.0) -> Costs:
+    """Costs as if the runtime had timed a plain step, verifications of the given k and
+    proposals of those k at draft_per_token seconds a draft."""
+    c = Costs()
+    c.verified(0, plain)
+    for k, seconds in verify.items():
+        c.verified(k, seconds)
+        c.drafted(k, draft_per_token * k)
+    return c
+
+
+def test_costs_are_running_means_and_untimed_k_are_estimated_on_a_line():
+    c = Costs()
+    assert c.plain is None and c.verify(2) is None and c.draft(2) is None
+    c.verified(0, 10.0)
+    assert c.plain == 10.0 and c.verify(2) is None  # one point is no line
+    c.verified(4, 20.0)
+    assert c.verify(2) == pytest.approx(15.0) and c.verify(8) == pytest.approx(30.0)
+    c.verified(4, 30.0)  # a running mean, not the last timing
+    assert c.verify(4) == pytest.approx(22.0)
+    c.drafted(2, 6.0)
+    assert c.draft(1) == pytest.approx(3.0) and c.draft(4) == pytest.approx(12.0)
+
+
+def test_expected_tokens():
+    assert expected_tokens(4, 1.0) == 5
+    assert expected_tokens(4, 0.0) == 1
+    assert expected_tokens(2, 0.5) == pytest.approx(1.75)
+
+
+def drive(pace: Pace, accept, steps: int) -> list[int]:
+    """The proposal lengths of `steps` steps, accept(k) drafts of a proposal of k accepted."""
+    lengths = []
+    for _ in range(steps):
+        k = pace.length(32)
+        lengths.append(k)
+        if k:
+            pace.record(k, accept(k))
+    return lengths
+
+
+def test_a_drafter_that_costs_more_than_it_saves_stops_proposing_and_probes_ever_less():
+    # A draft model whose step costs 0.6 of the model's, verification 1 + 0.2 k steps: at
+    # 60 % acceptance no k beats a plain step (the draft model's 135M at Q4_0 for its Q8_0).
+    pace = Pace(DraftLimits(), costs(1.0, {1: 1.2, 8: 2.6}, draft_per_token=0.6))
+    lengths = drive(pace, lambda k: int(0.6 * k), 600)
+    probes = [i for i, k in enumerate(lengths) if k]
+    assert len(probes) <= 8  # the first proposal, then one a pause, each pause twice as long
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] >= MAX_PAUSE
+    assert all(k == 1 for k in lengths[probes[1]:] if k)  # a probe costs least at k = 1
+
+
+def test_acceptance_alone_would_have_kept_proposing():
+    pace = Pace(DraftLimits())  # no costs: acceptance alone paces
+    assert all(drive(pace, lambda k: k, 50))
+
+
+def test_the_same_drafter_pays_at_high_acceptance_with_short_drafts():
+    # 92 % of drafts accepted: k = 1 yields 1.92 tokens for 1.8 steps, k = 8 about 7 for 8.4.
+    pace = Pace(DraftLimits(), costs(1.0, {1: 1.2, 8: 2.6}, draft_per_token=0.6))
+    rng = random.Random(1)
+
+    def accept(k: int) -> int:
+        return next((i for i in range(k) if rng.random() >= 0.92), k)
+
+    lengths = drive(pace, accept, 400)
+    proposals = [k for k in lengths if k]
+    assert len(proposals) > 300  # mostly worth proposing ...
+    assert sorted(proposals)[len(proposals) // 2] <= 2  # ... short drafts, though acceptance alone doubles k
+
+
+def test_k_grows_while_long_drafts_pay():
+    # Prompt lookup: drafting is free, verification 1 + 0.25 k steps; a copy run is accepted whole.
+    pace = Pace(DraftLimits(), costs(1.0, {2: 1.5, 16: 5.0}))
+    lengths = drive(pace, lambda k: k, 6)
+    # Cautious at first (an even chance of acceptance), then up to n_max.
+    assert lengths == sorted(lengths) and lengths[0] < FIRST_K and lengths[-2:] == [N_MAX, N_MAX]
+    # The copy ends: drafts are rejected outright, proposing pauses.
+    lengths = drive(pace, lambda k: 0, 40)
+    assert lengths[:2] != [0, 0] and lengths.count(0) >= 30
+
+
+def test_a_probe_after_a_pause_resumes_proposing_when_acceptance_came_back():
+    pace = Pace(DraftLimits(), costs(1.0, {2: 1.5, 16: 5.0}))
+    drive(pace, lambda k: 0, 3)  # rejected: paused
+    lengths = drive(pace, lambda k: k, FIRST_PAUSE + 10)
+    first = next(i for i, k in enumerate(lengths) if k)
+    assert 0 < first <= FIRST_PAUSE + 1  # the probe after the pause
+    assert all(lengths[first:])  # accepted: it pays again, no more pauses
+
+
+def test_no_costs_timed_yet_proposes_the_allowed_length():
+    c = Costs()
+    c.verified(0, 1.0)  # a plain step timed, no verification yet
+    pace = Pace(DraftLimits(), c)
+    assert pace.length(32) == FIRST_K
+
+
+def test_a_probe_stays_due_until_a_proposal_is_made():
+    pace = Pace(DraftLimits(), costs(1.0, {1: 1.2, 8: 2.6}, draft_per_token=0.6))
+    for _ in range(5):  # nothing to propose (no n-gram match): the first proposal is still a probe
+        assert pace.length(32) == 1
+    pace.record(1, 0)
+    assert pace.length(32) == 0  # recorded: now the costs decide
+
+
+def test_a_catch_up_is_made_only_when_speculating_could_save_more():
+    # A draft model 0.3 of a step a draft, verification 1 + 0.2 k steps, 95 % accepted
+    # of late: speculating saves about 0.2 s of a plain 1 s step.
+    c = costs(1.0, {1: 1.2, 8: 2.6}, draft_per_token=0.3)
+    for _ in range(20):
+        c.record(1, 1)
+    c.record(1, 0)
+    c.caught_up(100, 10.0)  # 0.1 s a token
+    pace = Pace(DraftLimits(), c)
+    assert pace.length(32, behind=0) > 0
+    pace = Pace(DraftLimits(), c)
+    assert pace.length(1000, behind=500) > 0  # 50 s to catch up, 1,000 tokens to save more on
+    assert Pace(DraftLimits(), c).length(32, behind=500) == 0  # 32 tokens left: not worth it
+    # Acceptance alone (no costs) and costs not timed yet catch up whatever it costs.
+    assert Pace(DraftLimits()).length(32, behind=500) > 0
+    assert Pace(DraftLimits(), costs(1.0, {1: 1.2, 8: 2.6}, draft_per_token=0.3)).length(32, behind=500) > 0
