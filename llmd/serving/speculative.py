@@ -27,7 +27,9 @@ verification every MAX_PAUSE steps. Until a verification has been timed, the
 allowed length is proposed as is. A drafter that must first catch up with tokens
 (a draft model's session, at a new prompt or after a pause) proposes, a probe
 included, only if catching up costs less than speculating could save over the
-tokens left, at the recent acceptance of all the runtime's generations.
+tokens left, at the recent acceptance of all the runtime's generations. Prompt
+lookup, whose drafting is free and whose drafts are accepted in runs rather than one
+by one as the cost rule assumes, is paced by what the engine accepted alone.
 
 No I/O, no engine: plain ids in, a proposal out (tests/serving/test_speculative.py).
 """
@@ -40,7 +42,7 @@ MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
 NGRAM_MIN = 3        # shorter matches guess wrong too often to pay for their verification (docs/speculative.md)
 FIRST_K = 4          # the longest a generation's first proposal may be, before it has a record
-N_MAX = 16           # default cap on k (how far it pays, Costs decide)
+N_MAX = 16           # default cap on k (a draft model's Costs may choose less)
 MISSES = 2           # proposals rejected outright in a row before proposing pauses
 FIRST_PAUSE = 8      # steps of the first pause
 MAX_PAUSE = 256      # longest pause
