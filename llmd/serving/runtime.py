@@ -32,8 +32,8 @@ the same engine call (Session.decode_draft): the call returns one token or sever
 exactly those plain steps would give, and each goes through `_deliver` one by one as
 a plain step's token does, so streams, stops, logprobs, grammars and cancellation see
 no difference. The runtime times each step's proposal and verification there
-(Costs, shared by its generations), from which the drafters' Pace decides how long a
-proposal pays and whether any does. With several generations decoding, a batched
+(Costs, shared by its generations), from which a draft model's Pace decides how long
+a proposal pays and whether any does (prompt lookup is paced by acceptance alone). With several generations decoding, a batched
 step serves them all with one read of the weights, which speculation would break
 into one call each (SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they
 decode plainly.
