@@ -40,6 +40,12 @@ GOLDEN = {
 # different orders. Measured within 0.01 % of llama.cpp on every model here (and as close
 # on test-llama-archs' own weights, which the script also compares); issue 29's bar is 0.5 %.
 TOLERANCE = 0.001
+# What this can and cannot see (engine mutations, measured): a .scale not applied fails 19
+# of the 20 (not gemma3, whose norms cancel it); olmo2's window doubled fails (+0.6 %);
+# expert 0's scale used for every expert fails qwen3moe and qwen35moe only. On these
+# two-layer random models perplexity averages away per-token changes, so a swapped RoPE
+# layout (qwen2, smollm3, exaone4), an attention scale 1.25x or gemma3's window doubled
+# stay within 0.03 %: those need their own tests.
 
 
 @pytest.fixture(scope="module")
