@@ -14,7 +14,7 @@ that architecture and variant. For each, the script
      tokenizer.* key of llama.cpp's models/ggml-vocab-VOCAB.gguf (the reference data of
      tests/reference_data.py), token_embd and output redrawn at that vocabulary's size,
      every other tensor drawn from SEED as test-llama-archs draws its own (normal, σ 0.1;
-     ssm_a negative);
+     ssm_a negative) but the per-tensor `.scale`s, drawn near 1 (see SCALE_SPREAD);
   4. prints the perplexity over TEXT of `llama-perplexity -c 128 -b 128` on it, which is
      the GOLDEN row for tests/engine/test_llama_archs.py, next to llmd's; and both
      perplexities on test-llama-archs' own weights (only the embeddings redrawn) for the
@@ -82,6 +82,16 @@ TEXT = ("It was a bright cold day in April, and the clocks were striking thirtee
         "first, then the weather, then whatever the sea had done that day.")
 EMBEDDINGS = ("token_embd.weight", "output.weight")  # redrawn at the vocabulary's size, and output.bias
 STDEV = 0.1         # test-llama-archs' default spread of every weight
+# A per-tensor `.scale` (per expert: one a row) is what llama.cpp's converter writes for an
+# NVFP4 checkpoint's second-level weight_scale_2, and only when it is not 1
+# (_scale_is_trivial): a positive factor on a weight whose own block scales carry its
+# magnitude. test-llama-archs draws it like a weight (σ 0.1, either sign), which shrinks
+# every product tenfold and leaves attention too faint for perplexity to see. Drawn as
+# e^N(0, SCALE_SPREAD) instead, positive and within a factor of about 2.7 of 1, the weights
+# keep the writer's σ, and the scales differ enough from 1 and from each other that a scale
+# not applied moves perplexity past the tests' tolerance (in every model but gemma3's,
+# whose q/k norms and post-norms cancel all but the gate's scale).
+SCALE_SPREAD = 0.5
 EMBEDDING_STDEV = 1.0  # the redrawn embeddings': logits that vary, so that perplexity tells models apart
 
 
@@ -141,9 +151,12 @@ def regenerate(layout: dict, vocab: Path, seed: int = SEED, weights=None) -> GGU
             w.add_tensor(name, shape, ttype, weights[name])
             continue
         assert ttype in (GGML_F32, GGML_F16), f"{name}: test-llama-archs writes F32 and F16 only"
-        values = [rng.gauss(0.0, STDEV) for _ in range(math.prod(shape))]
-        if "ssm_a" in name:  # a state that decays, as test-llama-archs makes it
-            values = [-abs(v) for v in values]
+        if name.endswith(".scale"):
+            values = [math.exp(rng.gauss(0.0, SCALE_SPREAD)) for _ in range(math.prod(shape))]
+        else:
+            values = [rng.gauss(0.0, STDEV) for _ in range(math.prod(shape))]
+            if "ssm_a" in name:  # a state that decays, as test-llama-archs makes it (ssm_alpha too)
+                values = [-abs(v) for v in values]
         w.add_tensor(name, shape, ttype, encode_tensor(ttype, values))
     return w
 

@@ -15,31 +15,37 @@ from tests.support.llama_cpp_golden import perplexity
 
 # name -> llama.cpp's perplexity over TEXT on the regenerated file
 GOLDEN = {
-    "gemma3-dense": 151732.823,
-    "llama-dense": 149677.5347,
-    "llama-moe": 149484.6915,
-    "qwen3-dense": 600486.6654,
-    "qwen35-dense": 604801.3908,
-    "qwen35moe-moe": 604992.3742,
-    "qwen2-dense": 616144.832,
-    "qwen2moe-moe": 607241.5663,
-    "qwen3moe-moe": 606783.8074,
-    "phi3-dense": 152225.6405,
-    "smollm3-dense": 625334.7883,
-    "lfm2-dense": 790397.7455,
-    "lfm2moe-moe": 790948.0366,
-    "olmo2-dense": 649066.7006,
-    "exaone4-dense": 649971.9913,
-    "ernie4_5-moe": 151934.0358,
-    "ernie4_5-moe-moe": 151972.8045,
-    "smallthinker-moe": 606965.2724,
-    "mistral3-dense": 149677.5347,
-    "mistral3-moe": 149484.6915,
+    "gemma3-dense": 151792.6013,
+    "llama-dense": 144367.5822,
+    "llama-moe": 142033.1355,
+    "qwen3-dense": 572531.2425,
+    "qwen35-dense": 615850.0561,
+    "qwen35moe-moe": 615111.786,
+    "qwen2-dense": 596541.9128,
+    "qwen2moe-moe": 587626.2475,
+    "qwen3moe-moe": 587450.6127,
+    "phi3-dense": 146333.9711,
+    "smollm3-dense": 624810.6979,
+    "lfm2-dense": 778770.5081,
+    "lfm2moe-moe": 779543.3582,
+    "olmo2-dense": 635006.0176,
+    "exaone4-dense": 644606.3929,
+    "ernie4_5-moe": 146237.3637,
+    "ernie4_5-moe-moe": 146268.3902,
+    "smallthinker-moe": 586610.6976,
+    "mistral3-dense": 144367.5822,
+    "mistral3-moe": 142033.1355,
 }
 # F32 weights (the writer's), F16 embeddings: both engines sum the same products in
 # different orders. Measured within 0.01 % of llama.cpp on every model here (and as close
 # on test-llama-archs' own weights, which the script also compares); issue 29's bar is 0.5 %.
 TOLERANCE = 0.001
+# What this can and cannot see (engine mutations, measured): a .scale not applied fails 19
+# of the 20 (not gemma3, whose norms cancel it); olmo2's window doubled fails (+0.6 %);
+# expert 0's scale used for every expert fails qwen3moe and qwen35moe only. On these
+# two-layer random models perplexity averages away per-token changes, so a swapped RoPE
+# layout (qwen2, smollm3, exaone4), an attention scale 1.25x or gemma3's window doubled
+# stay within 0.03 %: those need their own tests.
 
 
 @pytest.fixture(scope="module")
