@@ -45,12 +45,7 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
         rope(p, p.q, hp.n_head, Rope::neox);
         rope(p, p.k, hp.n_head_kv, Rope::neox);
     }
-    attend(p, l);                              // att = softmax(q kᵀ / √hd) v over the window
-    matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ
-    rmsnorm_rows(p, p.xb, p.xb, L.attn_post_norm);
-    add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
-
-    post_norm_ffn(p, L);
+    post_norm_rest(p, l, L); // attention over the window, out-projection, norm, residual; the FFN
 }
 
 } // namespace

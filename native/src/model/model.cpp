@@ -582,7 +582,11 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     matmuls(p, p.hb, {down});
 }
 
-void post_norm_ffn(const Pass &p, const LayerWeights &L) {
+void post_norm_rest(const Pass &p, int l, const LayerWeights &L) {
+    attend(p, l);                              // att = softmax(q kᵀ / √hd) v over the window
+    matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ
+    rmsnorm_rows(p, p.xb, p.xb, L.attn_post_norm);
+    add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
     matmuls(p, p.x, {swiglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = silu(x gateᵀ) * (x upᵀ)
     matmuls(p, p.hb, {project(L.w_down, p.xb)});              // xb = hb downᵀ
     rmsnorm_rows(p, p.xb, p.xb, L.ffn_post_norm);

@@ -254,7 +254,7 @@ struct Binder {
     // The same without their norms.
     void attention_weights(const HParams &hp, int l, LayerWeights &L);
     void ffn_weights(const HParams &hp, int l, LayerWeights &L);
-    // Block l of the post-norm families (OLMo 2, EXAONE 4: model.h post_norm_ffn): the
+    // Block l of the post-norm families (OLMo 2, EXAONE 4: model.h post_norm_rest): the
     // attention's weights with optional q/k/v biases, the query and key norms (q_norm
     // and k_norm floats wide: one head's, or every head's), post_attention_norm, the
     // gated FFN and post_ffw_norm; no norm before either sublayer.
@@ -446,10 +446,11 @@ void gated_attention(const Pass &p, const LayerWeights &L, int layer);
 // (inside the weights' per-tensor scales, as llama.cpp's FFN adds them).
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
 
-// The post-norm SwiGLU feed-forward sublayer of the OLMo 2 and EXAONE 4 families, which
-// norm a sublayer's output instead of its input: x += rmsnorm(down(silu(gate(x)) * up(x)))
-// by ffn_post_norm.
-void post_norm_ffn(const Pass &p, const LayerWeights &L);
+// The rest of a block of the OLMo 2 and EXAONE 4 families, which norm a sublayer's
+// output instead of its input, once q, k and v are in place: x += rmsnorm(att woᵀ) by
+// attn_post_norm, att the attention of layer l; then the SwiGLU feed-forward sublayer,
+// x += rmsnorm(down(silu(gate(x)) * up(x))) by ffn_post_norm.
+void post_norm_rest(const Pass &p, int l, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
