@@ -7,9 +7,9 @@ Request mapping: `system` becomes the first system message; a user turn's
 turn's `tool_use` blocks become its tool calls (`input` as JSON text) and its
 `thinking` blocks its reasoning, which only a template that renders past reasoning
 reads (gpt-oss's before a tool call; the others leave it out); images and documents
-are refused. `tool_choice` any/tool map to
-required/a named function. `thinking` enabled needs a model whose template reasons
-(else 400); disabled turns a reasoning template's `enable_thinking` off.
+are refused. `tool_choice` any/tool map to required/a named function. `thinking`
+enabled needs a model whose template reasons (else 400); disabled turns a reasoning
+template's `enable_thinking` off.
 
 A reasoning model's `<think>` text becomes a `thinking` block before the answer (its
 text left out with `display: "omitted"`; `signature` is empty: llmd signs nothing).
