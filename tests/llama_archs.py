@@ -64,6 +64,7 @@ MODELS = {
     "smallthinker-moe": ("smallthinker", "qwen2"),
     "mistral3-dense": ("mistral3", "llama-spm"),
     "mistral3-moe": ("mistral3", "llama-spm"),
+    "gpt-oss-moe": ("gpt-oss", "llama-bpe"),
 }
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "

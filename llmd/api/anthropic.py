@@ -4,11 +4,12 @@ Anthropic's event stream.
 
 Request mapping: `system` becomes the first system message; a user turn's
 `tool_result` blocks become tool messages (before the turn's own text); an assistant
-turn's `tool_use` blocks become its tool calls (`input` as JSON text); `thinking`
-blocks a client sends back are left out of the prompt (as chat templates leave out
-past reasoning); images and documents are refused. `tool_choice` any/tool map to
-required/a named function. `thinking` enabled needs a model whose template reasons
-(else 400); disabled turns a reasoning template's `enable_thinking` off.
+turn's `tool_use` blocks become its tool calls (`input` as JSON text) and its
+`thinking` blocks its reasoning, which only a template that renders past reasoning
+reads (gpt-oss's before a tool call; the others leave it out); images and documents
+are refused. `tool_choice` any/tool map to required/a named function. `thinking`
+enabled needs a model whose template reasons (else 400); disabled turns a reasoning
+template's `enable_thinking` off.
 
 A reasoning model's `<think>` text becomes a `thinking` block before the answer (its
 text left out with `display: "omitted"`; `signature` is empty: llmd signs nothing).
@@ -186,7 +187,7 @@ def _parse_turn(turn: Any, p: str) -> list[Message]:
         return [Message(role, content)]
     if not isinstance(content, list):
         raise invalid_type(f"{p}.content", "a string or an array of content blocks", content)
-    texts, calls, results = [], [], []
+    texts, calls, results, thinking = [], [], [], []
     for j, block in enumerate(content):
         bp = f"{p}.content[{j}]"
         if not isinstance(block, dict):
@@ -194,8 +195,10 @@ def _parse_turn(turn: Any, p: str) -> list[Message]:
         kind = str_field(required_field(block, "type", f"{bp}.type"), f"{bp}.type")
         if kind == "text":
             texts.append(str_field(required_field(block, "text", f"{bp}.text"), f"{bp}.text"))
-        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-            continue  # a client returns earlier thinking; this model produced none
+        elif kind == "thinking" and role == "assistant":  # the turn's reasoning, sent back
+            thinking.append(str_field(required_field(block, "thinking", f"{bp}.thinking"), f"{bp}.thinking"))
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # encrypted elsewhere: nothing llmd can read
         elif kind == "tool_use" and role == "assistant":
             args = required_field(block, "input", f"{bp}.input")
             if not isinstance(args, dict):
@@ -218,7 +221,8 @@ def _parse_turn(turn: Any, p: str) -> list[Message]:
                                   f"{bp}.type")
     text = "\n".join(texts)
     if role == "assistant":
-        return [Message("assistant", text or (None if calls else ""), None, tuple(calls))]
+        return [Message("assistant", text or (None if calls else ""), None, tuple(calls),
+                        reasoning="\n".join(thinking) or None)]
     return results + ([Message("user", text)] if texts or not results else [])
 
 

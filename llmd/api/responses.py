@@ -21,7 +21,7 @@ import json
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from llmd.api import logprobs
@@ -127,7 +127,8 @@ class ResponsesFormat:
                       for c in reply.output.tool_calls())
         text = reply.output.content()
         if self.on_done is not None:
-            self.on_done(self.id, Message("assistant", text or (None if calls else ""), None, calls))
+            self.on_done(self.id, Message("assistant", text or (None if calls else ""), None, calls,
+                                          reasoning="".join(reply.output.reasoning) or None))
 
     def _logprobs(self, reply: Reply, tokens: list[TokenLogprob]) -> list[dict]:
         """Logprob entries of the output text (empty unless asked for), as chat shows them."""
@@ -437,7 +438,8 @@ def _parse_include(v: Any) -> bool:
 
 def _parse_input(v: Any) -> list[Message]:
     """Input items as chat messages: consecutive function calls become one assistant
-    message's tool calls; a call's output becomes a tool message."""
+    message's tool calls; a call's output becomes a tool message; a reasoning item's text
+    becomes the reasoning of the assistant turn it precedes (Message.reasoning)."""
     if isinstance(v, str):
         if not v:
             raise invalid_request("Invalid value for 'input': the input must not be empty.", "input")
@@ -447,29 +449,32 @@ def _parse_input(v: Any) -> list[Message]:
     if not v:
         raise invalid_request("Invalid value for 'input': at least one item is required.", "input")
     messages: list[Message] = []
+    reasoning: str | None = None  # of the assistant turn the next item opens
     for i, item in enumerate(v):
         p = f"input[{i}]"
         if not isinstance(item, dict):
             raise invalid_type(p, "an object", item)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            messages.append(_parse_input_message(item, p))
+            message = _parse_input_message(item, p)
+            messages.append(replace(message, reasoning=reasoning) if message.role == "assistant" else message)
         elif kind == "function_call":
             call = ToolCall(id=str_field(required_field(item, "call_id", f"{p}.call_id"), f"{p}.call_id"),
                             name=str_field(required_field(item, "name", f"{p}.name"), f"{p}.name"),
                             arguments=str_field(required_field(item, "arguments", f"{p}.arguments"), f"{p}.arguments"))
             last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant":
-                messages[-1] = Message("assistant", last.content, last.name, last.tool_calls + (call,))
+            if last is not None and last.role == "assistant" and reasoning is None:
+                messages[-1] = replace(last, tool_calls=last.tool_calls + (call,))
             else:
-                messages.append(Message("assistant", None, None, (call,)))
+                messages.append(Message("assistant", None, None, (call,), reasoning=reasoning))
         elif kind == "function_call_output":
             output = required_field(item, "output", f"{p}.output")
             content = output if isinstance(output, str) else _parse_output_parts(output, f"{p}.output")
             messages.append(Message("tool", content, None, (),
                                     str_field(required_field(item, "call_id", f"{p}.call_id"), f"{p}.call_id")))
         elif kind == "reasoning":
-            continue  # reasoning sent back is left out of the prompt, as chat templates leave out past turns
+            reasoning = _reasoning_text(item, p)
+            continue
         elif kind == "compaction":
             summary = _compaction_summary(required_field(item, "encrypted_content", f"{p}.encrypted_content"),
                                           f"{p}.encrypted_content")
@@ -478,7 +483,18 @@ def _parse_input(v: Any) -> list[Message]:
             raise missing_parameter(f"{p}.type")
         else:
             raise unsupported_parameter(f"{p}.type", f"Input items of type {value_text(kind)} are not supported.")
+        reasoning = None
     return messages
+
+
+def _reasoning_text(item: dict, p: str) -> str | None:
+    """A reasoning item's text: its reasoning_text parts (llmd's own items carry them),
+    else its summary's text, joined; None when it has neither (encrypted content only)."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts:
+            return text_parts(parts, f"{p}.{key}", {kind: "text"}, ())
+    return None
 
 
 def _parse_input_message(item: dict, p: str) -> Message:

@@ -46,10 +46,11 @@ Field policy (the reasoned choice):
   as OpenAI itself does ("Unrecognized request argument supplied"). A vendor knob from
   another server (`n_predict`, `mirostat`, ...) would otherwise change nothing while the
   client believes it took effect.
-- Inside a message, keys other than role/content/name/tool_calls/tool_call_id are
-  ignored: clients echo whole response messages back (`refusal`, `annotations`,
-  `reasoning_content`, ...) and those carry no generation knob. `audio` and
-  `function_call` on a message are refused when non-null.
+- Inside a message, keys other than role/content/name/tool_calls/tool_call_id and an
+  assistant's `reasoning_content` (a string, kept for templates that render past
+  reasoning) are ignored: clients echo whole response messages back (`refusal`,
+  `annotations`, ...) and those carry no generation knob. `audio` and `function_call`
+  on a message are refused when non-null.
 
 Other choices: text content parts are joined with "\\n" (as vLLM does); tool_choice
 "auto" with no tools normalises to "none", a named function becomes "required" with
@@ -117,6 +118,10 @@ class Message:
     name: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None    # set for role "tool"
+    # An assistant turn's reasoning as the client sent it back (reasoning_content, a
+    # reasoning item, a thinking block): read by a template that renders past reasoning
+    # (gpt-oss's, as its `thinking`), left out by the others as they leave it out.
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -618,7 +623,10 @@ def _parse_message(m: Any, p: str) -> Message:
     tool_call_id = None
     if role == "tool":
         tool_call_id = str_field(required_field(m, "tool_call_id", f"{p}.tool_call_id"), f"{p}.tool_call_id")
-    return Message(role, content, name, tool_calls, tool_call_id)
+    # As llama.cpp reads it: a string on an assistant message, else nothing.
+    reasoning = m.get("reasoning_content") if role == "assistant" and isinstance(m.get("reasoning_content"), str) \
+        else None
+    return Message(role, content, name, tool_calls, tool_call_id, reasoning)
 
 
 def _parse_content(v: Any, p: str) -> str:

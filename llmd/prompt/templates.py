@@ -379,7 +379,9 @@ def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str,
 
     Messages and tools are OpenAI-shaped dicts; the flat records of llmd.api.validation
     (`dataclasses.asdict` of Message, ToolCall, Tool) are accepted as well.
-    `developer` messages are system messages. `template_kwargs` are extra variables
+    `developer` messages are system messages. An assistant message's `reasoning` is
+    the `thinking` of a harmony template (gpt-oss's, which renders it before the turn's
+    tool call), as llama.cpp passes it; other templates do not get it. `template_kwargs` are extra variables
     (such as enable_thinking) for a Jinja template that reads them. Raises
     UnsupportedToolsError when a built-in template has no tool format and tools or tool
     calls are present, UnusedVariableError for a kwarg the template does not read, and
@@ -414,6 +416,7 @@ def _render_jinja(p: Prompt, template: JinjaTemplate, msgs: list[dict[str, Any]]
     template's own text split at markers, the conversation's text as plain text, and
     an assistant's content, when written unchanged, as that reply's part."""
     messages = []
+    harmony = tool_format(template) == "harmony"
     for i, msg in enumerate(msgs):
         out: dict[str, Any] = {"role": msg["role"], "content": msg["content"]}
         calls = [_template_call(call) for call in msg.get("tool_calls") or ()]
@@ -421,6 +424,8 @@ def _render_jinja(p: Prompt, template: JinjaTemplate, msgs: list[dict[str, Any]]
             out["content"] = jinja.data_text(msg["content"], i + 1)  # tag = message index + 1
         if calls:
             out["tool_calls"] = calls
+        if msg.get("reasoning") and harmony:  # gpt-oss's template renders it before a call
+            out["thinking"] = msg["reasoning"]
         for key in ("name", "tool_call_id"):
             if msg.get(key) is not None:
                 out[key] = msg[key]

@@ -399,10 +399,12 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
  * (llmd_kernel_kv_row with kernels "scalar"). The rows are split into n_ranges
  * ranges whose partial results are combined: out (n_q x head_dim). run > 0 (a
  * multiple of 16) stores the rows in runs of that many positions, each in a buffer
- * of its own, as a paged cache's blocks are; 0 stores them in one. */
+ * of its own, as a paged cache's blocks are; 0 stores them in one. sinks, if not
+ * NULL, holds a logit per query head (n_q) that joins its softmax's denominator, as
+ * gpt-oss's attention sinks do. */
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, const float *v, int32_t n_pos,
                                   int32_t head_dim, const char *kv_type_k, const char *kv_type_v, int32_t n_ranges,
-                                  int32_t run, float *out, const char *kernels);
+                                  int32_t run, const float *sinks, float *out, const char *kernels);
 
 /* n tokens in order through one Gated DeltaNet head: at token t the state m (hd x hd
  * floats, updated in place) decays by decay[t], learns v[t] (hd) from k[t] (hd) at rate

@@ -42,7 +42,7 @@ def test_tool_use_and_tool_result_blocks_become_tool_calls_and_tool_messages():
                                      {"type": "text", "text": "Thanks"}]}])
     assert req.messages == [
         Message("user", "Weather?"),
-        Message("assistant", "Checking.", None, (ToolCall("t1", "get_weather", '{"city": "Paris"}'),)),
+        Message("assistant", "Checking.", None, (ToolCall("t1", "get_weather", '{"city": "Paris"}'),), reasoning="..."),
         Message("tool", "18 C", None, (), "t1"),
         Message("tool", "Error: boom", None, (), "t2"),
         Message("user", "Thanks")]

@@ -42,6 +42,25 @@ def test_function_calls_join_the_assistant_turn_and_outputs_become_tool_messages
         Message("tool", "two", None, (), "c2")]
 
 
+def test_a_reasoning_item_s_text_is_the_reasoning_of_the_assistant_turn_it_precedes():
+    req = parse(input=[
+        {"role": "user", "content": "Weather?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Call."}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "Answer."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+        {"type": "reasoning", "id": "rs_3", "summary": [], "content": [{"type": "reasoning_text", "text": "x"}]},
+        {"role": "user", "content": "Thanks"}])
+    assert req.chat.messages == [
+        Message("user", "Weather?"),
+        Message("assistant", None, None, (ToolCall("c1", "f", "{}"), ToolCall("c2", "g", "{}")), reasoning="Call."),
+        Message("tool", "one", None, (), "c1"),
+        Message("assistant", "Sunny.", reasoning="Answer."),  # a summary where the item has no text
+        Message("user", "Thanks")]  # reasoning before a user turn belongs to no turn
+
+
 def test_flat_function_tools_and_a_named_tool_choice():
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}]
     req = parse(input="x", tools=tools, tool_choice={"type": "function", "name": "f"})

@@ -314,10 +314,14 @@ def test_tool_message_needs_tool_call_id():
     assert (err.param, err.code) == ("messages[1].tool_call_id", "missing_required_parameter")
 
 
-def test_echoed_response_fields_on_messages_are_ignored():
+def test_echoed_response_fields_on_messages_are_ignored_but_an_assistant_s_reasoning_is_kept():
     msg = {"role": "assistant", "content": "x", "refusal": None, "annotations": [],
            "reasoning_content": "because"}
-    assert chat(messages=USER + [msg]).messages[1] == Message("assistant", "x")
+    assert chat(messages=USER + [msg]).messages[1] == Message("assistant", "x", reasoning="because")
+    # as llama.cpp reads it: a string on an assistant message, else nothing
+    assert chat(messages=USER + [{**msg, "reasoning_content": None}]).messages[1] == Message("assistant", "x")
+    user = {"role": "user", "content": "x", "reasoning_content": "because"}
+    assert chat(messages=[user]).messages[0] == Message("user", "x")
 
 
 def test_non_null_message_audio_is_unsupported():

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from llmd.engine.native import Engine
-from tests.support.gguf_writer import GGML_Q8_0, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen3moe
+from tests.support.gguf_writer import (GGML_MXFP4, GGML_Q8_0, build_tiny_gemma3, build_tiny_gpt_oss, build_tiny_llama,
+                                      build_tiny_qwen3moe)
 from tests.engine.test_arch_gemma3 import TEXT
 from tests.llama_archs import writer_model
 
@@ -25,6 +26,8 @@ FAMILIES = {
     "ernie4_5-moe": lambda: writer_model("ernie4_5-moe-moe", N_CTX),
     "smallthinker": lambda: writer_model("smallthinker-moe", N_CTX),
     "mistral3": lambda: writer_model("mistral3-moe", N_CTX),
+    # sinks, even layers in a window of 32, MXFP4 experts
+    "gpt-oss": lambda: build_tiny_gpt_oss(n_ctx=N_CTX, weight_type=GGML_Q8_0, expert_type=GGML_MXFP4),
 }
 
 

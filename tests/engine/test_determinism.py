@@ -27,7 +27,7 @@ from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.support.gguf_writer import (GGML_BF16, GGML_F16, GGML_F32, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K,
                                GGML_Q3_K, GGML_Q4_0, GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K,
-                               GGML_Q6_K, GGML_Q8_0, build_tiny_gemma3)
+                               GGML_Q6_K, GGML_Q8_0, build_tiny_gemma3, build_tiny_gpt_oss)
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -55,10 +55,21 @@ def tiny_gemma3(factory, weight_type: int):
     return SimpleNamespace(path=path)
 
 
+def tiny_gpt_oss(factory, weight_type: int):
+    """A tiny gpt-oss: attention sinks in every layer, the even layers over a window of
+    512 that the long sequences below pass (so windows start inside a range; the rings
+    hold the 600 positions the warm resume truncates), 2 of 4 experts a token; written
+    once per weight type next to the factory's models."""
+    path = factory(weight_type=weight_type).path.with_name(f"gpt-oss-{weight_type}.gguf")
+    if not path.exists():
+        build_tiny_gpt_oss(n_embd=128, n_ctx=N_CTX, window=512, weight_type=weight_type).write(path)
+    return SimpleNamespace(path=path)
+
+
 # name -> make(tiny_llama_factory, weight_type) -> a model whose .path is its GGUF file
 ARCHITECTURES = {"llama": tiny("llama"), "qwen2": tiny("qwen2"), "qwen3": tiny("qwen3"),
                  "qwen3moe": tiny("qwen3moe"), "smollm3": tiny("smollm3"), "phi3": tiny("phi3"),
-                 "gemma3": tiny_gemma3}
+                 "gemma3": tiny_gemma3, "gpt-oss": tiny_gpt_oss}
 WEIGHT_TYPES = {"F32": GGML_F32, "F16": GGML_F16, "Q8_0": GGML_Q8_0, "Q4_0": GGML_Q4_0, "Q4_1": GGML_Q4_1}
 
 

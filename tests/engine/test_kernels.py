@@ -375,12 +375,14 @@ def test_bad_kernel_arguments_raise(ggml_type, rows, cols, match):
 
 # ---- attention ----------------------------------------------------------------------------
 
-def softmax_attention(q: list[float], keys: list[list[float]], values: list[list[float]]) -> list[float]:
-    """One query head's causal-attention output, in double precision."""
+def softmax_attention(q: list[float], keys: list[list[float]], values: list[list[float]],
+                      sink: float | None = None) -> list[float]:
+    """One query head's causal-attention output, in double precision; a sink logit, if
+    given, joins the softmax's denominator (gpt-oss)."""
     scores = [math.fsum(a * b for a, b in zip(q, k)) / math.sqrt(len(q)) for k in keys]
-    top = max(scores)
+    top = max(scores + ([sink] if sink is not None else []))
     weights = [math.exp(sc - top) for sc in scores]
-    total = math.fsum(weights)
+    total = math.fsum(weights + ([math.exp(sink - top)] if sink is not None else []))
     return [math.fsum(w * v[d] for w, v in zip(weights, values)) / total for d in range(len(q))]
 
 
@@ -421,6 +423,30 @@ def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, 
                 got = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, run, *kv)
                 diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
                 assert diff < 2e-5, (ranges, run, kernels, diff)
+
+
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("q8_0", "q4_0")], ids=["f16/f16", "q8_0/q4_0"])
+@pytest.mark.parametrize("n_pos, group", [(1, 3), (70, 3), (200, 8)])
+def test_attention_sinks_join_the_softmax_denominator_in_every_variant(n_pos, group, kv):
+    """gpt-oss's sink logits, one per query head, folded after the ranges: the
+    reference and every variant against the Python model, for sinks far below the
+    scores (no effect), among them (a share) and far above (outputs near zero)."""
+    rng = random.Random(n_pos * 10 + group)
+    head_dim = 64
+    k = [f32(rng.gauss(0, 1)) for _ in range(n_pos * head_dim)]
+    v = [f32(rng.gauss(0, 1)) for _ in range(n_pos * head_dim)]
+    q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(group)]
+    sinks = [(-20.0, f32(rng.gauss(0, 3)), 30.0)[g % 3] for g in range(group)]
+    keys = stored(kv[0], [k[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
+    values = stored(kv[1], [v[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
+    expected = [softmax_attention(h, keys, values, s) for h, s in zip(q, sinks)]
+    plain = [softmax_attention(h, keys, values) for h in q]
+    assert max(abs(a - b) for g, e in zip(plain, expected) for a, b in zip(g, e)) > 0.1  # the sinks show
+    for ranges in sorted({1, min(3, n_pos)}):
+        for kernels in [None] + VARIANTS:
+            got = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, 0, *kv, sinks=sinks)
+            diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+            assert diff < 2e-5, (ranges, kernels, diff)
 
 
 @pytest.mark.parametrize("kv", KV_PAIRS, ids=["/".join(p) for p in KV_PAIRS])

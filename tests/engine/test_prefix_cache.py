@@ -9,7 +9,7 @@ import pytest
 
 from llmd.engine.native import Engine, EngineError, Sampling
 from tests.llama_archs import writer_model
-from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_tiny_qwen35
+from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_gpt_oss, build_tiny_lfm2, build_tiny_qwen35
 
 # The hybrid families, each a builder of a tiny model taking n_ctx.
 HYBRIDS = {"qwen35": build_tiny_qwen35, "qwen35moe": partial(build_tiny_qwen35, n_expert=8), "lfm2": build_tiny_lfm2,
@@ -221,11 +221,17 @@ def test_share_prefix_refuses_bad_arguments(engine, model):
         assert s.position == 0
 
 
-@pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
-    """A tiny gemma3: five of six layers keep a ring of 288 slots for their 32-position
-    window (plus a prefill chunk), the sixth attends everything from pool blocks."""
-    path = build_tiny_gemma3(n_ctx=1024, window=32).write(tmp_path_factory.mktemp("gemma3") / "gemma3.gguf")
+# Models with sliding-window layers, each a builder taking n_ctx and window: a tiny gemma3
+# (five of six layers keep a ring of 288 slots for their 32-position window, plus a
+# prefill chunk; the sixth attends everything from pool blocks) and a tiny gpt-oss (its
+# even layers in rings, its odd ones global, attention sinks in all).
+WINDOWED = {"gemma3": build_tiny_gemma3, "gpt-oss": build_tiny_gpt_oss}
+
+
+@pytest.fixture(scope="module", params=list(WINDOWED))
+def windowed(request, tmp_path_factory):
+    path = WINDOWED[request.param](n_ctx=1024, window=32).write(
+        tmp_path_factory.mktemp(request.param) / f"{request.param}.gguf")
     with Engine(path, n_threads=2, max_sessions=6) as e:
         yield e
 
@@ -234,16 +240,16 @@ def other_than(token: int) -> int:
     return (token + 1) % 250
 
 
-def test_a_model_with_sliding_window_rings_shares_a_prefix_that_a_live_session_still_holds(gemma):
-    assert gemma.info.kv_shares_prefixes
+def test_a_model_with_sliding_window_rings_shares_a_prefix_that_a_live_session_still_holds(windowed):
+    assert windowed.info.kv_shares_prefixes
     ids = prompt(500)
-    a = joined(gemma, "t1", ids)
+    a = joined(windowed, "t1", ids)
     greedy(a, 20)  # a moves on, its rings still holding the window before position 500
     b_ids = ids + [other_than(a.tokens()[500])]
-    b = joined(gemma, "t1", prompt(700, seed=9))  # rings full of another prompt
+    b = joined(windowed, "t1", prompt(700, seed=9))  # rings full of another prompt
     assert b.share_prefix("t1", b_ids, 0) == 500  # longer than a ring: blocks, and a's rings' window copied
     b.prefill(b_ids[500:])
-    assert (b.logits(), greedy(b)) == fresh(gemma, b_ids)
+    assert (b.logits(), greedy(b)) == fresh(windowed, b_ids)
     # Its rings start where the copy did, not where rings of 501 written positions
     # would: cut back to its resume floor, it still computes what a fresh prefill does.
     b.truncate(500)
@@ -251,35 +257,35 @@ def test_a_model_with_sliding_window_rings_shares_a_prefix_that_a_live_session_s
     assert 0 < floor < 500
     b.truncate(floor)
     b.prefill(b_ids[floor:floor + 1])
-    assert b.logits() == fresh(gemma, b_ids[:floor + 1])[0]
+    assert b.logits() == fresh(windowed, b_ids[:floor + 1])[0]
     a.close()
     b.close()
-    assert gemma.kv_stats().blocks_live == 0
+    assert windowed.kv_stats().blocks_live == 0
 
 
-def test_a_prefix_that_no_live_ring_holds_any_more_is_prefilled(gemma):
+def test_a_prefix_that_no_live_ring_holds_any_more_is_prefilled(windowed):
     ids = prompt(300)
-    a = joined(gemma, "t2", ids + prompt(400, seed=2))  # a's rings moved 400 positions past the shared 300
+    a = joined(windowed, "t2", ids + prompt(400, seed=2))  # a's rings moved 400 positions past the shared 300
     assert a.resume_floor > 300
-    with gemma.new_session() as b:
+    with windowed.new_session() as b:
         b_ids = ids + [other_than(a.tokens()[300])]
         assert b.share_prefix("t2", b_ids, 0) == 0
         b.prefill(b_ids)
-        assert (b.logits(), greedy(b)) == fresh(gemma, b_ids)
+        assert (b.logits(), greedy(b)) == fresh(windowed, b_ids)
     a.close()
 
 
-def test_a_prefix_with_copied_rings_saves_and_restores_exactly(gemma):
+def test_a_prefix_with_copied_rings_saves_and_restores_exactly(windowed):
     ids = prompt(450, seed=3)
-    a = joined(gemma, "t3", ids)
+    a = joined(windowed, "t3", ids)
     greedy(a, 3)
     b_ids = ids + [other_than(a.tokens()[450]), 7]
-    b = gemma.new_session()
+    b = windowed.new_session()
     assert b.share_prefix("t3", b_ids, 0) == 450
     b.prefill(b_ids[450:])
     state, floor = bytes(b.export_state()), b.resume_floor
     expected = (b.logits(), greedy(b))
-    with gemma.new_session() as c:
+    with windowed.new_session() as c:
         c.import_state(state)
         assert c.resume_floor == floor > 0  # the rings start where b's copy did
         c.truncate(len(b_ids) - 1)

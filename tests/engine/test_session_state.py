@@ -14,7 +14,7 @@ import pytest
 from llmd._native import lib
 from llmd.engine.native import Engine, EngineError
 from tests.llama_archs import writer_model
-from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_lfm2, build_tiny_qwen35
+from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_gpt_oss, build_tiny_lfm2, build_tiny_qwen35
 
 # The hybrid families, each a builder of a tiny model taking n_ctx.
 HYBRIDS = {"qwen35": build_tiny_qwen35, "qwen35moe": partial(build_tiny_qwen35, n_expert=8), "lfm2": build_tiny_lfm2,
@@ -30,13 +30,16 @@ def engine(tiny_model):
         yield e
 
 
-@pytest.fixture(scope="module", params=["f16", "q8_0"])
-def gemma3_engine(request, tmp_path_factory):
+@pytest.fixture(scope="module", params=[(build, kv) for build in ("gemma3", "gpt-oss") for kv in ("f16", "q8_0")],
+                ids=lambda p: "-".join(p))
+def windowed_engine(request, tmp_path_factory):
     """Sliding-window layers of 32 positions whose rings (288 slots) wrap well before
-    the context's end; the KV cache in f16 and in q8_0."""
-    path = build_tiny_gemma3(n_ctx=1024, window=32).write(tmp_path_factory.mktemp("state") / "gemma3.gguf")
-    with Engine(str(path), n_threads=2, n_ctx=1024, max_sessions=4, kv_type_k=request.param,
-                kv_type_v=request.param) as e:
+    the context's end, in a tiny gemma3 and a tiny gpt-oss (attention sinks); the KV
+    cache in f16 and in q8_0."""
+    name, kv = request.param
+    build = build_tiny_gemma3 if name == "gemma3" else build_tiny_gpt_oss
+    path = build(n_ctx=1024, window=32).write(tmp_path_factory.mktemp("state") / f"{name}.gguf")
+    with Engine(str(path), n_threads=2, n_ctx=1024, max_sessions=4, kv_type_k=kv, kv_type_v=kv) as e:
         yield e
 
 
@@ -223,8 +226,8 @@ def test_state_of_other_kv_types_is_refused_with_the_reason(wide_heads):
             assert target.position == 0 and other.position == 0
 
 
-def test_sliding_window_rings_resume_exactly_after_they_wrapped(gemma3_engine):
-    engine = gemma3_engine
+def test_sliding_window_rings_resume_exactly_after_they_wrapped(windowed_engine):
+    engine = windowed_engine
     prompt, more = ids(700, engine.info.n_vocab), ids(5, engine.info.n_vocab, seed=3)
     with engine.new_session() as saved:
         saved.prefill(prompt[:300])
@@ -242,8 +245,8 @@ def test_sliding_window_rings_resume_exactly_after_they_wrapped(gemma3_engine):
             assert restored.logits() == saved.logits()
 
 
-def test_a_ring_prefix_before_the_resume_floor_is_refused(gemma3_engine):
-    engine = gemma3_engine
+def test_a_ring_prefix_before_the_resume_floor_is_refused(windowed_engine):
+    engine = windowed_engine
     with engine.new_session() as s:
         s.prefill(ids(700, engine.info.n_vocab))
         floor = s.resume_floor
@@ -252,8 +255,8 @@ def test_a_ring_prefix_before_the_resume_floor_is_refused(gemma3_engine):
         assert len(bytes(s.export_state(0))) == HEADER.size + engine.info.n_layer * 4 + 8  # + no recurrent state
 
 
-def test_a_ring_truncated_below_its_high_water_mark_saves_only_what_it_holds(gemma3_engine):
-    engine = gemma3_engine
+def test_a_ring_truncated_below_its_high_water_mark_saves_only_what_it_holds(windowed_engine):
+    engine = windowed_engine
     prompt, more = ids(800, engine.info.n_vocab), ids(6, engine.info.n_vocab, seed=4)
     with engine.new_session() as saved, engine.new_session() as fresh:
         saved.prefill(prompt)

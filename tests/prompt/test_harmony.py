@@ -96,3 +96,28 @@ def test_whole_and_streamed_agree_on_random_harmony_text():
         whole = run(text)
         for step in (1, 3, 7):
             assert run(text, step) == whole, (text, step)
+
+
+def test_an_assistant_s_reasoning_is_the_harmony_template_s_thinking_and_nothing_elsewhere():
+    """Reasoning sent back renders as gpt-oss's analysis message before the turn's call
+    (the template's `thinking`); a template without harmony channels leaves it out."""
+    from llmd.prompt import jinja, templates
+    from tests.reference_data import require
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [call], "reasoning": "Need the tool."},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    without = [{k: v for k, v in m.items() if k != "reasoning"} for m in messages]
+    tools = [{"type": "function", "function": {**TOOLS[0]["function"], "description": "Weather now."}}]
+
+    def text(name: str, msgs: list[dict]) -> str:
+        template = templates.JinjaTemplate(jinja.Template(require(f"models/templates/{name}").read_text()))
+        return templates.render_chat(template, msgs, tools).text
+
+    oss = text("openai-gpt-oss-120b.jinja", messages)
+    assert ("<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>"
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>") in oss
+    assert oss.replace("<|start|>assistant<|channel|>analysis<|message|>Need the tool.<|end|>", "") == \
+        text("openai-gpt-oss-120b.jinja", without)
+    hermes = "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"
+    assert text(hermes, messages) == text(hermes, without)

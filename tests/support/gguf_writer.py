@@ -952,6 +952,79 @@ def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, 
     return w
 
 
+def build_tiny_gpt_oss(*, n_embd: int = 64, n_layer: int = 4, n_head: int = 4, n_head_kv: int = 2,
+                       head_dim: int = 32, n_expert: int = 4, n_expert_used: int = 2, n_ff_exp: int = 64,
+                       n_ctx: int = 128, window: int = 32, yarn: tuple[float, int] | None = None,
+                       sinks: float = 1.0, q_bias: bool = True, weight_type: int = GGML_F32,
+                       expert_type: int | None = None, seed: int = 1, n_vocab: int = 300, reserved: int = 0,
+                       chat_template: str = CHATML_TEMPLATE) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight gpt-oss model laid out as llama.cpp's converter
+    writes one, with build_tiny_llama's tokenizer: heads of head_dim, q/k/v biases (with
+    q_bias) and an output bias, a sink logit per query head drawn with spread `sinks`,
+    even layers over a sliding window of `window` positions, the post_attention_norm
+    before a router with a bias over n_expert experts (n_expert_used per token) with
+    biases on gate, up and down. yarn = (factor, original context) scales RoPE as the
+    published files do. Expert stacks are expert_type (default weight_type; MXFP4 as
+    random blocks, as the published files hold them), the router and biases F32."""
+    expert_type = weight_type if expert_type is None else expert_type
+    w = build_llama_base("gpt-oss", n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                         head_dim=head_dim, n_ff=n_ff_exp, n_ctx=n_ctx, weight_type=weight_type,
+                         name="tiny-gpt-oss", reserved=reserved, chat_template=chat_template)
+    w.set("gpt-oss.attention.key_length", U32, head_dim)
+    w.set("gpt-oss.attention.value_length", U32, head_dim)
+    w.set("gpt-oss.rope.freq_base", F32, 150000.0)
+    w.set("gpt-oss.expert_feed_forward_length", U32, n_ff_exp)
+    w.set("gpt-oss.expert_count", U32, n_expert)
+    w.set("gpt-oss.expert_used_count", U32, n_expert_used)
+    w.set("gpt-oss.attention.sliding_window", U32, window)
+    if yarn is not None:
+        w.set("gpt-oss.rope.scaling.type", STRING, "yarn")
+        w.set("gpt-oss.rope.scaling.factor", F32, yarn[0])
+        w.set("gpt-oss.rope.scaling.original_context_length", U32, yarn[1])
+    rng = random.Random(seed)
+    n_vocab = w.get("gpt-oss.vocab_size").value
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    w.tensors = []
+
+    def matrix(name: str, ne: list[int], std: float, ggml_type: int = weight_type) -> None:
+        n = math.prod(ne)
+        data = random_blocks(ggml_type, n, rng, std) if ggml_type == GGML_MXFP4 else \
+            encode_tensor(ggml_type, [rng.gauss(0.0, std) for _ in range(n)])
+        w.add_tensor(name, ne, ggml_type, data)
+
+    def vector(name: str, ne: list[int], mean: float, spread: float) -> None:
+        values = [mean + rng.uniform(-spread, spread) for _ in range(math.prod(ne))]
+        w.add_tensor(name, ne, GGML_F32, encode_f32(values))
+
+    matrix("token_embd.weight", [n_embd, n_vocab], 0.3)
+    vector("output_norm.weight", [n_embd], 1.0, 0.2)
+    matrix("output.weight", [n_embd, n_vocab], 0.3)
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        vector(blk + "attn_norm.weight", [n_embd], 1.0, 0.2)
+        matrix(blk + "attn_q.weight", [n_embd, q_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_k.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "attn_v.weight", [n_embd, kv_dim], 1.0 / math.sqrt(n_embd))
+        if q_bias:
+            for part, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                vector(blk + f"attn_{part}.bias", [n], 0.0, 0.5)
+        matrix(blk + "attn_output.weight", [q_dim, n_embd], 2.0 / math.sqrt(q_dim))
+        vector(blk + "attn_output.bias", [n_embd], 0.0, 0.2)
+        w.add_tensor(blk + "attn_sinks.weight", [n_head], GGML_F32,
+                     encode_f32([rng.gauss(0.0, sinks) for _ in range(n_head)]))
+        vector(blk + "post_attention_norm.weight", [n_embd], 1.0, 0.2)
+        w.add_tensor(blk + "ffn_gate_inp.weight", [n_embd, n_expert], GGML_F32,
+                     encode_f32([rng.gauss(0.0, 1.0) for _ in range(n_embd * n_expert)]))
+        vector(blk + "ffn_gate_inp.bias", [n_expert], 0.0, 1.0)
+        matrix(blk + "ffn_gate_exps.weight", [n_embd, n_ff_exp, n_expert], 2.0 / math.sqrt(n_embd), expert_type)
+        matrix(blk + "ffn_up_exps.weight", [n_embd, n_ff_exp, n_expert], 2.0 / math.sqrt(n_embd), expert_type)
+        matrix(blk + "ffn_down_exps.weight", [n_ff_exp, n_embd, n_expert], 2.0 / math.sqrt(n_ff_exp), expert_type)
+        vector(blk + "ffn_gate_exps.bias", [n_ff_exp, n_expert], 0.0, 0.5)
+        vector(blk + "ffn_up_exps.bias", [n_ff_exp, n_expert], 0.0, 0.5)
+        vector(blk + "ffn_down_exps.bias", [n_embd, n_expert], 0.0, 0.2)
+    return w
+
+
 def build_tiny_lfm2(*, n_embd: int = 128, n_head: int = 4, kv_heads: tuple[int, ...] = (0, 2, 0, 0, 2),
                     n_ff: int = 256, conv_len: int = 3, n_ctx: int = 128, window: int = 0,
                     weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:

@@ -135,7 +135,7 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
 
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, const float *v, int32_t n_pos,
                                   int32_t head_dim, const char *kv_type_k, const char *kv_type_v, int32_t n_ranges,
-                                  int32_t run, float *out, const char *kernels) {
+                                  int32_t run, const float *sinks, float *out, const char *kernels) {
     return guarded([&]() -> llmd_status {
         if (q == nullptr || k == nullptr || v == nullptr || out == nullptr || n_q < 1 || n_q > 1024 ||
             n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos || run < 0 ||
@@ -183,6 +183,7 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
                                 part_out.data(), part.data());
             table->attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
+        if (sinks != nullptr) attend_sink(out, acc.data(), sinks, n_q, head_dim);
         attend_finish(out, acc.data(), n_q, head_dim);
         return LLMD_OK;
     });

@@ -22,7 +22,7 @@ void load_hparams(Binder &b, HParams &hp) {
     b.expert_widths_per_layer = true;
     b.moe_hparams(hp);
     b.moe_gating(hp, true); // llama.cpp has no default to run
-    hp.expert_relu = true;
+    hp.expert_glu = Glu::relu;
     if (b.get_int(b.prefix + "attention.sliding_window", 0, false) == 0) return; // every layer global, with RoPE
     const std::vector<bool> local = b.swa_layers(hp.n_layer, 4, true);
     // The local layers turn by rope.freq_base_swa in llama.cpp; llmd turns every layer alike.

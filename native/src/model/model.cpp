@@ -93,6 +93,18 @@ void add_bias(float *y, const float *bias, float scale, int n, int64_t rows, int
         for (int64_t r = r0; r < r1; ++r) y[t * rows + r] += scale == 1.0f ? bias[r] : scale * bias[r];
 }
 
+// gpt-oss's gated unit, elementwise in place of gate: the gate capped at 7 and the up
+// projection clamped to [-7, 7], then gate · sigmoid(1.702 · gate) · (up + 1), with the
+// constants llama.cpp's graph gives it (its SWIGLU_OAI_MOE). Each element on its own,
+// in one order on every CPU: a token's bits never depend on its batch.
+void swiglu_oai(float *gate, const float *up, int64_t n) {
+    constexpr float kAlpha = 1.702f, kLimit = 7.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = std::min(gate[i], kLimit), u = std::clamp(up[i], -kLimit, kLimit);
+        gate[i] = g / (1.0f + std::exp(-kAlpha * g)) * (u + 1.0f);
+    }
+}
+
 // Rows [r0, r1) of a job, with its biases and gated unit when it has them.
 void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
     matmul_rows(j, n, r0, r1);
@@ -107,6 +119,8 @@ void run_job(const MatJob &j, int n, int64_t r0, int64_t r1) {
         const float *up = j.scratch + t * rows + r0;
         if (j.act == Glu::relu) // exact in any order: no kernel of its own
             for (int64_t i = 0; i < r1 - r0; ++i) gate[i] = std::max(gate[i], 0.0f) * up[i];
+        else if (j.act == Glu::swiglu_oai)
+            swiglu_oai(gate, up, r1 - r0);
         else
             glu(j.act == Glu::gelu, gate, up, r1 - r0);
     }
@@ -230,6 +244,11 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
     const float scale = hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
     const int window = hp.window[layer];
+    const float *sinks = model.layers[layer].attn_sinks; // (n_head), or null
+    const auto finish = [&](float *y, AttnPartial *acc, int h) { // KV head h's group of query heads
+        if (sinks != nullptr) attend_sink(y, acc, sinks + h * group, group, hd);
+        attend_finish(y, acc, group, hd);
+    };
     const auto first_attended = [&](int t) { return window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0; };
     const auto first_range = [&](int t) { return first_attended(t) / kAttnRange; };
     const auto own_ranges = [&](int t) { return attn_range_count(batch[t].pos + 1) - first_range(t); };
@@ -284,7 +303,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
                         attend_fold(y_of(t), acc_of(t), outs + (t - t0) * group * hd, parts + (t - t0) * group, group, hd);
                     i = j;
                 }
-            for (int t = t0; t < t1; ++t) attend_finish(y_of(t), acc_of(t), group, hd);
+            for (int t = t0; t < t1; ++t) finish(y_of(t), acc_of(t), h);
         });
         return;
     }
@@ -310,7 +329,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
             const size_t slot = pair * most + r;
             attend_fold(y, acc, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, group, hd);
         }
-        attend_finish(y, acc, group, hd);
+        finish(y, acc, h);
     }
 }
 
@@ -391,35 +410,41 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
     const bool shared = L.up_shexp.data != nullptr;
     if (shared) ws.moe_shared.resize(n * shared_ff);
     const MatJob shared_job = swiglu(L.gate_shexp, L.up_shexp, ws.moe_shared.data(), ws.moe_h2.data());
+    const MatJob router_job = project(L.router, ws.router.data(), L.router_b);
     if (route != nullptr) {
-        matmuls(p, route, {project(L.router, ws.router.data())});
+        matmuls(p, route, {router_job});
         if (shared) matmuls(p, xb, {shared_job});
     } else if (shared) {
-        matmuls(p, xb, {project(L.router, ws.router.data()), shared_job});
+        matmuls(p, xb, {router_job, shared_job});
     } else {
-        matmuls(p, xb, {project(L.router, ws.router.data())});
+        matmuls(p, xb, {router_job});
     }
     // Per token: the experts' probabilities, the top k (ties to the lower index) by
     // probability plus bias, and their weights; chosen (n, n_expert) holds a token's
-    // weight for each chosen expert.
+    // weight for each chosen expert. softmax_chosen: the top k by score, and the
+    // softmax over their scores.
     std::vector<float> &chosen = ws.moe_weights;
     chosen.assign(static_cast<size_t>(n) * n_exp, 0.0f);
     std::vector<int> order(n_exp);
     std::vector<float> score(n_exp);
+    const auto softmax = [](float *v, int m, const int *at) { // v[at[0..m)] := their softmax
+        float mx = -INFINITY, sum = 0.0f;
+        for (int i = 0; i < m; ++i) mx = std::max(mx, v[at[i]]);
+        for (int i = 0; i < m; ++i) sum += v[at[i]] = std::exp(v[at[i]] - mx);
+        for (int i = 0; i < m; ++i) v[at[i]] /= sum;
+    };
     for (int t = 0; t < n; ++t) {
         float *prob = ws.router.data() + static_cast<size_t>(t) * n_exp;
+        for (int e = 0; e < n_exp; ++e) order[e] = e;
         if (hp.gating == HParams::Gating::sigmoid) {
             for (int e = 0; e < n_exp; ++e) prob[e] = 1.0f / (1.0f + std::exp(-prob[e]));
-        } else {
-            const float mx = *std::max_element(prob, prob + n_exp);
-            float sum = 0.0f;
-            for (int e = 0; e < n_exp; ++e) sum += prob[e] = std::exp(prob[e] - mx);
-            for (int e = 0; e < n_exp; ++e) prob[e] /= sum;
+        } else if (hp.gating == HParams::Gating::softmax) {
+            softmax(prob, n_exp, order.data());
         }
         for (int e = 0; e < n_exp; ++e) score[e] = L.expert_bias != nullptr ? prob[e] + L.expert_bias[e] : prob[e];
-        for (int e = 0; e < n_exp; ++e) order[e] = e;
         std::partial_sort(order.begin(), order.begin() + k, order.end(),
                           [&](int a, int b) { return score[a] > score[b] || (score[a] == score[b] && a < b); });
+        if (hp.gating == HParams::Gating::softmax_chosen) softmax(prob, k, order.data()); // the scores of the top k
         float total = 0.0f;
         for (int i = 0; i < k; ++i) total += prob[order[i]];
         total = std::max(total, 6.103515625e-5f); // as llama.cpp bounds it (the smallest normal half): sigmoids may all be tiny
@@ -458,14 +483,18 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
         }
         run_matmuls(p.pool, n, ws.jobs);
     };
+    // An expert's row of a stack of biases (n_expert, width), or null.
+    const auto bias_of = [](const float *stack, int e, size_t width) { return stack ? stack + e * width : nullptr; };
     run_groups(ws.moe_in.data(), dim, [&](const Workspace::ExpertGroup &g) {
         MatJob job = swiglu(L.gate_exps[g.expert], L.up_exps[g.expert], ws.moe_h.data() + g.row * ff,
-                            ws.moe_h2.data() + g.row * ff);
-        if (hp.expert_relu) job.act = Glu::relu;
+                            ws.moe_h2.data() + g.row * ff, bias_of(L.b_gate_exps, g.expert, ff),
+                            bias_of(L.b_up_exps, g.expert, ff));
+        job.act = hp.expert_glu;
         return job;
     });
     run_groups(ws.moe_h.data(), hp.n_ff_exp, [&](const Workspace::ExpertGroup &g) {
-        return project(L.down_exps[g.expert], ws.moe_out.data() + static_cast<size_t>(g.row) * dim);
+        return project(L.down_exps[g.expert], ws.moe_out.data() + static_cast<size_t>(g.row) * dim,
+                       bias_of(L.b_down_exps, g.expert, dim));
     });
     for (const Workspace::ExpertGroup &g : ws.moe_groups) // each token sums its experts in expert order
         for (int i = g.row; i < g.row + g.n; ++i) {

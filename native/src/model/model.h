@@ -41,6 +41,11 @@ struct AlignedBytes {
     explicit AlignedBytes(size_t n, bool huge = false);
 };
 
+// The activation of a gated unit: silu(gate) * up, gelu(gate) * up (GELU's tanh
+// approximation), relu(gate) * up, or gpt-oss's SwiGLU (swiglu_oai in model.cpp: the gate
+// capped, the up clamped, a sigmoid of 1.702 · gate, and up + 1).
+enum class Glu { silu, gelu, relu, swiglu_oai };
+
 struct HParams {
     int n_vocab = 0;
     int n_ctx_train = 0;
@@ -83,8 +88,10 @@ struct HParams {
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
     int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
-    enum class Gating { softmax, sigmoid } gating = Gating::softmax; // router scores to expert probabilities
-    bool expert_relu = false;   // the experts' gate activation is ReLU (SmallThinker), not SiLU
+    // Router scores to expert weights: a softmax or a sigmoid of each score (the top k by
+    // probability chosen), or the top k by score chosen and a softmax over theirs alone (gpt-oss).
+    enum class Gating { softmax, sigmoid, softmax_chosen } gating = Gating::softmax;
+    Glu expert_glu = Glu::silu; // the experts' gated unit (ReLU: SmallThinker; swiglu_oai: gpt-oss)
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
     bool recurrent(int layer) const { return state[layer] > 0; }
@@ -102,6 +109,7 @@ struct LayerWeights {
     const float *bk = nullptr;        // (kv_dim)
     const float *bv = nullptr;        // (kv_dim)
     const float *bo = nullptr;        // (dim)
+    const float *attn_sinks = nullptr; // (n_head) a logit per query head that joins its softmax's denominator
     const float *q_norm = nullptr;    // (head_dim) RMS norm of each query head
     const float *k_norm = nullptr;    // (head_dim) RMS norm of each key head
     const float *attn_post_norm = nullptr; // (dim) norm of the attention output (Gemma)
@@ -117,6 +125,10 @@ struct LayerWeights {
     std::vector<Matrix> gate_exps;    // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> up_exps;      // n_expert × (n_ff_exp, dim)
     std::vector<Matrix> down_exps;    // n_expert × (dim, n_ff_exp)
+    const float *router_b = nullptr;  // (n_expert) added to the router's scores
+    const float *b_gate_exps = nullptr; // (n_expert, n_ff_exp) each expert's biases, where the family has them
+    const float *b_up_exps = nullptr;   // (n_expert, n_ff_exp)
+    const float *b_down_exps = nullptr; // (n_expert, dim)
     Matrix conv_in;                   // (3 · dim, dim) short convolution (LFM2): gates b, c and input x
     const float *conv_w = nullptr;    // (channels, conv_len) each channel's filter, oldest position first
     Matrix conv_out;                  // (dim, dim)
@@ -243,7 +255,8 @@ struct Binder {
     // An optional vector (F32 of n) llama.cpp loads for the family and its graph never
     // applies: accepted, listed in `unapplied`, and left out as llama.cpp leaves it.
     void unapplied_vector(const std::string &name, int64_t n);
-    // An F32 [cols, rows] tensor used as rows × cols floats (convolution filters).
+    // An F32 [cols, rows] tensor used as rows × cols floats (convolution filters, a stack
+    // of per-expert biases).
     const float *filters(const std::string &name, int64_t cols, int64_t rows);
 
     // The tensors of block l that most families name alike: "blk.<l>.attn_norm",
@@ -301,9 +314,6 @@ struct BatchToken {
     bool logits;   // compute next-token logits after this token
     RecurrentState *rs = nullptr; // the session's recurrent layers' state (at pos), if the model has any
 };
-
-// The activation of a gated unit's gate: SiLU, GELU (tanh approximation) or ReLU.
-enum class Glu { silu, gelu, relu };
 
 // One matrix product of a parallel region: y (n, w.rows) = x (n, w.cols) · wᵀ + bias,
 // or y += that when `add`. Quantized weights read xq (x quantized per block), others
@@ -399,15 +409,16 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps,
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): the router scores each
-// token's row of `route` (xb unless given), hp.gating turns the scores into
-// probabilities (softmax, or a sigmoid each), and the token's top n_expert_used
-// experts by probability (plus L.expert_bias where L has one: it only chooses) are
-// weighted by their probabilities, renormalised if hp.expert_norm and scaled by
-// hp.expert_scale; plus the shared expert if L has one, weighted by
-// sigmoid(xb · shexp_gate) (by 1 without that gate). Experts are SwiGLU units (ReGLU
-// with hp.expert_relu). Each expert runs once over the tokens routed to it, so its
-// weights are read once per batch; each token sums its experts in expert order, then
-// the shared one, whatever else is in the batch.
+// token's row of `route` (xb unless given), plus L.router_b where L has it; hp.gating
+// turns the scores into probabilities (softmax, or a sigmoid each), and the token's top
+// n_expert_used experts by probability (plus L.expert_bias where L has one: it only
+// chooses) are weighted by their probabilities, renormalised if hp.expert_norm and
+// scaled by hp.expert_scale; or (softmax_chosen) the top n_expert_used by score are
+// weighted by the softmax of their scores alone. Plus the shared expert if L has one,
+// weighted by sigmoid(xb · shexp_gate) (by 1 without that gate). Experts are gated
+// units of hp.expert_glu, with their biases where L has them. Each expert runs once
+// over the tokens routed to it, so its weights are read once per batch; each token
+// sums its experts in expert order, then the shared one, whatever else is in the batch.
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const float *route = nullptr);
 // x (n, dim) += y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y);
@@ -454,7 +465,8 @@ void post_norm_rest(const Pass &p, int l, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
-// last hp.window[layer] positions of it for a sliding-window layer). A quantized
-// cache's rotation (attention.h: kv_rotation) rotates ws.q in place.
+// last hp.window[layer] positions of it for a sliding-window layer), each query head's
+// sink logit in its softmax where the layer has attn_sinks (attention.h: attend_sink).
+// A quantized cache's rotation (attention.h: kv_rotation) rotates ws.q in place.
 void attend(const Pass &p, int layer);
 } // namespace llmd

@@ -139,6 +139,16 @@ void attend_fold(float *y, AttnPartial *acc, const float *out, const AttnPartial
     kernels().attend_fold(y, acc, out, part, n_q, hd);
 }
 
+void attend_sink(float *y, AttnPartial *acc, const float *sinks, int n_q, int hd) {
+    for (int g = 0; g < n_q; ++g) {
+        const float m0 = acc[g].max, m1 = sinks[g], mx = std::max(m0, m1);
+        const float e = std::exp(std::min(m0, m1) - mx), a = m0 < m1 ? e : 1.0f, b = m0 < m1 ? 1.0f : e;
+        if (a != 1.0f)
+            for (int d = 0; d < hd; ++d) y[static_cast<size_t>(g) * hd + d] *= a;
+        acc[g] = {mx, std::fma(acc[g].sum, a, b)};
+    }
+}
+
 void attend_finish(float *y, const AttnPartial *acc, int n_q, int hd) {
     for (int g = 0; g < n_q; ++g) {
         const float inv = acc[g].sum > 0.0f ? 1.0f / acc[g].sum : 0.0f;

@@ -159,5 +159,12 @@ void attend_start(float *y, AttnPartial *acc, int n_q, int hd);
 void attend_fold(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd);
 void attend_fold_ref(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd);
 void attend_finish(float *y, const AttnPartial *acc, int n_q, int hd);
+// Attention sinks (gpt-oss): each query head's logit sinks[g] joins its softmax's
+// denominator and adds nothing to its output, as if a position of that score with a
+// value of zeros were attended. Folded into the running result after the last range
+// and before attend_finish, as a partial of max sinks[g], sum 1 and output zero: the
+// same arithmetic as attend_fold's, in the same place whatever the batch, the ranges
+// or the kernel variant.
+void attend_sink(float *y, AttnPartial *acc, const float *sinks, int n_q, int hd);
 
 } // namespace llmd
