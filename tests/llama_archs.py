@@ -65,6 +65,7 @@ MODELS = {
     "mistral3-dense": ("mistral3", "llama-spm"),
     "mistral3-moe": ("mistral3", "llama-spm"),
     "gpt-oss-moe": ("gpt-oss", "llama-bpe"),
+    "granitehybrid-dense": ("granitehybrid", "llama-bpe"),  # the writer's only granitehybrid (no experts)
 }
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "

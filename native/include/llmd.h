@@ -412,6 +412,13 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
  * out are n x hd. */
 llmd_status llmd_kernel_delta_scan(float *m, const float *q, const float *k, const float *v, const float *decay,
                                    const float *beta, int32_t n, int32_t hd, float *out, const char *kernels);
+/* n tokens in order through one Mamba-2 head: at token t the state s (head_dim x
+ * d_state floats, updated in place; row i that of channel i) decays by decay[t] and
+ * takes in b[t] (d_state) times x[t][i] * dt[t]; y[t][i] (head_dim) is row i · c[t]
+ * (d_state). x and y are n x head_dim, b and c n x d_state. */
+llmd_status llmd_kernel_ssm_scan(float *s, const float *x, const float *b, const float *c, const float *dt,
+                                 const float *decay, int32_t n, int32_t head_dim, int32_t d_state, float *y,
+                                 const char *kernels);
 /* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
  * approximation (gelu == 1). */
 llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, const char *kernels);

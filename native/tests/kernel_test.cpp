@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace llmd;
@@ -339,6 +340,36 @@ void test_delta_scan(const char *variant, Rng &rng) {
     check(invariant, variant, "delta_scan run invariance", invariant ? 0.0 : 1.0, 0.0);
 }
 
+// n tokens through a Mamba-2 head by a variant against the reference, and the
+// variant's run of n tokens against the same tokens one call each (bit for bit).
+void test_ssm_scan(const char *variant, Rng &rng) {
+    double worst = 0.0;
+    bool invariant = true;
+    for (const auto &[hd, ds] : {std::pair{64, 128}, std::pair{32, 16}, std::pair{24, 37}}) {
+        const int n = 5;
+        const size_t xs = static_cast<size_t>(n) * hd, bs = static_cast<size_t>(n) * ds;
+        std::vector<float> s(static_cast<size_t>(hd) * ds), x(xs), b(bs), c(bs), dt(n), decay(n);
+        for (float &v : s) v = 0.2f * rng.gauss();
+        for (float &v : x) v = rng.gauss();
+        for (float &v : b) v = rng.gauss();
+        for (float &v : c) v = rng.gauss() / std::sqrt(static_cast<float>(ds));
+        for (int t = 0; t < n; ++t) dt[t] = 0.1f + 0.2f * t, decay[t] = std::exp(-dt[t]);
+        std::vector<float> s_ref = s, s_one = s, y_ref(xs), y(xs), y_one(xs);
+        llmd_kernel_ssm_scan(s_ref.data(), x.data(), b.data(), c.data(), dt.data(), decay.data(), n, hd, ds,
+                             y_ref.data(), nullptr);
+        llmd_kernel_ssm_scan(s.data(), x.data(), b.data(), c.data(), dt.data(), decay.data(), n, hd, ds, y.data(),
+                             variant);
+        for (int t = 0; t < n; ++t)
+            llmd_kernel_ssm_scan(s_one.data(), x.data() + t * hd, b.data() + t * ds, c.data() + t * ds, dt.data() + t,
+                                 decay.data() + t, 1, hd, ds, y_one.data() + t * hd, variant);
+        for (size_t i = 0; i < xs; ++i) worst = std::max(worst, static_cast<double>(std::fabs(y[i] - y_ref[i])));
+        for (size_t i = 0; i < s.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(s[i] - s_ref[i])));
+        if (s != s_one || y != y_one) invariant = false;
+    }
+    check(worst < 1e-5, variant, "ssm_scan (|diff|, values ~1)", worst, 1e-5);
+    check(invariant, variant, "ssm_scan run invariance", invariant ? 0.0 : 1.0, 0.0);
+}
+
 void test_glu(const Kernels &k, Rng &rng) {
     for (const bool gelu : {false, true}) {
         std::vector<float> gate = {-30.0f, -12.0f, -5.0f, -1e-3f, 0.0f, 1e-3f, 5.0f, 12.0f, 30.0f};
@@ -424,6 +455,7 @@ int main() {
         test_attention(k.name, rng);
         test_attention_sinks(k.name, rng);
         test_delta_scan(k.name, rng);
+        test_ssm_scan(k.name, rng);
         test_glu(k, rng);
         test_vector_ops(k, rng);
     }

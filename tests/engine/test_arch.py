@@ -238,11 +238,11 @@ def test_a_tensor_nobody_knows_is_still_refused_by_name(tmp_path):
 
 def test_an_architecture_llmd_does_not_run_is_refused_with_the_ones_it_does(tmp_path):
     w = build_tiny_llama()
-    w.set("general.architecture", STRING, "granitehybrid")
+    w.set("general.architecture", STRING, "jamba")
     assert open_error(w.write(tmp_path / "m.gguf")) == (
-        "unsupported architecture 'granitehybrid' (llmd runs llama, ernie4_5, ernie4_5-moe, exaone4, gemma3, gpt-oss, "
-        "lfm2, lfm2moe, mistral3, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen35, qwen35moe, qwen3moe, smallthinker, "
-        "smollm3)")
+        "unsupported architecture 'jamba' (llmd runs llama, ernie4_5, ernie4_5-moe, exaone4, gemma3, gpt-oss, "
+        "granitehybrid, lfm2, lfm2moe, mistral3, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen35, qwen35moe, qwen3moe, "
+        "smallthinker, smollm3)")
 
 
 # ---- per-tensor scales (<weight>.scale, as llama.cpp's writer stores them) ------------------

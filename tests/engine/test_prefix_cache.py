@@ -9,11 +9,14 @@ import pytest
 
 from llmd.engine.native import Engine, EngineError, Sampling
 from tests.llama_archs import writer_model
-from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_gpt_oss, build_tiny_lfm2, build_tiny_qwen35
+from tests.support.gguf_writer import (
+    build_tiny_gemma3, build_tiny_gpt_oss, build_tiny_granitehybrid, build_tiny_lfm2, build_tiny_qwen35,
+)
 
 # The hybrid families, each a builder of a tiny model taking n_ctx.
 HYBRIDS = {"qwen35": build_tiny_qwen35, "qwen35moe": partial(build_tiny_qwen35, n_expert=8), "lfm2": build_tiny_lfm2,
-           "lfm2moe": partial(writer_model, "lfm2moe-moe")}
+           "lfm2moe": partial(writer_model, "lfm2moe-moe"),
+           "granitehybrid": partial(build_tiny_granitehybrid, n_expert=4, rope=False)}
 
 BLOCK = 64  # positions per block (kKVBlock)
 

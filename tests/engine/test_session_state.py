@@ -14,11 +14,14 @@ import pytest
 from llmd._native import lib
 from llmd.engine.native import Engine, EngineError
 from tests.llama_archs import writer_model
-from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_gpt_oss, build_tiny_lfm2, build_tiny_qwen35
+from tests.support.gguf_writer import (
+    build_tiny_gemma3, build_tiny_gpt_oss, build_tiny_granitehybrid, build_tiny_lfm2, build_tiny_qwen35,
+)
 
 # The hybrid families, each a builder of a tiny model taking n_ctx.
 HYBRIDS = {"qwen35": build_tiny_qwen35, "qwen35moe": partial(build_tiny_qwen35, n_expert=8), "lfm2": build_tiny_lfm2,
-           "lfm2moe": partial(writer_model, "lfm2moe-moe")}
+           "lfm2moe": partial(writer_model, "lfm2moe-moe"),
+           "granitehybrid": partial(build_tiny_granitehybrid, n_expert=4, rope=False)}
 
 # magic, version, n_layer, n_head_kv, head_dim, n_ctx, k_type, v_type, n_tokens, high
 HEADER = struct.Struct("<9Ii")

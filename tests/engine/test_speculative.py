@@ -18,7 +18,7 @@ import pytest
 from llmd._native import lib
 from llmd.engine.native import Engine, EngineError, Sampling
 from tests.engine.test_engine_grammar import PERSON, schema_grammar
-from tests.support.gguf_writer import build_tiny_lfm2, build_tiny_qwen35
+from tests.support.gguf_writer import build_tiny_granitehybrid, build_tiny_lfm2, build_tiny_qwen35
 
 N_CTX = 256
 STEPS = 60
@@ -26,10 +26,11 @@ STEPS = 60
 
 @pytest.fixture(scope="module")
 def engines(tiny_llama_factory, tmp_path_factory):
-    """name -> an engine: a llama, and the hybrid qwen35 (Gated DeltaNet) and lfm2
-    (short convolution)."""
+    """name -> an engine: a llama, and the hybrid qwen35 (Gated DeltaNet), lfm2 (short
+    convolution) and granitehybrid (Mamba-2)."""
     paths = {"llama": tiny_llama_factory(n_ctx=N_CTX).path}
-    for name, build in (("qwen35", build_tiny_qwen35), ("lfm2", build_tiny_lfm2)):
+    for name, build in (("qwen35", build_tiny_qwen35), ("lfm2", build_tiny_lfm2),
+                        ("granitehybrid", build_tiny_granitehybrid)):
         paths[name] = tmp_path_factory.mktemp("spec") / f"{name}.gguf"
         build(n_ctx=N_CTX).write(paths[name])
     opened = {name: Engine(str(path), n_threads=2, n_ctx=N_CTX, max_sessions=4) for name, path in paths.items()}
@@ -38,7 +39,7 @@ def engines(tiny_llama_factory, tmp_path_factory):
         e.close()
 
 
-ARCHS = ["llama", "qwen35", "lfm2"]
+ARCHS = ["llama", "qwen35", "lfm2", "granitehybrid"]
 SAMPLINGS = {
     "greedy": Sampling(),
     "sampled": Sampling(temperature=1.3, top_k=40, seed=7, presence_penalty=0.3, repeat_penalty=1.1,

@@ -1076,6 +1076,90 @@ def build_tiny_lfm2(*, n_embd: int = 128, n_head: int = 4, kv_heads: tuple[int, 
     return w
 
 
+def build_tiny_granitehybrid(*, n_embd: int = 128, n_head: int = 4, kv_heads: tuple[int, ...] = (0, 2, 0, 0, 2),
+                             n_ff: int = 256, conv_len: int = 4, ssm_heads: int = 8, groups: int = 2,
+                             d_state: int = 16, n_ctx: int = 128, rope: bool = True, n_expert: int = 0,
+                             n_expert_used: int = 2, n_ff_shexp: int = 96, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight granitehybrid model (Granite 4.0-H) laid out as
+    llama.cpp's converter writes one, with build_tiny_llama's tokenizer: one layer per
+    entry of kv_heads, a Mamba-2 block where it is 0 (ssm_heads heads of 2 · n_embd /
+    ssm_heads channels, B and C in `groups` groups of d_state, a convolution over
+    conv_len positions with its bias) and attention with q/k/v and output biases
+    elsewhere, RoPE unless `rope` is False (rope.scaling.finetuned, as Granite 4.0-H's
+    files say); Granite's four multipliers, none of them 1. With n_expert, in place of
+    each FFN a softmax router over n_expert SwiGLU experts of n_ff (n_expert_used per
+    token) and an ungated shared expert of n_ff_shexp."""
+    n_layer, n_head_kv, inner = len(kv_heads), max(kv_heads), 2 * n_embd
+    w = build_llama_base("granitehybrid", n_layer, n_embd=n_embd, n_head=n_head, n_ff=n_ff, n_ctx=n_ctx,
+                         name="tiny-granitehybrid")
+    a = "granitehybrid."
+    w.set(a + "attention.head_count_kv", ARRAY, (I32, list(kv_heads)))
+    w.set(a + "ssm.conv_kernel", U32, conv_len)
+    w.set(a + "ssm.inner_size", U32, inner)
+    w.set(a + "ssm.state_size", U32, d_state)
+    w.set(a + "ssm.time_step_rank", U32, ssm_heads)
+    w.set(a + "ssm.group_count", U32, groups)
+    w.set(a + "embedding_scale", F32, 4.0)
+    w.set(a + "residual_scale", F32, 0.5)
+    w.set(a + "attention.scale", F32, 0.3)
+    w.set(a + "logit_scale", F32, 2.0)
+    if not rope:
+        w.set(a + "rope.scaling.finetuned", BOOL, False)
+    if n_expert:
+        w.set(a + "expert_count", U32, n_expert)
+        w.set(a + "expert_used_count", U32, n_expert_used)
+        w.set(a + "expert_shared_feed_forward_length", U32, n_ff_shexp)
+    rng = random.Random(seed)
+    n_vocab = w.get(a + "vocab_size").value
+    head_dim, conv_dim = n_embd // n_head, inner + 2 * groups * d_state
+    w.tensors = []
+
+    def f32(name: str, ne: list[int], make) -> None:
+        w.add_tensor(name, ne, GGML_F32, encode_f32([make() for _ in range(math.prod(ne))]))
+
+    def matrix(name: str, ne: list[int], std: float) -> None:
+        f32(name, ne, lambda: rng.gauss(0.0, std))
+
+    def norm(name: str, ne: list[int] | None = None) -> None:
+        f32(name, ne or [n_embd], lambda: 1.0 + rng.uniform(-0.2, 0.2))
+
+    matrix("token_embd.weight", [n_embd, n_vocab], 0.3)
+    norm("output_norm.weight")
+    matrix("output.weight", [n_embd, n_vocab], 0.3)  # logits of std ~1.7 after logit_scale
+    for layer, kv in enumerate(kv_heads):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        if kv == 0:
+            matrix(blk + "ssm_in.weight", [n_embd, inner + conv_dim + ssm_heads], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ssm_conv1d.weight", [conv_len, conv_dim], 0.5)
+            matrix(blk + "ssm_conv1d.bias", [conv_dim], 0.1)
+            f32(blk + "ssm_dt.bias", [ssm_heads], lambda: rng.uniform(-1.0, 1.0))
+            f32(blk + "ssm_a", [1, ssm_heads], lambda: -math.exp(rng.uniform(-1.0, 1.0)))
+            f32(blk + "ssm_d", [1, ssm_heads], lambda: rng.uniform(0.5, 1.5))
+            norm(blk + "ssm_norm.weight", [inner // groups, groups])
+            matrix(blk + "ssm_out.weight", [inner, n_embd], 2.0 / math.sqrt(inner))
+        else:
+            for part, rows in (("q", n_head * head_dim), ("k", kv * head_dim), ("v", kv * head_dim)):
+                matrix(blk + f"attn_{part}.weight", [n_embd, rows], 1.0 / math.sqrt(n_embd))
+                matrix(blk + f"attn_{part}.bias", [rows], 0.1)
+            matrix(blk + "attn_output.weight", [n_head * head_dim, n_embd], 2.0 / math.sqrt(n_embd))
+            matrix(blk + "attn_output.bias", [n_embd], 0.1)
+        norm(blk + "ffn_norm.weight")
+        if not n_expert:
+            matrix(blk + "ffn_gate.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_up.weight", [n_embd, n_ff], 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_down.weight", [n_ff, n_embd], 2.0 / math.sqrt(n_ff))
+            continue
+        matrix(blk + "ffn_gate_inp.weight", [n_embd, n_expert], 1.0)
+        matrix(blk + "ffn_gate_exps.weight", [n_embd, n_ff, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up_exps.weight", [n_embd, n_ff, n_expert], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down_exps.weight", [n_ff, n_embd, n_expert], 2.0 / math.sqrt(n_ff))
+        matrix(blk + "ffn_gate_shexp.weight", [n_embd, n_ff_shexp], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up_shexp.weight", [n_embd, n_ff_shexp], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down_shexp.weight", [n_ff_shexp, n_embd], 2.0 / math.sqrt(n_ff_shexp))
+    return w
+
+
 def build_tiny_qwen35(*, n_embd: int = 128, n_layer: int = 4, interval: int = 4, n_head: int = 2,
                       n_head_kv: int = 1, head_dim: int = 64, rope_dim: int = 16,
                       sections: tuple[int, ...] = (3, 3, 2, 0), n_ff: int = 256, k_heads: int = 2,

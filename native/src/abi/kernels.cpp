@@ -8,6 +8,7 @@
 #include "ops/attention.h"
 #include "quants/quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -200,6 +201,30 @@ llmd_status llmd_kernel_delta_scan(float *m, const float *q, const float *k, con
         const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
         const size_t stride = static_cast<size_t>(hd);
         table->delta_scan(m, {q, k, v, stride, decay, beta, 1, out, stride}, n, hd, scale);
+        return LLMD_OK;
+    });
+}
+
+llmd_status llmd_kernel_ssm_scan(float *s, const float *x, const float *b, const float *c, const float *dt,
+                                 const float *decay, int32_t n, int32_t head_dim, int32_t d_state, float *y,
+                                 const char *kernels) {
+    return guarded([&]() -> llmd_status {
+        if (s == nullptr || x == nullptr || b == nullptr || c == nullptr || dt == nullptr || decay == nullptr ||
+            y == nullptr || n < 1 || head_dim < 1 || head_dim > 1024 || d_state < 1 || d_state > 1024)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "bad ssm scan arguments");
+        const Kernels *table = kernels_for_test(kernels);
+        if (table == nullptr) return LLMD_ERR_UNSUPPORTED;
+        // A token's x, B and C lie in one row in the engine (the convolved channels): laid
+        // out so here, all n tokens in one call, as the engine makes it.
+        const size_t hd = static_cast<size_t>(head_dim), ds = static_cast<size_t>(d_state), row = hd + 2 * ds;
+        std::vector<float> rows(static_cast<size_t>(n) * row);
+        for (size_t t = 0; t < static_cast<size_t>(n); ++t) {
+            std::copy_n(x + t * hd, hd, rows.data() + t * row);
+            std::copy_n(b + t * ds, ds, rows.data() + t * row + hd);
+            std::copy_n(c + t * ds, ds, rows.data() + t * row + hd + ds);
+        }
+        const float *r = rows.data();
+        table->ssm_scan(s, {r, r + hd, r + hd + ds, row, dt, decay, 1, y, hd}, n, head_dim, d_state);
         return LLMD_OK;
     });
 }

@@ -43,8 +43,21 @@ struct DeltaTokens {
     float *out;
     size_t out_stride;
 };
+// A run of tokens of one session through one Mamba-2 head (ops/recurrent.h: ssm_scan):
+// token t reads x (head_dim) at x + t · stride, B and C (d_state each) at b + t · stride
+// and c + t · stride, its step (dt after softplus) and decay (exp(dt · A)) at
+// dt[t · dt_stride] and decay[t · dt_stride], and writes y (head_dim) at y + t · y_stride.
+struct SsmTokens {
+    const float *x, *b, *c;
+    size_t stride;
+    const float *dt, *decay;
+    size_t dt_stride;
+    float *y;
+    size_t y_stride;
+};
 using FoldFn = void (*)(float *y, AttnPartial *acc, const float *out, const AttnPartial *part, int n_q, int hd);
 using DeltaScanFn = void (*)(float *m, const DeltaTokens &x, int n, int hd, float scale);
+using SsmScanFn = void (*)(float *s, const SsmTokens &x, int n, int head_dim, int d_state);
 
 struct Kernels {
     const char *name; // "scalar", "avx2", "avx-vnni", "avx512", "neon", "dotprod", "i8mm"
@@ -60,6 +73,7 @@ struct Kernels {
     AttendFn attend_range;    // ops/attention.h
     FoldFn attend_fold;       // ops/attention.h; the same bits in every variant (kernels/fold.h)
     DeltaScanFn delta_scan;   // ops/recurrent.h
+    SsmScanFn ssm_scan;       // ops/recurrent.h
     // gate[i] = act(gate[i]) * up[i], act SiLU or GELU (tanh approximation).
     void (*glu)(bool gelu, float *gate, const float *up, int64_t n);
     // Σ x[i]² in double, for rmsnorm.
@@ -97,6 +111,7 @@ double sum_squares_ref(const float *x, int n);
 void to_f16_ref(const float *x, uint16_t *y, int n);
 void kv_row_ref(uint32_t type, const float *x, uint8_t *y, int n);
 void delta_scan_ref(float *m, const DeltaTokens &x, int n, int hd, float scale); // ops/recurrent.cpp
+void ssm_scan_ref(float *s, const SsmTokens &x, int n, int head_dim, int d_state); // ops/recurrent.cpp
 
 // The table of each variant this build has (kernels/*/), the scalar one first; a
 // variant is listed whether or not this CPU can run it.

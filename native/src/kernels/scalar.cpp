@@ -48,6 +48,7 @@ const Kernels &kernels_scalar() {
         s.attend_range = attend_range_ref;
         s.attend_fold = attend_fold_ref;
         s.delta_scan = delta_scan_ref;
+        s.ssm_scan = ssm_scan_ref;
         s.glu = glu_ref;
         s.sum_squares = sum_squares_ref;
         s.kv_row = kv_row_ref;

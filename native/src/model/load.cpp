@@ -520,6 +520,52 @@ void Binder::short_conv_output_norm(Model &m) {
     m.output_norm = vector("token_embd_norm.weight", m.hp.n_embd);
 }
 
+void Binder::mamba2_hparams(HParams &hp) {
+    HParams::Mamba2 &mb = hp.mamba;
+    std::vector<int> kv_heads;
+    per_layer_int(prefix + "attention.head_count_kv", hp.n_layer, hp.n_head, false, &kv_heads);
+    hp.conv_len = get_int(prefix + "ssm.conv_kernel", 0, true);
+    const int inner = get_int(prefix + "ssm.inner_size", 0, true);
+    mb.d_state = get_int(prefix + "ssm.state_size", 0, true);
+    mb.heads = get_int(prefix + "ssm.time_step_rank", 0, true);
+    mb.groups = get_int(prefix + "ssm.group_count", 0, true);
+    if (!error->empty()) return;
+    if (hp.conv_len < 2 || hp.conv_len > 64 || mb.d_state < 1 || mb.d_state > 1024 || mb.heads < 1 ||
+        inner % mb.heads != 0 || inner / mb.heads > 1024 || mb.groups < 1 || mb.heads % mb.groups != 0) {
+        fail("model Mamba-2 dimensions (ssm.*) are inconsistent");
+        return;
+    }
+    mb.head_dim = inner / mb.heads;
+    const int64_t state = static_cast<int64_t>(hp.conv_len - 1) * mb.conv_dim() +
+                          static_cast<int64_t>(mb.heads) * mb.head_dim * mb.d_state;
+    if (state > (1 << 28)) { // 1 GB of floats a layer: no file llama.cpp writes
+        fail("model Mamba-2 state of " + std::to_string(state) + " floats a layer is out of range");
+        return;
+    }
+    for (int l = 0; l < hp.n_layer; ++l)
+        if (kv_heads[l] == 0) hp.state[l] = static_cast<int>(state);
+}
+
+void Binder::mamba2_mixer(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    const HParams::Mamba2 &mb = hp.mamba;
+    const int dim = hp.n_embd;
+    L.attn_norm = vector(blk + "attn_norm.weight", dim);
+    if (hp.recurrent(l)) {
+        matrix(blk + "ssm_in.weight", dim, mb.inner() + mb.conv_dim() + mb.heads, &L.ssm_in);
+        L.conv_w = filters(blk + "ssm_conv1d.weight", hp.conv_len, mb.conv_dim());
+        L.conv_b = vector(blk + "ssm_conv1d.bias", mb.conv_dim(), false);
+        L.ssm_dt = vector(blk + "ssm_dt.bias", mb.heads);
+        L.ssm_a = filters(blk + "ssm_a", 1, mb.heads);
+        L.ssm_d = filters(blk + "ssm_d", 1, mb.heads);
+        L.ssm_norm = filters(blk + "ssm_norm.weight", mb.inner() / mb.groups, mb.groups);
+        matrix(blk + "ssm_out.weight", mb.inner(), dim, &L.ssm_out);
+    } else {
+        attention_weights(hp, l, L); // with optional q/k/v biases
+        L.bo = vector(blk + "attn_output.bias", dim, false);
+    }
+}
+
 void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
     const std::string blk = "blk." + std::to_string(l) + ".nextn.";
     const int dim = hp.n_embd;
@@ -533,9 +579,9 @@ void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma3, &kGptOss, &kLfm2, &kLfm2Moe,
-                              &kMistral3, &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe,
-                              &kQwen3Moe, &kSmallThinker, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma3, &kGptOss, &kGraniteHybrid,
+                              &kLfm2, &kLfm2Moe, &kMistral3, &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35,
+                              &kQwen35Moe, &kQwen3Moe, &kSmallThinker, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -806,7 +852,7 @@ void Model::pack() {
     for (LayerWeights &L : layers) {
         for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp,
                           &L.up_shexp, &L.down_shexp, &L.conv_in, &L.conv_out, &L.delta_in, &L.delta_gate,
-                          &L.delta_beta, &L.delta_alpha, &L.delta_out})
+                          &L.delta_beta, &L.delta_alpha, &L.delta_out, &L.ssm_in, &L.ssm_out})
             if (m->data != nullptr) matrices.push_back(m);
         for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
             for (Matrix &m : *stack) matrices.push_back(&m);

@@ -31,7 +31,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
-    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp});
+    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.mamba.inner()});
     xq.resize(quantized_blocks(n_tokens, (widest + QK - 1) / QK * QK));
     capacity = n_tokens;
 }
@@ -521,9 +521,9 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
     add_rows(p, x, ws.moe_acc.data());
 }
 
-void add_rows(const Pass &p, float *x, const float *y) {
+void add_rows(const Pass &p, float *x, const float *y, float scale) {
     const size_t n = static_cast<size_t>(p.n) * p.hp.n_embd;
-    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+    for (size_t i = 0; i < n; ++i) x[i] += scale * y[i]; // exact for a scale of 1
 }
 
 void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight) {
@@ -693,6 +693,8 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
         if (hp.logit_softcap > 0.0f)
             for (size_t i = 0; i < static_cast<size_t>(n_out) * hp.n_vocab; ++i)
                 logits[i] = hp.logit_softcap * std::tanh(logits[i] / hp.logit_softcap);
+        if (hp.logit_scale != 1.0f)
+            for (size_t i = 0; i < static_cast<size_t>(n_out) * hp.n_vocab; ++i) logits[i] *= 1.0f / hp.logit_scale;
     }
 }
 

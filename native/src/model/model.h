@@ -67,6 +67,8 @@ struct HParams {
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
+    float logit_scale = 1.0f;   // final logits are multiplied by 1 / this (Granite's logits_scaling)
+    float residual_scale = 1.0f; // multiplies a sublayer's output before it joins the residual (Granite)
     float attn_temp_scale = 0.0f; // queries at position p times 1 + this · ln(⌊p / attn_temp_floor⌋ + 1); 0: none
     int attn_temp_floor = 0;      // (Llama 4's attention temperature, Mistral 3's)
     std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
@@ -81,6 +83,14 @@ struct HParams {
         int v_dim() const { return v_heads * head_dim; }
         int conv_dim() const { return 2 * qk_dim() + v_dim(); } // q, k, v: the convolved channels
     } delta;
+    struct Mamba2 {             // Mamba-2 layers (Granite 4.0-H)
+        int heads = 0;          // each with its own (head_dim × d_state) state and decay
+        int head_dim = 0;       // channels of x (and of y, z) per head
+        int groups = 0;         // of B and C; head h reads group h / (heads / groups)
+        int d_state = 0;
+        int inner() const { return heads * head_dim; }
+        int conv_dim() const { return inner() + 2 * groups * d_state; } // x, B, C: the convolved channels
+    } mamba;
     std::vector<bool> rope_fixed; // (rope_dim / 2) pairs text positions leave unrotated (multi-section RoPE)
     int n_expert = 0;           // MoE: experts per layer,
     int n_expert_used = 0;      // experts each token is routed to,
@@ -140,6 +150,13 @@ struct LayerWeights {
     const float *delta_a = nullptr;   // (v_heads) -exp(A_log), negative
     const float *delta_norm = nullptr; // (head_dim) RMS norm of each head's output
     Matrix delta_out;                 // (dim, v_dim)
+    Matrix ssm_in;                    // (inner + conv_dim + heads, dim) Mamba-2 (Granite 4.0-H): z, x B C, dt
+    const float *conv_b = nullptr;    // (conv_dim) optional bias after the convolution (Mamba-2)
+    const float *ssm_dt = nullptr;    // (heads) added to dt before its softplus
+    const float *ssm_a = nullptr;     // (heads) -exp(A_log), negative: the decay is exp(dt · a)
+    const float *ssm_d = nullptr;     // (heads) the skip: y += x · d
+    const float *ssm_norm = nullptr;  // (inner) RMS norm of y, over each group's inner / groups channels
+    Matrix ssm_out;                   // (dim, inner)
     const float *expert_bias = nullptr; // (n_expert) added to the probabilities to choose experts, not to weigh them
     const float *shexp_gate = nullptr; // (dim) the shared expert's weight for a token is sigmoid(xb · this); null: 1
     Matrix gate_shexp;                // (n_ff_shexp, dim)
@@ -256,7 +273,8 @@ struct Binder {
     // applies: accepted, listed in `unapplied`, and left out as llama.cpp leaves it.
     void unapplied_vector(const std::string &name, int64_t n);
     // An F32 [cols, rows] tensor used as rows × cols floats (convolution filters, a stack
-    // of per-expert biases).
+    // of per-expert biases; Mamba-2's per-head [1, heads] and per-group [inner / groups,
+    // groups] vectors).
     const float *filters(const std::string &name, int64_t cols, int64_t rows);
 
     // The tensors of block l that most families name alike: "blk.<l>.attn_norm",
@@ -296,6 +314,12 @@ struct Binder {
     void short_conv_mixer(const HParams &hp, int l, LayerWeights &L);
     // Their final norm, which they keep in token_embd_norm.weight, into m.output_norm.
     void short_conv_output_norm(Model &m);
+    // The Mamba-2 hybrids' metadata (Granite 4.0-H): the SSM's dimensions (ssm.*); a
+    // layer without key/value heads is a Mamba-2 layer. And the first half of their
+    // block l: attn_norm, then the Mamba-2 tensors, or attention's (optional q/k/v and
+    // output biases).
+    void mamba2_hparams(HParams &hp);
+    void mamba2_mixer(const HParams &hp, int l, LayerWeights &L);
     // The tensors of multi-token-prediction block l that every family names alike
     // (blk.<l>.nextn.*: eh_proj, enorm, hnorm, and the optional embed_tokens,
     // shared_head_head, shared_head_norm); the block's own layer is the family's.
@@ -357,6 +381,7 @@ struct Workspace {
     std::vector<float> moe_weights;     // (n, n_expert) each token's weight for each expert
     std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
     std::vector<float> recurrent, recurrent_in; // a recurrent block's projections (recurrent.h)
+    std::vector<float> sublayer;        // (n, dim) a sublayer's output, scaled before it joins the residual (Granite)
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -420,8 +445,8 @@ void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight
 // over the tokens routed to it, so its weights are read once per batch; each token
 // sums its experts in expert order, then the shared one, whatever else is in the batch.
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const float *route = nullptr);
-// x (n, dim) += y (n, dim)
-void add_rows(const Pass &p, float *x, const float *y);
+// x (n, dim) += scale · y (n, dim)
+void add_rows(const Pass &p, float *x, const float *y, float scale = 1.0f);
 // x (n, n_heads * head_dim): each head of each token RMS-normalised in place and
 // scaled by weight (head_dim).
 void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight);

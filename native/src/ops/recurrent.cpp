@@ -1,5 +1,6 @@
 // recurrent.cpp — see recurrent.h: a session's recurrent state with its checkpoints,
-// and the recurrent blocks of the hybrid architectures.
+// and the recurrent blocks of the hybrid architectures (short convolution, Gated
+// DeltaNet, Mamba-2).
 #include "ops/recurrent.h"
 
 #include "kernels/kernels.h"
@@ -254,6 +255,98 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
         }
     });
     matmuls(p, out, {residual(L.delta_out, p.x)}); // x += gated output · delta_outᵀ
+}
+
+// ---- Mamba-2 (Granite 4.0-H) -------------------------------------------------
+
+void ssm_scan_ref(float *s, const SsmTokens &x, int n, int head_dim, int d_state) {
+    for (int t = 0; t < n; ++t) {
+        const float *xt = x.x + t * x.stride, *b = x.b + t * x.stride, *c = x.c + t * x.stride;
+        const float dt = x.dt[t * x.dt_stride], decay = x.decay[t * x.dt_stride];
+        float *y = x.y + t * x.y_stride;
+        for (int i = 0; i < head_dim; ++i) {
+            float *row = s + static_cast<size_t>(i) * d_state;
+            const float x_dt = xt[i] * dt;
+            float sum = 0.0f;
+            for (int j = 0; j < d_state; ++j) {
+                row[j] = row[j] * decay + b[j] * x_dt;
+                sum += row[j] * c[j];
+            }
+            y[i] = sum;
+        }
+    }
+}
+
+void ssm_scan(float *s, const SsmTokens &x, int n, int head_dim, int d_state) {
+    kernels().ssm_scan(s, x, n, head_dim, d_state);
+}
+
+void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out) {
+    const HParams &hp = p.hp;
+    const HParams::Mamba2 &mb = hp.mamba;
+    const int n = p.n, hd = mb.head_dim, heads = mb.heads, d_state = mb.d_state;
+    const size_t inner = mb.inner(), conv_dim = mb.conv_dim(), proj = inner + conv_dim + heads;
+    // Scratch per token: z, x B C and dt as projected (proj), the convolved x B C
+    // (conv_dim), the heads' output (inner), steps and decays (heads each).
+    std::vector<float> &ws = p.ws.recurrent;
+    ws.resize(n * (proj + conv_dim + inner + 2 * static_cast<size_t>(heads)));
+    float *zxbcdt = ws.data(), *xbc = zxbcdt + n * proj, *y = xbc + n * conv_dim, *steps = y + n * inner;
+    float *decays = steps + static_cast<size_t>(n) * heads;
+    matmuls(p, p.xb, {project(L.ssm_in, zxbcdt)});
+    // The convolution, its bias and SiLU: a task per kConvChannels channels runs the
+    // batch's tokens in order, each continuing the window its predecessor in the
+    // session left.
+    constexpr size_t kConvChannels = 64;
+    p.pool.run(static_cast<int>((conv_dim + kConvChannels - 1) / kConvChannels), [&](int g) {
+        const size_t c0 = static_cast<size_t>(g) * kConvChannels;
+        const int width = static_cast<int>(std::min(kConvChannels, conv_dim - c0));
+        for (int t = 0; t < n; ++t) {
+            float *c = xbc + t * conv_dim + c0;
+            conv_step(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
+                      zxbcdt + t * proj + inner + c0, width, c);
+            for (int i = 0; i < width; ++i) c[i] = silu(L.conv_b != nullptr ? c[i] + L.conv_b[c0 + i] : c[i]);
+        }
+    });
+    // The scan: a task per head runs the batch's tokens in order over their sessions'
+    // states, so a token's result depends on nothing else in the batch; then the skip
+    // and the gate.
+    const size_t conv_state = static_cast<size_t>(hp.conv_len - 1) * conv_dim;
+    const int per_group = heads / mb.groups;
+    p.pool.run(heads, [&](int h) {
+        const size_t g = static_cast<size_t>(h / per_group);
+        float *dt = steps + h, *dA = decays + h; // token t's at [t * heads]
+        for (int t = 0; t < n; ++t) {
+            dt[t * heads] = softplus(zxbcdt[t * proj + inner + conv_dim + h] + L.ssm_dt[h]);
+            dA[t * heads] = std::exp(dt[t * heads] * L.ssm_a[h]);
+        }
+        for (int t0 = 0; t0 < n;) { // runs of consecutive tokens of one session, one scan each
+            RecurrentState *rs = p.batch[t0].rs;
+            int t1 = t0 + 1;
+            while (t1 < n && p.batch[t1].rs == rs) ++t1;
+            const float *c = xbc + t0 * conv_dim;
+            const SsmTokens run{c + static_cast<size_t>(h) * hd, c + inner + g * d_state,
+                                c + inner + (mb.groups + g) * d_state, conv_dim,
+                                dt + t0 * heads, dA + t0 * heads, static_cast<size_t>(heads),
+                                y + t0 * inner + static_cast<size_t>(h) * hd, inner};
+            ssm_scan(rs->layer(layer) + conv_state + static_cast<size_t>(h) * hd * d_state, run, t1 - t0, hd, d_state);
+            t0 = t1;
+        }
+        for (int t = 0; t < n; ++t) {
+            const size_t at = static_cast<size_t>(h) * hd;
+            float *o = y + t * inner + at;
+            const float *x = xbc + t * conv_dim + at, *z = zxbcdt + t * proj + at;
+            for (int i = 0; i < hd; ++i) o[i] = (o[i] + x[i] * L.ssm_d[h]) * silu(z[i]);
+        }
+    });
+    // Each group's channels RMS-normed (a group may span several heads).
+    const int group_dim = static_cast<int>(inner) / mb.groups;
+    p.pool.run(n, [&](int t) {
+        for (int g = 0; g < mb.groups; ++g) {
+            float *o = y + t * inner + static_cast<size_t>(g) * group_dim;
+            rmsnorm(o, o, L.ssm_norm + static_cast<size_t>(g) * group_dim, group_dim, hp.norm_eps);
+        }
+    });
+    matmuls(p, y, {project(L.ssm_out, out)}); // out = y · ssm_outᵀ
 }
 
 } // namespace llmd

@@ -3,11 +3,12 @@
 //
 // A recurrent layer folds every token into a fixed-size state (LFM2's short
 // convolution keeps the last conv_len - 1 inputs of each channel; Qwen3.5's Gated
-// DeltaNet those of its convolution and a head_dim² matrix per value head). Unlike a KV cache,
-// such a state cannot be cut back to an earlier position: the session therefore keeps
-// checkpoints, copies of the whole state at chosen positions (the end of every prefill,
-// and the end of a reply when the next prefill continues it), and can rewind only to
-// one of them, to 0, or stay where it is.
+// DeltaNet those of its convolution and a head_dim² matrix per value head; Granite
+// 4.0-H's Mamba-2 those of its convolution and a head_dim × d_state matrix per head).
+// Unlike a KV cache, such a state cannot be cut back to an earlier position: the
+// session therefore keeps checkpoints, copies of the whole state at chosen positions
+// (the end of every prefill, and the end of a reply when the next prefill continues
+// it), and can rewind only to one of them, to 0, or stay where it is.
 #pragma once
 
 #include <atomic>
@@ -23,6 +24,7 @@ struct HParams;
 struct LayerWeights;
 struct Pass;
 struct DeltaTokens;
+struct SsmTokens;
 
 constexpr int kMaxCheckpoints = 8; // per session; the oldest is dropped for a newer one
 
@@ -124,5 +126,25 @@ void delta_scan(float *m, const DeltaTokens &x, int n, int hd, float scale);
 // at rate sigmoid(xb · betaᵀ) (delta_scan); its output is RMS-normed, gated by
 // silu(xb · delta_gateᵀ), and x += that · delta_outᵀ.
 void gated_delta_net(const Pass &p, const LayerWeights &L, int layer);
+
+// n tokens of one session, in order, through one Mamba-2 head (kernels.h: SsmTokens
+// says where each token's inputs and output are). s (head_dim × d_state) is the head's
+// state, row i that of channel i. Per token,
+//   s_i = s_i · decay + B · (x_i · dt);  y_i = s_i · C
+// A row never reads another, so a fast scan takes a few rows through every token while
+// they stay in cache; each row's arithmetic is that of its token alone, so a token's
+// result is the same in a run of any length. The kernel in use (kernels.h; ssm_scan_ref
+// is the scalar reference, summing in index order).
+void ssm_scan(float *s, const SsmTokens &x, int n, int head_dim, int d_state);
+
+// The Mamba-2 block of Granite 4.0-H, for layer `layer`, over xb (n, dim, already
+// normed): xb · ssm_inᵀ gives z, then x, B and C (the convolved channels), then dt per
+// head; x, B and C go through a causal convolution over conv_len positions (the
+// session's state holds the earlier ones), its optional bias and SiLU; each head's
+// state scans its tokens (ssm_scan: dt = softplus(dt + ssm_dt), decay exp(dt · ssm_a),
+// head h reading group h / (heads / groups) of B and C); y = (y + x · ssm_d) · silu(z),
+// RMS-normed over each group's inner / groups channels by ssm_norm; out (n, dim) =
+// y · ssm_outᵀ. out may be xb.
+void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out);
 
 } // namespace llmd

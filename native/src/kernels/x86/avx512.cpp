@@ -20,6 +20,7 @@ const Kernels &kernels_avx512() {
         t.attend_range = attend_range_avx512;
         t.attend_fold = fold_partial;
         t.delta_scan = delta_scan_avx512;
+        t.ssm_scan = ssm_scan_avx512;
         t.glu = glu_avx512;
         t.sum_squares = sum_squares_avx512;
         t.kv_row = kv_row_x86;

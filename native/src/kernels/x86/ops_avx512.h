@@ -1,6 +1,6 @@
 // ops_avx512.h — the avx512 variant's vector operations (kernels.h): activation
 // quantization, GLU, the sum of squares of rmsnorm and the Gated
-// DeltaNet scan, 16 lanes at a time.
+// DeltaNet and Mamba-2 scans, 16 lanes at a time.
 #pragma once
 
 #include "kernels/kernels.h"
@@ -92,6 +92,33 @@ void delta_scan_avx512(float *m, const DeltaTokens &x, int n, int hd, float scal
                     mq = _mm512_fmadd_ps(r, _mm512_loadu_ps(q + i), mq);
                 }
                 out[j] = _mm512_reduce_add_ps(mq) * scale;
+            }
+        }
+}
+
+// Rows of a Mamba-2 head's state a scan takes through every token of its run at a time
+// (as ssm_scan_avx2).
+constexpr int kSsmRows = 16;
+
+void ssm_scan_avx512(float *s, const SsmTokens &x, int n, int head_dim, int d_state) {
+    if (d_state % 16 != 0) return ssm_scan_ref(s, x, n, head_dim, d_state);
+    for (int i0 = 0; i0 < head_dim; i0 += kSsmRows)
+        for (int t = 0; t < n; ++t) {
+            const float *xt = x.x + t * x.stride, *b = x.b + t * x.stride, *c = x.c + t * x.stride;
+            const float dt = x.dt[t * x.dt_stride];
+            const __m512 decay = _mm512_set1_ps(x.decay[t * x.dt_stride]);
+            float *y = x.y + t * x.y_stride;
+            for (int i = i0; i < std::min(head_dim, i0 + kSsmRows); ++i) {
+                float *row = s + static_cast<size_t>(i) * d_state;
+                const __m512 x_dt = _mm512_set1_ps(xt[i] * dt);
+                __m512 sum = _mm512_setzero_ps();
+                for (int j = 0; j < d_state; j += 16) {
+                    const __m512 r = _mm512_fmadd_ps(_mm512_loadu_ps(b + j), x_dt,
+                                                     _mm512_mul_ps(_mm512_loadu_ps(row + j), decay));
+                    _mm512_storeu_ps(row + j, r);
+                    sum = _mm512_fmadd_ps(r, _mm512_loadu_ps(c + j), sum);
+                }
+                y[i] = _mm512_reduce_add_ps(sum);
             }
         }
 }

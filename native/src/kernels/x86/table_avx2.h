@@ -22,6 +22,7 @@ Kernels table_256(const char *name) {
     k.attend_range = attend_range_avx2;
     k.attend_fold = fold_partial;
     k.delta_scan = delta_scan_avx2;
+    k.ssm_scan = ssm_scan_avx2;
     k.glu = glu_avx2;
     k.sum_squares = sum_squares_avx2;
     k.kv_row = kv_row_x86;
