@@ -111,8 +111,9 @@ def _other_value(default, choices: list[str]):
     """An LLMD_* value different from a flag's default, and what it should parse to."""
     if isinstance(default, bool):
         return "1", True
-    if isinstance(default, (int, float)):
-        return str(default + 1), default + 1
+    if isinstance(default, (int, float)):  # one below a positive default: a default may be its flag's maximum
+        other = default - 1 if default > 0 else default + 1
+        return str(other), other
     if isinstance(default, list):
         return "a,b", ["a", "b"]
     if choices:

@@ -26,17 +26,20 @@ moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
 wait for the end, so a handler interrupted at any await cannot leave a session held.
 
 Speculative decoding (llmd.serving.speculative). While a single generation is
-decoding, each of its steps may verify a proposal of its drafter (prompt lookup, or a
-draft model: llmd.serving.draft_model, whose engine this thread runs too) in
-the same engine call (Session.decode_draft): the call returns one token or several,
-exactly those plain steps would give, and each goes through `_deliver` one by one as
-a plain step's token does, so streams, stops, logprobs, grammars and cancellation see
-no difference. The runtime times each step's proposal and verification there
-(Costs, shared by its generations), from which a draft model's Pace decides how long
-a proposal pays and whether any does (prompt lookup is paced by acceptance alone). With several generations decoding, a batched
-step serves them all with one read of the weights, which speculation would break
-into one call each (SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they
-decode plainly.
+decoding and no prompt is being prefilled, each of its steps may verify a proposal of
+its drafter (prompt lookup, or a draft model: llmd.serving.draft_model, whose engine
+this thread runs too) in the same engine call (Session.decode_draft): the call returns
+one token or several, exactly those plain steps would give, and each goes through
+`_deliver` one by one as a plain step's token does, so streams, stops, logprobs,
+grammars and cancellation see no difference. The runtime times each step's proposal
+and verification there, and plain steps of a lone generation (Costs, shared by its
+generations), from which the drafters' pacing decides how long a proposal pays and
+whether any does; a generation whose drafter pauses decodes in plain steps. With
+several generations decoding, a batched step serves them all with one read of the
+weights, which speculation would break into one call each (SPECULATE_MAX_STREAMS,
+measured: docs/speculative.md), so they decode plainly; and while a prompt is being
+prefilled, a verification, dearer than a step, would hold it up for tokens that a
+batched step makes at little cost once it decodes too.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step until the generation ends, whether or not it was cancelled meanwhile, so
@@ -264,11 +267,16 @@ class Runtime:
                 continue
             if decoding:
                 waiting = any(not g.decoding for g in self._active)
-                if len(decoding) <= SPECULATE_MAX_STREAMS and all(g.drafter is not None for g in decoding):
+                # Speculate only while nothing else runs: a verification costs more than a
+                # step, which would hold up the prompts being prefilled (docs/speculative.md).
+                alone = not waiting and len(decoding) <= SPECULATE_MAX_STREAMS
+                if alone and all(g.drafter is not None and not g.drafter.pace.pause for g in decoding):
                     for g in decoding:  # each in calls of its own: a verification is one session's
-                        await self._speculative_steps(g, 1 if waiting or len(decoding) > 1 else BURST)
-                else:
-                    await self._decode_steps(decoding[:MAX_DECODE_BATCH], 1 if waiting else BURST)
+                        await self._speculative_steps(g, BURST)
+                else:  # a paused drafter's generation decodes plainly, as long as its pause
+                    pauses = [g.drafter.pace.pause for g in decoding if g.drafter is not None and g.drafter.pace.pause]
+                    most = 1 if waiting else min([BURST, *pauses]) if alone else BURST
+                    await self._decode_steps(decoding[:MAX_DECODE_BATCH], most)
                 # Rotate so that more than MAX_DECODE_BATCH streams all advance.
                 for g in decoding[:MAX_DECODE_BATCH]:
                     if g in self._active:
@@ -338,8 +346,7 @@ class Runtime:
             g.decoding = True
             if g.speculative is not None and g.speculative.n_max > 0:
                 if self.speculative == "ngram":
-                    # Paced by acceptance alone: see docs/speculative.md, "Adaptive".
-                    g.drafter = NgramDrafter(g.prompt, g.speculative)
+                    g.drafter = NgramDrafter(g.prompt, g.speculative, self.costs)
                 elif self.speculative == "draft" and slot.draft is not None:
                     g.drafter = ModelDrafter(slot.draft, g.prompt, g.plan.keep, g.speculative, g.sampling.logit_bias,
                                              self.costs)
@@ -358,7 +365,10 @@ class Runtime:
 
         def run() -> None:
             for _ in range(steps):
+                start = time.perf_counter()
                 tokens = self.engine.decode_batch(sessions, logprobs)
+                if len(batch) == 1:  # a plain step, as a drafter's pacing weighs one
+                    self.costs.verified(0, time.perf_counter() - start)
                 for g, tok in zip(batch, tokens):  # a drafter sees every token, on this thread
                     if g.drafter is not None and not tok.stopped:
                         g.drafter.extend([tok.id])
@@ -408,8 +418,8 @@ class Runtime:
                 drafter.extend([t.id for t in tokens if not t.stopped])
                 left -= len(tokens)
                 loop.call_soon_threadsafe(self._deliver_draft, g, tokens, drafter.name, len(draft), accepted)
-                if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
-                    return
+                if self._interrupt or drafter.pace.pause or any(t.stopped or t.is_terminal for t in tokens):
+                    return  # (a paused drafter's generation goes on in plain steps)
 
         try:
             await loop.run_in_executor(self.executor, run)
