@@ -141,6 +141,9 @@ class Runtime:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}")
         self.engine: Engine | None = None
         self.draft_engine: Engine | None = None  # the draft model ("draft" speculation)
+        # Session slots, scratch included: the engine's, or with a draft model as many as
+        # fit the KV budget with a draft session beside each (_open_draft).
+        self.capacity = 0
         self.metrics = metrics
         self.warm_resume = warm_resume
         self.speculative = speculative
@@ -167,20 +170,33 @@ class Runtime:
         if (self.speculative == "draft") != (draft_path is not None):
             raise ValueError("a draft model is needed by, and only by, \"draft\" speculation")
         self.engine = await self.call(lambda: Engine(path, **options))
+        self.capacity = self.engine.info.max_sessions
         if draft_path is not None:
-            self.draft_engine = await self.call(self._open_draft, draft_path, options.get("n_threads", 0))
+            self.draft_engine = await self.call(self._open_draft, draft_path, options)
         self._task = asyncio.create_task(self._schedule(), name="llmd-scheduler")
         return self.engine
 
-    def _open_draft(self, path: str, n_threads: int) -> Engine:
+    def _open_draft(self, path: str, options: dict) -> Engine:
         """The draft model, with the model's context and room for a session beside each
-        of the model's (on the executor thread)."""
+        of the model's (on the executor thread). Unless --max-sessions sets the slots,
+        the KV budget holds both sessions of each slot: the capacity is what fits."""
         info = self.engine.info
-        draft = Engine(path, n_threads=n_threads, n_ctx=info.n_ctx, max_sessions=info.max_sessions)
+        draft = Engine(path, n_threads=options.get("n_threads", 0), n_ctx=info.n_ctx, max_sessions=info.max_sessions)
         if (why := vocab_difference(self.engine, draft)) is not None:
             draft.close()
             raise fetch.ModelError(f"the draft model {path} cannot draft for the model: {why} "
                                    "(a draft model needs the model's vocabulary)")
+        if not options.get("max_sessions"):
+            snapshots = self.engine.kv_stats().snapshot_budget
+            # Without --kv-budget, the engine's default share of memory: at least what its slots take.
+            budget = options.get("kv_budget_bytes") or info.max_sessions * info.bytes_per_session + snapshots
+            budget -= snapshots + draft.kv_stats().snapshot_budget
+            self.capacity = min(info.max_sessions, max(budget, 0) // (info.bytes_per_session
+                                                                      + draft.info.bytes_per_session))
+            if self.capacity < 1:
+                draft.close()
+                raise fetch.ModelError(f"the KV budget does not fit one session of {info.n_ctx} tokens with its "
+                                       "draft session")
         return draft
 
     async def close(self) -> None:
@@ -478,7 +494,14 @@ def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable, queued:
     metrics.engine_sessions.read = table.engine.live_sessions
     metrics.table_sessions.read = lambda: table.engine_sessions
     engine, block = table.engine, table.engine.info.kv_block_bytes
-    metrics.kv_bytes.read = lambda: engine.kv_stats().blocks_live * block + table.ring_bytes
+    draft = runtime.draft_engine
+
+    def kv_bytes() -> int:
+        """The model's blocks and the draft model's, and their rings."""
+        held = engine.kv_stats().blocks_live * block + table.ring_bytes
+        return held + (draft.kv_stats().blocks_live * draft.info.kv_block_bytes if draft is not None else 0)
+
+    metrics.kv_bytes.read = kv_bytes
     metrics.kv_blocks.read = lambda: engine.kv_stats().blocks_live
 
     def shared_holds() -> int:
@@ -494,7 +517,8 @@ def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable, queued:
     metrics.evictions.read = lambda: table.evictions
     metrics.gateway_queued.read = queued
     metrics.gateway_running.read = lambda: runtime.active - runtime.queued
-    kv_memory = max(table.capacity * table.engine.info.bytes_per_session, 1)
+    per_slot = engine.info.bytes_per_session + (draft.info.bytes_per_session if draft is not None else 0)
+    kv_memory = max(table.capacity * per_slot, 1)
 
     def kv_usage() -> float:
         slots = table.in_use / (table.capacity - 1) if table.capacity > 1 else 0.0
