@@ -255,8 +255,8 @@ class Pace:
         behind: tokens the drafter must catch up with before it can propose (a draft
         model's session after a pause); a proposal (a probe too) is made only if their
         cost is less than speculation could save over the `limit` tokens left, at the
-        acceptance of every generation's recent proposals. A call that returns 0 while
-        pause counts down the tokens generated (tick)."""
+        acceptance of every generation's recent proposals. While it pauses it returns 0;
+        the pause counts down the tokens generated (tick)."""
         if self._pause > 0:
             return 0
         top = min(self.k, limit)
@@ -379,7 +379,6 @@ class CopyPace:
         self.runs.add(drafted, accepted)
         if self.costs is not None:
             self.costs.runs.add(drafted, accepted)
-            self.costs.record(drafted, accepted)
 
 
 class NgramDrafter:
