@@ -452,7 +452,7 @@ async def serve(args) -> None:
                     "conversations that reach it are refused", ", ".join(missing))
     model_id = _model_id(str(path)) if args.model else fetch.DEFAULT_ID
     store = await open_session_store(args, engine, str(path)) if args.session_dir else None
-    table = SessionTable(engine, runtime.call, capacity=info.max_sessions, eviction=args.session_eviction,
+    table = SessionTable(engine, runtime.call, capacity=runtime.capacity, eviction=args.session_eviction,
                          scratch_reuse=args.scratch_reuse, store=store, save_delay=args.session_save_delay,
                          draft_engine=runtime.draft_engine)
     await table.start()
@@ -462,13 +462,15 @@ async def serve(args) -> None:
                           prefix_cache=args.prefix_cache, draft_max=args.draft_max,
                           speculative=args.speculative, draft_model=_model_id(args.draft_model)))
     log.info("model %s loaded in %.1fs: ctx %d, %d session slots (%.0f MB KV each), %d threads, %s kernels",
-             model_id, load_seconds, info.n_ctx, info.max_sessions, info.bytes_per_session / 1e6, info.n_threads,
+             model_id, load_seconds, info.n_ctx, runtime.capacity, info.bytes_per_session / 1e6, info.n_threads,
              info.kernels,
              extra={"fields": {"event": "ready", "url": url, "model": model_id, "path": str(path),
                                "load_seconds": round(load_seconds, 3), "n_ctx": info.n_ctx,
-                               "session_slots": info.max_sessions, "threads": info.n_threads,
+                               "session_slots": runtime.capacity, "threads": info.n_threads,
                                "kernels": info.kernels}})
-    print(banner(url, model_id, str(path), info, load_seconds, args.speculative, args.draft_model), flush=True)
+    draft_bytes = runtime.draft_engine.info.bytes_per_session if runtime.draft_engine is not None else 0
+    print(banner(url, model_id, str(path), info, load_seconds, args.speculative, args.draft_model,
+                 slots=runtime.capacity, draft_bytes=draft_bytes), flush=True)
     notify_systemd("READY=1")
     await stop.wait()
     # /health answers 503 from now on, so balancers send new work elsewhere; what is
@@ -511,11 +513,13 @@ def _model_id(path: str | None) -> str | None:
 
 
 def banner(url: str, model_id: str, path: str, info, load_seconds: float, speculative: str = "ngram",
-           draft_path: str | None = None) -> str:
-    """What an operator needs once llmd is up; its first line is what scripts wait for."""
+           draft_path: str | None = None, slots: int | None = None, draft_bytes: int = 0) -> str:
+    """What an operator needs once llmd is up; its first line is what scripts wait for.
+    slots: the session table's capacity (default the engine's max_sessions); draft_bytes:
+    the KV memory of each slot's draft session, with a draft model."""
     drafter = {"off": "off", "ngram": "prompt lookup (ngram)",
                "draft": f"draft model {_model_id(draft_path)}  ({draft_path})"}[speculative]
-    named = info.max_sessions - 1
+    named = (slots or info.max_sessions) - 1
     capacity = (f"{named} named sessions + 1 for anonymous requests" if named else
                 "1 session (anonymous requests only; raise --kv-budget or --max-sessions for named ones)")
     body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": "Hello!"}]})
@@ -524,7 +528,8 @@ def banner(url: str, model_id: str, path: str, info, load_seconds: float, specul
         f"  model     {model_id}  ({path}, loaded in {load_seconds:.1f}s)",
         f"  context   {info.n_ctx} tokens per session",
         f"  capacity  {capacity}, {info.bytes_per_session / 1e6:.0f} MB of KV cache each "
-        f"({info.kv_type_k} keys, {info.kv_type_v} values)",
+        f"({info.kv_type_k} keys, {info.kv_type_v} values)"
+        + (f" + {draft_bytes / 1e6:.0f} MB for its draft session" if draft_bytes else ""),
         f"  threads   {info.n_threads}, {info.kernels} kernels",
         f"  speculate {drafter}",
         f"  page      {url}/        metrics  {url}/metrics",

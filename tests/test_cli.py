@@ -111,8 +111,9 @@ def _other_value(default, choices: list[str]):
     """An LLMD_* value different from a flag's default, and what it should parse to."""
     if isinstance(default, bool):
         return "1", True
-    if isinstance(default, (int, float)):
-        return str(default + 1), default + 1
+    if isinstance(default, (int, float)):  # one below a positive default: a default may be its flag's maximum
+        other = default - 1 if default > 0 else default + 1
+        return str(other), other
     if isinstance(default, list):
         return "a,b", ["a", "b"]
     if choices:
@@ -159,8 +160,10 @@ def test_banner_names_the_model_capacity_and_a_curl_that_works_when_pasted():
     assert "47 MB of KV cache each (q8_0 keys, f16 values)" in text
     assert "threads   2, avx2 kernels" in text and "http://127.0.0.1:8000/metrics" in text
     assert "speculate prompt lookup (ngram)" in text
-    drafted = banner("http://h:1", "m", "/m.gguf", info, 0.1, "draft", "/d/small.gguf")
+    drafted = banner("http://h:1", "m", "/m.gguf", info, 0.1, "draft", "/d/small.gguf", slots=3, draft_bytes=12_000_000)
     assert "speculate draft model small  (/d/small.gguf)" in drafted
+    assert "2 named sessions" in drafted and "47 MB of KV cache each (q8_0 keys, f16 values) + 12 MB for its draft" \
+        in drafted
     curl = shlex.split(lines[-1].split("try", 1)[1])
     assert curl[:2] == ["curl", "http://127.0.0.1:8000/v1/chat/completions"]
     assert json.loads(curl[curl.index("-d") + 1])["model"] == "it's-a-model"

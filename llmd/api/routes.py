@@ -190,7 +190,9 @@ class Api:
                          "kv_type_v": self.info.kv_type_v, "kv_bytes_per_token": self.info.kv_bytes_per_token,
                          "bytes_per_session": self.info.bytes_per_session,
                          "speculative": self.options.speculative,
-                         **({"draft_model": self.options.draft_model} if self.options.draft_model else {})}}
+                         **({"draft_model": self.options.draft_model,
+                             "draft_bytes_per_session": self.runtime.draft_engine.info.bytes_per_session}
+                            if self.runtime.draft_engine is not None else {})}}
 
     async def models(self, request: HttpRequest) -> Response:
         return json_response({"object": "list", "data": [self._model_object(m) for m in self.options.model_ids]})

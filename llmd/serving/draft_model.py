@@ -94,6 +94,7 @@ class ModelDrafter:
     def extend(self, ids: list[int]) -> None:
         """Append ids to the generation's tokens (each generated token, in order)."""
         self.tokens += ids
+        self.pace.tick(len(ids))
 
     def propose(self, limit: int) -> list[int]:
         """Up to min(k, limit) ids the draft model decodes greedily after the tokens, or

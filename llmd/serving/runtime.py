@@ -26,17 +26,20 @@ moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
 wait for the end, so a handler interrupted at any await cannot leave a session held.
 
 Speculative decoding (llmd.serving.speculative). While a single generation is
-decoding, each of its steps may verify a proposal of its drafter (prompt lookup, or a
-draft model: llmd.serving.draft_model, whose engine this thread runs too) in
-the same engine call (Session.decode_draft): the call returns one token or several,
-exactly those plain steps would give, and each goes through `_deliver` one by one as
-a plain step's token does, so streams, stops, logprobs, grammars and cancellation see
-no difference. The runtime times each step's proposal and verification there
-(Costs, shared by its generations), from which a draft model's Pace decides how long
-a proposal pays and whether any does (prompt lookup is paced by acceptance alone). With several generations decoding, a batched
-step serves them all with one read of the weights, which speculation would break
-into one call each (SPECULATE_MAX_STREAMS, measured: docs/speculative.md), so they
-decode plainly.
+decoding and no prompt is being prefilled, each of its steps may verify a proposal of
+its drafter (prompt lookup, or a draft model: llmd.serving.draft_model, whose engine
+this thread runs too) in the same engine call (Session.decode_draft): the call returns
+one token or several, exactly those plain steps would give, and each goes through
+`_deliver` one by one as a plain step's token does, so streams, stops, logprobs,
+grammars and cancellation see no difference. The runtime times each step's proposal
+and verification there, and plain steps of a lone generation (Costs, shared by its
+generations), from which the drafters' pacing decides how long a proposal pays and
+whether any does; a generation whose drafter pauses decodes in plain steps. With
+several generations decoding, a batched step serves them all with one read of the
+weights, which speculation would break into one call each (SPECULATE_MAX_STREAMS,
+measured: docs/speculative.md), so they decode plainly; and while a prompt is being
+prefilled, a verification, dearer than a step, would hold it up for tokens that a
+batched step makes at little cost once it decodes too.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step until the generation ends, whether or not it was cancelled meanwhile, so
@@ -138,6 +141,9 @@ class Runtime:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}")
         self.engine: Engine | None = None
         self.draft_engine: Engine | None = None  # the draft model ("draft" speculation)
+        # Session slots, scratch included: the engine's, or with a draft model as many as
+        # fit the KV budget with a draft session beside each (_open_draft).
+        self.capacity = 0
         self.metrics = metrics
         self.warm_resume = warm_resume
         self.speculative = speculative
@@ -164,20 +170,33 @@ class Runtime:
         if (self.speculative == "draft") != (draft_path is not None):
             raise ValueError("a draft model is needed by, and only by, \"draft\" speculation")
         self.engine = await self.call(lambda: Engine(path, **options))
+        self.capacity = self.engine.info.max_sessions
         if draft_path is not None:
-            self.draft_engine = await self.call(self._open_draft, draft_path, options.get("n_threads", 0))
+            self.draft_engine = await self.call(self._open_draft, draft_path, options)
         self._task = asyncio.create_task(self._schedule(), name="llmd-scheduler")
         return self.engine
 
-    def _open_draft(self, path: str, n_threads: int) -> Engine:
+    def _open_draft(self, path: str, options: dict) -> Engine:
         """The draft model, with the model's context and room for a session beside each
-        of the model's (on the executor thread)."""
+        of the model's (on the executor thread). Unless --max-sessions sets the slots,
+        the KV budget holds both sessions of each slot: the capacity is what fits."""
         info = self.engine.info
-        draft = Engine(path, n_threads=n_threads, n_ctx=info.n_ctx, max_sessions=info.max_sessions)
+        draft = Engine(path, n_threads=options.get("n_threads", 0), n_ctx=info.n_ctx, max_sessions=info.max_sessions)
         if (why := vocab_difference(self.engine, draft)) is not None:
             draft.close()
             raise fetch.ModelError(f"the draft model {path} cannot draft for the model: {why} "
                                    "(a draft model needs the model's vocabulary)")
+        if not options.get("max_sessions"):
+            snapshots = self.engine.kv_stats().snapshot_budget
+            # Without --kv-budget, the engine's default share of memory: at least what its slots take.
+            budget = options.get("kv_budget_bytes") or info.max_sessions * info.bytes_per_session + snapshots
+            budget -= snapshots + draft.kv_stats().snapshot_budget
+            self.capacity = min(info.max_sessions, max(budget, 0) // (info.bytes_per_session
+                                                                      + draft.info.bytes_per_session))
+            if self.capacity < 1:
+                draft.close()
+                raise fetch.ModelError(f"the KV budget does not fit one session of {info.n_ctx} tokens with its "
+                                       "draft session")
         return draft
 
     async def close(self) -> None:
@@ -264,11 +283,16 @@ class Runtime:
                 continue
             if decoding:
                 waiting = any(not g.decoding for g in self._active)
-                if len(decoding) <= SPECULATE_MAX_STREAMS and all(g.drafter is not None for g in decoding):
+                # Speculate only while nothing else runs: a verification costs more than a
+                # step, which would hold up the prompts being prefilled (docs/speculative.md).
+                alone = not waiting and len(decoding) <= SPECULATE_MAX_STREAMS
+                if alone and all(g.drafter is not None and not g.drafter.pace.pause for g in decoding):
                     for g in decoding:  # each in calls of its own: a verification is one session's
-                        await self._speculative_steps(g, 1 if waiting or len(decoding) > 1 else BURST)
-                else:
-                    await self._decode_steps(decoding[:MAX_DECODE_BATCH], 1 if waiting else BURST)
+                        await self._speculative_steps(g, BURST)
+                else:  # a paused drafter's generation decodes plainly, as long as its pause
+                    pauses = [g.drafter.pace.pause for g in decoding if g.drafter is not None and g.drafter.pace.pause]
+                    most = 1 if waiting else min([BURST, *pauses]) if alone else BURST
+                    await self._decode_steps(decoding[:MAX_DECODE_BATCH], most)
                 # Rotate so that more than MAX_DECODE_BATCH streams all advance.
                 for g in decoding[:MAX_DECODE_BATCH]:
                     if g in self._active:
@@ -338,8 +362,7 @@ class Runtime:
             g.decoding = True
             if g.speculative is not None and g.speculative.n_max > 0:
                 if self.speculative == "ngram":
-                    # Paced by acceptance alone: see docs/speculative.md, "Adaptive".
-                    g.drafter = NgramDrafter(g.prompt, g.speculative)
+                    g.drafter = NgramDrafter(g.prompt, g.speculative, self.costs)
                 elif self.speculative == "draft" and slot.draft is not None:
                     g.drafter = ModelDrafter(slot.draft, g.prompt, g.plan.keep, g.speculative, g.sampling.logit_bias,
                                              self.costs)
@@ -358,7 +381,10 @@ class Runtime:
 
         def run() -> None:
             for _ in range(steps):
+                start = time.perf_counter()
                 tokens = self.engine.decode_batch(sessions, logprobs)
+                if len(batch) == 1:  # a plain step, as a drafter's pacing weighs one
+                    self.costs.verified(0, time.perf_counter() - start)
                 for g, tok in zip(batch, tokens):  # a drafter sees every token, on this thread
                     if g.drafter is not None and not tok.stopped:
                         g.drafter.extend([tok.id])
@@ -408,8 +434,8 @@ class Runtime:
                 drafter.extend([t.id for t in tokens if not t.stopped])
                 left -= len(tokens)
                 loop.call_soon_threadsafe(self._deliver_draft, g, tokens, drafter.name, len(draft), accepted)
-                if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
-                    return
+                if self._interrupt or drafter.pace.pause or any(t.stopped or t.is_terminal for t in tokens):
+                    return  # (a paused drafter's generation goes on in plain steps)
 
         try:
             await loop.run_in_executor(self.executor, run)
@@ -468,7 +494,14 @@ def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable, queued:
     metrics.engine_sessions.read = table.engine.live_sessions
     metrics.table_sessions.read = lambda: table.engine_sessions
     engine, block = table.engine, table.engine.info.kv_block_bytes
-    metrics.kv_bytes.read = lambda: engine.kv_stats().blocks_live * block + table.ring_bytes
+    draft = runtime.draft_engine
+
+    def kv_bytes() -> int:
+        """The model's blocks and the draft model's, and their rings."""
+        held = engine.kv_stats().blocks_live * block + table.ring_bytes
+        return held + (draft.kv_stats().blocks_live * draft.info.kv_block_bytes if draft is not None else 0)
+
+    metrics.kv_bytes.read = kv_bytes
     metrics.kv_blocks.read = lambda: engine.kv_stats().blocks_live
 
     def shared_holds() -> int:
@@ -484,7 +517,8 @@ def watch(metrics: ServerMetrics, runtime: Runtime, table: SessionTable, queued:
     metrics.evictions.read = lambda: table.evictions
     metrics.gateway_queued.read = queued
     metrics.gateway_running.read = lambda: runtime.active - runtime.queued
-    kv_memory = max(table.capacity * table.engine.info.bytes_per_session, 1)
+    per_slot = engine.info.bytes_per_session + (draft.info.bytes_per_session if draft is not None else 0)
+    kv_memory = max(table.capacity * per_slot, 1)
 
     def kv_usage() -> float:
         slots = table.in_use / (table.capacity - 1) if table.capacity > 1 else 0.0

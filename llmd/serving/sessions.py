@@ -523,9 +523,14 @@ class SessionTable:
 
     @property
     def ring_bytes(self) -> int:
-        """Bytes of the sliding-window rings of the sessions that hold tokens (their
-        other layers' bytes are the engine's blocks, Engine.kv_stats)."""
-        return sum(1 for s in self._lasting_slots() if s.resident) * self.engine.info.kv_ring_bytes
+        """Bytes of the sliding-window rings of the sessions and draft sessions that hold
+        tokens (their other layers' bytes are the engines' blocks, Engine.kv_stats)."""
+        slots = self._lasting_slots()
+        rings = sum(1 for s in slots if s.resident) * self.engine.info.kv_ring_bytes
+        if self.draft_engine is not None:
+            rings += sum(1 for s in slots if s.draft is not None and s.draft.resident) \
+                * self.draft_engine.info.kv_ring_bytes
+        return rings
 
     def kv_bytes(self, slot: Slot) -> int:
         """Bytes the slot's cache holds: the blocks its tokens fill (a block it shares

@@ -8,28 +8,41 @@ that followed that earlier occurrence (the most recent one). The engine verifies
 the proposal in one forward pass (Session.decode_draft) and keeps what its own
 sampling agrees with, so a proposal never changes the output, only its speed.
 
-How many tokens it proposes (k) is paced (Pace, which the draft model's drafter,
-llmd.serving.draft_model, shares) by two records. What the engine accepted: the
-longest proposal allowed doubles after a proposal accepted whole and falls to one
-past what was accepted otherwise, within [n_min, n_max]; a proposal shorter than
-n_min is not made. And what it costs (Costs, timed by the runtime on its executor
-thread): a plain step, a verification of k drafts and a proposal of k drafts, in
-seconds. Within the allowed length, Pace proposes the k that yields the most tokens
-per second, expected_tokens(k, acceptance) over the drafting and the verification
-of k, at the session's recent per-draft acceptance; when no k yields more than a
-plain step, it does not propose and pauses. Proposals rejected outright MISSES
-times in a row pause proposing too. A pause lasts a number of steps that doubles
-with each pause, up to MAX_PAUSE, and starts over once a proposal that paid is
-accepted; after a pause (and for a generation's first proposal) one proposal is
-made whatever the costs say, to probe the acceptance again. So a reply that copies
-nothing, or a drafter that costs more than it saves, pays at most one wasted
-verification every MAX_PAUSE steps. Until a verification has been timed, the
-allowed length is proposed as is. A drafter that must first catch up with tokens
-(a draft model's session, at a new prompt or after a pause) proposes, a probe
-included, only if catching up costs less than speculating could save over the
-tokens left, at the recent acceptance of all the runtime's generations. Prompt
-lookup, whose drafting is free and whose drafts are accepted in runs rather than one
-by one as the cost rule assumes, is paced by what the engine accepted alone.
+How many tokens a proposal holds (k) is paced by what the engine accepted and by
+what speculation costs here (Costs, timed by the runtime on its executor thread: a
+plain step, a verification of k drafts, a proposal of k drafts, in seconds).
+
+Prompt lookup (CopyPace). A copy goes on or breaks: its drafts are accepted in runs,
+not one by one. Where the copied tokens occurred twice before, the copy is expected to
+go on as far as their two continuations agree (a reply that repeats a pattern breaks
+where the pattern changes), and one token more is proposed. Otherwise Runs records how
+long the generation's copies ran (over the runtime's record of all its generations as
+a prior): the chance S(j) that the first j drafts are accepted, and so the tokens a
+verification of k drafts yields, 1 + S(1) + ... + S(k). CopyPace proposes the k that
+yields the most tokens per second of verification (drafting is free), and nothing
+while no k beats a plain step, except one in PROBE_EVERY declined matches in a row,
+to learn whether copying came back. Until the costs are timed, it proposes as much as
+it may.
+
+A draft model (Pace, llmd.serving.draft_model), whose drafts cost steps of its own and
+are accepted one by one. The longest proposal allowed doubles after a proposal
+accepted whole and falls to one past what was accepted otherwise, within [n_min,
+n_max]. Within it, Pace proposes the k that yields the most tokens per second,
+expected_tokens(k, acceptance) over the drafting and the verification of k, at the
+generation's recent per-draft acceptance; when no k yields more than a plain step, it
+does not propose and pauses. Proposals rejected outright MISSES times in a row pause
+proposing too. A pause lasts a number of generated tokens (however they were decoded:
+the runtime decodes a paused generation plainly) that doubles with each pause, up to
+MAX_PAUSE, and starts over once a proposal that paid is accepted; after a pause (and
+for a generation's first proposal) one proposal is made whatever the costs say, to
+probe the acceptance again. So a draft model that costs more than it saves pays at
+most one wasted verification every MAX_PAUSE tokens. Until a verification has been
+timed, the allowed length is proposed as is. A draft model must first catch up with
+the tokens (at a new prompt or after a pause): it proposes, a probe included, only if
+that costs less than speculating could save over the tokens left, at the recent
+acceptance of all the runtime's generations.
+
+A proposal shorter than n_min is not made.
 
 No I/O, no engine: plain ids in, a proposal out (tests/serving/test_speculative.py).
 """
@@ -42,12 +55,15 @@ MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
 NGRAM_MIN = 3        # shorter matches guess wrong too often to pay for their verification (docs/speculative.md)
 FIRST_K = 4          # the longest a generation's first proposal may be, before it has a record
-N_MAX = 16           # default cap on k (a draft model's Costs may choose less)
+N_MAX = MAX_DRAFT    # default cap on k (the pacing chooses less where it pays less)
 MISSES = 2           # proposals rejected outright in a row before proposing pauses
-FIRST_PAUSE = 8      # steps of the first pause
-MAX_PAUSE = 256      # longest pause
+FIRST_PAUSE = 8      # tokens of the first pause
+MAX_PAUSE = 256      # longest pause, in tokens
 COST_WEIGHT = 0.2    # a new timing's weight in its running mean (Costs)
 RECENT = 0.95        # the weight of the older record of acceptance at each draft verified (Pace)
+RECENT_RUNS = 0.95   # the weight of the older record of copies at each proposal verified (CopyPace)
+RUN_PRIOR = 2.0      # pseudo-proposals of the runtime's record of copies in a generation's, per draft position
+PROBE_EVERY = 16     # matches declined in a row before one is proposed anyway (CopyPace)
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,42 @@ def expected_tokens(k: int, acceptance: float) -> float:
     return float(k + 1) if acceptance >= 1.0 else (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+class Runs:
+    """A record of how long prompt-lookup copies ran: for each draft position j, the
+    proposals whose j-th draft was accepted and those that broke there, each proposal
+    weighing the older record by RECENT_RUNS. A copy goes on or breaks, so the chance
+    that a draft is accepted depends on its position in the run, not on one rate for
+    every draft (Acceptance): long copies and copies that break at once mix in one
+    record as they come."""
+
+    def __init__(self):
+        self.accepted = [0.0] * (MAX_DRAFT + 1)  # [j]: proposals whose draft j was accepted (j >= 1)
+        self.broke = [0.0] * (MAX_DRAFT + 1)     # [j]: proposals whose draft j was the first rejected
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.accepted = [RECENT_RUNS * n for n in self.accepted]
+        self.broke = [RECENT_RUNS * n for n in self.broke]
+        for j in range(1, accepted + 1):
+            self.accepted[j] += 1.0
+        if accepted < drafted:
+            self.broke[accepted + 1] += 1.0
+
+    def survival(self, top: int, prior: Runs | None = None) -> list[float]:
+        """S(0) = 1, ..., S(top): the chance that the first j drafts of a copy are
+        accepted. Each position's chance that the run goes on is this record's, with
+        RUN_PRIOR pseudo-proposals at `prior`'s (where it has none, the position
+        before's; an even chance to begin with)."""
+        out, survive, rate = [1.0], 1.0, 0.5
+        for j in range(1, top + 1):
+            base = rate  # past the prior's record, the position before's chance
+            if prior is not None and (seen := prior.accepted[j] + prior.broke[j]) > 0:
+                base = prior.accepted[j] / seen
+            rate = (self.accepted[j] + RUN_PRIOR * base) / (self.accepted[j] + self.broke[j] + RUN_PRIOR)
+            survive *= rate
+            out.append(survive)
+        return out
+
+
 class Costs:
     """What a runtime's speculative steps cost, in seconds: running means (each new
     timing weighs COST_WEIGHT) of a verification of k drafts for each k timed, k = 0
@@ -97,6 +149,7 @@ class Costs:
         self._draft: dict[int, float] = {}
         self._catch_up: float | None = None  # seconds per token a drafter prefills to catch up
         self._record = Acceptance()  # every generation's, as Pace keeps one's
+        self.runs = Runs()  # every prompt-lookup generation's, as CopyPace keeps one's
 
     def caught_up(self, tokens: int, seconds: float) -> None:
         """A drafter took `seconds` to catch up with `tokens` tokens (a draft model's
@@ -187,16 +240,24 @@ class Pace:
         """The recent probability that a draft is accepted once those before it are."""
         return self._record.rate
 
+    @property
+    def pause(self) -> int:
+        """Tokens left to generate before proposing again (0: not pausing)."""
+        return self._pause
+
+    def tick(self, n: int) -> None:
+        """n tokens generated: a pause lasts a number of tokens, however they were decoded."""
+        self._pause = max(0, self._pause - n)
+
     def length(self, limit: int, behind: int = 0) -> int:
         """The length of the proposal to make now, at most `limit`, or 0 for none (a
         pause, room for less than n_min, or no length that pays, which starts a pause).
         behind: tokens the drafter must catch up with before it can propose (a draft
         model's session after a pause); a proposal (a probe too) is made only if their
         cost is less than speculation could save over the `limit` tokens left, at the
-        acceptance of every generation's recent proposals. A call that returns 0 while
-        pausing counts as one step of the pause."""
+        acceptance of every generation's recent proposals. While it pauses it returns 0;
+        the pause counts down the tokens generated (tick)."""
         if self._pause > 0:
-            self._pause -= 1
             return 0
         top = min(self.k, limit)
         if top <= 0 or top < self.n_min:
@@ -206,7 +267,6 @@ class Pace:
         if (pays or self._probe) and self._worth_catching_up(behind, limit):
             return k
         self._start_pause()
-        self._pause -= 1  # this step is the pause's first
         return 0
 
     def best(self, top: int) -> tuple[int, bool]:
@@ -262,40 +322,108 @@ class Pace:
         self._probe = True
 
 
+class CopyPace:
+    """How long a prompt-lookup proposal is. Where the copied tokens occurred twice
+    before, the copy is expected to go on as far as those two occurrences agree, and
+    one token more (`agree`): that is proposed if it pays when accepted whole.
+    Otherwise, the k that yields the most tokens per second: the tokens a verification
+    of k drafts yields, 1 + S(1) + ... + S(k), from how the generation's copies ran
+    (Runs, over the runtime's record as a prior), over its timed seconds (Costs).
+    Drafting is free, so nothing pauses: a match that does not pay is not proposed (a
+    plain step), except one in PROBE_EVERY declined in a row, to learn whether copying
+    came back. Until the costs are timed, the longest proposal allowed is made."""
+
+    pause = 0  # prompt lookup never pauses (the runtime asks Pace and CopyPace alike)
+
+    def __init__(self, limits: DraftLimits, costs: Costs | None = None):
+        if not 0 <= limits.n_min <= limits.n_max:
+            raise ValueError("need 0 <= n_min <= n_max")
+        self.n_max, self.n_min = limits.n_max, limits.n_min
+        self.costs = costs
+        self.runs = Runs()
+        self._declined = 0
+
+    def expected(self, top: int) -> list[float]:
+        """Tokens a verification of k = 0 .. top drafts yields on average."""
+        survival = self.runs.survival(top, self.costs.runs if self.costs is not None else None)
+        out = [1.0]
+        for j in range(1, top + 1):
+            out.append(out[-1] + survival[j])
+        return out
+
+    def length(self, limit: int, agree: int | None = None) -> int:
+        """The length of a proposal that may hold `limit` drafts (what the match offers
+        and the tokens left), or 0 for none. agree: how far the copied tokens' two last
+        occurrences went on alike, None when they occurred once."""
+        top = min(self.n_max, limit)
+        if top <= 0 or top < self.n_min:
+            return 0
+        costs, first = self.costs, max(self.n_min, 1)
+        if agree is not None:
+            top = max(first, min(top, agree + 1))
+        if costs is None or costs.plain is None or costs.verify(first) is None:
+            return top
+        if agree is not None:  # expected to be accepted whole: it pays if that pays
+            k, rate = top, (top + 1) / max(costs.verify(top), 1e-9)
+        else:
+            tokens = self.expected(top)
+            rate, k = max((tokens[k] / max(costs.verify(k), 1e-9), k) for k in range(first, top + 1))
+        if rate > 1.0 / costs.plain or self._declined >= PROBE_EVERY:
+            self._declined = 0
+            return k
+        self._declined += 1
+        return 0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """The engine accepted `accepted` of the `drafted` ids last proposed."""
+        self.runs.add(drafted, accepted)
+        if self.costs is not None:
+            self.costs.runs.add(drafted, accepted)
+
+
 class NgramDrafter:
     """One generation's prompt-lookup drafter over its tokens (prompt, then generated)."""
 
     name = "ngram"  # as /metrics labels its counts
 
-    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits()):
-        self.pace = Pace(limits)  # by acceptance alone: docs/speculative.md, "Adaptive"
+    def __init__(self, tokens: list[int], limits: DraftLimits = DraftLimits(), costs: Costs | None = None):
+        self.pace = CopyPace(limits, costs)
         self.tokens: list[int] = []
-        # n-gram -> index in tokens of what followed its most recent occurrence
+        # n-gram -> index in tokens of what followed its most recent occurrence, and the one before
         self._next: dict[tuple[int, ...], int] = {}
+        self._before: dict[tuple[int, ...], int] = {}
         self.extend(tokens)
 
     def extend(self, ids: list[int]) -> None:
         """Append ids to the tokens the drafter looks in (each generated token, in order)."""
-        t = self.tokens
+        t, nxt, before = self.tokens, self._next, self._before
         for tok in ids:
             end = len(t)  # the n-grams ending just before tok are now followed by it
             for n in range(NGRAM_MIN, min(NGRAM_MAX, end) + 1):
-                self._next[tuple(t[end - n:end])] = end
+                key = tuple(t[end - n:end])
+                if (last := nxt.get(key)) is not None:
+                    before[key] = last
+                nxt[key] = end
             t.append(tok)
 
     def propose(self, limit: int) -> list[int]:
-        """Up to min(k, limit) ids to follow the tokens, or [] (no match, a proposal
-        shorter than n_min, or a pause: Pace.length)."""
-        k = self.pace.length(limit)
-        if k == 0:
-            return []
+        """Up to `limit` ids to follow the tokens, or [] (no match, or none that pays:
+        CopyPace.length)."""
         t = self.tokens
         for n in range(min(NGRAM_MAX, len(t)), NGRAM_MIN - 1, -1):
-            start = self._next.get(tuple(t[len(t) - n:]))
-            if start is not None:
-                draft = t[start:start + k]
-                return draft if len(draft) >= max(self.pace.n_min, 1) else []
-        return []
+            key = tuple(t[len(t) - n:])
+            if (start := self._next.get(key)) is not None:
+                break
+        else:
+            return []
+        offered = min(limit, len(t) - start)
+        agree = None
+        if (other := self._before.get(key)) is not None:  # how far its two last continuations agree
+            agree = 0
+            while agree < offered and other + agree < start and t[other + agree] == t[start + agree]:
+                agree += 1
+        k = self.pace.length(offered, agree)
+        return t[start:start + k] if k >= max(self.pace.n_min, 1) else []
 
     def record(self, drafted: int, accepted: int) -> None:
         """The engine accepted `accepted` of the `drafted` ids last proposed."""

@@ -808,7 +808,7 @@ def test_speculative_decoding_shows_in_timings_and_metrics_and_changes_no_token(
 
 
 def test_speculative_bounds_past_the_servers_are_400(server):
-    body = {**server.completion_body("Hi", max_tokens=2), "speculative.n_min": 20}
+    body = {**server.completion_body("Hi", max_tokens=2), "speculative.n_max": 8, "speculative.n_min": 20}
     resp = server.post_json("/completions", body)
     assert resp.status == 400 and resp.json()["error"]["param"] == "speculative.n_min"
     body = {**server.completion_body("Hi", max_tokens=2), "speculative.n_max": 4, "speculative.n_min": 4}

@@ -14,6 +14,7 @@ import pytest
 
 from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
+from llmd.engine.native import Engine
 from llmd.http.server import HttpServer
 from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
@@ -34,8 +35,9 @@ class Stack:
     """The server stack in this process: engine, runtime, table, API, HTTP; with `draft`,
     speculating with the model as its own draft model (each slot has a draft session)."""
 
-    def __init__(self, model, max_sessions: int, eviction: str, draft: bool = False):
+    def __init__(self, model, max_sessions: int, eviction: str, draft: bool = False, kv_budget: int = 0):
         self.model, self.max_sessions, self.eviction, self.draft = model, max_sessions, eviction, draft
+        self.kv_budget = kv_budget
 
     async def __aenter__(self):
         # The clients below block threads of the default executor, which the server
@@ -43,8 +45,9 @@ class Stack:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(64))
         self.runtime = Runtime(ServerMetrics(), speculative="draft" if self.draft else "ngram")
         self.engine = await self.runtime.load(str(self.model.path), str(self.model.path) if self.draft else None,
-                                              n_threads=1, max_sessions=self.max_sessions)
-        self.table = SessionTable(self.engine, self.runtime.call, capacity=self.engine.info.max_sessions,
+                                              n_threads=1, max_sessions=self.max_sessions,
+                                              kv_budget_bytes=self.kv_budget)
+        self.table = SessionTable(self.engine, self.runtime.call, capacity=self.runtime.capacity,
                                   eviction=self.eviction, draft_engine=self.runtime.draft_engine)
         await self.table.start()
         app = App()
@@ -133,6 +136,34 @@ async def stack(model, max_sessions: int = 3, eviction: str = "lru", draft: bool
         if draft:  # once the table has freed its sessions, the draft model holds none either
             await s.table.close()
             assert s.runtime.draft_engine.live_sessions() == 0
+
+
+# ---- 0. a draft model's sessions count in the KV memory ----------------------------------
+
+async def test_a_draft_models_sessions_count_in_the_kv_budget_and_the_kv_gauges(model):
+    """With a draft model (here the model itself: a slot's two sessions take twice the
+    memory), --kv-budget holds a draft session beside each session, so fewer slots fit;
+    /v1/models says so, and the KV gauges count what the draft sessions hold."""
+    with Engine(str(model.path), n_threads=1) as engine:
+        per = engine.info.bytes_per_session
+    budget = 6 * per + per // 2
+    async with Stack(model, 0, "lru", kv_budget=budget) as s:
+        assert s.runtime.capacity == s.table.capacity == 6
+    async with Stack(model, 0, "lru", draft=True, kv_budget=budget) as s:
+        assert s.runtime.capacity == s.table.capacity == 3
+        meta = (await asyncio.to_thread(s.client.get_json, "/models")).json()["data"][0]["meta"]
+        assert meta["max_sessions"] == 3 and meta["bytes_per_session"] == meta["draft_bytes_per_session"] == per
+        prompt = "one two three four five six seven eight " * 4
+        assert (await s.post(s.body("a", max_tokens=24, prompt=prompt))).status == 200
+        await s.settled()
+        draft = s.runtime.draft_engine
+        assert draft.kv_stats().blocks_live > 0  # the draft session holds the conversation too
+        held = (s.engine.kv_stats().blocks_live * s.engine.info.kv_block_bytes
+                + draft.kv_stats().blocks_live * draft.info.kv_block_bytes)
+        text = (await asyncio.to_thread(s.client.request, "GET", s.client.origin + "/metrics")).body.decode()
+        assert f"\nllmd_kv_cache_bytes {held}\n" in text
+    async with Stack(model, 2, "lru", draft=True, kv_budget=budget) as s:  # --max-sessions decides
+        assert s.runtime.capacity == s.table.capacity == 2
 
 
 # ---- 1. engine sessions never leak ------------------------------------------------------

@@ -1,13 +1,14 @@
 """llmd/serving/speculative.py: the prompt-lookup drafter, on plain ids, and the pacing of
-proposals by acceptance and by cost (fake timings)."""
+proposals by acceptance and by cost (fake timings): a draft model's (Pace), and prompt
+lookup's by how long copies hold (CopyPace)."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from llmd.serving.speculative import (FIRST_K, FIRST_PAUSE, MAX_PAUSE, MISSES, N_MAX, Costs, DraftLimits, NgramDrafter,
-                                     Pace, expected_tokens)
+from llmd.serving.speculative import (FIRST_K, FIRST_PAUSE, MAX_PAUSE, MISSES, N_MAX, PROBE_EVERY, Costs, CopyPace,
+                                     DraftLimits, NgramDrafter, Pace, expected_tokens)
 
 
 def test_the_continuation_of_the_longest_matching_ngram_is_proposed():
@@ -31,7 +32,6 @@ def test_no_match_and_single_tokens_propose_nothing():
 
 def test_a_proposal_is_cut_at_the_limit_and_at_the_end_of_the_tokens():
     d = NgramDrafter([1, 2, 3, 4, 5, 1, 2, 3], DraftLimits(n_max=16))
-    d.pace.k = 16
     assert d.propose(2) == [4, 5]
     assert d.propose(16) == [4, 5, 1, 2, 3]
     assert d.propose(0) == []
@@ -45,57 +45,71 @@ def test_extend_indexes_new_tokens():
 
 
 def test_k_doubles_on_full_acceptance_and_falls_past_the_accepted_prefix():
-    d = NgramDrafter([], DraftLimits(n_max=10))
-    assert d.pace.k == 4
-    d.record(4, 4)
-    assert d.pace.k == 8
-    d.record(8, 8)
-    assert d.pace.k == 10  # n_max
-    d.record(10, 2)
-    assert d.pace.k == 3
-    d.record(3, 0)
-    assert d.pace.k == 1
+    pace = Pace(DraftLimits(n_max=10))
+    assert pace.k == 4
+    pace.record(4, 4)
+    assert pace.k == 8
+    pace.record(8, 8)
+    assert pace.k == 10  # n_max
+    pace.record(10, 2)
+    assert pace.k == 3
+    pace.record(3, 0)
+    assert pace.k == 1
 
 
 def test_n_min_refuses_short_proposals_and_bounds_k():
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=2))
     assert d.propose(1) == []  # the limit leaves room for less than n_min
-    d.record(4, 0)
-    assert d.pace.k == 2
+    pace = Pace(DraftLimits(n_max=8, n_min=2))
+    pace.record(4, 0)
+    assert pace.k == 2
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=4))
-    d.pace.k = 8
     assert d.propose(8) == [4, 1, 2, 3]  # as long as n_min
     d = NgramDrafter([1, 2, 3, 4, 1, 2, 3], DraftLimits(n_max=8, n_min=5))
-    d.pace.k = 8
     assert d.propose(8) == []  # [4, 1, 2, 3] is shorter than n_min
 
 
+def pause_length(pace: Pace) -> int:
+    """Tokens generated (one a step) before the pace proposes again."""
+    n = 0
+    while not pace.length(4):
+        n += 1
+        pace.tick(1)
+    return n
+
+
 def test_rejected_proposals_pause_proposing_for_longer_and_longer():
-    d = NgramDrafter([1, 2, 3, 1, 2, 3])
+    pace = Pace(DraftLimits())
     pauses = []
     for _ in range(7):
         for _ in range(MISSES):
-            assert d.propose(4)
-            d.record(1, 0)
-        n = 0
-        while not d.propose(4):
-            n += 1
-        pauses.append(n)
+            assert pace.length(4)
+            pace.record(1, 0)
+        pauses.append(pause_length(pace))
     assert pauses == [min(MAX_PAUSE, FIRST_PAUSE << i) for i in range(7)]
 
 
+def test_a_pause_counts_tokens_however_they_were_decoded():
+    pace = Pace(DraftLimits())
+    for _ in range(MISSES):
+        pace.record(2, 0)
+    assert pace.pause == FIRST_PAUSE and pace.length(4) == 0
+    pace.tick(FIRST_PAUSE - 1)  # a burst of plain steps
+    assert pace.pause == 1 and pace.length(4) == 0
+    pace.tick(3)
+    assert pace.pause == 0 and pace.length(4) == 1  # a probe, one past what was accepted
+
+
 def test_an_accepted_proposal_ends_the_backoff():
-    d = NgramDrafter([1, 2, 3, 1, 2, 3])
+    pace = Pace(DraftLimits())
     for _ in range(MISSES):
-        d.record(2, 0)
-    for _ in range(FIRST_PAUSE):
-        assert d.propose(4) == []
-    d.record(2, 0)
-    d.record(2, 1)  # an acceptance: misses and the pause length start over
+        pace.record(2, 0)
+    assert pause_length(pace) == FIRST_PAUSE
+    pace.record(2, 0)
+    pace.record(2, 1)  # an acceptance: misses and the pause length start over
     for _ in range(MISSES):
-        d.record(2, 0)
-    assert sum(1 for _ in range(FIRST_PAUSE) if not d.propose(4)) == FIRST_PAUSE
-    assert d.propose(4)
+        pace.record(2, 0)
+    assert pause_length(pace) == FIRST_PAUSE
 
 
 def test_bad_limits_are_refused():
@@ -139,8 +153,10 @@ def drive(pace: Pace, accept, steps: int) -> list[int]:
     for _ in range(steps):
         k = pace.length(32)
         lengths.append(k)
+        accepted = accept(k) if k else 0
         if k:
-            pace.record(k, accept(k))
+            pace.record(k, accepted)
+        pace.tick(accepted + 1)
     return lengths
 
 
@@ -176,11 +192,11 @@ def test_the_same_drafter_pays_at_high_acceptance_with_short_drafts():
 
 
 def test_k_grows_while_long_drafts_pay():
-    # Prompt lookup: drafting is free, verification 1 + 0.25 k steps; a copy run is accepted whole.
-    pace = Pace(DraftLimits(), costs(1.0, {2: 1.5, 16: 5.0}))
+    # Drafting free, verification 1 + 0.25 k steps; drafts accepted whole.
+    pace = Pace(DraftLimits(n_max=16), costs(1.0, {2: 1.5, 16: 5.0}))
     lengths = drive(pace, lambda k: k, 6)
     # Cautious at first (an even chance of acceptance), then up to n_max.
-    assert lengths == sorted(lengths) and lengths[0] < FIRST_K and lengths[-2:] == [N_MAX, N_MAX]
+    assert lengths == sorted(lengths) and lengths[0] < FIRST_K and lengths[-2:] == [16, 16]
     # The copy ends: drafts are rejected outright, proposing pauses.
     lengths = drive(pace, lambda k: 0, 40)
     assert lengths[:2] != [0, 0] and lengths.count(0) >= 30
@@ -226,3 +242,60 @@ def test_a_catch_up_is_made_only_when_speculating_could_save_more():
     # Acceptance alone (no costs) and costs not timed yet catch up whatever it costs.
     assert Pace(DraftLimits()).length(32, behind=500) > 0
     assert Pace(DraftLimits(), costs(1.0, {1: 1.2, 8: 2.6}, draft_per_token=0.3)).length(32, behind=500) > 0
+
+
+# ---- prompt lookup: copies go on or break ---------------------------------------------
+
+def lookup_costs() -> Costs:
+    """Prompt lookup's: drafting free, a verification of k drafts 1 + 0.2 k plain steps."""
+    return costs(1.0, {1: 1.2, 16: 4.2})
+
+
+def test_a_pattern_seen_twice_is_proposed_as_far_as_it_repeated():
+    # "0 1 2 3" was followed by "4 5 6 7" and then by "4 5 6 8": a third copy likely goes
+    # as far as the two agree, so "4 5 6" and one more, whatever the costs say.
+    tokens = [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 8, 9, 0, 1, 2, 3]
+    d = NgramDrafter(tokens, DraftLimits(), lookup_costs())
+    assert d.propose(32) == [4, 5, 6, 8]
+    assert d.propose(2) == [4, 5]  # within the limit
+    # Unless even a whole acceptance would not pay for its verification.
+    assert NgramDrafter(tokens, DraftLimits(), costs(1.0, {1: 100.0, 8: 800.0})).propose(32) == []
+    once = NgramDrafter([1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3], DraftLimits())
+    assert once.propose(32) == [4, 5, 6, 7, 0, 1, 2, 3]  # seen once, no costs known: all it offers
+
+
+def test_long_runs_are_proposed_long_and_copies_that_break_at_once_are_not_proposed():
+    pace = CopyPace(DraftLimits(), lookup_costs())
+    for _ in range(20):  # half the copies break at once, half run past 24 drafts
+        pace.record(32, 0)
+        pace.record(32, 28)
+    assert pace.length(32) >= 24
+    broken = CopyPace(DraftLimits(), lookup_costs())
+    for _ in range(20):
+        broken.record(8, 1)  # copies that hold one token
+    assert broken.length(32) in (0, 1)
+
+
+def test_a_match_that_does_not_pay_is_declined_and_probed_now_and_then():
+    pace = CopyPace(DraftLimits(), lookup_costs())
+    for _ in range(30):
+        pace.record(4, 0)  # copies break at once
+    lengths = [pace.length(32) for _ in range(2 * (PROBE_EVERY + 1))]
+    assert [i for i, k in enumerate(lengths) if k] == [PROBE_EVERY, 2 * PROBE_EVERY + 1]
+    assert pace.pause == 0  # drafting is free: nothing to pause
+
+
+def test_a_new_generation_starts_from_the_runtimes_record_of_runs():
+    c = lookup_costs()
+    first = CopyPace(DraftLimits(), c)
+    for _ in range(40):
+        first.record(24, 24)
+    assert CopyPace(DraftLimits(), c).length(32) >= 24
+    assert CopyPace(DraftLimits(), lookup_costs()).length(32) < 8  # no record: an even chance each draft
+
+
+def test_until_the_costs_are_timed_prompt_lookup_proposes_what_it_may():
+    assert CopyPace(DraftLimits()).length(10) == 10
+    assert CopyPace(DraftLimits(n_max=6)).length(10) == 6
+    assert CopyPace(DraftLimits(n_min=3)).length(2) == 0
+    assert CopyPace(DraftLimits(n_min=3), lookup_costs()).length(8, agree=0) == 3  # at least n_min
