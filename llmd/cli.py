@@ -273,6 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "restart next to a warm turn in memory")
     bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
                        help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
+    bench.add_argument("--held-sessions", type=int, default=_env("held_sessions", 0, int),
+                       help="instead: this many named sessions, each warm at --held-tokens tokens, held at once "
+                            "by one server (--kv-type): its resident set and KV bytes, and each session's "
+                            "first-token latency from its file and in memory (the files, one prefill's state "
+                            "written under every id, take this many times its bytes in TMPDIR)")
+    bench.add_argument("--held-tokens", type=int, default=_env("held_tokens", 8192, int),
+                       help="--held-sessions: each session's history in tokens")
+    bench.add_argument("--kv-type", choices=KV_TYPES, default=_env("kv_type", "f16", choices=KV_TYPES),
+                       help="--held-sessions: how the KV cache stores keys and values")
     bench.add_argument("--streams", type=int, default=_env("streams", 0, int),
                        help="instead: aggregate tokens/s of one stream and of this many concurrent ones through "
                             "HTTP (streamed /v1/completions, 128 tokens each)")
@@ -343,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
-                             args.shared_prompt, args.streams, args.url)
+                             args.shared_prompt, args.streams, args.url, args.held_sessions, args.held_tokens,
+                             args.kv_type)
         return cmd_serve(args)
     except fetch.ModelError as exc:
         print(f"llmd: {exc}", file=sys.stderr)

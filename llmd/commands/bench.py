@@ -20,7 +20,8 @@ prefix cache stores it once) next to one session's. With --streams N: aggregate
 generation through HTTP of one stream and of N concurrent ones, against llmd or, with
 --url, any server that speaks OpenAI's streamed /v1/completions (llama-server too).
 With --speculative: speculative decoding on and off on four tasks, and with 4 busy
-streams (llmd/commands/speculative_bench.py).
+streams (llmd/commands/speculative_bench.py). With --held-sessions N: N named sessions,
+each warm at --held-tokens tokens, held at once (held_sessions_figures).
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ FILLER = ("The quick brown fox jumps over the lazy dog while the farmer counts h
           "and the river runs quietly past the old mill. ")
 
 
-def rss_mb() -> float:
-    """This process's resident set in MB (10^6 bytes, like the engine's byte counts)."""
-    with open("/proc/self/status") as f:
+def rss_mb(pid: int | str = "self") -> float:
+    """A process's resident set in MB (10^6 bytes, like the engine's byte counts); this
+    one's by default."""
+    with open(f"/proc/{pid}/status") as f:
         kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return kib * 1024 / 1e6
 
@@ -439,6 +441,83 @@ def shared_prompt_figures(path: str | None, threads: int) -> dict:
             "shared_all_over_one": round(held[-1] / held[0], 2)}
 
 
+HELD_EXTRA = 8  # tokens each request of held_sessions_figures adds to a session's history
+
+
+def held_sessions_figures(path: str | None, threads: int, count: int, tokens: int, kv_type: str) -> dict:
+    """`count` named sessions, each warm at `tokens` tokens, held at once by one server
+    whose KV cache stores keys and values as `kv_type`. Filling them by prefill would
+    take count times one prefill, so one session prefills the `tokens` ids for real
+    (in this process) and its exported state is written under `count` ids by the
+    server's own session-file writer (SessionStore, with the fingerprint the server
+    computes), into a temporary --session-dir. The server runs with --prefix-cache off,
+    so that no two sessions share a block, and --max-sessions count + 1. Two rounds of
+    one request per session follow: the `tokens` ids and HELD_EXTRA more, one token
+    out; the first round loads each session from its file, the second finds it in
+    memory. Figures: the requests that found the whole history cached in each round,
+    their median latency (one token out: the first token's), and, with all sessions
+    held, the server's VmRSS and its KV bytes (`llmd_kv_cache_bytes`, a shared block
+    once). The files take count x the state's bytes in the temporary directory
+    (TMPDIR)."""
+    from llmd import _native
+    from llmd.serving.session_store import SessionStore, kv_type_name, model_fingerprint
+    model = path or _default()
+    with tempfile.TemporaryDirectory(prefix="llmd-bench-held-") as directory:
+        with Engine(model, n_threads=threads, n_ctx=tokens + 2 * HELD_EXTRA, max_sessions=1, kv_type_k=kv_type,
+                    kv_type_v=kv_type) as engine:
+            ids = engine.tokenize(FILLER * (tokens // 8 + HELD_EXTRA))[:tokens + HELD_EXTRA]
+            with engine.new_session() as session:
+                start = time.perf_counter()
+                session.prefill(ids[:tokens])
+                prefill_s = time.perf_counter() - start
+                state = bytes(session.export_state(tokens))
+            header_bytes, file_bytes = engine.file_layout()
+            store = SessionStore(directory, 0, model_fingerprint(model, header_bytes, file_bytes, _native.__file__,
+                                                                 engine.info.kernels),
+                                 engine.info.n_ctx, kv_type_name(engine.info.kv_type_k, engine.info.kv_type_v))
+            n_ctx, per_token = engine.info.n_ctx, engine.info.kv_bytes_per_token
+        store.scan()
+        for i in range(count):
+            if store.save(f"held-{i}", state, [], tokens) is None:
+                raise OSError(f"cannot write {count} session files of {len(state)} bytes into {directory}")
+        file_mb = store.bytes_used / count / 1e6
+        del state
+        proc, port = _start(path, threads, "--ctx", str(n_ctx), "--kv-type", kv_type, "--max-sessions",
+                            str(count + 1), "--prefix-cache", "off", "--session-dir", directory,
+                            "--session-dir-max", "0", "--session-save-delay", "86400")
+        try:
+            rss_loaded = rss_mb(proc.pid)
+            model_id = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+            rounds = []
+            for _ in range(2):
+                cached, times = [], []
+                for i in range(count):
+                    body = {"model": model_id, "prompt": ids, "max_tokens": 1, "temperature": 0,
+                            "session_id": f"held-{i}"}
+                    start = time.perf_counter()
+                    reply = json.loads(_request(port, "POST", COMPLETIONS, body))
+                    times.append(time.perf_counter() - start)
+                    if "usage" not in reply:
+                        raise RuntimeError(f"session held-{i}: {reply}")
+                    cached.append(reply["usage"]["prompt_tokens_details"]["cached_tokens"])
+                rounds.append((sum(c >= tokens for c in cached), statistics.median(times) * 1000, max(times) * 1000))
+            rss_held = rss_mb(proc.pid)
+            metrics = _request(port, "GET", "/metrics").decode()
+            kv_bytes = float(re.search(r"^llmd_kv_cache_bytes (\S+)$", metrics, re.M).group(1))
+        finally:
+            proc.kill()  # no shutdown: it would write every session's file again
+            proc.wait(timeout=60)
+    (warm_disk, disk_ms, disk_max), (warm_memory, memory_ms, memory_max) = rounds
+    return {"held_sessions": count, "held_tokens": tokens, "held_kv_type": kv_type,
+            "held_kv_bytes_per_token": per_token, "held_prefill_s": round(prefill_s, 1),
+            "held_file_mb": round(file_mb, 1), "held_warm_from_disk": warm_disk,
+            "held_ttft_from_disk_ms": round(disk_ms, 1), "held_ttft_from_disk_max_ms": round(disk_max, 1),
+            "held_warm_in_memory": warm_memory, "held_ttft_in_memory_ms": round(memory_ms, 1),
+            "held_ttft_in_memory_max_ms": round(memory_max, 1), "held_rss_after_load_mb": round(rss_loaded),
+            "held_rss_all_held_mb": round(rss_held), "held_kv_cache_bytes": int(kv_bytes),
+            "held_kv_cache_mb_per_session": round(kv_bytes / 1e6 / count, 1)}
+
+
 def _request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None,
              host: str = "127.0.0.1") -> bytes:
     conn = http.client.HTTPConnection(host, port, timeout=300)
@@ -466,7 +545,12 @@ def _default() -> str:
 
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
-        sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None) -> int:
+        sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None,
+        held_sessions: int = 0, held_tokens: int = 8192, kv_type: str = "f16") -> int:
+    if held_sessions:
+        figures = held_sessions_figures(path, threads, held_sessions, held_tokens, kv_type)
+        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+        return 0
     if streams:
         figures = concurrent_figures(url, path or _default(), threads, runs, streams)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))

@@ -57,3 +57,14 @@ def test_stream_prompts_differ_from_the_start_and_fit_the_length(tmp_path):
         lengths = [len(engine.tokenize(t)) for t in texts]
     assert len({t[:8] for t in texts}) == 4
     assert lengths == [40] * 4
+
+
+def test_held_sessions_each_resume_warm_from_their_files_and_hold_their_own_blocks(tmp_path, monkeypatch):
+    model = write_tiny_llama(tmp_path / "m.gguf", n_ctx=512, head_dim=32)
+    monkeypatch.setattr(bench.tempfile, "tempdir", str(tmp_path))  # where the session files go
+    figures = bench.held_sessions_figures(str(model.path), threads=1, count=3, tokens=128, kv_type="q8_0")
+    assert figures["held_warm_from_disk"] == 3 and figures["held_warm_in_memory"] == 3
+    assert figures["held_kv_bytes_per_token"] == 2 * 2 * 2 * 34  # layers x (keys, values) x KV heads x a block
+    # --prefix-cache off: no block is shared, every session holds its 128 tokens' own
+    assert figures["held_kv_cache_bytes"] >= 3 * 128 * figures["held_kv_bytes_per_token"]
+    assert not list(tmp_path.glob("llmd-bench-held-*"))  # the files are gone
