@@ -1,5 +1,6 @@
 """The files llama.cpp's own writer makes, with a real vocabulary: llmd's perplexity on
-them against llama.cpp's (the reference check of the architectures, issue 29).
+them, and each token's log-probability, against llama.cpp's (the reference check of the
+architectures, issue 29).
 
     python -m tests.llama_archs LLAMA_DIR [NAME ...]     (by hand, against a built llama.cpp)
 
@@ -7,24 +8,28 @@ NAME is one of MODELS (all by default), e.g. qwen35moe-moe: test-llama-archs' fi
 that architecture and variant. For each, the script
   1. runs `LLAMA_DIR/build/bin/test-llama-archs -s SEED -a '^ARCH$' -o DIR` and reads the
      file it wrote with llmd's own GGUF reader;
-  2. keeps its layout in tests/data/llama_archs.json.gz (under NAME): the metadata but
-     the tokenizer's (each value's bytes as the file holds them) and every tensor's name,
-     shape and type; a few kilobytes compressed;
-  3. regenerates the model from that layout (regenerate(): the tests do the same): every
+  2. regenerates the model from that layout (regenerate(): the tests do the same): every
      tokenizer.* key of llama.cpp's models/ggml-vocab-VOCAB.gguf (the reference data of
      tests/reference_data.py), token_embd and output redrawn at that vocabulary's size,
      every other tensor drawn from SEED as test-llama-archs draws its own (normal, σ 0.1;
      ssm_a negative) but the per-tensor `.scale`s, drawn near 1 (see SCALE_SPREAD);
-  4. prints the perplexity over TEXT of `llama-perplexity -c 128 -b 128` on it, which is
-     the GOLDEN row for tests/engine/test_llama_archs.py, next to llmd's; and both
-     perplexities on test-llama-archs' own weights (only the embeddings redrawn) for the
-     record.
-Nothing it writes but the layouts is kept: the models are rebuilt from them.
+  3. runs `llama-perplexity -c 128 -b 128 --kl-divergence-base FILE` over TEXT on it and
+     prints the perplexity, which is the GOLDEN row for tests/engine/test_llama_archs.py,
+     next to llmd's, and how far llmd's log-probabilities of the first chunk's tokens are
+     from llama.cpp's; and the same on test-llama-archs' own weights (only the embeddings
+     redrawn) for the record;
+  4. keeps in tests/data/llama_archs.json.gz (under NAME) the layout: the metadata but the
+     tokenizer's (each value's bytes as the file holds them) and every tensor's name,
+     shape and type; and, from FILE, llama.cpp's facts on each token the first chunk
+     scores (first_chunk()); a few kilobytes compressed.
+Nothing it writes but that file is kept: the models are rebuilt from the layouts.
 """
 from __future__ import annotations
 
 import argparse
+import array
 import gzip
+import heapq
 import json
 import math
 import mmap
@@ -182,38 +187,74 @@ def load_layout(name: str) -> dict:
     return load_layouts()[name]
 
 
-def _llama_perplexity(llama: Path, model: Path, text: Path) -> float:
-    from tests.support.make_arch_golden import perplexity
-    return perplexity(llama, model, text, N_CTX)
+def first_chunk(logits_file: Path) -> dict:
+    """llama.cpp's facts on each token its first chunk scores, from the file that
+    `llama-perplexity --kl-divergence-base FILE` writes: "_logits_", n_ctx, n_vocab and
+    n_chunk (int32), every chunk's token ids (int32), then per scored position
+    (n_ctx / 2 + 1 .. n_ctx - 1 of each chunk predicted) its scale and lowest log-probability
+    (two floats) and n_vocab log-probabilities as uint16 steps of that scale above the
+    lowest (padded to an even count). The lowest is at most 16 below the most likely's,
+    so a step is at most 16 / 65535: each log-probability within 1.3e-4 of llama.cpp's
+    (within 1.8e-4 as kept, to 4 decimals).
+    Returns, per position: "log_probs", the next token's log-probability; "top_ids", the
+    most likely id (the lowest of a tie, as llmd breaks them); "margins", its
+    log-probability less the second most likely's."""
+    data = logits_file.read_bytes()
+    assert data[:8] == b"_logits_", logits_file
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<3i", data, 8)
+    tokens = struct.unpack_from(f"<{n_ctx}i", data, 20)
+    row_bytes = 2 * (2 * ((n_vocab + 1) // 2) + 4)
+    at = 20 + 4 * n_chunk * n_ctx
+    facts = {"log_probs": [], "top_ids": [], "margins": []}
+    first = n_ctx // 2
+    for i in range(n_ctx - 1 - first):
+        scale, lowest = struct.unpack_from("<2f", data, at + i * row_bytes)
+        steps = array.array("H", data[at + i * row_bytes + 8:at + i * row_bytes + 8 + 2 * n_vocab])
+        token = tokens[first + i + 1]
+        assert steps[token] > 0, "the next token is below the file's range"
+        best, second = heapq.nlargest(2, range(n_vocab), key=steps.__getitem__)
+        facts["log_probs"].append(round(lowest + scale * steps[token], 4))
+        facts["top_ids"].append(best)
+        facts["margins"].append(round(scale * (steps[best] - steps[second]), 4))
+    return facts
 
 
 def main(llama: Path, names: list[str]) -> None:
-    from tests.support.llama_cpp_golden import perplexity
-    work = Path(tempfile.mkdtemp())
-    text = work / "text.txt"
-    text.write_text(TEXT)
-    vocabs = llama / "models"
-    for name in names or list(MODELS):
-        arch, vocab = MODELS[name]
-        out = work / arch
-        out.mkdir(exist_ok=True)
-        subprocess.run([str(llama / "build/bin/test-llama-archs"), "-s", str(SEED), "-a", f"^{arch}$",
-                        "-o", str(out)], check=True, capture_output=True)
-        layout, header, buf = read_layout(out / f"{name}.gguf")
-        layouts = load_layouts()
-        layouts[name] = layout
-        LAYOUTS.write_bytes(gzip.compress(json.dumps(layouts, sort_keys=True).encode(), mtime=0))
-        vocab_file = vocabs / f"ggml-vocab-{vocab}.gguf"
-        own = {t.name: bytes(buf[header.data_start + t.offset:header.data_start + t.offset +
-                                 tensor_bytes(t.type, t.shape)]) for t in header.tensors}
-        rows = []
-        for label, weights in (("regenerated", None), ("test-llama-archs weights", own)):
-            model = regenerate(layout, vocab_file, weights=weights).write(work / f"{name}-{len(rows)}.gguf")
-            ref, ours = _llama_perplexity(llama, model, text), perplexity(model, TEXT, N_CTX)
-            rows.append(f"{label}: llama.cpp {ref:.4f}, llmd {ours:.4f} ({(ours / ref - 1) * 100:+.3f} %)")
-            if weights is None:
-                print(f'    "{name}": {ref},', flush=True)
-        print(f"    # {name}: " + "; ".join(rows), flush=True)
+    from tests.support.llama_cpp_golden import perplexity_of, scored_chunks
+    from tests.support.make_arch_golden import perplexity
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        text = work / "text.txt"
+        text.write_text(TEXT)
+        for name in names or list(MODELS):
+            arch, vocab = MODELS[name]
+            out = work / arch
+            out.mkdir(exist_ok=True)
+            subprocess.run([str(llama / "build/bin/test-llama-archs"), "-s", str(SEED), "-a", f"^{arch}$",
+                            "-o", str(out)], check=True, capture_output=True)
+            layout, header, buf = read_layout(out / f"{name}.gguf")
+            vocab_file = llama / "models" / f"ggml-vocab-{vocab}.gguf"
+            own = {t.name: bytes(buf[header.data_start + t.offset:header.data_start + t.offset +
+                                     tensor_bytes(t.type, t.shape)]) for t in header.tensors}
+            rows = []
+            for label, weights in (("regenerated", None), ("test-llama-archs weights", own)):
+                model = regenerate(layout, vocab_file, weights=weights).write(work / f"{name}-{len(rows)}.gguf")
+                ref = perplexity(llama, model, text, N_CTX, logits=work / "logits.bin")
+                facts = first_chunk(work / "logits.bin")
+                chunks = scored_chunks(model, TEXT, N_CTX, n_top=1)
+                ours = perplexity_of(chunks)
+                token_diff = max(abs(a - b) for (a, _), b in zip(chunks[0], facts["log_probs"], strict=True))
+                rows.append(f"{label}: llama.cpp {ref:.4f}, llmd {ours:.4f} ({(ours / ref - 1) * 100:+.3f} %), "
+                            f"first chunk's log-probabilities within {token_diff:.5f}")
+                model.unlink()
+                if weights is None:
+                    layout["first_chunk"] = facts
+                    print(f'    "{name}": {ref},', flush=True)
+            buf.close()
+            layouts = load_layouts()
+            layouts[name] = layout
+            LAYOUTS.write_bytes(gzip.compress(json.dumps(layouts, sort_keys=True).encode(), mtime=0))
+            print(f"    # {name}: " + "; ".join(rows), flush=True)
 
 
 if __name__ == "__main__":
