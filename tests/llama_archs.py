@@ -12,7 +12,8 @@ that architecture and variant. For each, the script
      tokenizer.* key of llama.cpp's models/ggml-vocab-VOCAB.gguf (the reference data of
      tests/reference_data.py), token_embd and output redrawn at that vocabulary's size,
      every other tensor drawn from SEED as test-llama-archs draws its own (normal, σ 0.1;
-     ssm_a negative) but the per-tensor `.scale`s, drawn near 1 (see SCALE_SPREAD);
+     ssm_a negative) but the norms' weights and the per-tensor `.scale`s, drawn near 1
+     (see NORM_MEAN and SCALE_SPREAD);
   3. runs `llama-perplexity -c 128 -b 128 --kl-divergence-base FILE` over TEXT on it and
      prints the perplexity, which is the GOLDEN row for tests/engine/test_llama_archs.py,
      next to llmd's, and how far llmd's log-probabilities of the first chunk's tokens are
@@ -98,7 +99,17 @@ STDEV = 0.1         # test-llama-archs' default spread of every weight
 # not applied moves perplexity past the tests' tolerance (in every model but gemma3's,
 # whose q/k norms and post-norms cancel all but the gate's scale).
 SCALE_SPREAD = 0.5
-EMBEDDING_STDEV = 1.0  # the redrawn embeddings': logits that vary, so that perplexity tells models apart
+# The norms' weights: test-llama-archs draws them like any weight (σ 0.1 around 0), which
+# leaves every query and key a tenth of its size and the attention scores near 0, so that
+# attention averages its context whatever RoPE, the attention scale or the window do
+# (a swapped RoPE layout moved no log-probability by more than 0.007). Drawn around
+# NORM_MEAN, as trained models have them, the scores spread over a few units.
+NORM_MEAN = 1.0
+# The redrawn embeddings: token_embd's rows of σ 1; output's of σ 1/√n_embd, so that the
+# final hidden state (RMS about 1 after its norm) gives logits of σ about 1, which vary
+# enough for perplexity to tell models apart while each next token stays within the 16
+# nats below the most likely that llama-perplexity's --kl-divergence-base file resolves.
+EMBEDDING_STDEV = 1.0
 
 
 def _kv_value(raw: bytes, key: str) -> tuple[int, bytes]:
@@ -149,7 +160,8 @@ def regenerate(layout: dict, vocab: Path, seed: int = SEED, weights=None) -> GGU
         rng = random.Random(f"{seed}:{name}")
         if name in EMBEDDINGS:
             shape = [shape[0], n_vocab]
-            w.add_tensor(name, shape, GGML_F16, random_f16(shape[0], n_vocab, EMBEDDING_STDEV, rng))
+            stdev = EMBEDDING_STDEV if name == "token_embd.weight" else EMBEDDING_STDEV / math.sqrt(shape[0])
+            w.add_tensor(name, shape, GGML_F16, random_f16(shape[0], n_vocab, stdev, rng))
             continue
         if name == "output.bias":
             shape = [n_vocab]
@@ -160,7 +172,8 @@ def regenerate(layout: dict, vocab: Path, seed: int = SEED, weights=None) -> GGU
         if name.endswith(".scale"):
             values = [math.exp(rng.gauss(0.0, SCALE_SPREAD)) for _ in range(math.prod(shape))]
         else:
-            values = [rng.gauss(0.0, STDEV) for _ in range(math.prod(shape))]
+            mean = NORM_MEAN if name.endswith("norm.weight") else 0.0
+            values = [rng.gauss(mean, STDEV) for _ in range(math.prod(shape))]
             if "ssm_a" in name:  # a state that decays, as test-llama-archs makes it (ssm_alpha too)
                 values = [-abs(v) for v in values]
         w.add_tensor(name, shape, ttype, encode_tensor(ttype, values))
