@@ -1,5 +1,6 @@
 """The files llama.cpp's own writer makes, with a real vocabulary: llmd's perplexity on
-them against llama.cpp's (the reference check of the architectures, issue 29).
+them, and each token's log-probability, against llama.cpp's (the reference check of the
+architectures, issue 29).
 
     python -m tests.llama_archs LLAMA_DIR [NAME ...]     (by hand, against a built llama.cpp)
 
@@ -7,24 +8,29 @@ NAME is one of MODELS (all by default), e.g. qwen35moe-moe: test-llama-archs' fi
 that architecture and variant. For each, the script
   1. runs `LLAMA_DIR/build/bin/test-llama-archs -s SEED -a '^ARCH$' -o DIR` and reads the
      file it wrote with llmd's own GGUF reader;
-  2. keeps its layout in tests/data/llama_archs.json.gz (under NAME): the metadata but
-     the tokenizer's (each value's bytes as the file holds them) and every tensor's name,
-     shape and type; a few kilobytes compressed;
-  3. regenerates the model from that layout (regenerate(): the tests do the same): every
+  2. regenerates the model from that layout (regenerate(): the tests do the same): every
      tokenizer.* key of llama.cpp's models/ggml-vocab-VOCAB.gguf (the reference data of
      tests/reference_data.py), token_embd and output redrawn at that vocabulary's size,
      every other tensor drawn from SEED as test-llama-archs draws its own (normal, σ 0.1;
-     ssm_a negative) but the per-tensor `.scale`s, drawn near 1 (see SCALE_SPREAD);
-  4. prints the perplexity over TEXT of `llama-perplexity -c 128 -b 128` on it, which is
-     the GOLDEN row for tests/engine/test_llama_archs.py, next to llmd's; and both
-     perplexities on test-llama-archs' own weights (only the embeddings redrawn) for the
-     record.
-Nothing it writes but the layouts is kept: the models are rebuilt from them.
+     ssm_a negative) but the norms' weights and the per-tensor `.scale`s, drawn near 1
+     (see NORM_MEAN and SCALE_SPREAD);
+  3. runs `llama-perplexity -c 128 -b 128 --kl-divergence-base FILE` over TEXT on it and
+     prints the perplexity, which is the GOLDEN row for tests/engine/test_llama_archs.py,
+     next to llmd's, and how far llmd's log-probabilities of the first chunk's tokens are
+     from llama.cpp's; and the same on test-llama-archs' own weights (only the embeddings
+     redrawn) for the record;
+  4. keeps in tests/data/llama_archs.json.gz (under NAME) the layout: the metadata but the
+     tokenizer's (each value's bytes as the file holds them) and every tensor's name,
+     shape and type; and, from FILE, llama.cpp's facts on each token the first chunk
+     scores (first_chunk()); a few kilobytes compressed.
+Nothing it writes but that file is kept: the models are rebuilt from the layouts.
 """
 from __future__ import annotations
 
 import argparse
+import array
 import gzip
+import heapq
 import json
 import math
 import mmap
@@ -94,7 +100,17 @@ STDEV = 0.1         # test-llama-archs' default spread of every weight
 # not applied moves perplexity past the tests' tolerance (in every model but gemma3's,
 # whose q/k norms and post-norms cancel all but the gate's scale).
 SCALE_SPREAD = 0.5
-EMBEDDING_STDEV = 1.0  # the redrawn embeddings': logits that vary, so that perplexity tells models apart
+# The norms' weights: test-llama-archs draws them like any weight (σ 0.1 around 0), which
+# leaves every query and key a tenth of its size and the attention scores near 0, so that
+# attention averages its context whatever RoPE, the attention scale or the window do
+# (a swapped RoPE layout moved no log-probability by more than 0.007). Drawn around
+# NORM_MEAN, as trained models have them, the scores spread over a few units.
+NORM_MEAN = 1.0
+# The redrawn embeddings: token_embd's rows of σ 1; output's of σ 1/√n_embd, so that the
+# final hidden state (RMS about 1 after its norm) gives logits of σ about 1, which vary
+# enough for perplexity to tell models apart while each next token stays within the 16
+# nats below the most likely that llama-perplexity's --kl-divergence-base file resolves.
+EMBEDDING_STDEV = 1.0
 
 
 def _kv_value(raw: bytes, key: str) -> tuple[int, bytes]:
@@ -145,7 +161,8 @@ def regenerate(layout: dict, vocab: Path, seed: int = SEED, weights=None) -> GGU
         rng = random.Random(f"{seed}:{name}")
         if name in EMBEDDINGS:
             shape = [shape[0], n_vocab]
-            w.add_tensor(name, shape, GGML_F16, random_f16(shape[0], n_vocab, EMBEDDING_STDEV, rng))
+            stdev = EMBEDDING_STDEV if name == "token_embd.weight" else EMBEDDING_STDEV / math.sqrt(shape[0])
+            w.add_tensor(name, shape, GGML_F16, random_f16(shape[0], n_vocab, stdev, rng))
             continue
         if name == "output.bias":
             shape = [n_vocab]
@@ -156,7 +173,8 @@ def regenerate(layout: dict, vocab: Path, seed: int = SEED, weights=None) -> GGU
         if name.endswith(".scale"):
             values = [math.exp(rng.gauss(0.0, SCALE_SPREAD)) for _ in range(math.prod(shape))]
         else:
-            values = [rng.gauss(0.0, STDEV) for _ in range(math.prod(shape))]
+            mean = NORM_MEAN if name.endswith("norm.weight") else 0.0
+            values = [rng.gauss(mean, STDEV) for _ in range(math.prod(shape))]
             if "ssm_a" in name:  # a state that decays, as test-llama-archs makes it (ssm_alpha too)
                 values = [-abs(v) for v in values]
         w.add_tensor(name, shape, ttype, encode_tensor(ttype, values))
@@ -183,38 +201,74 @@ def load_layout(name: str) -> dict:
     return load_layouts()[name]
 
 
-def _llama_perplexity(llama: Path, model: Path, text: Path) -> float:
-    from tests.support.make_arch_golden import perplexity
-    return perplexity(llama, model, text, N_CTX)
+def first_chunk(logits_file: Path) -> dict:
+    """llama.cpp's facts on each token its first chunk scores, from the file that
+    `llama-perplexity --kl-divergence-base FILE` writes: "_logits_", n_ctx, n_vocab and
+    n_chunk (int32), every chunk's token ids (int32), then per scored position
+    (n_ctx / 2 + 1 .. n_ctx - 1 of each chunk predicted) its scale and lowest log-probability
+    (two floats) and n_vocab log-probabilities as uint16 steps of that scale above the
+    lowest (padded to an even count). The lowest is at most 16 below the most likely's,
+    so a step is at most 16 / 65535: each log-probability within 1.3e-4 of llama.cpp's
+    (within 1.8e-4 as kept, to 4 decimals).
+    Returns, per position: "log_probs", the next token's log-probability; "top_ids", the
+    most likely id (the lowest of a tie, as llmd breaks them); "margins", its
+    log-probability less the second most likely's."""
+    data = logits_file.read_bytes()
+    assert data[:8] == b"_logits_", logits_file
+    n_ctx, n_vocab, n_chunk = struct.unpack_from("<3i", data, 8)
+    tokens = struct.unpack_from(f"<{n_ctx}i", data, 20)
+    row_bytes = 2 * (2 * ((n_vocab + 1) // 2) + 4)
+    at = 20 + 4 * n_chunk * n_ctx
+    facts = {"log_probs": [], "top_ids": [], "margins": []}
+    first = n_ctx // 2
+    for i in range(n_ctx - 1 - first):
+        scale, lowest = struct.unpack_from("<2f", data, at + i * row_bytes)
+        steps = array.array("H", data[at + i * row_bytes + 8:at + i * row_bytes + 8 + 2 * n_vocab])
+        token = tokens[first + i + 1]
+        assert steps[token] > 0, "the next token is below the file's range"
+        best, second = heapq.nlargest(2, range(n_vocab), key=steps.__getitem__)
+        facts["log_probs"].append(round(lowest + scale * steps[token], 4))
+        facts["top_ids"].append(best)
+        facts["margins"].append(round(scale * (steps[best] - steps[second]), 4))
+    return facts
 
 
 def main(llama: Path, names: list[str]) -> None:
-    from tests.support.llama_cpp_golden import perplexity
-    work = Path(tempfile.mkdtemp())
-    text = work / "text.txt"
-    text.write_text(TEXT)
-    vocabs = llama / "models"
-    for name in names or list(MODELS):
-        arch, vocab = MODELS[name]
-        out = work / arch
-        out.mkdir(exist_ok=True)
-        subprocess.run([str(llama / "build/bin/test-llama-archs"), "-s", str(SEED), "-a", f"^{arch}$",
-                        "-o", str(out)], check=True, capture_output=True)
-        layout, header, buf = read_layout(out / f"{name}.gguf")
-        layouts = load_layouts()
-        layouts[name] = layout
-        LAYOUTS.write_bytes(gzip.compress(json.dumps(layouts, sort_keys=True).encode(), mtime=0))
-        vocab_file = vocabs / f"ggml-vocab-{vocab}.gguf"
-        own = {t.name: bytes(buf[header.data_start + t.offset:header.data_start + t.offset +
-                                 tensor_bytes(t.type, t.shape)]) for t in header.tensors}
-        rows = []
-        for label, weights in (("regenerated", None), ("test-llama-archs weights", own)):
-            model = regenerate(layout, vocab_file, weights=weights).write(work / f"{name}-{len(rows)}.gguf")
-            ref, ours = _llama_perplexity(llama, model, text), perplexity(model, TEXT, N_CTX)
-            rows.append(f"{label}: llama.cpp {ref:.4f}, llmd {ours:.4f} ({(ours / ref - 1) * 100:+.3f} %)")
-            if weights is None:
-                print(f'    "{name}": {ref},', flush=True)
-        print(f"    # {name}: " + "; ".join(rows), flush=True)
+    from tests.support.llama_cpp_golden import perplexity_of, scored_chunks
+    from tests.support.make_arch_golden import perplexity
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        text = work / "text.txt"
+        text.write_text(TEXT)
+        for name in names or list(MODELS):
+            arch, vocab = MODELS[name]
+            out = work / arch
+            out.mkdir(exist_ok=True)
+            subprocess.run([str(llama / "build/bin/test-llama-archs"), "-s", str(SEED), "-a", f"^{arch}$",
+                            "-o", str(out)], check=True, capture_output=True)
+            layout, header, buf = read_layout(out / f"{name}.gguf")
+            vocab_file = llama / "models" / f"ggml-vocab-{vocab}.gguf"
+            own = {t.name: bytes(buf[header.data_start + t.offset:header.data_start + t.offset +
+                                     tensor_bytes(t.type, t.shape)]) for t in header.tensors}
+            rows = []
+            for label, weights in (("regenerated", None), ("test-llama-archs weights", own)):
+                model = regenerate(layout, vocab_file, weights=weights).write(work / f"{name}-{len(rows)}.gguf")
+                ref = perplexity(llama, model, text, N_CTX, logits=work / "logits.bin")
+                facts = first_chunk(work / "logits.bin")
+                chunks = scored_chunks(model, TEXT, N_CTX, n_top=1)
+                ours = perplexity_of(chunks)
+                token_diff = max(abs(a - b) for (a, _), b in zip(chunks[0], facts["log_probs"], strict=True))
+                rows.append(f"{label}: llama.cpp {ref:.4f}, llmd {ours:.4f} ({(ours / ref - 1) * 100:+.3f} %), "
+                            f"first chunk's log-probabilities within {token_diff:.5f}")
+                model.unlink()
+                if weights is None:
+                    layout["first_chunk"] = facts
+                    print(f'    "{name}": {ref},', flush=True)
+            buf.close()
+            layouts = load_layouts()
+            layouts[name] = layout
+            LAYOUTS.write_bytes(gzip.compress(json.dumps(layouts, sort_keys=True).encode(), mtime=0))
+            print(f"    # {name}: " + "; ".join(rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 def with_expert_bias(bias: list[float], used: int, same_experts: bool = False):
     """lfm2moe's writer model (layer 1: a sigmoid-routed mixture of two experts), routing
-    each token to `used` experts with exp_probs_b = bias; with same_experts, expert 0 a
-    copy of expert 1."""
+    each token to `used` experts with exp_probs_b = bias; with same_experts, expert 1 a
+    copy of expert 0."""
     w = writer_model("lfm2moe-moe")
     w.set("lfm2moe.expert_used_count", U32, used)
     w.tensor("blk.1.exp_probs_b.bias").data = encode_f32(bias)
@@ -29,14 +29,15 @@ def with_expert_bias(bias: list[float], used: int, same_experts: bool = False):
         for name in EXPERTS:
             t = w.tensor(f"blk.1.{name}.weight")
             half = len(t.data) // 2
-            t.data = t.data[half:] + t.data[half:]
+            t.data = t.data[:half] + t.data[:half]
     return w
 
 
 def test_an_expert_bias_chooses_the_experts(tmp_path):
-    # With one expert a token and its weight renormalised to 1, a bias of 10 on expert 1
-    # routes every token there: as if both experts were expert 1.
-    biased = logits_after(with_expert_bias([0.0, 10.0], 1).write(tmp_path / "biased.gguf"))
+    # With one expert a token and its weight renormalised to 1, a bias of 10 on expert 0
+    # routes every token there: as if both experts were expert 0 (the unbiased router
+    # picks expert 1 for the last token).
+    biased = logits_after(with_expert_bias([10.0, 0.0], 1).write(tmp_path / "biased.gguf"))
     same = logits_after(with_expert_bias([0.0, 0.0], 1, same_experts=True).write(tmp_path / "same.gguf"))
     unbiased = logits_after(with_expert_bias([0.0, 0.0], 1).write(tmp_path / "plain.gguf"))
     assert biased == same != unbiased

@@ -16,19 +16,31 @@ from tests.support.gguf_writer import GGML_F32, GGUFWriter
 NEAR_TIE = 0.05
 
 
-def perplexity(path, text: str, n_ctx: int) -> float:
-    """llmd's perplexity over text as llama-perplexity -c n_ctx -b n_ctx computes it: where
-    the vocabulary adds BOS, the text starts with it and so does every chunk (its first
-    token replaced)."""
+def scored_chunks(path, text: str, n_ctx: int, n_top: int = 0) -> list[list[tuple[float, tuple]]]:
+    """What llmd gives each token llama-perplexity -c n_ctx -b n_ctx scores, chunk by chunk:
+    its log-probability and the n_top most likely (id, log-probability) at its position
+    (Session.score_top). The chunks are as llama-perplexity makes them: where the
+    vocabulary adds BOS, the text starts with it and so does every chunk (its first token
+    replaced); the second half of each chunk is scored."""
     with Engine(str(path), n_threads=2, n_ctx=n_ctx, max_sessions=2) as engine:
         bos = [engine.info.bos_id] if engine.info.add_bos else []
         ids = bos + engine.tokenize(text)
-        log_probs = []
+        chunks = []
         for start in range(0, len(ids) - n_ctx + 1, n_ctx):
-            chunk = bos + ids[start + len(bos):start + n_ctx]
             with engine.new_session() as s:
-                log_probs += s.score(chunk, n_ctx // 2)
+                chunks.append(s.score_top(bos + ids[start + len(bos):start + n_ctx], n_ctx // 2, n_top))
+    return chunks
+
+
+def perplexity_of(chunks: list[list[tuple[float, tuple]]]) -> float:
+    """The perplexity of scored_chunks' tokens."""
+    log_probs = [lp for chunk in chunks for lp, _ in chunk]
     return math.exp(-sum(log_probs) / len(log_probs))
+
+
+def perplexity(path, text: str, n_ctx: int) -> float:
+    """llmd's perplexity over text as llama-perplexity -c n_ctx -b n_ctx computes it."""
+    return perplexity_of(scored_chunks(path, text, n_ctx))
 
 
 def assert_greedy_matches(path, text: str, n_ctx: int, prompt_tokens: int, expected: list[int],

@@ -61,11 +61,14 @@ int main(int argc, char **argv) {
 """
 
 
-def perplexity(llama: Path, model: Path, text: Path, n_ctx: int) -> float:
+def perplexity(llama: Path, model: Path, text: Path, n_ctx: int, logits: Path | None = None) -> float:
+    """llama-perplexity's figure; with `logits`, it also writes every scored position's
+    log-probabilities there (its --kl-divergence-base file)."""
+    extra = ["--kl-divergence-base", str(logits)] if logits is not None else []
     # llama.cpp's log thread sometimes loses the last lines at exit: run until they appear.
     for _ in range(10):
         out = subprocess.run([str(llama / "build/bin/llama-perplexity"), "-m", str(model), "-f", str(text),
-                              "-c", str(n_ctx), "-b", str(n_ctx), "-t", "2"], capture_output=True, text=True)
+                              "-c", str(n_ctx), "-b", str(n_ctx), "-t", "2", *extra], capture_output=True, text=True)
         if m := re.search(r"Final estimate: PPL = ([0-9.]+)", out.stdout + out.stderr):
             return float(m.group(1))
     raise RuntimeError(f"llama-perplexity printed no estimate for {model}")
