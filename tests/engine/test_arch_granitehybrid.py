@@ -85,29 +85,6 @@ def test_interleaved_sessions_decode_as_they_do_alone(engine, ids):
     assert_decode_batch_equals_decode_one(engine, [ids[:25], ids[30:70], ids[5:6]])
 
 
-def test_decode_after_a_warm_resume_from_a_checkpoint_equals_a_full_reprefill(engine, ids):
-    with engine.new_session() as warm, engine.new_session() as cold:
-        warm.prefill(ids[:30])
-        warm.prefill(ids[30:60])
-        for _ in range(5):
-            warm.decode_one()
-        warm.truncate(30)  # back past the reply and the second prompt
-        assert warm.position == 30 and warm.checkpoints == [30]
-        warm.prefill(ids[30:70])
-        cold.prefill(ids[:70])
-        assert warm.logits() == cold.logits()
-        assert [warm.decode_one().id for _ in range(8)] == [cold.decode_one().id for _ in range(8)]
-
-
-def test_truncate_to_zero_forgets_the_state(engine, ids):
-    with engine.new_session() as s, engine.new_session() as fresh:
-        s.prefill(ids[:40])
-        s.truncate(0)
-        s.prefill(ids[40:60])
-        fresh.prefill(ids[40:60])
-        assert s.logits() == fresh.logits()
-
-
 # ---- the scan kernel ----------------------------------------------------------------------
 
 def ssm_scan(hd: int, ds: int, n: int, kernels: str | None, runs: list[int]) -> tuple[list[float], list[float]]:

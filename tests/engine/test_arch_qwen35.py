@@ -154,19 +154,6 @@ def test_a_prefill_in_chunks_or_token_by_token_gives_exactly_the_same_logits(eng
     assert_prefill_does_not_depend_on_chunks(engine, ids)
 
 
-def test_decode_after_a_warm_resume_from_a_checkpoint_equals_a_full_reprefill(engine, ids):
-    with engine.new_session() as warm, engine.new_session() as cold:
-        warm.prefill(ids[:40])
-        for _ in range(6):
-            warm.decode_one()
-        warm.prefill(ids[40:50])  # a different continuation, then back to 40
-        warm.truncate(40)
-        warm.prefill(ids[40:80])
-        cold.prefill(ids[:80])
-        assert warm.logits() == cold.logits()
-        assert [warm.decode_one().id for _ in range(10)] == [cold.decode_one().id for _ in range(10)]
-
-
 def test_truncate_between_checkpoints_is_a_state_error(engine, ids):
     with engine.new_session() as s:
         s.prefill(ids[:40])

@@ -334,6 +334,31 @@ def test_a_hybrid_prefix_exports_only_at_a_checkpoint_and_as_if_truncated_to_it(
         assert err.value.status == lib.LLMD_ERR_STATE
 
 
+def test_a_hybrid_session_warm_from_a_checkpoint_decodes_as_a_full_reprefill(hybrid):
+    prompt = ids(70, hybrid.info.n_vocab)
+    with hybrid.new_session() as warm, hybrid.new_session() as cold:
+        warm.prefill(prompt[:30])
+        warm.prefill(prompt[30:60])
+        greedy(warm, 5)
+        warm.truncate(30)  # back past the reply and the second prompt
+        assert warm.position == 30 and warm.checkpoints == [30]
+        warm.prefill(prompt[30:])
+        cold.prefill(prompt)
+        assert warm.logits() == cold.logits()
+        assert greedy(warm) == greedy(cold)
+
+
+def test_truncating_a_hybrid_session_to_zero_forgets_its_state_and_checkpoints(hybrid):
+    prompt = ids(20, hybrid.info.n_vocab, seed=9)
+    with hybrid.new_session() as s, hybrid.new_session() as fresh:
+        s.prefill(ids(40, hybrid.info.n_vocab))
+        s.truncate(0)
+        assert s.checkpoints == [] and s.position == 0
+        s.prefill(prompt)
+        fresh.prefill(prompt)
+        assert s.logits() == fresh.logits()
+
+
 def test_an_empty_hybrid_session_restores_a_zero_state(hybrid):
     prompt = ids(20, hybrid.info.n_vocab)
     with hybrid.new_session() as empty, hybrid.new_session() as target, hybrid.new_session() as fresh:
