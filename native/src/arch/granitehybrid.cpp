@@ -47,7 +47,6 @@ void load_hparams(Binder &b, HParams &hp) {
 void bind(Binder &b, Model &m) {
     const HParams &hp = m.hp;
     for (int l = 0; l < hp.n_layer; ++l) {
-        const std::string blk = "blk." + std::to_string(l) + ".";
         LayerWeights &L = m.layers[l];
         b.mamba2_mixer(hp, l, L);
         if (hp.n_expert > 0) {
@@ -55,9 +54,7 @@ void bind(Binder &b, Model &m) {
             continue;
         }
         b.gated_ffn(hp, l, L);
-        L.b_gate = b.vector(blk + "ffn_gate.bias", hp.n_ff, false);
-        L.b_up = b.vector(blk + "ffn_up.bias", hp.n_ff, false);
-        L.b_down = b.vector(blk + "ffn_down.bias", hp.n_embd, false);
+        b.ffn_biases(hp, l, L);
     }
 }
 

@@ -30,9 +30,7 @@ void bind(Binder &b, Model &m) {
             continue;
         }
         b.gated_ffn(hp, l, L);
-        L.b_gate = b.vector(blk + "ffn_gate.bias", hp.n_ff, false);
-        L.b_up = b.vector(blk + "ffn_up.bias", hp.n_ff, false);
-        L.b_down = b.vector(blk + "ffn_down.bias", hp.n_embd, false);
+        b.ffn_biases(hp, l, L);
     }
 }
 

@@ -307,6 +307,13 @@ void Binder::ffn_weights(const HParams &hp, int l, LayerWeights &L) {
     matrix(blk + "ffn_down.weight", hp.n_ff, hp.n_embd, &L.w_down);
 }
 
+void Binder::ffn_biases(const HParams &hp, int l, LayerWeights &L) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    L.b_gate = vector(blk + "ffn_gate.bias", hp.n_ff, false);
+    L.b_up = vector(blk + "ffn_up.bias", hp.n_ff, false);
+    L.b_down = vector(blk + "ffn_down.bias", hp.n_embd, false);
+}
+
 void Binder::post_norm_block(const HParams &hp, int l, LayerWeights &L, int64_t q_norm, int64_t k_norm) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     attention_weights(hp, l, L);

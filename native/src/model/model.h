@@ -285,6 +285,8 @@ struct Binder {
     // The same without their norms.
     void attention_weights(const HParams &hp, int l, LayerWeights &L);
     void ffn_weights(const HParams &hp, int l, LayerWeights &L);
+    // The optional biases of block l's gate, up and down projections (Llama, Granite).
+    void ffn_biases(const HParams &hp, int l, LayerWeights &L);
     // Block l of the post-norm families (OLMo 2, EXAONE 4: model.h post_norm_rest): the
     // attention's weights with optional q/k/v biases, the query and key norms (q_norm
     // and k_norm floats wide: one head's, or every head's), post_attention_norm, the
