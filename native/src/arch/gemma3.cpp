@@ -48,14 +48,7 @@ void bind(Binder &b, Model &m) {
     for (int l = 0; l < hp.n_layer; ++l) {
         const std::string blk = "blk." + std::to_string(l) + ".";
         LayerWeights &L = m.layers[l];
-        L.attn_norm = b.vector(blk + "attn_norm.weight", dim);
-        b.matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
-        b.matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-        b.matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
-        b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-        L.bq = b.vector(blk + "attn_q.bias", hp.q_dim(), false); // optional, as llama.cpp reads them
-        L.bk = b.vector(blk + "attn_k.bias", hp.kv_dim(), false);
-        L.bv = b.vector(blk + "attn_v.bias", hp.kv_dim(), false);
+        b.attention(hp, l, L); // with optional q/k/v biases, as llama.cpp reads them
         L.q_norm = b.vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = b.vector(blk + "attn_k_norm.weight", hp.head_dim);
         L.attn_post_norm = b.vector(blk + "post_attention_norm.weight", dim);

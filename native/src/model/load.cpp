@@ -283,16 +283,39 @@ void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
     attention_weights(hp, l, L);
 }
 
-void Binder::attention_weights(const HParams &hp, int l, LayerWeights &L) {
+void Binder::attention_weights(const HParams &hp, int l, LayerWeights &L, int64_t q_rows) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const int dim = hp.n_embd;
-    matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
-    matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-    matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+    if (q_rows == 0) q_rows = hp.q_dim();
+    if (file.tensor(blk + "attn_qkv.weight") != nullptr) {
+        fused_qkv(hp, l, L, q_rows);
+    } else {
+        matrix(blk + "attn_q.weight", dim, q_rows, &L.wq);
+        matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+        matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+        L.bq = vector(blk + "attn_q.bias", q_rows, false);
+        L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
+        L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+    }
     matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-    L.bq = vector(blk + "attn_q.bias", hp.q_dim(), false);
+}
+
+void Binder::fused_qkv(const HParams &hp, int l, LayerWeights &L, int64_t q_rows) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    split_matrix(blk + "attn_qkv.weight", hp.n_embd, {{&L.wq, q_rows}, {&L.wk, hp.kv_dim()}, {&L.wv, hp.kv_dim()}});
+    if (const float *b = vector(blk + "attn_qkv.bias", q_rows + 2 * hp.kv_dim(), false)) {
+        L.bq = b;
+        L.bk = b + q_rows;
+        L.bv = b + q_rows + hp.kv_dim();
+        return;
+    }
+    L.bq = vector(blk + "attn_q.bias", q_rows, false);
     L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
     L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+    if (L.bq != nullptr && L.bk != nullptr && L.bv != nullptr) return;
+    for (const char *bias : {"attn_q.bias", "attn_k.bias", "attn_v.bias"})
+        if (file.tensor(blk + bias) != nullptr) unapplied.push_back(blk + bias);
+    L.bq = L.bk = L.bv = nullptr;
 }
 
 void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
@@ -478,13 +501,7 @@ void Binder::delta_net_mixer(const HParams &hp, int l, LayerWeights &L) {
         L.delta_norm = vector(blk + "ssm_norm.weight", dn.head_dim);
         matrix(blk + "ssm_out.weight", dn.v_dim(), dim, &L.delta_out);
     } else { // an attention layer, or a prediction block (always one)
-        matrix(blk + "attn_q.weight", dim, 2 * hp.q_dim(), &L.wq); // per head: queries, then the gate
-        matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-        matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
-        matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-        L.bq = vector(blk + "attn_q.bias", 2 * hp.q_dim(), false); // optional, as llama.cpp reads them
-        L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
-        L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+        attention_weights(hp, l, L, 2 * hp.q_dim()); // per head: queries, then the gate; optional biases
         L.q_norm = vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = vector(blk + "attn_k_norm.weight", hp.head_dim);
     }

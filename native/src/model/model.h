@@ -282,8 +282,14 @@ struct Binder {
     // in most families) and the gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
-    // The same without their norms.
-    void attention_weights(const HParams &hp, int l, LayerWeights &L);
+    // The same without their norms; q of q_rows (0: q_dim) rows, which may be one fused
+    // attn_qkv with k and v (fused_qkv).
+    void attention_weights(const HParams &hp, int l, LayerWeights &L, int64_t q_rows = 0);
+    // Block l's attn_qkv (q's q_rows rows, then k's, then v's) as wq, wk and wv, as
+    // llama.cpp reads it for every family that binds attention_weights: with its optional
+    // fused bias, or else the separate q/k/v biases, which llama.cpp adds only when all
+    // three are there (one or two alone are loaded and left out: listed in `unapplied`).
+    void fused_qkv(const HParams &hp, int l, LayerWeights &L, int64_t q_rows);
     void ffn_weights(const HParams &hp, int l, LayerWeights &L);
     // The optional biases of block l's gate, up and down projections (Llama, Granite).
     void ffn_biases(const HParams &hp, int l, LayerWeights &L);
