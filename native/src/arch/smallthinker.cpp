@@ -1,11 +1,11 @@
 // arch/smallthinker.cpp — SmallThinker (e.g. SmallThinker-21BA3B): the Llama block
 // with NEOX RoPE and optional q/k/v biases, and in place of the FFN a mixture of
 // ReGLU experts (relu(gate) · up) whose router reads the layer's input before the
-// attention, not the FFN's normed input; expert_gating_func picks softmax or sigmoid
-// probabilities, and the chosen weights are renormalised. Files with a sliding window
-// attend over 4096 positions in three layers of four (attention.sliding_window_pattern,
-// the first of each four global), and those global layers have no RoPE; llama.cpp
-// fixes the window and the interval, and so does llmd.
+// attention, not the FFN's normed input; expert_gating_func picks the probabilities
+// (model.h: Binder::moe_gating), and the chosen weights are renormalised. Files with a
+// sliding window attend over 4096 positions in three layers of four
+// (attention.sliding_window_pattern, the first of each four global), and those global
+// layers have no RoPE; llama.cpp fixes the window and the interval, and so does llmd.
 #include "arch/arch.h"
 
 #include <algorithm>

@@ -381,12 +381,14 @@ void Binder::moe_gating(HParams &hp, bool required) {
     const std::string key = prefix + "expert_gating_func";
     const int func = get_int(key, 0, required);
     if (!error->empty()) return;
-    if (func != 1 && func != 2) {
+    static const HParams::Gating kGatings[] = {HParams::Gating::softmax, HParams::Gating::sigmoid,
+                                               HParams::Gating::softmax_chosen, HParams::Gating::sqrt_softplus};
+    if (func < 1 || func > 4) {
         fail("model metadata " + key + " = " + std::to_string(func) +
-             " is a gating llmd does not run (1: softmax, 2: sigmoid)");
+             " is a gating llmd does not run (1: softmax, 2: sigmoid, 3: softmax of the chosen, 4: sqrt of softplus)");
         return;
     }
-    hp.gating = func == 2 ? HParams::Gating::sigmoid : HParams::Gating::softmax;
+    hp.gating = kGatings[func - 1];
 }
 
 void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {

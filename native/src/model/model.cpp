@@ -438,6 +438,8 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
         for (int e = 0; e < n_exp; ++e) order[e] = e;
         if (hp.gating == HParams::Gating::sigmoid) {
             for (int e = 0; e < n_exp; ++e) prob[e] = 1.0f / (1.0f + std::exp(-prob[e]));
+        } else if (hp.gating == HParams::Gating::sqrt_softplus) { // softplus taken as the score past 20, as ggml does
+            for (int e = 0; e < n_exp; ++e) prob[e] = std::sqrt(prob[e] > 20.0f ? prob[e] : std::log(1.0f + std::exp(prob[e])));
         } else if (hp.gating == HParams::Gating::softmax) {
             softmax(prob, n_exp, order.data());
         }

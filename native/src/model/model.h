@@ -98,9 +98,10 @@ struct HParams {
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
     int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
-    // Router scores to expert weights: a softmax or a sigmoid of each score (the top k by
-    // probability chosen), or the top k by score chosen and a softmax over theirs alone (gpt-oss).
-    enum class Gating { softmax, sigmoid, softmax_chosen } gating = Gating::softmax;
+    // Router scores to expert weights: a softmax, a sigmoid or the square root of the softplus
+    // of each score (the top k by probability chosen), or the top k by score chosen and a
+    // softmax over theirs alone (gpt-oss; expert_gating_func 3).
+    enum class Gating { softmax, sigmoid, softmax_chosen, sqrt_softplus } gating = Gating::softmax;
     Glu expert_glu = Glu::silu; // the experts' gated unit (ReLU: SmallThinker; swiglu_oai: gpt-oss)
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
@@ -305,7 +306,8 @@ struct Binder {
     // one (hp.n_ff_shexp), the shared expert and its gate.
     void moe_hparams(HParams &hp);
     void moe_weighting(HParams &hp, bool norm);
-    // expert_gating_func, as llama.cpp numbers it: 1 softmax, 2 sigmoid (the others are refused).
+    // expert_gating_func, as llama.cpp numbers it: 1 softmax, 2 sigmoid, 3 softmax over the
+    // chosen scores, 4 square root of softplus (the others are refused).
     void moe_gating(HParams &hp, bool required);
     void moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
     // The Qwen3.5 families' metadata: the Gated DeltaNet's dimensions (ssm.*), which
@@ -443,11 +445,12 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps,
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): the router scores each
 // token's row of `route` (xb unless given), plus L.router_b where L has it; hp.gating
-// turns the scores into probabilities (softmax, or a sigmoid each), and the token's top
-// n_expert_used experts by probability (plus L.expert_bias where L has one: it only
-// chooses) are weighted by their probabilities, renormalised if hp.expert_norm and
-// scaled by hp.expert_scale; or (softmax_chosen) the top n_expert_used by score are
-// weighted by the softmax of their scores alone. Plus the shared expert if L has one,
+// turns the scores into probabilities (softmax, or a sigmoid or √softplus each), and
+// the token's top n_expert_used experts by probability (plus L.expert_bias where L has
+// one: it only chooses) are weighted by their probabilities, renormalised if
+// hp.expert_norm and scaled by hp.expert_scale; or (softmax_chosen) the top
+// n_expert_used by score (plus bias) are weighted by the softmax of their scores alone,
+// then renormalised and scaled alike. Plus the shared expert if L has one,
 // weighted by sigmoid(xb · shexp_gate) (by 1 without that gate). Experts are gated
 // units of hp.expert_glu, with their biases where L has them. Each expert runs once
 // over the tokens routed to it, so its weights are read once per batch; each token
