@@ -2,10 +2,11 @@
 exaone4, lfm2moe, olmo2, smallthinker; tests/engine/test_llama_archs.py holds their
 perplexity to llama.cpp's): what those two-expert files cannot show. The forms of
 their metadata the writer does not write, against llama.cpp (GOLDEN): each gating of
-expert_gating_func over four experts. An expert bias chooses experts and never weighs
-them; a bias llama.cpp loads and leaves out is left out; the forms of metadata llmd or
-llama.cpp does not run are refused with their reason, and tensors a family does not
-have are refused by name.
+expert_gating_func over four experts, the sliding-window layers' own RoPE base, YaRN
+with a sliding window. An expert bias chooses experts and never weighs them; a bias
+llama.cpp loads and leaves out is left out; the forms of metadata llama.cpp does not
+run are refused with their reason, and tensors a family does not have are refused by
+name.
 
 Golden numbers: `python -m tests.support.make_arch_golden --tests
 tests.engine.test_arch_llama_layouts LLAMA_DIR` (llama-perplexity -c 128 -b 128 over
@@ -51,6 +52,8 @@ def with_experts(name: str, n_expert: int, n_used: int):
     return regenerate(layout, require(f"models/ggml-vocab-{vocab}.gguf"))
 
 
+_YARN = {"rope.scaling.type": (STRING, "yarn"), "rope.scaling.factor": (F32, 4.0),
+         "rope.scaling.original_context_length": (U32, 32)}
 # name -> the writer's model, the (experts, used a token) to widen it to, the metadata set on it
 CONFIGS = {
     # expert_gating_func 3: experts chosen by raw score, weighted by the softmax of the
@@ -65,6 +68,14 @@ CONFIGS = {
     "lfm2moe_softmax_weight": dict(model="lfm2moe-moe", experts=(4, 2),  # chosen with exp_probs_b
                                    metadata={"expert_gating_func": (U32, 3)}),
     "lfm2moe_sqrt_softplus": dict(model="lfm2moe-moe", experts=(4, 2), metadata={"expert_gating_func": (U32, 4)}),
+    # layer 1, the one local layer (of 4096 positions), turned by a base of its own,
+    # YaRN-scaled as llama.cpp scales SmallThinker's local layers (its global layer 0 has
+    # no RoPE)
+    "smallthinker_swa_base_yarn": dict(model="smallthinker-moe",
+                                       metadata={"rope.freq_base_swa": (F32, 500000.0), **_YARN}),
+    # OLMo 3's long-context form: YaRN and attn_factor on the global layer 1, neither on
+    # the local layer 0 (a window of 32)
+    "olmo3_yarn": dict(model="olmo2-dense", metadata={**_YARN, "rope.scaling.attn_factor": (F32, 1.25)}),
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -81,7 +92,14 @@ GOLDEN = {
     "lfm2moe_sqrt_softplus": (231769.09,
         [13236, 112100, 2093, 123308, 73641, 21186, 113878, 34087, 73241, 86190, 77049, 79096],
         [0.278, 0.028, 0.393, 0.104, 0.678, 0.077, 0.255, 0.033, 0.505, 0.283, 0.156, 0.144]),
+    "smallthinker_swa_base_yarn": (331777.5037,
+        [151077, 138437, 107540, 99445, 106832, 92323, 40084, 53115, 52990, 63376, 101625, 13053],
+        [0.13, 0.105, 0.369, 0.212, 0.934, 0.25, 0.6, 0.446, 0.037, 0.234, 0.101, 0.078]),
+    "olmo3_yarn": (214948.1192,
+        [46921, 36532, 1558, 47891, 100423, 81306, 8270, 105190, 79072, 49431, 26737, 99645],
+        [0.062, 0.322, 0.392, 0.113, 0.049, 0.346, 0.018, 0.495, 0.04, 0.207, 0.026, 0.222]),
 }
+
 # name -> llama.cpp's log-probability of each token its first chunk scores (of TEXT)
 FIRST_CHUNK = {
     "smallthinker_softmax_weight": [
@@ -112,6 +130,20 @@ FIRST_CHUNK = {
         -11.6319, -12.5607, -13.6978, -14.0422, -13.2035, -10.5728, -12.5343, -13.263, -12.4225, -13.2341, -13.0461,
         -12.4059, -11.5756, -13.5319, -11.2394, -12.7237, -12.4325, -12.9215, -11.9242, -11.7084, -10.435, -10.0924,
         -12.5542, -14.2789, -9.4932, -13.7977, -12.3282, -12.8374, -11.0675, -10.7056, -11.6946],
+    "smallthinker_swa_base_yarn": [
+        -12.8128, -12.9559, -14.1657, -12.5167, -12.6665, -11.7129, -13.2637, -10.4402, -13.2543, -13.7474,
+        -12.9424, -12.765, -12.5613, -11.3797, -14.1903, -11.2431, -13.4293, -12.5765, -12.6952, -13.5124, -12.7452,
+        -10.0236, -14.6506, -12.6726, -9.8656, -12.6164, -13.9449, -10.9272, -13.7275, -11.3771, -13.8633, -12.974,
+        -13.7465, -12.1862, -11.5763, -12.714, -14.757, -12.5423, -12.3552, -11.1457, -14.4813, -12.076, -10.6506,
+        -13.151, -13.5817, -13.4971, -14.2397, -12.4335, -12.1087, -13.2607, -12.5549, -14.5596, -12.2383, -13.3147,
+        -12.2765, -14.8887, -10.5886, -10.8574, -13.7021, -12.3815, -12.9995, -13.5092, -14.1036],
+    "olmo3_yarn": [
+        -12.1254, -13.8382, -12.6205, -13.4856, -13.757, -12.4329, -12.7328, -12.4466, -11.8552, -12.1208, -12.0264,
+        -11.3684, -12.3173, -11.744, -11.4368, -13.6536, -13.3459, -10.7184, -12.5915, -12.8956, -12.2928, -11.4554,
+        -14.47, -11.2402, -12.5571, -11.8366, -12.2383, -11.2254, -12.2071, -13.6541, -12.5149, -11.4069, -13.7954,
+        -10.461, -12.4773, -12.0176, -11.7507, -11.708, -12.8196, -11.8683, -12.7068, -11.9015, -13.7017, -12.3517,
+        -11.0167, -13.4735, -10.3747, -11.8972, -12.4374, -12.82, -12.9749, -13.392, -12.8392, -9.9503, -10.7263,
+        -13.4591, -10.35, -10.6767, -12.8916, -12.1396, -11.7923, -12.4057, -13.1683],
 }
 
 
@@ -230,18 +262,6 @@ def test_an_expert_bias_of_a_family_without_one_is_refused_by_name(tmp_path):
     w.add_tensor("blk.0.exp_probs_b.bias", [8], GGML_F32, encode_f32([0.0] * 8))
     assert open_error(w.write(tmp_path / "m.gguf")) == (
         "model has tensor blk.0.exp_probs_b.bias, which the qwen3moe architecture does not use")
-
-
-def test_rope_forms_of_sliding_window_layers_llmd_does_not_run_are_refused(tmp_path):
-    w = writer_model("olmo2-dense")  # a window in layer 0
-    w.set("olmo2.rope.scaling.type", STRING, "yarn")
-    w.set("olmo2.rope.scaling.factor", F32, 4.0)
-    assert open_error(w.write(tmp_path / "yarn.gguf")) == (
-        "olmo2 files with a sliding window and a RoPE magnitude correction (YaRN, attn_factor) are not run by llmd")
-    w = writer_model("smallthinker-moe")
-    w.set("smallthinker.rope.freq_base_swa", F32, 5e5)
-    assert open_error(w.write(tmp_path / "base.gguf")) == (
-        "smallthinker files whose sliding-window layers have a RoPE base of their own are not run by llmd")
 
 
 def test_a_sliding_window_pattern_is_read_as_llama_cpp_reads_it(tmp_path):

@@ -115,6 +115,14 @@ std::vector<bool> Binder::swa_layers(int n_layer, int period, bool dense_first) 
     return local;
 }
 
+void Binder::swa_rope(HParams &hp, float fallback, HParams::LocalRope how) {
+    const std::string key = prefix + "rope.freq_base_swa";
+    hp.rope_base_local = get_float(key, fallback);
+    hp.rope_local = how;
+    if (!(hp.rope_base_local > 0.0f) || !std::isfinite(hp.rope_base_local))
+        fail("model metadata " + key + " must be positive");
+}
+
 float Binder::get_float(const std::string &key, float fallback) {
     double v = fallback;
     std::string err;
@@ -648,26 +656,26 @@ bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
     return true;
 }
 
-// out (rope_dim / 2): each pair's frequency, divided by the factors of tensor
-// `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets),
-// then scaled as the file says.
-bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::string &factors,
+// out (rope_dim / 2): each pair's frequency from `base`, divided by the factors of
+// tensor `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets;
+// none when empty), then scaled as rs says.
+bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, double base, const std::string &factors,
                 std::vector<float> *out) {
     const int half = hp.rope_dim / 2;
-    const GGUFTensor *freqs = b.find(factors, false);
+    const GGUFTensor *freqs = factors.empty() ? nullptr : b.find(factors, false);
     if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != half))
         return b.fail("tensor " + factors + " has the wrong type or shape");
     // YaRN keeps the pairs that turn many times over the original context (below
     // `low`) extrapolated, interpolates those that turn less than once (above
     // `high`), and ramps between; beta_fast 32 and beta_slow 1 unless the family reads others.
     const auto corr_dim = [&](double turns) {
-        return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(double{hp.rope_base}));
+        return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(base));
     };
     const double low = std::max(0.0, std::floor(corr_dim(hp.yarn_beta_fast))),
                  high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(hp.yarn_beta_slow)));
     out->resize(half);
     for (int i = 0; i < half; ++i) {
-        double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
+        double f = std::pow(base, -2.0 * i / hp.rope_dim);
         if (freqs != nullptr) {
             float div;
             std::memcpy(&div, freqs->data + 4 * i, 4);
@@ -686,20 +694,44 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::
     return true;
 }
 
-// m.inv_freq (and m.inv_freq_long for LongRoPE files) and hp.rope_mscale.
+// m.inv_freq (and m.inv_freq_long for LongRoPE files), and m.inv_freq_local for
+// sliding-window layers that turn by angles of their own (HParams::rope_local).
 bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
     HParams &hp = m.hp;
+    if (hp.rope_base_local > 0.0f &&
+        !rope_table(b, hp.rope_local == HParams::LocalRope::scaled ? rs : RopeScaling{}, hp, hp.rope_base_local, "",
+                    &m.inv_freq_local))
+        return false;
     const bool longrope = b.file.tensor("rope_factors_short.weight") != nullptr ||
                           b.file.tensor("rope_factors_long.weight") != nullptr;
     if (longrope && b.file.tensor("rope_freqs.weight") != nullptr)
         return b.fail("model has both rope_freqs and LongRoPE factors");
-    if (!longrope) return rope_table(b, rs, hp, "rope_freqs.weight", &m.inv_freq);
+    if (!longrope) return rope_table(b, rs, hp, hp.rope_base, "rope_freqs.weight", &m.inv_freq);
     // LongRoPE (Phi-3): short factors up to the original context, long ones past it.
-    if (!rope_table(b, rs, hp, "rope_factors_short.weight", &m.inv_freq) ||
-        !rope_table(b, rs, hp, "rope_factors_long.weight", &m.inv_freq_long))
+    if (!rope_table(b, rs, hp, hp.rope_base, "rope_factors_short.weight", &m.inv_freq) ||
+        !rope_table(b, rs, hp, hp.rope_base, "rope_factors_long.weight", &m.inv_freq_long))
         return false;
     m.rope_ctx_orig = rs.n_ctx_orig;
     return true;
+}
+
+// hp.rope_mscale and hp.rope_mscale_local, as ggml's RoPE computes them: the context's
+// magnitude factor (rope.scaling.attn_factor; with YaRN also (1 + 0.1 ln f) / (1 + 0.1 ·
+// log_mul · ln f) over (1 + 0.1 ln f)), times (1 + 0.1 ln f) where YaRN turns a layer
+// with its frequencies scaled by 1 / f.
+void rope_magnitudes(const RopeScaling &rs, HParams &hp) {
+    float context = rs.attn_factor;
+    hp.rope_mscale = rs.attn_factor;
+    if (rs.kind == RopeScaling::yarn && rs.factor > 1.0f) {
+        const float ln = std::log(rs.factor), log_mul = hp.yarn_log_mul != 0.0f ? 1.0f + 0.1f * hp.yarn_log_mul * ln : 1.0f;
+        context /= log_mul;
+        hp.rope_mscale *= (1.0f + 0.1f * ln) / log_mul;
+    }
+    switch (hp.rope_local) {
+    case HParams::LocalRope::scaled: hp.rope_mscale_local = hp.rope_mscale; break;
+    case HParams::LocalRope::unscaled: hp.rope_mscale_local = context; break;
+    case HParams::LocalRope::plain: hp.rope_mscale_local = 1.0f; break;
+    }
 }
 
 } // namespace
@@ -822,11 +854,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     }
 
     if (!rope_frequencies(b, scaling, *model)) return nullptr;
-    hp.rope_mscale = scaling.attn_factor;
-    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) {
-        const float ln = std::log(scaling.factor);
-        hp.rope_mscale *= (1.0f + 0.1f * ln) / (hp.yarn_log_mul != 0.0f ? 1.0f + 0.1f * hp.yarn_log_mul * ln : 1.0f);
-    }
+    rope_magnitudes(scaling, hp);
 
     // A tensor nobody bound is a part of the model llmd would not compute.
     for (size_t i = 0; i < b.used.size(); ++i)

@@ -63,7 +63,14 @@ struct HParams {
     float yarn_beta_slow = 1.0f;  // original context, interpolates those turning less than this
     float yarn_log_mul = 0.0f;    // YaRN's magnitude (1 + 0.1 ln f) is divided by (1 + 0.1 · this · ln f) when set
     float norm_eps = 1e-5f;
-    float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if their own
+    float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if they turn by angles of their own
+                                  // (Model::inv_freq_local); 0: they turn as the global layers
+    // How those angles follow the file's RoPE scaling, as llama.cpp's graph of the family turns
+    // its sliding-window layers: unscaled, with the context's magnitude factor (Gemma 3:
+    // freq_scale_swa 1); scaled and corrected as the global layers (gpt-oss, SmallThinker:
+    // freq_scale_swa the trained scale); or plain, neither scaled nor corrected (OLMo 3).
+    enum class LocalRope { unscaled, scaled, plain } rope_local = LocalRope::unscaled;
+    float rope_mscale_local = 1.0f; // multiplies their cos and sin
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
@@ -196,7 +203,8 @@ struct Model {
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair, scaling included
     std::vector<float> inv_freq_long; // LongRoPE: the frequencies past rope_ctx_orig, else empty
     int rope_ctx_orig = 0;
-    std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own base
+    std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own
+                                       // (hp.rope_base_local, hp.rope_local)
     std::vector<LayerWeights> layers;
     std::vector<NextNWeights> nextn;  // (n_layer_nextn) held, not run (NextNWeights)
     std::vector<std::string> warnings; // tensors the file holds that llmd knowingly leaves unused
@@ -249,6 +257,9 @@ struct Binder {
     // n (the key's, else `period`): layer l is local unless l % n == n - 1 (with
     // `dense_first`, unless l % n == 0); n = 0 makes every layer local.
     std::vector<bool> swa_layers(int n_layer, int period, bool dense_first = false);
+    // The sliding-window layers' own RoPE (HParams::rope_base_local, rope_local = how):
+    // the base rope.freq_base_swa, else `fallback`.
+    void swa_rope(HParams &hp, float fallback, HParams::LocalRope how);
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     // An optional matrix [cols, rows] llama.cpp knows that llmd has no use for: if the
@@ -475,8 +486,9 @@ void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false);
 void project_qkv(const Pass &p, const LayerWeights &L);
 
 // The attention sublayer most families share: project_qkv, RoPE of q and k in
-// `style`, attention, and x += att · woᵀ (+ bo where L has it).
-void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style);
+// `style` (by the local angles with `local`), attention, and x += att · woᵀ (+ bo
+// where L has it).
+void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style, bool local = false);
 
 // The attention sublayer of the Qwen3 families: project_qkv, each query and key
 // head RMS-normed, NEOX RoPE, attention, and x += att · woᵀ.
