@@ -26,7 +26,8 @@ from llmd.engine.native import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.support.gguf_writer import (
-    ARRAY, F32, GGML_F32, GGML_Q8_0, STRING, U32, GGUFWriter, build_tiny_llama, encode_f32,
+    ARRAY, F32, GGML_F32, GGML_Q8_0, STRING, U32, GGUFWriter, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen35,
+    encode_f32, fuse_qkv,
 )
 from tests.support.llama_cpp_golden import golden_tests
 
@@ -192,6 +193,41 @@ def test_each_llama_bias_on_its_own_changes_the_logits(tmp_path, bias):
                 w.remove_tensor(t.name)
     one, none = logits_after(w.write(tmp_path / "one.gguf")), logits_after(plain.write(tmp_path / "plain.gguf"))
     assert max(abs(a - b) for a, b in zip(one, none)) > 1e-3
+
+
+@pytest.mark.parametrize("build", [
+    *(lambda arch=arch: build_tiny_llama(arch=arch, attn_bias=True) for arch in ("llama", "qwen2", "qwen3", "qwen3moe")),
+    build_tiny_gemma3, build_tiny_qwen35], ids=["llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35"])
+def test_q_k_and_v_fused_in_one_matrix_compute_what_they_compute_apart(tmp_path, build):
+    """attn_qkv and its bias, as llama.cpp reads them for every family (Binder::fused_qkv;
+    Qwen3.5's queries with their gates): the same products, bit for bit."""
+    fused = fuse_qkv(build())
+    assert any(t.name.endswith(".attn_qkv.weight") and not t.name.startswith("blk.0.") for t in fused.tensors)
+    assert logits_after(fused.write(tmp_path / "fused.gguf")) == logits_after(build().write(tmp_path / "apart.gguf"))
+
+
+def test_separate_biases_beside_a_fused_matrix_are_added_only_all_three_together(tmp_path):
+    """llama.cpp adds attn_q/k/v.bias beside an attn_qkv when all three are there, and
+    loads one or two alone without adding them."""
+    def model(drop: tuple[str, ...] = (), fuse_biases: bool = True) -> GGUFWriter:
+        w = build_tiny_llama(attn_bias=True)
+        biases = [w.tensor(f"blk.0.attn_{x}.bias") for x in "qkv"]
+        for name in drop:
+            w.remove_tensor(name)
+        w = fuse_qkv(w)
+        if not fuse_biases:  # block 0's fused bias as the three it was
+            w.remove_tensor("blk.0.attn_qkv.bias")
+            for t in biases:
+                w.add_tensor(t.name, t.ne, t.ggml_type, t.data)
+        return w
+    fused = logits_after(model().write(tmp_path / "fused.gguf"))
+    assert logits_after(model(fuse_biases=False).write(tmp_path / "three.gguf")) == fused
+    two = model(drop=("blk.0.attn_v.bias",)).write(tmp_path / "two.gguf")
+    with Engine(str(two), n_threads=1, max_sessions=1) as e:
+        assert e.info.warnings == ("tensor blk.0.attn_q.bias and 1 more (which llama.cpp loads and does not apply "
+                                   "for llama either) are not used by llmd",)
+    none = model(drop=tuple(f"blk.0.attn_{x}.bias" for x in "qkv")).write(tmp_path / "none.gguf")
+    assert logits_after(two) == logits_after(none) != fused
 
 
 # ---- tensors llama.cpp knows that llmd leaves unused -----------------------------------------

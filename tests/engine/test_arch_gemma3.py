@@ -14,7 +14,7 @@ import pytest
 from llmd.engine.native import Engine, EngineError
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
-from tests.support.gguf_writer import ARRAY, GGML_Q8_0, I32, U8, U32, build_tiny_gemma3
+from tests.support.gguf_writer import ARRAY, F32, GGML_Q8_0, I32, STRING, U8, U32, build_tiny_gemma3
 from tests.support.llama_cpp_golden import golden_tests
 from tests.engine.test_arch import assert_decode_batch_equals_decode_one, open_error
 
@@ -39,6 +39,9 @@ CONFIGS = {
     "gemma3": dict(),                                               # period 6: 5 local, 1 global
     "gemma3_softcap": dict(pattern=3, rope_base_local=20000.0, softcap=5.0),
     "gemma3_q8_0": dict(weight_type=GGML_Q8_0, n_embd=128, n_head=4, n_head_kv=2),
+    # YaRN on the global layers; the local ones turn unscaled with the context's magnitude
+    # factor, not YaRN's (HParams::LocalRope::unscaled)
+    "gemma3_yarn": dict(yarn=(4.0, 96)),
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -52,11 +55,21 @@ GOLDEN = {
     "gemma3_q8_0": (25507.5531,
                     [143, 0, 33, 200, 184, 104, 184, 271, 224, 131, 131, 131],
                     [0.187, 1.348, 0.212, 0.333, 0.393, 1.688, 0.633, 0.209, 0.864, 1.114, 1.093, 0.78]),
+    "gemma3_yarn": (6145.2869,
+                    [126, 188, 222, 189, 280, 157, 281, 222, 189, 188, 226, 109],
+                    [0.775, 0.985, 0.019, 1.416, 0.299, 0.337, 0.79, 1.942, 2.169, 1.044, 2.054, 0.566]),
 }
 
 
 def build(name: str):
-    return build_tiny_gemma3(n_ctx=N_CTX, window=WINDOW, **CONFIGS[name])
+    options = dict(CONFIGS[name])
+    yarn = options.pop("yarn", None)
+    w = build_tiny_gemma3(n_ctx=N_CTX, window=WINDOW, **options)
+    if yarn is not None:
+        w.set("gemma3.rope.scaling.type", STRING, "yarn")
+        w.set("gemma3.rope.scaling.factor", F32, yarn[0])
+        w.set("gemma3.rope.scaling.original_context_length", U32, yarn[1])
+    return w
 
 
 models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(

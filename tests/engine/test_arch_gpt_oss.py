@@ -1,10 +1,11 @@
 """arch/gpt_oss.cpp on tiny random models (tests/support/gguf_writer.py: build_tiny_gpt_oss):
 attention sinks, q/k/v and output biases, even layers over a sliding window that the
 text passes, YaRN, a router with a bias choosing 2 of 4 experts (1 of 4, 4 of 8) weighted
-by the softmax of the chosen scores, gpt-oss's SwiGLU with expert biases, and MXFP4
-experts, checked against llama.cpp; then what those figures cannot show on their own
-(the sinks and the router bias count; the metadata llama.cpp does not read for this
-family changes nothing; the forms llmd does not run are refused) and the batch and
+by the softmax of the chosen scores, gpt-oss's SwiGLU with expert biases, MXFP4
+experts, the sliding-window layers' own RoPE base and q/k/v fused in one matrix,
+checked against llama.cpp; then what those figures cannot show on their own (the sinks
+and the router bias count; the metadata llama.cpp does not read for this family
+changes nothing; files llama.cpp refuses are refused) and the batch and
 chunking properties the sinks and the windows must keep.
 
 Golden numbers: llama.cpp's llama-perplexity (-c 128 -b 128) and a greedy continuation
@@ -21,7 +22,7 @@ from tests.engine.test_arch import (
     assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks, logits_after, open_error,
 )
 from tests.engine.test_arch_gemma3 import TEXT
-from tests.support.gguf_writer import F32, GGML_F32, GGML_MXFP4, U32, build_tiny_gpt_oss, encode_f32
+from tests.support.gguf_writer import F32, GGML_F32, GGML_MXFP4, U32, build_tiny_gpt_oss, encode_f32, fuse_qkv
 from tests.support.llama_cpp_golden import golden_tests
 
 N_CTX = 128
@@ -40,6 +41,13 @@ CONFIGS = {
     # activations move both engines by about 1 % on these random models, llama.cpp's own
     # figure by 0.7 % between -ub 128 and -ub 8)
     "gpt_oss_mxfp4": dict(expert_type=GGML_MXFP4, yarn=(4.0, 32)),
+    # the sliding-window layers turned by a base of their own (rope.freq_base_swa; the
+    # global one is 150000), and YaRN-scaled as the global ones are (seeds whose 12
+    # greedy steps have no near-tie)
+    "gpt_oss_swa_base": dict(rope_base_swa=10000.0, seed=2),
+    "gpt_oss_swa_base_yarn": dict(rope_base_swa=10000.0, yarn=(4.0, 32), seed=5),
+    # gpt_oss with q, k and v fused in one attn_qkv and its bias
+    "gpt_oss_fused_qkv": dict(fused_qkv=True),
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -63,11 +71,25 @@ GOLDEN = {
     "gpt_oss_mxfp4": (4964.6159,
                       [68, 54, 189, 169, 149, 11, 279, 136, 249, 75, 129, 15],
                       [1.051, 0.255, 2.099, 0.523, 0.724, 0.219, 0.289, 1.08, 0.142, 1.688, 0.663, 0.294]),
+    "gpt_oss_swa_base": (3917.7544,
+                         [153, 169, 277, 210, 169, 0, 216, 12, 246, 268, 285, 13],
+                         [0.309, 0.257, 1.143, 0.293, 0.567, 0.333, 1.833, 0.811, 0.357, 0.454, 0.583, 1.492]),
+    "gpt_oss_swa_base_yarn": (5011.2878,
+                              [279, 49, 96, 91, 63, 100, 282, 187, 79, 21, 130, 231],
+                              [0.524, 0.228, 1.653, 0.349, 0.346, 0.757, 0.065, 1.047, 0.268, 2.513, 0.269, 0.234]),
+    "gpt_oss_fused_qkv": (2673.0098,  # gpt_oss's own: llama.cpp's fused path computes the same
+                          [292, 296, 275, 59, 241, 182, 56, 45, 230, 49, 271, 289],
+                          [1.231, 0.192, 3.239, 0.408, 0.824, 0.584, 0.309, 0.55, 0.049, 1.123, 0.267, 0.317]),
 }
 
 
 def build(name: str):
-    return build_tiny_gpt_oss(n_ctx=N_CTX, **CONFIGS[name])
+    options = dict(CONFIGS[name])
+    fused, rope_base_swa = options.pop("fused_qkv", False), options.pop("rope_base_swa", None)
+    w = build_tiny_gpt_oss(n_ctx=N_CTX, **options)
+    if rope_base_swa is not None:
+        w.set("gpt-oss.rope.freq_base_swa", F32, rope_base_swa)
+    return fuse_qkv(w) if fused else w
 
 
 models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(
@@ -115,11 +137,7 @@ def test_metadata_llama_cpp_does_not_read_for_gpt_oss_changes_nothing(tmp_path):
         build_tiny_gpt_oss(n_ctx=N_CTX).write(tmp_path / "plain.gguf"))
 
 
-def test_forms_llmd_does_not_run_are_refused_with_their_reason(tmp_path):
-    w = build_tiny_gpt_oss(n_ctx=N_CTX)
-    w.set("gpt-oss.rope.freq_base_swa", F32, 10000.0)
-    assert open_error(w.write(tmp_path / "base.gguf")) == (
-        "gpt-oss files whose sliding-window layers have a RoPE base of their own are not run by llmd")
+def test_forms_llama_cpp_does_not_run_are_refused_with_their_reason(tmp_path):
     w = build_tiny_gpt_oss(n_ctx=N_CTX)
     w.remove("gpt-oss.attention.sliding_window")  # llama.cpp requires it
     assert open_error(w.write(tmp_path / "window.gguf")) == "model metadata lacks gpt-oss.attention.sliding_window"

@@ -1,7 +1,8 @@
 """arch/granitehybrid.cpp (Granite 4.0-H) on tiny random models
 (tests/support/gguf_writer.py: build_tiny_granitehybrid): Mamba-2 layers (recurrent.h:
-mamba2) interleaved with attention, Granite's multipliers, dense and MoE feed-forwards,
-checked against llama.cpp, and the Mamba-2 state in a session.
+mamba2) interleaved with attention (q/k/v separate or fused in one attn_qkv), Granite's
+multipliers, dense and MoE feed-forwards, checked against llama.cpp, and the Mamba-2
+state in a session.
 
 Golden numbers: `python -m tests.support.make_arch_golden LLAMA_DIR --tests tests.engine.test_arch_granitehybrid`
 (llama-perplexity -c 128 -b 128, and a greedy continuation through libllama with the
@@ -20,7 +21,7 @@ import pytest
 
 from llmd._native import ffi, lib
 from llmd.engine.native import Engine, kernel_variants
-from tests.support.gguf_writer import BOOL, F32, U32, build_tiny_granitehybrid
+from tests.support.gguf_writer import BOOL, F32, U32, build_tiny_granitehybrid, fuse_qkv
 from tests.support.llama_cpp_golden import golden_tests
 from tests.engine.test_arch import (
     GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, QUANTIZED_TOLERANCE, TEXT,
@@ -31,6 +32,7 @@ from tests.engine.test_arch import (
 CONFIGS = {
     "granitehybrid": dict(seed=2),                                # mamba, attention (RoPE), mamba, mamba, attention
     "granitehybrid_nope_moe": dict(rope=False, n_expert=4, seed=4),  # Granite 4.0-H-Tiny's kind: no RoPE, experts
+    "granitehybrid_fused_qkv": dict(seed=2, fused_qkv=True),  # granitehybrid, q/k/v in one attn_qkv and its bias
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -41,11 +43,16 @@ GOLDEN = {
     "granitehybrid_nope_moe": (1009.8829,
         [118, 154, 177, 267, 108, 60, 61, 39, 64, 260, 279, 185],
         [0.49, 0.149, 0.152, 0.087, 1.016, 1.26, 1.392, 1.041, 0.686, 0.285, 0.165, 0.535]),
+    "granitehybrid_fused_qkv": (1363.5678,  # granitehybrid's own: llama.cpp's fused path computes the same
+        [91, 125, 290, 160, 63, 205, 282, 13, 94, 124, 260, 114],
+        [1.397, 0.725, 0.206, 0.579, 1.228, 0.232, 0.939, 0.316, 0.387, 0.61, 0.407, 0.222]),
 }
 
 
 def build(name: str):
-    return build_tiny_granitehybrid(n_ctx=N_CTX, **CONFIGS[name])
+    options = dict(CONFIGS[name])
+    w = build_tiny_granitehybrid(n_ctx=N_CTX, **{k: v for k, v in options.items() if k != "fused_qkv"})
+    return fuse_qkv(w) if options.get("fused_qkv") else w
 
 
 models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up_to_a_near_tie = golden_tests(
@@ -54,7 +61,7 @@ models, test_perplexity_matches_llama_cpp, test_greedy_tokens_match_llama_cpp_up
 
 # ---- the session's memory ------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+@pytest.fixture(scope="module", params=["granitehybrid", "granitehybrid_nope_moe"])
 def engine(request, models):
     with Engine(str(models[request.param]), n_threads=2, n_ctx=N_CTX, max_sessions=4) as e:
         yield e

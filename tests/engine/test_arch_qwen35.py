@@ -206,10 +206,12 @@ def test_the_recurrent_layer_list_overrides_the_interval_as_bools_or_integers(tm
 
 def test_one_recurrent_flag_for_every_layer_is_read_as_llama_cpp_reads_it(tmp_path):
     """A scalar stands for every layer (llama.cpp's get_key_or_arr): 0 makes all of them
-    attention layers, whose tensors this file does not have for layer 0."""
+    attention layers, whose tensors this file does not have for layer 0 (its DeltaNet
+    projection is no fused q/k/v, which llama.cpp would read there)."""
     w = build_tiny_qwen35()
     w.set("qwen35.attention.recurrent_layers", U32, 0)
-    assert "lacks tensor blk.0.attn_q.weight" in open_error(w.write(tmp_path / "r.gguf"))
+    assert "tensor blk.0.attn_qkv.weight has shape [128, 256], expected [128, 384]" in open_error(
+        w.write(tmp_path / "r.gguf"))
     w = build_tiny_qwen35(interval=1)  # every layer attends
     w.set("qwen35.attention.recurrent_layers", U32, 0)
     with Engine(w.write(tmp_path / "ok.gguf"), n_threads=1, max_sessions=1) as e:

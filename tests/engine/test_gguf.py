@@ -332,8 +332,15 @@ HOSTILE = {
                                MODEL, "rope_freqs.weight has the wrong type or shape"),
     "rope_freqs_zero_factor": (edit(lambda w: w.add_tensor("rope_freqs.weight", [8], GGML_F32, encode_f32([0] * 8))),
                                MODEL, "holds a zero or infinite factor"),
-    "tensor_unused": (edit(lambda w: w.add_tensor("blk.0.attn_qkv.weight", [32, 64], GGML_F32, encode_f32([0] * 2048))),
-                      MODEL, "model has tensor blk.0.attn_qkv.weight, which the llama architecture does not use"),
+    "tensor_unused": (edit(lambda w: w.add_tensor("blk.0.ssm_in.weight", [32, 64], GGML_F32, encode_f32([0] * 2048))),
+                      MODEL, "model has tensor blk.0.ssm_in.weight, which the llama architecture does not use"),
+    # llama.cpp reads a fused attn_qkv instead of attn_q, attn_k and attn_v, never beside them
+    "attn_qkv_beside_q_k_v": (edit(lambda w: w.add_tensor("blk.0.attn_qkv.weight", [32, 64], GGML_F32,
+                                                          encode_f32([0] * 2048))),
+                              MODEL, "model has tensor blk.0.attn_q.weight, which the llama architecture does not use"),
+    "attn_qkv_wrong_shape": (edit(lambda w: w.add_tensor("blk.0.attn_qkv.weight", [32, 48], GGML_F32,
+                                                         encode_f32([0] * 1536))),
+                             MODEL, "tensor blk.0.attn_qkv.weight has shape [32, 48], expected [32, 64]"),
     "bias_wrong_shape": (edit(lambda w: w.add_tensor("blk.0.attn_k.bias", [32], GGML_F32, encode_f32([0] * 32))),
                          MODEL, "blk.0.attn_k.bias should be F32 of 16 elements"),
     # tokenizer

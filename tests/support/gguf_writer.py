@@ -787,6 +787,28 @@ def write_tiny_llama(path: str | Path, *, n_vocab: int = 300, n_embd: int = 64, 
         weight_bytes=sum(len(t.data) for t in w.tensors), arch=arch, head_dim=head_dim or 0)
 
 
+def fuse_qkv(w: GGUFWriter) -> GGUFWriter:
+    """w with every layer's attn_q, attn_k and attn_v weights stored as one attn_qkv
+    (q's rows, then k's, then v's), as some converters write them, and their biases, where
+    the layer has all three, as one attn_qkv.bias."""
+    names = {t.name for t in w.tensors}
+    for q in [t for t in w.tensors if t.name.endswith(".attn_q.weight")]:
+        blk = q.name.removesuffix("attn_q.weight")
+        parts = [w.tensor(f"{blk}attn_{x}.weight") for x in "qkv"]
+        assert all(p.ggml_type == q.ggml_type and p.ne[0] == q.ne[0] for p in parts), blk
+        w.add_tensor(blk + "attn_qkv.weight", [q.ne[0], sum(p.ne[1] for p in parts)], q.ggml_type,
+                     b"".join(p.data for p in parts))
+        biases = [f"{blk}attn_{x}.bias" for x in "qkv"]
+        if all(b in names for b in biases):
+            data = [w.tensor(b).data for b in biases]
+            w.add_tensor(blk + "attn_qkv.bias", [sum(len(d) // 4 for d in data)], GGML_F32, b"".join(data))
+            for b in biases:
+                w.remove_tensor(b)
+        for p in parts:
+            w.remove_tensor(p.name)
+    return w
+
+
 # ---- a tiny gemma3 model ----------------------------------------------------------
 
 def build_llama_base(arch: str, n_layer: int, **kwargs) -> GGUFWriter:

@@ -10,7 +10,9 @@ the NAMEs given) it writes the GGUF with its build(), then takes
   - GREEDY_STEPS greedy ids after TEXT's first PROMPT_TOKENS tokens, each with the gap
     between its top two logits (the log-prob margin), from a small program against
     libllama that this script compiles (the server's probabilities skip tokens that
-    end inside a UTF-8 character, so they cannot give one margin per step).
+    end inside a UTF-8 character, so they cannot give one margin per step);
+  - where MODULE has a FIRST_CHUNK table, the log-probability llama-perplexity gives each
+    token its first chunk scores (tests/llama_archs.py: first_chunk), as a second table.
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ def main(llama: Path, module: str, names: list[str]) -> None:
     subprocess.run(["g++", "-O2", "-std=c++17", str(work / "greedy.cpp"), f"-I{llama}/include",
                     f"-I{llama}/ggml/include", f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
                     f"-Wl,-rpath,{lib}", "-o", str(greedy)], check=True)
+    first_chunks = []
     for name in names or list(tests.CONFIGS):
         model = tests.build(name).write(work / f"{name}.gguf")
         with Engine(str(model), max_sessions=2) as engine:
@@ -93,8 +96,14 @@ def main(llama: Path, module: str, names: list[str]) -> None:
                              capture_output=True, text=True, check=True,
                              env={"N_CTX": str(tests.N_CTX)}).stdout.split()
         ids, margins = [int(t) for t in out[0::2]], [round(float(m), 3) for m in out[1::2]]
-        ppl = perplexity(llama, model, text, tests.N_CTX)
+        logits = work / "logits.bin" if hasattr(tests, "FIRST_CHUNK") else None
+        ppl = perplexity(llama, model, text, tests.N_CTX, logits=logits)
         print(f'    "{name}": ({ppl},\n        {ids},\n        {margins}),', flush=True)
+        if logits is not None:
+            from tests.llama_archs import first_chunk
+            first_chunks.append(f'    "{name}": {first_chunk(logits)["log_probs"]},')
+    if first_chunks:
+        print("FIRST_CHUNK:", *first_chunks, sep="\n")
 
 
 if __name__ == "__main__":

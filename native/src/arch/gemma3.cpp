@@ -28,10 +28,12 @@ void load_hparams(Binder &b, HParams &hp) {
     b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
     // A file without a window attends globally in every layer.
     if (b.file.find(b.prefix + "attention.sliding_window") != nullptr && !read_pattern(b, hp)) return;
-    hp.rope_base_local = b.get_float(b.prefix + "rope.freq_base_swa", 10000.0f);
+    // The local layers turn by a base of their own without the file's context scaling,
+    // which is for the global layers.
+    b.swa_rope(hp, 10000.0f, HParams::LocalRope::unscaled);
     hp.logit_softcap = b.get_float(b.prefix + "final_logit_softcapping", 0.0f);
-    if (!(hp.rope_base_local > 0.0f) || !std::isfinite(hp.rope_base_local) || !(hp.logit_softcap >= 0.0f)) {
-        b.fail("model RoPE base of the local layers or logit soft-cap is invalid");
+    if (!(hp.logit_softcap >= 0.0f)) {
+        b.fail("model logit soft-cap is invalid");
         return;
     }
     hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
@@ -48,26 +50,13 @@ void bind(Binder &b, Model &m) {
     for (int l = 0; l < hp.n_layer; ++l) {
         const std::string blk = "blk." + std::to_string(l) + ".";
         LayerWeights &L = m.layers[l];
-        L.attn_norm = b.vector(blk + "attn_norm.weight", dim);
-        b.matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
-        b.matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-        b.matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
-        b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-        L.bq = b.vector(blk + "attn_q.bias", hp.q_dim(), false); // optional, as llama.cpp reads them
-        L.bk = b.vector(blk + "attn_k.bias", hp.kv_dim(), false);
-        L.bv = b.vector(blk + "attn_v.bias", hp.kv_dim(), false);
+        b.attention(hp, l, L); // with optional q/k/v biases, as llama.cpp reads them
         L.q_norm = b.vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = b.vector(blk + "attn_k_norm.weight", hp.head_dim);
         L.attn_post_norm = b.vector(blk + "post_attention_norm.weight", dim);
         b.gated_ffn(hp, l, L);
         L.ffn_post_norm = b.vector(blk + "post_ffw_norm.weight", dim);
     }
-    // The local layers' RoPE: their own base and no context scaling (the file's
-    // scaling is for the global layers: Model::load folds it into inv_freq).
-    m.inv_freq_local.resize(hp.rope_dim / 2);
-    for (int i = 0; i < hp.rope_dim / 2; ++i)
-        m.inv_freq_local[i] =
-            static_cast<float>(std::pow(static_cast<double>(hp.rope_base_local), -2.0 * i / hp.rope_dim));
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {

@@ -2,8 +2,9 @@
 // Llama block with NEOX RoPE (YaRN-scaled in the published files), q/k/v biases where
 // the file has them and an attention output bias, and a learned sink per query head
 // whose logit joins each softmax's denominator (attn_sinks). Layers alternate between a
-// sliding window (the even ones, by default) and global attention, both with the same
-// RoPE. The FFN, after post_attention_norm (the pre-FFN norm, despite its name), is a
+// sliding window (the even ones, by default) and global attention, the local ones
+// turned by rope.freq_base_swa where the file gives it, scaled (YaRN) as the global ones
+// are. The FFN, after post_attention_norm (the pre-FFN norm, despite its name), is a
 // mixture of experts: the router's scores plus its bias choose expert_used_count
 // experts, weighted by the softmax over the chosen scores alone; each expert is
 // gpt-oss's SwiGLU (model.h: Glu::swiglu_oai) with biases on gate, up and down, its
@@ -31,12 +32,8 @@ void load_hparams(Binder &b, HParams &hp) {
         b.fail("model metadata " + b.prefix + "attention.sliding_window must be positive");
         return;
     }
-    // The local layers turn by rope.freq_base_swa in llama.cpp; llmd turns every layer alike.
-    if (b.get_float(b.prefix + "rope.freq_base_swa", hp.rope_base) != hp.rope_base) {
-        b.fail("gpt-oss files whose sliding-window layers have a RoPE base of their own are not run by llmd");
-        return;
-    }
     for (int l = 0; l < hp.n_layer; ++l) hp.window[l] = local[l] ? window : 0;
+    b.swa_rope(hp, hp.rope_base, HParams::LocalRope::scaled);
 }
 
 void bind(Binder &b, Model &m) {
@@ -56,7 +53,8 @@ void bind(Binder &b, Model &m) {
 }
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
-    rope_attention(p, L, l, Rope::neox); // x += softmax(q kᵀ / √hd, with the sinks) v woᵀ + bo, over the window
+    // x += softmax(q kᵀ / √hd, with the sinks) v woᵀ + bo, over the window
+    rope_attention(p, L, l, Rope::neox, p.hp.window[l] > 0);
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
     moe(p, L, p.xb, p.x); // x += Σ softmax(chosen scores) · swiglu_oai expert(xb)
 }

@@ -1,8 +1,9 @@
 // arch/lfm2moe.cpp — LFM2-MoE (e.g. LFM2-8B-A1B): LFM2's short-convolution and
 // attention blocks (arch/lfm2.cpp) without a sliding window, each followed, after
 // leading_dense_block_count dense layers, by a mixture of SwiGLU experts instead of
-// the dense FFN: expert_gating_func picks softmax or sigmoid probabilities, experts
-// are chosen by probability plus exp_probs_b, and their weights renormalised.
+// the dense FFN: expert_gating_func picks the probabilities (model.h:
+// Binder::moe_gating), experts are chosen by probability plus exp_probs_b, and their
+// weights renormalised.
 #include "arch/arch.h"
 
 namespace llmd {

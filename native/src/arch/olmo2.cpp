@@ -3,10 +3,11 @@
 // and keys are RMS-normed over all their heads at once (attn_q_norm spans q_dim,
 // attn_k_norm kv_dim), then turned by NEOX RoPE; q/k/v biases are optional. OLMo 3
 // files add a sliding window (attention.sliding_window, by default three local layers
-// then one global), whose layers turn by the unscaled frequencies of the global base.
+// then one global), whose layers turn by the plain frequencies of the global base: as
+// llama.cpp's graph turns them, without the file's context scaling (YaRN in OLMo 3's
+// long-context files) and without its magnitude correction (YaRN's, attn_factor),
+// which only the global layers get.
 #include "arch/arch.h"
-
-#include <cmath>
 
 namespace llmd {
 namespace {
@@ -18,25 +19,13 @@ void load_hparams(Binder &b, HParams &hp) {
     const std::vector<bool> local = b.swa_layers(hp.n_layer, 4);
     if (!b.error->empty()) return;
     for (int l = 0; l < hp.n_layer; ++l) hp.window[l] = local[l] ? window : 0;
+    hp.rope_base_local = hp.rope_base; // rope.freq_base_swa, which llama.cpp reads, its graph leaves unused
+    hp.rope_local = HParams::LocalRope::plain;
 }
 
 void bind(Binder &b, Model &m) {
     const HParams &hp = m.hp;
     for (int l = 0; l < hp.n_layer; ++l) b.post_norm_block(hp, l, m.layers[l], hp.q_dim(), hp.kv_dim());
-    if (std::none_of(hp.window.begin(), hp.window.end(), [](int w) { return w > 0; })) return;
-    // The local layers' RoPE: the global base without the file's context scaling (which
-    // Model::load folds into inv_freq for the global layers) and without a magnitude
-    // correction, which llmd gives all layers alike (HParams::rope_mscale).
-    std::string_view type;
-    std::string err;
-    const bool yarn = b.file.get_string(b.prefix + "rope.scaling.type", &type, &err) && type == "yarn";
-    if (yarn || b.get_float(b.prefix + "rope.scaling.attn_factor", 1.0f) != 1.0f) {
-        b.fail("olmo2 files with a sliding window and a RoPE magnitude correction (YaRN, attn_factor) are not run by llmd");
-        return;
-    }
-    m.inv_freq_local.resize(hp.rope_dim / 2);
-    for (int i = 0; i < hp.rope_dim / 2; ++i)
-        m.inv_freq_local[i] = static_cast<float>(std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim));
 }
 
 // Each token's row of x (n, width) RMS-normed in place and scaled by weight (width).

@@ -20,13 +20,7 @@ void bind(Binder &b, Model &m) {
     for (int l = 0; l < hp.n_layer; ++l) {
         const std::string blk = "blk." + std::to_string(l) + ".";
         LayerWeights &L = m.layers[l];
-        if (b.file.tensor(blk + "attn_qkv.weight") != nullptr) {
-            L.attn_norm = b.vector(blk + "attn_norm.weight", dim);
-            b.split_matrix(blk + "attn_qkv.weight", dim, {{&L.wq, hp.q_dim()}, {&L.wk, hp.kv_dim()}, {&L.wv, hp.kv_dim()}});
-            b.matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-        } else {
-            b.attention(hp, l, L);
-        }
+        b.attention(hp, l, L); // q, k and v fused in attn_qkv, or separate
         L.ffn_norm = b.vector(blk + "ffn_norm.weight", dim);
         b.split_matrix(blk + "ffn_up.weight", dim, {{&L.w_gate, hp.n_ff}, {&L.w_up, hp.n_ff}});
         b.matrix(blk + "ffn_down.weight", hp.n_ff, dim, &L.w_down);

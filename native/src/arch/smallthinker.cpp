@@ -1,11 +1,13 @@
 // arch/smallthinker.cpp — SmallThinker (e.g. SmallThinker-21BA3B): the Llama block
 // with NEOX RoPE and optional q/k/v biases, and in place of the FFN a mixture of
 // ReGLU experts (relu(gate) · up) whose router reads the layer's input before the
-// attention, not the FFN's normed input; expert_gating_func picks softmax or sigmoid
-// probabilities, and the chosen weights are renormalised. Files with a sliding window
-// attend over 4096 positions in three layers of four (attention.sliding_window_pattern,
-// the first of each four global), and those global layers have no RoPE; llama.cpp
-// fixes the window and the interval, and so does llmd.
+// attention, not the FFN's normed input; expert_gating_func picks the probabilities
+// (model.h: Binder::moe_gating), and the chosen weights are renormalised. Files with a
+// sliding window attend over 4096 positions in three layers of four
+// (attention.sliding_window_pattern, the first of each four global), and those global
+// layers have no RoPE; llama.cpp fixes the window and the interval, and so does llmd.
+// The local layers turn by rope.freq_base_swa where the file gives it, scaled as the
+// file's RoPE scaling says.
 #include "arch/arch.h"
 
 #include <algorithm>
@@ -25,13 +27,9 @@ void load_hparams(Binder &b, HParams &hp) {
     hp.expert_glu = Glu::relu;
     if (b.get_int(b.prefix + "attention.sliding_window", 0, false) == 0) return; // every layer global, with RoPE
     const std::vector<bool> local = b.swa_layers(hp.n_layer, 4, true);
-    // The local layers turn by rope.freq_base_swa in llama.cpp; llmd turns every layer alike.
-    if (b.get_float(b.prefix + "rope.freq_base_swa", hp.rope_base) != hp.rope_base) {
-        b.fail("smallthinker files whose sliding-window layers have a RoPE base of their own are not run by llmd");
-        return;
-    }
     if (!b.error->empty()) return;
     for (int l = 0; l < hp.n_layer; ++l) hp.window[l] = local[l] ? kWindow : 0;
+    b.swa_rope(hp, hp.rope_base, HParams::LocalRope::scaled);
 }
 
 void bind(Binder &b, Model &m) {
@@ -50,9 +48,9 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
     std::memcpy(route.data(), p.x, route.size() * sizeof(float));
 
     project_qkv(p, L); // q, k, v of rmsnorm(x)
-    if (!nope) {
-        rope(p, p.q, hp.n_head, Rope::neox);
-        rope(p, p.k, hp.n_head_kv, Rope::neox);
+    if (!nope) { // the local layers by their own angles
+        rope(p, p.q, hp.n_head, Rope::neox, hp.window[l] > 0);
+        rope(p, p.k, hp.n_head_kv, Rope::neox, hp.window[l] > 0);
     }
     attend(p, l);                             // att = softmax(q kᵀ / √hd) v over the window
     matmuls(p, p.att, {residual(L.wo, p.x)}); // x += att woᵀ

@@ -115,6 +115,14 @@ std::vector<bool> Binder::swa_layers(int n_layer, int period, bool dense_first) 
     return local;
 }
 
+void Binder::swa_rope(HParams &hp, float fallback, HParams::LocalRope how) {
+    const std::string key = prefix + "rope.freq_base_swa";
+    hp.rope_base_local = get_float(key, fallback);
+    hp.rope_local = how;
+    if (!(hp.rope_base_local > 0.0f) || !std::isfinite(hp.rope_base_local))
+        fail("model metadata " + key + " must be positive");
+}
+
 float Binder::get_float(const std::string &key, float fallback) {
     double v = fallback;
     std::string err;
@@ -283,16 +291,39 @@ void Binder::attention(const HParams &hp, int l, LayerWeights &L) {
     attention_weights(hp, l, L);
 }
 
-void Binder::attention_weights(const HParams &hp, int l, LayerWeights &L) {
+void Binder::attention_weights(const HParams &hp, int l, LayerWeights &L, int64_t q_rows) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     const int dim = hp.n_embd;
-    matrix(blk + "attn_q.weight", dim, hp.q_dim(), &L.wq);
-    matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-    matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+    if (q_rows == 0) q_rows = hp.q_dim();
+    if (file.tensor(blk + "attn_qkv.weight") != nullptr) {
+        fused_qkv(hp, l, L, q_rows);
+    } else {
+        matrix(blk + "attn_q.weight", dim, q_rows, &L.wq);
+        matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
+        matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
+        L.bq = vector(blk + "attn_q.bias", q_rows, false);
+        L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
+        L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+    }
     matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-    L.bq = vector(blk + "attn_q.bias", hp.q_dim(), false);
+}
+
+void Binder::fused_qkv(const HParams &hp, int l, LayerWeights &L, int64_t q_rows) {
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    split_matrix(blk + "attn_qkv.weight", hp.n_embd, {{&L.wq, q_rows}, {&L.wk, hp.kv_dim()}, {&L.wv, hp.kv_dim()}});
+    if (const float *b = vector(blk + "attn_qkv.bias", q_rows + 2 * hp.kv_dim(), false)) {
+        L.bq = b;
+        L.bk = b + q_rows;
+        L.bv = b + q_rows + hp.kv_dim();
+        return;
+    }
+    L.bq = vector(blk + "attn_q.bias", q_rows, false);
     L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
     L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+    if (L.bq != nullptr && L.bk != nullptr && L.bv != nullptr) return;
+    for (const char *bias : {"attn_q.bias", "attn_k.bias", "attn_v.bias"})
+        if (file.tensor(blk + bias) != nullptr) unapplied.push_back(blk + bias);
+    L.bq = L.bk = L.bv = nullptr;
 }
 
 void Binder::gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
@@ -358,12 +389,14 @@ void Binder::moe_gating(HParams &hp, bool required) {
     const std::string key = prefix + "expert_gating_func";
     const int func = get_int(key, 0, required);
     if (!error->empty()) return;
-    if (func != 1 && func != 2) {
+    static const HParams::Gating kGatings[] = {HParams::Gating::softmax, HParams::Gating::sigmoid,
+                                               HParams::Gating::softmax_chosen, HParams::Gating::sqrt_softplus};
+    if (func < 1 || func > 4) {
         fail("model metadata " + key + " = " + std::to_string(func) +
-             " is a gating llmd does not run (1: softmax, 2: sigmoid)");
+             " is a gating llmd does not run (1: softmax, 2: sigmoid, 3: softmax of the chosen, 4: sqrt of softplus)");
         return;
     }
-    hp.gating = func == 2 ? HParams::Gating::sigmoid : HParams::Gating::softmax;
+    hp.gating = kGatings[func - 1];
 }
 
 void Binder::moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm) {
@@ -478,13 +511,7 @@ void Binder::delta_net_mixer(const HParams &hp, int l, LayerWeights &L) {
         L.delta_norm = vector(blk + "ssm_norm.weight", dn.head_dim);
         matrix(blk + "ssm_out.weight", dn.v_dim(), dim, &L.delta_out);
     } else { // an attention layer, or a prediction block (always one)
-        matrix(blk + "attn_q.weight", dim, 2 * hp.q_dim(), &L.wq); // per head: queries, then the gate
-        matrix(blk + "attn_k.weight", dim, hp.kv_dim(), &L.wk);
-        matrix(blk + "attn_v.weight", dim, hp.kv_dim(), &L.wv);
-        matrix(blk + "attn_output.weight", hp.q_dim(), dim, &L.wo);
-        L.bq = vector(blk + "attn_q.bias", 2 * hp.q_dim(), false); // optional, as llama.cpp reads them
-        L.bk = vector(blk + "attn_k.bias", hp.kv_dim(), false);
-        L.bv = vector(blk + "attn_v.bias", hp.kv_dim(), false);
+        attention_weights(hp, l, L, 2 * hp.q_dim()); // per head: queries, then the gate; optional biases
         L.q_norm = vector(blk + "attn_q_norm.weight", hp.head_dim);
         L.k_norm = vector(blk + "attn_k_norm.weight", hp.head_dim);
     }
@@ -629,26 +656,26 @@ bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
     return true;
 }
 
-// out (rope_dim / 2): each pair's frequency, divided by the factors of tensor
-// `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets),
-// then scaled as the file says.
-bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::string &factors,
+// out (rope_dim / 2): each pair's frequency from `base`, divided by the factors of
+// tensor `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets;
+// none when empty), then scaled as rs says.
+bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, double base, const std::string &factors,
                 std::vector<float> *out) {
     const int half = hp.rope_dim / 2;
-    const GGUFTensor *freqs = b.find(factors, false);
+    const GGUFTensor *freqs = factors.empty() ? nullptr : b.find(factors, false);
     if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != half))
         return b.fail("tensor " + factors + " has the wrong type or shape");
     // YaRN keeps the pairs that turn many times over the original context (below
     // `low`) extrapolated, interpolates those that turn less than once (above
     // `high`), and ramps between; beta_fast 32 and beta_slow 1 unless the family reads others.
     const auto corr_dim = [&](double turns) {
-        return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(double{hp.rope_base}));
+        return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(base));
     };
     const double low = std::max(0.0, std::floor(corr_dim(hp.yarn_beta_fast))),
                  high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(hp.yarn_beta_slow)));
     out->resize(half);
     for (int i = 0; i < half; ++i) {
-        double f = std::pow(static_cast<double>(hp.rope_base), -2.0 * i / hp.rope_dim);
+        double f = std::pow(base, -2.0 * i / hp.rope_dim);
         if (freqs != nullptr) {
             float div;
             std::memcpy(&div, freqs->data + 4 * i, 4);
@@ -667,20 +694,44 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, const std::
     return true;
 }
 
-// m.inv_freq (and m.inv_freq_long for LongRoPE files) and hp.rope_mscale.
+// m.inv_freq (and m.inv_freq_long for LongRoPE files), and m.inv_freq_local for
+// sliding-window layers that turn by angles of their own (HParams::rope_local).
 bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
     HParams &hp = m.hp;
+    if (hp.rope_base_local > 0.0f &&
+        !rope_table(b, hp.rope_local == HParams::LocalRope::scaled ? rs : RopeScaling{}, hp, hp.rope_base_local, "",
+                    &m.inv_freq_local))
+        return false;
     const bool longrope = b.file.tensor("rope_factors_short.weight") != nullptr ||
                           b.file.tensor("rope_factors_long.weight") != nullptr;
     if (longrope && b.file.tensor("rope_freqs.weight") != nullptr)
         return b.fail("model has both rope_freqs and LongRoPE factors");
-    if (!longrope) return rope_table(b, rs, hp, "rope_freqs.weight", &m.inv_freq);
+    if (!longrope) return rope_table(b, rs, hp, hp.rope_base, "rope_freqs.weight", &m.inv_freq);
     // LongRoPE (Phi-3): short factors up to the original context, long ones past it.
-    if (!rope_table(b, rs, hp, "rope_factors_short.weight", &m.inv_freq) ||
-        !rope_table(b, rs, hp, "rope_factors_long.weight", &m.inv_freq_long))
+    if (!rope_table(b, rs, hp, hp.rope_base, "rope_factors_short.weight", &m.inv_freq) ||
+        !rope_table(b, rs, hp, hp.rope_base, "rope_factors_long.weight", &m.inv_freq_long))
         return false;
     m.rope_ctx_orig = rs.n_ctx_orig;
     return true;
+}
+
+// hp.rope_mscale and hp.rope_mscale_local, as ggml's RoPE computes them: the context's
+// magnitude factor (rope.scaling.attn_factor; with YaRN also (1 + 0.1 ln f) / (1 + 0.1 ·
+// log_mul · ln f) over (1 + 0.1 ln f)), times (1 + 0.1 ln f) where YaRN turns a layer
+// with its frequencies scaled by 1 / f.
+void rope_magnitudes(const RopeScaling &rs, HParams &hp) {
+    float context = rs.attn_factor;
+    hp.rope_mscale = rs.attn_factor;
+    if (rs.kind == RopeScaling::yarn && rs.factor > 1.0f) {
+        const float ln = std::log(rs.factor), log_mul = hp.yarn_log_mul != 0.0f ? 1.0f + 0.1f * hp.yarn_log_mul * ln : 1.0f;
+        context /= log_mul;
+        hp.rope_mscale *= (1.0f + 0.1f * ln) / log_mul;
+    }
+    switch (hp.rope_local) {
+    case HParams::LocalRope::scaled: hp.rope_mscale_local = hp.rope_mscale; break;
+    case HParams::LocalRope::unscaled: hp.rope_mscale_local = context; break;
+    case HParams::LocalRope::plain: hp.rope_mscale_local = 1.0f; break;
+    }
 }
 
 } // namespace
@@ -803,11 +854,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     }
 
     if (!rope_frequencies(b, scaling, *model)) return nullptr;
-    hp.rope_mscale = scaling.attn_factor;
-    if (scaling.kind == RopeScaling::yarn && scaling.factor > 1.0f) {
-        const float ln = std::log(scaling.factor);
-        hp.rope_mscale *= (1.0f + 0.1f * ln) / (hp.yarn_log_mul != 0.0f ? 1.0f + 0.1f * hp.yarn_log_mul * ln : 1.0f);
-    }
+    rope_magnitudes(scaling, hp);
 
     // A tensor nobody bound is a part of the model llmd would not compute.
     for (size_t i = 0; i < b.used.size(); ++i)

@@ -159,13 +159,13 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps,
 
 namespace {
 
-// cs (rope_dim): cos and sin of each rotated pair's angle at position pos.
-void rope_angles(float *cs, const HParams &hp, const std::vector<float> &inv_freq, int pos) {
+// cs (rope_dim): cos and sin of each rotated pair's angle at position pos, times mscale.
+void rope_angles(float *cs, const std::vector<float> &inv_freq, float mscale, int pos) {
     const float p = static_cast<float>(pos);
-    for (int i = 0; i < hp.rope_dim / 2; ++i) {
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
         const float theta = p * inv_freq[i];
-        cs[2 * i] = std::cos(theta) * hp.rope_mscale;
-        cs[2 * i + 1] = std::sin(theta) * hp.rope_mscale;
+        cs[2 * i] = std::cos(theta) * mscale;
+        cs[2 * i + 1] = std::sin(theta) * mscale;
     }
 }
 
@@ -438,6 +438,8 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
         for (int e = 0; e < n_exp; ++e) order[e] = e;
         if (hp.gating == HParams::Gating::sigmoid) {
             for (int e = 0; e < n_exp; ++e) prob[e] = 1.0f / (1.0f + std::exp(-prob[e]));
+        } else if (hp.gating == HParams::Gating::sqrt_softplus) { // softplus taken as the score past 20, as ggml does
+            for (int e = 0; e < n_exp; ++e) prob[e] = std::sqrt(prob[e] > 20.0f ? prob[e] : std::log(1.0f + std::exp(prob[e])));
         } else if (hp.gating == HParams::Gating::softmax) {
             softmax(prob, n_exp, order.data());
         }
@@ -560,10 +562,10 @@ void project_qkv(const Pass &p, const LayerWeights &L) {
     matmuls(p, p.xb, {project(L.wq, p.q, L.bq), project(L.wk, p.k, L.bk), project(L.wv, p.v, L.bv)});
 }
 
-void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style) {
+void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style, bool local) {
     project_qkv(p, L);
-    rope(p, p.q, p.hp.n_head, style);
-    rope(p, p.k, p.hp.n_head_kv, style);
+    rope(p, p.q, p.hp.n_head, style, local);
+    rope(p, p.k, p.hp.n_head_kv, style, local);
     attend(p, layer);                               // att = softmax(q kᵀ / √hd) v
     matmuls(p, p.att, {residual(L.wo, p.x, L.bo)}); // x += att woᵀ
 }
@@ -675,9 +677,9 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
         type_traits(model.tok_embd.type)->to_float(model.tok_embd.row(batch[t].token), x + t * dim, dim);
         if (hp.embd_scale != 1.0f)
             for (int i = 0; i < dim; ++i) x[t * dim + i] *= hp.embd_scale;
-        rope_angles(ws.rope.data() + t * hp.rope_dim, hp, model.inv_freq, batch[t].pos); // shared by every layer
+        rope_angles(ws.rope.data() + t * hp.rope_dim, model.inv_freq, hp.rope_mscale, batch[t].pos); // shared by every layer
         if (!model.inv_freq_local.empty())
-            rope_angles(ws.rope_local.data() + t * hp.rope_dim, hp, model.inv_freq_local, batch[t].pos);
+            rope_angles(ws.rope_local.data() + t * hp.rope_dim, model.inv_freq_local, hp.rope_mscale_local, batch[t].pos);
     }
 
     for (int l = 0; l < hp.n_layer; ++l) model.arch->layer(pass, model.layers[l], l);

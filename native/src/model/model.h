@@ -63,7 +63,14 @@ struct HParams {
     float yarn_beta_slow = 1.0f;  // original context, interpolates those turning less than this
     float yarn_log_mul = 0.0f;    // YaRN's magnitude (1 + 0.1 ln f) is divided by (1 + 0.1 · this · ln f) when set
     float norm_eps = 1e-5f;
-    float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if their own
+    float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if they turn by angles of their own
+                                  // (Model::inv_freq_local); 0: they turn as the global layers
+    // How those angles follow the file's RoPE scaling, as llama.cpp's graph of the family turns
+    // its sliding-window layers: unscaled, with the context's magnitude factor (Gemma 3:
+    // freq_scale_swa 1); scaled and corrected as the global layers (gpt-oss, SmallThinker:
+    // freq_scale_swa the trained scale); or plain, neither scaled nor corrected (OLMo 3).
+    enum class LocalRope { unscaled, scaled, plain } rope_local = LocalRope::unscaled;
+    float rope_mscale_local = 1.0f; // multiplies their cos and sin
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
@@ -98,9 +105,10 @@ struct HParams {
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
     int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
-    // Router scores to expert weights: a softmax or a sigmoid of each score (the top k by
-    // probability chosen), or the top k by score chosen and a softmax over theirs alone (gpt-oss).
-    enum class Gating { softmax, sigmoid, softmax_chosen } gating = Gating::softmax;
+    // Router scores to expert weights: a softmax, a sigmoid or the square root of the softplus
+    // of each score (the top k by probability chosen), or the top k by score chosen and a
+    // softmax over theirs alone (gpt-oss; expert_gating_func 3).
+    enum class Gating { softmax, sigmoid, softmax_chosen, sqrt_softplus } gating = Gating::softmax;
     Glu expert_glu = Glu::silu; // the experts' gated unit (ReLU: SmallThinker; swiglu_oai: gpt-oss)
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
@@ -195,7 +203,8 @@ struct Model {
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair, scaling included
     std::vector<float> inv_freq_long; // LongRoPE: the frequencies past rope_ctx_orig, else empty
     int rope_ctx_orig = 0;
-    std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own base
+    std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own
+                                       // (hp.rope_base_local, hp.rope_local)
     std::vector<LayerWeights> layers;
     std::vector<NextNWeights> nextn;  // (n_layer_nextn) held, not run (NextNWeights)
     std::vector<std::string> warnings; // tensors the file holds that llmd knowingly leaves unused
@@ -248,6 +257,9 @@ struct Binder {
     // n (the key's, else `period`): layer l is local unless l % n == n - 1 (with
     // `dense_first`, unless l % n == 0); n = 0 makes every layer local.
     std::vector<bool> swa_layers(int n_layer, int period, bool dense_first = false);
+    // The sliding-window layers' own RoPE (HParams::rope_base_local, rope_local = how):
+    // the base rope.freq_base_swa, else `fallback`.
+    void swa_rope(HParams &hp, float fallback, HParams::LocalRope how);
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
     // An optional matrix [cols, rows] llama.cpp knows that llmd has no use for: if the
@@ -282,8 +294,14 @@ struct Binder {
     // in most families) and the gate/up/down weights of a gated FFN.
     void attention(const HParams &hp, int l, LayerWeights &L);
     void gated_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
-    // The same without their norms.
-    void attention_weights(const HParams &hp, int l, LayerWeights &L);
+    // The same without their norms; q of q_rows (0: q_dim) rows, which may be one fused
+    // attn_qkv with k and v (fused_qkv).
+    void attention_weights(const HParams &hp, int l, LayerWeights &L, int64_t q_rows = 0);
+    // Block l's attn_qkv (q's q_rows rows, then k's, then v's) as wq, wk and wv, as
+    // llama.cpp reads it for every family that binds attention_weights: with its optional
+    // fused bias, or else the separate q/k/v biases, which llama.cpp adds only when all
+    // three are there (one or two alone are loaded and left out: listed in `unapplied`).
+    void fused_qkv(const HParams &hp, int l, LayerWeights &L, int64_t q_rows);
     void ffn_weights(const HParams &hp, int l, LayerWeights &L);
     // The optional biases of block l's gate, up and down projections (Llama, Granite).
     void ffn_biases(const HParams &hp, int l, LayerWeights &L);
@@ -299,7 +317,8 @@ struct Binder {
     // one (hp.n_ff_shexp), the shared expert and its gate.
     void moe_hparams(HParams &hp);
     void moe_weighting(HParams &hp, bool norm);
-    // expert_gating_func, as llama.cpp numbers it: 1 softmax, 2 sigmoid (the others are refused).
+    // expert_gating_func, as llama.cpp numbers it: 1 softmax, 2 sigmoid, 3 softmax over the
+    // chosen scores, 4 square root of softplus (the others are refused).
     void moe_gating(HParams &hp, bool required);
     void moe_ffn(const HParams &hp, int l, LayerWeights &L, const char *norm = "ffn_norm");
     // The Qwen3.5 families' metadata: the Gated DeltaNet's dimensions (ssm.*), which
@@ -437,11 +456,12 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps,
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): the router scores each
 // token's row of `route` (xb unless given), plus L.router_b where L has it; hp.gating
-// turns the scores into probabilities (softmax, or a sigmoid each), and the token's top
-// n_expert_used experts by probability (plus L.expert_bias where L has one: it only
-// chooses) are weighted by their probabilities, renormalised if hp.expert_norm and
-// scaled by hp.expert_scale; or (softmax_chosen) the top n_expert_used by score are
-// weighted by the softmax of their scores alone. Plus the shared expert if L has one,
+// turns the scores into probabilities (softmax, or a sigmoid or √softplus each), and
+// the token's top n_expert_used experts by probability (plus L.expert_bias where L has
+// one: it only chooses) are weighted by their probabilities, renormalised if
+// hp.expert_norm and scaled by hp.expert_scale; or (softmax_chosen) the top
+// n_expert_used by score (plus bias) are weighted by the softmax of their scores alone,
+// then renormalised and scaled alike. Plus the shared expert if L has one,
 // weighted by sigmoid(xb · shexp_gate) (by 1 without that gate). Experts are gated
 // units of hp.expert_glu, with their biases where L has them. Each expert runs once
 // over the tokens routed to it, so its weights are read once per batch; each token
@@ -466,8 +486,9 @@ void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false);
 void project_qkv(const Pass &p, const LayerWeights &L);
 
 // The attention sublayer most families share: project_qkv, RoPE of q and k in
-// `style`, attention, and x += att · woᵀ (+ bo where L has it).
-void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style);
+// `style` (by the local angles with `local`), attention, and x += att · woᵀ (+ bo
+// where L has it).
+void rope_attention(const Pass &p, const LayerWeights &L, int layer, Rope style, bool local = false);
 
 // The attention sublayer of the Qwen3 families: project_qkv, each query and key
 // head RMS-normed, NEOX RoPE, attention, and x += att · woᵀ.
