@@ -2,7 +2,8 @@
 attention sinks, q/k/v and output biases, even layers over a sliding window that the
 text passes, YaRN, a router with a bias choosing 2 of 4 experts (1 of 4, 4 of 8) weighted
 by the softmax of the chosen scores, gpt-oss's SwiGLU with expert biases, MXFP4
-experts, the sliding-window layers' own RoPE base and q/k/v fused in one matrix,
+experts, the sliding-window layers' own RoPE base (scaled by the file's factor even
+where its scaling type is none) and q/k/v fused in one matrix,
 checked against llama.cpp; then what those figures cannot show on their own (the sinks
 and the router bias count; the metadata llama.cpp does not read for this family
 changes nothing; files llama.cpp refuses are refused) and the batch and
@@ -22,7 +23,7 @@ from tests.engine.test_arch import (
     assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks, logits_after, open_error,
 )
 from tests.engine.test_arch_gemma3 import TEXT
-from tests.support.gguf_writer import F32, GGML_F32, GGML_MXFP4, U32, build_tiny_gpt_oss, encode_f32, fuse_qkv
+from tests.support.gguf_writer import F32, GGML_F32, GGML_MXFP4, STRING, U32, build_tiny_gpt_oss, encode_f32, fuse_qkv
 from tests.support.llama_cpp_golden import golden_tests
 
 N_CTX = 128
@@ -48,6 +49,9 @@ CONFIGS = {
     "gpt_oss_swa_base_yarn": dict(rope_base_swa=10000.0, yarn=(4.0, 32), seed=5),
     # gpt_oss with q, k and v fused in one attn_qkv and its bias
     "gpt_oss_fused_qkv": dict(fused_qkv=True),
+    # rope.scaling.type none with a factor: the global layers turn unscaled, the window
+    # layers (their own base) by the factor, linearly, as llama.cpp's freq_scale_swa has it
+    "gpt_oss_scaling_none_factor": dict(rope_base_swa=10000.0, scaling_none_factor=4.0, seed=3),
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -77,6 +81,10 @@ GOLDEN = {
     "gpt_oss_swa_base_yarn": (5011.2878,
                               [279, 49, 96, 91, 63, 100, 282, 187, 79, 21, 130, 231],
                               [0.524, 0.228, 1.653, 0.349, 0.346, 0.757, 0.065, 1.047, 0.268, 2.513, 0.269, 0.234]),
+    "gpt_oss_scaling_none_factor": (5230.0531,
+                                    [73, 241, 283, 208, 127, 55, 55, 55, 55, 55, 55, 55],
+                                    [0.083, 1.123, 0.584, 0.471, 2.526, 0.768, 0.635, 0.698, 0.622, 0.989, 0.854,
+                                     0.67]),
     "gpt_oss_fused_qkv": (2673.0098,  # gpt_oss's own: llama.cpp's fused path computes the same
                           [292, 296, 275, 59, 241, 182, 56, 45, 230, 49, 271, 289],
                           [1.231, 0.192, 3.239, 0.408, 0.824, 0.584, 0.309, 0.55, 0.049, 1.123, 0.267, 0.317]),
@@ -86,9 +94,13 @@ GOLDEN = {
 def build(name: str):
     options = dict(CONFIGS[name])
     fused, rope_base_swa = options.pop("fused_qkv", False), options.pop("rope_base_swa", None)
+    none_factor = options.pop("scaling_none_factor", None)
     w = build_tiny_gpt_oss(n_ctx=N_CTX, **options)
     if rope_base_swa is not None:
         w.set("gpt-oss.rope.freq_base_swa", F32, rope_base_swa)
+    if none_factor is not None:
+        w.set("gpt-oss.rope.scaling.type", STRING, "none")
+        w.set("gpt-oss.rope.scaling.factor", F32, none_factor)
     return fuse_qkv(w) if fused else w
 
 

@@ -641,9 +641,9 @@ bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
     if (!(factor > 0.0f) || !std::isfinite(factor) || !(rs->attn_factor > 0.0f) || !std::isfinite(rs->attn_factor) ||
         rs->n_ctx_orig < 1)
         return b.fail("model RoPE scaling factor is invalid");
-    rs->factor = factor;
+    rs->factor = factor; // kept with type none: the window layers of some families still take it (rope_frequencies)
     if (type == "none") {
-        rs->factor = 1.0f; // a factor is meaningless without scaling
+        rs->kind = RopeScaling::none;
     } else if (type == "linear") {
         rs->kind = factor == 1.0f ? RopeScaling::none : RopeScaling::linear;
     } else if (type == "longrope") { // its factors are tensors (rope_frequencies); a factor here is linear
@@ -698,9 +698,15 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, double base
 // sliding-window layers that turn by angles of their own (HParams::rope_local).
 bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
     HParams &hp = m.hp;
-    if (hp.rope_base_local > 0.0f &&
-        !rope_table(b, hp.rope_local == HParams::LocalRope::scaled ? rs : RopeScaling{}, hp, hp.rope_base_local, "",
-                    &m.inv_freq_local))
+    // Scaled window layers take the trained factor whatever the type: with type none,
+    // llama.cpp leaves the global layers unscaled but divides theirs by the factor
+    // (freq_scale_swa is the trained scale), linearly.
+    RopeScaling local{};
+    if (hp.rope_local == HParams::LocalRope::scaled) {
+        local = rs;
+        if (rs.kind == RopeScaling::none) local.kind = RopeScaling::linear;
+    }
+    if (hp.rope_base_local > 0.0f && !rope_table(b, local, hp, hp.rope_base_local, "", &m.inv_freq_local))
         return false;
     const bool longrope = b.file.tensor("rope_factors_short.weight") != nullptr ||
                           b.file.tensor("rope_factors_long.weight") != nullptr;
