@@ -557,37 +557,62 @@ def test_f16_rows_of_every_variant_give_the_reference_bits():
         assert kernel_kv_row("f16", x, kernels) == ref, kernels
 
 
-@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
-def test_quantized_rows_of_every_variant_give_the_reference_blocks(kv_type):
-    """The cache's quantized rows are GGUF blocks from the reference quantizer (each
-    value within half a step of its block's scale, plus the scale's own rounding to
-    f16: up to 127 steps of 2^-11; Q4_0 one step where a value as large as the
-    block's signed maximum has the other sign, which q = 16 would need), and every
-    variant writes the same
-    bytes: an all-zero block, a tie of magnitudes in either sign (Q4_0 takes the first),
-    quotients at exact halves (Q8_0 rounds them away from zero), and random rows."""
-    rng = random.Random(len(kv_type))
+def kv_test_row(seed: int) -> list[float]:
+    """Random rows of every magnitude, an all-zero block, a tie of magnitudes in either
+    sign (the first one is the block's extreme), and quotients at exact halves."""
+    rng = random.Random(seed)
     x = [f32(rng.gauss(0, 1) * 10 ** rng.uniform(-3, 3)) for _ in range(32 * 40)]
     x[:32] = [0.0] * 32
     x[32:64] = [f32(rng.uniform(-2, 2)) for _ in range(32)]
     x[40], x[45] = -3.0, 3.0
     x[64:96] = [127.0] + [f32(j + 0.5) for j in range(-15, 16)]  # d = 1 for Q8_0: halves
-    ref = kernel_kv_row(kv_type, x, None)
-    step = 34 if kv_type == "q8_0" else 18
-    assert len(ref) == len(x) // 32 * step
-    decoded = dequantize(KV_GGML[kv_type], ref, len(x))
-    steps = 0.5 + 127 * 2 ** -11 if kv_type == "q8_0" else 1.0
+    return x
+
+
+def test_q8_0_rows_of_every_variant_give_the_reference_blocks():
+    """The cache's Q8_0 rows are the GGUF reference quantizer's blocks (each value within
+    half a step of its block's scale, plus the scale's own rounding to f16: up to 127
+    steps of 2^-11; quotients at exact halves round away from zero), and every variant
+    writes the same bytes."""
+    x = kv_test_row(4)
+    ref = kernel_kv_row("q8_0", x, None)
+    assert ref == quantize_q8_0(x)
+    decoded = dequantize(GGML_Q8_0, ref, len(x))
     for b in range(len(x) // 32):
-        d = abs(f16_value(struct.unpack_from("<H", ref, b * step)[0]))
-        assert all(abs(a - e) <= d * steps for a, e in zip(decoded[32 * b:32 * b + 32],
-                                                                              x[32 * b:32 * b + 32])), b
-    if kv_type == "q8_0":
-        assert list(struct.unpack_from("<32b", ref, 2 * step + 2)) == [127] + [
-            int(math.copysign(math.floor(abs(j + 0.5) + 0.5), j + 0.5)) for j in range(-15, 16)]
-    else:
-        assert f16_value(struct.unpack_from("<H", ref, step)[0]) == f32(-3.0 / -8.0)  # the first of -3 and 3
+        d = abs(f16_value(struct.unpack_from("<H", ref, b * 34)[0]))
+        assert all(abs(a - e) <= d * (0.5 + 127 * 2 ** -11)
+                   for a, e in zip(decoded[32 * b:32 * b + 32], x[32 * b:32 * b + 32])), b
+    assert list(struct.unpack_from("<32b", ref, 2 * 34 + 2)) == [127] + [
+        int(math.copysign(math.floor(abs(j + 0.5) + 0.5), j + 0.5)) for j in range(-15, 16)]
     for kernels in VARIANTS:
-        assert kernel_kv_row(kv_type, x, kernels) == ref, kernels
+        assert kernel_kv_row("q8_0", x, kernels) == ref, kernels
+
+
+def test_q4_0_rows_fit_their_scales_and_every_variant_gives_the_same_blocks():
+    """The cache's Q4_0 rows fit each block's scale (quantize.h: quantize_row_q4_0_kv):
+    over Gaussian blocks, like the rotated keys and values the cache holds, they keep at
+    most 92 % of the squared error of the GGUF reference's blocks (d = max / -8; 89 %
+    expected), no block much worse than the reference's; an all-zero block is zeros;
+    and every variant writes the same bytes, on these rows and on rows of every magnitude."""
+    rng = random.Random(7)
+    x = [f32(rng.gauss(0, 1)) for _ in range(32 * 400)]
+    fitted = dequantize(GGML_Q4_0, kernel_kv_row("q4_0", x, None), len(x))
+    reference = dequantize(GGML_Q4_0, quantize_q4_0(x), len(x))
+
+    def squared_error(decoded, b):
+        return sum((a - e) ** 2 for a, e in zip(decoded[32 * b:32 * b + 32], x[32 * b:32 * b + 32]))
+
+    ours = [squared_error(fitted, b) for b in range(len(x) // 32)]
+    theirs = [squared_error(reference, b) for b in range(len(x) // 32)]
+    print(f"q4_0 KV squared error: {sum(ours) / sum(theirs):.4f} of the reference's; worst block "
+          f"{max(o / t for o, t in zip(ours, theirs)):.3f}")
+    assert sum(ours) <= 0.92 * sum(theirs)
+    assert all(o <= 1.25 * t for o, t in zip(ours, theirs))
+    for row in (x, kv_test_row(5)):
+        ref = kernel_kv_row("q4_0", row, None)
+        for kernels in VARIANTS:
+            assert kernel_kv_row("q4_0", row, kernels) == ref, kernels
+    assert kernel_kv_row("q4_0", kv_test_row(5), None)[:18] == bytes(2) + b"\x88" * 16
 
 
 @pytest.mark.parametrize("group", [32, 256])

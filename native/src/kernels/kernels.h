@@ -79,8 +79,9 @@ struct Kernels {
     // Σ x[i]² in double, for rmsnorm.
     double (*sum_squares)(const float *x, int n);
     // A key or value of n floats as a row of KV type `type` (attention.h: KVTypes),
-    // the cache's writes: F16 bits rounded to nearest even, or Q8_0 / Q4_0 blocks by
-    // the GGUF reference quantizers (quantize.h). The same bytes in every variant.
+    // the cache's writes: F16 bits rounded to nearest even, Q8_0 blocks by the GGUF
+    // reference quantizer, Q4_0 blocks by the cache's own fit (quantize.h:
+    // quantize_row_q4_0_kv). The same bytes in every variant.
     void (*kv_row)(uint32_t type, const float *x, uint8_t *y, int n);
 };
 

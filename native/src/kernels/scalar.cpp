@@ -33,7 +33,7 @@ void to_f16_ref(const float *x, uint16_t *y, int n) {
 
 void kv_row_ref(uint32_t type, const float *x, uint8_t *y, int n) {
     if (type == GGML_Q8_0) return quantize_row_q8_0(x, y, n);
-    if (type == GGML_Q4_0) return quantize_row_q4_0(x, y, n);
+    if (type == GGML_Q4_0) return quantize_row_q4_0_kv(x, y, n);
     to_f16_ref(x, reinterpret_cast<uint16_t *>(y), n); // F16 rows lie at even addresses
 }
 

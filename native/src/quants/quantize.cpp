@@ -281,6 +281,47 @@ void quantize_row_q5_1(const float *x, uint8_t *out, int64_t n) {
     for (int64_t k = 0; k < n / QK; ++k, x += QK, out += 24) quantize_affine(x, out, 31, out + 4, out + 8);
 }
 
+bool q4_0_kv_candidates(float m, float *iscale) {
+    static constexpr float kDivisors[kQ4KVCandidates] = {6.6f, 7.0f, 7.4f, 7.8f, 8.2f, 8.6f, 9.0f, 9.4f};
+    if (!(std::fabs(m) >= kGroupEps)) return false;
+    for (int c = 0; c < kQ4KVCandidates; ++c) iscale[c] = -kDivisors[c] / m;
+    return true;
+}
+
+int q4_0_kv_pick(const float *sxl, const float *sll) {
+    int best = 0;
+    float fit = sxl[0] / sll[0] * sxl[0]; // (Σxl)² / Σl²: the squared norm the candidate's fit explains
+    for (int c = 1; c < kQ4KVCandidates; ++c)
+        if (sxl[c] * sxl[c] > fit * sll[c]) {
+            best = c;
+            fit = sxl[c] / sll[c] * sxl[c];
+        }
+    return best;
+}
+
+void quantize_row_q4_0_kv(const float *x, uint8_t *out, int64_t n) {
+    for (int64_t k = 0; k < n / QK; ++k, x += QK, out += 18) {
+        float iscale[kQ4KVCandidates], sxl[kQ4KVCandidates] = {}, sll[kQ4KVCandidates] = {};
+        if (!q4_0_kv_candidates(signed_max(x, QK), iscale)) {
+            store_half(out, 0.0f);
+            std::memset(out + 2, 0x88, 16);
+            continue;
+        }
+        auto code = [&](int c, int j) { return std::max(-8.0f, std::min(7.0f, std::nearbyint(iscale[c] * x[j]))); };
+        for (int c = 0; c < kQ4KVCandidates; ++c)
+            for (int j = 0; j < QK; ++j) {
+                const float l = code(c, j);
+                sxl[c] = std::fma(x[j], l, sxl[c]);
+                sll[c] = std::fma(l, l, sll[c]);
+            }
+        const int c = q4_0_kv_pick(sxl, sll);
+        store_half(out, sxl[c] / sll[c]);
+        int q[QK];
+        for (int j = 0; j < QK; ++j) q[j] = static_cast<int>(code(c, j)) + 8;
+        pack_codes(q, out + 2, nullptr);
+    }
+}
+
 // Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of scales, then per 64 elements 32
 // bytes: element l in the low nibble of byte l, element 32 + l in its high nibble.
 void quantize_row_q4_k(const float *x, uint8_t *out, int64_t n) {

@@ -5,6 +5,7 @@
 
 #include "kernels/arm/simd_arm.h"
 #include "kernels/kernels.h"
+#include "quants/quantize.h"
 
 #include <algorithm>
 #include <cmath>
@@ -88,8 +89,8 @@ void kv_block_q8_0(const float *x, uint8_t *out) {
     vst1q_s8(reinterpret_cast<int8_t *>(out + 18), vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])));
 }
 
-// quantize_row_q4_0's: d from the signed value of largest magnitude (the first one
-// on ties), q = min(15, truncated x / d + 8.5), byte j = q[j] | q[j + 16] << 4.
+// quantize_row_q4_0_kv's fit (quantize.h): the 8 candidates' sums a lane each, over
+// the block's values in order, so each lane's arithmetic is the reference's.
 void kv_block_q4_0(const float *x, uint8_t *out) {
     float32x4_t v[8], m = vdupq_n_f32(0.0f);
     for (int i = 0; i < 8; ++i) {
@@ -99,20 +100,43 @@ void kv_block_q4_0(const float *x, uint8_t *out) {
     const float amax = vmaxnmvq_f32(m);
     int first = 0;
     while (first < QK && std::fabs(x[first]) != amax) ++first;
-    const float max = amax > 0.0f ? x[first] : 0.0f;
-    const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t dh = fp32_to_fp16(d);
+    static_assert(kQ4KVCandidates == 8, "two registers of candidates");
+    float iscale[8], sxl[8], sll[8];
+    if (first == QK || !q4_0_kv_candidates(x[first], iscale)) {
+        std::memset(out, 0, 2);
+        std::memset(out + 2, 0x88, 16);
+        return;
+    }
+    // nearest(s x) within [-8, 7], as std::min / std::max clamp (a NaN becomes 7)
+    const auto code = [](float32x4_t s, float x) {
+        const float32x4_t l = vrndnq_f32(vmulq_n_f32(s, x));
+        return vmaxnmq_f32(vminnmq_f32(l, vdupq_n_f32(7.0f)), vdupq_n_f32(-8.0f));
+    };
+    const float32x4_t is[2] = {vld1q_f32(iscale), vld1q_f32(iscale + 4)};
+    float32x4_t xl[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}, ll[2] = {xl[0], xl[1]};
+    for (int j = 0; j < QK; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const float32x4_t l = code(is[h], x[j]);
+            xl[h] = vfmaq_n_f32(xl[h], l, x[j]);
+            ll[h] = vfmaq_f32(ll[h], l, l);
+        }
+    for (int h = 0; h < 2; ++h) {
+        vst1q_f32(sxl + 4 * h, xl[h]);
+        vst1q_f32(sll + 4 * h, ll[h]);
+    }
+    const int c = q4_0_kv_pick(sxl, sll);
+    const uint16_t dh = fp32_to_fp16(sxl[c] / sll[c]);
     std::memcpy(out, &dh, 2);
     uint16x8_t h[4];
     for (int i = 0; i < 4; ++i) {
-        const auto code = [&](float32x4_t x4) {
-            return vminq_u32(vcvtq_u32_f32(vaddq_f32(vmulq_n_f32(x4, id), vdupq_n_f32(8.5f))), vdupq_n_u32(15));
+        const auto stored = [&](float32x4_t x4) {
+            return vcvtq_u32_f32(vaddq_f32(code(x4, iscale[c]), vdupq_n_f32(8.0f)));
         };
-        h[i] = vcombine_u16(vmovn_u32(code(v[2 * i])), vmovn_u32(code(v[2 * i + 1])));
+        h[i] = vcombine_u16(vmovn_u32(stored(v[2 * i])), vmovn_u32(stored(v[2 * i + 1])));
     }
-    const uint8x16_t lo = vcombine_u8(vmovn_u16(h[0]), vmovn_u16(h[1]));
-    const uint8x16_t hi = vcombine_u8(vmovn_u16(h[2]), vmovn_u16(h[3]));
-    vst1q_u8(out + 2, vorrq_u8(lo, vshlq_n_u8(hi, 4)));
+    const uint8x16_t lo8 = vcombine_u8(vmovn_u16(h[0]), vmovn_u16(h[1]));
+    const uint8x16_t hi8 = vcombine_u8(vmovn_u16(h[2]), vmovn_u16(h[3]));
+    vst1q_u8(out + 2, vorrq_u8(lo8, vshlq_n_u8(hi8, 4)));
 }
 
 // The KV cache's writes (kernels.h: kv_row), bit for bit the reference's.

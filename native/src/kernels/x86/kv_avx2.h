@@ -1,9 +1,10 @@
 // kv_avx2.h — the x86 variants' KV cache writes (kernels.h: kv_row): a key or value
-// as a row of F16, Q8_0 or Q4_0, 8 lanes at a time, bit for bit the reference's.
+// as a row of F16, Q8_0 or Q4_0 (quantize.h: quantize_row_q4_0_kv), bit for bit the reference's.
 #pragma once
 
 #include "kernels/kernels.h"
 #include "kernels/x86/simd_avx2.h"
+#include "quants/quantize.h"
 
 #include <cmath>
 #include <cstring>
@@ -47,8 +48,8 @@ void kv_block_q8_0(const float *x, uint8_t *out) {
                         _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-// quantize_row_q4_0's: d from the signed value of largest magnitude (the first one
-// on ties), q = min(15, truncated x / d + 8.5), byte j = q[j] | q[j + 16] << 4.
+// quantize_row_q4_0_kv's fit (quantize.h): the 8 candidates' sums a lane each, over
+// the block's values in order, so each lane's arithmetic is the reference's.
 void kv_block_q4_0(const float *x, uint8_t *out) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 v[4];
@@ -58,17 +59,38 @@ void kv_block_q4_0(const float *x, uint8_t *out) {
         first |= static_cast<uint32_t>(_mm256_movemask_ps(
                      _mm256_cmp_ps(_mm256_and_ps(v[h], magnitude), _mm256_set1_ps(amax), _CMP_EQ_OQ)))
                  << (8 * h);
-    const float max = amax > 0.0f ? x[__builtin_ctz(first)] : 0.0f;
-    const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    static_assert(kQ4KVCandidates == 8, "one register of candidates");
+    alignas(32) float iscale[8], sxl[8], sll[8];
+    if (first == 0 || !q4_0_kv_candidates(x[__builtin_ctz(first)], iscale)) {
+        std::memset(out, 0, 2);
+        std::memset(out + 2, 0x88, 16);
+        return;
+    }
+    // nearest(s x) within [-8, 7], as std::min / std::max clamp (a NaN becomes 7)
+    const auto code = [](__m256 s, __m256 x) {
+        const __m256 l = _mm256_round_ps(_mm256_mul_ps(s, x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        return _mm256_max_ps(_mm256_min_ps(l, _mm256_set1_ps(7.0f)), _mm256_set1_ps(-8.0f));
+    };
+    const __m256 is = _mm256_load_ps(iscale);
+    __m256 xl = _mm256_setzero_ps(), ll = _mm256_setzero_ps();
+    for (int j = 0; j < QK; ++j) {
+        const __m256 xj = _mm256_set1_ps(x[j]);
+        const __m256 l = code(is, xj);
+        xl = _mm256_fmadd_ps(xj, l, xl);
+        ll = _mm256_fmadd_ps(l, l, ll);
+    }
+    _mm256_store_ps(sxl, xl);
+    _mm256_store_ps(sll, ll);
+    const int c = q4_0_kv_pick(sxl, sll);
+    const float d = sxl[c] / sll[c];
     const uint16_t dh = fp32_to_fp16(d);
     std::memcpy(out, &dh, 2);
+    const __m256 ic = _mm256_set1_ps(iscale[c]);
     __m256i q[4];
     for (int h = 0; h < 4; ++h)
-        q[h] = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v[h], _mm256_set1_ps(id)),
-                                                                  _mm256_set1_ps(8.5f))),
-                                _mm256_set1_epi32(15));
-    const __m256i lo = _mm256_packs_epi32(q[0], q[1]), hi = _mm256_packs_epi32(q[2], q[3]); // 16-bit, lanes interleaved
-    const __m256i both = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        q[h] = _mm256_cvtps_epi32(_mm256_add_ps(code(ic, v[h]), _mm256_set1_ps(8.0f)));
+    const __m256i lo16 = _mm256_packs_epi32(q[0], q[1]), hi16 = _mm256_packs_epi32(q[2], q[3]); // lanes interleaved
+    const __m256i both = _mm256_or_si256(lo16, _mm256_slli_epi16(hi16, 4));
     const __m256i ordered = _mm256_permute4x64_epi64(both, 0xd8); // elements 0..15 in order
     const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(ordered), _mm256_extracti128_si256(ordered, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i *>(out + 2), bytes);
