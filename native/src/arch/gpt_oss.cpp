@@ -3,8 +3,9 @@
 // the file has them and an attention output bias, and a learned sink per query head
 // whose logit joins each softmax's denominator (attn_sinks). Layers alternate between a
 // sliding window (the even ones, by default) and global attention, the local ones
-// turned by rope.freq_base_swa where the file gives it, scaled (YaRN) as the global ones
-// are. The FFN, after post_attention_norm (the pre-FFN norm, despite its name), is a
+// turned by rope.freq_base_swa where the file gives it and by the file's trained factor
+// (YaRN as the global ones; linearly where the scaling type is none, which leaves the
+// global ones unscaled: model.h, HParams::LocalRope). The FFN, after post_attention_norm (the pre-FFN norm, despite its name), is a
 // mixture of experts: the router's scores plus its bias choose expert_used_count
 // experts, weighted by the softmax over the chosen scores alone; each expert is
 // gpt-oss's SwiGLU (model.h: Glu::swiglu_oai) with biases on gate, up and down, its

@@ -6,8 +6,8 @@
 // sliding window attend over 4096 positions in three layers of four
 // (attention.sliding_window_pattern, the first of each four global), and those global
 // layers have no RoPE; llama.cpp fixes the window and the interval, and so does llmd.
-// The local layers turn by rope.freq_base_swa where the file gives it, scaled as the
-// file's RoPE scaling says.
+// The local layers turn by rope.freq_base_swa where the file gives it, scaled by the
+// file's trained factor as gpt-oss's are (model.h: HParams::LocalRope).
 #include "arch/arch.h"
 
 #include <algorithm>

@@ -68,7 +68,8 @@ struct HParams {
     // How those angles follow the file's RoPE scaling, as llama.cpp's graph of the family turns
     // its sliding-window layers: unscaled, with the context's magnitude factor (Gemma 3:
     // freq_scale_swa 1); scaled and corrected as the global layers (gpt-oss, SmallThinker:
-    // freq_scale_swa the trained scale); or plain, neither scaled nor corrected (OLMo 3).
+    // freq_scale_swa the trained scale, so a factor scales them linearly even where the
+    // scaling type is none); or plain, neither scaled nor corrected (OLMo 3).
     enum class LocalRope { unscaled, scaled, plain } rope_local = LocalRope::unscaled;
     float rope_mscale_local = 1.0f; // multiplies their cos and sin
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
