@@ -102,11 +102,8 @@ void kv_block_q4_0(const float *x, uint8_t *out) {
     while (first < QK && std::fabs(x[first]) != amax) ++first;
     static_assert(kQ4KVCandidates == 8, "two registers of candidates");
     float iscale[8], sxl[8], sll[8];
-    if (first == QK || !q4_0_kv_candidates(x[first], iscale)) {
-        std::memset(out, 0, 2);
-        std::memset(out + 2, 0x88, 16);
-        return;
-    }
+    if (first == QK || !q4_0_kv_candidates(x[first], iscale))
+        return quantize_row_q4_0_kv(x, out, QK); // a block of zeros (or with a NaN): the reference writes it
     // nearest(s x) within [-8, 7], as std::min / std::max clamp (a NaN becomes 7)
     const auto code = [](float32x4_t s, float x) {
         const float32x4_t l = vrndnq_f32(vmulq_n_f32(s, x));

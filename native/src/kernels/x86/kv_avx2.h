@@ -61,11 +61,8 @@ void kv_block_q4_0(const float *x, uint8_t *out) {
                  << (8 * h);
     static_assert(kQ4KVCandidates == 8, "one register of candidates");
     alignas(32) float iscale[8], sxl[8], sll[8];
-    if (first == 0 || !q4_0_kv_candidates(x[__builtin_ctz(first)], iscale)) {
-        std::memset(out, 0, 2);
-        std::memset(out + 2, 0x88, 16);
-        return;
-    }
+    if (first == 0 || !q4_0_kv_candidates(x[__builtin_ctz(first)], iscale))
+        return quantize_row_q4_0_kv(x, out, QK); // a block of zeros (or with a NaN): the reference writes it
     // nearest(s x) within [-8, 7], as std::min / std::max clamp (a NaN becomes 7)
     const auto code = [](__m256 s, __m256 x) {
         const __m256 l = _mm256_round_ps(_mm256_mul_ps(s, x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
