@@ -169,9 +169,19 @@ void rope_angles(float *cs, const std::vector<float> &inv_freq, float mscale, in
     }
 }
 
+// Query heads one kernel call attends at most: the kernel keeps two score
+// accumulators per head in registers, and 8 heads (Qwen3-1.7B's 2 per KV head × 4
+// tokens) scored a position in 0.56× the time of 2 heads; 16 spilled.
+constexpr int kAttnQueries = 8;
+
+// Tokens of one session one attention task takes at most (attention below): a
+// verification of 15 drafts reads each range of the cache once.
+constexpr int kAttnTokens = 16;
+
 // Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
-// cache into out/part (attend_range's partial), in one kernel call over the span's
-// runs (attention.h: AttnRun): its pool blocks, or a ring's end and start. Runs start
+// cache into out/part (attend_range's partials), in kernel calls of at most
+// kAttnQueries heads over the span's runs (attention.h: AttnRun): its pool blocks,
+// or a ring's end and start; a call after the first finds them in cache. Runs start
 // at a key block, so a span that starts inside one (a sliding window's first
 // positions) has that block's part copied into a block of its own first. The runs
 // are fixed by the positions alone, never by the batch. A span lies inside one range
@@ -217,120 +227,121 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
         if (n_runs == 0 || !continues(runs[n_runs - 1], k, v)) // else the stream goes on
             prefetch_run(k, v, next.count - next.index, hd, types);
     }
-    attend_range(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    const int calls = (n_q + kAttnQueries - 1) / kAttnQueries; // 15 heads: 7, then 8
+    for (int c = 0; c < calls; ++c) {
+        const int g0 = n_q * c / calls, g1 = n_q * (c + 1) / calls;
+        attend_range(q + g0 * hd, g1 - g0, runs, n_runs, hd, types, scale, out + g0 * hd, part + g0);
+    }
 }
-
-// Query heads one kernel call attends at most in a prefill: the kernel keeps two
-// score accumulators per head in registers, and 8 heads (Qwen3-1.7B's 2 per KV
-// head × 4 tokens) scored a position in 0.56× the time of 2 heads; 16 spilled.
-constexpr int kAttnQueries = 8;
 
 // Each token's queries against its session's cache (which already holds this
 // layer's K/V for the token), the query heads of a group sharing each key and value
 // row. A token attends [first, pos] (first = 0, or the start of a sliding window),
 // cut at fixed positions into ranges of kAttnRange (attention.h) counted from position
 // 0, and the ranges' partials are folded in order: a token's output does not depend
-// on the batch or the threads; only the schedule does. Many tokens: a task per
-// (run of consecutive tokens, KV head) attends their whole contexts; tokens of one
-// session that attend the same positions of a range (every range but a token's last,
-// in a prefill) attend it in one kernel call, their query heads side by side, so that
-// each key and value block is read and converted once for up to kAttnQueries heads.
-// The kernel computes every query head on its own, in the same order whatever else
-// shares the call, so a token's bits stay those of its decode step. Few tokens over
-// a long context: a task per span of a pair's ranges, so that every thread gets a
-// share, and the partials are folded afterwards in range order.
+// on the batch or the threads; only the schedule does.
+//
+// A task attends, against one KV head, a run of up to kAttnTokens consecutive tokens
+// of one session: tokens that attend the same positions of a range (every range but
+// a token's last, in a prefill or a verification of drafts) attend it in one
+// attend_span call, their query heads side by side, so that the range's keys and
+// values are read from memory once for all of them. The kernel computes every query
+// head on its own, in the same order whatever else shares the call, so a token's
+// bits stay those of its decode step. Few such runs over a long context: each run's
+// ranges are split into spans, a task each, so that every thread gets a share; the
+// tasks keep every range's partial, folded afterwards in range order.
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
     const float scale = hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
     const int window = hp.window[layer];
     const float *sinks = model.layers[layer].attn_sinks; // (n_head), or null
-    const auto finish = [&](float *y, AttnPartial *acc, int h) { // KV head h's group of query heads
-        if (sinks != nullptr) attend_sink(y, acc, sinks + h * group, group, hd);
-        attend_finish(y, acc, group, hd);
-    };
     const auto first_attended = [&](int t) { return window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0; };
     const auto first_range = [&](int t) { return first_attended(t) / kAttnRange; };
-    const auto own_ranges = [&](int t) { return attn_range_count(batch[t].pos + 1) - first_range(t); };
-    int most = 1; // ranges of the longest attended context
-    for (int t = 0; t < n; ++t) most = std::max(most, own_ranges(t));
-    const int spans = attn_task_spans(n * n_kv, most, pool.size());
-    const size_t pairs = static_cast<size_t>(n) * n_kv, slots = spans > 1 ? pairs * most : pairs;
-    // Per slot a range's output and partial, then per pair a running result's partial.
+    const auto end_range = [&](int t) { return attn_range_count(batch[t].pos + 1); };
+    // Range R's positions for token t, or {0, 0} when its context does not reach R.
+    const auto span_of = [&](int t, int R) {
+        const int len = batch[t].pos + 1, first = first_attended(t);
+        if (R < first / kAttnRange || R * kAttnRange >= len) return std::pair<int, int>{0, 0};
+        return std::pair<int, int>{std::max(first, R * kAttnRange), std::min(len, (R + 1) * kAttnRange)};
+    };
+    struct Run { int t0, t1, r0, r1; }; // tokens [t0, t1) of one session, attending ranges [r0, r1)
+    std::vector<Run> runs;
+    int r_min = first_range(0), r_max = 0, widest = 1;
+    for (int t0 = 0; t0 < n;) {
+        Run r{t0, t0, first_range(t0), 0};
+        for (; r.t1 < n && r.t1 - t0 < kAttnTokens && batch[r.t1].kv == batch[t0].kv; ++r.t1) {
+            r.r0 = std::min(r.r0, first_range(r.t1));
+            r.r1 = std::max(r.r1, end_range(r.t1));
+        }
+        r_min = std::min(r_min, r.r0);
+        r_max = std::max(r_max, r.r1);
+        widest = std::max(widest, r.r1 - r.r0);
+        runs.push_back(r);
+        t0 = r.t1;
+    }
+    const int n_runs = static_cast<int>(runs.size());
+    const int spans = attn_task_spans(n_runs * n_kv, widest, pool.size());
+    // Where token t's output of range R against KV head h goes: with one span a task
+    // folds each range as soon as it is attended, so a slot per (head, token) serves;
+    // with more, a slot per (head, range, token). A call's tokens write adjacent slots.
+    const size_t pairs = static_cast<size_t>(n) * n_kv, ranges = spans > 1 ? r_max - r_min : 1;
+    const size_t slots = pairs * ranges;
+    const auto slot_of = [&](int t, int h, int R) {
+        return spans > 1 ? (static_cast<size_t>(h) * ranges + (R - r_min)) * n + t : static_cast<size_t>(h) * n + t;
+    };
+    // Per slot a range's output and partial, then per (token, head) a running result's partial.
     ws.att_parts.resize(slots * group * hd);
     ws.att_stats.resize((slots + pairs) * group);
     const float *q = ws.q.data();
     float *att = ws.att.data();
-    if (spans == 1) {
-        // Tokens [t0, t1) against KV head h. Token t0 + i keeps range outputs in slot
-        // h * n + t0 + i, so that the tokens of one call write one block of scratch.
-        const int per = std::max(1, kAttnQueries / group);
-        pool.run((n + per - 1) / per * n_kv, [&](int task) {
-            const int h = task % n_kv, t0 = task / n_kv * per, t1 = std::min(n, t0 + per);
-            const size_t slot0 = static_cast<size_t>(h) * n + t0;
-            float *outs = ws.att_parts.data() + slot0 * group * hd;
-            AttnPartial *parts = ws.att_stats.data() + slot0 * group;
-            const auto y_of = [&](int t) { return att + t * q_dim + h * group * hd; };
-            const auto acc_of = [&](int t) { return ws.att_stats.data() + (slots + t * n_kv + h) * group; };
-            // Range R's positions for token t, or {0, 0} when its context does not reach R.
-            const auto span_of = [&](int t, int R) {
-                const int len = batch[t].pos + 1, first = first_attended(t);
-                if (R < first / kAttnRange || R * kAttnRange >= len) return std::pair<int, int>{0, 0};
-                return std::pair<int, int>{std::max(first, R * kAttnRange), std::min(len, (R + 1) * kAttnRange)};
-            };
-            int r_lo = first_range(t0), r_hi = 0;
-            for (int t = t0; t < t1; ++t) {
-                attend_start(y_of(t), acc_of(t), group, hd);
-                r_lo = std::min(r_lo, first_range(t));
-                r_hi = std::max(r_hi, attn_range_count(batch[t].pos + 1));
-            }
-            thread_local std::vector<float> qs; // the call's query heads, token after token
-            qs.resize(static_cast<size_t>(per) * group * hd);
-            for (int R = r_lo; R < r_hi; ++R) // ranges in order: each token folds its own in order
-                for (int i = t0; i < t1;) {
-                    const std::pair<int, int> span = span_of(i, R);
-                    if (span.second == 0) {
-                        ++i;
-                        continue;
-                    }
-                    int j = i + 1; // tokens i..j-1 attend the same positions of the same cache
-                    while (j < t1 && batch[j].kv == batch[i].kv && span_of(j, R) == span) ++j;
-                    for (int t = i; t < j; ++t)
-                        std::copy_n(q + t * q_dim + h * group * hd, group * hd, qs.data() + (t - i) * group * hd);
-                    attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), (j - i) * group, scale,
-                                outs + (i - t0) * group * hd, parts + (i - t0) * group);
-                    for (int t = i; t < j; ++t)
-                        attend_fold(y_of(t), acc_of(t), outs + (t - t0) * group * hd, parts + (t - t0) * group, group, hd);
-                    i = j;
-                }
-            for (int t = t0; t < t1; ++t) finish(y_of(t), acc_of(t), h);
-        });
-        return;
-    }
-    // Range r of token t's context (the r-th it attends) into slot's output and partial.
-    const auto attend_one = [&](int t, int h, int r, size_t slot) {
-        const int len = batch[t].pos + 1, first = first_attended(t), range = first / kAttnRange + r;
-        const int p0 = std::max(first, range * kAttnRange), p1 = std::min(len, (range + 1) * kAttnRange);
-        attend_span(hp, *batch[t].kv, layer, h, p0, p1, q + t * q_dim + h * group * hd, group, scale,
-                    ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group);
+    const auto y_of = [&](int t, int h) { return att + t * q_dim + h * group * hd; };
+    const auto acc_of = [&](int t, int h) { return ws.att_stats.data() + (slots + t * n_kv + h) * group; };
+    const auto fold = [&](int t, int h, int R) {
+        const size_t slot = slot_of(t, h, R);
+        attend_fold(y_of(t, h), acc_of(t, h), ws.att_parts.data() + slot * group * hd,
+                    ws.att_stats.data() + slot * group, group, hd);
     };
-    pool.run(static_cast<int>(pairs) * spans, [&](int task) {
-        const size_t pair = static_cast<size_t>(task / spans);
-        const int c = task % spans, h = static_cast<int>(pair % n_kv), t = static_cast<int>(pair / n_kv);
-        const int own = own_ranges(t), r0 = own * c / spans, r1 = own * (c + 1) / spans;
-        for (int r = r0; r < r1; ++r) attend_one(t, h, r, pair * most + r);
+    const auto finish = [&](int t, int h) {
+        if (sinks != nullptr) attend_sink(y_of(t, h), acc_of(t, h), sinks + h * group, group, hd);
+        attend_finish(y_of(t, h), acc_of(t, h), group, hd);
+    };
+    pool.run(n_runs * n_kv * spans, [&](int task) {
+        const int c = task % spans, h = task / spans % n_kv;
+        const Run &run = runs[task / spans / n_kv];
+        const int width = run.r1 - run.r0;
+        thread_local std::vector<float> qs; // the call's query heads, token after token
+        qs.resize(static_cast<size_t>(run.t1 - run.t0) * group * hd);
+        if (spans == 1)
+            for (int t = run.t0; t < run.t1; ++t) attend_start(y_of(t, h), acc_of(t, h), group, hd);
+        for (int R = run.r0 + width * c / spans; R < run.r0 + width * (c + 1) / spans; ++R) // in order
+            for (int i = run.t0; i < run.t1;) {
+                const std::pair<int, int> span = span_of(i, R);
+                if (span.second == 0) {
+                    ++i;
+                    continue;
+                }
+                int j = i + 1; // tokens i..j-1 attend the same positions
+                while (j < run.t1 && span_of(j, R) == span) ++j;
+                for (int t = i; t < j; ++t)
+                    std::copy_n(q + t * q_dim + h * group * hd, group * hd, qs.data() + (t - i) * group * hd);
+                const size_t slot = slot_of(i, h, R);
+                attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), (j - i) * group, scale,
+                            ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group);
+                if (spans == 1)
+                    for (int t = i; t < j; ++t) fold(t, h, R);
+                i = j;
+            }
+        if (spans == 1)
+            for (int t = run.t0; t < run.t1; ++t) finish(t, h);
     });
-    for (size_t pair = 0; pair < pairs; ++pair) { // slots pair * most.. hold the pair's ranges in order
-        const int t = static_cast<int>(pair / n_kv), h = static_cast<int>(pair % n_kv);
-        float *y = att + t * q_dim + h * group * hd;
-        AttnPartial *acc = ws.att_stats.data() + (slots + pair) * group;
-        attend_start(y, acc, group, hd);
-        for (int r = 0, ranges = own_ranges(t); r < ranges; ++r) {
-            const size_t slot = pair * most + r;
-            attend_fold(y, acc, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, group, hd);
+    if (spans == 1) return;
+    for (int t = 0; t < n; ++t)
+        for (int h = 0; h < n_kv; ++h) {
+            attend_start(y_of(t, h), acc_of(t, h), group, hd);
+            for (int R = first_range(t); R < end_range(t); ++R) fold(t, h, R);
+            finish(t, h);
         }
-        finish(y, acc, h);
-    }
 }
 
 } // namespace

@@ -146,8 +146,8 @@ void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, 
 constexpr int kAttnRange = 128; // a multiple of kKeyBlock
 inline int attn_range_count(int n_pos) { return (n_pos + kAttnRange - 1) / kAttnRange; }
 
-// How many tasks share the ranges of one (token, KV head), for `pairs` of them of at
-// most `ranges` ranges each on `threads` threads: 1 (a task attends a whole context)
+// How many tasks share the ranges of one (run of tokens, KV head) pair, for `pairs` of
+// them of at most `ranges` ranges each on `threads` threads: 1 (a task attends them all)
 // when the pairs alone give every thread 4 tasks, else enough that they do, as a
 // multiple of the thread count. Only the schedule depends on it, never a result.
 int attn_task_spans(int pairs, int ranges, int threads);
