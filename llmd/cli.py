@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.set_defaults(ctx=_env("ctx", 512, int))
     ppl.add_argument("--file", default=_env("file", None), required=_env("file", None) is None,
                      help="UTF-8 text file")
+    ppl.add_argument("--against-f16", action="store_true", default=_env("against_f16", False, bool),
+                     help="score the text with an f16 cache too: the quantized cache's cost in %% and its "
+                          "standard error over the windows")
 
     bench = sub.add_parser("bench", help="engine and HTTP speed and memory figures", formatter_class=fmt)
     bench.add_argument("--model", default=_env("model", None), help="GGUF model file (default: the default model)")
@@ -337,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             return tokenize.run(args.model, args.threads, args.ctx, args.text, args.special)
         if args.command == "perplexity":
             from llmd.commands import perplexity
-            return perplexity.run(args.model, args.threads, args.ctx, args.file, kv_types(args))
+            return perplexity.run(args.model, args.threads, args.ctx, args.file, kv_types(args), args.against_f16)
         if args.command == "quantize":
             return cmd_quantize(args)
         if args.command == "bench" and args.accuracy:

@@ -1,5 +1,6 @@
 """The checking commands of `python -m llmd` on the default model."""
 import json
+import math
 import os
 import re
 import shlex
@@ -31,6 +32,28 @@ def test_perplexity_reports_ppl_tokens_and_speed(tmp_path):
     assert set(result) == {"ppl", "tokens_scored", "tok_s"}
     assert 1.0 < result["ppl"] < 20.0  # a repetitive text is easy to predict
     assert result["tokens_scored"] % 31 == 0  # 31 scored per 64-token window
+
+
+def test_perplexity_against_f16_scores_the_text_twice_and_reports_the_cost(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat on the mat. The dog lay on the rug. " * 40)
+    plain = json.loads(run("perplexity", "--file", str(text), "--ctx", "64").stdout)
+    result = json.loads(run("perplexity", "--file", str(text), "--ctx", "64", "--kv-type", "q4_0",
+                            "--against-f16").stdout)
+    assert result["f16_ppl"] == plain["ppl"] and result["tokens_scored"] == plain["tokens_scored"]
+    assert result["cost_pct"] == pytest.approx(100 * (result["ppl"] / result["f16_ppl"] - 1), abs=5e-3)
+    assert result["cost_stderr_pct"] > 0  # q4_0 moves every window a little, by different amounts
+    refused = run("perplexity", "--file", str(text), "--ctx", "64", "--against-f16")
+    assert refused.returncode == 2 and "--against-f16 compares a quantized cache" in refused.stderr
+
+
+def test_cost_over_takes_its_standard_error_over_window_means():
+    from llmd.commands.perplexity import cost_over
+    exact = [-1.0] * 8
+    quantized = [-1.1] * 4 + [-1.3] * 4  # windows that lose 0.1 and 0.3 nats a token
+    cost, stderr = cost_over(exact, quantized, 2)
+    assert cost == pytest.approx(math.exp(0.2) - 1)
+    assert stderr == pytest.approx(0.1 / math.sqrt(2))  # two window means, 0.1 from their mean
 
 
 def test_perplexity_windows_prepend_bos_and_start_each_window_with_it():

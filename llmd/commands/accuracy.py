@@ -26,6 +26,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from llmd.commands.perplexity import mean_and_stderr
 from llmd.engine.native import kernel_variants
 
 MAX_COST = 0.005  # the issue's ceiling: no variant loses more than 0.5 % to its file's exact result
@@ -45,17 +46,11 @@ class Cost:
     tokens: int
 
 
-def _mean_and_stderr(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / n) / math.sqrt(n)
-
-
 def compare(variant: str, scored: dict) -> Cost:
     """The figures from one pair's per-token measurements (`pair_scores`)."""
     exact, quantized = scored["exact"], scored["quantized"]
-    mean, stderr = _mean_and_stderr([e - q for e, q in zip(exact, quantized)])
-    kld, kld_stderr = _mean_and_stderr(scored["kld"])
+    mean, stderr = mean_and_stderr([e - q for e, q in zip(exact, quantized)])
+    kld, kld_stderr = mean_and_stderr(scored["kld"])
     n = len(exact)
     return Cost(variant, math.exp(-sum(exact) / n), math.exp(-sum(quantized) / n), math.exp(mean) - 1, stderr,
                 kld, kld_stderr, n)

@@ -36,9 +36,33 @@ def text_logprobs(engine, text: str, ctx: int) -> tuple[list[float], int]:
     return logprobs, len(windows)
 
 
-def run(model: str | None, n_threads: int, ctx: int, path: str, kv_types: tuple[str, str] = ("f16", "f16")) -> int:
+def mean_and_stderr(values: list[float]) -> tuple[float, float]:
+    """The mean of values and its standard error."""
+    n = len(values)
+    mean = sum(values) / n
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / n) / math.sqrt(n)
+
+
+def cost_over(exact: list[float], logprobs: list[float], windows: int) -> tuple[float, float]:
+    """The perplexity cost of logprobs over exact (the same tokens of `windows` equal
+    windows, scored twice): exp(mean difference) - 1, and the standard error of the
+    mean difference over the windows' means, since a window's tokens share their
+    context and are not independent draws."""
+    per = len(exact) // windows
+    diffs = [e - q for e, q in zip(exact, logprobs)]
+    mean, stderr = mean_and_stderr([sum(diffs[w * per:(w + 1) * per]) / per for w in range(windows)])
+    return math.exp(mean) - 1, stderr
+
+
+def run(model: str | None, n_threads: int, ctx: int, path: str, kv_types: tuple[str, str] = ("f16", "f16"),
+        against_f16: bool = False) -> int:
     """The perplexity of text_logprobs() on a file, as JSON, the KV cache storing keys
-    and values as kv_types."""
+    and values as kv_types; against_f16: the text scored again with an f16 cache, and
+    the cost of kv_types over it."""
+    if against_f16 and kv_types == ("f16", "f16"):
+        print("llmd: --against-f16 compares a quantized cache with f16: give --kv-type, --kv-type-k or "
+              "--kv-type-v q8_0 or q4_0", file=sys.stderr)
+        return 2
     with open(path, encoding="utf-8") as f:
         text = f.read()
     with open_engine(model, n_threads, ctx, generate=True, kv_types=kv_types) as engine:
@@ -48,6 +72,13 @@ def run(model: str | None, n_threads: int, ctx: int, path: str, kv_types: tuple[
     if not logprobs:
         print(f"llmd: {path} is too short; perplexity needs at least {2 * ctx} tokens", file=sys.stderr)
         return 2
-    print(json.dumps({"ppl": round(math.exp(-sum(logprobs) / len(logprobs)), 4), "tokens_scored": len(logprobs),
-                      "tok_s": round(windows * ctx / elapsed, 1)}))
+    figures = {"ppl": round(math.exp(-sum(logprobs) / len(logprobs)), 4), "tokens_scored": len(logprobs),
+               "tok_s": round(windows * ctx / elapsed, 1)}
+    if against_f16:
+        with open_engine(model, n_threads, ctx, generate=True) as engine:
+            exact, _ = text_logprobs(engine, text, ctx)
+        cost, stderr = cost_over(exact, logprobs, windows)
+        figures.update(f16_ppl=round(math.exp(-sum(exact) / len(exact)), 4), cost_pct=round(100 * cost, 3),
+                       cost_stderr_pct=round(100 * stderr, 3))
+    print(json.dumps(figures))
     return 0
