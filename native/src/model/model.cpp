@@ -265,12 +265,18 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         if (R < first / kAttnRange || R * kAttnRange >= len) return std::pair<int, int>{0, 0};
         return std::pair<int, int>{std::max(first, R * kAttnRange), std::min(len, (R + 1) * kAttnRange)};
     };
+    // Tokens a run takes at most: a few (a verification, a decode step) go in runs of
+    // up to kAttnTokens whose ranges spans may share out; more go in runs short enough
+    // that every thread still gets 4 tasks, so that spans, whose slots grow with the
+    // tokens, serve only as few tokens as they did one token a task.
+    const int threads = pool.size();
+    const int per_run = n <= kAttnTokens ? kAttnTokens : std::clamp(n * n_kv / (4 * threads), 1, kAttnTokens);
     struct Run { int t0, t1, r0, r1; }; // tokens [t0, t1) of one session, attending ranges [r0, r1)
     std::vector<Run> runs;
     int r_min = first_range(0), r_max = 0, widest = 1;
     for (int t0 = 0; t0 < n;) {
         Run r{t0, t0, first_range(t0), 0};
-        for (; r.t1 < n && r.t1 - t0 < kAttnTokens && batch[r.t1].kv == batch[t0].kv; ++r.t1) {
+        for (; r.t1 < n && r.t1 - t0 < per_run && batch[r.t1].kv == batch[t0].kv; ++r.t1) {
             r.r0 = std::min(r.r0, first_range(r.t1));
             r.r1 = std::max(r.r1, end_range(r.t1));
         }
@@ -281,7 +287,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         t0 = r.t1;
     }
     const int n_runs = static_cast<int>(runs.size());
-    const int spans = attn_task_spans(n_runs * n_kv, widest, pool.size());
+    const int spans = attn_task_spans(n_runs * n_kv, widest, threads);
     // Where token t's output of range R against KV head h goes: with one span a task
     // folds each range as soon as it is attended, so a slot per (head, token) serves;
     // with more, a slot per (head, range, token). A call's tokens write adjacent slots.
