@@ -5,11 +5,12 @@
 // sliding window (the even ones, by default) and global attention, the local ones
 // turned by rope.freq_base_swa where the file gives it and by the file's trained factor
 // (YaRN as the global ones; linearly where the scaling type is none, which leaves the
-// global ones unscaled: model.h, HParams::LocalRope). The FFN, after post_attention_norm (the pre-FFN norm, despite its name), is a
-// mixture of experts: the router's scores plus its bias choose expert_used_count
-// experts, weighted by the softmax over the chosen scores alone; each expert is
-// gpt-oss's SwiGLU (model.h: Glu::swiglu_oai) with biases on gate, up and down, its
-// weights MXFP4 in the published files. llama.cpp reads neither expert_gating_func nor
+// global ones unscaled: model.h, HParams::LocalRope). The FFN, after
+// post_attention_norm (the pre-FFN norm, despite its name), is a mixture of experts:
+// the router's scores plus its bias choose expert_used_count experts, weighted by the
+// softmax over the chosen scores alone; each expert is gpt-oss's SwiGLU (model.h:
+// Glu::swiglu_oai) with biases on gate, up and down, its weights MXFP4 in the
+// published files. llama.cpp reads neither expert_gating_func nor
 // the expert weights' norm or scale for this family, and applies none of its experts'
 // per-tensor scales; llmd neither.
 #include "arch/arch.h"
