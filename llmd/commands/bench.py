@@ -175,6 +175,12 @@ def _stream(port: int, body: dict, headers: dict, route: str = CHAT,
     return first, time.perf_counter() - start, deltas, usage, timings
 
 
+def _first_token_s(first: float, timings: dict) -> float:
+    """Seconds to a stream's first token: to its first content delta, or, for a model
+    that writes no text (random weights), the prefill's time in the server's timings."""
+    return first or timings.get("prompt_ms", 0.0) / 1000
+
+
 def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, ...]) -> dict:
     """Streams 128 tokens, end-of-generation ids banned as the engine figures ban them.
     Through chat completions, or plain completions when the model's chat template
@@ -196,11 +202,12 @@ def http_figures(path: str | None, threads: int, runs: int, eog_ids: tuple[int, 
         cold, warm, rates = [], [], []
         for _ in range(runs):
             sid = uuid.uuid4().hex
-            first, total, _, usage, _ = _stream(port, body, {"X-Session-ID": sid}, route)
+            first, total, _, usage, timings = _stream(port, body, {"X-Session-ID": sid}, route)
+            first = _first_token_s(first, timings)
             cold.append(first)
             rates.append((usage["completion_tokens"] - 1) / (total - first))
-            first, _, _, _, _ = _stream(port, body, {"X-Session-ID": sid}, route)
-            warm.append(first)
+            first, _, _, _, timings = _stream(port, body, {"X-Session-ID": sid}, route)
+            warm.append(_first_token_s(first, timings))
             _request(port, "DELETE", f"/v1/sessions/{sid}")
         return {"http_route": route, "http_ttft_cold_s": _median(cold), "http_ttft_warm_s": _median(warm),
                 "http_stream_tok_s": round(statistics.median(rates), 1), "http_prompt_tokens": n}

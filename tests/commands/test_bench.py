@@ -24,6 +24,22 @@ def test_http_figures_use_chat_when_the_template_renders(tmp_path):
     assert figures["http_prompt_tokens"] >= bench.HTTP_PROMPT
 
 
+def test_http_figures_time_the_first_token_of_a_model_that_writes_no_text_by_its_prefill(tmp_path, monkeypatch):
+    """A random-weight model's stream carries no content delta: its first token's time
+    is then the prefill's in the server's timings, not 0."""
+    model = write_tiny_llama(tmp_path / "m.gguf", n_ctx=512)
+    real = bench._stream
+
+    def textless(*args, **kwargs):
+        _, total, _, usage, timings = real(*args, **kwargs)
+        return 0.0, total + 2.0, [], usage, {**timings, "prompt_ms": 1000.0}
+
+    monkeypatch.setattr(bench, "_stream", textless)
+    figures = bench.http_figures(str(model.path), threads=1, runs=1, eog_ids=(model.eos_id,))
+    assert figures["http_ttft_cold_s"] == figures["http_ttft_warm_s"] == 1.0
+    assert 0 < figures["http_stream_tok_s"] < 128
+
+
 def test_bandwidth_figures_state_each_run_against_the_bandwidth_read_around_it():
     # run 1 streamed 40 tok/s at 80 GB/s, run 2 30 tok/s at 40 GB/s, run 3 45 at 60: at
     # 1 GB per token their limits are 80, 40 and 60 tok/s, their shares 0.5, 0.75, 0.75
