@@ -22,9 +22,12 @@ constexpr size_t kAttnPrefetch = 4096; // as the AVX-512 kernel's (7 % faster de
 // element broadcast once for both halves. Each head sums even and odd dimensions in
 // two chains per half (an FMA's latency exceeds its issue interval) and adds them at
 // the end, so its bits never depend on C: a head is scored the same whichever heads
-// share its call. valid: the block's positions that exist.
+// share its call. valid: the block's positions that exist. Not inlined: inside attend
+// GCC kept two of the 16 registers for attend's own values and spilled an accumulator,
+// whose load, FMA and store then chained every step of the loop.
 template <int C>
-void score_block(const float *q, int hd, const uint8_t *kb8, float scale, int valid, float *scores) {
+__attribute__((noinline)) void score_block(const float *q, int hd, const uint8_t *kb8, float scale, int valid,
+                                           float *scores) {
     const uint16_t *kb = reinterpret_cast<const uint16_t *>(kb8);
     __m256 acc[C][2][2]; // head, half, parity
     for (int g = 0; g < C; ++g)
