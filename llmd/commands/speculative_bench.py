@@ -11,8 +11,9 @@ over the runs, and the speed-up the median of the runs' ratios. Greedy output mu
 change with speculation: the figures say whether every reply was identical.
 
 Then 4 busy streams: the four tasks at once, end-of-generation banned so that all four
-decode to their max_tokens, with speculation on and off (prompts cached by a first
-round): aggregate completion tokens over the wall time of the burst.
+decode to their max_tokens, with speculation on and off (each stream a session of its
+own, its prompt cached there by a first round): aggregate completion tokens over the
+wall time of the burst.
 """
 from __future__ import annotations
 
@@ -79,12 +80,14 @@ def task_messages() -> dict[str, str]:
     }
 
 
-def _chat(port: int, model: str, task: str, text: str, speculative: bool, **extra) -> dict:
+def _chat(port: int, model: str, task: str, text: str, speculative: bool, session: str | None = None,
+          **extra) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": text}], "temperature": 0,
             "max_tokens": MAX_TOKENS[task], **extra}
     if not speculative:
         body["speculative"] = False
-    reply = json.loads(_request(port, "POST", "/v1/chat/completions", body))
+    headers = {"X-Session-Id": session} if session else None
+    reply = json.loads(_request(port, "POST", "/v1/chat/completions", body, headers))
     if "error" in reply:
         raise RuntimeError(f"{task}: {reply['error'].get('message')}")
     return reply
@@ -132,7 +135,10 @@ def speculative_figures(path: str | None, threads: int, runs: int, draft_path: s
 
 
 def _busy_streams(port: int, model: str, texts: dict[str, str], runs: int, eog_ids: tuple[int, ...]) -> dict:
-    """The four tasks at once, each decoding STREAM_TOKENS with end-of-generation banned."""
+    """The four tasks at once, each decoding STREAM_TOKENS with end-of-generation banned,
+    each in a session of its own: its prompt stays cached there, where the prefix cache's
+    retired blocks (one context's worth) would keep some of the four prompts and lose
+    others, and the burst would time their prefills."""
     ban = {str(t): -100 for t in eog_ids}
 
     def burst(on: bool) -> float:
@@ -140,7 +146,8 @@ def _busy_streams(port: int, model: str, texts: dict[str, str], runs: int, eog_i
 
         def one(i: int) -> None:
             barrier.wait()
-            reply = _chat(port, model, TASKS[i], texts[TASKS[i]], on, logit_bias=ban, max_tokens=STREAM_TOKENS)
+            reply = _chat(port, model, TASKS[i], texts[TASKS[i]], on, f"bench-stream-{i}", logit_bias=ban,
+                          max_tokens=STREAM_TOKENS)
             counts[i] = reply["usage"]["completion_tokens"]
             ends[i] = time.perf_counter()
 
@@ -155,7 +162,7 @@ def _busy_streams(port: int, model: str, texts: dict[str, str], runs: int, eog_i
             raise RuntimeError("a stream failed")
         return sum(counts) / (max(ends) - start)
 
-    burst(True)  # the prompts are cached from here on
+    burst(True)  # the prompts are cached in the streams' sessions from here on
     on, off = [], []
     for r in range(runs):
         for flag in ((True, False) if r % 2 == 0 else (False, True)):
