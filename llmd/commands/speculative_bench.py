@@ -86,7 +86,7 @@ def _chat(port: int, model: str, task: str, text: str, speculative: bool, sessio
             "max_tokens": MAX_TOKENS[task], **extra}
     if not speculative:
         body["speculative"] = False
-    headers = {"X-Session-Id": session} if session else None
+    headers = {"X-Session-ID": session} if session else None
     reply = json.loads(_request(port, "POST", "/v1/chat/completions", body, headers))
     if "error" in reply:
         raise RuntimeError(f"{task}: {reply['error'].get('message')}")
