@@ -298,6 +298,41 @@ class Engine:
                 tokens[i] = dataclasses.replace(tokens[i], logprob=logprob, top=top)
         return tokens
 
+    def decode_drafts(self, sessions: list[Session], drafts: list[list[int]],
+                      logprobs: list[int | None] | None = None) -> list[list[Token]]:
+        """Speculative decoding: for each session the steps decode_one would take, one
+        to len(drafts[i]) + 1 of them, verified in one forward pass for all
+        (llmd_session_decode_drafts): the tokens equal those decode_one calls would
+        give, as long as they agree with the drafts. logprobs[i], if not None, gives
+        session i's tokens their logprob and that many top ones."""
+        n = len(sessions)
+        handles = ffi.new("llmd_session *[]", [s.handle for s in sessions])
+        rooms = [len(d) + 1 for d in drafts]
+        out = ffi.new("llmd_token[]", sum(rooms))
+        n_out = ffi.new("size_t[]", n)
+        c_drafts = ffi.new("int32_t[]", [i for d in drafts for i in d])
+        n_drafts = ffi.new("size_t[]", [len(d) for d in drafts])
+        tops = [-1 if t is None else t for t in logprobs] if logprobs and any(t is not None for t in logprobs) else None
+        n_top = ffi.new("int32_t[]", tops) if tops is not None else ffi.NULL
+        lps = ffi.new("float[]", sum(rooms)) if tops is not None else ffi.NULL
+        top_room = sum(r * max(t, 0) for r, t in zip(rooms, tops)) if tops is not None else 0
+        top_ids, top_lps = ffi.new("int32_t[]", top_room), ffi.new("float[]", top_room)
+        _check(lib.llmd_session_decode_drafts(handles, n, c_drafts, n_drafts, n_top, out, lps, top_ids, top_lps,
+                                              n_out))
+        result, at, top_at = [], 0, 0
+        for i in range(n):
+            tokens = [_token(out[at + j]) for j in range(n_out[i])]
+            if tops is not None and tops[i] >= 0 and not tokens[0].stopped:
+                t = tops[i]
+                tokens = [dataclasses.replace(tok, logprob=lps[at + j],
+                                              top=tuple((top_ids[top_at + j * t + m], top_lps[top_at + j * t + m])
+                                                        for m in range(t)))
+                          for j, tok in enumerate(tokens)]
+            result.append(tokens)
+            at += rooms[i]
+            top_at += rooms[i] * max(tops[i], 0) if tops is not None else 0
+        return result
+
 
 class Session:
     """One conversation's KV cache and sampler; created by Engine.new_session()."""
@@ -435,25 +470,8 @@ class Session:
         return _token(self._token_out)
 
     def decode_draft(self, draft: list[int], logprobs: int | None = None) -> list[Token]:
-        """Speculative decoding: the steps decode_one would take, one to len(draft) + 1 of
-        them, verified in one forward pass (llmd_session_decode_draft): the tokens equal
-        those decode_one calls would give, as long as they agree with the draft. With
-        logprobs, each carries its logprob and that many top ones."""
-        n = len(draft)
-        out = ffi.new("llmd_token[]", n + 1)
-        n_out = ffi.new("size_t *")
-        n_top = logprobs or 0
-        lps = ffi.new("float[]", n + 1) if logprobs is not None else ffi.NULL
-        top_ids, top_lps = ffi.new("int32_t[]", (n + 1) * n_top), ffi.new("float[]", (n + 1) * n_top)
-        _check(lib.llmd_session_decode_draft(self.handle, ffi.new("int32_t[]", draft), n, n_top, out, lps,
-                                             top_ids, top_lps, n_out))
-        tokens = [_token(out[i]) for i in range(n_out[0])]
-        if logprobs is not None and not tokens[0].stopped:
-            tokens = [dataclasses.replace(t, logprob=lps[i],
-                                          top=tuple((top_ids[i * n_top + j], top_lps[i * n_top + j])
-                                                    for j in range(n_top)))
-                      for i, t in enumerate(tokens)]
-        return tokens
+        """Speculative decoding of this session alone: Engine.decode_drafts."""
+        return self._engine.decode_drafts([self], [draft], [logprobs])[0]
 
     def stop(self) -> None:
         """Thread-safe: the next decode step returns a stopped step."""

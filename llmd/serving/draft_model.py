@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from llmd.engine.native import Engine, Sampling, Session, TokenError
 from llmd.serving.prefill import plan_prefill
-from llmd.serving.speculative import Costs, DraftLimits, Pace
+from llmd.serving.speculative import Costs, DraftLimits, Pace, Pass
 
 CATCH_UP = 256  # tokens a draft session prefills per step at most, as a prefill chunk (runtime.PREFILL_CHUNK)
 CATCH_UP_TIMED = 8  # a catch-up of this many tokens or more is timed (Costs.caught_up); a step's 1 or 2 are drafting
@@ -96,30 +96,31 @@ class ModelDrafter:
         self.tokens += ids
         self.pace.tick(len(ids))
 
-    def propose(self, limit: int) -> list[int]:
+    def propose(self, limit: int, plan: Pass | None = None) -> list[int]:
         """Up to min(k, limit) ids the draft model decodes greedily after the tokens, or
         [] (a pause, room for less than n_min, or a step spent catching up with a long
-        prompt: CATCH_UP tokens per step)."""
+        prompt: CATCH_UP tokens per step). plan: the pass the proposal would join
+        (default: alone)."""
         d, t = self.draft, self.tokens
         if self._keep is not None:  # the generation's first call
             del d.resident[self._keep:]
             d.session.set_sampling(self._sampling)
             self._keep = None
         session = d.session
-        plan = plan_prefill(d.resident, t, False, floor=session.resume_floor, points=session.resume_points)
+        catch_up = plan_prefill(d.resident, t, False, floor=session.resume_floor, points=session.resume_points)
         # The draft session holds the tokens and k - 1 drafts after them.
-        k = self.pace.length(min(limit, d.n_ctx + 1 - len(t)), behind=max(plan.prefill - 1, 0))
+        k = self.pace.length(min(limit, d.n_ctx + 1 - len(t)), behind=max(catch_up.prefill - 1, 0), plan=plan)
         if k == 0:
             return []
         d.resident = []  # until the calls below succeed, nothing of the cache is trusted
-        session.truncate(plan.keep)
-        chunk = t[plan.keep:plan.keep + CATCH_UP]
+        session.truncate(catch_up.keep)
+        chunk = t[catch_up.keep:catch_up.keep + CATCH_UP]
         start = time.perf_counter()
         session.prefill(chunk)
         if len(chunk) >= CATCH_UP_TIMED and self.pace.costs is not None:
             self.pace.costs.caught_up(len(chunk), time.perf_counter() - start)
-        if plan.prefill > CATCH_UP:
-            d.resident = t[:plan.keep + CATCH_UP]
+        if catch_up.prefill > CATCH_UP:
+            d.resident = t[:catch_up.keep + CATCH_UP]
             return []
         draft: list[int] = []
         while len(draft) < k:

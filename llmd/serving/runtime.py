@@ -25,21 +25,22 @@ moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
 `end_all` at shutdown. The handler that started it only cancels it; it never has to
 wait for the end, so a handler interrupted at any await cannot leave a session held.
 
-Speculative decoding (llmd.serving.speculative). While a single generation is
-decoding and no prompt is being prefilled, each of its steps may verify a proposal of
-its drafter (prompt lookup, or a draft model: llmd.serving.draft_model, whose engine
-this thread runs too) in the same engine call (Session.decode_draft): the call returns
-one token or several, exactly those plain steps would give, and each goes through
-`_deliver` one by one as a plain step's token does, so streams, stops, logprobs,
-grammars and cancellation see no difference. The runtime times each step's proposal
-and verification there, and plain steps of a lone generation (Costs, shared by its
-generations), from which the drafters' pacing decides how long a proposal pays and
-whether any does; a generation whose drafter pauses decodes in plain steps. With
-several generations decoding, a batched step serves them all with one read of the
-weights, which speculation would break into one call each (SPECULATE_MAX_STREAMS,
-measured: docs/speculative.md), so they decode plainly; and while a prompt is being
-prefilled, a verification, dearer than a step, would hold it up for tokens that a
-batched step makes at little cost once it decodes too.
+Speculative decoding (llmd.serving.speculative). While no prompt is being prefilled,
+each step of the decoding generations may verify proposals of their drafters (prompt
+lookup, or a draft model: llmd.serving.draft_model, whose engine this thread runs
+too) in the step's one engine call (Engine.decode_drafts): a pass over every
+generation's pending token and drafts, which reads the weights once for all, as a
+batched step does. For each generation the call returns one token or several, exactly
+those plain steps would give, and each goes through `_deliver` one by one as a plain
+step's token does, so streams, stops, logprobs, grammars and cancellation see no
+difference. The runtime times each proposal and each pass (Costs, shared by its
+generations); the drafters' pacing decides from them, one generation after another,
+whether a proposal and how long a one raises the tokens per second of the whole pass
+(Pass), so that a busy batch, whose plain step already yields a token per
+generation, takes drafts only where they pay there. A generation whose drafter pauses
+takes plain steps in the pass. While a prompt is being prefilled, a verification,
+dearer than a step, would hold it up for tokens that a batched step makes at little
+cost once it decodes too, so the generations decode plainly.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step until the generation ends, whether or not it was cancelled meanwhile, so
@@ -61,13 +62,17 @@ from llmd.serving.draft_model import ModelDrafter, vocab_difference
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
 from llmd.serving.sessions import Lease, SessionTable, Slot
-from llmd.serving.speculative import MODES, Costs, DraftLimits, NgramDrafter
+from llmd.serving.speculative import MODES, Costs, DraftLimits, NgramDrafter, Pass
 
 PREFILL_CHUNK = 256   # tokens per prefill step
 MAX_DECODE_BATCH = 64  # sessions per batched decode step
 READ_AHEAD = 64        # tokens a generation may run ahead of its reader
 BURST = 16             # decode steps run back to back while nothing else waits
-SPECULATE_MAX_STREAMS = 1  # speculate only while this many generations decode (docs/speculative.md)
+
+
+def speculates(g: Generation) -> bool:
+    """Whether g's drafter may propose now (it has one, and it does not pause)."""
+    return g.drafter is not None and not g.drafter.pace.pause
 
 
 @dataclass(eq=False)
@@ -282,19 +287,17 @@ class Runtime:
                 await self._wake.wait()
                 continue
             if decoding:
+                batch = decoding[:MAX_DECODE_BATCH]
+                # No speculation while a prompt is being prefilled: a verification costs more
+                # than a step, which would hold that prompt up (docs/speculative.md).
                 waiting = any(not g.decoding for g in self._active)
-                # Speculate only while nothing else runs: a verification costs more than a
-                # step, which would hold up the prompts being prefilled (docs/speculative.md).
-                alone = not waiting and len(decoding) <= SPECULATE_MAX_STREAMS
-                if alone and all(g.drafter is not None and not g.drafter.pace.pause for g in decoding):
-                    for g in decoding:  # each in calls of its own: a verification is one session's
-                        await self._speculative_steps(g, BURST)
-                else:  # a paused drafter's generation decodes plainly, as long as its pause
-                    pauses = [g.drafter.pace.pause for g in decoding if g.drafter is not None and g.drafter.pace.pause]
-                    most = 1 if waiting else min([BURST, *pauses]) if alone else BURST
-                    await self._decode_steps(decoding[:MAX_DECODE_BATCH], most)
+                if not waiting and any(speculates(g) for g in batch):
+                    await self._speculative_steps(batch, BURST)
+                else:  # paused drafters' generations decode plainly, as long as the shortest pause
+                    pauses = [g.drafter.pace.pause for g in batch if g.drafter is not None and g.drafter.pace.pause]
+                    await self._decode_steps(batch, 1 if waiting else min([BURST, *pauses]))
                 # Rotate so that more than MAX_DECODE_BATCH streams all advance.
-                for g in decoding[:MAX_DECODE_BATCH]:
+                for g in batch:
                     if g in self._active:
                         self._active.remove(g)
                         self._active.append(g)
@@ -383,8 +386,7 @@ class Runtime:
             for _ in range(steps):
                 start = time.perf_counter()
                 tokens = self.engine.decode_batch(sessions, logprobs)
-                if len(batch) == 1:  # a plain step, as a drafter's pacing weighs one
-                    self.costs.verified(0, time.perf_counter() - start)
+                self.costs.verified(len(batch) - 1, time.perf_counter() - start)
                 for g, tok in zip(batch, tokens):  # a drafter sees every token, on this thread
                     if g.drafter is not None and not tok.stopped:
                         g.drafter.extend([tok.id])
@@ -400,58 +402,76 @@ class Runtime:
                 g.slot.dirty = True
                 self._finish(g, "error", exc)
 
-    async def _speculative_steps(self, g: Generation, most: int) -> None:
-        """Up to `most` steps of one generation, each verifying its drafter's proposal
-        (if any), fewer when it would reach its token budget or run READ_AHEAD ahead of
-        its reader, or ends."""
+    async def _speculative_steps(self, batch: list[Generation], most: int) -> None:
+        """Up to `most` steps of the batch, each one pass that verifies the proposals
+        its generations' drafters make (a generation without one takes a plain step in
+        it), fewer when a generation would reach its token budget or run READ_AHEAD
+        ahead of its reader, or one ends, or no drafter proposes any more (a pause)."""
         loop = asyncio.get_running_loop()
-        session, drafter, costs = g.slot.session, g.drafter, self.costs
-        left = min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize())
+        sessions, costs = [g.slot.session for g in batch], self.costs
+        logprobs = [g.logprobs for g in batch] if any(g.logprobs is not None for g in batch) else None
+        left = [min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize()) for g in batch]
         # The first step of a reply has no pending token for a proposal to follow.
-        started = g.generated > 0
+        started = [g.generated > 0 for g in batch]
+        # The last step proposed too: this proposal catches up with nothing (a draft
+        # model's), so its time is drafting's alone.
+        steady = [False] * len(batch)
         self._interrupt = False
 
         def run() -> None:
-            nonlocal left, started
-            steady = False  # the last step proposed too: this proposal catches up with nothing
             for _ in range(most):
-                if left <= 0:
+                if min(left) <= 0:
                     return
-                t0 = time.perf_counter()
-                draft = drafter.propose(left - 1) if started else []
+                plan = Pass(len(batch) - 1, float(len(batch)))  # a token for each, before any proposal
+                drafts = []
+                for i, g in enumerate(batch):
+                    t0 = time.perf_counter()
+                    draft = g.drafter.propose(left[i] - 1, plan) if started[i] and speculates(g) else []
+                    made = time.perf_counter() - t0
+                    if draft:
+                        plan.add(len(draft), g.drafter.pace.yield_of(len(draft)), made)
+                        if steady[i]:
+                            costs.drafted(len(draft), made)
+                    steady[i] = bool(draft)
+                    drafts.append(draft)
                 t1 = time.perf_counter()
-                tokens = session.decode_draft(draft, g.logprobs)
-                costs.verified(len(draft), time.perf_counter() - t1)
-                if draft and steady:
-                    costs.drafted(len(draft), t1 - t0)
-                steady = bool(draft)
-                started = True
-                accepted = 0
-                while accepted < min(len(draft), len(tokens)) and tokens[accepted].id == draft[accepted]:
-                    accepted += 1
-                if draft:
-                    drafter.record(len(draft), accepted)
-                drafter.extend([t.id for t in tokens if not t.stopped])
-                left -= len(tokens)
-                loop.call_soon_threadsafe(self._deliver_draft, g, tokens, drafter.name, len(draft), accepted)
-                if self._interrupt or drafter.pace.pause or any(t.stopped or t.is_terminal for t in tokens):
-                    return  # (a paused drafter's generation goes on in plain steps)
+                steps = self.engine.decode_drafts(sessions, drafts, logprobs)
+                costs.verified(plan.extra, time.perf_counter() - t1)
+                accepted = []
+                for i, (g, draft, tokens) in enumerate(zip(batch, drafts, steps)):
+                    started[i] = True
+                    n = 0
+                    while n < min(len(draft), len(tokens)) and tokens[n].id == draft[n]:
+                        n += 1
+                    accepted.append(n)
+                    if draft:
+                        g.drafter.record(len(draft), n)
+                    if g.drafter is not None:  # a drafter sees every token, on this thread
+                        g.drafter.extend([t.id for t in tokens if not t.stopped])
+                    left[i] -= len(tokens)
+                loop.call_soon_threadsafe(self._deliver_drafts, batch, steps, drafts, accepted)
+                if self._interrupt or not any(speculates(g) for g in batch) \
+                        or any(t.stopped or t.is_terminal for tokens in steps for t in tokens):
+                    return  # (paused drafters' generations go on in plain steps)
 
         try:
             await loop.run_in_executor(self.executor, run)
         except Exception as exc:
-            g.slot.dirty = True
-            self._finish(g, "error", exc)
+            for g in batch:
+                g.slot.dirty = True
+                self._finish(g, "error", exc)
 
-    def _deliver_draft(self, g: Generation, tokens: list[Token], drafter: str, drafted: int, accepted: int) -> None:
+    def _deliver_drafts(self, batch: list[Generation], steps: list[list[Token]], drafts: list[list[int]],
+                        accepted: list[int]) -> None:
         """A speculative step's tokens, on the event loop: each as a plain step's."""
-        if drafted:
-            g.drafted += drafted
-            g.accepted += accepted
-            self.metrics.draft_tokens.inc(drafted, drafter=drafter)
-            self.metrics.draft_accepted.inc(accepted, drafter=drafter)
-        for tok in tokens:
-            self._deliver([g], [tok])
+        for g, tokens, draft, n in zip(batch, steps, drafts, accepted):
+            if draft:
+                g.drafted += len(draft)
+                g.accepted += n
+                self.metrics.draft_tokens.inc(len(draft), drafter=g.drafter.name)
+                self.metrics.draft_accepted.inc(n, drafter=g.drafter.name)
+            for tok in tokens:
+                self._deliver([g], [tok])
 
     def _deliver(self, batch: list[Generation], tokens: list[Token]) -> None:
         """One decode step's tokens, on the event loop."""

@@ -10,7 +10,10 @@ sampling agrees with, so a proposal never changes the output, only its speed.
 
 How many tokens a proposal holds (k) is paced by what the engine accepted and by
 what speculation costs here (Costs, timed by the runtime on its executor thread: a
-plain step, a verification of k drafts, a proposal of k drafts, in seconds).
+pass of k tokens beyond the first, a proposal of k drafts, in seconds). A proposal
+joins a pass that may hold other generations' tokens and proposals (Pass): it is made
+only if it raises the whole pass's tokens per second, which for a generation alone
+means beating a plain step.
 
 Prompt lookup (CopyPace). A copy goes on or breaks: its drafts are accepted in runs,
 not one by one. Where the copied tokens occurred twice before, the copy is expected to
@@ -19,17 +22,17 @@ where the pattern changes), and one token more is proposed. Otherwise Runs recor
 long the generation's copies ran (over the runtime's record of all its generations as
 a prior): the chance S(j) that the first j drafts are accepted, and so the tokens a
 verification of k drafts yields, 1 + S(1) + ... + S(k). CopyPace proposes the k that
-yields the most tokens per second of verification (drafting is free), and nothing
-while no k beats a plain step, except one in PROBE_EVERY declined matches in a row,
+gives the pass the most tokens per second (drafting is free), and nothing while no k
+beats the pass without it, except one in PROBE_EVERY declined matches in a row,
 to learn whether copying came back. Until the costs are timed, it proposes as much as
 it may.
 
 A draft model (Pace, llmd.serving.draft_model), whose drafts cost steps of its own and
 are accepted one by one. The longest proposal allowed doubles after a proposal
 accepted whole and falls to one past what was accepted otherwise, within [n_min,
-n_max]. Within it, Pace proposes the k that yields the most tokens per second,
-expected_tokens(k, acceptance) over the drafting and the verification of k, at the
-generation's recent per-draft acceptance; when no k yields more than a plain step, it
+n_max]. Within it, Pace proposes the k that gives the pass the most tokens per second,
+expected_tokens(k, acceptance) over the drafting and the pass's verification, at the
+generation's recent per-draft acceptance; when no k beats the pass without it, it
 does not propose and pauses. Proposals rejected outright MISSES times in a row pause
 proposing too. A pause lasts a number of generated tokens (however they were decoded:
 the runtime decodes a paused generation plainly) that doubles with each pause, up to
@@ -73,6 +76,32 @@ class DraftLimits:
 
     n_max: int = N_MAX
     n_min: int = 0
+
+
+@dataclass
+class Pass:
+    """A verification pass as its proposals are made, one generation's after another:
+    the tokens it runs beyond the first (a token for each generation in it, and the
+    drafts proposed so far), the tokens it is expected to yield, and the seconds its
+    proposals took to make. A generation alone starts from Pass(): one token, yielding
+    one. Each proposal is weighed against the pass without it: its drafts must raise the
+    tokens per second of the whole pass, whatever the others proposed."""
+
+    extra: int = 0
+    expected: float = 1.0
+    drafting: float = 0.0
+
+    def add(self, k: int, expected: float, drafting: float) -> None:
+        """A proposal of k drafts, expected to yield `expected` tokens (its generation's
+        own token included), made in `drafting` seconds."""
+        self.extra += k
+        self.expected += expected - 1.0
+        self.drafting += drafting
+
+    def rate(self, costs: Costs) -> float | None:
+        """Tokens per second of the pass as it is, None while its cost is not known."""
+        verify = costs.verify(self.extra)
+        return None if verify is None else self.expected / max(self.drafting + verify, 1e-9)
 
 
 class Acceptance:
@@ -139,10 +168,13 @@ class Runs:
 
 class Costs:
     """What a runtime's speculative steps cost, in seconds: running means (each new
-    timing weighs COST_WEIGHT) of a verification of k drafts for each k timed, k = 0
-    being a plain step, and of a proposal of k drafts. A k not timed is estimated from
-    the timed ones around it, on the line through the nearest two (a verification) or
-    through 0 at k = 0 and the nearest one (a proposal)."""
+    timing weighs COST_WEIGHT) of a pass of k tokens beyond the first for each k timed
+    (a verification of k drafts, or a step of k + 1 generations, or a mix of both;
+    k = 0 is a plain step of one), and of a proposal of k drafts. A k not timed is
+    estimated from the timed ones around it, on the line through the nearest two (a
+    pass) or through 0 at k = 0 and the nearest one (a proposal). A pass of several
+    generations reads their contexts as a verification reads one; at long contexts it
+    costs more than a verification of as many tokens, which the running means blur."""
 
     def __init__(self):
         self._verify: dict[int, float] = {}
@@ -172,21 +204,16 @@ class Costs:
         return self._record.rate
 
     def verified(self, k: int, seconds: float) -> None:
-        """A verification of k drafts (0: a plain step) took `seconds`."""
+        """A pass of k tokens beyond the first (0: a plain step of one) took `seconds`."""
         _update(self._verify, k, seconds)
 
     def drafted(self, k: int, seconds: float) -> None:
         """A proposal of k drafts took `seconds` to make."""
         _update(self._draft, k, seconds)
 
-    @property
-    def plain(self) -> float | None:
-        """A plain step's seconds, None until one is timed."""
-        return self._verify.get(0)
-
     def verify(self, k: int) -> float | None:
-        """A verification of k drafts' seconds, None until it can be estimated (a plain
-        step and one verification timed)."""
+        """A pass of k tokens beyond the first's seconds, None until it can be estimated
+        (k timed, or two passes)."""
         return _estimate(self._verify, k)
 
     def draft(self, k: int) -> float | None:
@@ -249,42 +276,52 @@ class Pace:
         """n tokens generated: a pause lasts a number of tokens, however they were decoded."""
         self._pause = max(0, self._pause - n)
 
-    def length(self, limit: int, behind: int = 0) -> int:
+    def length(self, limit: int, behind: int = 0, plan: Pass | None = None) -> int:
         """The length of the proposal to make now, at most `limit`, or 0 for none (a
         pause, room for less than n_min, or no length that pays, which starts a pause).
         behind: tokens the drafter must catch up with before it can propose (a draft
         model's session after a pause); a proposal (a probe too) is made only if their
         cost is less than speculation could save over the `limit` tokens left, at the
         acceptance of every generation's recent proposals. While it pauses it returns 0;
-        the pause counts down the tokens generated (tick)."""
+        the pause counts down the tokens generated (tick). plan: the pass the proposal
+        would join (default: this generation's alone)."""
         if self._pause > 0:
             return 0
         top = min(self.k, limit)
         if top <= 0 or top < self.n_min:
             return 0
-        k, pays = self.best(top)
+        plan = plan if plan is not None else Pass()
+        k, pays = self.best(top, plan)
         self._paid = pays
         if (pays or self._probe) and self._worth_catching_up(behind, limit):
             return k
         self._start_pause()
         return 0
 
-    def best(self, top: int) -> tuple[int, bool]:
-        """The k in [max(n_min, 1), top] that yields the most tokens per second, and
-        whether that beats a plain step; (top, True) while the costs are not known."""
-        found = self._best_rate(top, self.acceptance)
+    def best(self, top: int, plan: Pass | None = None) -> tuple[int, bool]:
+        """The k in [max(n_min, 1), top] that gives the pass `plan` (default: this
+        generation's alone) the most tokens per second, and whether that beats the pass
+        without it; (top, True) while the costs are not known."""
+        plan = plan if plan is not None else Pass()
+        found = self._best_rate(top, self.acceptance, plan)
         if found is None:
             return top, True
         rate, k = found
-        return k, rate > 1.0 / self.costs.plain
+        return k, rate > plan.rate(self.costs)
 
-    def _best_rate(self, top: int, acceptance: float) -> tuple[float, int] | None:
-        """(tokens per second, k) of the best k in [max(n_min, 1), top] at `acceptance`;
-        None while the costs are not known."""
+    def yield_of(self, k: int) -> float:
+        """Tokens a verification of k drafts is expected to yield."""
+        return expected_tokens(k, self.acceptance)
+
+    def _best_rate(self, top: int, acceptance: float, plan: Pass) -> tuple[float, int] | None:
+        """(tokens per second of the pass, k) of the best k in [max(n_min, 1), top] at
+        `acceptance`; None while the costs are not known."""
         costs, first = self.costs, max(self.n_min, 1)
-        if costs is None or costs.plain is None or costs.verify(first) is None or costs.draft(first) is None:
+        if costs is None or plan.rate(costs) is None or costs.verify(plan.extra + first) is None \
+                or costs.draft(first) is None:
             return None
-        return max((expected_tokens(k, acceptance) / max(costs.draft(k) + costs.verify(k), 1e-9), k)
+        return max(((plan.expected - 1.0 + expected_tokens(k, acceptance))
+                    / max(plan.drafting + costs.draft(k) + costs.verify(plan.extra + k), 1e-9), k)
                    for k in range(first, max(first, top) + 1))
 
     def _worth_catching_up(self, behind: int, limit: int) -> bool:
@@ -292,9 +329,9 @@ class Pace:
         save over `limit` tokens; True while either is not known."""
         costs = self.costs
         cost = costs.catch_up(behind) if costs is not None and behind else None
-        found = self._best_rate(min(self.k, limit), costs.acceptance) \
+        found = self._best_rate(min(self.k, limit), costs.acceptance, Pass()) \
             if cost is not None and costs.acceptance is not None else None
-        return found is None or limit * (costs.plain - 1.0 / found[0]) > cost
+        return found is None or limit * (costs.verify(0) - 1.0 / found[0]) > cost
 
     def record(self, drafted: int, accepted: int) -> None:
         """The engine accepted `accepted` of the `drafted` ids last proposed."""
@@ -342,6 +379,7 @@ class CopyPace:
         self.costs = costs
         self.runs = Runs()
         self._declined = 0
+        self._whole = False  # the last proposal's copy was expected to go on whole
 
     def expected(self, top: int) -> list[float]:
         """Tokens a verification of k = 0 .. top drafts yields on average."""
@@ -351,28 +389,39 @@ class CopyPace:
             out.append(out[-1] + survival[j])
         return out
 
-    def length(self, limit: int, agree: int | None = None) -> int:
+    def length(self, limit: int, agree: int | None = None, plan: Pass | None = None) -> int:
         """The length of a proposal that may hold `limit` drafts (what the match offers
         and the tokens left), or 0 for none. agree: how far the copied tokens' two last
-        occurrences went on alike, None when they occurred once."""
+        occurrences went on alike, None when they occurred once. plan: the pass the
+        proposal would join (default: this generation's alone)."""
         top = min(self.n_max, limit)
         if top <= 0 or top < self.n_min:
             return 0
+        plan = plan if plan is not None else Pass()
         costs, first = self.costs, max(self.n_min, 1)
         if agree is not None:
             top = max(first, min(top, agree + 1))
-        if costs is None or costs.plain is None or costs.verify(first) is None:
+        self._whole = agree is not None
+        now = plan.rate(costs) if costs is not None else None
+        if now is None or costs.verify(plan.extra + first) is None:
             return top
         if agree is not None:  # expected to be accepted whole: it pays if that pays
-            k, rate = top, (top + 1) / max(costs.verify(top), 1e-9)
+            k = top
+            rate = (plan.expected + top) / max(plan.drafting + costs.verify(plan.extra + top), 1e-9)
         else:
             tokens = self.expected(top)
-            rate, k = max((tokens[k] / max(costs.verify(k), 1e-9), k) for k in range(first, top + 1))
-        if rate > 1.0 / costs.plain or self._declined >= PROBE_EVERY:
+            rate, k = max(((plan.expected - 1.0 + tokens[k]) / max(plan.drafting + costs.verify(plan.extra + k), 1e-9),
+                           k) for k in range(first, top + 1))
+        if rate > now or self._declined >= PROBE_EVERY:
             self._declined = 0
             return k
         self._declined += 1
         return 0
+
+    def yield_of(self, k: int) -> float:
+        """Tokens a verification of the last proposal, k drafts, is expected to yield:
+        all of them where its copy was expected whole."""
+        return float(k + 1) if self._whole else self.expected(k)[k]
 
     def record(self, drafted: int, accepted: int) -> None:
         """The engine accepted `accepted` of the `drafted` ids last proposed."""
@@ -406,9 +455,9 @@ class NgramDrafter:
                 nxt[key] = end
             t.append(tok)
 
-    def propose(self, limit: int) -> list[int]:
+    def propose(self, limit: int, plan: Pass | None = None) -> list[int]:
         """Up to `limit` ids to follow the tokens, or [] (no match, or none that pays:
-        CopyPace.length)."""
+        CopyPace.length). plan: the pass the proposal would join (default: alone)."""
         t = self.tokens
         for n in range(min(NGRAM_MAX, len(t)), NGRAM_MIN - 1, -1):
             key = tuple(t[len(t) - n:])
@@ -422,7 +471,7 @@ class NgramDrafter:
             agree = 0
             while agree < offered and other + agree < start and t[other + agree] == t[start + agree]:
                 agree += 1
-        k = self.pace.length(offered, agree)
+        k = self.pace.length(offered, agree, plan)
         return t[start:start + k] if k >= max(self.pace.n_min, 1) else []
 
     def record(self, drafted: int, accepted: int) -> None:

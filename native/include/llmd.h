@@ -218,27 +218,33 @@ llmd_status llmd_session_decode_one(llmd_session *session, llmd_token *out);
 llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
                                       llmd_token *out);
 
-/* Speculative decoding: up to n_draft + 1 generation steps in one forward pass.
- * draft holds ids guessed to follow the pending token (a drafter's proposal). The
- * pending token and the drafts run through the model together, with logits at every
- * position; then, position by position, the session samples as decode_one would
+/* Speculative decoding: for each of n sessions, up to n_drafts[i] + 1 generation
+ * steps, all in one forward pass. drafts holds, one session's after another, ids
+ * guessed to follow each session's pending token (a drafter's proposal). The pending
+ * tokens and the drafts run through the model together, with logits at every
+ * position; then, position by position, each session samples as decode_one would
  * (same sampler and RNG, penalties, bias, grammar) and goes on while the sampled id
- * equals the draft there. The sampled ids are the steps' tokens (out[0 .. *n_out),
- * capacity n_draft + 1): those that matched a draft enter the KV cache, the last is
- * pending, and the session is exactly as after *n_out decode_one calls, the same
- * tokens included (a token's logits do not depend on batching). It also stops after
- * a terminal token. logprobs (null, or n_draft + 1) gets each token's log-probability
- * and top_ids / top_logprobs (n_top per token) its top list, as
- * llmd_session_token_logprobs would give after each step. Drafts need a pending
- * token (decode one step first: LLMD_ERR_STATE); 0 drafts is decode_one. Drafts
- * past the context are not verified. A stopped session gives one stopped step.
- * n_draft <= LLMD_MAX_DRAFT. With recurrent layers, a step that rejects a draft
- * runs the accepted tokens again from the state before it (also one that passes a
- * block boundary, where plain steps offer the state to the prefix cache). */
+ * equals its draft there. Session i's sampled ids are its steps' tokens, n_out[i] of
+ * them in out from offset sum over j < i of (n_drafts[j] + 1): those that matched a
+ * draft enter the KV cache, the last is pending, and the session is exactly as after
+ * n_out[i] decode_one calls, the same tokens included (a token's logits do not
+ * depend on batching). It also stops after a terminal token. With logprobs (null,
+ * or laid out as out) and n_top (n entries: -1 for none, else 0..LLMD_MAX_TOP_LOGPROBS;
+ * null with logprobs) each token gets its log-probability and its top list as
+ * llmd_session_token_logprobs would give after each step, session i's n_top[i] per
+ * token in top_ids / top_logprobs from offset sum over j < i of (n_drafts[j] + 1) *
+ * max(n_top[j], 0). Drafts need a pending token (decode one step first:
+ * LLMD_ERR_STATE); a session with 0 drafts takes a plain step. Drafts past the
+ * context are not verified. A stopped session gives one stopped step. n_drafts[i] <=
+ * LLMD_MAX_DRAFT. With recurrent layers, a step that rejects a draft runs the
+ * accepted tokens again from the state before it (also one that passes a block
+ * boundary, where plain steps offer the state to the prefix cache). A session that
+ * fails to sample (its grammar) is left as a failed decode_one leaves it; the others
+ * take their steps, and the first failure is returned. */
 enum { LLMD_MAX_DRAFT = 32 };
-llmd_status llmd_session_decode_draft(llmd_session *session, const int32_t *draft, size_t n_draft, int32_t n_top,
-                                      llmd_token *out, float *logprobs, int32_t *top_ids, float *top_logprobs,
-                                      size_t *n_out);
+llmd_status llmd_session_decode_drafts(llmd_session *const *sessions, size_t n, const int32_t *drafts,
+                                       const size_t *n_drafts, const int32_t *n_top, llmd_token *out, float *logprobs,
+                                       int32_t *top_ids, float *top_logprobs, size_t *n_out);
 
 /* Keep the first pos tokens of the KV cache; drop the pending token and logits.
  * A sliding-window layer keeps a ring of recent positions, so once it has wrapped,

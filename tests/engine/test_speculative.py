@@ -1,11 +1,12 @@
-"""llmd_session_decode_draft: speculative verification is exact.
+"""llmd_session_decode_drafts: speculative verification is exact.
 
-A verification step runs the pending token and drafted ids through one forward pass
-and samples each position as decode_one would, so whatever the drafts (right, wrong,
-long, short), the tokens, their logprobs and the session after it equal plain
-decoding's, bit for bit, greedy or sampled with a seed, on an attention-only model
-and on hybrid recurrent ones (whose rejected drafts are rolled back by running the
-accepted tokens again from the state before the step).
+A verification step runs the pending token and drafted ids of each of its sessions
+through one forward pass and samples each position as decode_one would, so whatever
+the drafts (right, wrong, long, short) and whatever else shares the pass, the tokens,
+their logprobs and the session after it equal plain decoding's, bit for bit, greedy
+or sampled with a seed, on an attention-only model and on hybrid recurrent ones
+(whose rejected drafts are rolled back by running the accepted tokens again from the
+state before the step).
 """
 from __future__ import annotations
 
@@ -47,14 +48,16 @@ SAMPLINGS = {
 }
 
 
-def prompt_of(engine: Engine) -> list[int]:
-    return engine.tokenize("the quick brown fox jumps over the lazy dog, and then the quick brown fox")[:40]
+def prompt_of(engine: Engine, text: str = "the quick brown fox jumps over the lazy dog, and then the quick brown fox"
+              ) -> list[int]:
+    return engine.tokenize(text)[:40]
 
 
-def plain(engine: Engine, sampling: Sampling, steps: int) -> list[tuple[int, float, tuple]]:
+def plain(engine: Engine, sampling: Sampling, steps: int, prompt: list[int] | None = None
+          ) -> list[tuple[int, float, tuple]]:
     """decode_one steps: (id, logprob, top 3) of each."""
     with engine.new_session() as s:
-        s.prefill(prompt_of(engine))
+        s.prefill(prompt or prompt_of(engine))
         s.set_sampling(sampling)
         out = []
         for _ in range(steps):
@@ -95,6 +98,69 @@ def test_verified_drafts_give_exactly_the_tokens_and_logprobs_of_plain_decoding(
     got, tokens = speculative(engine, SAMPLINGS[sampling], STEPS, drafts)
     assert got == reference  # ids, and logprobs and top lists bit for bit
     assert tokens == prompt_of(engine) + ids[:-1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sessions_verifying_in_one_pass_each_get_their_own_plain_decoding(engines, arch):
+    """Three sessions (other prompts and samplings, logprobs of 3, none and 0 top ones)
+    start one after another and verify drafts of any length, right or wrong, in one call
+    a step (a session's first step samples its prefill's logits in the same call, and a
+    session without drafts takes a plain step in it): each gets what plain decoding
+    gives it alone."""
+    engine = engines[arch]
+    texts = ["the quick brown fox jumps over the lazy dog", "one two three four five six seven", "a b a b a b a"]
+    samplings = [SAMPLINGS["greedy"], SAMPLINGS["sampled"], Sampling(temperature=0.7, seed=3)]
+    tops = [3, None, 0]
+    prompts = [prompt_of(engine, t) for t in texts]
+    reference = [plain(engine, sampling, STEPS, prompt) for sampling, prompt in zip(samplings, prompts)]
+    rng = random.Random(9)
+    sessions = [engine.new_session() for _ in texts]
+    try:
+        out: list[list] = [[] for _ in texts]
+        for step in range(3 * STEPS):
+            live = [i for i in range(len(texts)) if i <= step and len(out[i]) < STEPS]
+            if not live:
+                break
+            drafts = []
+            for i in live:
+                if not out[i]:
+                    sessions[i].prefill(prompts[i])
+                    sessions[i].set_sampling(samplings[i])
+                    drafts.append([])
+                    continue
+                ids = [r[0] for r in reference[i][len(out[i]):len(out[i]) + rng.randint(0, 6)]]
+                if ids and rng.random() < 0.4:
+                    wrong = rng.randrange(len(ids))
+                    ids[wrong] = (ids[wrong] + 1) % engine.info.n_vocab
+                drafts.append(ids[:STEPS - len(out[i]) - 1])
+            steps = engine.decode_drafts([sessions[i] for i in live], drafts, [tops[i] for i in live])
+            for i, tokens in zip(live, steps):
+                out[i] += [(t.id, t.logprob, t.top) for t in tokens]
+        for i in range(len(texts)):
+            if tops[i] == 3:
+                assert out[i] == reference[i], i
+            else:  # no top list (None: no logprob either); the ids are plain decoding's
+                assert [t[0] for t in out[i]] == [r[0] for r in reference[i]], i
+                assert all(t[2] == () if tops[i] == 0 else t[1] is None for t in out[i]), i
+            assert sessions[i].tokens() == prompts[i] + [r[0] for r in reference[i]][:-1]
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_a_pass_that_is_refused_changes_no_session(engines):
+    engine = engines["llama"]
+    with engine.new_session() as a, engine.new_session() as b, engine.new_session() as fresh:
+        for s in (a, b):
+            s.prefill(prompt_of(engine))
+            s.decode_one()
+        fresh.prefill(prompt_of(engine))  # no pending token: it may not draft yet
+        before = (a.tokens(), b.tokens(), fresh.tokens())
+        with pytest.raises(EngineError, match="decode one step first"):
+            engine.decode_drafts([a, fresh, b], [[1, 2], [3], [4]])
+        with pytest.raises(EngineError, match="appears twice"):
+            engine.decode_drafts([a, a], [[1], []])
+        assert (a.tokens(), b.tokens(), fresh.tokens()) == before
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -8,7 +8,7 @@ import asyncio
 import pytest_asyncio
 
 from llmd.engine import fetch
-from llmd.engine.native import Sampling, Session
+from llmd.engine.native import Sampling
 from llmd.serving.draft_model import open_draft_session
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import PREFILL_CHUNK, Generation, Runtime
@@ -57,6 +57,7 @@ async def test_streams_get_a_token_each_per_decode_step(runtime):
         steps.append({g.slot.id: g.generated for g in batch})
 
     runtime._deliver = record
+    runtime.speculative = "off"  # plain steps: a speculative one may give a stream several tokens
     log: list = []
     readers = [(await start(runtime, name, f"{name}: " + FILLER, 24, log))[1] for name in "abc"]
     await asyncio.gather(*readers)
@@ -115,21 +116,12 @@ async def test_an_engine_call_waits_for_the_step_in_flight_only(runtime, monkeyp
     """Decode steps run in bursts on the executor; a call queued there (a new request's
     tokenization) ends the burst, so it waits for the step in flight, not the burst."""
     steps = [0]  # decode steps the executor has finished, counted on the executor
-    decode_batch = runtime.engine.decode_batch
-
-    decode_draft = Session.decode_draft  # a single stream decodes speculatively
-
-    def counted(*args):
-        tokens = decode_batch(*args)
-        steps[0] += 1
-        return tokens
-
-    def counted_draft(*args):
-        tokens = decode_draft(*args)
-        steps[0] += 1
-        return tokens
-    monkeypatch.setattr(runtime.engine, "decode_batch", counted)
-    monkeypatch.setattr(Session, "decode_draft", counted_draft)
+    for name in ("decode_batch", "decode_drafts"):  # plain steps and speculative ones
+        def counted(*args, real=getattr(runtime.engine, name)):
+            tokens = real(*args)
+            steps[0] += 1
+            return tokens
+        monkeypatch.setattr(runtime.engine, name, counted)
     log: list = []
     g, reader = await start(runtime, "d", FILLER, 1000, log)
     while len(log) < 3:
@@ -189,13 +181,21 @@ async def new_slot(rt: Runtime, name: str) -> Slot:
     return Slot(name, await rt.call(rt.engine.new_session), draft=draft)
 
 
-async def speculation_scenario(rt: Runtime, narrow: bool, seed: int | None = None) -> tuple[dict, int, int]:
+async def speculation_scenario(rt: Runtime, narrow: bool, seed: int | None = None) -> tuple[dict, int, int, int]:
     """Generations with logprobs, greedy (or sampled with `seed`): one alone, then three
-    at once (so speculation stops and starts as the batch grows and shrinks), then a
-    second turn of the first on its warm session. Each generation's (id, logprob, top)
-    tokens, the drafted and the accepted ids in all. `narrow` biases the choice towards
+    at once (so the pass verifies the drafts of one to three as the batch grows and
+    shrinks), then a second turn of the first on its warm session. Each generation's
+    (id, logprob, top) tokens, the drafted and the accepted ids in all, and the most
+    generations whose drafts one pass verified. `narrow` biases the choice towards
     three ids, so that n-grams recur on random weights too."""
     sessions = {name: await new_slot(rt, name) for name in SPEC_PROMPTS}
+    together_most = [0]
+    decode_drafts = rt.engine.decode_drafts
+
+    def counted(sessions_, drafts, *args):
+        together_most[0] = max(together_most[0], sum(bool(d) for d in drafts))
+        return decode_drafts(sessions_, drafts, *args)
+    rt.engine.decode_drafts = counted
     bias = {i: float("-inf") for i in rt.engine.info.eog_ids} | ({i: 6.0 for i in range(40, 43)} if narrow else {})
     never_end = Sampling(logit_bias=bias) if seed is None else Sampling(temperature=0.8, top_k=20, seed=seed,
                                                                         logit_bias=bias)
@@ -220,7 +220,7 @@ async def speculation_scenario(rt: Runtime, narrow: bool, seed: int | None = Non
     assert out["warm"][0] and sessions["copy"].resident[:len(prompts["copy"])] == prompts["copy"]
     drafted = rt.metrics.draft_tokens.values.get((rt.speculative,), 0)
     accepted = rt.metrics.draft_accepted.values.get((rt.speculative,), 0)
-    return out, drafted, accepted
+    return out, drafted, accepted, together_most[0]
 
 
 class FixedCosts(Costs):
@@ -242,7 +242,7 @@ class FixedCosts(Costs):
 
 
 async def scenario_with(path: str, speculative: str, narrow: bool, draft: str | None = None,
-                        seed: int | None = None, costs: Costs | None = None) -> tuple[dict, int, int]:
+                        seed: int | None = None, costs: Costs | None = None) -> tuple[dict, int, int, int]:
     """The scenario on a new runtime, its speculation paced by `costs` (default: none
     known, so that drafts are accepted and rejected however busy the machine)."""
     rt = Runtime(ServerMetrics(), speculative=speculative)
@@ -258,10 +258,11 @@ async def test_speculation_changes_no_token_or_logprob_of_greedy_generations(tmp
     qwen35 = tmp_path / "qwen35.gguf"
     build_tiny_qwen35(n_ctx=2048).write(qwen35)
     for path, narrow in ((str(fetch.default_model(fetch=False)), False), (str(qwen35), True)):
-        plain, drafted_off, _ = await scenario_with(path, "off", narrow)
-        speculated, drafted, accepted = await scenario_with(path, "ngram", narrow)
+        plain, drafted_off, _, _ = await scenario_with(path, "off", narrow)
+        speculated, drafted, accepted, together = await scenario_with(path, "ngram", narrow)
         assert speculated == plain, path
         assert drafted_off == 0 and 0 < accepted < drafted, (path, drafted, accepted)  # accepts and rejects
+        assert together >= 2, path  # several generations' drafts verified in one pass
 
 
 async def test_a_draft_model_that_does_not_pay_drafts_at_most_its_probes_and_changes_nothing(tmp_path):
@@ -270,16 +271,16 @@ async def test_a_draft_model_that_does_not_pay_drafts_at_most_its_probes_and_cha
     pause, and the output is the plain one, as it is with the runtime's own timings.
     Prompt lookup, paced by the same costs, proposes only its probes."""
     path = str(fetch.default_model(fetch=False))
-    plain, _, _ = await scenario_with(path, "off", False)
+    plain, _, _, _ = await scenario_with(path, "off", False)
     never = FixedCosts(1.0, {1: 100.0, 8: 800.0})
-    speculated, drafted, _ = await scenario_with(path, "draft", False, path, costs=never)
+    speculated, drafted, _, _ = await scenario_with(path, "draft", False, path, costs=never)
     assert speculated == plain
     # 5 generations of 60 to 120 tokens: a probe at their start and after pauses of 8, 16, 32, 64 steps.
     assert drafted <= 5 * 5 * 4  # probes of at most FIRST_K ids
-    timed, _, _ = await scenario_with(path, "draft", False, path, costs=Costs())
+    timed, _, _, _ = await scenario_with(path, "draft", False, path, costs=Costs())
     assert timed == plain
-    lookup, drafted_never, _ = await scenario_with(path, "ngram", False, costs=never)
-    free, drafted_free, _ = await scenario_with(path, "ngram", False)
+    lookup, drafted_never, _, _ = await scenario_with(path, "ngram", False, costs=never)
+    free, drafted_free, _, _ = await scenario_with(path, "ngram", False)
     assert lookup == free == plain and drafted_never < drafted_free / 4
 
 
@@ -293,8 +294,9 @@ async def test_a_draft_model_changes_no_token_or_logprob_greedy_or_seeded(tmp_pa
             paths[name + suffix] = str(w.write(tmp_path / f"{name}{suffix}.gguf"))
     for name in ("llama", "qwen35"):
         for seed in (None, 11):
-            plain, drafted_off, _ = await scenario_with(paths[name], "off", False, seed=seed)
-            speculated, drafted, accepted = await scenario_with(paths[name], "draft", False, paths[name + "_q4_0"],
-                                                                seed)
+            plain, drafted_off, _, _ = await scenario_with(paths[name], "off", False, seed=seed)
+            speculated, drafted, accepted, together = await scenario_with(paths[name], "draft", False,
+                                                                          paths[name + "_q4_0"], seed)
             assert speculated == plain, (name, seed)
             assert drafted_off == 0 and 0 < accepted < drafted, (name, seed, drafted, accepted)
+            assert together >= 2, (name, seed)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from llmd.serving.speculative import (FIRST_K, FIRST_PAUSE, MAX_PAUSE, MISSES, N_MAX, PROBE_EVERY, Costs, CopyPace,
-                                     DraftLimits, NgramDrafter, Pace, expected_tokens)
+                                     DraftLimits, NgramDrafter, Pace, Pass, expected_tokens)
 
 
 def test_the_continuation_of_the_longest_matching_ngram_is_proposed():
@@ -130,9 +130,9 @@ def costs(plain: float, verify: dict[int, float], draft_per_token: float = 0.0) 
 
 def test_costs_are_running_means_and_untimed_k_are_estimated_on_a_line():
     c = Costs()
-    assert c.plain is None and c.verify(2) is None and c.draft(2) is None
+    assert c.verify(0) is None and c.verify(2) is None and c.draft(2) is None
     c.verified(0, 10.0)
-    assert c.plain == 10.0 and c.verify(2) is None  # one point is no line
+    assert c.verify(0) == 10.0 and c.verify(2) is None  # one point is no line
     c.verified(4, 20.0)
     assert c.verify(2) == pytest.approx(15.0) and c.verify(8) == pytest.approx(30.0)
     c.verified(4, 30.0)  # a running mean, not the last timing
@@ -292,6 +292,20 @@ def test_a_new_generation_starts_from_the_runtimes_record_of_runs():
         first.record(24, 24)
     assert CopyPace(DraftLimits(), c).length(32) >= 24
     assert CopyPace(DraftLimits(), lookup_costs()).length(32) < 8  # no record: an even chance each draft
+
+
+def test_in_a_busy_pass_a_proposal_must_raise_the_tokens_per_second_of_the_whole_pass():
+    # A plain pass of 8 generations yields 8 tokens for 2.4 plain steps (3.3 a step). A copy
+    # with no record (an even chance each draft) pays alone, not there; one expected whole
+    # (its two earlier continuations agree for 8 tokens) pays there too.
+    busy = Pass(extra=7, expected=8.0)
+    assert busy.rate(lookup_costs()) == pytest.approx(8 / 2.4)
+    assert CopyPace(DraftLimits(), lookup_costs()).length(8) > 0
+    assert CopyPace(DraftLimits(), lookup_costs()).length(8, plan=busy) == 0
+    whole = CopyPace(DraftLimits(), lookup_costs())
+    assert whole.length(16, agree=8, plan=busy) == 9 and whole.yield_of(9) == 10
+    busy.add(9, whole.yield_of(9), 0.0)  # the pass the next generation's proposal would join
+    assert (busy.extra, busy.expected) == (16, 17.0) and busy.rate(lookup_costs()) == pytest.approx(17 / 4.2)
 
 
 def test_until_the_costs_are_timed_prompt_lookup_proposes_what_it_may():

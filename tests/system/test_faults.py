@@ -15,7 +15,7 @@ import pytest_asyncio
 from llmd._native import lib
 from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
-from llmd.engine.native import EngineError, Session
+from llmd.engine.native import EngineError
 from llmd.http.server import HttpServer
 from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
@@ -29,8 +29,8 @@ from tests.system.test_limits import address, long_body, stalled_stream, wait_fo
 
 
 class FailingDecode:
-    """A decode step (`real`: Engine.decode_batch, or Session.decode_draft, the step of
-    a generation that speculates) that raises a native error on the `fail_on`-th call
+    """A decode step (`real`: Engine.decode_batch, or Engine.decode_drafts, the step of
+    generations that speculate) that raises a native error on the `fail_on`-th call
     from now."""
 
     def __init__(self, real, several: bool = False):
@@ -50,9 +50,9 @@ class FailingDecode:
 
 
 @pytest_asyncio.fixture(params=["off", "ngram"])
-async def stack(tiny_model, request, monkeypatch):
+async def stack(tiny_model, request):
     """The real server stack in this process, without speculative decoding (a decode step
-    is Engine.decode_batch) and with it (a lone stream's step is Session.decode_draft);
+    is Engine.decode_batch) and with it (a step is Engine.decode_drafts);
     yields (client, table, fault)."""
     runtime = Runtime(ServerMetrics(), speculative=request.param)
     engine = await runtime.load(str(tiny_model.path), n_threads=1, max_sessions=4)
@@ -60,8 +60,8 @@ async def stack(tiny_model, request, monkeypatch):
         fault = FailingDecode(engine.decode_batch)
         engine.decode_batch = fault
     else:
-        fault = FailingDecode(Session.decode_draft, several=True)
-        monkeypatch.setattr(Session, "decode_draft", lambda session, *args: fault(session, *args))
+        fault = FailingDecode(engine.decode_drafts, several=True)
+        engine.decode_drafts = fault
     table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
     await table.start()
     app = App()

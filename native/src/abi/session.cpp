@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -128,118 +129,152 @@ llmd_status sample_token(llmd_session *s, const float *logits, std::vector<float
     return LLMD_OK;
 }
 
-// One decode step for sessions that are live, distinct and of one engine.
-llmd_status decode_step(llmd_session *const *sessions, size_t n, llmd_token *out) {
-    llmd_engine *e = sessions[0]->engine;
-    const HParams &hp = e->model->hp;
-    std::vector<BatchToken> batch;
-    std::vector<llmd_session *> fed;
-    std::vector<char> stopped(n); // decided once, so a stop() racing this step is seen next step
+// Sessions of one step: live, distinct and of one engine.
+llmd_status check_batch(llmd_session *const *sessions, size_t n) {
     for (size_t i = 0; i < n; ++i) {
-        llmd_session *s = sessions[i];
-        out[i] = llmd_token{0, "", 0, 0, 0, 1, 0};
-        stopped[i] = s->stop.load();
-        if (stopped[i]) continue;
-        if (s->pending >= 0) {
-            if (static_cast<int>(s->tokens.size()) >= e->n_ctx)
-                return fail(LLMD_ERR_CONTEXT_FULL, "the context is full (" + std::to_string(e->n_ctx) + " tokens)");
-            batch.push_back({&s->kv, s->pending, static_cast<int32_t>(s->tokens.size()), true, &s->rs});
-            fed.push_back(s);
-        } else if (!s->logits_valid) {
-            return fail(LLMD_ERR_STATE, "decode needs a prefill first");
-        }
-    }
-    if (!batch.empty()) {
-        std::vector<float> logits(batch.size() * static_cast<size_t>(hp.n_vocab));
-        for (size_t b = 0; b < batch.size(); b += kMaxBatch) {
-            const int m = static_cast<int>(std::min<size_t>(kMaxBatch, batch.size() - b));
-            forward(*e->model, batch.data() + b, m, e->ws, *e->pool, logits.data() + b * hp.n_vocab);
-        }
-        for (size_t j = 0; j < fed.size(); ++j) {
-            llmd_session *s = fed[j];
-            s->tokens.push_back(s->pending);
-            s->kv.publish(s->tokens);
-            // The newest block boundary of a reply is what the next turn can resume
-            // from; the one before it, taken by this reply, makes room.
-            if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
-            s->pending = -1;
-            std::copy_n(logits.data() + j * hp.n_vocab, hp.n_vocab, s->logits.data());
-            s->logits_valid = true;
-        }
-    }
-    std::vector<float> scratch(hp.n_vocab);
-    for (size_t i = 0; i < n; ++i) {
-        if (stopped[i]) continue;
-        llmd_session *s = sessions[i];
-        if (const llmd_status st = sample_token(s, s->logits.data(), scratch, &out[i]); st != LLMD_OK) return st;
-        s->pending = out[i].token_id;
+        if (const llmd_status st = check_session(sessions[i]); st != LLMD_OK) return st;
+        if (sessions[i]->engine != sessions[0]->engine)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "a batch must use sessions of one engine");
+        for (size_t j = 0; j < i; ++j)
+            if (sessions[j] == sessions[i]) return fail(LLMD_ERR_INVALID_ARGUMENT, "a session appears twice in a batch");
     }
     return LLMD_OK;
 }
 
-// llmd_session_decode_draft for a session with a pending token, k drafts that fit the
-// context (checked by the caller): the pending token and the drafts in one forward
-// pass, then sampling position by position while the drafts agree.
-llmd_status decode_draft(llmd_session *s, const int32_t *draft, size_t k, int32_t n_top, llmd_token *out,
-                         float *logprobs, int32_t *top_ids, float *top_logprobs, size_t *n_out) {
-    llmd_engine *e = s->engine;
+// Where a step's results go: session i's tokens from out + at[i] (room for its drafts
+// and one token more), n_out[i] of them; with logprobs (null: none asked for) their
+// logprobs from logprobs + at[i] and, unless n_top[i] < 0, n_top[i] top ids and
+// logprobs each from top_at[i].
+struct StepOut {
+    llmd_token *out;
+    size_t *n_out;
+    const size_t *at;
+    float *logprobs = nullptr;
+    const int32_t *n_top = nullptr;
+    int32_t *top_ids = nullptr;
+    float *top_logprobs = nullptr;
+    const size_t *top_at = nullptr;
+};
+
+// A step of generation for n sessions that are live, distinct and of one engine, each
+// verifying the drafts that follow its pending token (k[i] ids from drafts[i], which
+// fit its context; none for a session without one): the pending tokens and the drafts
+// go through the model in one forward pass, with logits at every position; then each
+// session samples position by position as plain steps would, and goes on while the
+// sampled id equals its draft there. A session that fails to sample (its grammar) is
+// left as a plain step that failed leaves it, with the logits it failed on; the others
+// still take their tokens, and the first failure is returned.
+llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *drafts, const size_t *k,
+                 const StepOut &o) {
+    llmd_engine *e = sessions[0]->engine;
     const int n_vocab = e->model->hp.n_vocab;
-    const int pos = static_cast<int>(s->tokens.size());
-    // A recurrent state cannot be cut back: the state before the pass, to run the
+    std::vector<char> stopped(n); // decided once, so a stop() racing this step is seen next step
+    std::vector<BatchToken> batch;
+    std::vector<size_t> row(n); // session i's first row of logits, when it has a pending token
+    for (size_t i = 0; i < n; ++i) {
+        llmd_session *s = sessions[i];
+        stopped[i] = s->stop.load();
+        if (stopped[i]) continue;
+        if (s->pending < 0) {
+            if (k[i] > 0) return fail(LLMD_ERR_STATE, "drafts follow a pending token: decode one step first");
+            if (!s->logits_valid) return fail(LLMD_ERR_STATE, "decode needs a prefill first");
+            continue;
+        }
+        const int pos = static_cast<int>(s->tokens.size());
+        if (pos >= e->n_ctx)
+            return fail(LLMD_ERR_CONTEXT_FULL, "the context is full (" + std::to_string(e->n_ctx) + " tokens)");
+        row[i] = batch.size();
+        batch.push_back({&s->kv, s->pending, pos, true, &s->rs});
+        for (size_t j = 0; j < k[i]; ++j)
+            batch.push_back({&s->kv, drafts[i][j], static_cast<int32_t>(pos + 1 + j), true, &s->rs});
+    }
+    // A recurrent state cannot be cut back: each state before the pass, to run the
     // accepted tokens again from if a draft is rejected (none without drafts).
-    const std::vector<float> before = k > 0 ? s->rs.now : std::vector<float>();
-    std::vector<BatchToken> batch(k + 1);
-    batch[0] = {&s->kv, s->pending, pos, true, &s->rs};
-    for (size_t j = 0; j < k; ++j) batch[j + 1] = {&s->kv, draft[j], static_cast<int32_t>(pos + 1 + j), true, &s->rs};
-    std::vector<float> logits((k + 1) * static_cast<size_t>(n_vocab));
-    forward(*e->model, batch.data(), static_cast<int>(k + 1), e->ws, *e->pool, logits.data());
-    s->tokens.push_back(s->pending);
-    s->pending = -1;
+    std::vector<std::vector<float>> before(n);
+    for (size_t i = 0; i < n; ++i)
+        if (k[i] > 0 && !stopped[i]) before[i] = sessions[i]->rs.now;
+    std::vector<float> logits(batch.size() * static_cast<size_t>(n_vocab));
+    for (size_t b = 0; b < batch.size(); b += kMaxBatch) {
+        const int m = static_cast<int>(std::min<size_t>(kMaxBatch, batch.size() - b));
+        forward(*e->model, batch.data() + b, m, e->ws, *e->pool, logits.data() + b * n_vocab);
+    }
     std::vector<float> scratch(n_vocab);
-    llmd_status st = LLMD_OK;
-    size_t n = 0;
-    while (st == LLMD_OK) {
-        const float *row = logits.data() + n * n_vocab;
-        llmd_token &t = out[n];
-        if ((st = sample_token(s, row, scratch, &t)) != LLMD_OK) break;
-        if (logprobs != nullptr)
-            logprobs[n] = log_softmax_top(row, n_vocab, t.token_id, n_top, top_ids + n * n_top,
-                                          top_logprobs + n * n_top);
-        if (++n > k || t.token_id != draft[n - 1] || t.is_terminal) {
-            s->pending = t.token_id;
-            std::copy_n(row, n_vocab, s->logits.data());
-            break;
-        }
-        s->tokens.push_back(t.token_id);
-    }
-    const int kept = static_cast<int>(s->tokens.size()); // the pending token and the accepted drafts
-    s->kv.truncate(kept);
-    // Plain steps would have offered the recurrent state at a block boundary they passed
-    // to the prefix cache (publish_snapshot); the pass went by it.
-    const int boundary = kept / kKVBlock * kKVBlock;
-    const bool passed = boundary > pos && boundary < kept;
-    if (!s->rs.empty() && (kept < pos + 1 + static_cast<int>(k) || passed)) {
-        std::copy(before.begin(), before.end(), s->rs.now.begin());
-        s->rs.pos = pos;
-        auto run = [&](int from, int to) { // the accepted tokens [from, to) again, from the state at from
-            for (int j = from; j < to; ++j) batch[j - from] = {&s->kv, s->tokens[j], j, false, &s->rs};
-            forward(*e->model, batch.data(), to - from, e->ws, *e->pool, nullptr);
+    llmd_status status = LLMD_OK;
+    for (size_t i = 0; i < n; ++i) {
+        llmd_session *s = sessions[i];
+        llmd_token *out = o.out + o.at[i];
+        const auto score = [&](size_t j, const float *l) { // token j's logprob and top list, if asked for
+            if (o.logprobs == nullptr || o.n_top[i] < 0) return;
+            const size_t top = o.top_at[i] + j * o.n_top[i];
+            o.logprobs[o.at[i] + j] = log_softmax_top(l, n_vocab, out[j].token_id, o.n_top[i], o.top_ids + top,
+                                                      o.top_logprobs + top);
         };
-        if (passed) {
-            run(pos, boundary);
-            const std::vector<int32_t> tail(s->tokens.begin() + boundary, s->tokens.end());
-            s->tokens.resize(boundary);
-            s->kv.publish(s->tokens);
-            if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
-            s->tokens.insert(s->tokens.end(), tail.begin(), tail.end());
+        o.n_out[i] = 1;
+        if (stopped[i]) {
+            out[0] = llmd_token{0, "", 0, 0, 0, 1, 0};
+            continue;
         }
-        run(passed ? boundary : pos, kept);
+        if (s->pending < 0) { // the first step of a reply samples the prefill's logits
+            llmd_status st = sample_token(s, s->logits.data(), scratch, out);
+            if (st == LLMD_OK) {
+                s->pending = out[0].token_id;
+                score(0, s->logits.data());
+            } else if (status == LLMD_OK) {
+                status = st;
+            }
+            continue;
+        }
+        const int pos = static_cast<int>(s->tokens.size());
+        s->tokens.push_back(s->pending);
+        s->pending = -1;
+        size_t j = 0; // tokens sampled
+        for (;;) {
+            const float *l = logits.data() + (row[i] + j) * n_vocab;
+            if (const llmd_status st = sample_token(s, l, scratch, out + j); st != LLMD_OK) {
+                if (status == LLMD_OK) status = st;
+                std::copy_n(l, n_vocab, s->logits.data());
+                break;
+            }
+            score(j, l);
+            if (++j > k[i] || out[j - 1].token_id != drafts[i][j - 1] || out[j - 1].is_terminal) {
+                s->pending = out[j - 1].token_id;
+                std::copy_n(l, n_vocab, s->logits.data());
+                break;
+            }
+            s->tokens.push_back(out[j - 1].token_id);
+        }
+        o.n_out[i] = j;
+        s->logits_valid = true;
+        const int kept = static_cast<int>(s->tokens.size()); // the pending token and the accepted drafts
+        s->kv.truncate(kept);
+        // Plain steps would have offered the recurrent state at a block boundary they
+        // passed to the prefix cache (publish_snapshot); the pass went by it.
+        const int boundary = kept / kKVBlock * kKVBlock;
+        const bool passed = boundary > pos && boundary < kept;
+        if (!s->rs.empty() && (kept < pos + 1 + static_cast<int>(k[i]) || passed)) {
+            std::copy(before[i].begin(), before[i].end(), s->rs.now.begin());
+            s->rs.pos = pos;
+            std::vector<BatchToken> again(kept - pos);
+            auto run = [&](int from, int to) { // the accepted tokens [from, to) again, from the state at from
+                for (int t = from; t < to; ++t) again[t - from] = {&s->kv, s->tokens[t], t, false, &s->rs};
+                forward(*e->model, again.data(), to - from, e->ws, *e->pool, nullptr);
+            };
+            if (passed) {
+                run(pos, boundary);
+                const std::vector<int32_t> tail(s->tokens.begin() + boundary, s->tokens.end());
+                s->tokens.resize(boundary);
+                s->kv.publish(s->tokens);
+                if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
+                s->tokens.insert(s->tokens.end(), tail.begin(), tail.end());
+            }
+            run(passed ? boundary : pos, kept);
+        }
+        s->kv.publish(s->tokens);
+        // The newest block boundary of a reply is what the next turn can resume from;
+        // the one before it, taken by this reply, makes room.
+        if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
     }
-    s->kv.publish(s->tokens);
-    if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
-    s->logits_valid = st == LLMD_OK;
-    *n_out = n;
-    return st;
+    return status;
 }
 
 // A prefix of the session that its cache holds whole: 0, or from resume_floor on,
@@ -360,46 +395,49 @@ llmd_status llmd_session_decode_one(llmd_session *s, llmd_token *out) { return l
 llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n, llmd_token *out) {
     return guarded([&]() -> llmd_status {
         if (sessions == nullptr || out == nullptr || n == 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "empty batch");
-        for (size_t i = 0; i < n; ++i) {
-            if (const llmd_status st = check_session(sessions[i]); st != LLMD_OK) return st;
-            if (sessions[i]->engine != sessions[0]->engine)
-                return fail(LLMD_ERR_INVALID_ARGUMENT, "a batch must use sessions of one engine");
-            for (size_t j = 0; j < i; ++j)
-                if (sessions[j] == sessions[i]) return fail(LLMD_ERR_INVALID_ARGUMENT, "a session appears twice in a batch");
-        }
-        return decode_step(sessions, n, out);
+        if (const llmd_status st = check_batch(sessions, n); st != LLMD_OK) return st;
+        std::vector<size_t> none(n), at(n), n_out(n); // no drafts: one token each
+        std::iota(at.begin(), at.end(), size_t{0});
+        return step(sessions, n, nullptr, none.data(), StepOut{out, n_out.data(), at.data()});
     });
 }
 
-llmd_status llmd_session_decode_draft(llmd_session *s, const int32_t *draft, size_t n_draft, int32_t n_top,
-                                      llmd_token *out, float *logprobs, int32_t *top_ids, float *top_logprobs,
-                                      size_t *n_out) {
+llmd_status llmd_session_decode_drafts(llmd_session *const *sessions, size_t n, const int32_t *drafts,
+                                       const size_t *n_drafts, const int32_t *n_top, llmd_token *out, float *logprobs,
+                                       int32_t *top_ids, float *top_logprobs, size_t *n_out) {
     return guarded([&]() -> llmd_status {
-        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
-        if (out == nullptr || n_out == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "out and n_out must not be null");
-        *n_out = 0;
-        if (n_draft > LLMD_MAX_DRAFT)
-            return fail(LLMD_ERR_INVALID_ARGUMENT, "n_draft " + std::to_string(n_draft) + " is more than " +
-                                                       std::to_string(LLMD_MAX_DRAFT));
-        if (logprobs != nullptr)
-            if (const llmd_status st = check_top(n_top, top_ids, top_logprobs); st != LLMD_OK) return st;
-        llmd_engine *e = s->engine;
-        if (const llmd_status st = check_ids(e, draft, n_draft); st != LLMD_OK) return st;
-        if (n_draft > 0 && s->pending < 0 && !s->stop.load())
-            return fail(LLMD_ERR_STATE, "drafts follow a pending token: decode one step first");
-        if (s->pending < 0 || s->stop.load()) { // a plain step: the first of a reply, or a stopped one
-            *n_out = 1;
-            const llmd_status st = decode_step(&s, 1, out);
-            if (st == LLMD_OK && logprobs != nullptr && !out[0].stopped)
-                logprobs[0] = log_softmax_top(s->logits.data(), e->model->hp.n_vocab, s->pending, n_top, top_ids,
-                                              top_logprobs);
-            return st;
+        if (sessions == nullptr || n == 0) return fail(LLMD_ERR_INVALID_ARGUMENT, "empty batch");
+        if (n_drafts == nullptr || out == nullptr || n_out == nullptr)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "n_drafts, out and n_out must not be null");
+        if ((logprobs == nullptr) != (n_top == nullptr))
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "logprobs and n_top go together");
+        if (const llmd_status st = check_batch(sessions, n); st != LLMD_OK) return st;
+        std::fill_n(n_out, n, 0);
+        llmd_engine *e = sessions[0]->engine;
+        std::vector<const int32_t *> from(n);
+        std::vector<size_t> k(n), at(n), top_at(n);
+        size_t id = 0, token = 0, top = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (n_drafts[i] > LLMD_MAX_DRAFT)
+                return fail(LLMD_ERR_INVALID_ARGUMENT, "n_draft " + std::to_string(n_drafts[i]) + " is more than " +
+                                                           std::to_string(LLMD_MAX_DRAFT));
+            if (n_drafts[i] > 0 && drafts == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "drafts must not be null");
+            if (n_top != nullptr && n_top[i] >= 0)
+                if (const llmd_status st = check_top(n_top[i], top_ids, top_logprobs); st != LLMD_OK) return st;
+            from[i] = drafts == nullptr ? nullptr : drafts + id;
+            if (const llmd_status st = check_ids(e, from[i], n_drafts[i]); st != LLMD_OK) return st;
+            // Drafts past the context are not verified.
+            const size_t n_ctx = static_cast<size_t>(e->n_ctx);
+            const size_t room = n_ctx - std::min(sessions[i]->tokens.size() + 1, n_ctx);
+            k[i] = sessions[i]->pending < 0 ? n_drafts[i] : std::min(n_drafts[i], room);
+            at[i] = token;
+            top_at[i] = top;
+            id += n_drafts[i];
+            token += n_drafts[i] + 1;
+            if (n_top != nullptr && n_top[i] > 0) top += (n_drafts[i] + 1) * static_cast<size_t>(n_top[i]);
         }
-        const size_t pos = s->tokens.size();
-        if (pos >= static_cast<size_t>(e->n_ctx))
-            return fail(LLMD_ERR_CONTEXT_FULL, "the context is full (" + std::to_string(e->n_ctx) + " tokens)");
-        const size_t k = std::min(n_draft, static_cast<size_t>(e->n_ctx) - pos - 1); // the rest would not fit
-        return decode_draft(s, draft, k, n_top, out, logprobs, top_ids, top_logprobs, n_out);
+        return step(sessions, n, from.data(), k.data(),
+                    StepOut{out, n_out, at.data(), logprobs, n_top, top_ids, top_logprobs, top_at.data()});
     });
 }
 
