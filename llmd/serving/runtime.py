@@ -34,9 +34,9 @@ batched step does. For each generation the call returns one token or several, ex
 those plain steps would give, and each goes through `_deliver` one by one as a plain
 step's token does, so streams, stops, logprobs, grammars and cancellation see no
 difference. The runtime times each proposal and each pass (Costs, shared by its
-generations); the drafters' pacing decides from them, one generation after another,
-whether a proposal and how long a one raises the tokens per second of the whole pass
-(Pass), so that a busy batch, whose plain step already yields a token per
+generations); from them the drafters' pacing decides, one generation after another,
+whether to propose and how far, so that each proposal raises the tokens per second of
+the whole pass (Pass): a busy batch, whose plain step already yields a token per
 generation, takes drafts only where they pay there. A generation whose drafter pauses
 takes plain steps in the pass. While a prompt is being prefilled, a verification,
 dearer than a step, would hold it up for tokens that a batched step makes at little
