@@ -98,10 +98,14 @@ class Pass:
         self.expected += expected - 1.0
         self.drafting += drafting
 
-    def rate(self, costs: Costs) -> float | None:
-        """Tokens per second of the pass as it is, None while its cost is not known."""
-        verify = costs.verify(self.extra)
-        return None if verify is None else self.expected / max(self.drafting + verify, 1e-9)
+    def rate(self, costs: Costs, k: int = 0, expected: float = 1.0, drafting: float = 0.0) -> float | None:
+        """Tokens per second of the pass with a proposal of k drafts more, expected to
+        yield `expected` tokens and made in `drafting` seconds (by default, of the pass
+        as it is); None while its cost is not known."""
+        verify = costs.verify(self.extra + k)
+        if verify is None:
+            return None
+        return (self.expected - 1.0 + expected) / max(self.drafting + drafting + verify, 1e-9)
 
 
 class Acceptance:
@@ -290,19 +294,17 @@ class Pace:
         top = min(self.k, limit)
         if top <= 0 or top < self.n_min:
             return 0
-        plan = plan if plan is not None else Pass()
-        k, pays = self.best(top, plan)
+        k, pays = self.best(top, plan if plan is not None else Pass())
         self._paid = pays
         if (pays or self._probe) and self._worth_catching_up(behind, limit):
             return k
         self._start_pause()
         return 0
 
-    def best(self, top: int, plan: Pass | None = None) -> tuple[int, bool]:
-        """The k in [max(n_min, 1), top] that gives the pass `plan` (default: this
-        generation's alone) the most tokens per second, and whether that beats the pass
-        without it; (top, True) while the costs are not known."""
-        plan = plan if plan is not None else Pass()
+    def best(self, top: int, plan: Pass) -> tuple[int, bool]:
+        """The k in [max(n_min, 1), top] that gives the pass `plan` the most tokens per
+        second, and whether that beats the pass without it; (top, True) while the costs
+        are not known."""
         found = self._best_rate(top, self.acceptance, plan)
         if found is None:
             return top, True
@@ -320,8 +322,7 @@ class Pace:
         if costs is None or plan.rate(costs) is None or costs.verify(plan.extra + first) is None \
                 or costs.draft(first) is None:
             return None
-        return max(((plan.expected - 1.0 + expected_tokens(k, acceptance))
-                    / max(plan.drafting + costs.draft(k) + costs.verify(plan.extra + k), 1e-9), k)
+        return max((plan.rate(costs, k, expected_tokens(k, acceptance), costs.draft(k)), k)
                    for k in range(first, max(first, top) + 1))
 
     def _worth_catching_up(self, behind: int, limit: int) -> bool:
@@ -406,12 +407,10 @@ class CopyPace:
         if now is None or costs.verify(plan.extra + first) is None:
             return top
         if agree is not None:  # expected to be accepted whole: it pays if that pays
-            k = top
-            rate = (plan.expected + top) / max(plan.drafting + costs.verify(plan.extra + top), 1e-9)
+            k, rate = top, plan.rate(costs, top, top + 1.0)
         else:
             tokens = self.expected(top)
-            rate, k = max(((plan.expected - 1.0 + tokens[k]) / max(plan.drafting + costs.verify(plan.extra + k), 1e-9),
-                           k) for k in range(first, top + 1))
+            rate, k = max((plan.rate(costs, k, tokens[k]), k) for k in range(first, top + 1))
         if rate > now or self._declined >= PROBE_EVERY:
             self._declined = 0
             return k
