@@ -24,8 +24,9 @@ a prior): the chance S(j) that the first j drafts are accepted, and so the token
 verification of k drafts yields, 1 + S(1) + ... + S(k). CopyPace proposes the k that
 gives the pass the most tokens per second (drafting is free), and nothing while no k
 beats the pass without it, except one in PROBE_EVERY declined matches in a row,
-to learn whether copying came back. Until the costs are timed, it proposes as much as
-it may.
+to learn whether copying came back, where a copy accepted whole would pay (in a pass
+busy enough that none would, a probe learns nothing worth its verification). Until
+the costs are timed, it proposes as much as it may.
 
 A draft model (Pace, llmd.serving.draft_model), whose drafts cost steps of its own and
 are accepted one by one. The longest proposal allowed doubles after a proposal
@@ -38,8 +39,9 @@ proposing too. A pause lasts a number of generated tokens (however they were dec
 the runtime decodes a paused generation plainly) that doubles with each pause, up to
 MAX_PAUSE, and starts over once a proposal that paid is accepted; after a pause (and
 for a generation's first proposal) one proposal is made whatever the costs say, to
-probe the acceptance again. So a draft model that costs more than it saves pays at
-most one wasted verification every MAX_PAUSE tokens. Until a verification has been
+probe the acceptance again, in the first pass where it would pay if accepted whole.
+So a draft model that costs more than it saves pays at most one wasted verification
+every MAX_PAUSE tokens. Until a verification has been
 timed, the allowed length is proposed as is. A draft model must first catch up with
 the tokens (at a new prompt or after a pause): it proposes, a probe included, only if
 that costs less than speculating could save over the tokens left, at the recent
@@ -106,6 +108,21 @@ class Pass:
         if verify is None:
             return None
         return (self.expected - 1.0 + expected) / max(self.drafting + drafting + verify, 1e-9)
+
+    def worth_probing(self, costs: Costs, ks: range, drafting=lambda k: 0.0) -> bool:
+        """Whether a proposal of some k in ks, accepted whole and made in drafting(k)
+        seconds, would raise the pass's tokens per second (True while that is not known).
+        Where none would, no acceptance can make a proposal pay in this pass, and a
+        probe of the acceptance costs a verification to learn nothing."""
+        now = self.rate(costs)
+        if now is None:
+            return True
+        for k in ks:
+            seconds = drafting(k)
+            whole = None if seconds is None else self.rate(costs, k, k + 1.0, seconds)
+            if whole is None or whole > now:
+                return True
+        return False
 
 
 class Acceptance:
@@ -294,8 +311,12 @@ class Pace:
         top = min(self.k, limit)
         if top <= 0 or top < self.n_min:
             return 0
-        k, pays = self.best(top, plan if plan is not None else Pass())
+        plan = plan if plan is not None else Pass()
+        k, pays = self.best(top, plan)
         self._paid = pays
+        if not pays and self._probe and self.costs is not None \
+                and not plan.worth_probing(self.costs, range(max(self.n_min, 1), top + 1), self.costs.draft):
+            return 0  # the probe waits for a pass where it could pay
         if (pays or self._probe) and self._worth_catching_up(behind, limit):
             return k
         self._start_pause()
@@ -411,7 +432,7 @@ class CopyPace:
         else:
             tokens = self.expected(top)
             rate, k = max((plan.rate(costs, k, tokens[k]), k) for k in range(first, top + 1))
-        if rate > now or self._declined >= PROBE_EVERY:
+        if rate > now or (self._declined >= PROBE_EVERY and plan.worth_probing(costs, range(first, top + 1))):
             self._declined = 0
             return k
         self._declined += 1

@@ -226,6 +226,21 @@ def test_a_probe_stays_due_until_a_proposal_is_made():
     assert pace.length(32) == 0  # recorded: now the costs decide
 
 
+def busy_costs() -> Costs:
+    """4 generations decode in 1.3 plain steps, a draft more makes it 2.0 and each further
+    one adds 0.5 (the 1B shape's passes with the avx2 kernels: 33-37 ms plain, 47-69 ms
+    with drafts)."""
+    return costs(1.0, {3: 1.3, 4: 2.0, 16: 8.0})
+
+
+def test_in_a_pass_no_acceptance_could_pay_for_a_probe_waits_for_one_it_could():
+    busy = Pass(extra=3, expected=4.0)  # even drafts accepted whole yield fewer tokens a second
+    assert not busy.worth_probing(busy_costs(), range(1, 33)) and Pass().worth_probing(busy_costs(), range(1, 33))
+    pace = Pace(DraftLimits(), busy_costs())
+    assert [pace.length(32, plan=busy) for _ in range(3)] == [0, 0, 0] and pace.pause == 0  # no pause begins
+    assert pace.length(32) > 0  # alone, the probe is made
+
+
 def test_a_catch_up_is_made_only_when_speculating_could_save_more():
     # A draft model 0.3 of a step a draft, verification 1 + 0.2 k steps, 95 % accepted
     # of late: speculating saves about 0.2 s of a plain 1 s step.
@@ -283,6 +298,14 @@ def test_a_match_that_does_not_pay_is_declined_and_probed_now_and_then():
     lengths = [pace.length(32) for _ in range(2 * (PROBE_EVERY + 1))]
     assert [i for i, k in enumerate(lengths) if k] == [PROBE_EVERY, 2 * PROBE_EVERY + 1]
     assert pace.pause == 0  # drafting is free: nothing to pause
+
+
+def test_a_match_is_not_probed_in_a_pass_where_no_copy_could_pay():
+    pace = CopyPace(DraftLimits(), busy_costs())
+    busy = Pass(extra=3, expected=4.0)
+    assert not any(pace.length(32, plan=busy) for _ in range(3 * (PROBE_EVERY + 1)))
+    assert not any(pace.length(32, agree=32, plan=busy) for _ in range(3 * (PROBE_EVERY + 1)))
+    assert pace.length(32) > 0  # alone a copy pays
 
 
 def test_a_new_generation_starts_from_the_runtimes_record_of_runs():
