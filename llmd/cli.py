@@ -93,10 +93,7 @@ def _api_key(text: str) -> str:
 
 
 def _speculative(text: str) -> str:
-    """--speculative: a drafter the runtime has, or a clear word on one it has not yet."""
-    if text == "mtp":
-        raise argparse.ArgumentTypeError("'mtp' speculative decoding is not built yet (multi-token-prediction "
-                                         "heads are planned); use 'ngram', 'draft' or 'off'")
+    """--speculative: a drafter the runtime has."""
     if text not in MODES:
         raise argparse.ArgumentTypeError(f"choose from {', '.join(MODES)}")
     return text
@@ -188,10 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-warm-resume", action="store_true", default=_env("no_warm_resume", False, bool),
                        help="never reuse a session's KV cache (for A/B measurement)")
     serve.add_argument("--speculative", type=_speculative, default=_env("speculative", None, _speculative),
-                       metavar="{off,ngram,draft}",
+                       metavar="{off,ngram,draft,mtp}",
                        help="speculative decoding: 'ngram' drafts the continuation of a repeated n-gram of the "
                             "conversation (prompt lookup), 'draft' lets a smaller model (--draft-model) guess "
-                            "the next tokens; the model verifies a draft in one pass, without changing any output "
+                            "the next tokens, 'mtp' the model's own multi-token-prediction block (Qwen3.5 files "
+                            "that have one); the model verifies a draft in one pass, without changing any output "
                             "token; 'off' decodes one token per step (default: draft with --draft-model, else ngram)")
     serve.add_argument("--draft-model", default=_env("draft_model", None),
                        help="GGUF file of a smaller model with the same vocabulary (e.g. a lower-bit "
@@ -295,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "tasks (code edit, RAG answer, JSON rewrite, open chat), and 4 busy streams")
     bench.add_argument("--draft-model", default=_env("draft_model", None),
                        help="--speculative: draft with this model (--speculative draft) instead of prompt lookup")
+    bench.add_argument("--mtp", action="store_true", default=_env("mtp", False, bool),
+                       help="--speculative: draft with the model's multi-token-prediction block (--speculative mtp) "
+                            "instead of prompt lookup")
     bench.add_argument("--url", default=_env("url", None),
                        help="--streams: measure the server at this URL (any OpenAI-compatible one, e.g. "
                             "llama-server) instead of starting llmd; --model names its model file")
@@ -351,7 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             return accuracy.run(str(fetch.resolve_model(args.model)), args.file, args.twin, args.threads, args.json)
         if args.command == "bench" and args.bench_speculative:
             from llmd.commands import speculative_bench
-            return speculative_bench.run(args.model, args.threads, args.runs, args.json, args.draft_model)
+            if args.mtp and args.draft_model:
+                print("llmd: bench --speculative drafts with --draft-model or --mtp, not both", file=sys.stderr)
+                return 2
+            return speculative_bench.run(args.model, args.threads, args.runs, args.json, args.draft_model, args.mtp)
         if args.command == "bench":
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
@@ -531,7 +535,8 @@ def banner(url: str, model_id: str, path: str, info, load_seconds: float, specul
     slots: the session table's capacity (default the engine's max_sessions); draft_bytes:
     the KV memory of each slot's draft session, with a draft model."""
     drafter = {"off": "off", "ngram": "prompt lookup (ngram)",
-               "draft": f"draft model {_model_id(draft_path)}  ({draft_path})"}[speculative]
+               "draft": f"draft model {_model_id(draft_path)}  ({draft_path})",
+               "mtp": "the model's multi-token-prediction block (mtp)"}[speculative]
     named = (slots or info.max_sessions) - 1
     capacity = (f"{named} named sessions + 1 for anonymous requests" if named else
                 "1 session (anonymous requests only; raise --kv-budget or --max-sessions for named ones)")

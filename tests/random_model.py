@@ -2,6 +2,7 @@
 
     python -m tests.random_model OUT.gguf --shape llama-3.2-1b
     python -m tests.random_model OUT.gguf --shape k256 [--output-norm 0.5]
+    python -m tests.random_model OUT.gguf --shape qwen3.5-0.8b --nextn 1
 
 F16 weights drawn from random bytes (a billion of them take seconds, not the hours
 Python's Gaussian would), the writer's byte-level BPE vocabulary padded with
@@ -102,9 +103,15 @@ def main() -> None:
                              "text's tokens ~24 nats below the top logit; k256 at 0.5 gives next-token "
                              "distributions of about 3 nats' entropy, the text's tokens within 16 nats of the "
                              "top at 95 %% of positions")
+    parser.add_argument("--nextn", type=int, default=0,
+                        help="multi-token-prediction blocks after the layers (the Qwen3.5 shapes; Qwen3.5's own "
+                             "files have one), for --speculative mtp")
     args = parser.parse_args()
     builder, shape, floats = SHAPES[args.shape]
-    w = builder(**shape, weight_type=GGML_F16, seed=args.seed, random_matrix=random_f16)
+    if args.nextn and builder is not build_tiny_qwen35:
+        parser.error("--nextn: only the Qwen3.5 shapes have multi-token-prediction blocks")
+    nextn = {"nextn": args.nextn} if args.nextn else {}
+    w = builder(**shape, **nextn, weight_type=GGML_F16, seed=args.seed, random_matrix=random_f16)
     scale_output_norm(w, args.output_norm)
     w.set("general.name", STRING, f"random-{args.shape}")
     for key, value in floats.items():

@@ -1,5 +1,6 @@
-"""`python -m llmd bench --speculative`: what speculative decoding buys, by prompt lookup
-or, with --draft-model, by a draft model.
+"""`python -m llmd bench --speculative`: what speculative decoding buys, by prompt lookup,
+with --draft-model by a draft model, or with --mtp by the model's own
+multi-token-prediction block.
 
 Four tasks through HTTP chat completions at temperature 0 against one `python -m llmd`
 server: a code edit (rename a variable in a 200-line file and reprint it), a RAG
@@ -93,11 +94,14 @@ def _chat(port: int, model: str, task: str, text: str, speculative: bool, sessio
     return reply
 
 
-def speculative_figures(path: str | None, threads: int, runs: int, draft_path: str | None = None) -> dict:
+def speculative_figures(path: str | None, threads: int, runs: int, draft_path: str | None = None,
+                        mtp: bool = False) -> dict:
     path = path or _default()
     with Engine(path, n_ctx=16) as engine:
         eog_ids = engine.info.eog_ids
-    drafter = ("--speculative", "draft", "--draft-model", draft_path) if draft_path else ()
+    mode = "draft" if draft_path else "mtp" if mtp else "ngram"
+    drafter = {"draft": ("--speculative", "draft", "--draft-model", draft_path), "mtp": ("--speculative", "mtp"),
+               "ngram": ()}[mode]
     proc, port = _start(path, threads, "--max-sessions", "8", "--ctx", "4096", *drafter)
     try:
         model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
@@ -119,7 +123,7 @@ def speculative_figures(path: str | None, threads: int, runs: int, draft_path: s
                 tokens[task] = replies[True]["usage"]["completion_tokens"]
                 identical = identical and (replies[True]["choices"][0]["message"]
                                            == replies[False]["choices"][0]["message"])
-        figures: dict = {"drafter": "draft" if draft_path else "ngram", "runs": runs, "identical_output": identical}
+        figures: dict = {"drafter": mode, "runs": runs, "identical_output": identical}
         for task in TASKS:
             on, off = rates[task][True], rates[task][False]
             figures[f"{task}_tokens"] = tokens[task]
@@ -172,8 +176,9 @@ def _busy_streams(port: int, model: str, texts: dict[str, str], runs: int, eog_i
             "4_streams_speedup": round(statistics.median(a / b for a, b in zip(on, off)), 2)}
 
 
-def run(path: str | None, threads: int, runs: int, as_json: bool, draft_path: str | None = None) -> int:
+def run(path: str | None, threads: int, runs: int, as_json: bool, draft_path: str | None = None,
+        mtp: bool = False) -> int:
     """Prints the figures; exits 1 when a reply differed with speculation."""
-    figures = speculative_figures(path, threads, runs, draft_path)
+    figures = speculative_figures(path, threads, runs, draft_path, mtp)
     print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
     return 0 if figures["identical_output"] else 1

@@ -90,6 +90,8 @@ class EngineInfo:
     warnings: tuple[str, ...] = ()  # what the file holds that the engine leaves unused
     kv_type_k: str = "f16"       # how the KV cache stores keys (one of llmd.engine.KV_TYPES)
     kv_type_v: str = "f16"       # and values
+    n_layer_nextn: int = 0       # multi-token-prediction blocks the file has
+    draft_nextn: bool = False    # sessions run the first of them (Session.draft_nextn)
 
 
 @dataclass(frozen=True)
@@ -150,12 +152,12 @@ class Engine:
 
     def __init__(self, path: str, *, n_threads: int = 0, n_ctx: int = 0, max_sessions: int = 0,
                  kv_budget_bytes: int = 0, prefix_cache_bytes: int = 0, kv_type_k: str = "f16",
-                 kv_type_v: str = "f16"):
+                 kv_type_v: str = "f16", draft_nextn: bool = False):
         names = [ffi.new("char[]", kv_type_k.encode()), ffi.new("char[]", kv_type_v.encode())]
         opts = ffi.new("llmd_engine_options *", {
             "n_threads": n_threads, "n_ctx": n_ctx, "max_sessions": max_sessions,
             "kv_budget_bytes": kv_budget_bytes, "prefix_cache_bytes": prefix_cache_bytes,
-            "kv_type_k": names[0], "kv_type_v": names[1]})
+            "kv_type_k": names[0], "kv_type_v": names[1], "draft_nextn": int(draft_nextn)})
         out = ffi.new("llmd_engine **")
         _check(lib.llmd_engine_open(str(path).encode(), opts, out))
         self._handle = out[0]
@@ -178,7 +180,8 @@ class Engine:
             kv_block_positions=raw.kv_block_positions, kv_block_bytes=raw.kv_block_bytes,
             kv_shares_prefixes=bool(raw.kv_shares_prefixes),
             warnings=tuple(w for w in _string(raw.warnings).split("\n") if w),
-            kv_type_k=_string(raw.kv_type_k), kv_type_v=_string(raw.kv_type_v))
+            kv_type_k=_string(raw.kv_type_k), kv_type_v=_string(raw.kv_type_v),
+            n_layer_nextn=raw.n_layer_nextn, draft_nextn=bool(raw.draft_nextn))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:
@@ -372,6 +375,13 @@ class Session:
 
     def truncate(self, pos: int) -> None:
         _check(lib.llmd_session_truncate(self.handle, pos))
+
+    def draft_nextn(self, k: int) -> list[int]:
+        """Up to k ids to follow the pending token, from the model's multi-token-prediction
+        block (an engine opened with draft_nextn; llmd_session_draft_nextn)."""
+        out, n = ffi.new("int32_t[]", max(k, 1)), ffi.new("size_t *")
+        _check(lib.llmd_session_draft_nextn(self.handle, k, out, n))
+        return list(ffi.unpack(out, n[0]))
 
     @property
     def resume_floor(self) -> int:

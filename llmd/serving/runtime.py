@@ -27,20 +27,21 @@ wait for the end, so a handler interrupted at any await cannot leave a session h
 
 Speculative decoding (llmd.serving.speculative). While no prompt is being prefilled,
 each step of the decoding generations may verify proposals of their drafters (prompt
-lookup, or a draft model: llmd.serving.draft_model, whose engine this thread runs
-too) in the step's one engine call (Engine.decode_drafts): a pass over every
-generation's pending token and drafts, which reads the weights once for all, as a
-batched step does. For each generation the call returns one token or several, exactly
-those plain steps would give, and each goes through `_deliver` one by one as a plain
-step's token does, so streams, stops, logprobs, grammars and cancellation see no
-difference. The runtime times each proposal and each pass (Costs, shared by its
-generations); from them the drafters' pacing decides, one generation after another,
-whether to propose and how far, so that each proposal raises the tokens per second of
-the whole pass (Pass): a busy batch, whose plain step already yields a token per
-generation, takes drafts only where they pay there. A generation whose drafter pauses
-takes plain steps in the pass. While a prompt is being prefilled, a verification,
-dearer than a step, would hold it up for tokens that a batched step makes at little
-cost once it decodes too, so the generations decode plainly.
+lookup; a draft model: llmd.serving.draft_model, whose engine this thread runs too; or
+the model's own prediction block: llmd.serving.mtp) in the step's one engine call
+(Engine.decode_drafts): a pass over every generation's pending token and drafts, which
+reads the weights once for all, as a batched step does. For each generation the call
+returns one token or several, exactly those plain steps would give, and each goes
+through `_deliver` one by one as a plain step's token does, so streams, stops,
+logprobs, grammars and cancellation see no difference. The runtime times each proposal
+and each pass (Costs, shared by its generations); from them the drafters' pacing
+decides, one generation after another, whether to propose and how far, so that each
+proposal raises the tokens per second of the whole pass (Pass): a busy batch, whose
+plain step already yields a token per generation, takes drafts only where they pay
+there. A generation whose drafter pauses takes plain steps in the pass. While a prompt
+is being prefilled, a verification, dearer than a step, would hold it up for tokens
+that a batched step makes at little cost once it decodes too, so the generations
+decode plainly.
 
 Bookkeeping of the KV cache (slot.resident) is updated on the event loop after
 each step until the generation ends, whether or not it was cancelled meanwhile, so
@@ -60,6 +61,7 @@ from llmd.engine import fetch
 from llmd.engine.native import Engine, Sampling, Token
 from llmd.serving.draft_model import ModelDrafter, vocab_difference
 from llmd.serving.metrics import ServerMetrics
+from llmd.serving.mtp import MtpDrafter
 from llmd.serving.prefill import PrefillPlan, plan_prefill, with_cached
 from llmd.serving.sessions import Lease, SessionTable, Slot
 from llmd.serving.speculative import MODES, Costs, DraftLimits, NgramDrafter, Pass
@@ -97,7 +99,7 @@ class Generation:
     pending: int | None = None     # sampled, not yet in the KV cache
     generated: int = 0
     forced: bool = False           # the grammar closed the output early to fit max_tokens
-    drafter: NgramDrafter | ModelDrafter | None = None  # from the first decode step on, if it speculates
+    drafter: NgramDrafter | ModelDrafter | MtpDrafter | None = None  # from the first decode step on, if it speculates
     drafted: int = 0               # drafted ids verified
     accepted: int = 0              # of those, ids accepted
     cancelled: bool = False
@@ -174,7 +176,8 @@ class Runtime:
         model's vocabulary is not the model's."""
         if (self.speculative == "draft") != (draft_path is not None):
             raise ValueError("a draft model is needed by, and only by, \"draft\" speculation")
-        self.engine = await self.call(lambda: Engine(path, **options))
+        nextn = {"draft_nextn": True} if self.speculative == "mtp" else {}  # the prediction block runs beside
+        self.engine = await self.call(lambda: Engine(path, **options, **nextn))
         self.capacity = self.engine.info.max_sessions
         if draft_path is not None:
             self.draft_engine = await self.call(self._open_draft, draft_path, options)
@@ -369,6 +372,8 @@ class Runtime:
                 elif self.speculative == "draft" and slot.draft is not None:
                     g.drafter = ModelDrafter(slot.draft, g.prompt, g.plan.keep, g.speculative, g.sampling.logit_bias,
                                              self.costs)
+                elif self.speculative == "mtp":
+                    g.drafter = MtpDrafter(slot.session, g.speculative, self.costs)
             g.t_prefill_end = time.perf_counter()
             if g.max_tokens == 0:  # the prompt's logprobs were all that was asked for
                 self._finish(g, "end", "length")

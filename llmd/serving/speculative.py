@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("off", "ngram", "draft")  # the drafters there are (--speculative); MTP heads are not built yet
+MODES = ("off", "ngram", "draft", "mtp")  # the drafters there are (--speculative)
 MAX_DRAFT = 32       # the engine's bound on a proposal (LLMD_MAX_DRAFT)
 NGRAM_MAX = 4        # the longest n-gram looked up: longer ones pick the right copy among several
 NGRAM_MIN = 3        # shorter matches guess wrong too often to pay for their verification (docs/speculative.md)

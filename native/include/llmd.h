@@ -48,6 +48,8 @@ typedef struct {
     uint64_t prefix_cache_bytes; /* retired prefix-cache blocks kept (LRU); 0: one context's worth */
     const char *kv_type_k;  /* how the KV cache stores keys: "f16", "q8_0" or "q4_0"; NULL or "": f16 */
     const char *kv_type_v;  /* and values, likewise (another name is LLMD_ERR_INVALID_ARGUMENT) */
+    int32_t draft_nextn;    /* 1: sessions run the file's multi-token-prediction block beside the model, for
+                               llmd_session_draft_nextn (a model without one is LLMD_ERR_UNSUPPORTED) */
 } llmd_engine_options;
 
 typedef struct {
@@ -84,6 +86,8 @@ typedef struct {
     const char *warnings;       /* "" or one a line: what the file holds that the engine leaves unused */
     const char *kv_type_k;      /* the KV cache's storage of keys: "f16", "q8_0" or "q4_0" */
     const char *kv_type_v;      /* and of values */
+    int32_t n_layer_nextn;      /* multi-token-prediction blocks the file has (after the n_layer) */
+    int32_t draft_nextn;        /* 1 if sessions run the first of them (llmd_engine_options.draft_nextn) */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
@@ -245,6 +249,16 @@ enum { LLMD_MAX_DRAFT = 32 };
 llmd_status llmd_session_decode_drafts(llmd_session *const *sessions, size_t n, const int32_t *drafts,
                                        const size_t *n_drafts, const int32_t *n_top, llmd_token *out, float *logprobs,
                                        int32_t *top_ids, float *top_logprobs, size_t *n_out);
+
+/* Drafts with the model's multi-token-prediction block (an engine opened with
+ * draft_nextn; else LLMD_ERR_STATE): up to k (<= LLMD_MAX_DRAFT) ids to follow the
+ * session's pending token (none: LLMD_ERR_STATE), each the block's most likely next
+ * token under the session's logit bias (the lowest id on a tie), chained as
+ * llama.cpp's Qwen3.5 drafting chains them: the pending token with the state of the
+ * last position, then each draft with the block's own output state. *n_out is k, or
+ * fewer where the context would not hold them verified. The session's tokens stay;
+ * the block's keys and values past them are written, and a decode step replaces them. */
+llmd_status llmd_session_draft_nextn(llmd_session *session, size_t k, int32_t *out, size_t *n_out);
 
 /* Keep the first pos tokens of the KV cache; drop the pending token and logits.
  * A sliding-window layer keeps a ring of recent positions, so once it has wrapped,

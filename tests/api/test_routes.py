@@ -14,6 +14,7 @@ from llmd.engine import fetch
 from llmd.engine.native import kernel_variants
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
+from tests.support.gguf_writer import build_tiny_qwen35
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -837,6 +838,28 @@ def test_a_draft_model_drafts_and_changes_no_token_greedy_or_seeded():
                 assert 0 < on["timings"]["draft_n_accepted"] == on["timings"]["draft_n"]
         metrics = client.request("GET", client.origin + "/metrics").body.decode()
         assert re.search(r'^llmd_draft_tokens_total\{drafter="draft"\} [1-9]', metrics, re.M)
+
+
+def test_the_model_s_prediction_block_drafts_and_changes_no_token_greedy_or_seeded(tmp_path):
+    """--speculative mtp on a tiny Qwen3.5 with a multi-token-prediction block: /v1/models
+    names the drafter, replies equal those without speculation, and timings and
+    /metrics count its drafts (a logit bias narrows the model and the block alike to
+    three ids, so that random weights agree now and then)."""
+    path = build_tiny_qwen35(n_ctx=512, nextn=1).write(tmp_path / "qwen35-nextn.gguf")
+    with running_llmd("--model", str(path), "--max-sessions", "3", "--ctx", "512", "--speculative", "mtp") as url:
+        client = Client(url + "/v1", model="qwen35-nextn")
+        assert client.get_json("/models").json()["data"][0]["meta"]["speculative"] == "mtp"
+        drafted = 0
+        for extra in ({}, {"temperature": 0.9, "seed": 3}):
+            body = client.completion_body("the lighthouse keeper", max_tokens=40, logprobs=2,
+                                          logit_bias={str(i): 6 for i in range(40, 43)}, **extra)
+            on = client.post_json("/completions", body).json()
+            off = client.post_json("/completions", {**body, "speculative": False}).json()
+            assert on["choices"][0] == off["choices"][0], extra
+            assert off["timings"]["draft_n"] == 0
+            drafted += on["timings"]["draft_n"]
+        metrics = client.request("GET", client.origin + "/metrics").body.decode()
+        assert drafted > 0 and re.search(r'^llmd_draft_tokens_total\{drafter="mtp"\} [1-9]', metrics, re.M)
 
 
 def test_streams_with_stop_strings_and_n_choices_are_the_same_with_speculation(server):

@@ -300,3 +300,15 @@ async def test_a_draft_model_changes_no_token_or_logprob_greedy_or_seeded(tmp_pa
             assert speculated == plain, (name, seed)
             assert drafted_off == 0 and 0 < accepted < drafted, (name, seed, drafted, accepted)
             assert together >= 2, (name, seed)
+
+
+async def test_drafts_of_the_model_s_prediction_block_change_no_token_or_logprob(tmp_path):
+    """The hybrid qwen35 with a multi-token-prediction block, greedy and seeded: the
+    output is the plain one, and the block's drafts (under the requests' logit bias,
+    which narrows both it and the model to three ids) are accepted and rejected."""
+    path = str(build_tiny_qwen35(n_ctx=2048, nextn=1).write(tmp_path / "qwen35_nextn.gguf"))
+    for seed in (None, 11):
+        plain, _, _, _ = await scenario_with(path, "off", True, seed=seed)
+        speculated, drafted, accepted, together = await scenario_with(path, "mtp", True, seed=seed)
+        assert speculated == plain, seed
+        assert 0 < accepted < drafted and together >= 2, (seed, drafted, accepted, together)

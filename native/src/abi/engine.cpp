@@ -239,8 +239,17 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
                 return fail(LLMD_ERR_UNSUPPORTED, std::string("KV type ") + kv_type_name(t) + ": " + why +
                                                       "; this model's is " + std::to_string(hp.head_dim) +
                                                       " (allowed here: f16)");
+        if (opts.draft_nextn != 0 && opts.draft_nextn != 1)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "draft_nextn is 0 or 1");
+        if (opts.draft_nextn == 1 && hp.n_layer_nextn == 0)
+            return fail(LLMD_ERR_UNSUPPORTED, "this model has no multi-token-prediction block to draft with (its file "
+                                              "sets no " + e->architecture + ".nextn_predict_layers)");
+        if (opts.draft_nextn == 1 && e->architecture != "qwen35" && e->architecture != "qwen35moe")
+            return fail(LLMD_ERR_UNSUPPORTED, "drafting with multi-token-prediction blocks is built for qwen35 and "
+                                              "qwen35moe, not " + e->architecture);
+        e->nextn = opts.draft_nextn == 1;
         size_t ring = 0, block = 0;
-        KVCache::layout(hp, e->n_ctx, &ring, &block);
+        KVCache::layout(hp, e->cached_blocks(), e->n_ctx, &ring, &block);
         // A recurrent model's prefix is its blocks and a snapshot of the state after
         // them; one that also kept sliding-window rings would need both: none does.
         const bool recurrent = RecurrentState::state_bytes(hp) > 0;
@@ -254,7 +263,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->pool = std::make_unique<ThreadPool>(pool_threads(opts.n_threads));
         e->ws.reserve(hp, 1);
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
-                                                             : KVCache::bytes_per_token(hp, e->n_ctx, e->kv_types) * static_cast<uint64_t>(e->n_ctx);
+                                                             : KVCache::bytes_per_token(hp, e->cached_blocks(), e->n_ctx, e->kv_types) * static_cast<uint64_t>(e->n_ctx);
         e->kv_pool = std::make_unique<KVPool>(block / kKVBlock, kv_row_bytes(e->kv_types.k, hp.head_dim),
                                               kv_row_bytes(e->kv_types.v, hp.head_dim),
                                               (e->n_ctx + kKVBlock - 1) / kKVBlock, fingerprint, retired);
@@ -304,8 +313,8 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->n_head_kv = hp.n_head_kv;
         out->n_threads = e->pool->size();
         out->weight_bytes = e->model->weight_bytes;
-        out->kv_bytes_per_token = KVCache::bytes_per_token(hp, e->n_ctx, e->kv_types);
-        out->kv_ring_bytes = KVCache::ring_bytes(hp, e->n_ctx, e->kv_types);
+        out->kv_bytes_per_token = KVCache::bytes_per_token(hp, e->cached_blocks(), e->n_ctx, e->kv_types);
+        out->kv_ring_bytes = KVCache::ring_bytes(hp, e->cached_blocks(), e->n_ctx, e->kv_types);
         out->bytes_per_session = e->bytes_per_session();
         out->max_sessions = e->max_sessions;
         out->n_recurrent_layers = static_cast<int32_t>(std::count_if(hp.state.begin(), hp.state.end(), [](int n) { return n > 0; }));
@@ -315,6 +324,8 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->kv_block_positions = kKVBlock;
         out->kv_block_bytes = e->kv_pool->block_bytes();
         out->kv_shares_prefixes = e->kv_shares ? 1 : 0;
+        out->n_layer_nextn = hp.n_layer_nextn;
+        out->draft_nextn = e->nextn ? 1 : 0;
         return LLMD_OK;
     });
 }

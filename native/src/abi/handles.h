@@ -47,18 +47,23 @@ struct llmd_engine {
     int n_ctx = 0;
     int max_sessions = 0;
     llmd::KVTypes kv_types; // how sessions' caches store keys and values
+    bool nextn = false;     // sessions run the model's first prediction block too (llmd_session_draft_nextn)
     std::unique_ptr<llmd::KVPool> kv_pool;       // before the sessions, whose caches hold its blocks
     bool kv_shares = false;                      // a prefix's KV is its blocks (and a ring's copy, or a recurrent snapshot)
     std::unique_ptr<llmd::SnapshotCache> snapshots; // the recurrent layers' part of the prefix cache
     uint64_t snapshot_budget = 0;                // its bytes: kSnapshots states (counted in capacity)
     std::vector<std::unique_ptr<llmd_session>> sessions;
 
+    // The blocks whose memory sessions keep: the layers, and the prediction block.
+    int cached_blocks() const { return model->hp.n_layer + (nextn ? 1 : 0); }
     // Each layer's memory (keys and values per position, a ring, or a recurrent state
-    // with its checkpoints) and the logits.
+    // with its checkpoints), the logits, and the prediction block's input state.
     uint64_t bytes_per_session() const {
-        return llmd::KVCache::bytes_per_token(model->hp, n_ctx, kv_types) * static_cast<uint64_t>(n_ctx) +
-               llmd::KVCache::ring_bytes(model->hp, n_ctx, kv_types) + llmd::RecurrentState::session_bytes(model->hp) +
-               static_cast<uint64_t>(model->hp.n_vocab) * sizeof(float);
+        const llmd::HParams &hp = model->hp;
+        return llmd::KVCache::bytes_per_token(hp, cached_blocks(), n_ctx, kv_types) * static_cast<uint64_t>(n_ctx) +
+               llmd::KVCache::ring_bytes(hp, cached_blocks(), n_ctx, kv_types) +
+               llmd::RecurrentState::session_bytes(hp) + static_cast<uint64_t>(hp.n_vocab) * sizeof(float) +
+               (nextn ? static_cast<uint64_t>(hp.n_embd) * sizeof(float) : 0);
     }
     bool is_eog(int32_t id) const { return std::find(eog_ids.begin(), eog_ids.end(), id) != eog_ids.end(); }
 };
@@ -71,6 +76,10 @@ struct llmd_session {
     std::vector<int32_t> tokens; // ids in the KV cache: tokens.size() == position
     int32_t pending = -1;        // sampled, enters the cache at the next decode step
     std::vector<float> logits;   // next-token logits after tokens (+ nothing pending)
+    // With the engine's prediction block: the final-normed hidden state of the last
+    // position, which the block pairs with the next token (zeros where unknown: at 0,
+    // and after a cut to a position whose state was not kept).
+    std::vector<float> nextn_before;
     bool logits_valid = false;
     llmd::Sampler sampler;
     std::unique_ptr<llmd::GrammarMatcher> grammar; // null: unconstrained

@@ -52,6 +52,11 @@ int common_prefix(const std::vector<int32_t> &tokens, const int32_t *ids, int en
     return n;
 }
 
+// The prediction block's input state is unknown after a cut that its last position
+// did not keep: zeros, as at position 0 (drafts stay proposals; only their acceptance
+// suffers).
+void forget_nextn_state(llmd_session *s) { std::fill(s->nextn_before.begin(), s->nextn_before.end(), 0.0f); }
+
 // With recurrent layers: offers the state after the session's tokens to the prefix
 // cache when they end a block that the session published (recurrent.h:
 // SnapshotCache), in place of the snapshot `replaces` (0: none). Returns the
@@ -103,6 +108,7 @@ llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limi
     s->kv.adopt(m);
     s->rs.adopt(at, *state, valid); // a state of this session's own is read before its checkpoints are trimmed
     s->tokens.assign(ids, ids + at);
+    forget_nextn_state(s);
     s->pending = -1;
     s->logits_valid = false;
     s->reply_snapshot = 0;
@@ -141,6 +147,52 @@ llmd_status check_batch(llmd_session *const *sessions, size_t n) {
     return LLMD_OK;
 }
 
+// A state holds no keys and values of the prediction block (it holds the model's
+// layers alone): they are zeroed for its positions, which the block's attention then
+// weighs as nothing, and so is its input state.
+void forget_nextn_block(llmd_session *s) {
+    const HParams &hp = s->engine->model->hp;
+    const std::vector<float> zeros(hp.head_dim, 0.0f);
+    for (int pos = 0; pos < static_cast<int>(s->tokens.size()); ++pos)
+        for (int h = 0; h < hp.n_head_kv; ++h) s->kv.write(hp, hp.n_layer, h, pos, zeros.data(), zeros.data());
+    forget_nextn_state(s);
+}
+
+// forward() of tokens of the sessions `owners` (a session's tokens consecutive, in
+// order), and, where the engine drafts with the prediction block, that block over the
+// same tokens, each paired with the state of the position before it (the row before
+// it in the batch, or its session's nextn_before), so that the block's keys and values
+// follow every token a session holds. Each session's nextn_before is left at its last
+// token's state; `states` (n, dim), if given, receives every token's.
+void advance(llmd_engine *e, llmd_session *const *owners, const BatchToken *batch, int n, float *logits,
+             float *hidden = nullptr, float *states = nullptr) {
+    if (!e->nextn) {
+        forward(*e->model, batch, n, e->ws, *e->pool, logits, hidden);
+        return;
+    }
+    const size_t dim = static_cast<size_t>(e->model->hp.n_embd);
+    std::vector<float> own, before(n * dim);
+    if (states == nullptr) {
+        own.resize(n * dim);
+        states = own.data();
+    }
+    forward(*e->model, batch, n, e->ws, *e->pool, logits, hidden, states);
+    for (int t = 0; t < n; ++t) {
+        const bool follows = t > 0 && owners[t - 1] == owners[t];
+        const float *row = follows ? states + (t - 1) * dim : owners[t]->nextn_before.data();
+        std::copy_n(row, dim, before.data() + t * dim);
+    }
+    std::vector<BatchToken> block(batch, batch + n);
+    for (BatchToken &b : block) {
+        b.logits = false; // the block's keys and values, no drafts here
+        b.rs = nullptr;
+    }
+    forward_nextn(*e->model, block.data(), n, before.data(), e->ws, *e->pool, nullptr, nullptr);
+    for (int t = 0; t < n; ++t)
+        if (t + 1 == n || owners[t + 1] != owners[t]) // its session's last
+            std::copy_n(states + t * dim, dim, owners[t]->nextn_before.data());
+}
+
 // Where a step's results go: session i's tokens from out + at[i] (room for its drafts
 // and one token more), n_out[i] of them; with logprobs (null: none asked for) their
 // logprobs from logprobs + at[i] and, unless n_top[i] < 0, n_top[i] top ids and
@@ -170,6 +222,7 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
     const int n_vocab = e->model->hp.n_vocab;
     std::vector<char> stopped(n); // decided once, so a stop() racing this step is seen next step
     std::vector<BatchToken> batch;
+    std::vector<llmd_session *> owners; // each token's session
     std::vector<size_t> row(n); // session i's first row of logits, when it has a pending token
     for (size_t i = 0; i < n; ++i) {
         llmd_session *s = sessions[i];
@@ -187,6 +240,7 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
         batch.push_back({&s->kv, s->pending, pos, true, &s->rs});
         for (size_t j = 0; j < k[i]; ++j)
             batch.push_back({&s->kv, drafts[i][j], static_cast<int32_t>(pos + 1 + j), true, &s->rs});
+        owners.resize(batch.size(), s);
     }
     // A recurrent state cannot be cut back: each state before the pass, to run the
     // accepted tokens again from if a draft is rejected (none without drafts).
@@ -194,9 +248,12 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
     for (size_t i = 0; i < n; ++i)
         if (k[i] > 0 && !stopped[i]) before[i] = sessions[i]->rs.now;
     std::vector<float> logits(batch.size() * static_cast<size_t>(n_vocab));
+    const size_t dim = static_cast<size_t>(e->model->hp.n_embd);
+    std::vector<float> states(e->nextn ? batch.size() * dim : 0); // for the state of the last position kept
     for (size_t b = 0; b < batch.size(); b += kMaxBatch) {
         const int m = static_cast<int>(std::min<size_t>(kMaxBatch, batch.size() - b));
-        forward(*e->model, batch.data() + b, m, e->ws, *e->pool, logits.data() + b * n_vocab);
+        advance(e, owners.data() + b, batch.data() + b, m, logits.data() + b * n_vocab, nullptr,
+                e->nextn ? states.data() + b * dim : nullptr);
     }
     std::vector<float> scratch(n_vocab);
     llmd_status status = LLMD_OK;
@@ -247,6 +304,7 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
         s->logits_valid = true;
         const int kept = static_cast<int>(s->tokens.size()); // the pending token and the accepted drafts
         s->kv.truncate(kept);
+        if (e->nextn) std::copy_n(states.data() + (row[i] + kept - 1 - pos) * dim, dim, s->nextn_before.data());
         // Plain steps would have offered the recurrent state at a block boundary they
         // passed to the prefix cache (publish_snapshot); the pass went by it.
         const int boundary = kept / kKVBlock * kKVBlock;
@@ -308,7 +366,7 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         s->engine = e;
         const HParams &hp = e->model->hp;
         size_t ring = 0, block = 0;
-        s->kv.layers = KVCache::layout(hp, e->n_ctx, &ring, &block);
+        s->kv.layers = KVCache::layout(hp, e->cached_blocks(), e->n_ctx, &ring, &block);
         s->kv.set_types(e->kv_types, hp.head_dim);
         s->kv.pool = e->kv_pool.get();
         // Uninitialised on purpose: pages are touched only as positions fill.
@@ -317,6 +375,7 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
         s->rs.init(hp);
         s->logits.resize(hp.n_vocab);
+        if (e->nextn) s->nextn_before.assign(hp.n_embd, 0.0f);
         llmd_sampling greedy{};
         greedy.repeat_penalty = 1.0f;
         greedy.top_p = 1.0f;
@@ -366,7 +425,8 @@ llmd_status llmd_session_prefill(llmd_session *s, const int32_t *ids, size_t n) 
             if (pos + i < boundary) m = std::min(m, boundary - pos - i);
             for (size_t j = 0; j < m; ++j)
                 batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(pos + i + j), i + j == n - 1, &s->rs};
-            forward(*e->model, batch.data(), static_cast<int>(m), e->ws, *e->pool, s->logits.data());
+            const std::vector<llmd_session *> owners(m, s);
+            advance(e, owners.data(), batch.data(), static_cast<int>(m), s->logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
             s->kv.publish(s->tokens);
             i += m;
@@ -441,6 +501,34 @@ llmd_status llmd_session_decode_drafts(llmd_session *const *sessions, size_t n, 
     });
 }
 
+llmd_status llmd_session_draft_nextn(llmd_session *s, size_t k, int32_t *out, size_t *n_out) {
+    return guarded([&]() -> llmd_status {
+        if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
+        if (n_out == nullptr || (out == nullptr && k > 0)) return fail(LLMD_ERR_INVALID_ARGUMENT, "null argument");
+        *n_out = 0;
+        llmd_engine *e = s->engine;
+        if (!e->nextn) return fail(LLMD_ERR_STATE, "the engine was opened without draft_nextn");
+        if (k > LLMD_MAX_DRAFT)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "k " + std::to_string(k) + " is more than " +
+                                                       std::to_string(LLMD_MAX_DRAFT));
+        if (s->pending < 0) return fail(LLMD_ERR_STATE, "drafts follow a pending token: decode one step first");
+        const HParams &hp = e->model->hp;
+        const int pos = static_cast<int>(s->tokens.size()); // the pending token's; draft j verifies at pos + 1 + j
+        k = std::min(k, static_cast<size_t>(std::max(0, e->n_ctx - pos - 1)));
+        std::vector<float> before = s->nextn_before, state(hp.n_embd), logits(hp.n_vocab);
+        int32_t token = s->pending;
+        for (size_t j = 0; j < k; ++j) {
+            const BatchToken t{&s->kv, token, static_cast<int32_t>(pos + j), true, nullptr};
+            forward_nextn(*e->model, &t, 1, before.data(), e->ws, *e->pool, logits.data(), state.data());
+            token = s->sampler.pick_biased(logits.data(), hp.n_vocab);
+            out[j] = token;
+            before.swap(state);
+        }
+        *n_out = k;
+        return LLMD_OK;
+    });
+}
+
 llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
     return guarded([&]() -> llmd_status {
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
@@ -464,6 +552,7 @@ llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
         }
         s->kv.truncate(pos);
         s->reply_snapshot = 0;
+        if (!here) forget_nextn_state(s);
         if (pos == 0) s->rs.reset();
         else if (!here && !s->rs.empty()) s->rs.restore(pos);
         s->tokens.resize(pos);
@@ -522,6 +611,7 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
             s->kv.ring_low = ring_begin;
         }
         s->tokens.assign(ids, ids + m.length());
+        forget_nextn_state(s);
         s->pending = -1;
         s->logits_valid = false;
         *reused = m.length();
@@ -610,6 +700,7 @@ llmd_status llmd_session_import(llmd_session *s, const uint8_t *data, size_t len
         }
         if (!read) return fail(LLMD_ERR_FORMAT, err);
         s->tokens = std::move(tokens);
+        if (s->engine->nextn) forget_nextn_block(s);
         s->reply_snapshot = 0;
         s->pending = -1;
         s->logits_valid = false;
@@ -689,6 +780,7 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
         s->tokens.clear();
         s->kv.high = -1;
         s->rs.reset();
+        forget_nextn_state(s);
         s->pending = -1;
         s->logits_valid = false;
         const bool mean = pooling == 1;
@@ -700,7 +792,8 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
             const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
             for (int j = 0; j < m; ++j)
                 batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(i + j), mean || i + j == pooled, &s->rs};
-            forward(*e->model, batch.data(), m, e->ws, *e->pool, nullptr, hidden.data());
+            const std::vector<llmd_session *> owners(m, s);
+            advance(e, owners.data(), batch.data(), m, nullptr, hidden.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
             if (mean) {
                 for (int j = 0; j < m; ++j)
@@ -754,7 +847,8 @@ llmd_status llmd_session_score_top(llmd_session *s, const int32_t *ids, size_t n
                 const size_t t = i + j;
                 batch[j] = {&s->kv, ids[t], static_cast<int32_t>(pos + t), t >= first, &s->rs};
             }
-            forward(*e->model, batch.data(), m, e->ws, *e->pool, logits.data());
+            const std::vector<llmd_session *> owners(m, s);
+            advance(e, owners.data(), batch.data(), m, logits.data());
             s->tokens.insert(s->tokens.end(), ids + i, ids + i + m);
             s->kv.publish(s->tokens);
             int row = 0;

@@ -8,7 +8,7 @@
 // multi-section scheme, which for text positions rotates the pairs of the first three
 // sections and leaves the fourth's unrotated (model.h: gated_attention). Every layer
 // then has the SwiGLU feed-forward, normed by post_attention_norm. Multi-token-prediction
-// blocks (nextn_predict_layers) are loaded into Model::nextn for drafting, not run.
+// blocks (nextn_predict_layers): the first drafts (model.h: forward_nextn).
 #include "arch/arch.h"
 
 namespace llmd {

@@ -5,7 +5,7 @@
 // says of weights norm and scale) plus the shared expert every token runs behind its
 // sigmoid gate, as Qwen2-MoE's. Files may end with multi-token-prediction blocks
 // (nextn_predict_layers): gated attention and the same MoE over eh_proj of the normed
-// embedding and hidden state; they are loaded into Model::nextn for drafting.
+// embedding and hidden state; the first drafts (model.h: forward_nextn).
 #include "arch/arch.h"
 
 namespace llmd {

@@ -78,6 +78,11 @@ void Sampler::adjust(float *logits, const std::vector<int32_t> &history) {
         logits[id] -= count * params_.frequency_penalty + params_.presence_penalty;
 }
 
+int32_t Sampler::pick_biased(float *logits, int n_vocab) const {
+    for (const auto &[id, value] : bias_) logits[id] += value;
+    return argmax(logits, n_vocab);
+}
+
 int32_t Sampler::pick(const float *logits, int n_vocab) {
     return params_.temperature <= 0.0f ? argmax(logits, n_vocab) : draw(logits, n_vocab);
 }

@@ -29,6 +29,9 @@ public:
     // would have given. Returns -1 if the grammar allows no token at all.
     int32_t sample(float *logits, int n_vocab, const std::vector<int32_t> &history, GrammarMatcher *grammar,
                    bool *forced);
+    // The most likely id under the logit bias alone (the lowest on a tie), from logits
+    // modified in place: what a draft of the request is picked as.
+    int32_t pick_biased(float *logits, int n_vocab) const;
 
 private:
     void adjust(float *logits, const std::vector<int32_t> &history);

@@ -10,12 +10,13 @@
 
 namespace llmd {
 
-std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t *ring_rows, size_t *block_rows) {
+std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_blocks, int n_ctx, size_t *ring_rows,
+                                            size_t *block_rows) {
     const auto blocks = [](int64_t n) { return static_cast<int>((n + kKeyBlock - 1) / kKeyBlock * kKeyBlock); };
-    std::vector<Layer> layers(hp.n_layer);
+    std::vector<Layer> layers(n_blocks);
     size_t offset = 0;
     int paged = 0;
-    for (int l = 0; l < hp.n_layer; ++l) {
+    for (int l = 0; l < n_blocks; ++l) {
         // A forward batch writes all its positions before any of them attends, so a
         // ring holds its window behind the batch's first position plus the batch.
         const int w = hp.window[l];
@@ -34,15 +35,15 @@ std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_ctx, size_t
     return layers;
 }
 
-uint64_t KVCache::bytes_per_token(const HParams &hp, int n_ctx, KVTypes types) {
+uint64_t KVCache::bytes_per_token(const HParams &hp, int n_blocks, int n_ctx, KVTypes types) {
     size_t ring = 0, block = 0;
-    layout(hp, n_ctx, &ring, &block);
+    layout(hp, n_blocks, n_ctx, &ring, &block);
     return block / kKVBlock * (kv_row_bytes(types.k, hp.head_dim) + kv_row_bytes(types.v, hp.head_dim));
 }
 
-uint64_t KVCache::ring_bytes(const HParams &hp, int n_ctx, KVTypes types) {
+uint64_t KVCache::ring_bytes(const HParams &hp, int n_blocks, int n_ctx, KVTypes types) {
     size_t rows = 0, block = 0;
-    layout(hp, n_ctx, &rows, &block);
+    layout(hp, n_blocks, n_ctx, &rows, &block);
     return rows * (kv_row_bytes(types.k, hp.head_dim) + kv_row_bytes(types.v, hp.head_dim));
 }
 

@@ -51,14 +51,15 @@ struct KVCache {
     KVCache &operator=(const KVCache &) = delete;
     ~KVCache() { if (pool != nullptr) truncate(0); }
 
-    // The layers' places for a context of n_ctx, the rows of the rings (and of one
-    // pool block) of keys, as many as of values.
-    static std::vector<Layer> layout(const HParams &hp, int n_ctx, size_t *ring_rows, size_t *block_rows);
+    // The places of blocks [0, n_blocks) for a context of n_ctx (the model's layers,
+    // and its prediction block after them where the engine drafts with it), the rows
+    // of the rings (and of one pool block) of keys, as many as of values.
+    static std::vector<Layer> layout(const HParams &hp, int n_blocks, int n_ctx, size_t *ring_rows, size_t *block_rows);
     // Bytes of keys and values per position of the paged layers (those that attend
     // every position, or a window no shorter than n_ctx), and the fixed bytes of the
     // sliding-window layers' rings at n_ctx, stored as `types`.
-    static uint64_t bytes_per_token(const HParams &hp, int n_ctx, KVTypes types);
-    static uint64_t ring_bytes(const HParams &hp, int n_ctx, KVTypes types);
+    static uint64_t bytes_per_token(const HParams &hp, int n_blocks, int n_ctx, KVTypes types);
+    static uint64_t ring_bytes(const HParams &hp, int n_blocks, int n_ctx, KVTypes types);
     // Sets the types (before anything is stored) and the rows' sizes.
     void set_types(KVTypes t, int hd) {
         types = t;

@@ -47,11 +47,12 @@ size_t recurrent_section(size_t floats, size_t checkpoints) {
     return 8 + floats * sizeof(float) + checkpoints * (4 + floats * sizeof(float));
 }
 
-// Bytes of the header, the ids and the K/V of the first n_tokens positions.
+// Bytes of the header, the ids and the K/V of the first n_tokens positions (of the
+// model's layers: a prediction block's memory is not part of a state).
 size_t kv_section(const HParams &hp, const KVCache &kv, int n_tokens) {
     size_t bytes = (kHeaderWords + static_cast<size_t>(n_tokens)) * 4;
-    for (const KVCache::Layer &L : kv.layers) {
-        const size_t rows = static_cast<size_t>(n_tokens - first_held(kv, L, n_tokens)) * hp.n_head_kv;
+    for (int l = 0; l < hp.n_layer; ++l) {
+        const size_t rows = static_cast<size_t>(n_tokens - first_held(kv, kv.layers[l], n_tokens)) * hp.n_head_kv;
         bytes += 4 + rows * (kv.k_row + kv.v_row);
     }
     return bytes;
@@ -143,7 +144,7 @@ bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, c
     // rings start where the saved cache's did: at its ring_low, the oldest first of a
     // ring, or later where a ring wrapped since.
     std::vector<uint32_t> firsts;
-    for (const uint8_t *at = r.at; firsts.size() < kv.layers.size();) {
+    for (const uint8_t *at = r.at; firsts.size() < static_cast<size_t>(hp.n_layer);) {
         uint32_t first = 0;
         if (static_cast<size_t>(data + len - at) < sizeof first) return refuse("length does not match its header");
         std::memcpy(&first, at, sizeof first);
@@ -157,7 +158,7 @@ bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, c
     probe.set_types(kv.types, hp.head_dim);
     probe.layers = kv.layers;
     probe.high = high;
-    for (size_t l = 0; l < kv.layers.size(); ++l)
+    for (int l = 0; l < hp.n_layer; ++l)
         if (kv.layers[l].paged < 0 && kv.layers[l].slots > 0 && firsts[l] < n)
             probe.ring_low = probe.ring_low == 0 ? static_cast<int>(firsts[l]) : std::min<int>(probe.ring_low, firsts[l]);
     // The recurrent section follows the layers: its counts, then states of this model's size.

@@ -10,7 +10,8 @@
 //   u32 k_type, v_type (the KV types, GGUF type numbers: attention.h: KVTypes),
 //   u32 n_tokens, i32 high (highest position the cache wrote, -1: none),
 //   i32 tokens[n_tokens],
-//   per layer: u32 first (the first position stored), then keys as rows of k_type
+//   per layer of the model (a multi-token-prediction block's memory is not kept:
+//     session.cpp zeroes it on import): u32 first (the first position stored), then keys as rows of k_type
 //     (kv head, position in [first, n_tokens), kv_row_bytes(k_type, head_dim)), then
 //     values alike as rows of v_type;
 //   u32 floats (of one recurrent state: 0 for a model without recurrent layers),

@@ -829,8 +829,8 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     }
     RopeScaling scaling;
     if (!read_rope_scaling(b, hp, &scaling)) return nullptr;
-    hp.window.assign(hp.n_layer, 0);
-    hp.state.assign(hp.n_layer, 0);
+    hp.window.assign(hp.n_layer + hp.n_layer_nextn, 0);
+    hp.state.assign(hp.n_layer + hp.n_layer_nextn, 0);
     arch.load_hparams(b, hp);
     if (!error->empty()) return nullptr;
     for (int l = 0; l < hp.n_layer; ++l) {
@@ -909,13 +909,19 @@ void release_mapping(const Matrix &m) {
 
 void Model::pack() {
     std::vector<Matrix *> matrices{&output};
-    for (LayerWeights &L : layers) {
+    const auto add_block = [&](LayerWeights &L) {
         for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp,
                           &L.up_shexp, &L.down_shexp, &L.conv_in, &L.conv_out, &L.delta_in, &L.delta_gate,
                           &L.delta_beta, &L.delta_alpha, &L.delta_out, &L.ssm_in, &L.ssm_out})
             if (m->data != nullptr) matrices.push_back(m);
         for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
             for (Matrix &m : *stack) matrices.push_back(&m);
+    };
+    for (LayerWeights &L : layers) add_block(L);
+    for (NextNWeights &N : nextn) {
+        add_block(N.block);
+        for (Matrix *m : {&N.eh_proj, &N.head})
+            if (m->data != nullptr) matrices.push_back(m);
     }
     const auto span = [](const Matrix *m) { return (packed_bytes(m->type, m->rows, m->cols) + 63) / 64 * 64; };
     size_t total = 0;

@@ -31,7 +31,8 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
-    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.mamba.inner()});
+    const int nextn_in = hp.n_layer_nextn > 0 ? 2 * hp.n_embd : 0; // a prediction block's eh_proj reads [embedding, hidden]
+    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.mamba.inner(), nextn_in});
     xq.resize(quantized_blocks(n_tokens, (widest + QK - 1) / QK * QK));
     capacity = n_tokens;
 }
@@ -255,7 +256,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
     const float scale = hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
     const int window = hp.window[layer];
-    const float *sinks = model.layers[layer].attn_sinks; // (n_head), or null
+    const float *sinks = model.block(layer).attn_sinks; // (n_head), or null
     const auto first_attended = [&](int t) { return window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0; };
     const auto first_range = [&](int t) { return first_attended(t) / kAttnRange; };
     const auto end_range = [&](int t) { return attn_range_count(batch[t].pos + 1); };
@@ -671,8 +672,51 @@ void attend(const Pass &p, int layer) {
 
 // ---- the forward pass ------------------------------------------------------
 
+namespace {
+
+// Each token's RoPE angles, once for every block of the pass.
+void rope_angles_of(const Pass &p) {
+    const Model &model = p.model;
+    const HParams &hp = p.hp;
+    for (int t = 0; t < p.n; ++t) {
+        rope_angles(p.ws.rope.data() + t * hp.rope_dim, model.inv_freq, hp.rope_mscale, p.batch[t].pos);
+        if (!model.inv_freq_local.empty())
+            rope_angles(p.ws.rope_local.data() + t * hp.rope_dim, model.inv_freq_local, hp.rope_mscale_local,
+                        p.batch[t].pos);
+    }
+}
+
+// The residual stream's rows normed by `norm`: every token's to `states` if given; for
+// the tokens with logits set, in batch order, to `hidden`, or else through `head`
+// (+ bias) to n_vocab logits each, the final soft-cap and scale applied.
+void finish(const Pass &p, const float *norm, const Matrix &head, const float *bias, float *logits, float *hidden,
+            float *states) {
+    const HParams &hp = p.hp;
+    const int dim = hp.n_embd;
+    if (states != nullptr)
+        for (int t = 0; t < p.n; ++t) rmsnorm(states + t * dim, p.x + t * dim, norm, dim, hp.norm_eps);
+    float *normed = hidden != nullptr ? hidden : p.ws.logits_in.data();
+    int n_out = 0;
+    for (int t = 0; t < p.n; ++t) {
+        if (!p.batch[t].logits) continue;
+        float *row = normed + static_cast<size_t>(n_out++) * dim;
+        if (states != nullptr) std::copy_n(states + t * dim, dim, row);
+        else rmsnorm(row, p.x + t * dim, norm, dim, hp.norm_eps);
+    }
+    if (n_out == 0 || hidden != nullptr) return;
+    const Pass out{p.model, hp, p.batch, n_out, p.ws, p.pool}; // only the rows that want logits
+    matmuls(out, p.ws.logits_in.data(), {project(head, logits, bias)});
+    if (hp.logit_softcap > 0.0f)
+        for (size_t i = 0; i < static_cast<size_t>(n_out) * hp.n_vocab; ++i)
+            logits[i] = hp.logit_softcap * std::tanh(logits[i] / hp.logit_softcap);
+    if (hp.logit_scale != 1.0f)
+        for (size_t i = 0; i < static_cast<size_t>(n_out) * hp.n_vocab; ++i) logits[i] *= 1.0f / hp.logit_scale;
+}
+
+} // namespace
+
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, ThreadPool &pool,
-             float *logits, float *hidden) {
+             float *logits, float *hidden, float *states) {
     const HParams &hp = model.hp;
     const int dim = hp.n_embd;
     ws.reserve(hp, n);
@@ -694,27 +738,34 @@ void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, 
         type_traits(model.tok_embd.type)->to_float(model.tok_embd.row(batch[t].token), x + t * dim, dim);
         if (hp.embd_scale != 1.0f)
             for (int i = 0; i < dim; ++i) x[t * dim + i] *= hp.embd_scale;
-        rope_angles(ws.rope.data() + t * hp.rope_dim, model.inv_freq, hp.rope_mscale, batch[t].pos); // shared by every layer
-        if (!model.inv_freq_local.empty())
-            rope_angles(ws.rope_local.data() + t * hp.rope_dim, model.inv_freq_local, hp.rope_mscale_local, batch[t].pos);
     }
-
+    rope_angles_of(pass);
     for (int l = 0; l < hp.n_layer; ++l) model.arch->layer(pass, model.layers[l], l);
+    finish(pass, model.output_norm, model.output, model.output_b, logits, hidden, states);
+}
 
-    float *normed = hidden != nullptr ? hidden : ws.logits_in.data();
-    int n_out = 0;
-    for (int t = 0; t < n; ++t)
-        if (batch[t].logits)
-            rmsnorm(normed + static_cast<size_t>(n_out++) * dim, x + t * dim, model.output_norm, dim, hp.norm_eps);
-    if (n_out > 0 && hidden == nullptr) {
-        const Pass out{model, hp, batch, n_out, ws, pool}; // only the rows that want logits
-        matmuls(out, ws.logits_in.data(), {project(model.output, logits, model.output_b)});
-        if (hp.logit_softcap > 0.0f)
-            for (size_t i = 0; i < static_cast<size_t>(n_out) * hp.n_vocab; ++i)
-                logits[i] = hp.logit_softcap * std::tanh(logits[i] / hp.logit_softcap);
-        if (hp.logit_scale != 1.0f)
-            for (size_t i = 0; i < static_cast<size_t>(n_out) * hp.n_vocab; ++i) logits[i] *= 1.0f / hp.logit_scale;
+void forward_nextn(const Model &model, const BatchToken *batch, int n, const float *before, Workspace &ws,
+                   ThreadPool &pool, float *logits, float *states) {
+    const HParams &hp = model.hp;
+    const NextNWeights &N = model.nextn.at(0);
+    const int dim = hp.n_embd;
+    ws.reserve(hp, n);
+    for (int t = 0; t < n; ++t) batch[t].kv->prepare(batch[t].pos);
+    const Pass pass{model, hp, batch, n, ws, pool};
+    const Matrix &embd = N.embed_tokens.data != nullptr ? N.embed_tokens : model.tok_embd;
+    ws.nextn_in.resize(static_cast<size_t>(n) * 2 * dim);
+    for (int t = 0; t < n; ++t) {
+        float *in = ws.nextn_in.data() + static_cast<size_t>(t) * 2 * dim;
+        type_traits(embd.type)->to_float(embd.row(batch[t].token), in, dim);
+        rmsnorm(in, in, N.enorm, dim, hp.norm_eps);
+        rmsnorm(in + dim, before + static_cast<size_t>(t) * dim, N.hnorm, dim, hp.norm_eps);
     }
+    matmuls(pass, ws.nextn_in.data(), {project(N.eh_proj, pass.x)});
+    rope_angles_of(pass);
+    model.arch->layer(pass, N.block, hp.n_layer);
+    const bool own_head = N.head.data != nullptr;
+    finish(pass, N.head_norm != nullptr ? N.head_norm : model.output_norm, own_head ? N.head : model.output,
+           own_head ? nullptr : model.output_b, logits, nullptr, states);
 }
 
 } // namespace llmd

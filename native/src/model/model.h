@@ -79,8 +79,9 @@ struct HParams {
     float residual_scale = 1.0f; // multiplies a sublayer's output before it joins the residual (Granite)
     float attn_temp_scale = 0.0f; // queries at position p times 1 + this · ln(⌊p / attn_temp_floor⌋ + 1); 0: none
     int attn_temp_floor = 0;      // (Llama 4's attention temperature, Mistral 3's)
-    std::vector<int> window;    // (n_layer) positions a layer attends, its own included; 0: all
-    std::vector<int> state;     // (n_layer) floats of recurrent state a layer keeps per session
+    // Per block, the prediction blocks after the layers included (all 0 there):
+    std::vector<int> window;    // positions a block attends, its own included; 0: all
+    std::vector<int> state;     // floats of recurrent state a layer keeps per session
                                 // instead of keys and values (recurrent.h); 0: an attention layer
     int conv_len = 0;           // short convolutions: positions each one spans, its own included
     struct DeltaNet {           // Gated DeltaNet layers (Qwen3.5)
@@ -175,9 +176,8 @@ struct LayerWeights {
 
 // A multi-token-prediction block (nextn_predict_layers; blk.<n_layer + i>): a decoder
 // block of the family's own kind over eh_proj · [enorm(embedding), hnorm(hidden)],
-// with an embedding and an output head of its own where the file has them. Loaded and
-// kept for drafting; forward() does not run it, and its matrices are not repacked (the
-// kernels' unpacked path runs them from the mapping).
+// with an embedding and an output head of its own where the file has them. forward()
+// does not run it; forward_nextn does, for drafting.
 struct NextNWeights {
     LayerWeights block;
     Matrix eh_proj;                    // (dim, 2 · dim)
@@ -207,8 +207,10 @@ struct Model {
     std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own
                                        // (hp.rope_base_local, hp.rope_local)
     std::vector<LayerWeights> layers;
-    std::vector<NextNWeights> nextn;  // (n_layer_nextn) held, not run (NextNWeights)
+    std::vector<NextNWeights> nextn;  // (n_layer_nextn) run by forward_nextn alone
     std::vector<std::string> warnings; // tensors the file holds that llmd knowingly leaves unused
+    // Block l's weights: a layer's, or from n_layer on a prediction block's.
+    const LayerWeights &block(int l) const { return l < hp.n_layer ? layers[l] : nextn[l - hp.n_layer].block; }
     std::unique_ptr<AlignedBytes> packed; // storage of the matrices' packed forms
     uint64_t weight_bytes = 0;        // bytes of weights read per token: packed forms replace originals
 
@@ -404,6 +406,7 @@ struct Workspace {
     std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
     std::vector<float> recurrent, recurrent_in; // a recurrent block's projections (recurrent.h)
     std::vector<float> sublayer;        // (n, dim) a sublayer's output, scaled before it joins the residual (Granite)
+    std::vector<float> nextn_in;        // (n, 2 · dim) a prediction block's input: normed embeddings and hidden states
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -413,9 +416,23 @@ constexpr int kMaxBatch = 256; // tokens per forward pass; longer prefills are c
 // Runs the tokens through the model, writing their K/V into their caches and,
 // for every token with `logits` set, n_vocab logits (in batch order) to `logits`;
 // with `hidden`, that token's final-normed hidden state (dim floats, the input
-// of the output head, which is then skipped) to `hidden` instead: embeddings.
+// of the output head, which is then skipped) to `hidden` instead: embeddings. With
+// `states`, every token's final-normed hidden state (n, dim) besides: what the
+// prediction block reads (forward_nextn).
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws,
-             ThreadPool &pool, float *logits, float *hidden = nullptr);
+             ThreadPool &pool, float *logits, float *hidden = nullptr, float *states = nullptr);
+
+// Runs the tokens through the model's first multi-token-prediction block (Model::nextn),
+// as llama.cpp's Qwen3.5 drafting does: token t's input is eh_proj · [enorm(its
+// embedding), hnorm(before[t])], before (n, dim) the final-normed hidden state of the
+// position before it (forward's states, or this block's own when drafting on from a
+// draft; zeros before position 0); the block writes its K/V as layer n_layer of the
+// token's cache. Then its head norm (shared_head_norm, else output_norm): each
+// token's output state to `states` (n, dim) if given, and for every token with
+// `logits` set, n_vocab logits (in batch order) from its head (shared_head_head, else
+// output) to `logits`.
+void forward_nextn(const Model &model, const BatchToken *batch, int n, const float *before, Workspace &ws,
+                   ThreadPool &pool, float *logits, float *states);
 
 // ---- shared ops: what architectures build their layers from (arch/*.cpp) ----
 
