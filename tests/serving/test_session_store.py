@@ -384,11 +384,11 @@ async def test_an_idle_session_is_saved_once_and_its_eviction_then_costs_no_expo
     history: list = []
     with caplog.at_level(logging.INFO, "llmd.sessions"):
         first = await turn(client, "idle", history, "hello")
-        for _ in range(400):
-            if table.store.has("idle"):
+        for _ in range(400):  # the log line follows the write, which runs on a thread of its own
+            if "session 'idle' saved to disk (idle)" in caplog.text:
                 break
             await asyncio.sleep(0.05)
-        assert "session 'idle' saved to disk (idle)" in caplog.text
+        assert "session 'idle' saved to disk (idle)" in caplog.text and table.store.has("idle")
         await asyncio.sleep(0.2)  # no second save: nothing changed
         for sid in "bc":
             await turn(client, sid, [], "hi")  # "c" evicts "idle"
