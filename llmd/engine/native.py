@@ -83,7 +83,7 @@ class EngineInfo:
     add_eos: bool = False
     vocab_only: bool = False  # a GGUF without weights: tokenizes, refuses sessions
     n_recurrent_layers: int = 0  # layers with a recurrent state: sessions rewind only to checkpoints
-    recurrent_bytes: int = 0     # per session: that state and room for its checkpoints
+    recurrent_bytes: int = 0     # per session: that state, room for its checkpoints and a verification's trail
     kv_block_positions: int = 0  # KV memory is paged in blocks of this many positions
     kv_block_bytes: int = 0      # bytes of one block
     kv_shares_prefixes: bool = False  # sessions can share prefixes (recurrent layers through snapshots)

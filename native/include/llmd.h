@@ -79,7 +79,7 @@ typedef struct {
     int32_t add_eos;            /* 1 if prompts end with EOS */
     int32_t vocab_only;         /* 1 for a GGUF without weights: it tokenizes, sessions are refused */
     int32_t n_recurrent_layers; /* layers that keep a recurrent state instead of keys and values */
-    uint64_t recurrent_bytes;   /* per session: that state and room for its checkpoints */
+    uint64_t recurrent_bytes;   /* per session: that state, room for its checkpoints and a verification's trail */
     int32_t kv_block_positions; /* KV memory is paged in blocks of this many positions */
     uint64_t kv_block_bytes;    /* bytes of one block (every layer that attends all positions) */
     int32_t kv_shares_prefixes; /* 1 if sessions can share prefixes (paged layers; recurrent ones by snapshots) */
@@ -240,9 +240,11 @@ llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
  * max(n_top[j], 0). Drafts need a pending token (decode one step first:
  * LLMD_ERR_STATE); a session with 0 drafts takes a plain step. Drafts past the
  * context are not verified. A stopped session gives one stopped step. n_drafts[i] <=
- * LLMD_MAX_DRAFT. With recurrent layers, a step that rejects a draft runs the
- * accepted tokens again from the state before it (also one that passes a block
- * boundary, where plain steps offer the state to the prefix cache). A session that
+ * LLMD_MAX_DRAFT. With recurrent layers, a step keeps the states after a session's
+ * first positions (the pending token's and the first draft's), and one that rejects a
+ * draft goes back to the latest kept at or before the last token it keeps, running the
+ * accepted tokens after it again (as one that passes a block boundary does to give
+ * the prefix cache the state plain steps would offer there). A session that
  * fails to sample (its grammar) is left as a failed decode_one leaves it; the others
  * take their steps, and the first failure is returned. */
 enum { LLMD_MAX_DRAFT = 32 };

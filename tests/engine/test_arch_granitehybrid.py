@@ -81,7 +81,7 @@ def test_mamba_layers_keep_a_convolution_window_and_a_state_per_head(engine):
     # Each Mamba-2 layer keeps its last conv_len - 1 = 3 inputs of every convolved channel
     # and a (head_dim × d_state) state per head, once live and once per checkpoint.
     state = 3 * conv_dim + heads * (inner // heads) * d_state
-    assert info.recurrent_bytes == mamba_layers * state * 4 * (1 + 8)
+    assert info.recurrent_bytes == mamba_layers * state * 4 * (1 + 8 + 2)  # the state, 8 checkpoints, a trail of 2
 
 
 def test_a_prefill_in_chunks_or_token_by_token_gives_exactly_the_same_logits(engine, ids):

@@ -72,7 +72,7 @@ def test_convolution_layers_keep_a_state_instead_of_keys_and_values(engine):
     assert info.kv_bytes_per_token == attention_layers * 2 * kv_dim * 2  # f16 keys and values
     # Each convolution layer keeps its last conv_len - 1 = 2 inputs of every channel,
     # once live and once per checkpoint it may hold.
-    assert info.recurrent_bytes == conv_layers * 2 * dim * 4 * (1 + 8)
+    assert info.recurrent_bytes == conv_layers * 2 * dim * 4 * (1 + 8 + 2)  # the state, 8 checkpoints, a trail of 2
     assert info.bytes_per_session == info.kv_bytes_per_token * N_CTX + info.recurrent_bytes + info.n_vocab * 4
     # A prefix is shared as blocks and a snapshot of the state at their end.
     assert info.kv_shares_prefixes is True

@@ -5,8 +5,8 @@ through one forward pass and samples each position as decode_one would, so whate
 the drafts (right, wrong, long, short) and whatever else shares the pass, the tokens,
 their logprobs and the session after it equal plain decoding's, bit for bit, greedy
 or sampled with a seed, on an attention-only model and on hybrid recurrent ones
-(whose rejected drafts are rolled back by running the accepted tokens again from the
-state before the step).
+(whose rejected drafts are rolled back to the states the pass kept after its first
+positions, the accepted tokens after those run again).
 """
 from __future__ import annotations
 

@@ -242,11 +242,13 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
             batch.push_back({&s->kv, drafts[i][j], static_cast<int32_t>(pos + 1 + j), true, &s->rs});
         owners.resize(batch.size(), s);
     }
-    // A recurrent state cannot be cut back: each state before the pass, to run the
-    // accepted tokens again from if a draft is rejected (none without drafts).
-    std::vector<std::vector<float>> before(n);
+    // A recurrent state cannot be cut back: a session verifying drafts keeps the states
+    // after its first positions (the pending token's and the first draft's), to go back
+    // to if a draft is rejected (RecurrentState::trail).
     for (size_t i = 0; i < n; ++i)
-        if (k[i] > 0 && !stopped[i]) before[i] = sessions[i]->rs.now;
+        if (k[i] > 0 && !stopped[i] && !sessions[i]->rs.empty())
+            sessions[i]->rs.start_trail(static_cast<int>(sessions[i]->tokens.size()),
+                                        std::min(static_cast<int>(k[i]), kTrail));
     std::vector<float> logits(batch.size() * static_cast<size_t>(n_vocab));
     const size_t dim = static_cast<size_t>(e->model->hp.n_embd);
     std::vector<float> states(e->nextn ? batch.size() * dim : 0); // for the state of the last position kept
@@ -305,28 +307,41 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
         const int kept = static_cast<int>(s->tokens.size()); // the pending token and the accepted drafts
         s->kv.truncate(kept);
         if (e->nextn) std::copy_n(states.data() + (row[i] + kept - 1 - pos) * dim, dim, s->nextn_before.data());
-        // Plain steps would have offered the recurrent state at a block boundary they
-        // passed to the prefix cache (publish_snapshot); the pass went by it.
+        // The recurrent state after the last position kept: the pass's own when it kept
+        // them all; else the trail's latest state at or before it, the accepted tokens
+        // after that run again. Plain steps would also have offered the state at a block
+        // boundary they passed to the prefix cache (publish_snapshot); the pass went by it.
         const int boundary = kept / kKVBlock * kKVBlock;
         const bool passed = boundary > pos && boundary < kept;
-        if (!s->rs.empty() && (kept < pos + 1 + static_cast<int>(k[i]) || passed)) {
-            std::copy(before[i].begin(), before[i].end(), s->rs.now.begin());
-            s->rs.pos = pos;
+        const bool all = kept == pos + 1 + static_cast<int>(k[i]);
+        RecurrentState &rs = s->rs;
+        if (!rs.empty() && k[i] > 0 && (!all || passed)) {
             std::vector<BatchToken> again(kept - pos);
-            auto run = [&](int from, int to) { // the accepted tokens [from, to) again, from the state at from
-                for (int t = from; t < to; ++t) again[t - from] = {&s->kv, s->tokens[t], t, false, &s->rs};
-                forward(*e->model, again.data(), to - from, e->ws, *e->pool, nullptr);
+            auto to = [&](int target) { // the state after the first `target` positions
+                int from = std::min(target - 1, rs.trail_from + rs.trail_n - 1); // the position it is after
+                if (rs.pos > from + 1 && rs.pos <= target) from = rs.pos - 1; // now is later, and not past it
+                else rs.back_to_trail(from);
+                for (int t = from + 1; t < target; ++t) again[t - from - 1] = {&s->kv, s->tokens[t], t, false, &rs};
+                if (target > from + 1) forward(*e->model, again.data(), target - from - 1, e->ws, *e->pool, nullptr);
             };
+            std::vector<float> last; // every position kept: the pass's own state, aside while the boundary's is made
             if (passed) {
-                run(pos, boundary);
+                if (all) last = rs.now;
+                to(boundary);
                 const std::vector<int32_t> tail(s->tokens.begin() + boundary, s->tokens.end());
                 s->tokens.resize(boundary);
                 s->kv.publish(s->tokens);
                 if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
                 s->tokens.insert(s->tokens.end(), tail.begin(), tail.end());
             }
-            run(passed ? boundary : pos, kept);
+            if (all) {
+                std::copy(last.begin(), last.end(), rs.now.begin());
+                rs.pos = kept;
+            } else {
+                to(kept);
+            }
         }
+        rs.start_trail(0, 0); // kept no longer
         s->kv.publish(s->tokens);
         // The newest block boundary of a reply is what the next turn can resume from;
         // the one before it, taken by this reply, makes room.

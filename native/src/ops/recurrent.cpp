@@ -76,6 +76,20 @@ const std::vector<float> *RecurrentState::state_at(int at) const {
     return &it->state;
 }
 
+void RecurrentState::start_trail(int from, int n) {
+    trail_from = from;
+    trail_n = n;
+    trail.resize(static_cast<size_t>(n) * now.size());
+}
+
+void RecurrentState::back_to_trail(int p) {
+    if (p < trail_from || p >= trail_from + trail_n)
+        throw std::logic_error("no recurrent state kept after position " + std::to_string(p));
+    const auto kept = trail.begin() + static_cast<std::ptrdiff_t>((p - trail_from) * now.size());
+    std::copy(kept, kept + static_cast<std::ptrdiff_t>(now.size()), now.begin());
+    pos = p + 1;
+}
+
 uint64_t RecurrentState::state_bytes(const HParams &hp) {
     uint64_t floats = 0;
     for (int l = 0; l < hp.n_layer; ++l) floats += static_cast<uint64_t>(hp.state[l]);
@@ -117,6 +131,29 @@ std::vector<float> SnapshotCache::take(std::list<Entry>::iterator it) {
     return state;
 }
 
+namespace {
+
+// After the token at position pos: `rows` runs of `width` floats, `stride` apart from
+// `at`, of layer l's state into the same place of the trail's state for pos, if it
+// keeps one (each task of a layer keeps the part of the state it wrote).
+void keep(RecurrentState *rs, int l, int pos, size_t at, int rows, size_t stride, size_t width) {
+    float *to = rs->trail_at(l, pos);
+    if (to == nullptr) return;
+    const float *from = rs->layer(l);
+    for (int r = 0; r < rows; ++r) std::copy_n(from + at + r * stride, width, to + at + r * stride);
+}
+
+// Tokens [t, u] of a session's run [t, t1) that one scan call takes: up to the first
+// whose state the trail keeps (it is kept after the call), else the run's end.
+int scan_end(const Pass &p, int l, int t, int t1) {
+    RecurrentState *rs = p.batch[t].rs;
+    int u = t;
+    while (u + 1 < t1 && rs->trail_at(l, p.batch[u].pos) == nullptr) ++u;
+    return u;
+}
+
+} // namespace
+
 // ---- short convolution (LFM2) ----------------------------------------------
 
 void conv_step(const float *w, int conv_len, float *state, size_t stride, const float *in, int dim, float *out) {
@@ -146,6 +183,7 @@ void short_conv(const Pass &p, const LayerWeights &L, int layer) {
         float *y = p.xb + static_cast<size_t>(t) * dim;
         for (int d = 0; d < dim; ++d) bu[d] = b[d] * u[d];
         conv_step(L.conv_w, p.hp.conv_len, p.batch[t].rs->layer(layer), dim, bu.data(), dim, y);
+        keep(p.batch[t].rs, layer, p.batch[t].pos, 0, p.hp.conv_len - 1, dim, dim);
         for (int d = 0; d < dim; ++d) y[d] *= c[d];
     }
     matmuls(p, p.xb, {residual(L.conv_out, p.x)}); // x += (c * conv) · conv_outᵀ
@@ -220,6 +258,7 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
             float *c = qkv + t * conv_dim + c0;
             conv_step(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
                       mixed + t * conv_dim + c0, hd, c);
+            keep(p.batch[t].rs, layer, p.batch[t].pos, c0, hp.conv_len - 1, conv_dim, hd);
             for (int i = 0; i < hd; ++i) c[i] = silu(c[i]);
             if (g < 2 * n_k) l2_normalize(c, hd, hp.norm_eps); // a q or k head
         }
@@ -235,16 +274,24 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
             a = std::exp(softplus(a + L.delta_dt[h]) * L.delta_a[h]); // the decay
             b = sigmoid(b);
         }
-        for (int t0 = 0; t0 < n;) { // runs of consecutive tokens of one session, one kernel call each
+        // Runs of consecutive tokens of one session, one kernel call each (cut after a
+        // token whose state the trail keeps).
+        for (int t0 = 0; t0 < n;) {
             RecurrentState *rs = p.batch[t0].rs;
             int t1 = t0 + 1;
             while (t1 < n && p.batch[t1].rs == rs) ++t1;
-            const float *c = qkv + t0 * conv_dim;
-            const DeltaTokens run{c + static_cast<size_t>(kh) * hd, c + dn.qk_dim() + static_cast<size_t>(kh) * hd,
-                                  c + 2 * dn.qk_dim() + static_cast<size_t>(h) * hd, conv_dim,
-                                  alpha + t0 * n_v + h, beta + t0 * n_v + h, static_cast<size_t>(n_v),
-                                  out + t0 * v_dim + static_cast<size_t>(h) * hd, v_dim};
-            delta_scan(rs->layer(layer) + conv_state + static_cast<size_t>(h) * hd * hd, run, t1 - t0, hd, scale);
+            for (int t = t0; t < t1;) {
+                const int u = scan_end(p, layer, t, t1);
+                const float *c = qkv + t * conv_dim;
+                const DeltaTokens run{c + static_cast<size_t>(kh) * hd, c + dn.qk_dim() + static_cast<size_t>(kh) * hd,
+                                      c + 2 * dn.qk_dim() + static_cast<size_t>(h) * hd, conv_dim,
+                                      alpha + t * n_v + h, beta + t * n_v + h, static_cast<size_t>(n_v),
+                                      out + t * v_dim + static_cast<size_t>(h) * hd, v_dim};
+                const size_t at = conv_state + static_cast<size_t>(h) * hd * hd;
+                delta_scan(rs->layer(layer) + at, run, u + 1 - t, hd, scale);
+                keep(rs, layer, p.batch[u].pos, at, 1, 0, static_cast<size_t>(hd) * hd);
+                t = u + 1;
+            }
             t0 = t1;
         }
         for (int t = 0; t < n; ++t) {
@@ -304,6 +351,7 @@ void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out) {
             float *c = xbc + t * conv_dim + c0;
             conv_step(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
                       zxbcdt + t * proj + inner + c0, width, c);
+            keep(p.batch[t].rs, layer, p.batch[t].pos, c0, hp.conv_len - 1, conv_dim, width);
             for (int i = 0; i < width; ++i) c[i] = silu(L.conv_b != nullptr ? c[i] + L.conv_b[c0 + i] : c[i]);
         }
     });
@@ -319,16 +367,24 @@ void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out) {
             dt[t * heads] = softplus(zxbcdt[t * proj + inner + conv_dim + h] + L.ssm_dt[h]);
             dA[t * heads] = std::exp(dt[t * heads] * L.ssm_a[h]);
         }
-        for (int t0 = 0; t0 < n;) { // runs of consecutive tokens of one session, one scan each
+        // Runs of consecutive tokens of one session, one scan each (cut after a token
+        // whose state the trail keeps).
+        for (int t0 = 0; t0 < n;) {
             RecurrentState *rs = p.batch[t0].rs;
             int t1 = t0 + 1;
             while (t1 < n && p.batch[t1].rs == rs) ++t1;
-            const float *c = xbc + t0 * conv_dim;
-            const SsmTokens run{c + static_cast<size_t>(h) * hd, c + inner + g * d_state,
-                                c + inner + (mb.groups + g) * d_state, conv_dim,
-                                dt + t0 * heads, dA + t0 * heads, static_cast<size_t>(heads),
-                                y + t0 * inner + static_cast<size_t>(h) * hd, inner};
-            ssm_scan(rs->layer(layer) + conv_state + static_cast<size_t>(h) * hd * d_state, run, t1 - t0, hd, d_state);
+            for (int t = t0; t < t1;) {
+                const int u = scan_end(p, layer, t, t1);
+                const float *c = xbc + t * conv_dim;
+                const SsmTokens run{c + static_cast<size_t>(h) * hd, c + inner + g * d_state,
+                                    c + inner + (mb.groups + g) * d_state, conv_dim,
+                                    dt + t * heads, dA + t * heads, static_cast<size_t>(heads),
+                                    y + t * inner + static_cast<size_t>(h) * hd, inner};
+                const size_t at = conv_state + static_cast<size_t>(h) * hd * d_state;
+                ssm_scan(rs->layer(layer) + at, run, u + 1 - t, hd, d_state);
+                keep(rs, layer, p.batch[u].pos, at, 1, 0, static_cast<size_t>(hd) * d_state);
+                t = u + 1;
+            }
             t0 = t1;
         }
         for (int t = 0; t < n; ++t) {

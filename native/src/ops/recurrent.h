@@ -27,6 +27,7 @@ struct DeltaTokens;
 struct SsmTokens;
 
 constexpr int kMaxCheckpoints = 8; // per session; the oldest is dropped for a newer one
+constexpr int kTrail = 2;          // states a verification keeps (RecurrentState::trail)
 
 struct RecurrentState {
     std::vector<size_t> offset; // (n_layer) first float of a recurrent layer's state in `now`
@@ -37,6 +38,12 @@ struct RecurrentState {
         std::vector<float> state;
     };
     std::vector<Checkpoint> checkpoints; // ascending pos, none at 0, at most kMaxCheckpoints
+    // A verification's trail: the states after positions [trail_from, trail_from +
+    // trail_n), which the layers write as they fold those tokens in, so that a rejected
+    // draft cuts the state back to one of them instead of running every accepted token
+    // again (kTrail at most: a state is large, a Qwen3.5-0.8B's 18 MB).
+    std::vector<float> trail;
+    int trail_from = 0, trail_n = 0;
 
     // Sized for hp's recurrent layers (empty when it has none), at position 0.
     void init(const HParams &hp);
@@ -56,10 +63,22 @@ struct RecurrentState {
     // The state after the first `at` positions: `now` at pos, else a checkpoint's
     // (one must be at `at`), or null for 0 (a zero state).
     const std::vector<float> *state_at(int at) const;
+    // Keeps the states after the n positions from `from` (a trail) in the next forward
+    // pass; none when n is 0.
+    void start_trail(int from, int n);
+    // Where layer l's state after position p goes, or null when the trail keeps none.
+    float *trail_at(int l, int p) {
+        return p >= trail_from && p < trail_from + trail_n
+                   ? trail.data() + static_cast<size_t>(p - trail_from) * now.size() + offset[l]
+                   : nullptr;
+    }
+    // The state after position p from the trail (one kept there), now at p + 1.
+    void back_to_trail(int p);
 
-    // Bytes of one state, and of a session's: its state and room for every checkpoint.
+    // Bytes of one state, and of a session's: its state and room for every checkpoint
+    // and a verification's trail.
     static uint64_t state_bytes(const HParams &hp);
-    static uint64_t session_bytes(const HParams &hp) { return state_bytes(hp) * (1 + kMaxCheckpoints); }
+    static uint64_t session_bytes(const HParams &hp) { return state_bytes(hp) * (1 + kMaxCheckpoints + kTrail); }
 };
 
 // The prefix cache of a hybrid model (kvpool.h holds its attention layers' part):
