@@ -104,8 +104,8 @@ def main() -> None:
                              "distributions of about 3 nats' entropy, the text's tokens within 16 nats of the "
                              "top at 95 %% of positions")
     parser.add_argument("--nextn", type=int, default=0,
-                        help="multi-token-prediction blocks after the layers (the Qwen3.5 shapes; Qwen3.5's own "
-                             "files have one), for --speculative mtp")
+                        help="multi-token-prediction blocks after the layers (the Qwen3.5 shapes; the published "
+                             "Qwen3.5 models have one), for --speculative mtp")
     args = parser.parse_args()
     builder, shape, floats = SHAPES[args.shape]
     if args.nextn and builder is not build_tiny_qwen35:
