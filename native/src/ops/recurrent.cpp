@@ -143,12 +143,13 @@ void keep(RecurrentState *rs, int l, int pos, size_t at, int rows, size_t stride
     for (int r = 0; r < rows; ++r) std::copy_n(from + at + r * stride, width, to + at + r * stride);
 }
 
-// Tokens [t, u] of a session's run [t, t1) that one scan call takes: up to the first
-// whose state the trail keeps (it is kept after the call), else the run's end.
-int scan_end(const Pass &p, int l, int t, int t1) {
+// The last token u of the tokens [t, u] that one scan call takes: consecutive tokens
+// of t's session, up to the first whose state the trail keeps (it is kept after the
+// call), else the last of the session's run in the batch.
+int scan_end(const Pass &p, int l, int t) {
     RecurrentState *rs = p.batch[t].rs;
     int u = t;
-    while (u + 1 < t1 && rs->trail_at(l, p.batch[u].pos) == nullptr) ++u;
+    while (u + 1 < p.n && p.batch[u + 1].rs == rs && rs->trail_at(l, p.batch[u].pos) == nullptr) ++u;
     return u;
 }
 
@@ -276,23 +277,17 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
         }
         // Runs of consecutive tokens of one session, one kernel call each (cut after a
         // token whose state the trail keeps).
-        for (int t0 = 0; t0 < n;) {
-            RecurrentState *rs = p.batch[t0].rs;
-            int t1 = t0 + 1;
-            while (t1 < n && p.batch[t1].rs == rs) ++t1;
-            for (int t = t0; t < t1;) {
-                const int u = scan_end(p, layer, t, t1);
-                const float *c = qkv + t * conv_dim;
-                const DeltaTokens run{c + static_cast<size_t>(kh) * hd, c + dn.qk_dim() + static_cast<size_t>(kh) * hd,
-                                      c + 2 * dn.qk_dim() + static_cast<size_t>(h) * hd, conv_dim,
-                                      alpha + t * n_v + h, beta + t * n_v + h, static_cast<size_t>(n_v),
-                                      out + t * v_dim + static_cast<size_t>(h) * hd, v_dim};
-                const size_t at = conv_state + static_cast<size_t>(h) * hd * hd;
-                delta_scan(rs->layer(layer) + at, run, u + 1 - t, hd, scale);
-                keep(rs, layer, p.batch[u].pos, at, 1, 0, static_cast<size_t>(hd) * hd);
-                t = u + 1;
-            }
-            t0 = t1;
+        for (int t = 0, u = 0; t < n; t = u + 1) {
+            u = scan_end(p, layer, t);
+            RecurrentState *rs = p.batch[t].rs;
+            const float *c = qkv + t * conv_dim;
+            const DeltaTokens run{c + static_cast<size_t>(kh) * hd, c + dn.qk_dim() + static_cast<size_t>(kh) * hd,
+                                  c + 2 * dn.qk_dim() + static_cast<size_t>(h) * hd, conv_dim,
+                                  alpha + t * n_v + h, beta + t * n_v + h, static_cast<size_t>(n_v),
+                                  out + t * v_dim + static_cast<size_t>(h) * hd, v_dim};
+            const size_t at = conv_state + static_cast<size_t>(h) * hd * hd;
+            delta_scan(rs->layer(layer) + at, run, u + 1 - t, hd, scale);
+            keep(rs, layer, p.batch[u].pos, at, 1, 0, static_cast<size_t>(hd) * hd);
         }
         for (int t = 0; t < n; ++t) {
             float *o = out + t * v_dim + static_cast<size_t>(h) * hd;
@@ -369,23 +364,17 @@ void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out) {
         }
         // Runs of consecutive tokens of one session, one scan each (cut after a token
         // whose state the trail keeps).
-        for (int t0 = 0; t0 < n;) {
-            RecurrentState *rs = p.batch[t0].rs;
-            int t1 = t0 + 1;
-            while (t1 < n && p.batch[t1].rs == rs) ++t1;
-            for (int t = t0; t < t1;) {
-                const int u = scan_end(p, layer, t, t1);
-                const float *c = xbc + t * conv_dim;
-                const SsmTokens run{c + static_cast<size_t>(h) * hd, c + inner + g * d_state,
-                                    c + inner + (mb.groups + g) * d_state, conv_dim,
-                                    dt + t * heads, dA + t * heads, static_cast<size_t>(heads),
-                                    y + t * inner + static_cast<size_t>(h) * hd, inner};
-                const size_t at = conv_state + static_cast<size_t>(h) * hd * d_state;
-                ssm_scan(rs->layer(layer) + at, run, u + 1 - t, hd, d_state);
-                keep(rs, layer, p.batch[u].pos, at, 1, 0, static_cast<size_t>(hd) * d_state);
-                t = u + 1;
-            }
-            t0 = t1;
+        for (int t = 0, u = 0; t < n; t = u + 1) {
+            u = scan_end(p, layer, t);
+            RecurrentState *rs = p.batch[t].rs;
+            const float *c = xbc + t * conv_dim;
+            const SsmTokens run{c + static_cast<size_t>(h) * hd, c + inner + g * d_state,
+                                c + inner + (mb.groups + g) * d_state, conv_dim,
+                                dt + t * heads, dA + t * heads, static_cast<size_t>(heads),
+                                y + t * inner + static_cast<size_t>(h) * hd, inner};
+            const size_t at = conv_state + static_cast<size_t>(h) * hd * d_state;
+            ssm_scan(rs->layer(layer) + at, run, u + 1 - t, hd, d_state);
+            keep(rs, layer, p.batch[u].pos, at, 1, 0, static_cast<size_t>(hd) * d_state);
         }
         for (int t = 0; t < n; ++t) {
             const size_t at = static_cast<size_t>(h) * hd;
