@@ -277,10 +277,6 @@ void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const Blo
                 _mm_prefetch(reinterpret_cast<const char *>(ba + kPairPrefetch + at), _MM_HINT_T0);
                 _mm_prefetch(reinterpret_cast<const char *>(bb + kPairPrefetch + at), _MM_HINT_T0);
             }
-            for (size_t at = 0; at < panel_piece_bytes(L); at += 64) { // two streams: see kPairPrefetch
-                _mm_prefetch(reinterpret_cast<const char *>(ba + kPairPrefetch + at), _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char *>(bb + kPairPrefetch + at), _MM_HINT_T0);
-            }
             __m512i sa[T], sb[T];
             for (int t = 0; t < T; ++t) sa[t] = sb[t] = _mm512_set1_epi32(-L.offset * x[t][b].sum);
             for (int j = 0; j < 4; ++j) { // plane j: elements 4j..4j+3 (low nibbles) and 16+4j.. (high)
