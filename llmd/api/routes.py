@@ -14,7 +14,7 @@ import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Mapping
+from typing import Sequence
 
 from llmd import errors
 from llmd.api import anthropic, embeddings, validation
@@ -84,17 +84,19 @@ class PromptIds:
     bos: int | None = None  # prepended unless the prompt already starts with it
     replies: dict[tuple[int, int], str] = field(default_factory=dict)
 
-    def ids(self, generated: Mapping[str, list[int]] | None = None) -> list[int]:
-        ids: list[int] = []
+    def ids(self, generated: Sequence[tuple[str, list[int]]] = (), resident: Sequence[int] = ()) -> list[int]:
+        """The ids, each reply the session remembers (`generated`: Slot.replies) as it
+        was generated. When it remembers one text generated as several lists of ids, the
+        list its cache (`resident`) holds at that place is taken, else the newest."""
+        ids = [self.bos] if self.bos is not None and self.tokens[:1] != [self.bos] else []
         at = 0
         for (start, end), fingerprint in sorted(self.replies.items()):
-            if generated and fingerprint in generated:
-                ids += self.tokens[at:start] + generated[fingerprint]
+            known = [reply for fp, reply in generated if fp == fingerprint]
+            if known:
+                ids += self.tokens[at:start]
+                ids += next((reply for reply in known if resident[len(ids):len(ids) + len(reply)] == reply), known[-1])
                 at = end
-        ids += self.tokens[at:]
-        if self.bos is not None and (not ids or ids[0] != self.bos):
-            ids.insert(0, self.bos)
-        return ids
+        return ids + self.tokens[at:]
 
 
 class Api:
@@ -473,7 +475,7 @@ class Api:
         try:
             slot = lease.slot
             reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
-            if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies)) < n_ctx:
+            if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies, slot.resident)) < n_ctx:
                 ids = spliced
             # Like the room left in the context, the operator's cap clamps max_tokens;
             # finish_reason "length" tells the client it was reached.

@@ -52,7 +52,6 @@ import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
@@ -131,15 +130,17 @@ class Slot:
     version: int = 0                # of the session's file its state came from or last went to (0: none)
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # reply_fingerprint -> the ids the model generated for that reply, so a resent
-    # reply is fed back exactly as the cache holds it (re-tokenizing may differ).
-    replies: OrderedDict[str, list[int]] = field(default_factory=OrderedDict)
+    # (reply_fingerprint, the ids the model generated for that reply), oldest first, so
+    # a resent reply is fed back exactly as the cache holds it (re-tokenizing may
+    # differ). One text may come with several lists of ids: a model can generate the
+    # same text as other tokens (bytes of invalid UTF-8 all read U+FFFD).
+    replies: list[tuple[str, list[int]]] = field(default_factory=list)
 
     def remember_reply(self, fingerprint: str, ids: list[int]) -> None:
-        self.replies[fingerprint] = ids
-        self.replies.move_to_end(fingerprint)
-        while len(self.replies) > MAX_REPLIES:
-            self.replies.popitem(last=False)
+        if (fingerprint, ids) in self.replies:
+            self.replies.remove((fingerprint, ids))
+        self.replies.append((fingerprint, ids))
+        del self.replies[:-MAX_REPLIES]
 
 
 class Lease:
@@ -309,7 +310,7 @@ class SessionTable:
                     return session.tokens()
 
                 slot.resident = await self._call(restore)
-                slot.replies = OrderedDict(saved.replies)
+                slot.replies = list(saved.replies)
                 log.info("session %r restored from disk: %d tokens", sid, len(slot.resident))
         except EngineError as exc:
             log.warning("the engine refused the saved state of session %r: %s; it starts cold", sid, exc)
@@ -356,7 +357,7 @@ class SessionTable:
             log.warning("the engine refused the saved state of session %r: %s; it runs cold", slot.id, exc)
             self.store.count_refused()
             return
-        slot.resident, slot.dirty, slot.replies = resident, False, OrderedDict(saved.replies)
+        slot.resident, slot.dirty, slot.replies = resident, False, list(saved.replies)
         slot.saved_turns = slot.turns
         log.info("session %r reloaded from disk: version %d, written by another instance, %d tokens",
                  slot.id, saved.version, len(resident))
@@ -380,7 +381,7 @@ class SessionTable:
         if slot.dirty or not slot.resident or slot.saved_turns == slot.turns:
             return
         # `resident` is a prefix of what the cache holds: exactly that is saved.
-        keep, replies, turns = len(slot.resident), list(slot.replies.items()), slot.turns
+        keep, replies, turns = len(slot.resident), list(slot.replies), slot.turns
         exported = self._call(session.export_state, keep)
         slot.saved_turns = turns  # so that an eviction while this save runs does not export again
 

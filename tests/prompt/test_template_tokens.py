@@ -16,6 +16,7 @@ import pytest
 from llmd.api.routes import PromptIds
 from llmd.engine.native import Engine
 from llmd.prompt import templates
+from llmd.serving.sessions import MAX_REPLIES, Slot
 from tests.support.gguf_writer import ARRAY, F32, I32, STRING, build_spm_vocab
 from tests.reference_data import require
 
@@ -141,6 +142,25 @@ def test_inst_control_tokens_are_matched_only_where_the_template_writes_them(tmp
 def test_generated_ids_stand_in_for_a_reply_span():
     prompt = PromptIds([1, 10, 11, 12, 2, 13], bos=1, replies={(1, 4): "fp"})
     assert prompt.ids() == [1, 10, 11, 12, 2, 13]
-    assert prompt.ids({"fp": [20, 21]}) == [1, 20, 21, 2, 13]
-    assert prompt.ids({"other": [20]}) == [1, 10, 11, 12, 2, 13]
+    assert prompt.ids([("fp", [20, 21])]) == [1, 20, 21, 2, 13]
+    assert prompt.ids([("other", [20])]) == [1, 10, 11, 12, 2, 13]
     assert PromptIds([10], bos=1).ids() == [1, 10]
+
+
+def test_of_one_text_generated_as_several_ids_the_cached_ones_stand_in():
+    """Two replies read the same (say both are bytes of invalid UTF-8, shown as
+    U+FFFD) but were generated as other ids: each span takes the ids the session's
+    cache holds there, so the prompt continues the cache; with no cache, the newest."""
+    first, second = [20, 21], [22]
+    slot = Slot("s")
+    for ids in (first, second, first):  # a repeat is remembered once, as the newest
+        slot.remember_reply("fp", ids)
+    assert slot.replies == [("fp", second), ("fp", first)]
+    prompt = PromptIds([1, 10, 11, 2, 12, 13, 2, 14], replies={(1, 3): "fp", (4, 6): "fp"})
+    resident = [1, *first, 2, *second, 2]
+    assert prompt.ids(slot.replies, resident) == [1, 20, 21, 2, 22, 2, 14]
+    assert prompt.ids(slot.replies, resident[:3]) == [1, 20, 21, 2, 20, 21, 2, 14]
+    assert prompt.ids(slot.replies) == [1, 20, 21, 2, 20, 21, 2, 14]
+    for n in range(MAX_REPLIES + 1):
+        slot.remember_reply(f"fp{n}", [n])
+    assert len(slot.replies) == MAX_REPLIES and slot.replies[-1] == (f"fp{MAX_REPLIES}", [MAX_REPLIES])

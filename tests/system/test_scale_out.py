@@ -239,7 +239,13 @@ def test_thirty_conversations_through_nginx_survive_a_killed_and_a_drained_insta
             assert len(c.replies) == TURNS and c.replies == reference.replies, c.sid
             # And every turn was as warm as in the calm run: a turn's reply arrives once
             # the turn is on disk, so wherever the next turn lands it finds all of it.
-            assert [cached(u) for u in c.usages] == [cached(u) for u in reference.usages], c.sid
+            # Warmer only where the killed instance wrote a turn's file and died before
+            # answering: nginx passes the POST on, and the next instance finds the whole
+            # prompt taken already (all of it but the last token, which is run again).
+            warmth = [cached(u) for u in c.usages]
+            if c.sid in lost and warmth[KILL_AFTER] == c.usages[KILL_AFTER]["prompt_tokens"] - 1:
+                warmth[KILL_AFTER] = cached(reference.usages[KILL_AFTER])
+            assert warmth == [cached(u) for u in reference.usages], c.sid
             assert all(cached(u) > 0 for u in c.usages[1:]), c.sid
         survivor = 3 - victim - drained
         assert held(instances[survivor].url) >= {c.sid for c in moved}
