@@ -456,7 +456,7 @@ def test_fast_attention_gives_the_same_bits_whether_positions_are_in_one_buffer_
     """A paged cache hands the kernel a range as pool blocks of 64 positions; a
     contiguous cache as one buffer. Runs of whole 64-position blocks are read as one
     sequence, so the bits cannot depend on where memory breaks (ranges start at
-    multiples of 64 here, as the engine's ranges of 128 positions do)."""
+    multiples of 64 here, as the engine's ranges of 256 positions do)."""
     rng = random.Random(group)
     n_pos, head_dim = 250, 64
     k = [rng.gauss(0, 1) for _ in range(n_pos * head_dim)]

@@ -43,7 +43,7 @@
 namespace llmd {
 
 // Positions per block: the fast attention kernel's block of positions (attention.cpp),
-// so that a range of kAttnRange positions is two whole runs for it, and sessions that
+// so that a range of kAttnRange positions is four whole runs for it, and sessions that
 // share a prompt differ by at most one partly filled block each.
 constexpr int kKVBlock = 64;
 

@@ -186,15 +186,15 @@ constexpr int kAttnTokens = 16;
 // at a key block, so a span that starts inside one (a sliding window's first
 // positions) has that block's part copied into a block of its own first. The runs
 // are fixed by the positions alone, never by the batch. A span lies inside one range
-// of kAttnRange positions: at most two pool blocks or two pieces of a ring (whose
-// slots are at least kMaxBatch, KVCache::layout) after the copied start.
+// of kAttnRange positions: at most kAttnRange / kKVBlock pool blocks or two pieces of
+// a ring (whose slots are at least kMaxBatch, KVCache::layout) after the copied start.
 void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
                  int n_q, float scale, float *out, AttnPartial *part) {
     static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
     const int hd = hp.head_dim;
     const KVTypes types = kv.types;
     const int head_end = std::min(p1, (p0 + kKeyBlock - 1) / kKeyBlock * kKeyBlock); // end of the unaligned part
-    AttnRun runs[3];
+    AttnRun runs[kAttnRange / kKVBlock + 1];
     int n_runs = 0;
     if (head_end > p0) {
         thread_local std::vector<uint8_t> keys, values, key;

@@ -140,10 +140,13 @@ void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, 
 // many threads run: a context is cut into ranges of kAttnRange positions counted
 // from position 0, each range is attended on its own (attend_range), and their
 // partials are folded into the result in order, range 0 first (attend_fold), then
-// normalised (attend_finish). Which thread attends which range is free. 128
+// normalised (attend_finish). Which thread attends which range is free. 256
 // positions: a decode step over a few hundred positions still splits across two
-// threads, and a 2k-token context folds only 16 partials per head.
-constexpr int kAttnRange = 128; // a multiple of kKeyBlock
+// threads, and an 8k-token context folds 32 partials per head. Ranges of 128 folded
+// twice as often: a tenth of SmolLM2's prefill of 4,096 tokens went to folding, and
+// 256 prefilled it 6 % faster and decoded at 4,096 positions 10 % faster
+// (docs/performance.md, "The cost of determinism").
+constexpr int kAttnRange = 256; // a multiple of kKeyBlock and of kKVBlock, at most kMaxBatch
 inline int attn_range_count(int n_pos) { return (n_pos + kAttnRange - 1) / kAttnRange; }
 
 // How many tasks share the ranges of one (run of tokens, KV head) pair, for `pairs` of
