@@ -620,13 +620,14 @@ def kernel_attention(q: list[list[float]], k: list[float], v: list[float], n_pos
     return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
 
 
-def kernel_glu(gelu: bool, gate: list[float], up: list[float], kernels: str | None) -> list[float]:
-    """act(gate) * up elementwise, act SiLU or GELU (tanh approximation), by a kernel
-    variant or the scalar reference (None) (for tests)."""
-    if len(gate) != len(up):
+def kernel_glu(gelu: bool, gate: list[float], up: list[float] | None, kernels: str | None) -> list[float]:
+    """act(gate) * up elementwise (act(gate) when up is None), act SiLU or GELU (tanh
+    approximation), by a kernel variant or the scalar reference (None) (for tests)."""
+    if up is not None and len(gate) != len(up):
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "gate and up differ in length")
     out = ffi.new("float[]", gate)
-    _check(lib.llmd_kernel_glu(int(gelu), out, ffi.new("float[]", up), len(gate), _variant(kernels)))
+    up_ptr = ffi.NULL if up is None else ffi.new("float[]", up)
+    _check(lib.llmd_kernel_glu(int(gelu), out, up_ptr, len(gate), _variant(kernels)))
     return list(ffi.unpack(out, len(gate)))
 
 

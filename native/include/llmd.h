@@ -442,7 +442,7 @@ llmd_status llmd_kernel_ssm_scan(float *s, const float *x, const float *b, const
                                  const float *decay, int32_t n, int32_t head_dim, int32_t d_state, float *y,
                                  const char *kernels);
 /* gate[i] = act(gate[i]) * up[i] for n elements, act SiLU (gelu == 0) or GELU's tanh
- * approximation (gelu == 1). */
+ * approximation (gelu == 1); act(gate[i]) alone when up is NULL. */
 llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, const char *kernels);
 /* out (n) = x / sqrt(mean(x²) + eps) * weight, the sum of squares by a variant. */
 llmd_status llmd_kernel_rmsnorm(const float *x, const float *weight, int32_t n, float eps, float *out,

@@ -370,22 +370,28 @@ void test_ssm_scan(const char *variant, Rng &rng) {
     check(invariant, variant, "ssm_scan run invariance", invariant ? 0.0 : 1.0, 0.0);
 }
 
+// With up, and without (act alone, as if up were all ones).
 void test_glu(const Kernels &k, Rng &rng) {
-    for (const bool gelu : {false, true}) {
-        std::vector<float> gate = {-30.0f, -12.0f, -5.0f, -1e-3f, 0.0f, 1e-3f, 5.0f, 12.0f, 30.0f};
-        while (gate.size() < 45) gate.push_back(3.0f * rng.gauss());
-        std::vector<float> up(gate.size());
-        for (float &u : up) u = rng.gauss();
-        std::vector<float> ref = gate, got = gate;
-        glu_ref(gelu, ref.data(), up.data(), static_cast<int64_t>(gate.size()));
-        k.glu(gelu, got.data(), up.data(), static_cast<int64_t>(gate.size()));
-        double worst = 0.0;
-        for (size_t i = 0; i < gate.size(); ++i)
-            worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]) /
-                                        std::max(std::fabs(static_cast<double>(gate[i]) * up[i]), 1e-30));
-        check(worst < 4e-7, k.name, gelu ? "glu gelu (|diff| / |gate up|)" : "glu silu (|diff| / |gate up|)", worst,
-              4e-7);
-    }
+    for (const bool gelu : {false, true})
+        for (const bool with_up : {true, false}) {
+            std::vector<float> gate = {-30.0f, -12.0f, -5.0f, -1e-3f, 0.0f, 1e-3f, 5.0f, 12.0f, 30.0f};
+            while (gate.size() < 45) gate.push_back(3.0f * rng.gauss());
+            std::vector<float> up(gate.size(), 1.0f);
+            if (with_up)
+                for (float &u : up) u = rng.gauss();
+            const float *u = with_up ? up.data() : nullptr;
+            std::vector<float> ref = gate, got = gate;
+            glu_ref(gelu, ref.data(), u, static_cast<int64_t>(gate.size()));
+            k.glu(gelu, got.data(), u, static_cast<int64_t>(gate.size()));
+            double worst = 0.0;
+            for (size_t i = 0; i < gate.size(); ++i)
+                worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]) /
+                                            std::max(std::fabs(static_cast<double>(gate[i]) * up[i]), 1e-30));
+            char what[64];
+            std::snprintf(what, sizeof what, "glu %s%s (|diff| / |gate up|)", gelu ? "gelu" : "silu",
+                          with_up ? "" : " alone");
+            check(worst < 4e-7, k.name, what, worst, 4e-7);
+        }
 }
 
 void test_vector_ops(const Kernels &k, Rng &rng) {

@@ -500,26 +500,29 @@ def test_bad_attention_arguments_raise():
         kernel_attention([[0.0] * 40], k, k, 1, 40, 1, VARIANTS[-1], 0, "f16", "q8_0")
 
 
+@pytest.mark.parametrize("with_up", [True, False], ids=["times_up", "alone"])
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
-def test_fast_glu_matches_reference_and_the_python_formula(gelu):
-    """act(gate) * up over gates from -30 to 30 (both tails saturate) and 37 elements
-    (two vectors and a scalar rest): the reference and the fast kernel within
-    2e-7 · |gate · up| of the formula in double precision (the reference's 1 + tanh
-    cancels where GELU's tail is tiny: an absolute error, not a relative one)."""
+def test_fast_glu_matches_reference_and_the_python_formula(gelu, with_up):
+    """act(gate) * up, or act(gate) alone (up None, as the recurrent blocks' SiLU runs),
+    over gates from -30 to 30 (both tails saturate) and 37 elements (two vectors and a
+    scalar rest): the reference and the fast kernel within 2e-7 · |gate · up| of the
+    formula in double precision (the reference's 1 + tanh cancels where GELU's tail is
+    tiny: an absolute error, not a relative one)."""
     rng = random.Random(7)
     gate = [f32(g) for g in [-30.0, -12.0, -5.0, -1e-3, 0.0, 1e-3, 5.0, 12.0, 30.0]] + \
            [f32(rng.gauss(0, 3)) for _ in range(28)]
-    up = [f32(rng.gauss(0, 1)) for _ in gate]
+    up = [f32(rng.gauss(0, 1)) for _ in gate] if with_up else None
 
     def act(g):
         if gelu:
             return 0.5 * g * (1 + math.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
         return g / (1 + math.exp(-g))
 
-    expected = [act(g) * u for g, u in zip(gate, up)]
+    ups = up if with_up else [1.0] * len(gate)
+    expected = [act(g) * u for g, u in zip(gate, ups)]
     for kernels in [None] + VARIANTS:
         got = kernel_glu(gelu, gate, up, kernels)
-        worst = max(abs(x - e) / max(abs(g * u), 1e-30) for x, e, g, u in zip(got, expected, gate, up))
+        worst = max(abs(x - e) / max(abs(g * u), 1e-30) for x, e, g, u in zip(got, expected, gate, ups))
         assert worst < 2e-7, (kernels, worst)
 
 

@@ -231,7 +231,7 @@ llmd_status llmd_kernel_ssm_scan(float *s, const float *x, const float *b, const
 
 llmd_status llmd_kernel_glu(int32_t gelu, float *gate, const float *up, int64_t n, const char *kernels) {
     return guarded([&]() -> llmd_status {
-        if (gate == nullptr || up == nullptr || n < 0 || (gelu != 0 && gelu != 1))
+        if (gate == nullptr || n < 0 || (gelu != 0 && gelu != 1))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad glu arguments");
         const Kernels *table = kernels_for_test(kernels);
         if (table == nullptr) return LLMD_ERR_UNSUPPORTED;

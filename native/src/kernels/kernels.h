@@ -74,7 +74,8 @@ struct Kernels {
     FoldFn attend_fold;       // ops/attention.h; the same bits in every variant (kernels/fold.h)
     DeltaScanFn delta_scan;   // ops/recurrent.h
     SsmScanFn ssm_scan;       // ops/recurrent.h
-    // gate[i] = act(gate[i]) * up[i], act SiLU or GELU (tanh approximation).
+    // gate[i] = act(gate[i]) * up[i], act SiLU or GELU (tanh approximation); act(gate[i])
+    // alone when up is nullptr.
     void (*glu)(bool gelu, float *gate, const float *up, int64_t n);
     // Σ x[i]² in double, for rmsnorm.
     double (*sum_squares)(const float *x, int n);

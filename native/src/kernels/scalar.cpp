@@ -17,7 +17,7 @@ void glu_ref(bool gelu, float *gate, const float *up, int64_t n) {
         const float g = gate[i];
         const float act = gelu ? 0.5f * g * (1.0f + std::tanh(kGeluK * g * (1.0f + kGeluC * g * g)))
                                : g / (1.0f + std::exp(-g));
-        gate[i] = act * up[i];
+        gate[i] = up != nullptr ? act * up[i] : act;
     }
 }
 

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 namespace llmd {
 
@@ -155,17 +157,42 @@ int scan_end(const Pass &p, int l, int t) {
 
 } // namespace
 
-// ---- short convolution (LFM2) ----------------------------------------------
+// ---- short convolutions (LFM2's block; Gated DeltaNet's and Mamba-2's too) ----
 
-void conv_step(const float *w, int conv_len, float *state, size_t stride, const float *in, int dim, float *out) {
+void conv_run(const float *w, int conv_len, float *state, size_t stride, const float *in, size_t in_stride, float *out,
+              size_t out_stride, int n, int dim) {
     const int rows = conv_len - 1;
-    for (int d = 0; d < dim; ++d) {
-        float acc = 0.0f;
-        for (int j = 0; j < rows; ++j) acc += w[static_cast<size_t>(d) * conv_len + j] * state[j * stride + d];
-        out[d] = acc + w[static_cast<size_t>(d) * conv_len + rows] * in[d];
+    // Row k of the run's window sequence: the state's rows, oldest first, then the inputs.
+    const auto sequence = [&](int k) {
+        return k < rows ? state + static_cast<size_t>(k) * stride : in + static_cast<size_t>(k - rows) * in_stride;
+    };
+    // A block of M channels at a time (kLanes, then the rest one by one), its filters
+    // transposed (taps[j][c]) so that each tap multiplies contiguous channels, through
+    // a chunk of tokens at a time, whose rows stay in cache for every block.
+    constexpr int kLanes = 16, kChunk = 64;
+    const auto block = [&](auto lanes, int d0, int i0, int i1) {
+        constexpr int M = decltype(lanes)::value;
+        float taps[64][M]; // conv_len <= 64 (load.cpp)
+        for (int c = 0; c < M; ++c)
+            for (int j = 0; j < conv_len; ++j) taps[j][c] = w[static_cast<size_t>(d0 + c) * conv_len + j];
+        for (int i = i0; i < i1; ++i) {
+            float acc[M] = {}, s[M];
+            for (int j = 0; j <= rows; ++j) { // the window, then the token's own input
+                std::memcpy(s, sequence(i + j) + d0, sizeof s);
+                for (int c = 0; c < M; ++c) acc[c] += taps[j][c] * s[c];
+            }
+            std::memcpy(out + static_cast<size_t>(i) * out_stride + d0, acc, sizeof acc);
+        }
+    };
+    for (int i0 = 0; i0 < n; i0 += kChunk) {
+        const int i1 = std::min(n, i0 + kChunk);
+        int d0 = 0;
+        for (; d0 + kLanes <= dim; d0 += kLanes) block(std::integral_constant<int, kLanes>{}, d0, i0, i1);
+        for (; d0 < dim; ++d0) block(std::integral_constant<int, 1>{}, d0, i0, i1);
     }
-    for (int j = 0; j + 1 < rows; ++j) std::copy(state + (j + 1) * stride, state + (j + 1) * stride + dim, state + j * stride);
-    std::copy(in, in + dim, state + (rows - 1) * stride);
+    // The state becomes the sequence's last rows: row j takes row n + j, which no
+    // earlier row's copy has overwritten.
+    for (int j = 0; j < rows; ++j) std::copy_n(sequence(n + j), dim, state + static_cast<size_t>(j) * stride);
 }
 
 void short_conv(const Pass &p, const LayerWeights &L, int layer) {
@@ -175,16 +202,23 @@ void short_conv(const Pass &p, const LayerWeights &L, int layer) {
     bcu.resize(p.n * row);
     rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
     matmuls(p, p.xb, {project(L.conv_in, bcu.data())}); // (n, 3 dim): b, c, u
-    // In batch order: a session's tokens come in position order, each continuing the
-    // state its predecessor left, so a token's result is the same in any batch.
+    // b * u for every token, then the runs of consecutive tokens of one session, each
+    // continuing the state its predecessor left, so a token's result is the same in any batch.
     std::vector<float> &bu = p.ws.recurrent_in;
-    bu.resize(dim);
+    bu.resize(static_cast<size_t>(p.n) * dim);
     for (int t = 0; t < p.n; ++t) {
-        const float *b = bcu.data() + t * row, *c = b + dim, *u = c + dim;
+        const float *b = bcu.data() + t * row, *u = b + 2 * dim;
+        for (int d = 0; d < dim; ++d) bu[static_cast<size_t>(t) * dim + d] = b[d] * u[d];
+    }
+    for (int t = 0, u = 0; t < p.n; t = u + 1) {
+        u = scan_end(p, layer, t);
+        conv_run(L.conv_w, p.hp.conv_len, p.batch[t].rs->layer(layer), dim, bu.data() + static_cast<size_t>(t) * dim, dim,
+                 p.xb + static_cast<size_t>(t) * dim, dim, u + 1 - t, dim);
+        keep(p.batch[u].rs, layer, p.batch[u].pos, 0, p.hp.conv_len - 1, dim, dim);
+    }
+    for (int t = 0; t < p.n; ++t) {
+        const float *c = bcu.data() + t * row + dim;
         float *y = p.xb + static_cast<size_t>(t) * dim;
-        for (int d = 0; d < dim; ++d) bu[d] = b[d] * u[d];
-        conv_step(L.conv_w, p.hp.conv_len, p.batch[t].rs->layer(layer), dim, bu.data(), dim, y);
-        keep(p.batch[t].rs, layer, p.batch[t].pos, 0, p.hp.conv_len - 1, dim, dim);
         for (int d = 0; d < dim; ++d) y[d] *= c[d];
     }
     matmuls(p, p.xb, {residual(L.conv_out, p.x)}); // x += (c * conv) · conv_outᵀ
@@ -228,7 +262,6 @@ void l2_normalize(float *x, int n, float eps) {
 }
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float silu(float x) { return x * sigmoid(x); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 } // namespace
@@ -249,19 +282,28 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
     rmsnorm_rows(p, p.xb, p.x, L.attn_norm);
     matmuls(p, p.xb, {project(L.delta_in, mixed), project(L.delta_gate, z), project(L.delta_beta, beta),
                       project(L.delta_alpha, alpha)});
-    // The convolution, SiLU and the q and k heads' L2 norm: a task per head's hd
-    // channels (of q, k or v) runs the batch's tokens in order, each continuing the
+    // The convolution, SiLU and the q and k heads' L2 norm: a task per kConvHeads heads'
+    // channels (of q, k or v: a long contiguous part of each token's row, which
+    // prefetching follows) runs the batch's tokens in order, each continuing the
     // convolution window its predecessor in the session left.
+    constexpr int kConvHeads = 8;
+    const int heads = static_cast<int>(conv_dim / hd);
     const size_t conv_state = static_cast<size_t>(hp.conv_len - 1) * conv_dim;
-    p.pool.run(static_cast<int>(conv_dim / hd), [&](int g) {
-        const size_t c0 = static_cast<size_t>(g) * hd;
+    p.pool.run((heads + kConvHeads - 1) / kConvHeads, [&](int g) {
+        const int h0 = g * kConvHeads, h1 = std::min(heads, h0 + kConvHeads);
+        const size_t c0 = static_cast<size_t>(h0) * hd;
+        const int width = (h1 - h0) * hd;
+        for (int t = 0, u = 0; t < n; t = u + 1) {
+            u = scan_end(p, layer, t);
+            conv_run(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
+                     mixed + t * conv_dim + c0, conv_dim, qkv + t * conv_dim + c0, conv_dim, u + 1 - t, width);
+            keep(p.batch[u].rs, layer, p.batch[u].pos, c0, hp.conv_len - 1, conv_dim, width);
+        }
         for (int t = 0; t < n; ++t) {
             float *c = qkv + t * conv_dim + c0;
-            conv_step(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
-                      mixed + t * conv_dim + c0, hd, c);
-            keep(p.batch[t].rs, layer, p.batch[t].pos, c0, hp.conv_len - 1, conv_dim, hd);
-            for (int i = 0; i < hd; ++i) c[i] = silu(c[i]);
-            if (g < 2 * n_k) l2_normalize(c, hd, hp.norm_eps); // a q or k head
+            kernels().glu(false, c, nullptr, width); // SiLU
+            for (int h = h0; h < std::min(h1, 2 * n_k); ++h) // the q and k heads
+                l2_normalize(c + static_cast<size_t>(h - h0) * hd, hd, hp.norm_eps);
         }
     });
     // The scan: a task per value head runs the batch's tokens in order over their
@@ -291,9 +333,10 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
         }
         for (int t = 0; t < n; ++t) {
             float *o = out + t * v_dim + static_cast<size_t>(h) * hd;
-            const float *g = z + t * v_dim + static_cast<size_t>(h) * hd;
+            float *g = z + t * v_dim + static_cast<size_t>(h) * hd;
             rmsnorm(o, o, L.delta_norm, hd, hp.norm_eps);
-            for (int i = 0; i < hd; ++i) o[i] *= silu(g[i]);
+            kernels().glu(false, g, nullptr, hd); // SiLU
+            for (int i = 0; i < hd; ++i) o[i] *= g[i];
         }
     });
     matmuls(p, out, {residual(L.delta_out, p.x)}); // x += gated output · delta_outᵀ
@@ -342,12 +385,17 @@ void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out) {
     p.pool.run(static_cast<int>((conv_dim + kConvChannels - 1) / kConvChannels), [&](int g) {
         const size_t c0 = static_cast<size_t>(g) * kConvChannels;
         const int width = static_cast<int>(std::min(kConvChannels, conv_dim - c0));
+        for (int t = 0, u = 0; t < n; t = u + 1) {
+            u = scan_end(p, layer, t);
+            conv_run(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
+                     zxbcdt + t * proj + inner + c0, proj, xbc + t * conv_dim + c0, conv_dim, u + 1 - t, width);
+            keep(p.batch[u].rs, layer, p.batch[u].pos, c0, hp.conv_len - 1, conv_dim, width);
+        }
         for (int t = 0; t < n; ++t) {
             float *c = xbc + t * conv_dim + c0;
-            conv_step(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
-                      zxbcdt + t * proj + inner + c0, width, c);
-            keep(p.batch[t].rs, layer, p.batch[t].pos, c0, hp.conv_len - 1, conv_dim, width);
-            for (int i = 0; i < width; ++i) c[i] = silu(L.conv_b != nullptr ? c[i] + L.conv_b[c0 + i] : c[i]);
+            if (L.conv_b != nullptr)
+                for (int i = 0; i < width; ++i) c[i] += L.conv_b[c0 + i];
+            kernels().glu(false, c, nullptr, width); // SiLU
         }
     });
     // The scan: a task per head runs the batch's tokens in order over their sessions'
@@ -379,8 +427,10 @@ void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out) {
         for (int t = 0; t < n; ++t) {
             const size_t at = static_cast<size_t>(h) * hd;
             float *o = y + t * inner + at;
-            const float *x = xbc + t * conv_dim + at, *z = zxbcdt + t * proj + at;
-            for (int i = 0; i < hd; ++i) o[i] = (o[i] + x[i] * L.ssm_d[h]) * silu(z[i]);
+            const float *x = xbc + t * conv_dim + at;
+            float *z = zxbcdt + t * proj + at;
+            kernels().glu(false, z, nullptr, hd); // SiLU
+            for (int i = 0; i < hd; ++i) o[i] = (o[i] + x[i] * L.ssm_d[h]) * z[i];
         }
     });
     // Each group's channels RMS-normed (a group may span several heads).

@@ -120,11 +120,14 @@ private:
 // state, which then moves on), and x += (c * conv) · conv_outᵀ.
 void short_conv(const Pass &p, const LayerWeights &L, int layer);
 
-// out (dim) = for each channel d, Σ_j w[d][j] · window_j[d] over the conv_len
-// positions window = (state rows oldest first, then in), accumulated in that order;
-// the state (conv_len - 1 rows, `stride` floats apart, of which the first dim are
-// these channels') then drops its oldest row and appends in.
-void conv_step(const float *w, int conv_len, float *state, size_t stride, const float *in, int dim, float *out);
+// n consecutive tokens of one session through a causal convolution of dim channels:
+// token i's output (at out + i · out_stride) is, for each channel d, Σ_j w[d][j] ·
+// window_j[d] over its conv_len positions, accumulated in that order: the conv_len - 1
+// inputs before it (the state's rows, oldest first, then the run's own inputs at
+// in + k · in_stride) and its own input. The state (conv_len - 1 rows, `stride` floats
+// apart, of which the first dim are these channels') then holds the run's last inputs.
+void conv_run(const float *w, int conv_len, float *state, size_t stride, const float *in, size_t in_stride, float *out,
+              size_t out_stride, int n, int dim);
 
 // n tokens of one session, in order, through one Gated DeltaNet head (kernels.h:
 // DeltaTokens says where each token's inputs and output are). m (hd × hd) holds the

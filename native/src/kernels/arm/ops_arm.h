@@ -49,9 +49,9 @@ void glu_neon(bool gelu, float *gate, const float *up, int64_t n) {
         const float32x4_t minus_z =
             gelu ? vmulq_f32(vmulq_n_f32(g, -2.0f * kGeluK), vfmaq_f32(one, vmulq_n_f32(g, kGeluC), g)) : vnegq_f32(g);
         const float32x4_t act = vdivq_f32(g, vaddq_f32(one, exp4(minus_z)));
-        vst1q_f32(gate + i, vmulq_f32(act, vld1q_f32(up + i)));
+        vst1q_f32(gate + i, up != nullptr ? vmulq_f32(act, vld1q_f32(up + i)) : act);
     }
-    glu_ref(gelu, gate + i, up + i, n - i); // the rest: at the same index every time
+    glu_ref(gelu, gate + i, up != nullptr ? up + i : nullptr, n - i); // the rest: at the same index every time
 }
 
 double sum_squares_neon(const float *x, int n) {

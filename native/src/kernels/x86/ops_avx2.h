@@ -48,9 +48,9 @@ void glu_avx2(bool gelu, float *gate, const float *up, int64_t n) {
         const __m256 minus_z = gelu ? _mm256_mul_ps(_mm256_mul_ps(k2, g), _mm256_fmadd_ps(_mm256_mul_ps(c, g), g, one))
                                     : _mm256_sub_ps(_mm256_setzero_ps(), g);
         const __m256 act = _mm256_div_ps(g, _mm256_add_ps(one, exp256(minus_z)));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(act, _mm256_loadu_ps(up + i)));
+        _mm256_storeu_ps(gate + i, up != nullptr ? _mm256_mul_ps(act, _mm256_loadu_ps(up + i)) : act);
     }
-    glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
+    glu_ref(gelu, gate + i, up != nullptr ? up + i : nullptr, n - i); // the rest: rows end on a whole panel, at the same index every time
 }
 
 double sum_squares_avx2(const float *x, int n) {

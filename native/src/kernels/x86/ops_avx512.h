@@ -46,9 +46,9 @@ void glu_avx512(bool gelu, float *gate, const float *up, int64_t n) {
         const __m512 minus_z = gelu ? _mm512_mul_ps(_mm512_mul_ps(k2, g), _mm512_fmadd_ps(_mm512_mul_ps(c, g), g, one))
                                     : _mm512_sub_ps(_mm512_setzero_ps(), g);
         const __m512 act = _mm512_div_ps(g, _mm512_add_ps(one, exp512(minus_z)));
-        _mm512_storeu_ps(gate + i, _mm512_mul_ps(act, _mm512_loadu_ps(up + i)));
+        _mm512_storeu_ps(gate + i, up != nullptr ? _mm512_mul_ps(act, _mm512_loadu_ps(up + i)) : act);
     }
-    glu_ref(gelu, gate + i, up + i, n - i); // the rest: rows end on a whole panel, at the same index every time
+    glu_ref(gelu, gate + i, up != nullptr ? up + i : nullptr, n - i); // the rest: rows end on a whole panel, at the same index every time
 }
 
 double sum_squares_avx512(const float *x, int n) {
