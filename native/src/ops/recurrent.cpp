@@ -195,6 +195,25 @@ void conv_run(const float *w, int conv_len, float *state, size_t stride, const f
     for (int j = 0; j < rows; ++j) std::copy_n(sequence(n + j), dim, state + static_cast<size_t>(j) * stride);
 }
 
+namespace {
+
+// The batch's tokens through conv_run, a run of one session's consecutive tokens at a
+// time (scan_end), each run's state kept where the trail wants it: channels
+// [c0, c0 + width) of layer `layer`'s state, whose rows are `stride` floats apart;
+// w, in and out point at channel c0 (of token 0's rows).
+void convolve(const Pass &p, int layer, const float *w, size_t c0, size_t stride, const float *in, size_t in_stride,
+              float *out, size_t out_stride, int width) {
+    const int conv_len = p.hp.conv_len;
+    for (int t = 0, u = 0; t < p.n; t = u + 1) {
+        u = scan_end(p, layer, t);
+        conv_run(w, conv_len, p.batch[t].rs->layer(layer) + c0, stride, in + t * in_stride, in_stride,
+                 out + t * out_stride, out_stride, u + 1 - t, width);
+        keep(p.batch[u].rs, layer, p.batch[u].pos, c0, conv_len - 1, stride, width);
+    }
+}
+
+} // namespace
+
 void short_conv(const Pass &p, const LayerWeights &L, int layer) {
     const int dim = p.hp.n_embd;
     const size_t row = static_cast<size_t>(3) * dim;
@@ -210,12 +229,7 @@ void short_conv(const Pass &p, const LayerWeights &L, int layer) {
         const float *b = bcu.data() + t * row, *u = b + 2 * dim;
         for (int d = 0; d < dim; ++d) bu[static_cast<size_t>(t) * dim + d] = b[d] * u[d];
     }
-    for (int t = 0, u = 0; t < p.n; t = u + 1) {
-        u = scan_end(p, layer, t);
-        conv_run(L.conv_w, p.hp.conv_len, p.batch[t].rs->layer(layer), dim, bu.data() + static_cast<size_t>(t) * dim, dim,
-                 p.xb + static_cast<size_t>(t) * dim, dim, u + 1 - t, dim);
-        keep(p.batch[u].rs, layer, p.batch[u].pos, 0, p.hp.conv_len - 1, dim, dim);
-    }
+    convolve(p, layer, L.conv_w, 0, dim, bu.data(), dim, p.xb, dim, dim);
     for (int t = 0; t < p.n; ++t) {
         const float *c = bcu.data() + t * row + dim;
         float *y = p.xb + static_cast<size_t>(t) * dim;
@@ -293,12 +307,7 @@ void gated_delta_net(const Pass &p, const LayerWeights &L, int layer) {
         const int h0 = g * kConvHeads, h1 = std::min(heads, h0 + kConvHeads);
         const size_t c0 = static_cast<size_t>(h0) * hd;
         const int width = (h1 - h0) * hd;
-        for (int t = 0, u = 0; t < n; t = u + 1) {
-            u = scan_end(p, layer, t);
-            conv_run(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
-                     mixed + t * conv_dim + c0, conv_dim, qkv + t * conv_dim + c0, conv_dim, u + 1 - t, width);
-            keep(p.batch[u].rs, layer, p.batch[u].pos, c0, hp.conv_len - 1, conv_dim, width);
-        }
+        convolve(p, layer, L.conv_w + c0 * hp.conv_len, c0, conv_dim, mixed + c0, conv_dim, qkv + c0, conv_dim, width);
         for (int t = 0; t < n; ++t) {
             float *c = qkv + t * conv_dim + c0;
             kernels().glu(false, c, nullptr, width); // SiLU
@@ -385,12 +394,8 @@ void mamba2(const Pass &p, const LayerWeights &L, int layer, float *out) {
     p.pool.run(static_cast<int>((conv_dim + kConvChannels - 1) / kConvChannels), [&](int g) {
         const size_t c0 = static_cast<size_t>(g) * kConvChannels;
         const int width = static_cast<int>(std::min(kConvChannels, conv_dim - c0));
-        for (int t = 0, u = 0; t < n; t = u + 1) {
-            u = scan_end(p, layer, t);
-            conv_run(L.conv_w + c0 * hp.conv_len, hp.conv_len, p.batch[t].rs->layer(layer) + c0, conv_dim,
-                     zxbcdt + t * proj + inner + c0, proj, xbc + t * conv_dim + c0, conv_dim, u + 1 - t, width);
-            keep(p.batch[u].rs, layer, p.batch[u].pos, c0, hp.conv_len - 1, conv_dim, width);
-        }
+        convolve(p, layer, L.conv_w + c0 * hp.conv_len, c0, conv_dim, zxbcdt + inner + c0, proj, xbc + c0, conv_dim,
+                 width);
         for (int t = 0; t < n; ++t) {
             float *c = xbc + t * conv_dim + c0;
             if (L.conv_b != nullptr)
