@@ -18,6 +18,15 @@ sys.path.insert(0, str(ROOT))
 import build_native  # noqa: E402
 
 
+# No CPU of the machines the tests run on may have AVX-VNNI (nor does qemu emulate it), so
+# the test also carries the avx-vnni variant's sources built with the EVEX form of the
+# same instructions (AVX-512 VL and VNNI; kernels/x86/simd_avx2.h), under another name:
+# kernel_test.cpp runs it against the references on CPUs with AVX-512 VNNI.
+AVX_VNNI_TWIN = ("native/src/kernels/x86/avx_vnni.cpp", "avx_vnni_evex",
+                 build_native.VARIANT_FLAGS["x86"]["avx2.cpp"]
+                 + ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-Dkernels_avx_vnni=kernels_avx_vnni_evex"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cxx", default="g++")
@@ -31,15 +40,19 @@ def main() -> int:
     objects_dir.mkdir(parents=True, exist_ok=True)
     # The engine's own flags (-O3: the kernels' small loops unroll, as they do in the engine).
     base = [args.cxx] + build_native.compile_args() + ["-Inative/include", "-Inative/src"] + args.extra
-    units = build_native.sources(args.isa) + ["native/tests/kernel_test.cpp"]
+    # (source, object name, flags): the engine's units with their own flags, the test.
+    units = [(source, source.replace("/", "_"), build_native.variant_flags(source) or [])
+             for source in build_native.sources(args.isa) + ["native/tests/kernel_test.cpp"]]
+    if args.isa == "x86":
+        units.append(AVX_VNNI_TWIN)
     # An object newer than every header is rebuilt only when its own source changed.
     headers = max(p.stat().st_mtime for p in (ROOT / "native").glob("**/*.h"))
 
-    def compile_unit(source: str) -> str:
-        obj = objects_dir / (source.replace("/", "_") + ".o")
+    def compile_unit(unit: tuple[str, str, list[str]]) -> str:
+        source, name, flags = unit
+        obj = objects_dir / (name + ".o")
         if obj.exists() and obj.stat().st_mtime > max(headers, (ROOT / source).stat().st_mtime):
             return str(obj)
-        flags = build_native.variant_flags(source) or []
         subprocess.run(base + flags + ["-c", source, "-o", str(obj)], cwd=ROOT, check=True)
         return str(obj)
 

@@ -6,8 +6,11 @@
 // bits alone, within any batch and any split of the panels among threads), attention
 // (groups 1 to 8, runs, ranges, every KV type; with sinks), the Gated DeltaNet scan
 // (and its run invariance), GLU, quantize_q8a (bit for bit), sum_squares and the KV
-// cache's writes of every KV type (bit for bit). Prints each check's worst difference;
-// exits non-zero on any breach of tests/test_kernels.py's tolerances.
+// cache's writes of every KV type (bit for bit). On x86 CPUs with AVX-512 VNNI also
+// avx-vnni's sources built with its instructions' EVEX form (build_kernel_test.py's
+// AVX_VNNI_TWIN): its table's kernels, panels bit for bit with avx512's. Prints each
+// check's worst difference; exits non-zero on any breach of tests/test_kernels.py's
+// tolerances.
 #include "kernels/kernels.h"
 #include "llmd.h"
 
@@ -130,7 +133,8 @@ void matmul(const Kernels &k, bool packed, uint32_t type, const uint8_t *w, cons
             y[t * rows + r] = k.dot[type](w + r * rb, x + t * cols, xa != nullptr ? xa + t * nb : nullptr, cols);
 }
 
-void test_matmul(const Kernels &k, uint32_t type, Rng &rng) {
+// With same_as, k's panels must also give same_as's panels' bits.
+void test_matmul(const Kernels &k, uint32_t type, Rng &rng, const Kernels *same_as) {
     const TypeTraits &t = *type_traits(type);
     const bool quantized = t.activation != Activation::F32;
     const bool k_type = t.block_elems == QK_K;
@@ -141,7 +145,7 @@ void test_matmul(const Kernels &k, uint32_t type, Rng &rng) {
     for (const bool packed : {false, true}) {
         if (packed && k.panel[type] == nullptr) continue;
         double worst = 0.0, limit_at_worst = 0.0;
-        bool ok = true, invariant = true;
+        bool ok = true, invariant = true, same = true;
         for (const Shape &s : shapes) {
             for (const int n : {1, 7, 17}) {
                 const std::vector<uint8_t> w = random_rows(type, s.rows, s.cols, rng);
@@ -188,6 +192,12 @@ void test_matmul(const Kernels &k, uint32_t type, Rng &rng) {
                     matmul(k, true, type, w.data(), pk, s.rows, s.cols, x.data(), xa, n, split.data(), 0, 1, true);
                     matmul(k, true, type, w.data(), pk, s.rows, s.cols, x.data(), xa, n, split.data(), 1, panels, true);
                     if (split != added) invariant = false;
+                    if (same_as != nullptr) {
+                        std::vector<float> theirs(got.size());
+                        matmul(*same_as, true, type, w.data(), pk, s.rows, s.cols, x.data(), xa, n, theirs.data(), 0,
+                               panels, false);
+                        if (theirs != got) same = false;
+                    }
                 }
             }
         }
@@ -196,6 +206,10 @@ void test_matmul(const Kernels &k, uint32_t type, Rng &rng) {
         check(ok, k.name, what, worst, limit_at_worst);
         std::snprintf(what, sizeof what, "%s %s batch invariance", t.name, packed ? "panels" : "rows");
         check(invariant, k.name, what, invariant ? 0.0 : 1.0, 0.0);
+        if (packed && same_as != nullptr) {
+            std::snprintf(what, sizeof what, "%s panels = %s's bits", t.name, same_as->name);
+            check(same, k.name, what, same ? 0.0 : 1.0, 0.0);
+        }
     }
 }
 
@@ -437,12 +451,32 @@ void test_vector_ops(const Kernels &k, Rng &rng) {
     }
 }
 
-} // namespace
-
-int main() {
+// A table's kernels that take the table itself (not a variant's name through the ABI);
+// with same_as, its panels must give same_as's bits.
+void test_table(const Kernels &k, Rng &rng, const Kernels *same_as = nullptr) {
     const uint32_t types[] = {GGML_F32,  GGML_F16,    GGML_BF16,  GGML_Q4_0, GGML_Q4_1, GGML_Q5_0,
                               GGML_Q5_1, GGML_Q8_0,   GGML_IQ4_NL, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K,
                               GGML_Q4_K, GGML_Q5_K,   GGML_Q6_K,  GGML_IQ4_XS};
+    for (const uint32_t type : types) {
+        if (k.dot[type] == nullptr) {
+            check(false, k.name, type_name(type), 1.0, 0.0);
+            continue;
+        }
+        test_matmul(k, type, rng, same_as);
+    }
+    test_glu(k, rng);
+    test_vector_ops(k, rng);
+}
+
+} // namespace
+
+#if defined(__x86_64__)
+namespace llmd {
+const Kernels &kernels_avx_vnni_evex(); // build_kernel_test.py's AVX_VNNI_TWIN
+}
+#endif
+
+int main() {
     int ran = 0;
     for (int i = 0; i < kernel_variant_count(); ++i) {
         const KernelVariant &v = kernel_variant(i);
@@ -451,20 +485,23 @@ int main() {
         ++ran;
         const Kernels &k = v.table();
         Rng rng{1234};
-        for (const uint32_t type : types) {
-            if (k.dot[type] == nullptr) {
-                check(false, k.name, type_name(type), 1.0, 0.0);
-                continue;
-            }
-            test_matmul(k, type, rng);
-        }
+        test_table(k, rng);
         test_attention(k.name, rng);
         test_attention_sinks(k.name, rng);
         test_delta_scan(k.name, rng);
         test_ssm_scan(k.name, rng);
-        test_glu(k, rng);
-        test_vector_ops(k, rng);
     }
+#if defined(__x86_64__)
+    // avx-vnni's sources with the EVEX form of its instructions, where AVX-512 VNNI is; its
+    // panels are the avx512 panels' arithmetic 8 rows at a time (panels_avx2.h's tile_vnni).
+    std::string lacks;
+    const Kernels *avx512 = kernels_named("avx512", lacks);
+    std::printf("avx-vnni as EVEX: %s\n", avx512 != nullptr ? "runs" : "not run (this CPU lacks AVX-512 VNNI)");
+    if (avx512 != nullptr) {
+        Rng rng{1234};
+        test_table(kernels_avx_vnni_evex(), rng, avx512);
+    }
+#endif
     std::printf("the engine runs: %s\n", kernels().name);
     std::printf("%d variants run, %d failures\n", ran, g_failures);
     return g_failures == 0 ? 0 : 1;

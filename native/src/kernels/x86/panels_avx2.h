@@ -22,11 +22,16 @@
 //
 // The unpacked weights of a group serve a tile of T tokens (tile_tokens)
 // while each token's int16 sums stay in registers; 16 vector registers bound T.
+// With VNNI (the avx-vnni variant) none of that holds back the products: vpdpbusd sums
+// four u8 × s8 products into int32 lanes without saturating, so every layout's operand
+// is unsigned, u = q + operand_offset, and a piece's groups go straight into one int32
+// sum per token and half (tile_vnni), with panels_avx512.h's float steps per piece.
 // Every token accumulates its pieces in one fixed order whatever tile or thread it
 // runs in: results are batch-invariant.
 #pragma once
 
 #include "kernels/kernels.h"
+#include "kernels/x86/simd_avx2.h"
 
 #include <algorithm>
 #include <cstring>
@@ -55,8 +60,9 @@ constexpr int operand_offset(const PanelLayout &l) { return l.lut != nullptr ? -
 constexpr int operand_max(const PanelLayout &l) {
     return l.lut != nullptr ? lut_extreme(l, true) - lut_extreme(l, false) : (1 << l.bits) - 1;
 }
-// Operands that one vpmaddubsw could saturate multiply as signed q (the sign trick).
-constexpr bool signed_operands(const PanelLayout &l) { return 2 * 127 * operand_max(l) > 32767; }
+// Operands that one vpmaddubsw could saturate multiply as signed q (the sign trick);
+// with VNNI none.
+constexpr bool signed_operands(const PanelLayout &l) { return !kVnni256 && 2 * 127 * operand_max(l) > 32767; }
 // Groups whose int16 sums add up before vpmaddwd (see the header); split layouts
 // change scales at element 16, so their chunks stay within a half-piece.
 constexpr int chunk_groups(const PanelLayout &l) {
@@ -225,6 +231,82 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
     }
 }
 
+// 8 rows' int8 scales (or mins) of a k_scales layout, as floats.
+inline __m256 int8x8_floats(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
+}
+
+// tile with VNNI: the same tile's results for rows 8h..8h+7 by panels_avx512.h's
+// arithmetic, bit for bit (its integer sums are exact in any order; its float steps
+// come in the same order per row). A split layout's two sets of 16 elements are
+// summed and scaled one after the other.
+template <const PanelLayout &L, int T, int H>
+void tile_vnni(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __m256 (*acc)[2]) {
+    constexpr int off = operand_offset(L);
+    constexpr int64_t kGroup = L.k_scales ? QK_K / QK : 1;
+    constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
+    constexpr int kSets = L.split ? 2 : 1, kSetGroups = 8 / kSets;
+    const __m256i table = code_table<L>();
+    for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
+        // k_scales: the rows' d and m of this 256, and each token's scaled piece sums.
+        const uint8_t *header = L.k_scales ? panel + panel_piece_offset(L, b0) - panel_header_bytes(L) : nullptr;
+        __m256 part[T][H];
+        for (int t = 0; t < T; ++t)
+            for (int h = 0; h < H; ++h) part[t][h] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < kGroup; ++i) {
+            const int64_t b = b0 + i;
+            const uint8_t *blk = panel + panel_piece_offset(L, b);
+            for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
+                _mm_prefetch(reinterpret_cast<const char *>(blk + kPrefetch + at), _MM_HINT_T0);
+            for (int set = 0; set < kSets; ++set) {
+                __m256i sum[T][H];
+                for (int t = 0; t < T; ++t) {
+                    const BlockQ8A &xb = x[t][b];
+                    const int32_t set_sum = !L.split ? xb.sum : set == 0 ? xb.sum_lo : xb.sum - xb.sum_lo;
+                    for (int h = 0; h < H; ++h) sum[t][h] = _mm256_set1_epi32(-off * set_sum);
+                }
+#pragma GCC unroll 8
+                for (int g = set * kSetGroups; g < (set + 1) * kSetGroups; ++g) {
+                    __m256i w[H];
+                    for (int h = 0; h < H; ++h) w[h] = operand<L>(blk, h0 + h, g, table);
+#pragma GCC unroll 16
+                    for (int t = 0; t < T; ++t) {
+                        int32_t four;
+                        std::memcpy(&four, x[t][b].qs + 4 * g, 4);
+                        const __m256i xb = _mm256_set1_epi32(four);
+                        for (int h = 0; h < H; ++h) sum[t][h] = dot4_u8s8(sum[t][h], w[h], xb);
+                    }
+                }
+                const uint8_t *scales = blk + kW + set * kSet, *mins = blk + kW + (kSets + set) * kSet;
+                for (int h = 0; h < H; ++h) {
+                    const int r = h0 + h;
+                    const __m256 scale = L.k_scales ? int8x8_floats(scales + 8 * r) : piece_floats<L>(scales, r);
+                    __m256 min = _mm256_setzero_ps();
+                    if constexpr (L.mins)
+                        min = L.k_scales ? _mm256_mul_ps(f16x8(header + 2 * kPanel + 16 * r), int8x8_floats(mins + 8 * r))
+                                         : piece_floats<L>(mins, r);
+                    for (int t = 0; t < T; ++t) {
+                        const BlockQ8A &xb = x[t][b];
+                        const __m256 sum_f = _mm256_cvtepi32_ps(sum[t][h]);
+                        if constexpr (L.k_scales) part[t][h] = _mm256_fmadd_ps(scale, sum_f, part[t][h]);
+                        else acc[t][r] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xb.d)), sum_f, acc[t][r]);
+                        if constexpr (L.mins) {
+                            const float xs = !L.split ? xb.s : xb.d * static_cast<float>(set == 0 ? xb.sum_lo : xb.sum - xb.sum_lo);
+                            acc[t][r] = _mm256_fmadd_ps(min, _mm256_set1_ps(xs), acc[t][r]);
+                        }
+                    }
+                }
+            }
+        }
+        if constexpr (L.k_scales) // the super-block meets the rows' d and the token's x.d
+            for (int t = 0; t < T; ++t) {
+                const __m256 xd = _mm256_set1_ps(x[t][b0 + kGroup - 1].d);
+                for (int h = 0; h < H; ++h)
+                    acc[t][h0 + h] = _mm256_fmadd_ps(_mm256_mul_ps(f16x8(header + 16 * (h0 + h)), xd), part[t][h], acc[t][h0 + h]);
+            }
+    }
+}
+
 // Tokens sharing one unpacking of a group's weights, and how many of the panel's two
 // halves they take at once: each token keeps an int16 sum per half in a register
 // beside the group's two weight vectors, so 4 tokens over both halves (8 sums).
@@ -232,7 +314,18 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
 // (Zen 4, the fastest of 5 or 6 alternating processes): Q4_K 21.6 ms as is, 22.4 with
 // 3 tokens over both halves, 27.6 / 29.5 with 6 / 8 tokens over one half at a time;
 // Q6_K 27.2 as is, 29.0, 31.3 / 35.9, and 5 over one half 32.2.
-template <const PanelLayout &L> constexpr int tile_tokens() { return 4; }
+// With VNNI (an int32 sum per token and half) the same shape, but 5 tokens for the split
+// layouts with a high plane (Q3_K, Q6_K), whose unpacking and two float steps a piece want
+// more tokens to share them. The same matrix with the avx-vnni sources built as EVEX
+// (build_kernel_test.py's twin, held to 16 vector registers), the fastest of 5 or 6
+// alternating processes: Q6_K 22.5 ms with 5 tokens, 26.8 with 4, 23.5 with 6; Q3_K 22.5
+// and 27.5; Q2_K 23.9 and 23.1; with 5 tokens Q4_0 14.8 against 14.4, Q5_0 26.1 against
+// 17.3, Q5_K 22.6 against 17.9, Q8_0 14.7 against 14.2, Q4_K 17.2 against 16.2. (The avx2
+// kernel: Q4_K 23.2, Q6_K 27.0, Q3_K 25.1, Q4_0 20.2, Q8_0 39.1, and Q2_K 21.2, the one
+// layout VNNI does not speed up.)
+template <const PanelLayout &L> constexpr int tile_tokens() {
+    return kVnni256 && L.split && L.bits != panel_low_bits(L) ? 5 : 4;
+}
 template <const PanelLayout &L> constexpr int tile_halves() { return 2; }
 
 // T tokens against one panel: y[t][r] = dot (or += dot when add) for its valid rows.
@@ -241,7 +334,10 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
     constexpr int H = tile_halves<L>();
     __m256 acc[T][2];
     for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (int h0 = 0; h0 < 2; h0 += H) tile<L, T, H>(panel, nb, x, h0, acc);
+    for (int h0 = 0; h0 < 2; h0 += H) {
+        if constexpr (kVnni256) tile_vnni<L, T, H>(panel, nb, x, h0, acc);
+        else tile<L, T, H>(panel, nb, x, h0, acc);
+    }
     for (int t = 0; t < T; ++t) {
         alignas(32) float out[kPanel];
         _mm256_store_ps(out, acc[t][0]);

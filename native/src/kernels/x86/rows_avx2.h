@@ -13,6 +13,7 @@
 #pragma once
 
 #include "kernels/kernels.h"
+#include "kernels/x86/simd_avx2.h"
 
 #include <cstring>
 #include <immintrin.h>
@@ -21,15 +22,7 @@ namespace llmd {
 namespace {
 
 // Sum of u8 × s8 products in groups of four, as 8 int32 lanes.
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
+inline __m256i dot_u8s8(__m256i u, __m256i s) { return dot4_u8s8(_mm256_setzero_si256(), u, s); }
 
 // s8 × s8 through the unsigned form: |a| × (b · sign(a)).
 inline __m256i dot_s8s8(__m256i a, __m256i b) {

@@ -6,6 +6,25 @@
 namespace llmd {
 namespace {
 
+// acc + the sums of u8 × s8 products in groups of four, as 8 int32 lanes. With VNNI one
+// vpdpbusd, exact: the avx-vnni variant has its VEX form; an AVX-512 VL build of the same
+// sources its EVEX form (the avx512 variant's rows, and native/tests/build_kernel_test.py's
+// twin of avx-vnni, which runs avx-vnni's sources on AVX-512 CPUs). Without it vpmaddubsw
+// then vpmaddwd, whose int16 pair sums saturate past 32767: callers keep each pair of
+// products within that (rows_avx2.h's sign trick). kVnni256 says which.
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kVnni256 = true;
+inline __m256i dot4_u8s8(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#elif defined(__AVXVNNI__)
+constexpr bool kVnni256 = true;
+inline __m256i dot4_u8s8(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+#else
+constexpr bool kVnni256 = false;
+inline __m256i dot4_u8s8(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+#endif
+
 // e^x for x <= 88, exp512's arithmetic (simd_avx512.h) 8 lanes at a time, to the same bits:
 // 2^n * e^r with |r| <= ln2 / 2 and a degree-7 Taylor polynomial; x is clamped to
 // [-87, 88], so n stays in [-126, 127] and 2^n is built exactly in the exponent field.
