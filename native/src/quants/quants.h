@@ -188,6 +188,11 @@ constexpr size_t panel_piece_offset(const PanelLayout &l, int64_t b) {
     return static_cast<size_t>(b / 8) * (panel_header_bytes(l) + 8 * panel_piece_bytes(l)) + panel_header_bytes(l) +
            static_cast<size_t>(b % 8) * panel_piece_bytes(l);
 }
+// Where a k_scales super-block's header (the rows' f16 d, then m) sits in a panel,
+// before its first panel-block b0.
+inline const uint8_t *panel_header(const PanelLayout &l, const uint8_t *panel, int64_t b0) {
+    return panel + panel_piece_offset(l, b0) - panel_header_bytes(l);
+}
 // Bytes of one panel of nb panel-blocks.
 constexpr size_t panel_bytes(const PanelLayout &l, int64_t nb) {
     return l.k_scales ? static_cast<size_t>(nb / 8) * (panel_header_bytes(l) + 8 * panel_piece_bytes(l))

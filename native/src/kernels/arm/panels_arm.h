@@ -276,7 +276,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *x0, int tn, fl
         float32x4_t d[4], m[4]; // k_scales: the rows' d and m of this 256
         for (int i = 0; i < 4; ++i) d[i] = m[i] = vdupq_n_f32(0.0f);
         if constexpr (L.k_scales) {
-            const uint8_t *header = panel + panel_piece_offset(L, b0) - panel_header_bytes(L);
+            const uint8_t *header = panel_header(L, panel, b0);
             f16_rows(header, d);
             if constexpr (L.mins) f16_rows(header + 2 * kPanel, m);
         }

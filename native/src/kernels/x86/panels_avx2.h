@@ -215,7 +215,7 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
             }
         }
         if constexpr (L.k_scales) { // the super-block meets the rows' d (and m) and the token's one x.d
-            const uint8_t *header = panel + panel_piece_offset(L, b0) - panel_header_bytes(L);
+            const uint8_t *header = panel_header(L, panel, b0);
             for (int t = 0; t < T; ++t) {
                 const __m256 xd = _mm256_set1_ps(x[t][b0].d);
                 for (int h = 0; h < H; ++h) {
@@ -249,7 +249,7 @@ void tile_vnni(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h
     const __m256i table = code_table<L>();
     for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
         // k_scales: the rows' d and m of this 256, and each token's scaled piece sums.
-        const uint8_t *header = L.k_scales ? panel + panel_piece_offset(L, b0) - panel_header_bytes(L) : nullptr;
+        const uint8_t *header = L.k_scales ? panel_header(L, panel, b0) : nullptr;
         __m256 part[T][H];
         for (int t = 0; t < T; ++t)
             for (int h = 0; h < H; ++h) part[t][h] = _mm256_setzero_ps();

@@ -102,12 +102,6 @@ template <const PanelLayout &L> inline void unpack_weights(const uint8_t *blk, _
 // thread); a prefill's tiles, whose panel is in cache after the first, lost nothing.
 constexpr size_t kPanelPrefetch = 6144;
 
-// Where a k_scales super-block's header (the rows' f16 d, then m) sits before its
-// first piece b0.
-template <const PanelLayout &L> inline const uint8_t *panel_header(const uint8_t *panel, int64_t b0) {
-    return panel + panel_piece_offset(L, b0) - panel_header_bytes(L);
-}
-
 // The 16 rows' scales (and mins) of the piece at blk, set h for split layouts'
 // elements 16..31: f16 or f32 floats, or a k_scales layout's integer scales, and its
 // integer mins times the rows' m (f16 times a small integer, exact).
@@ -158,7 +152,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
     for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
         __m512 d = _mm512_setzero_ps(), m = _mm512_setzero_ps(); // k_scales: the rows' d and m of this 256
         if constexpr (L.k_scales) {
-            const uint8_t *header = panel_header<L>(panel, b0);
+            const uint8_t *header = panel_header(L, panel, b0);
             d = f16_floats(header);
             if constexpr (L.mins) m = f16_floats(header + 2 * kPanel);
         }
@@ -262,7 +256,7 @@ void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const Blo
     for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
         __m512 d_a = _mm512_setzero_ps(), d_b = d_a, m_a = d_a, m_b = d_a; // k_scales: the rows' d and m of this 256
         if constexpr (L.k_scales) {
-            const uint8_t *ha = panel_header<L>(pa, b0), *hb = panel_header<L>(pb, b0);
+            const uint8_t *ha = panel_header(L, pa, b0), *hb = panel_header(L, pb, b0);
             d_a = f16_floats(ha);
             d_b = f16_floats(hb);
             if constexpr (L.mins) {
