@@ -246,6 +246,10 @@ void tile_vnni(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h
     constexpr int64_t kGroup = L.k_scales ? QK_K / QK : 1;
     constexpr size_t kW = panel_weight_bytes(L), kSet = kPanel * (L.k_scales ? 1 : L.f16 ? 2 : 4);
     constexpr int kSets = L.split ? 2 : 1, kSetGroups = 8 / kSets;
+    // Independent vpdpbusd chains per token and half: a tile of few tokens (a decode step,
+    // a small verification) would otherwise wait on each vpdpbusd's latency (about 5
+    // cycles at 2 a cycle) through one chain a half. Integer sums, so the same bits.
+    constexpr int kChains = std::min(kSetGroups, T >= 4 ? 1 : T >= 2 ? 2 : 4);
     const __m256i table = code_table<L>();
     for (int64_t b0 = 0; b0 < nb; b0 += kGroup) {
         // k_scales: the rows' d and m of this 256, and each token's scaled piece sums.
@@ -259,11 +263,14 @@ void tile_vnni(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h
             for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
                 _mm_prefetch(reinterpret_cast<const char *>(blk + kPrefetch + at), _MM_HINT_T0);
             for (int set = 0; set < kSets; ++set) {
-                __m256i sum[T][H];
+                __m256i sum[T][H], chain[T][H][kChains];
                 for (int t = 0; t < T; ++t) {
                     const BlockQ8A &xb = x[t][b];
                     const int32_t set_sum = !L.split ? xb.sum : set == 0 ? xb.sum_lo : xb.sum - xb.sum_lo;
-                    for (int h = 0; h < H; ++h) sum[t][h] = _mm256_set1_epi32(-off * set_sum);
+                    for (int h = 0; h < H; ++h) {
+                        chain[t][h][0] = _mm256_set1_epi32(-off * set_sum);
+                        for (int c = 1; c < kChains; ++c) chain[t][h][c] = _mm256_setzero_si256();
+                    }
                 }
 #pragma GCC unroll 8
                 for (int g = set * kSetGroups; g < (set + 1) * kSetGroups; ++g) {
@@ -274,9 +281,14 @@ void tile_vnni(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h
                         int32_t four;
                         std::memcpy(&four, x[t][b].qs + 4 * g, 4);
                         const __m256i xb = _mm256_set1_epi32(four);
-                        for (int h = 0; h < H; ++h) sum[t][h] = dot4_u8s8(sum[t][h], w[h], xb);
+                        for (int h = 0; h < H; ++h) chain[t][h][g % kChains] = dot4_u8s8(chain[t][h][g % kChains], w[h], xb);
                     }
                 }
+                for (int t = 0; t < T; ++t)
+                    for (int h = 0; h < H; ++h) {
+                        sum[t][h] = chain[t][h][0];
+                        for (int c = 1; c < kChains; ++c) sum[t][h] = _mm256_add_epi32(sum[t][h], chain[t][h][c]);
+                    }
                 const uint8_t *scales = blk + kW + set * kSet, *mins = blk + kW + (kSets + set) * kSet;
                 for (int h = 0; h < H; ++h) {
                     const int r = h0 + h;
