@@ -39,9 +39,10 @@ TEMPLATE_SIGN = CHANNEL + "analysis" + MESSAGE
 MARKERS = (START, CHANNEL, MESSAGE, END)
 
 # Constrained calls: a message to functions.NAME, a JSON body; <|call|> (an end-of-
-# generation id) closes it, and parallel calls are messages of their own.
+# generation id) closes it, and parallel calls are messages of their own. A body ends
+# at END in HarmonyStream's eyes, so no string of it spells END.
 CALL_LAYOUT = CallLayout(" to=functions.", " to=functions.", CHANNEL + "commentary json" + MESSAGE, "",
-                         END + START + "assistant")
+                         END + START + "assistant", ends=(END,))
 
 HarmonyEvent = Union[ReasoningDelta, ContentDelta, ToolCallDelta]
 

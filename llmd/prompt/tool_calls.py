@@ -628,7 +628,9 @@ class CallLayout:
     also end the answer). Free text before a call may not contain `opens`; without
     `after_text`, calls only open the reply (the parser reads no call after text). The
     arguments are spelled as `arguments` says: "json" (an object), "gemma4" (Gemma 4's
-    call syntax, gemma_calls) or "xml" (Qwen3-Coder's <parameter=P> elements)."""
+    call syntax, gemma_calls) or "xml" (Qwen3-Coder's <parameter=P> elements); no string
+    in them spells one of `ends`, the markers at which the family's parser would end
+    the arguments or the call (empty where it reads JSON to its closing brace)."""
 
     opens: str
     head: str
@@ -637,6 +639,7 @@ class CallLayout:
     separator: str
     arguments: str = "json"
     after_text: bool = True
+    ends: tuple[str, ...] = ()
 
 
 HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_TAIL + CLOSE_TAG, CALL_SEPARATOR)
@@ -644,17 +647,20 @@ HERMES_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + CALL_HEAD, CALL_ARGUMENTS, CALL_
 # reads JSON only at its start); parallel calls separated by ';'.
 LLAMA3_LAYOUT = CallLayout('{"name": "', '{"name": "', '", "parameters": ', "}", "; ", after_text=False)
 # Mistral Small 3.x, Magistral, Devstral: [TOOL_CALLS]name[ARGS]{...}, each call opened again.
-MISTRAL_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS, MISTRAL_ARGS, "", "")
+MISTRAL_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS, MISTRAL_ARGS, "", "", ends=(MISTRAL_CALLS,))
 # Mistral Nemo: [TOOL_CALLS] then a JSON array (one call per array here).
-MISTRAL_NEMO_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS + '[{"name": "', '", "arguments": ', "}]", "")
+MISTRAL_NEMO_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS + '[{"name": "', '", "arguments": ', "}]", "",
+                                 ends=(MISTRAL_CALLS,))
 # Phi-4: each call a closed <|tool_call|> block holding a JSON list.
-PHI4_LAYOUT = CallLayout(TAGGED_CALLS, TAGGED_CALLS + '[{"name": "', '", "arguments": ', "}]" + TAGGED_CALLS_END, "")
+PHI4_LAYOUT = CallLayout(TAGGED_CALLS, TAGGED_CALLS + '[{"name": "', '", "arguments": ', "}]" + TAGGED_CALLS_END, "",
+                         ends=(TAGGED_CALLS_END,))
 # Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, each call a block of its own.
-GEMMA4_LAYOUT = CallLayout(GEMMA_CALL, GEMMA_CALL + "call:", "", GEMMA_CALL_END, "", "gemma4")
+GEMMA4_LAYOUT = CallLayout(GEMMA_CALL, GEMMA_CALL + "call:", "", GEMMA_CALL_END, "", "gemma4",
+                           ends=(GEMMA_QUOTE, GEMMA_CALL_END))
 # Qwen3-Coder (and Qwen3.5): a Hermes block around <function=NAME> and its <parameter=P> elements.
 XML_PARAMETER_END = "</parameter>"
 QWEN3_CODER_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + "\n<function=", ">\n", "</function>\n" + CLOSE_TAG,
-                                CALL_SEPARATOR, "xml")
+                                CALL_SEPARATOR, "xml", ends=(XML_PARAMETER_END, CLOSE_TAG))
 
 
 

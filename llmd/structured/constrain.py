@@ -8,9 +8,10 @@ Llama 3.x its JSON reply (after <|python_tag|> for 3.1 and 3.3), for gpt-oss a m
 to functions.NAME, for Mistral, Phi-4 and Gemma 4 their [TOOL_CALLS], <|tool_call|> and
 <|tool_call> layouts, for Qwen3-Coder its XML; the arguments follow the tool's
 parameters schema, spelled as the layout says (JSON, Gemma 4's call syntax, XML
-parameters: _ARGUMENTS). Where a layout's marker is a control token of the model
-(`controls`), the grammar writes that one token (llmd.structured.grammar.token), never the
-marker's spelling in text bytes. With parallel_tool_calls, more calls may follow, each
+parameters: _ARGUMENTS); no string in them spells one of the layout's `ends`, the
+markers where its parser would end the arguments early. Where a layout's marker is a
+control token of the model (`controls`), the grammar writes that one token
+(llmd.structured.grammar.token), never the marker's spelling in text bytes. With parallel_tool_calls, more calls may follow, each
 after the layout's separator (which may also end the answer). "required" starts with a
 call; a named function allows only that function; "auto" lets the model first write
 text, any text without the layout's opening (the call, if any, starts there, unless the
@@ -29,11 +30,13 @@ import json
 from typing import Any, Callable, Protocol, Sequence
 
 from llmd import errors
-from llmd.prompt.tool_calls import CLOSE_TAG, GEMMA_CALL_END, GEMMA_QUOTE, HERMES_LAYOUT, XML_PARAMETER_END, CallLayout
+from llmd.prompt.tool_calls import GEMMA_QUOTE, HERMES_LAYOUT, CallLayout
 from llmd.structured.grammar import (
     EMPTY, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, opt, seq, star, text_without, token,
 )
-from llmd.structured.jsonschema import GemmaSchemaCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler
+from llmd.structured.jsonschema import (
+    GemmaSchemaCompiler, MarkedJsonCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler,
+)
 
 
 # What constrained decoding reads of a validated request (llmd.api.validation's
@@ -111,12 +114,13 @@ def _written(text: str, controls: dict[str, int]) -> Expr:
 
 
 # How each CallLayout.arguments spelling compiles a tool's parameters schema: a
-# SchemaCompiler over (rules, rule-name prefix, the layout's control tokens).
-_ARGUMENTS: dict[str, Callable[[dict[str, Expr], str, dict[str, int]], SchemaCompiler]] = {
-    "json": lambda rules, prefix, controls: SchemaCompiler(rules, prefix),
-    "gemma4": lambda rules, prefix, controls: GemmaSchemaCompiler(
-        rules, prefix, _written(GEMMA_QUOTE, controls), (GEMMA_QUOTE, GEMMA_CALL_END)),
-    "xml": lambda rules, prefix, controls: XmlParameterCompiler(rules, prefix, (XML_PARAMETER_END, CLOSE_TAG)),
+# SchemaCompiler over (rules, rule-name prefix, the layout's control tokens, its ends).
+_ARGUMENTS: dict[str, Callable[[dict[str, Expr], str, dict[str, int], tuple[str, ...]], SchemaCompiler]] = {
+    "json": lambda rules, prefix, controls, ends:
+        MarkedJsonCompiler(rules, prefix, ends) if ends else SchemaCompiler(rules, prefix),
+    "gemma4": lambda rules, prefix, controls, ends: GemmaSchemaCompiler(
+        rules, prefix, _written(GEMMA_QUOTE, controls), ends),
+    "xml": lambda rules, prefix, controls, ends: XmlParameterCompiler(rules, prefix, ends),
 }
 
 
@@ -132,7 +136,8 @@ def _compile(key: str) -> str:
         else:
             fmt = _schema(compiler, spec["format"]["schema"], "response_format.json_schema.schema")
     calls = None
-    layout = CallLayout(*spec["layout"])
+    *fields, ends = spec["layout"]
+    layout = CallLayout(*fields, tuple(ends))
     controls = dict(spec["controls"])
     if spec["tools"]:
         blocks = []
@@ -140,7 +145,7 @@ def _compile(key: str) -> str:
             param = f"tools[{index}].function.parameters"
             if parameters and parameters.get("type", "object") != "object":
                 raise errors.invalid_request("A tool's parameters must describe an object.", param)
-            compiler = _ARGUMENTS[layout.arguments](rules, f"tool{index}:", controls)
+            compiler = _ARGUMENTS[layout.arguments](rules, f"tool{index}:", controls, layout.ends)
             args = _schema(compiler, _object_schema(parameters), param)
             blocks.append(seq(_written(layout.head + name + layout.between, controls), args,
                               _written(layout.tail, controls)))

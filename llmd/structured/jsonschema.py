@@ -25,8 +25,9 @@ keyword raises SchemaError naming it.
 
 Other spellings of the same values, for tool calls in a family's own layout:
 GemmaSchemaCompiler writes Gemma 4's call syntax, XmlParameterCompiler Qwen3-Coder's
-<parameter=P> elements (raw text for string parameters, JSON otherwise). Neither lets a
-string spell a marker that would end it early in that family's parser.
+<parameter=P> elements (raw text for string parameters, JSON otherwise), MarkedJsonCompiler
+JSON for a parser that ends a call at a marker. None lets a string spell a marker that
+would end it early in that family's parser.
 """
 
 from __future__ import annotations
@@ -632,31 +633,25 @@ def _joined(items: list[Expr], separator: Expr) -> list[Expr]:
     return [part for i, item in enumerate(items) for part in ((separator, item) if i else (item,))]
 
 
-_XML_NAME = re.compile(r"[^>\n]+")
-
-
-class XmlParameterCompiler(SchemaCompiler):
-    """Qwen3-Coder's call body for a tool's parameters (llmd.prompt.tool_calls.decode_call reads it):
-    each argument `<parameter=NAME>` newline VALUE newline `</parameter>` newline, the
-    declared ones in declared order (optional ones skippable; without properties, any
-    names). VALUE is raw text where a declared property's own type is "string" (the
-    parser, llmd.prompt.tool_calls.string_params, keeps exactly those as text), else JSON.
-    `markers` end a value in the parser's eyes (`</parameter>`, `</tool_call>`): neither
-    raw text nor a JSON string spells them (JSON can escape the "/" or the "<")."""
+class MarkedJsonCompiler(SchemaCompiler):
+    """JSON whose strings never spell one of `markers`: the spellings that end a call's
+    arguments early in its family's parser (harmony's <|end|>, Mistral's [TOOL_CALLS],
+    Phi-4's <|/tool_call|>), whether the model writes them as a token or as text. A
+    string with a length bound holds none of the markers' first character at all, so
+    that the bound counts characters; JSON can escape it."""
 
     def __init__(self, rules: dict[str, Expr], prefix: str, markers: tuple[str, ...]):
         super().__init__(rules, prefix)
         self.markers = markers
-        # free text and JSON string characters are rules: inlined, their marker-avoiding
-        # states would be copied at every value
-        self.rules["xml:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
-        self.rules["xml:chars"] = text_without(markers, _JSON_UNIT, _JSON_WIDE)
-        self.rules.update(_any_value_rules("xmljson", WS, COMMA, self.any_key(), self.any_key()))
+        # string characters are a rule: inlined, their marker-avoiding states would be
+        # copied at every string
+        self.rules["marked:chars"] = text_without(markers, _JSON_UNIT, _JSON_WIDE)
+        self.rules.update(_any_value_rules("marked", WS, COMMA, self.any_key(), self.any_key()))
 
     def chars(self, lo: int, hi: int | None) -> Expr:
         if lo == 0 and hi is None:
-            return Ref("xml:chars")
-        return repeat(alt(_JSON_UNIT - one_of("<"), _JSON_WIDE), lo, hi)
+            return Ref("marked:chars")
+        return repeat(alt(_JSON_UNIT - one_of(self.markers[0][0]), _JSON_WIDE), lo, hi)
 
     def any_key(self) -> Expr:
         return self.quoted(self.chars(0, None))
@@ -670,10 +665,28 @@ class XmlParameterCompiler(SchemaCompiler):
         return super().literal(value)
 
     def any_value(self) -> Expr:
-        return Ref("xmljson:value")
+        return Ref("marked:value")
 
     def any_object(self) -> Expr:
-        return Ref("xmljson:object")
+        return Ref("marked:object")
+
+
+_XML_NAME = re.compile(r"[^>\n]+")
+
+
+class XmlParameterCompiler(MarkedJsonCompiler):
+    """Qwen3-Coder's call body for a tool's parameters (llmd.prompt.tool_calls.decode_call reads it):
+    each argument `<parameter=NAME>` newline VALUE newline `</parameter>` newline, the
+    declared ones in declared order (optional ones skippable; without properties, any
+    names). VALUE is raw text where a declared property's own type is "string" (the
+    parser, llmd.prompt.tool_calls.string_params, keeps exactly those as text), else JSON.
+    `markers` end a value in the parser's eyes (`</parameter>`, `</tool_call>`): neither
+    raw text nor a JSON string spells them (JSON can escape the "/" or the "<")."""
+
+    def __init__(self, rules: dict[str, Expr], prefix: str, markers: tuple[str, ...]):
+        super().__init__(rules, prefix, markers)
+        # free text is a rule for the same reason as the JSON string characters
+        self.rules["xml:text"] = text_without(markers, _TEXT_UNIT, _UTF8_MULTI)
 
     def compile_root(self, schema: Any) -> Expr:
         self.root = schema

@@ -171,6 +171,37 @@ def test_gpt_oss_calls_are_constrained_as_harmony_messages_to_the_function():
     assert match(g, thinking + " to=functions.get_time<|channel|>commentary json<|message|>{}") == NO
 
 
+@pytest.mark.parametrize("fmt, layout, call", [
+    ("harmony", "llmd.prompt.harmony", ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "CITY"}'),
+    ("phi4", "llmd.prompt.tool_calls", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "CITY"}}]<|/tool_call|>'),
+    ("mistral", "llmd.prompt.tool_calls", '[TOOL_CALLS]get_weather[ARGS]{"city": "CITY"}'),
+])
+def test_no_string_of_the_arguments_spells_the_marker_that_ends_them(fmt, layout, call):
+    """A parser that ends a call's arguments at a marker (harmony's <|end|>, Phi-4's
+    <|/tool_call|>, Mistral's [TOOL_CALLS]) would cut a string spelling it, so the
+    grammar refuses that string, bounded or not; JSON's escape of the marker's first
+    character writes the same text, and the parser reads it back."""
+    import importlib
+    from llmd.prompt.harmony import HarmonyStream
+    from llmd.prompt.tool_calls import call_stream, merge_tool_calls
+    module = importlib.import_module(layout)
+    layout = module.CALL_LAYOUT if fmt == "harmony" else getattr(module, f"{fmt.upper()}_LAYOUT")
+    (end,) = layout.ends
+    for bound in ({}, {"maxLength": 40}):
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", **bound}}, "required": ["city"]}}}
+        req = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [tool],
+                                             "tool_choice": "required"}).encode())
+        g = constrain.chat_grammar(req, layout)
+        assert match(g, call.replace("CITY", "Oslo")) == MAY_END
+        assert match(g, call.replace("CITY", "Oslo" + end + "x")) == NO
+        escaped = call.replace("CITY", "Oslo" + "\\u%04x" % ord(end[0]) + end[1:])
+        assert match(g, escaped) == MAY_END
+        stream = HarmonyStream([tool]) if fmt == "harmony" else call_stream(fmt, [tool])
+        events = stream.feed(escaped) + stream.finish()
+        assert [json.loads(c["function"]["arguments"]) for c in merge_tool_calls(events)] == [{"city": "Oslo" + end}]
+
+
 @pytest.mark.parametrize("layout_name, call", [
     ("PHI4_LAYOUT", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]<|/tool_call|>'),
     ("MISTRAL_LAYOUT", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'),
