@@ -314,6 +314,10 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *x0, int tn, fl
     }
     for (int t = 0; t < tn; ++t) {
         float *y = y0 + t * y_stride;
+        if (valid == kPanel) { // a whole panel in vector moves; the loop below compiles to a call of memcpy
+            for (int r = 0; r < 4; ++r) vst1q_f32(y + 4 * r, add ? vaddq_f32(vld1q_f32(y + 4 * r), acc[t][r]) : acc[t][r]);
+            continue;
+        }
         alignas(16) float out[kPanel];
         for (int r = 0; r < 4; ++r) vst1q_f32(out + 4 * r, acc[t][r]);
         for (int i = 0; i < valid; ++i) y[i] = add ? y[i] + out[i] : out[i];

@@ -350,12 +350,17 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
         if constexpr (kVnni256) tile_vnni<L, T, H>(panel, nb, x, h0, acc);
         else tile<L, T, H>(panel, nb, x, h0, acc);
     }
-    for (int t = 0; t < T; ++t) {
-        alignas(32) float out[kPanel];
-        _mm256_store_ps(out, acc[t][0]);
-        _mm256_store_ps(out + 8, acc[t][1]);
-        for (int r = 0; r < valid; ++r) y[t][r] = add ? y[t][r] + out[r] : out[r];
-    }
+    // The valid rows through masked moves: a loop over them compiled to a call of memcpy
+    // per tile and token, 2 % of a Qwen3.5-shaped prefill.
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i keep[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lane),
+                             _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8), lane)};
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < 2; ++h) {
+            __m256 out = acc[t][h];
+            if (add) out = _mm256_add_ps(out, _mm256_maskload_ps(y[t] + 8 * h, keep[h]));
+            _mm256_maskstore_ps(y[t] + 8 * h, keep[h], out);
+        }
 }
 
 // panel_tile for a run-time count of tokens, 1 to T: every count is an instantiation
