@@ -189,9 +189,21 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
             }
             for (int t = 0; t < T; ++t) {
                 const BlockQ8A &xb = x[t][b];
-                if constexpr (L.k_scales) {
+                if constexpr (L.k_scales && L.mins && !L.split) {
+                    // One min a piece (Q4_K, Q5_K; no offset): each odd piece's vpmaddwd
+                    // takes the mins of it and the piece before against their two sums,
+                    // half the instructions of one piece at a time.
+                    static_assert(off == 0, "an offset would need its own term");
+                    if (i % 2 == 1) {
+                        const uint8_t *before = panel + panel_piece_offset(L, b - 1) + kW + kSet;
+                        const int32_t lo = x[t][b - 1].sum, hi = xb.sum;
+                        const __m256i sums = _mm256_set1_epi32((lo & 0xffff) | static_cast<int32_t>(static_cast<uint32_t>(hi) << 16));
+                        for (int h = 0; h < H; ++h)
+                            msum[t][h] = _mm256_add_epi32(msum[t][h], _mm256_madd_epi16(int16_pairs(before, mins, h0 + h), sums));
+                    }
+                } else if constexpr (L.k_scales) {
                     if constexpr (off != 0 || L.mins) {
-                        // Per row: set_lo × sum_lo + set_hi × sum_hi (non-split layouts: one set twice).
+                        // Per row: set_lo × sum_lo + set_hi × sum_hi (split layouts: Q2_K, Q3_K, Q6_K).
                         const int32_t lo = xb.sum_lo, hi = xb.sum - xb.sum_lo;
                         const __m256i sums = _mm256_set1_epi32((lo & 0xffff) | static_cast<int32_t>(static_cast<uint32_t>(hi) << 16));
                         const uint8_t *s_hi = scales + (kSets - 1) * kSet, *m_hi = mins + (kSets - 1) * kSet;
