@@ -136,8 +136,7 @@ def _compile(key: str) -> str:
         else:
             fmt = _schema(compiler, spec["format"]["schema"], "response_format.json_schema.schema")
     calls = None
-    *fields, ends = spec["layout"]
-    layout = CallLayout(*fields, tuple(ends))
+    layout = CallLayout(*spec["layout"])
     controls = dict(spec["controls"])
     if spec["tools"]:
         blocks = []
@@ -145,7 +144,7 @@ def _compile(key: str) -> str:
             param = f"tools[{index}].function.parameters"
             if parameters and parameters.get("type", "object") != "object":
                 raise errors.invalid_request("A tool's parameters must describe an object.", param)
-            compiler = _ARGUMENTS[layout.arguments](rules, f"tool{index}:", controls, layout.ends)
+            compiler = _ARGUMENTS[layout.arguments](rules, f"tool{index}:", controls, tuple(layout.ends))
             args = _schema(compiler, _object_schema(parameters), param)
             blocks.append(seq(_written(layout.head + name + layout.between, controls), args,
                               _written(layout.tail, controls)))

@@ -171,12 +171,12 @@ def test_gpt_oss_calls_are_constrained_as_harmony_messages_to_the_function():
     assert match(g, thinking + " to=functions.get_time<|channel|>commentary json<|message|>{}") == NO
 
 
-@pytest.mark.parametrize("fmt, layout, call", [
+@pytest.mark.parametrize("fmt, module_name, call", [
     ("harmony", "llmd.prompt.harmony", ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "CITY"}'),
     ("phi4", "llmd.prompt.tool_calls", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "CITY"}}]<|/tool_call|>'),
     ("mistral", "llmd.prompt.tool_calls", '[TOOL_CALLS]get_weather[ARGS]{"city": "CITY"}'),
 ])
-def test_no_string_of_the_arguments_spells_the_marker_that_ends_them(fmt, layout, call):
+def test_no_string_of_the_arguments_spells_the_marker_that_ends_them(fmt, module_name, call):
     """A parser that ends a call's arguments at a marker (harmony's <|end|>, Phi-4's
     <|/tool_call|>, Mistral's [TOOL_CALLS]) would cut a string spelling it, so the
     grammar refuses that string, bounded or not; JSON's escape of the marker's first
@@ -184,7 +184,7 @@ def test_no_string_of_the_arguments_spells_the_marker_that_ends_them(fmt, layout
     import importlib
     from llmd.prompt.harmony import HarmonyStream
     from llmd.prompt.tool_calls import call_stream, merge_tool_calls
-    module = importlib.import_module(layout)
+    module = importlib.import_module(module_name)
     layout = module.CALL_LAYOUT if fmt == "harmony" else getattr(module, f"{fmt.upper()}_LAYOUT")
     (end,) = layout.ends
     for bound in ({}, {"maxLength": 40}):
