@@ -11,11 +11,12 @@ parameters schema, spelled as the layout says (JSON, Gemma 4's call syntax, XML
 parameters: _ARGUMENTS); no string in them spells one of the layout's `ends`, the
 markers where its parser would end the arguments early. Where a layout's marker is a
 control token of the model (`controls`), the grammar writes that one token
-(llmd.structured.grammar.token), never the marker's spelling in text bytes. With parallel_tool_calls, more calls may follow, each
-after the layout's separator (which may also end the answer). "required" starts with a
-call; a named function allows only that function; "auto" lets the model first write
-text, any text without the layout's opening (the call, if any, starts there, unless the
-layout's calls must open the reply), or the response format when one is given.
+(llmd.structured.grammar.token), never the marker's spelling in text bytes. With
+parallel_tool_calls, more calls may follow, each after the layout's separator (which
+may also end the answer). "required" starts with a call; a named function allows only
+that function; "auto" lets the model first write text, any text without the layout's
+opening (the call, if any, starts there, unless the layout's calls must open the
+reply), or the response format when one is given.
 
 Compiling a schema costs milliseconds, so grammars are cached by request content.
 A schema outside the supported subset (llmd/structured/jsonschema.py) is a 400 naming the

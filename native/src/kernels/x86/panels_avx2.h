@@ -124,6 +124,12 @@ inline __m256i int16_pairs(const uint8_t *a, const uint8_t *b, int h) {
     return _mm256_cvtepi8_epi16(h == 0 ? _mm_unpacklo_epi8(va, vb) : _mm_unpackhi_epi8(va, vb));
 }
 
+// The int16 pair (lo, hi), each within int16, in every 32-bit lane: vpmaddwd's other
+// operand against int16_pairs.
+inline __m256i broadcast_int16_pair(int32_t lo, int32_t hi) {
+    return _mm256_set1_epi32((lo & 0xffff) | static_cast<int32_t>(static_cast<uint32_t>(hi) << 16));
+}
+
 inline __m256 f16x8(const uint8_t *p) { return _mm256_cvtph_ps(load128(p)); }
 
 // A piece's float scales (or mins) for rows 8h..8h+7: f16 or f32.
@@ -197,7 +203,7 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
                     if (i % 2 == 1) {
                         const uint8_t *before = panel + panel_piece_offset(L, b - 1) + kW + kSet;
                         const int32_t lo = x[t][b - 1].sum, hi = xb.sum;
-                        const __m256i sums = _mm256_set1_epi32((lo & 0xffff) | static_cast<int32_t>(static_cast<uint32_t>(hi) << 16));
+                        const __m256i sums = broadcast_int16_pair(lo, hi);
                         for (int h = 0; h < H; ++h)
                             msum[t][h] = _mm256_add_epi32(msum[t][h], _mm256_madd_epi16(int16_pairs(before, mins, h0 + h), sums));
                     }
@@ -205,7 +211,7 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
                     if constexpr (off != 0 || L.mins) {
                         // Per row: set_lo × sum_lo + set_hi × sum_hi (split layouts: Q2_K, Q3_K, Q6_K).
                         const int32_t lo = xb.sum_lo, hi = xb.sum - xb.sum_lo;
-                        const __m256i sums = _mm256_set1_epi32((lo & 0xffff) | static_cast<int32_t>(static_cast<uint32_t>(hi) << 16));
+                        const __m256i sums = broadcast_int16_pair(lo, hi);
                         const uint8_t *s_hi = scales + (kSets - 1) * kSet, *m_hi = mins + (kSets - 1) * kSet;
                         for (int h = 0; h < H; ++h) {
                             if constexpr (off != 0) // the offset off every element: scale × off, within int16
