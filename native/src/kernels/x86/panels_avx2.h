@@ -295,6 +295,13 @@ void tile_vnni(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h
             const uint8_t *blk = panel + panel_piece_offset(L, b);
             for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
                 _mm_prefetch(reinterpret_cast<const char *>(blk + kPrefetch + at), _MM_HINT_T0);
+            // Unrolled, so that each group's g is a constant: rolled (GCC 12 keeps this
+            // loop so), the split layouts computed every group's shifts and plane offsets
+            // and kept the chains on the stack. One thread, 1,024 × 2,048 in cache, one
+            // token (Intel Xeon, family 6 model 167): Q6_K 0.076 → 0.057 ms, Q3_K 0.056
+            // → 0.050; 128 tokens through 2,048 × 4,096: Q6_K 11.4 → 9.7 ms, Q3_K 11.8 →
+            // 9.8, Q2_K 11.6 → 11.1.
+#pragma GCC unroll 2
             for (int set = 0; set < kSets; ++set) {
                 __m256i sum[T][H], chain[T][H][kChains];
                 for (int t = 0; t < T; ++t) {
