@@ -54,6 +54,11 @@ const X86Features &x86_features() {
     return f;
 }
 
+bool is_intel() {
+    unsigned a, b, c, d;
+    return __get_cpuid(0, &a, &b, &c, &d) != 0 && b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; // "GenuineIntel"
+}
+
 bool has_avx2() { return x86_features().avx2; }
 bool has_avx_vnni() { return x86_features().avx_vnni; }
 bool has_avx512() { return x86_features().avx512; }
@@ -117,6 +122,13 @@ const Kernels &fastest() {
 }
 
 } // namespace
+
+#if defined(__x86_64__)
+bool prefetch_to_l2() {
+    static const bool intel = is_intel();
+    return intel;
+}
+#endif
 
 int kernel_variant_count() { return kVariantCount; }
 const KernelVariant &kernel_variant(int i) { return kVariants[i]; }

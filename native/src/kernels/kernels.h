@@ -142,6 +142,10 @@ const Kernels &kernels_scalar();
 const Kernels &kernels_avx2();
 const Kernels &kernels_avx_vnni();
 const Kernels &kernels_avx512();
+// Whether the x86 kernels' software prefetches of the weights they stream ask for the L2
+// alone rather than every level: true on Intel's CPUs (kernels/x86/prefetch.h). From
+// CPUID's vendor, read once.
+bool prefetch_to_l2();
 #elif defined(__aarch64__)
 const Kernels &kernels_neon();
 const Kernels &kernels_dotprod();

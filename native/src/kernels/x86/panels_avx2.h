@@ -31,6 +31,7 @@
 #pragma once
 
 #include "kernels/kernels.h"
+#include "kernels/x86/prefetch.h"
 #include "kernels/x86/simd_avx2.h"
 
 #include <algorithm>
@@ -177,8 +178,7 @@ void tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h0, __
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
             const uint8_t *blk = panel + panel_piece_offset(L, b);
-            for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
-                _mm_prefetch(reinterpret_cast<const char *>(blk + kPrefetch + at), _MM_HINT_T0);
+            prefetch_weights(blk + kPrefetch, panel_piece_bytes(L));
             const uint8_t *scales = blk + kW, *mins = scales + kSets * kSet;
             __m256i sum16[T][H], sum32[T][H];
 #pragma GCC unroll 8
@@ -296,8 +296,7 @@ void tile_vnni(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, int h
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
             const uint8_t *blk = panel + panel_piece_offset(L, b);
-            for (size_t at = 0; at < panel_piece_bytes(L); at += 64)
-                _mm_prefetch(reinterpret_cast<const char *>(blk + kPrefetch + at), _MM_HINT_T0);
+            prefetch_weights(blk + kPrefetch, panel_piece_bytes(L));
             // Unrolled, so that each group's g is a constant: rolled (GCC 12 keeps this
             // loop so), the split layouts computed every group's shifts and plane offsets
             // and kept the chains on the stack. One thread, 1,024 × 2,048 in cache, one

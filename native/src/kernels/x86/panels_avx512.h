@@ -12,6 +12,7 @@
 #pragma once
 
 #include "kernels/kernels.h"
+#include "kernels/x86/prefetch.h"
 
 #include <algorithm>
 #include <cstring>
@@ -100,6 +101,7 @@ template <const PanelLayout &L> inline void unpack_weights(const uint8_t *blk, _
 // verification, a decode step of several sessions) read their panel once too: the
 // 1B shape's Q4_K_M took 8-13 % less time for 3 to 8 tokens asking ahead (one
 // thread); a prefill's tiles, whose panel is in cache after the first, lost nothing.
+// (Measured with PREFETCHT0; which level the lines go to: prefetch.h.)
 constexpr size_t kPanelPrefetch = 6144;
 
 // The 16 rows' scales (and mins) of the piece at blk, set h for split layouts'
@@ -159,8 +161,7 @@ void panel_tile(const uint8_t *panel, int64_t nb, const BlockQ8A *const *x, floa
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
             const uint8_t *blk = panel + panel_piece_offset(L, b);
-            for (size_t at = 0; at < panel_piece_bytes(L); at += 64) // see kPanelPrefetch
-                _mm_prefetch(reinterpret_cast<const char *>(blk + kPanelPrefetch + at), _MM_HINT_T0);
+            prefetch_weights(blk + kPanelPrefetch, panel_piece_bytes(L));
             __m512i w[8]; // w[g]: rows × elements 4g..4g+3
             unpack_weights<L>(blk, w);
             if constexpr (L.lut != nullptr)
@@ -267,10 +268,8 @@ void panel_tile_pair(const uint8_t *pa, const uint8_t *pb, int64_t nb, const Blo
         for (int64_t i = 0; i < kGroup; ++i) {
             const int64_t b = b0 + i;
             const uint8_t *ba = pa + panel_piece_offset(L, b), *bb = pb + panel_piece_offset(L, b);
-            for (size_t at = 0; at < panel_piece_bytes(L); at += 64) { // two streams: see kPairPrefetch
-                _mm_prefetch(reinterpret_cast<const char *>(ba + kPairPrefetch + at), _MM_HINT_T0);
-                _mm_prefetch(reinterpret_cast<const char *>(bb + kPairPrefetch + at), _MM_HINT_T0);
-            }
+            prefetch_weights(ba + kPairPrefetch, panel_piece_bytes(L)); // two streams: see kPairPrefetch
+            prefetch_weights(bb + kPairPrefetch, panel_piece_bytes(L));
             __m512i sa[T], sb[T];
             for (int t = 0; t < T; ++t) sa[t] = sb[t] = _mm512_set1_epi32(-L.offset * x[t][b].sum);
             for (int j = 0; j < 4; ++j) { // plane j: elements 4j..4j+3 (low nibbles) and 16+4j.. (high)
