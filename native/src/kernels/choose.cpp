@@ -55,7 +55,7 @@ const X86Features &x86_features() {
 }
 
 bool is_intel() {
-    unsigned a, b, c, d;
+    unsigned a = 0, b = 0, c = 0, d = 0;
     return __get_cpuid(0, &a, &b, &c, &d) != 0 && b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; // "GenuineIntel"
 }
 
