@@ -10,14 +10,15 @@
 namespace llmd {
 namespace {
 
-// Where the prefetches put the lines. On AMD's cores into every level (PREFETCHT0), as
-// the Zen 4 EPYC streamed fastest (kPanelPrefetch in panels_avx512.h). On Intel's into
-// the L2 alone (PREFETCHT1): a line asked for into the L1 holds one of its few fill
-// buffers until it arrives, which capped one core of an Intel Xeon VM (family 6 model
-// 167) at 10-11 GB/s through the 1B shape's matrices for one token; asked for into the
-// L2 they streamed 12.5-14 GB/s, as fast as its loop of plain loads (13.2), and the 1B
-// shape's Q4_K_M decoded 13-30 % faster (2 threads: avx512 29.2 → 32.9 tok/s, avx2 25.7
-// → 31.6, avx-vnni 24.8 → 32.2). Matrices whose panels stay in the L3 ran as before.
+// Where the prefetches put the lines. On AMD's cores into every level (PREFETCHT0), with
+// which they were tuned on the Zen 4 EPYC (kPanelPrefetch in panels_avx512.h; PREFETCHT1
+// was not tried there). On Intel's into the L2 alone (PREFETCHT1): a line asked for into
+// the L1 holds one of its few fill buffers until it arrives, which capped one core of an
+// Intel Xeon VM (family 6 model 167) at 10-11 GB/s through the 1B shape's matrices for
+// one token; asked for into the L2 they streamed 12.5-14 GB/s, as fast as its loop of
+// plain loads (13.2), and the 1B shape's Q4_K_M decoded 13-30 % faster (2 threads:
+// avx512 29.2 → 32.9 tok/s, avx2 25.7 → 31.6, avx-vnni 24.8 → 32.2). Matrices whose
+// panels stay in the L3 ran as before.
 const bool stream_into_l2 = prefetch_to_l2();
 
 // Asks for the cache lines of [p, p + bytes). Always inlined: a call of it left out of
