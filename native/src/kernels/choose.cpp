@@ -26,11 +26,14 @@ struct X86Features {
     bool avx2 = false;     // AVX2 + FMA + F16C, with the OS saving YMM state
     bool avx_vnni = false; // and the VEX-coded VNNI (AVX-VNNI)
     bool avx512 = false;   // AVX-512 F, BW, VL and VNNI, with the OS saving ZMM state
+    bool intel = false;    // the vendor is "GenuineIntel" (prefetch_to_l2)
 };
 
 X86Features read_x86_features() {
     X86Features f;
-    unsigned a, b, c, d;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d) == 0) return f;
+    f.intel = b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; // "Genu", "ineI", "ntel"
     if (__get_cpuid(1, &a, &b, &c, &d) == 0) return f;
     const bool fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1, f16c = c >> 29 & 1;
     if (!osxsave || !avx) return f;
@@ -52,11 +55,6 @@ X86Features read_x86_features() {
 const X86Features &x86_features() {
     static const X86Features f = read_x86_features();
     return f;
-}
-
-bool is_intel() {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid(0, &a, &b, &c, &d) != 0 && b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e; // "GenuineIntel"
 }
 
 bool has_avx2() { return x86_features().avx2; }
@@ -124,10 +122,7 @@ const Kernels &fastest() {
 } // namespace
 
 #if defined(__x86_64__)
-bool prefetch_to_l2() {
-    static const bool intel = is_intel();
-    return intel;
-}
+bool prefetch_to_l2() { return x86_features().intel; }
 #endif
 
 int kernel_variant_count() { return kVariantCount; }

@@ -15,7 +15,7 @@ namespace {
 // was not tried there). On Intel's into the L2 alone (PREFETCHT1): a line asked for into
 // the L1 holds one of its few fill buffers until it arrives, which capped one core of an
 // Intel Xeon VM (family 6 model 167) at 10-11 GB/s through the 1B shape's matrices for
-// one token; asked for into the L2 they streamed 12.5-14 GB/s, as fast as its loop of
+// one token; asked for into the L2 they streamed 12.3-14 GB/s, as fast as its loop of
 // plain loads (13.2), and the 1B shape's Q4_K_M decoded 13-30 % faster (2 threads:
 // avx512 29.2 → 32.9 tok/s, avx2 25.7 → 31.6, avx-vnni 24.8 → 32.2). Matrices whose
 // panels stay in the L3 ran as before.
