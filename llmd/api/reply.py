@@ -222,9 +222,9 @@ class Reply:
         for a while."""
         while True:
             try:
-                kind, value = await asyncio.wait_for(self.ctx.runtime.next_event(self.g),
-                                                     PING_SECONDS if ping else None)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(PING_SECONDS if ping else None):  # a timer; wait_for: a task an event
+                    kind, value = await self.ctx.runtime.next_event(self.g)
+            except TimeoutError:
                 yield "ping", None
                 continue
             yield kind, value

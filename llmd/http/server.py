@@ -267,7 +267,8 @@ class _Connection:
 
     async def _write(self, data: bytes) -> None:
         self.writer.write(data)
-        await asyncio.wait_for(self.writer.drain(), self.limits.write_timeout)
+        async with asyncio.timeout(self.limits.write_timeout):  # a timer; wait_for would make a task a write
+            await self.writer.drain()
 
     def _head(self, status: int, headers: list[tuple[str, str]],
               defaults: list[tuple[str, str]], framing: list[tuple[str, str]],
@@ -326,11 +327,7 @@ class _Connection:
                                          keep_alive, head.version))
             if head.method == "HEAD":
                 return keep_alive
-            while (chunk := await self._next_chunk(it, gone)) is not None:
-                if chunk:
-                    await self._write(render_chunk(chunk) if chunked else chunk)
-            if chunked:
-                await self._write(LAST_CHUNK)
+            await self._until_gone(self._pump(it, chunked), gone)
             return keep_alive
         except (_Disconnected, OSError):
             request.disconnected.set()
@@ -342,23 +339,29 @@ class _Connection:
             gone.cancel()
             await _aclose(it)
 
-    async def _next_chunk(self, it: AsyncIterator[bytes], gone: asyncio.Future) -> bytes | None:
-        """The next chunk, None at the end; raises _Disconnected if the client leaves first."""
-        step = asyncio.ensure_future(it.__anext__())
+    async def _pump(self, it: AsyncIterator[bytes], chunked: bool) -> None:
+        """Writes the producer's chunks, then the end of the body."""
+        async for chunk in it:
+            if chunk := bytes(chunk):
+                await self._write(render_chunk(chunk) if chunked else chunk)
+        if chunked:
+            await self._write(LAST_CHUNK)
+
+    async def _until_gone(self, pump: Awaitable[None], gone: asyncio.Future) -> None:
+        """Runs `pump` as one task for the whole stream; raises _Disconnected if the client
+        leaves first, the producer or the writes then stopped wherever they are parked."""
+        task = asyncio.ensure_future(pump)
         try:
-            await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not step.done():  # the producer is parked mid-step: interrupt it there
-                step.cancel()
-                await asyncio.wait({step})
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
         if gone.done():
-            if not step.cancelled():
-                step.exception()  # retrieved, so asyncio does not log it as lost
+            if not task.cancelled():
+                task.exception()  # retrieved, so asyncio does not log it as lost
             raise _Disconnected
-        try:
-            return bytes(step.result())
-        except StopAsyncIteration:
-            return None
+        task.result()
 
     async def refuse(self, response: Response) -> None:
         """Answer without reading any request, then close (the server is over a limit)."""
