@@ -221,8 +221,8 @@ class Reply:
         """The generation's events up to its end; ("ping", None) while nothing comes
         for a while."""
         while True:
-            try:
-                async with asyncio.timeout(PING_SECONDS if ping else None):  # a timer; wait_for: a task an event
+            try:  # asyncio.timeout is a timer, where wait_for makes a task an event
+                async with asyncio.timeout(PING_SECONDS if ping else None):
                     kind, value = await self.ctx.runtime.next_event(self.g)
             except TimeoutError:
                 yield "ping", None

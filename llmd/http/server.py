@@ -267,7 +267,7 @@ class _Connection:
 
     async def _write(self, data: bytes) -> None:
         self.writer.write(data)
-        async with asyncio.timeout(self.limits.write_timeout):  # a timer; wait_for would make a task a write
+        async with asyncio.timeout(self.limits.write_timeout):  # a timer, where wait_for makes a task a write
             await self.writer.drain()
 
     def _head(self, status: int, headers: list[tuple[str, str]],
