@@ -146,7 +146,10 @@ def test_sigterm_drains_health_503_at_once_in_flight_and_queued_finish_then_exit
     with llmd_process(*flags) as llmd:
         assert get(llmd.url, "/health")[0] == 200
         conn = http.client.HTTPConnection(*address(llmd.url), timeout=20)
-        body = {**long_body(long_model, sid="s", max_tokens=300), "stream": True,
+        # Long enough that the unread stream outgrows the sockets' buffers and waits for
+        # its reader, so it is still running at the scrape below: 300 tokens (60 KB) fit
+        # in them, and the tiny model makes those in under 0.1 s.
+        body = {**long_body(long_model, sid="s", max_tokens=3000), "stream": True,
                 "stream_options": {"include_usage": True}}
         conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -174,7 +177,7 @@ def test_sigterm_drains_health_503_at_once_in_flight_and_queued_finish_then_exit
         rest = resp.read().decode()
         assert rest.rstrip().endswith("data: [DONE]")
         usage = [json.loads(line[6:]) for line in rest.splitlines() if '"usage"' in line][-1]["usage"]
-        assert usage["completion_tokens"] == 300  # finished, not cut
+        assert usage["completion_tokens"] == 3000  # finished, not cut
         waiter.join(timeout=30)
         status, _, answer = queued[0]
         assert status == 200 and answer["usage"]["completion_tokens"] == 5
