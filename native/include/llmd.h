@@ -419,7 +419,8 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
  * (k, v: n_pos x head_dim floats), stored as a KV cache stores them: keys as
  * kv_type_k, values as kv_type_v ("f16", "q8_0", "q4_0"), by the reference's writes
  * (llmd_kernel_kv_row with kernels "scalar"). The rows are split into n_ranges
- * ranges whose partial results are combined: out (n_q x head_dim). run > 0 (a
+ * ranges whose partial results are combined: out (n_q x head_dim); every other range
+ * is attended as cold (asking for its memory ahead), the rest as warm. run > 0 (a
  * multiple of 16) stores the rows in runs of that many positions, each in a buffer
  * of its own, as a paged cache's blocks are; 0 stores them in one. sinks, if not
  * NULL, holds a logit per query head (n_q) that joins its softmax's denominator, as

@@ -181,7 +181,7 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
                 p += n;
             }
             table->attend_range(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim, types, scale,
-                                part_out.data(), part.data());
+                                part_out.data(), part.data(), r % 2 == 0); // cold or not, the same result
             table->attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }
         if (sinks != nullptr) attend_sink(out, acc.data(), sinks, n_q, head_dim);

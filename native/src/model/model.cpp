@@ -182,14 +182,16 @@ constexpr int kAttnTokens = 16;
 // Attention of n_q query heads over positions [p0, p1) of one KV head of a layer's
 // cache into out/part (attend_range's partials), in kernel calls of at most
 // kAttnQueries heads over the span's runs (attention.h: AttnRun): its pool blocks,
-// or a ring's end and start; a call after the first finds them in cache. Runs start
+// or a ring's end and start; a call after the first finds them in cache, so only the
+// first is cold (attend_range), and only when the span is: cold when no span of the
+// same range was attended just before. Runs start
 // at a key block, so a span that starts inside one (a sliding window's first
 // positions) has that block's part copied into a block of its own first. The runs
 // are fixed by the positions alone, never by the batch. A span lies inside one range
 // of kAttnRange positions: at most kAttnRange / kKVBlock pool blocks or two pieces of
 // a ring (whose slots are at least kMaxBatch, KVCache::layout) after the copied start.
 void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
-                 int n_q, float scale, float *out, AttnPartial *part) {
+                 int n_q, float scale, float *out, AttnPartial *part, bool cold) {
     static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
     const int hd = hp.head_dim;
     const KVTypes types = kv.types;
@@ -222,7 +224,7 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
             runs[n_runs++] = {k, v, n_pos};
         p += n_pos;
     }
-    if (kv.layers[layer].paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
+    if (cold && kv.layers[layer].paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
         const KVCache::Row next = kv.row(hp, layer, head, p1); // where the next range starts
         const uint8_t *k = next.keys + next.index * kv.k_row, *v = next.values + next.index * kv.v_row;
         if (n_runs == 0 || !continues(runs[n_runs - 1], k, v)) // else the stream goes on
@@ -231,7 +233,7 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
     const int calls = (n_q + kAttnQueries - 1) / kAttnQueries; // 15 heads: 7, then 8
     for (int c = 0; c < calls; ++c) {
         const int g0 = n_q * c / calls, g1 = n_q * (c + 1) / calls;
-        attend_range(q + g0 * hd, g1 - g0, runs, n_runs, hd, types, scale, out + g0 * hd, part + g0);
+        attend_range(q + g0 * hd, g1 - g0, runs, n_runs, hd, types, scale, out + g0 * hd, part + g0, cold && c == 0);
     }
 }
 
@@ -321,7 +323,8 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         qs.resize(static_cast<size_t>(run.t1 - run.t0) * group * hd);
         if (spans == 1)
             for (int t = run.t0; t < run.t1; ++t) attend_start(y_of(t, h), acc_of(t, h), group, hd);
-        for (int R = run.r0 + width * c / spans; R < run.r0 + width * (c + 1) / spans; ++R) // in order
+        for (int R = run.r0 + width * c / spans; R < run.r0 + width * (c + 1) / spans; ++R) { // in order
+            bool cold = true; // the range's first span; the next ones find its positions in cache
             for (int i = run.t0; i < run.t1;) {
                 const std::pair<int, int> span = span_of(i, R);
                 if (span.second == 0) {
@@ -334,11 +337,13 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
                     std::copy_n(q + t * q_dim + h * group * hd, group * hd, qs.data() + (t - i) * group * hd);
                 const size_t slot = slot_of(i, h, R);
                 attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), (j - i) * group, scale,
-                            ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group);
+                            ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, cold);
+                cold = false;
                 if (spans == 1)
                     for (int t = i; t < j; ++t) fold(t, h, R);
                 i = j;
             }
+        }
         if (spans == 1)
             for (int t = run.t0; t < run.t1; ++t) finish(t, h);
     });

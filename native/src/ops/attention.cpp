@@ -78,7 +78,7 @@ void key_load(uint32_t t, const uint8_t *kb, int i, int hd, uint8_t *row) {
 }
 
 void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
-                      float *out, AttnPartial *part) {
+                      float *out, AttnPartial *part, bool /*cold*/) {
     // Every position's key and value as floats, decoded from its row.
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     std::vector<float> keys, values;
@@ -115,8 +115,8 @@ void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, 
 }
 
 void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
-                  float *out, AttnPartial *part) {
-    kernels().attend_range(q, n_q, runs, n_runs, hd, types, scale, out, part);
+                  float *out, AttnPartial *part, bool cold) {
+    kernels().attend_range(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
 }
 
 int attn_task_spans(int pairs, int ranges, int threads) {

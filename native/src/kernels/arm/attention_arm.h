@@ -97,7 +97,7 @@ inline void value_eight(const uint8_t *qs, uint32_t type, int s, float32x4_t *lo
 }
 
 void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
-                 float *out, AttnPartial *part) {
+                 float *out, AttnPartial *part, bool cold) {
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(16) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
@@ -108,7 +108,7 @@ void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int h
         const uint8_t *k = runs[r].k, *v = runs[r].v;
         for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
             const int len = std::min(kBlock, runs[r].n_pos - p0);
-            if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
+            if (cold && p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
                 prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd, types);
             // Scores, a key block at a time, for the queries 4 at a time.
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
@@ -179,9 +179,9 @@ void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int h
 }
 
 void attend_range_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                       float scale, float *out, AttnPartial *part) {
-    if (hd % 8 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    attend_neon(q, n_q, runs, n_runs, hd, types, scale, out, part);
+                       float scale, float *out, AttnPartial *part, bool cold) {
+    if (hd % 8 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    attend_neon(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
 }
 
 } // namespace

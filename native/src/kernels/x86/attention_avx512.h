@@ -16,12 +16,12 @@ namespace {
 
 constexpr int kBlock = 64;        // positions scored before their values are summed
 
-// How far ahead of its reads the kernel asks for a run's keys and values. A decode
-// step at long context streams them from memory, latency-bound with the hardware
-// prefetchers alone: SmolLM2 decoded at 4,096 positions 7 % faster asking 4 KB ahead
-// (2 KB: 6 %; 8 KB: 1 %). Past a run's end this asks for memory the kernel may
-// not read (another head's, or none: a prefetch never faults); attend_span asks for
-// the next run where memory breaks.
+// How far ahead of its reads the kernel asks for a cold run's keys and values
+// (attend_range: cold). A decode step at long context streams them from memory,
+// latency-bound with the hardware prefetchers alone: SmolLM2 decoded at 4,096
+// positions 7 % faster asking 4 KB ahead (2 KB: 6 %; 8 KB: 1 %). Past a run's end
+// this asks for memory the kernel may not read (another head's, or none: a prefetch
+// never faults); attend_span asks for the next run where memory breaks.
 constexpr size_t kAttnPrefetch = 4096;
 
 // Scores of the n_q heads against key block kb (attention.h), 16 positions a
@@ -87,23 +87,39 @@ template <int G> void score_q4_0(const float *q, int n_q_, int hd, const uint8_t
     }
 }
 
-// out (n_q heads, hd apart) += the weighted sum of `len` F16 value rows from vb, 16
-// dimensions at a time: the group's outputs stay in registers while each value
-// row's slice is converted once for all of them.
-template <int G>
-void sum_f16(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int len, int hd, float *out) {
+// out (n_q heads, hd apart) += the weighted sum of `len` F16 value rows from vb, 16 × S
+// dimensions from d0: the group's outputs stay in registers while each value row's
+// slices are converted once for all of them, and the S slices give the FMAs G × S
+// independent chains: one slice at a time, a few heads' FMAs waited on each other
+// (3 heads over 256 positions ran at 54 G multiply-adds/s, 4 slices 65; 4 heads 63
+// and 74; Zen 5, one thread). Every output lane adds the rows in order, so its bits
+// depend on neither G nor S.
+template <int G, int S>
+void sum_f16_slices(const float (*weights)[kBlock], int n_q_, const uint16_t *v, int len, int hd, int d0, float *out) {
     const int n_q = G > 0 ? G : n_q_;
-    const uint16_t *v = reinterpret_cast<const uint16_t *>(vb);
-    for (int d = 0; d < hd; d += 16) {
-        __m512 acc[kMaxGroup];
-        for (int g = 0; g < n_q; ++g) acc[g] = _mm512_loadu_ps(out + g * hd + d);
-        for (int i = 0; i < len; ++i) {
-            const __m512 vf = _mm512_cvtph_ps(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v + static_cast<size_t>(i) * hd + d)));
-            for (int g = 0; g < n_q; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(weights[g][i]), vf, acc[g]);
+    __m512 acc[kMaxGroup][S];
+    for (int g = 0; g < n_q; ++g)
+        for (int s = 0; s < S; ++s) acc[g][s] = _mm512_loadu_ps(out + g * hd + d0 + 16 * s);
+    for (int i = 0; i < len; ++i) {
+        const uint16_t *row = v + static_cast<size_t>(i) * hd + d0;
+        for (int s = 0; s < S; ++s) {
+            const __m512 vf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(row + 16 * s)));
+            for (int g = 0; g < n_q; ++g) acc[g][s] = _mm512_fmadd_ps(_mm512_set1_ps(weights[g][i]), vf, acc[g][s]);
         }
-        for (int g = 0; g < n_q; ++g) _mm512_storeu_ps(out + g * hd + d, acc[g]);
     }
+    for (int g = 0; g < n_q; ++g)
+        for (int s = 0; s < S; ++s) _mm512_storeu_ps(out + g * hd + d0 + 16 * s, acc[g][s]);
+}
+
+// Two slices at a time where G × 4 accumulators would not fit the 32 registers, one
+// for a group of unfixed size (up to kMaxGroup heads).
+template <int G>
+void sum_f16(const float (*weights)[kBlock], int n_q, const uint8_t *vb, int len, int hd, float *out) {
+    constexpr int S = G == 0 ? 1 : G <= 6 ? 4 : 2;
+    const uint16_t *v = reinterpret_cast<const uint16_t *>(vb);
+    int d = 0;
+    for (; d + 16 * S <= hd; d += 16 * S) sum_f16_slices<G, S>(weights, n_q, v, len, hd, d, out);
+    for (; d < hd; d += 16) sum_f16_slices<G, 1>(weights, n_q, v, len, hd, d, out); // hd is a multiple of 16
 }
 
 // Q8_0 or Q4_0 value rows, a block of 32 dimensions at a time: each row's block is
@@ -148,7 +164,7 @@ void sum_quant(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int 
 // sums in registers.
 template <int G>
 void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale, float *out,
-            AttnPartial *part) {
+            AttnPartial *part, bool cold) {
     const int n_q = G > 0 ? G : n_q_;
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(64) float scores[kMaxGroup][kBlock];
@@ -160,19 +176,22 @@ void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, K
         const uint8_t *k = runs[r].k, *v = runs[r].v;
         for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
             const int len = std::min(kBlock, runs[r].n_pos - p0);
-            if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
+            if (cold && p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
                 prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd, types);
             // Scores, a key block at a time: each load is one dimension of 16 keys, and
             // every query of the group accumulates 16 scores from it (two chains each, as
             // an FMA's latency exceeds its issue interval).
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
                 const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
-                const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
-                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
-                for (size_t at = 0; at < kKeyBlock * k_row; at += 64)
-                    _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
-                for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
-                    _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
+                if (cold) {
+                    const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
+                    const uintptr_t ahead_v =
+                        reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
+                    for (size_t at = 0; at < kKeyBlock * k_row; at += 64)
+                        _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
+                    for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
+                        _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
+                }
                 __m512 dots[kMaxGroup];
                 if (types.k == GGML_Q8_0) score_q8_0<G>(q, n_q, hd, kb, dots);
                 else if (types.k == GGML_Q4_0) score_q4_0<G>(q, n_q, hd, kb, dots);
@@ -214,20 +233,20 @@ void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, K
 }
 
 void attend_range_avx512(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                         float scale, float *out, AttnPartial *part) {
+                         float scale, float *out, AttnPartial *part, bool cold) {
     if (hd % 16 != 0 || n_q > kMaxGroup) {
-        attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part);
+        attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
         return;
     }
     switch (n_q) { // the group sizes of common models
-    case 1: return attend<1>(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    case 2: return attend<2>(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    case 3: return attend<3>(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    case 4: return attend<4>(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    case 6: return attend<6>(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    case 7: return attend<7>(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    case 8: return attend<8>(q, n_q, runs, n_runs, hd, types, scale, out, part);
-    default: return attend<0>(q, n_q, runs, n_runs, hd, types, scale, out, part);
+    case 1: return attend<1>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 2: return attend<2>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 3: return attend<3>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 4: return attend<4>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 6: return attend<6>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 7: return attend<7>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 8: return attend<8>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    default: return attend<0>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
     }
 }
 
