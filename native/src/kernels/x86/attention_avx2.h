@@ -174,7 +174,7 @@ void score_call(const float *q, int hd, const uint8_t *kb, uint32_t type, float 
 // two key rows), the values three at a time over 32 dimensions (12 accumulators). fn(g0,
 // g1) for the heads [g0, g1) of each call, the calls as equal in size as they can be (7
 // heads as 2, 2 and 3, not 3, 3 and 1: one head alone gives the FMAs a third of the
-// chains; a verification of 8 drafts has 27 heads of SmolLM2 in calls of 7).
+// chains; a verification of 8 drafts has 27 heads of SmolLM2 in calls of 6 and 7).
 template <typename Fn> void by_threes(int n_q, const Fn &fn) {
     const int calls = (n_q + 2) / 3;
     for (int c = 0; c < calls; ++c) fn(n_q * c / calls, n_q * (c + 1) / calls);
