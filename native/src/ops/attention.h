@@ -127,10 +127,11 @@ inline void prefetch_run(const uint8_t *k, const uint8_t *v, int n_pos, int hd, 
 // Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
 // part (n_q). The fast kernel may read the unwritten rest of a run's last key block.
 // cold: whether the runs' memory is likely out of the caches (no call has just read
-// it). The fast kernels then ask for it ahead of their reads, which a decode step
-// streaming a long context from memory gains from; over positions another call has
-// just read, the requests were a tenth of the avx512 kernel's time (8 heads over 256
-// positions on Zen 5) for nothing.
+// it). The avx512 kernel asks for it ahead of its reads only then (and the arm ones,
+// which ask only for the next run), which a decode step streaming a long context from
+// memory gains from: over positions another call has just read, the requests were a
+// tenth of the avx512 kernel's time (8 heads over 256 positions on Zen 5) for nothing.
+// The 256-bit kernels ask ahead either way (attention_avx2.h: kAttnPrefetch).
 void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
                   float *out, AttnPartial *part, bool cold);
 // The reference: every key and value decoded to floats by its type's to_float

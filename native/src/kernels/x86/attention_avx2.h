@@ -15,7 +15,14 @@ namespace llmd {
 namespace {
 
 constexpr int kBlock = 64;           // positions scored before their values are summed
-constexpr size_t kAttnPrefetch = 4096; // as the AVX-512 kernel's (7 % faster decode at 4k positions there)
+
+// How far ahead of its reads the kernel asks for a run's keys and values: as the AVX-512
+// kernel's (7 % faster decode at 4k positions there), but cold or not (attend_range).
+// SmolLM2's prefill with these kernels asking ahead on cold calls alone made pp512 7.4 %
+// and pp2048 5.5 % slower than asking on every call (medians of 15 alternating rounds,
+// Zen 5), where the AVX-512 kernel gained 8 to 10 %; on a Zen 3 dropping every request,
+// cold ones included, cost 8 % of pp2048 (docs/performance.md).
+constexpr size_t kAttnPrefetch = 4096;
 
 // Scores of C query heads (at q, hd apart) against a key block (kb: kKeyBlock
 // positions dimension-major), each load one dimension of 8 of its keys, each query
@@ -205,7 +212,7 @@ void sum_values_heads(const float *weights, const uint8_t *vb, int len, int hd, 
 }
 
 void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale, float *out,
-            AttnPartial *part, bool cold) {
+            AttnPartial *part) {
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(32) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
@@ -216,19 +223,16 @@ void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KV
         const uint8_t *k = runs[r].k, *v = runs[r].v;
         for (int p0 = 0; p0 < runs[r].n_pos; p0 += kBlock) {
             const int len = std::min(kBlock, runs[r].n_pos - p0);
-            if (cold && p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
+            if (p0 + kBlock >= runs[r].n_pos && r + 1 < n_runs) // the next run, while this block is attended
                 prefetch_run(runs[r + 1].k, runs[r + 1].v, std::min(kBlock, runs[r + 1].n_pos), hd, types);
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
                 const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
-                if (cold) {
-                    const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
-                    const uintptr_t ahead_v =
-                        reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
-                    for (size_t at = 0; at < kKeyBlock * k_row; at += 64)
-                        _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
-                    for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
-                        _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
-                }
+                const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
+                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
+                for (size_t at = 0; at < kKeyBlock * k_row; at += 64)
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
+                for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
                 score_heads(q, n_q, hd, kb, types.k, scale, len - i0, &scores[0][i0]);
             }
             for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
@@ -270,7 +274,7 @@ void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KV
 void attend_range_avx2(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
                        float scale, float *out, AttnPartial *part, bool cold) {
     if (hd % 16 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    attend(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    attend(q, n_q, runs, n_runs, hd, types, scale, out, part);
 }
 
 } // namespace
