@@ -184,12 +184,12 @@ constexpr int kAttnTokens = 16;
 // kAttnQueries heads over the span's runs (attention.h: AttnRun): its pool blocks,
 // or a ring's end and start; a call after the first finds them in cache, so only the
 // first is cold (attend_range), and only when the span is: cold when no span of the
-// same range was attended just before. Runs start
-// at a key block, so a span that starts inside one (a sliding window's first
-// positions) has that block's part copied into a block of its own first. The runs
-// are fixed by the positions alone, never by the batch. A span lies inside one range
-// of kAttnRange positions: at most kAttnRange / kKVBlock pool blocks or two pieces of
-// a ring (whose slots are at least kMaxBatch, KVCache::layout) after the copied start.
+// same range was attended just before. Runs start at a key block, so a span that
+// starts inside one (a sliding window's first positions) has that block's part
+// copied into a block of its own first. The runs are fixed by the positions alone,
+// never by the batch. A span lies inside one range of kAttnRange positions: at most
+// kAttnRange / kKVBlock pool blocks or two pieces of a ring (whose slots are at
+// least kMaxBatch, KVCache::layout) after the copied start.
 void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
                  int n_q, float scale, float *out, AttnPartial *part, bool cold) {
     static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
