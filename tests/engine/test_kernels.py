@@ -397,6 +397,38 @@ def stored(kv_type: str, rows: list[list[float]]) -> list[list[float]]:
     return [dequantize(KV_GGML[kv_type], kernel_kv_row(kv_type, row, None), len(row)) for row in rows]
 
 
+def met_by(kv_type: str, q: list[float]) -> list[float]:
+    """A query head as keys of kv_type meet it: Q8_0 keys meet it quantized per 32
+    dimensions as the activations are (quantize_q8a: d = amax / 127 and the nearest
+    integers, ties to even, in float32), others as it is."""
+    if kv_type != "q8_0":
+        return q
+    out = []
+    for b in range(0, len(q), QK):
+        d = f32(max(abs(x) for x in q[b:b + QK]) / 127.0)
+        inv = f32(1.0 / d) if d else 0.0
+        out += [d * round(f32(x * inv)) for x in q[b:b + QK]]
+    return out
+
+
+def test_q8_0_keys_meet_the_query_quantized():
+    """The query's quantization is the Python model's own, not the kernels': a query
+    whose dimensions sit between Q8A steps scores as the quantized query does, not as
+    the floats would."""
+    q = [f32(1.0 + i / 1000.0) if i % 2 else f32(-0.3 - i / 700.0) for i in range(64)]
+    k = [127 / 128 if i % 3 else -127 / 128 for i in range(64)]  # exact in Q8_0 (d = 1 / 128)
+    v = [float(i) for i in range(64)] + [0.0] * 64
+    quantized = met_by("q8_0", q)
+    assert quantized != q
+    scores = [math.fsum(a * b for a, b in zip(x, k)) / 8.0 for x in (quantized, q)]
+    # Two positions whose keys are k and 0: the output weighs v by the softmax of [s, 0].
+    for kernels in [None] + VARIANTS:
+        got = kernel_attention([q], k + [0.0] * 64, v, 2, 64, 1, kernels, 0, "q8_0", "f16")[0]
+        w = 1.0 / (1.0 + math.exp(-scores[0]))
+        assert abs(got[10] - 10.0 * w) < 1e-5, kernels
+        assert abs(got[10] - 10.0 / (1.0 + math.exp(-scores[1]))) > 1e-4  # the floats would differ
+
+
 @pytest.mark.parametrize("kv", KV_PAIRS, ids=["/".join(p) for p in KV_PAIRS])
 @pytest.mark.parametrize("n_pos, head_dim, spread, group", [
     (1, 64, 1.0, 3), (63, 64, 1.0, 3), (65, 64, 1.0, 3), (300, 64, 8.0, 3), (130, 32, 1.0, 3), (40, 40, 1.0, 3),
@@ -407,7 +439,8 @@ def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, 
     quantized rows hold blocks of 32). group is the number of query heads sharing the
     keys: the fast kernel is compiled for common sizes (1, 3, 8) and runs any other (5,
     16) through its general form. The Python model attends over the keys and values as
-    the cache stores them: f16, or the GGUF blocks the reference quantizer writes."""
+    the cache stores them: f16, or the GGUF blocks the reference quantizer writes, with
+    the query as the keys meet it (met_by)."""
     if head_dim % 32 and kv != ("f16", "f16"):
         pytest.skip("quantized KV types need a head dimension that is a multiple of 32")
     rng = random.Random(n_pos * 1000 + head_dim + group)
@@ -416,7 +449,7 @@ def test_fast_attention_matches_reference_and_the_python_model(n_pos, head_dim, 
     q = [[f32(rng.gauss(0, spread)) for _ in range(head_dim)] for _ in range(group)]
     keys = stored(kv[0], [k[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
     values = stored(kv[1], [v[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
-    expected = [softmax_attention(h, keys, values) for h in q]
+    expected = [softmax_attention(met_by(kv[0], h), keys, values) for h in q]
     for ranges in sorted({1, min(3, n_pos)}):
         for run in (0, 16, 64):  # one buffer, or runs in buffers of their own as a paged cache's blocks
             for kernels in [None] + VARIANTS:
@@ -439,8 +472,8 @@ def test_attention_sinks_join_the_softmax_denominator_in_every_variant(n_pos, gr
     sinks = [(-20.0, f32(rng.gauss(0, 3)), 30.0)[g % 3] for g in range(group)]
     keys = stored(kv[0], [k[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
     values = stored(kv[1], [v[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
-    expected = [softmax_attention(h, keys, values, s) for h, s in zip(q, sinks)]
-    plain = [softmax_attention(h, keys, values) for h in q]
+    expected = [softmax_attention(met_by(kv[0], h), keys, values, s) for h, s in zip(q, sinks)]
+    plain = [softmax_attention(met_by(kv[0], h), keys, values) for h in q]
     assert max(abs(a - b) for g, e in zip(plain, expected) for a, b in zip(g, e)) > 0.1  # the sinks show
     for ranges in sorted({1, min(3, n_pos)}):
         for kernels in [None] + VARIANTS:

@@ -165,6 +165,9 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
             key_store(types.k, key.data(), key_block(keys.back().data(), types.k, i, head_dim), i % kKeyBlock, head_dim);
             kv_row_ref(types.v, v + p * hd, &values.back()[i * v_row], head_dim);
         }
+        // Q8_0 keys meet the queries quantized, as the engine's (model.h: attend).
+        std::vector<BlockQ8A> q8(static_cast<size_t>(n_q) * (hd / QK));
+        if (types.k == GGML_Q8_0) table->quantize_q8a(q, q8.data(), int64_t{n_q} * head_dim, QK);
         std::vector<float> part_out(static_cast<size_t>(n_q) * hd);
         std::vector<AttnPartial> part(n_q), acc(n_q);
         const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -180,7 +183,7 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
                 runs.push_back({keys[p / per_run].data() + at * k_row, values[p / per_run].data() + at * v_row, n});
                 p += n;
             }
-            table->attend_range(q, n_q, runs.data(), static_cast<int>(runs.size()), head_dim, types, scale,
+            table->attend_range(q, q8.data(), n_q, runs.data(), static_cast<int>(runs.size()), head_dim, types, scale,
                                 part_out.data(), part.data(), r % 2 == 0); // cold or not, the same result
             table->attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }

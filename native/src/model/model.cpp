@@ -23,6 +23,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     x.resize(n * hp.n_embd);
     xb.resize(n * hp.n_embd);
     q.resize(n * hp.q_dim());
+    q8.resize(n * (hp.q_dim() / QK));
     k.resize(n * hp.kv_dim());
     v.resize(n * hp.kv_dim());
     att.resize(n * hp.q_dim());
@@ -191,7 +192,7 @@ constexpr int kAttnTokens = 16;
 // kAttnRange / kKVBlock pool blocks or two pieces of a ring (whose slots are at
 // least kMaxBatch, KVCache::layout) after the copied start.
 void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
-                 int n_q, float scale, float *out, AttnPartial *part, bool cold) {
+                 const BlockQ8A *q8, int n_q, float scale, float *out, AttnPartial *part, bool cold) {
     static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
     const int hd = hp.head_dim;
     const KVTypes types = kv.types;
@@ -233,7 +234,8 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
     const int calls = (n_q + kAttnQueries - 1) / kAttnQueries; // 15 heads: 7, then 8
     for (int c = 0; c < calls; ++c) {
         const int g0 = n_q * c / calls, g1 = n_q * (c + 1) / calls;
-        attend_range(q + g0 * hd, g1 - g0, runs, n_runs, hd, types, scale, out + g0 * hd, part + g0, cold && c == 0);
+        attend_range(q + g0 * hd, q8 + g0 * (hd / QK), g1 - g0, runs, n_runs, hd, types, scale, out + g0 * hd,
+                     part + g0, cold && c == 0);
     }
 }
 
@@ -303,6 +305,8 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     ws.att_parts.resize(slots * group * hd);
     ws.att_stats.resize((slots + pairs) * group);
     const float *q = ws.q.data();
+    const BlockQ8A *q8 = ws.q8.data(); // read for Q8_0 keys (attend)
+    const int q8_head = hd / QK;       // Q8A blocks of a query head
     float *att = ws.att.data();
     const auto y_of = [&](int t, int h) { return att + t * q_dim + h * group * hd; };
     const auto acc_of = [&](int t, int h) { return ws.att_stats.data() + (slots + t * n_kv + h) * group; };
@@ -320,7 +324,9 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
         const Run &run = runs[task / spans / n_kv];
         const int width = run.r1 - run.r0;
         thread_local std::vector<float> qs; // the call's query heads, token after token
+        thread_local std::vector<BlockQ8A> q8s;
         qs.resize(static_cast<size_t>(run.t1 - run.t0) * group * hd);
+        q8s.resize(static_cast<size_t>(run.t1 - run.t0) * group * q8_head);
         if (spans == 1)
             for (int t = run.t0; t < run.t1; ++t) attend_start(y_of(t, h), acc_of(t, h), group, hd);
         for (int R = run.r0 + width * c / spans; R < run.r0 + width * (c + 1) / spans; ++R) { // in order
@@ -333,11 +339,15 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
                 }
                 int j = i + 1; // tokens i..j-1 attend the same positions
                 while (j < run.t1 && span_of(j, R) == span) ++j;
-                for (int t = i; t < j; ++t)
+                for (int t = i; t < j; ++t) {
                     std::copy_n(q + t * q_dim + h * group * hd, group * hd, qs.data() + (t - i) * group * hd);
+                    if (batch[i].kv->types.k == GGML_Q8_0)
+                        std::copy_n(q8 + (t * hp.n_head + h * group) * q8_head, group * q8_head,
+                                    q8s.data() + (t - i) * group * q8_head);
+                }
                 const size_t slot = slot_of(i, h, R);
-                attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), (j - i) * group, scale,
-                            ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, cold);
+                attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), q8s.data(), (j - i) * group,
+                            scale, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, cold);
                 cold = false;
                 if (spans == 1)
                     for (int t = i; t < j; ++t) fold(t, h, R);
@@ -671,6 +681,11 @@ void attend(const Pass &p, int layer) {
             }
     });
     if (rot_k > 0) rotate_heads(p.q, rot_k);
+    if (p.batch[0].kv->types.k == GGML_Q8_0) // Q8_0 keys meet the queries quantized (attention.h)
+        per_token(p, [&](int t0, int t1) {
+            kernels().quantize_q8a(p.q + static_cast<size_t>(t0) * q_dim, p.ws.q8.data() + t0 * (q_dim / QK),
+                                   static_cast<int64_t>(t1 - t0) * q_dim, QK);
+        });
     attention(p.model, p.batch, p.n, layer, p.ws, p.pool);
     if (rot_v > 0) rotate_heads(p.att, rot_v);
 }

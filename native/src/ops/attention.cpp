@@ -50,7 +50,14 @@ void kv_rotate(float *x, int hd, int n) {
                 }
 }
 
-// A quantized key group's bytes (attention.h): 16 f16 scales, then the quants.
+// Where a quantized key group (attention.h) keeps quant j of position i: after the
+// 16 f16 scales, Q8_0 in groups of 4 dimensions, Q4_0 dimension-major.
+static size_t key_quant_at(uint32_t t, size_t j, int i) {
+    const size_t at = t == GGML_Q8_0 ? j / 4 * (4 * kKeyBlock) + static_cast<size_t>(i) * 4 + j % 4
+                                     : j * kKeyBlock + static_cast<size_t>(i);
+    return 2 * kKeyBlock + at;
+}
+
 void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd) {
     if (t == GGML_F16) {
         for (int d = 0; d < hd; ++d) std::memcpy(kb + (static_cast<size_t>(d) * kKeyBlock + i) * 2, row + 2 * d, 2);
@@ -60,7 +67,7 @@ void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd) {
     for (int c = 0; c < hd / QK; ++c, row += block) {
         uint8_t *g = kb + c * kKeyBlock * block;
         std::memcpy(g + 2 * i, row, 2);
-        for (size_t j = 0; j < quants; ++j) g[2 * kKeyBlock + j * kKeyBlock + i] = row[2 + j];
+        for (size_t j = 0; j < quants; ++j) g[key_quant_at(t, j, i)] = row[2 + j];
     }
 }
 
@@ -73,12 +80,12 @@ void key_load(uint32_t t, const uint8_t *kb, int i, int hd, uint8_t *row) {
     for (int c = 0; c < hd / QK; ++c, row += block) {
         const uint8_t *g = kb + c * kKeyBlock * block;
         std::memcpy(row, g + 2 * i, 2);
-        for (size_t j = 0; j < quants; ++j) row[2 + j] = g[2 * kKeyBlock + j * kKeyBlock + i];
+        for (size_t j = 0; j < quants; ++j) row[2 + j] = g[key_quant_at(t, j, i)];
     }
 }
 
-void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
-                      float *out, AttnPartial *part, bool /*cold*/) {
+void attend_range_ref(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
+                      KVTypes types, float scale, float *out, AttnPartial *part, bool /*cold*/) {
     // Every position's key and value as floats, decoded from its row.
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     std::vector<float> keys, values;
@@ -92,13 +99,16 @@ void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, 
             type_traits(types.v)->to_float(runs[r].v + p * v_row, values.data() + values.size() - hd, hd);
         }
     const size_t n_pos = keys.size() / static_cast<size_t>(hd);
+    std::vector<double> query(q, q + static_cast<size_t>(n_q) * hd); // Q8_0 keys meet q8's values
+    if (types.k == GGML_Q8_0)
+        for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<double>(q8[i / QK].d) * q8[i / QK].qs[i % QK];
     for (int g = 0; g < n_q; ++g) {
-        const float *qg = q + g * hd;
+        const double *qg = query.data() + static_cast<size_t>(g) * hd;
         std::vector<double> scores(n_pos);
         double mx = -INFINITY;
         for (size_t p = 0; p < n_pos; ++p) {
             double s = 0.0;
-            for (int d = 0; d < hd; ++d) s += static_cast<double>(qg[d]) * keys[p * hd + d];
+            for (int d = 0; d < hd; ++d) s += qg[d] * keys[p * hd + d];
             scores[p] = s * scale;
             mx = std::max(mx, scores[p]);
         }
@@ -114,9 +124,9 @@ void attend_range_ref(const float *q, int n_q, const AttnRun *runs, int n_runs, 
     }
 }
 
-void attend_range(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
-                  float *out, AttnPartial *part, bool cold) {
-    kernels().attend_range(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+void attend_range(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+                  float scale, float *out, AttnPartial *part, bool cold) {
+    kernels().attend_range(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
 }
 
 int attn_task_spans(int pairs, int ranges, int threads) {

@@ -40,31 +40,60 @@ inline void int8x8_f32(int8x8_t b, float32x4_t *lo, float32x4_t *hi) {
     *hi = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
 }
 
-// Dimension j of a Q8_0 or Q4_0 key group's 16 positions as int8 (attention.h): Q4_0
-// keeps dimensions j and j + 16 in one byte's nibbles, less 8.
-inline int8x16_t key_dim(const uint8_t *qs, uint32_t type, int j) {
-    if (type == GGML_Q8_0) return vld1q_s8(reinterpret_cast<const int8_t *>(qs + j * kKeyBlock));
-    const uint8x16_t b = vld1q_u8(qs + (j % 16) * kKeyBlock);
-    const uint8x16_t u = j < 16 ? vandq_u8(b, vdupq_n_u8(0x0f)) : vshrq_n_u8(b, 4);
-    return vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(8));
+// score_keys for a Q8_0 key block and the queries quantized alike (q8: hd / 32 blocks
+// a query): per 32 dimensions each 16-byte load is 4 dimensions of 4 positions
+// (attention.h), each query's 16 exact integer sums in 4 accumulators, then times the
+// positions' scales and the query block's scale into the dots.
+template <int C>
+inline void score_keys_q8_0(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, float (*scores)[kBlock],
+                            int at) {
+    const int nb = hd / QK;
+    float32x4_t dots[C][4];
+    for (int g = 0; g < C; ++g)
+        for (int i = 0; i < 4; ++i) dots[g][i] = vdupq_n_f32(0.0f);
+    for (int c = 0; c < nb; ++c) {
+        const uint8_t *gb = kb + c * kKeyBlock * 34, *qs = gb + 2 * kKeyBlock;
+        int32x4_t acc[C][4];
+        for (int g = 0; g < C; ++g)
+            for (int i = 0; i < 4; ++i) acc[g][i] = vdupq_n_s32(0);
+        for (int a = 0; a < QK / 4; ++a) {
+            int8x16_t k4[4];
+            for (int i = 0; i < 4; ++i) k4[i] = load_s8(qs + a * 4 * kKeyBlock + 16 * i);
+            for (int g = 0; g < C; ++g) {
+                int32_t q4;
+                std::memcpy(&q4, q8[g * nb + c].qs + 4 * a, 4);
+                const int8x16_t qb = vreinterpretq_s8_s32(vdupq_n_s32(q4));
+                for (int i = 0; i < 4; ++i) acc[g][i] = dot16_by4(acc[g][i], k4[i], qb);
+            }
+        }
+        const uint16_t *d = reinterpret_cast<const uint16_t *>(gb);
+        for (int i = 0; i < 4; ++i) {
+            const float32x4_t di = f16x4(d + 4 * i);
+            for (int g = 0; g < C; ++g)
+                dots[g][i] = vfmaq_f32(dots[g][i], vcvtq_f32_s32(acc[g][i]), vmulq_n_f32(di, q8[g * nb + c].d));
+        }
+    }
+    for (int g = 0; g < C; ++g)
+        for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], vmulq_n_f32(dots[g][i], scale));
 }
 
-// score_keys for a Q8_0 or Q4_0 key block: per 32 dimensions each query's 16 integer
-// sums in 4 accumulators, then times the 16 positions' scales into the dots.
+// score_keys for a Q4_0 key block, the queries in floats: per 32 dimensions each
+// query's 16 partial dot products in 4 accumulators, each byte's nibbles dimensions j
+// and j + 16, less 8; then times the 16 positions' scales into the dots.
 template <int C>
-inline void score_keys_quant(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale,
-                             float (*scores)[kBlock], int at) {
-    const size_t block = kv_row_bytes(type, QK);
+inline void score_keys_q4_0(const float *q, int hd, const uint8_t *kb, float scale, float (*scores)[kBlock], int at) {
     float32x4_t dots[C][4];
     for (int g = 0; g < C; ++g)
         for (int i = 0; i < 4; ++i) dots[g][i] = vdupq_n_f32(0.0f);
     for (int c = 0; c < hd / QK; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * block;
+        const uint8_t *gb = kb + c * kKeyBlock * 18;
         float32x4_t acc[C][4];
         for (int g = 0; g < C; ++g)
             for (int i = 0; i < 4; ++i) acc[g][i] = vdupq_n_f32(0.0f);
         for (int j = 0; j < QK; ++j) {
-            const int8x16_t k8 = key_dim(gb + 2 * kKeyBlock, type, j);
+            const uint8x16_t b = vld1q_u8(gb + 2 * kKeyBlock + (j % 16) * kKeyBlock);
+            const uint8x16_t u = j < 16 ? vandq_u8(b, vdupq_n_u8(0x0f)) : vshrq_n_u8(b, 4);
+            const int8x16_t k8 = vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(8));
             float32x4_t kd[4];
             int8x8_f32(vget_low_s8(k8), &kd[0], &kd[1]);
             int8x8_f32(vget_high_s8(k8), &kd[2], &kd[3]);
@@ -81,11 +110,13 @@ inline void score_keys_quant(const float *q, int hd, const uint8_t *kb, uint32_t
         for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], vmulq_n_f32(dots[g][i], scale));
 }
 
+// Queries g .. g + C - 1 against a key block of the keys' type.
 template <int C>
-inline void score_call(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale, float (*scores)[kBlock],
-                       int at) {
-    if (type == GGML_F16) score_keys<C>(q, hd, reinterpret_cast<const uint16_t *>(kb), scale, scores, at);
-    else score_keys_quant<C>(q, hd, kb, type, scale, scores, at);
+inline void score_call(const float *q, const BlockQ8A *q8, int g, int hd, const uint8_t *kb, uint32_t type,
+                       float scale, float (*scores)[kBlock], int at) {
+    if (type == GGML_F16) score_keys<C>(q + g * hd, hd, reinterpret_cast<const uint16_t *>(kb), scale, scores + g, at);
+    else if (type == GGML_Q8_0) score_keys_q8_0<C>(q8 + g * (hd / QK), hd, kb, scale, scores + g, at);
+    else score_keys_q4_0<C>(q + g * hd, hd, kb, scale, scores + g, at);
 }
 
 // Dimensions 8 s .. 8 s + 7 of a Q8_0 or Q4_0 value block (qs: its quants) as floats.
@@ -96,8 +127,8 @@ inline void value_eight(const uint8_t *qs, uint32_t type, int s, float32x4_t *lo
     int8x8_f32(vsub_s8(vreinterpret_s8_u8(u), vdup_n_s8(8)), lo, hi);
 }
 
-void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale,
-                 float *out, AttnPartial *part, bool cold) {
+void attend_neon(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+                 float scale, float *out, AttnPartial *part, bool cold) {
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(16) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
@@ -114,11 +145,11 @@ void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int h
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
                 const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
                 int g = 0;
-                for (; g + 4 <= n_q; g += 4) score_call<4>(q + g * hd, hd, kb, types.k, scale, scores + g, i0);
+                for (; g + 4 <= n_q; g += 4) score_call<4>(q, q8, g, hd, kb, types.k, scale, scores, i0);
                 switch (n_q - g) {
-                case 3: score_call<3>(q + g * hd, hd, kb, types.k, scale, scores + g, i0); break;
-                case 2: score_call<2>(q + g * hd, hd, kb, types.k, scale, scores + g, i0); break;
-                case 1: score_call<1>(q + g * hd, hd, kb, types.k, scale, scores + g, i0); break;
+                case 3: score_call<3>(q, q8, g, hd, kb, types.k, scale, scores, i0); break;
+                case 2: score_call<2>(q, q8, g, hd, kb, types.k, scale, scores, i0); break;
+                case 1: score_call<1>(q, q8, g, hd, kb, types.k, scale, scores, i0); break;
                 default: break;
                 }
             }
@@ -178,10 +209,11 @@ void attend_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int h
     for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
 }
 
-void attend_range_neon(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                       float scale, float *out, AttnPartial *part, bool cold) {
-    if (hd % 8 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    attend_neon(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+void attend_range_neon(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
+                       KVTypes types, float scale, float *out, AttnPartial *part, bool cold) {
+    if (hd % 8 != 0 || n_q > kMaxGroup)
+        return attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    attend_neon(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
 }
 
 } // namespace

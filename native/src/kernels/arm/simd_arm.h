@@ -10,15 +10,27 @@
 namespace llmd {
 namespace {
 
-// acc + the s8 × s8 products of 16 bytes summed in groups of four (lane i: bytes
-// 4i..4i+3). SDOT where the variant has it; else widening multiplies and pairwise
-// adds (no int16 sum can overflow: one product is at most 128 × 128).
+// acc + the s8 × s8 products of 16 bytes, whose 4 lanes' total is their dot product.
+// SDOT where the variant has it (lane i: bytes 4i..4i+3); else widening multiplies and
+// pairwise adds (lane i: bytes 2i, 2i + 1, 2i + 8 and 2i + 9; no int16 sum can
+// overflow: one product is at most 128 × 128).
 inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #if defined(__ARM_FEATURE_DOTPROD)
     return vdotq_s32(acc, a, b);
 #else
     acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
     return vpadalq_s16(acc, vmull_high_s8(a, b));
+#endif
+}
+
+// dot16 with lane i the products of bytes 4i..4i+3 in every variant: without SDOT
+// one more pairwise add than dot16's.
+inline int32x4_t dot16_by4(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, a, b);
+#else
+    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vaddq_s32(acc, vpaddq_s32(lo, vpaddlq_s16(vmull_high_s8(a, b))));
 #endif
 }
 

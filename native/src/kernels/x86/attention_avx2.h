@@ -24,6 +24,19 @@ constexpr int kBlock = 64;           // positions scored before their values are
 // cold ones included, cost 8 % of pp2048 (docs/performance.md).
 constexpr size_t kAttnPrefetch = 4096;
 
+// The dots' two halves (positions 0-7 and 8-15 of a key block) times scale into C
+// heads' scores; positions past the range (the block's unwritten rest) score -inf.
+template <int C> void store_scores(const __m256 (*dots)[2], float scale, int valid, float *scores) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int h = 0; h < 2; ++h) {
+        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), lane));
+        for (int g = 0; g < C; ++g) {
+            const __m256 scaled = _mm256_mul_ps(dots[g][h], _mm256_set1_ps(scale));
+            _mm256_store_ps(scores + g * kBlock + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, keep));
+        }
+    }
+}
+
 // Scores of C query heads (at q, hd apart) against a key block (kb: kKeyBlock
 // positions dimension-major), each load one dimension of 8 of its keys, each query
 // element broadcast once for both halves. Each head sums even and odd dimensions in
@@ -50,30 +63,61 @@ __attribute__((noinline)) void score_block(const float *q, int hd, const uint8_t
                 acc[g][1][p] = _mm256_fmadd_ps(qd, k1, acc[g][1][p]);
             }
         }
-    // Positions past the range (the block's unwritten rest) score -inf.
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int h = 0; h < 2; ++h) {
-        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), lane));
-        for (int g = 0; g < C; ++g) {
-            const __m256 dots = _mm256_mul_ps(_mm256_add_ps(acc[g][h][0], acc[g][h][1]), _mm256_set1_ps(scale));
-            _mm256_store_ps(scores + g * kBlock + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), dots, keep));
-        }
-    }
+    __m256 dots[C][2];
+    for (int g = 0; g < C; ++g)
+        for (int h = 0; h < 2; ++h) dots[g][h] = _mm256_add_ps(acc[g][h][0], acc[g][h][1]);
+    store_scores<C>(dots, scale, valid, scores);
 }
 
-// Scores of C query heads against a Q8_0 or Q4_0 key block (attention.h): per 32
-// dimensions each half's 8 integer sums in one chain per head (the heads' chains
-// interleave), then times the 8 positions' scales into the dots. A head's bits never
-// depend on C.
+// Scores of C query heads against a Q8_0 key block, the queries quantized alike (q8:
+// hd / 32 blocks a head): per 32 dimensions each load is 4 dimensions of 8 positions
+// (attention.h), summed exactly in one chain per head and half as u8 × s8 products, the
+// keys' magnitudes against the query with the keys' signs (so that vpmaddubsw's pairs of
+// products, at most 2 · 128 · 127, never saturate); then times the positions' scales
+// and the query block's scale into the dots. A head's bits never depend on C.
 template <int C>
-void score_block_quant(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
-                       float *scores) {
-    const size_t block = kv_row_bytes(type, QK);
+void score_block_q8_0(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, int valid, float *scores) {
+    const int nb = hd / QK;
+    __m256 dots[C][2];
+    for (int g = 0; g < C; ++g) dots[g][0] = dots[g][1] = _mm256_setzero_ps();
+    for (int c = 0; c < nb; ++c) {
+        const uint8_t *gb = kb + c * kKeyBlock * 34, *qs = gb + 2 * kKeyBlock;
+        __m256i acc[C][2];
+        for (int g = 0; g < C; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
+        for (int a = 0; a < QK / 4; ++a) {
+            const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + a * 4 * kKeyBlock));
+            const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + a * 4 * kKeyBlock + 32));
+            const __m256i u0 = _mm256_abs_epi8(k0), u1 = _mm256_abs_epi8(k1);
+            for (int g = 0; g < C; ++g) {
+                int32_t q4;
+                std::memcpy(&q4, q8[g * nb + c].qs + 4 * a, 4);
+                const __m256i qb = _mm256_set1_epi32(q4);
+                acc[g][0] = dot4_u8s8(acc[g][0], u0, _mm256_sign_epi8(qb, k0));
+                acc[g][1] = dot4_u8s8(acc[g][1], u1, _mm256_sign_epi8(qb, k1));
+            }
+        }
+        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb)));
+        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 16)));
+        for (int g = 0; g < C; ++g) {
+            const __m256 dq = _mm256_set1_ps(q8[g * nb + c].d);
+            dots[g][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[g][0]), _mm256_mul_ps(d0, dq), dots[g][0]);
+            dots[g][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[g][1]), _mm256_mul_ps(d1, dq), dots[g][1]);
+        }
+    }
+    store_scores<C>(dots, scale, valid, scores);
+}
+
+// Scores of C query heads against a Q4_0 key block (attention.h), the queries in
+// floats: per 32 dimensions each half's 8 partial dot products in one chain per head
+// (the heads' chains interleave), then times the 8 positions' scales into the dots. A
+// head's bits never depend on C.
+template <int C>
+void score_block_q4_0(const float *q, int hd, const uint8_t *kb, float scale, int valid, float *scores) {
     const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
     __m256 dots[C][2];
     for (int g = 0; g < C; ++g) dots[g][0] = dots[g][1] = _mm256_setzero_ps();
     for (int c = 0; c < hd / QK; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * block, *qs = gb + 2 * kKeyBlock;
+        const uint8_t *gb = kb + c * kKeyBlock * 18, *qs = gb + 2 * kKeyBlock;
         __m256 acc[C][2];
         for (int g = 0; g < C; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
         const auto add = [&](int j, __m128i k16) { // dimension j of the 16 positions, as int8
@@ -85,30 +129,19 @@ void score_block_quant(const float *q, int hd, const uint8_t *kb, uint32_t type,
                 acc[g][1] = _mm256_fmadd_ps(qd, k1, acc[g][1]);
             }
         };
-        if (type == GGML_Q8_0) {
-            for (int j = 0; j < QK; ++j) add(j, _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + j * kKeyBlock)));
-        } else {
-            for (int j = 0; j < QK / 2; ++j) {
-                const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + j * kKeyBlock));
-                add(j, _mm_sub_epi8(_mm_and_si128(b, nibble), eight));
-                add(j + 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), eight));
-            }
+        for (int j = 0; j < QK / 2; ++j) {
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + j * kKeyBlock));
+            add(j, _mm_sub_epi8(_mm_and_si128(b, nibble), eight));
+            add(j + 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), eight));
         }
-        const __m128i dh = _mm_loadu_si128(reinterpret_cast<const __m128i *>(gb));
-        const __m256 d0 = _mm256_cvtph_ps(dh), d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 16)));
+        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb)));
+        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 16)));
         for (int g = 0; g < C; ++g) {
             dots[g][0] = _mm256_fmadd_ps(acc[g][0], d0, dots[g][0]);
             dots[g][1] = _mm256_fmadd_ps(acc[g][1], d1, dots[g][1]);
         }
     }
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int h = 0; h < 2; ++h) {
-        const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), lane));
-        for (int g = 0; g < C; ++g) {
-            const __m256 scaled = _mm256_mul_ps(dots[g][h], _mm256_set1_ps(scale));
-            _mm256_store_ps(scores + g * kBlock + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, keep));
-        }
-    }
+    store_scores<C>(dots, scale, valid, scores);
 }
 
 // out (C heads, hd apart) += the weighted sum of `len` value rows (v, hd apart), for
@@ -172,9 +205,11 @@ void sum_values_quant(const float *weights, const uint8_t *vb, int len, int hd, 
 
 // C heads against a key block of the keys' type.
 template <int C>
-void score_call(const float *q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid, float *scores) {
+void score_call(const float *q, const BlockQ8A *q8, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
+                float *scores) {
     if (type == GGML_F16) score_block<C>(q, hd, kb, scale, valid, scores);
-    else score_block_quant<C>(q, hd, kb, type, scale, valid, scores);
+    else if (type == GGML_Q8_0) score_block_q8_0<C>(q8, hd, kb, scale, valid, scores);
+    else score_block_q4_0<C>(q, hd, kb, scale, valid, scores);
 }
 
 // Sixteen registers: the scores take heads at most three at a time (12 accumulators,
@@ -187,14 +222,16 @@ template <typename Fn> void by_threes(int n_q, const Fn &fn) {
     for (int c = 0; c < calls; ++c) fn(n_q * c / calls, n_q * (c + 1) / calls);
 }
 
-void score_heads(const float *q, int n_q, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
-                 float *scores) {
+void score_heads(const float *q, const BlockQ8A *q8, int n_q, int hd, const uint8_t *kb, uint32_t type, float scale,
+                 int valid, float *scores) {
     by_threes(n_q, [&](int g0, int g1) {
+        const float *qg = q + g0 * hd;
+        const BlockQ8A *q8g = q8 + g0 * (hd / QK);
         float *sg = scores + g0 * kBlock;
         switch (g1 - g0) {
-        case 1: score_call<1>(q + g0 * hd, hd, kb, type, scale, valid, sg); break;
-        case 2: score_call<2>(q + g0 * hd, hd, kb, type, scale, valid, sg); break;
-        default: score_call<3>(q + g0 * hd, hd, kb, type, scale, valid, sg); break;
+        case 1: score_call<1>(qg, q8g, hd, kb, type, scale, valid, sg); break;
+        case 2: score_call<2>(qg, q8g, hd, kb, type, scale, valid, sg); break;
+        default: score_call<3>(qg, q8g, hd, kb, type, scale, valid, sg); break;
         }
     });
 }
@@ -211,8 +248,8 @@ void sum_values_heads(const float *weights, const uint8_t *vb, int len, int hd, 
     for (; d < hd; d += 16) sum_values<C, 2>(weights, v, len, hd, d, out); // hd is a multiple of 16
 }
 
-void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale, float *out,
-            AttnPartial *part) {
+void attend(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+            float scale, float *out, AttnPartial *part) {
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(32) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
@@ -233,7 +270,7 @@ void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KV
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
                 for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
-                score_heads(q, n_q, hd, kb, types.k, scale, len - i0, &scores[0][i0]);
+                score_heads(q, q8, n_q, hd, kb, types.k, scale, len - i0, &scores[0][i0]);
             }
             for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
                 for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
@@ -271,10 +308,11 @@ void attend(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KV
 }
 
 
-void attend_range_avx2(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                       float scale, float *out, AttnPartial *part, bool cold) {
-    if (hd % 16 != 0 || n_q > kMaxGroup) return attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    attend(q, n_q, runs, n_runs, hd, types, scale, out, part);
+void attend_range_avx2(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
+                       KVTypes types, float scale, float *out, AttnPartial *part, bool cold) {
+    if (hd % 16 != 0 || n_q > kMaxGroup)
+        return attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    attend(q, q8, n_q, runs, n_runs, hd, types, scale, out, part);
 }
 
 } // namespace

@@ -41,29 +41,41 @@ template <int G> void score_f16(const float *q, int n_q_, int hd, const uint8_t 
     for (int g = 0; g < n_q; ++g) dots[g] = _mm512_add_ps(acc[g][0], acc[g][1]);
 }
 
-// Q8_0 keys: per 32 dimensions the 16 positions' integer sums in two chains, then
-// times their 16 scales into the scores.
-template <int G> void score_q8_0(const float *q, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
-    const int n_q = G > 0 ? G : n_q_;
+// Q8_0 keys against the queries quantized alike (q8: hd / 32 blocks a head): per 32
+// dimensions each load is 4 dimensions of the 16 positions (attention.h), offset by 128
+// into vpdpbusd's unsigned operand (the query's 128 × sum is taken back after), summed
+// exactly in two chains per head; then times the 16 key scales and the query block's
+// scale into the scores.
+template <int G> void score_q8_0(const BlockQ8A *q8, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
+    const int n_q = G > 0 ? G : n_q_, nb = hd / QK;
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     for (int g = 0; g < n_q; ++g) dots[g] = _mm512_setzero_ps();
-    for (int c = 0; c < hd / QK; ++c) {
+    for (int c = 0; c < nb; ++c) {
         const uint8_t *gb = kb + c * kKeyBlock * 34;
-        __m512 acc[kMaxGroup][2];
-        for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
-        for (int j = 0; j < QK; j += 2)
+        __m512i acc[kMaxGroup][2];
+        for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_si512();
+        for (int a = 0; a < QK / 4; a += 2)
             for (int h = 0; h < 2; ++h) {
-                const __m512 kd = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                    _mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 2 * kKeyBlock + (j + h) * kKeyBlock))));
-                for (int g = 0; g < n_q; ++g)
-                    acc[g][h] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + c * QK + j + h]), kd, acc[g][h]);
+                const uint8_t *k4 = gb + 2 * kKeyBlock + (a + h) * 4 * kKeyBlock;
+                const __m512i k = _mm512_xor_si512(_mm512_loadu_si512(k4), flip);
+                for (int g = 0; g < n_q; ++g) {
+                    int32_t q4;
+                    std::memcpy(&q4, q8[g * nb + c].qs + 4 * (a + h), 4);
+                    acc[g][h] = _mm512_dpbusd_epi32(acc[g][h], k, _mm512_set1_epi32(q4));
+                }
             }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(gb)));
-        for (int g = 0; g < n_q; ++g) dots[g] = _mm512_fmadd_ps(_mm512_add_ps(acc[g][0], acc[g][1]), d, dots[g]);
+        for (int g = 0; g < n_q; ++g) {
+            const BlockQ8A &b = q8[g * nb + c];
+            const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(acc[g][0], acc[g][1]), _mm512_set1_epi32(128 * b.sum));
+            dots[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(b.d)), dots[g]);
+        }
     }
 }
 
-// Q4_0 keys: as Q8_0's, each load's low nibbles dimension j and high ones j + 16,
-// each less 8, in a chain each.
+// Q4_0 keys against the queries in floats, per 32 dimensions: each load's low nibbles
+// dimension j and high ones j + 16, each less 8, in a chain each; the 16 partial dot
+// products times their 16 scales into the scores.
 template <int G> void score_q4_0(const float *q, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
     const int n_q = G > 0 ? G : n_q_;
     const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
@@ -164,8 +176,8 @@ void sum_quant(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int 
 // G query heads, or n_q of them when G is 0: a fixed G keeps the group's value
 // sums in registers.
 template <int G>
-void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, KVTypes types, float scale, float *out,
-            AttnPartial *part, bool cold) {
+void attend(const float *q, const BlockQ8A *q8, int n_q_, const AttnRun *runs, int n_runs, int hd, KVTypes types,
+            float scale, float *out, AttnPartial *part, bool cold) {
     const int n_q = G > 0 ? G : n_q_;
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(64) float scores[kMaxGroup][kBlock];
@@ -194,7 +206,7 @@ void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, K
                         _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
                 }
                 __m512 dots[kMaxGroup];
-                if (types.k == GGML_Q8_0) score_q8_0<G>(q, n_q, hd, kb, dots);
+                if (types.k == GGML_Q8_0) score_q8_0<G>(q8, n_q, hd, kb, dots);
                 else if (types.k == GGML_Q4_0) score_q4_0<G>(q, n_q, hd, kb, dots);
                 else score_f16<G>(q, n_q, hd, kb, dots);
                 // Positions past the range (the block's unwritten rest) score -inf.
@@ -233,21 +245,21 @@ void attend(const float *q, int n_q_, const AttnRun *runs, int n_runs, int hd, K
     for (int g = 0; g < n_q; ++g) part[g] = {mx[g], sum[g]};
 }
 
-void attend_range_avx512(const float *q, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                         float scale, float *out, AttnPartial *part, bool cold) {
+void attend_range_avx512(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
+                         KVTypes types, float scale, float *out, AttnPartial *part, bool cold) {
     if (hd % 16 != 0 || n_q > kMaxGroup) {
-        attend_range_ref(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+        attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
         return;
     }
     switch (n_q) { // the group sizes of common models
-    case 1: return attend<1>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 2: return attend<2>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 3: return attend<3>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 4: return attend<4>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 6: return attend<6>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 7: return attend<7>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 8: return attend<8>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    default: return attend<0>(q, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 1: return attend<1>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 2: return attend<2>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 3: return attend<3>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 4: return attend<4>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 6: return attend<6>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 7: return attend<7>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 8: return attend<8>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    default: return attend<0>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
     }
 }
 
