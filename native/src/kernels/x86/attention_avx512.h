@@ -136,7 +136,8 @@ void sum_f16(const float (*weights)[kBlock], int n_q, const uint8_t *vb, int len
 }
 
 // Q8_0 or Q4_0 value rows, a block of 32 dimensions at a time: each row's block is
-// converted once, and weighted by the head's softmax weight times the block's scale.
+// converted once and times its scale, then weighted by each head's softmax weight
+// (an FMA whose broadcast operand comes from memory, as sum_f16's).
 template <int G>
 void sum_quant(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int len, int hd, uint32_t type,
                float *out) {
@@ -151,19 +152,20 @@ void sum_quant(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int 
             const uint8_t *b = vb + i * row + c * block;
             uint16_t dh;
             std::memcpy(&dh, b, 2);
-            const float d = _cvtsh_ss(dh);
-            __m512 v0, v1;
+            const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
+            __m128i lo, hi; // elements 0..15 and 16..31 as int8
             if (type == GGML_Q8_0) {
-                v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2))));
-                v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 18))));
+                lo = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2));
+                hi = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 18));
             } else {
                 const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b + 2));
-                v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(qs, nibble), eight)));
-                v1 = _mm512_cvtepi32_ps(
-                    _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), nibble), eight)));
+                lo = _mm_sub_epi8(_mm_and_si128(qs, nibble), eight);
+                hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(qs, 4), nibble), eight);
             }
+            const __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+            const __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
             for (int g = 0; g < n_q; ++g) {
-                const __m512 w = _mm512_set1_ps(weights[g][i] * d);
+                const __m512 w = _mm512_set1_ps(weights[g][i]);
                 acc[g][0] = _mm512_fmadd_ps(w, v0, acc[g][0]);
                 acc[g][1] = _mm512_fmadd_ps(w, v1, acc[g][1]);
             }
