@@ -398,10 +398,10 @@ def stored(kv_type: str, rows: list[list[float]]) -> list[list[float]]:
 
 
 def met_by(kv_type: str, q: list[float]) -> list[float]:
-    """A query head as keys of kv_type meet it: Q8_0 keys meet it quantized per 32
+    """A query head as keys of kv_type meet it: quantized keys meet it quantized per 32
     dimensions as the activations are (quantize_q8a: d = amax / 127 and the nearest
-    integers, ties to even, in float32), others as it is."""
-    if kv_type != "q8_0":
+    integers, ties to even, in float32), f16 keys as it is."""
+    if kv_type == "f16":
         return q
     out = []
     for b in range(0, len(q), QK):
@@ -411,19 +411,22 @@ def met_by(kv_type: str, q: list[float]) -> list[float]:
     return out
 
 
-def test_q8_0_keys_meet_the_query_quantized():
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_quantized_keys_meet_the_query_quantized(kv_type):
     """The query's quantization is the Python model's own, not the kernels': a query
     whose dimensions sit between Q8A steps scores as the quantized query does, not as
     the floats would."""
     q = [f32(1.0 + i / 1000.0) if i % 2 else f32(-0.3 - i / 700.0) for i in range(64)]
-    k = [127 / 128 if i % 3 else -127 / 128 for i in range(64)]  # exact in Q8_0 (d = 1 / 128)
+    # Keys exact in both types: Q8_0 d = 1 / 128, Q4_0 d = 1 / 8 (-8 × d, 7 × d)
+    k = ([127 / 128 if i % 3 else -127 / 128 for i in range(64)] if kv_type == "q8_0"
+         else [-1.0 if i % 3 else 7 / 8 for i in range(64)])
     v = [float(i) for i in range(64)] + [0.0] * 64
-    quantized = met_by("q8_0", q)
+    quantized = met_by(kv_type, q)
     assert quantized != q
     scores = [math.fsum(a * b for a, b in zip(x, k)) / 8.0 for x in (quantized, q)]
     # Two positions whose keys are k and 0: the output weighs v by the softmax of [s, 0].
     for kernels in [None] + VARIANTS:
-        got = kernel_attention([q], k + [0.0] * 64, v, 2, 64, 1, kernels, 0, "q8_0", "f16")[0]
+        got = kernel_attention([q], k + [0.0] * 64, v, 2, 64, 1, kernels, 0, kv_type, "f16")[0]
         w = 1.0 / (1.0 + math.exp(-scores[0]))
         assert abs(got[10] - 10.0 * w) < 1e-5, kernels
         assert abs(got[10] - 10.0 / (1.0 + math.exp(-scores[1]))) > 1e-4  # the floats would differ

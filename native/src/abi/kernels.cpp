@@ -165,9 +165,9 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
             key_store(types.k, key.data(), key_block(keys.back().data(), types.k, i, head_dim), i % kKeyBlock, head_dim);
             kv_row_ref(types.v, v + p * hd, &values.back()[i * v_row], head_dim);
         }
-        // Q8_0 keys meet the queries quantized, as the engine's (model.h: attend).
+        // Quantized keys meet the queries quantized, as the engine's (model.h: attend).
         std::vector<BlockQ8A> q8(static_cast<size_t>(n_q) * (hd / QK));
-        if (types.k == GGML_Q8_0) table->quantize_q8a(q, q8.data(), int64_t{n_q} * head_dim, QK);
+        if (types.k != GGML_F16) table->quantize_q8a(q, q8.data(), int64_t{n_q} * head_dim, QK);
         std::vector<float> part_out(static_cast<size_t>(n_q) * hd);
         std::vector<AttnPartial> part(n_q), acc(n_q);
         const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));

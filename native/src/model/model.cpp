@@ -305,7 +305,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
     ws.att_parts.resize(slots * group * hd);
     ws.att_stats.resize((slots + pairs) * group);
     const float *q = ws.q.data();
-    const BlockQ8A *q8 = ws.q8.data(); // read for Q8_0 keys (attend)
+    const BlockQ8A *q8 = ws.q8.data(); // read for quantized keys (attend)
     const int q8_head = hd / QK;       // Q8A blocks of a query head
     float *att = ws.att.data();
     const auto y_of = [&](int t, int h) { return att + t * q_dim + h * group * hd; };
@@ -341,7 +341,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
                 while (j < run.t1 && span_of(j, R) == span) ++j;
                 for (int t = i; t < j; ++t) {
                     std::copy_n(q + t * q_dim + h * group * hd, group * hd, qs.data() + (t - i) * group * hd);
-                    if (batch[i].kv->types.k == GGML_Q8_0)
+                    if (batch[i].kv->types.k != GGML_F16)
                         std::copy_n(q8 + (t * hp.n_head + h * group) * q8_head, group * q8_head,
                                     q8s.data() + (t - i) * group * q8_head);
                 }
@@ -681,7 +681,7 @@ void attend(const Pass &p, int layer) {
             }
     });
     if (rot_k > 0) rotate_heads(p.q, rot_k);
-    if (p.batch[0].kv->types.k == GGML_Q8_0) // Q8_0 keys meet the queries quantized (attention.h)
+    if (p.batch[0].kv->types.k != GGML_F16) // quantized keys meet the queries quantized (attention.h)
         per_token(p, [&](int t0, int t1) {
             kernels().quantize_q8a(p.q + static_cast<size_t>(t0) * q_dim, p.ws.q8.data() + t0 * (q_dim / QK),
                                    static_cast<int64_t>(t1 - t0) * q_dim, QK);

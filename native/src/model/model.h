@@ -389,7 +389,7 @@ struct MatJob {
 // Scratch activations, shared by all sessions (one forward runs at a time).
 struct Workspace {
     std::vector<float> x, xb, q, k, v, att, hb, hb2, logits_in;
-    std::vector<BlockQ8A> q8;           // (n, q_dim / 32) q quantized for Q8_0 keys (attention.h)
+    std::vector<BlockQ8A> q8;           // (n, q_dim / 32) q quantized for quantized keys (attention.h)
     std::vector<float> rope;            // (n, rope_dim): cos and sin of each token's RoPE angles
     std::vector<float> rope_local;      // (n, rope_dim): the same for Model::inv_freq_local
     std::vector<float> att_parts;       // attention: each range's output, or a task's scratch (attention.h)
@@ -534,7 +534,7 @@ void post_norm_rest(const Pass &p, int l, const LayerWeights &L);
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
 // last hp.window[layer] positions of it for a sliding-window layer), each query head's
 // sink logit in its softmax where the layer has attn_sinks (attention.h: attend_sink).
-// A quantized cache's rotation (attention.h: kv_rotation) rotates ws.q in place; Q8_0
-// keys meet it quantized into ws.q8.
+// A quantized cache's rotation (attention.h: kv_rotation) rotates ws.q in place, and
+// its keys meet it quantized into ws.q8.
 void attend(const Pass &p, int layer);
 } // namespace llmd

@@ -50,12 +50,10 @@ void kv_rotate(float *x, int hd, int n) {
                 }
 }
 
-// Where a quantized key group (attention.h) keeps quant j of position i: after the
-// 16 f16 scales, Q8_0 in groups of 4 dimensions, Q4_0 dimension-major.
-static size_t key_quant_at(uint32_t t, size_t j, int i) {
-    const size_t at = t == GGML_Q8_0 ? j / 4 * (4 * kKeyBlock) + static_cast<size_t>(i) * 4 + j % 4
-                                     : j * kKeyBlock + static_cast<size_t>(i);
-    return 2 * kKeyBlock + at;
+// Where a quantized key group (attention.h) keeps byte j of position i's block quants:
+// after the 16 f16 scales, in groups of 4 bytes a position.
+static size_t key_quant_at(size_t j, int i) {
+    return 2 * kKeyBlock + j / 4 * (4 * kKeyBlock) + static_cast<size_t>(i) * 4 + j % 4;
 }
 
 void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd) {
@@ -67,7 +65,7 @@ void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd) {
     for (int c = 0; c < hd / QK; ++c, row += block) {
         uint8_t *g = kb + c * kKeyBlock * block;
         std::memcpy(g + 2 * i, row, 2);
-        for (size_t j = 0; j < quants; ++j) g[key_quant_at(t, j, i)] = row[2 + j];
+        for (size_t j = 0; j < quants; ++j) g[key_quant_at(j, i)] = row[2 + j];
     }
 }
 
@@ -80,7 +78,7 @@ void key_load(uint32_t t, const uint8_t *kb, int i, int hd, uint8_t *row) {
     for (int c = 0; c < hd / QK; ++c, row += block) {
         const uint8_t *g = kb + c * kKeyBlock * block;
         std::memcpy(row, g + 2 * i, 2);
-        for (size_t j = 0; j < quants; ++j) row[2 + j] = g[key_quant_at(t, j, i)];
+        for (size_t j = 0; j < quants; ++j) row[2 + j] = g[key_quant_at(j, i)];
     }
 }
 
@@ -99,8 +97,8 @@ void attend_range_ref(const float *q, const BlockQ8A *q8, int n_q, const AttnRun
             type_traits(types.v)->to_float(runs[r].v + p * v_row, values.data() + values.size() - hd, hd);
         }
     const size_t n_pos = keys.size() / static_cast<size_t>(hd);
-    std::vector<double> query(q, q + static_cast<size_t>(n_q) * hd); // Q8_0 keys meet q8's values
-    if (types.k == GGML_Q8_0)
+    std::vector<double> query(q, q + static_cast<size_t>(n_q) * hd); // quantized keys meet q8's values
+    if (types.k != GGML_F16)
         for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<double>(q8[i / QK].d) * q8[i / QK].qs[i % QK];
     for (int g = 0; g < n_q; ++g) {
         const double *qg = query.data() + static_cast<size_t>(g) * hd;

@@ -29,30 +29,27 @@ constexpr int kMaxGroup = 16; // query heads per KV head of the fast kernel; wid
 // by the position's softmax weight times each block's scale, 32 dimensions at a time.
 //
 // Keys are stored in key blocks of kKeyBlock positions (kKeyBlock rows' bytes), laid
-// out so that one load holds 16 positions (one dimension of them, or 4 for Q8_0): 16
-// scores build up in one register, without any horizontal sum, as the kernel walks
-// the dimensions.
+// out so that one load holds 16 positions (one dimension of them, or 4 for the
+// quantized types): 16 scores build up in one register, without any horizontal sum, as
+// the kernel walks the dimensions.
 //   F16:  element d of position i at halves [d * 16 + i] (key_at).
 //   Q8_0, Q4_0: per 32 dimensions c (hd / 32 groups, 16 blocks' bytes each) the 16
-//         positions' scales as f16 [16], then their quants. Q8_0: int8 [8][16][4], in
-//         groups of 4 dimensions with each position's 4 side by side (dimension
-//         c·32 + 4a + b of position i at [a][i][b]): a 4-byte lane is what one step of
-//         an integer dot-product instruction (x86 vpdpbusd, arm sdot) sums for one
-//         position. Q4_0: bytes [16][16] dimension-major, whose low nibble is
-//         dimension c·32 + j of position i at [j][i] and high nibble c·32 + j + 16
-//         (GGUF's element order within a block).
-// Q8_0 keys meet the query quantized alike, per 32 dimensions into Q8A blocks
+//         positions' scales as f16 [16], then their blocks' quants (32 or 16 bytes) in
+//         groups of 4 bytes a position: byte j of position i's block at [j / 4][i][j % 4].
+//         A Q8_0 byte j is dimension c·32 + j; a Q4_0 byte j holds dimension c·32 + j in
+//         its low nibble and c·32 + j + 16 in its high one (GGUF's element order within
+//         a block). A 4-byte lane is what one step of an integer dot-product
+//         instruction (x86 vpdpbusd, arm sdot) sums for one position.
+// Quantized keys meet the query quantized alike, per 32 dimensions into Q8A blocks
 // (quants.h: quantize_q8a, the activations' format), as llama.cpp quantizes it for
-// Q8_0 keys: a group's 16 scores are exact integer sums, converted to floats in
-// registers and multiplied by the 16 key scales times the query block's scale. With
-// the query in floats, each key byte was converted to a float first: the avx512
-// kernel over Q8_0 keys and values (8 heads, 256 positions, Zen 5) ran at 62 G
-// multiply-adds/s, now 109 (with sum_quant's rows scaled once), and SmolLM2
-// prefilled 8,192 tokens 30 % faster; the query's quantization costs no perplexity
-// that shows (docs/sessions.md). Q4_0 keys meet the query in floats: each
-// group's 16 partial dot products, converted, times the 16 scales.
-// Either reads 53 % (Q8_0) or 28 % (Q4_0) of F16's bytes, which a decode step at long
-// context, bound by reading the cache, gains from.
+// them: a group's 16 scores are exact integer sums, converted to floats in registers
+// and multiplied by the 16 key scales times the query block's scale. With the query in
+// floats, each key was converted to floats first: the avx512 kernel over Q8_0 keys
+// and values (8 heads, 256 positions, Zen 5) ran at 62 G multiply-adds/s, now 109
+// (with sum_quant's rows scaled once), and SmolLM2 prefilled 8,192 tokens 30 % faster;
+// the query's quantization costs no perplexity that shows (docs/sessions.md).
+// Either type reads 53 % (Q8_0) or 28 % (Q4_0) of F16's bytes, which a decode step at
+// long context, bound by reading the cache, gains from.
 // A key block's bytes equal 16 rows', so positions map to memory by rows alone.
 //
 // Rotation. A quantized key or value is stored rotated: each block of n dimensions
@@ -134,8 +131,8 @@ inline void prefetch_run(const uint8_t *k, const uint8_t *v, int n_pos, int hd, 
 }
 
 // q: (n_q, hd) queries over the positions of the n_runs `runs`, stored as `types`;
-// q8: the same quantized (n_q × hd / 32 blocks of quantize_q8a), read for Q8_0 keys
-// alone. Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
+// q8: the same quantized (n_q × hd / 32 blocks of quantize_q8a), read for quantized
+// keys alone. Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
 // part (n_q). The fast kernel may read the unwritten rest of a run's last key block.
 // cold: whether the runs' memory is likely out of the caches (no call has just read
 // it). The avx512 kernel asks for it ahead of its reads only then (and the arm ones,
@@ -146,7 +143,7 @@ inline void prefetch_run(const uint8_t *k, const uint8_t *v, int n_pos, int hd, 
 void attend_range(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
                   float scale, float *out, AttnPartial *part, bool cold);
 // The reference: every key and value decoded to floats by its type's to_float
-// (quants.h), the dot products (with q8's values for Q8_0 keys) and sums in double;
+// (quants.h), the dot products (with q8's values for quantized keys) and sums in double;
 // it reads as it goes, cold or not.
 void attend_range_ref(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
                       KVTypes types, float scale, float *out, AttnPartial *part, bool cold);

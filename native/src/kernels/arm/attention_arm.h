@@ -40,70 +40,45 @@ inline void int8x8_f32(int8x8_t b, float32x4_t *lo, float32x4_t *hi) {
     *hi = vcvtq_f32_s32(vmovl_s16(vget_high_s16(w)));
 }
 
-// score_keys for a Q8_0 key block and the queries quantized alike (q8: hd / 32 blocks
-// a query): per 32 dimensions each 16-byte load is 4 dimensions of 4 positions
-// (attention.h), each query's 16 exact integer sums in 4 accumulators, then times the
-// positions' scales and the query block's scale into the dots.
-template <int C>
-inline void score_keys_q8_0(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, float (*scores)[kBlock],
-                            int at) {
+// score_keys for a Q8_0 or Q4_0 key block (T) and the queries quantized alike (q8: hd /
+// 32 blocks a query): per 32 dimensions each step takes 4 dimensions of the 16 positions
+// (attention.h), 16 bytes for 4 of them, Q8_0's bytes or Q4_0's nibbles (8 above their
+// values: a load's low ones dimensions 4a.., its high ones 16 + 4a..; 8 times the query
+// block's sum is taken back); each query's 16 exact integer sums in 4 accumulators, then
+// times the positions' scales and the query block's scale into the dots.
+template <int C, uint32_t T>
+inline void score_keys_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, float (*scores)[kBlock],
+                             int at) {
+    constexpr bool q8_0 = T == GGML_Q8_0;
     const int nb = hd / QK;
     float32x4_t dots[C][4];
     for (int g = 0; g < C; ++g)
         for (int i = 0; i < 4; ++i) dots[g][i] = vdupq_n_f32(0.0f);
     for (int c = 0; c < nb; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * 34, *qs = gb + 2 * kKeyBlock;
+        const uint8_t *gb = kb + c * kKeyBlock * kv_row_bytes(T, QK), *qs = gb + 2 * kKeyBlock;
         int32x4_t acc[C][4];
         for (int g = 0; g < C; ++g)
             for (int i = 0; i < 4; ++i) acc[g][i] = vdupq_n_s32(0);
-        for (int a = 0; a < QK / 4; ++a) {
+        for (int s = 0; s < QK / 4; ++s) { // dimensions 4 s .. 4 s + 3
             int8x16_t k4[4];
-            for (int i = 0; i < 4; ++i) k4[i] = load_s8(qs + a * 4 * kKeyBlock + 16 * i);
+            for (int i = 0; i < 4; ++i) {
+                const uint8x16_t b = load_u8(qs + (q8_0 ? s : s % 4) * 4 * kKeyBlock + 16 * i);
+                k4[i] = as_s8(q8_0 ? b : s < 4 ? vandq_u8(b, vdupq_n_u8(0x0f)) : vshrq_n_u8(b, 4));
+            }
             for (int g = 0; g < C; ++g) {
                 int32_t q4;
-                std::memcpy(&q4, q8[g * nb + c].qs + 4 * a, 4);
+                std::memcpy(&q4, q8[g * nb + c].qs + 4 * s, 4);
                 const int8x16_t qb = vreinterpretq_s8_s32(vdupq_n_s32(q4));
                 for (int i = 0; i < 4; ++i) acc[g][i] = dot16_by4(acc[g][i], k4[i], qb);
             }
         }
         const uint16_t *d = reinterpret_cast<const uint16_t *>(gb);
-        for (int i = 0; i < 4; ++i) {
-            const float32x4_t di = f16x4(d + 4 * i);
-            for (int g = 0; g < C; ++g)
-                dots[g][i] = vfmaq_f32(dots[g][i], vcvtq_f32_s32(acc[g][i]), vmulq_n_f32(di, q8[g * nb + c].d));
-        }
-    }
-    for (int g = 0; g < C; ++g)
-        for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], vmulq_n_f32(dots[g][i], scale));
-}
-
-// score_keys for a Q4_0 key block, the queries in floats: per 32 dimensions each
-// query's 16 partial dot products in 4 accumulators, each byte's nibbles dimensions j
-// and j + 16, less 8; then times the 16 positions' scales into the dots.
-template <int C>
-inline void score_keys_q4_0(const float *q, int hd, const uint8_t *kb, float scale, float (*scores)[kBlock], int at) {
-    float32x4_t dots[C][4];
-    for (int g = 0; g < C; ++g)
-        for (int i = 0; i < 4; ++i) dots[g][i] = vdupq_n_f32(0.0f);
-    for (int c = 0; c < hd / QK; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * 18;
-        float32x4_t acc[C][4];
-        for (int g = 0; g < C; ++g)
-            for (int i = 0; i < 4; ++i) acc[g][i] = vdupq_n_f32(0.0f);
-        for (int j = 0; j < QK; ++j) {
-            const uint8x16_t b = vld1q_u8(gb + 2 * kKeyBlock + (j % 16) * kKeyBlock);
-            const uint8x16_t u = j < 16 ? vandq_u8(b, vdupq_n_u8(0x0f)) : vshrq_n_u8(b, 4);
-            const int8x16_t k8 = vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8(8));
-            float32x4_t kd[4];
-            int8x8_f32(vget_low_s8(k8), &kd[0], &kd[1]);
-            int8x8_f32(vget_high_s8(k8), &kd[2], &kd[3]);
-            for (int g = 0; g < C; ++g)
-                for (int i = 0; i < 4; ++i) acc[g][i] = vfmaq_n_f32(acc[g][i], kd[i], q[g * hd + c * QK + j]);
-        }
-        const uint16_t *d = reinterpret_cast<const uint16_t *>(gb);
-        for (int i = 0; i < 4; ++i) {
-            const float32x4_t di = f16x4(d + 4 * i);
-            for (int g = 0; g < C; ++g) dots[g][i] = vfmaq_f32(dots[g][i], acc[g][i], di);
+        for (int g = 0; g < C; ++g) {
+            const BlockQ8A &b = q8[g * nb + c];
+            const int32x4_t taken = vdupq_n_s32(q8_0 ? 0 : 8 * b.sum);
+            for (int i = 0; i < 4; ++i)
+                dots[g][i] = vfmaq_f32(dots[g][i], vcvtq_f32_s32(vsubq_s32(acc[g][i], taken)),
+                                       vmulq_n_f32(f16x4(d + 4 * i), b.d));
         }
     }
     for (int g = 0; g < C; ++g)
@@ -115,8 +90,8 @@ template <int C>
 inline void score_call(const float *q, const BlockQ8A *q8, int g, int hd, const uint8_t *kb, uint32_t type,
                        float scale, float (*scores)[kBlock], int at) {
     if (type == GGML_F16) score_keys<C>(q + g * hd, hd, reinterpret_cast<const uint16_t *>(kb), scale, scores + g, at);
-    else if (type == GGML_Q8_0) score_keys_q8_0<C>(q8 + g * (hd / QK), hd, kb, scale, scores + g, at);
-    else score_keys_q4_0<C>(q + g * hd, hd, kb, scale, scores + g, at);
+    else if (type == GGML_Q8_0) score_keys_quant<C, GGML_Q8_0>(q8 + g * (hd / QK), hd, kb, scale, scores + g, at);
+    else score_keys_quant<C, GGML_Q4_0>(q8 + g * (hd / QK), hd, kb, scale, scores + g, at);
 }
 
 // Dimensions 8 s .. 8 s + 7 of a Q8_0 or Q4_0 value block (qs: its quants) as floats.

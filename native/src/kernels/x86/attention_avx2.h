@@ -69,76 +69,52 @@ __attribute__((noinline)) void score_block(const float *q, int hd, const uint8_t
     store_scores<C>(dots, scale, valid, scores);
 }
 
-// Scores of C query heads against a Q8_0 key block, the queries quantized alike (q8:
-// hd / 32 blocks a head): per 32 dimensions each load is 4 dimensions of 8 positions
-// (attention.h), summed exactly in one chain per head and half as u8 × s8 products, the
-// keys' magnitudes against the query with the keys' signs (so that vpmaddubsw's pairs of
-// products, at most 2 · 128 · 127, never saturate); then times the positions' scales
-// and the query block's scale into the dots. A head's bits never depend on C.
-template <int C>
-void score_block_q8_0(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, int valid, float *scores) {
+// Scores of C query heads against a Q8_0 or Q4_0 key block (T), the queries quantized
+// alike (q8: hd / 32 blocks a head): per 32 dimensions each step takes 4 dimensions of 8
+// positions (attention.h) and sums u8 × s8 products exactly, in one chain per head and
+// half. Q8_0: the keys' magnitudes against the query with the keys' signs (so that
+// vpmaddubsw's pairs of products, at most 2 · 128 · 127, never saturate). Q4_0: the
+// nibbles, 8 above their values (a load's low ones dimensions 4a.., its high ones
+// 16 + 4a..), against the query, and 8 times the query block's sum taken back. Then
+// times the positions' scales and the query block's scale into the dots. A head's bits
+// never depend on C.
+template <int C, uint32_t T>
+void score_block_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, int valid, float *scores) {
+    constexpr bool q8_0 = T == GGML_Q8_0;
     const int nb = hd / QK;
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
     __m256 dots[C][2];
     for (int g = 0; g < C; ++g) dots[g][0] = dots[g][1] = _mm256_setzero_ps();
     for (int c = 0; c < nb; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * 34, *qs = gb + 2 * kKeyBlock;
+        const uint8_t *gb = kb + c * kKeyBlock * kv_row_bytes(T, QK), *qs = gb + 2 * kKeyBlock;
         __m256i acc[C][2];
         for (int g = 0; g < C; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
-        for (int a = 0; a < QK / 4; ++a) {
-            const __m256i k0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + a * 4 * kKeyBlock));
-            const __m256i k1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs + a * 4 * kKeyBlock + 32));
-            const __m256i u0 = _mm256_abs_epi8(k0), u1 = _mm256_abs_epi8(k1);
+        for (int s = 0; s < QK / 4; ++s) { // dimensions 4 s .. 4 s + 3
+            const uint8_t *k4 = qs + (q8_0 ? s : s % 4) * 4 * kKeyBlock;
+            __m256i k[2] = {_mm256_loadu_si256(reinterpret_cast<const __m256i *>(k4)),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k4 + 32))};
+            __m256i u[2];
+            for (int h = 0; h < 2; ++h)
+                u[h] = q8_0 ? _mm256_abs_epi8(k[h])
+                            : _mm256_and_si256(s < 4 ? k[h] : _mm256_srli_epi16(k[h], 4), nibble);
             for (int g = 0; g < C; ++g) {
                 int32_t q4;
-                std::memcpy(&q4, q8[g * nb + c].qs + 4 * a, 4);
+                std::memcpy(&q4, q8[g * nb + c].qs + 4 * s, 4);
                 const __m256i qb = _mm256_set1_epi32(q4);
-                acc[g][0] = dot4_u8s8(acc[g][0], u0, _mm256_sign_epi8(qb, k0));
-                acc[g][1] = dot4_u8s8(acc[g][1], u1, _mm256_sign_epi8(qb, k1));
+                for (int h = 0; h < 2; ++h)
+                    acc[g][h] = dot4_u8s8(acc[g][h], u[h], q8_0 ? _mm256_sign_epi8(qb, k[h]) : qb);
             }
         }
         const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb)));
         const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 16)));
         for (int g = 0; g < C; ++g) {
-            const __m256 dq = _mm256_set1_ps(q8[g * nb + c].d);
-            dots[g][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[g][0]), _mm256_mul_ps(d0, dq), dots[g][0]);
-            dots[g][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[g][1]), _mm256_mul_ps(d1, dq), dots[g][1]);
-        }
-    }
-    store_scores<C>(dots, scale, valid, scores);
-}
-
-// Scores of C query heads against a Q4_0 key block (attention.h), the queries in
-// floats: per 32 dimensions each half's 8 partial dot products in one chain per head
-// (the heads' chains interleave), then times the 8 positions' scales into the dots. A
-// head's bits never depend on C.
-template <int C>
-void score_block_q4_0(const float *q, int hd, const uint8_t *kb, float scale, int valid, float *scores) {
-    const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-    __m256 dots[C][2];
-    for (int g = 0; g < C; ++g) dots[g][0] = dots[g][1] = _mm256_setzero_ps();
-    for (int c = 0; c < hd / QK; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * 18, *qs = gb + 2 * kKeyBlock;
-        __m256 acc[C][2];
-        for (int g = 0; g < C; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
-        const auto add = [&](int j, __m128i k16) { // dimension j of the 16 positions, as int8
-            const __m256 k0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(k16));
-            const __m256 k1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(k16, 8)));
-            for (int g = 0; g < C; ++g) {
-                const __m256 qd = _mm256_broadcast_ss(q + g * hd + c * QK + j);
-                acc[g][0] = _mm256_fmadd_ps(qd, k0, acc[g][0]);
-                acc[g][1] = _mm256_fmadd_ps(qd, k1, acc[g][1]);
-            }
-        };
-        for (int j = 0; j < QK / 2; ++j) {
-            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + j * kKeyBlock));
-            add(j, _mm_sub_epi8(_mm_and_si128(b, nibble), eight));
-            add(j + 16, _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), eight));
-        }
-        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb)));
-        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 16)));
-        for (int g = 0; g < C; ++g) {
-            dots[g][0] = _mm256_fmadd_ps(acc[g][0], d0, dots[g][0]);
-            dots[g][1] = _mm256_fmadd_ps(acc[g][1], d1, dots[g][1]);
+            const BlockQ8A &b = q8[g * nb + c];
+            const __m256 dq = _mm256_set1_ps(b.d);
+            const __m256i taken = _mm256_set1_epi32(q8_0 ? 0 : 8 * b.sum);
+            dots[g][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[g][0], taken)), _mm256_mul_ps(d0, dq),
+                                         dots[g][0]);
+            dots[g][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[g][1], taken)), _mm256_mul_ps(d1, dq),
+                                         dots[g][1]);
         }
     }
     store_scores<C>(dots, scale, valid, scores);
@@ -208,8 +184,8 @@ template <int C>
 void score_call(const float *q, const BlockQ8A *q8, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
                 float *scores) {
     if (type == GGML_F16) score_block<C>(q, hd, kb, scale, valid, scores);
-    else if (type == GGML_Q8_0) score_block_q8_0<C>(q8, hd, kb, scale, valid, scores);
-    else score_block_q4_0<C>(q, hd, kb, scale, valid, scores);
+    else if (type == GGML_Q8_0) score_block_quant<C, GGML_Q8_0>(q8, hd, kb, scale, valid, scores);
+    else score_block_quant<C, GGML_Q4_0>(q8, hd, kb, scale, valid, scores);
 }
 
 // Sixteen registers: the scores take heads at most three at a time (12 accumulators,

@@ -41,61 +41,46 @@ template <int G> void score_f16(const float *q, int n_q_, int hd, const uint8_t 
     for (int g = 0; g < n_q; ++g) dots[g] = _mm512_add_ps(acc[g][0], acc[g][1]);
 }
 
-// Q8_0 keys against the queries quantized alike (q8: hd / 32 blocks a head): per 32
-// dimensions each load is 4 dimensions of the 16 positions (attention.h), offset by 128
-// into vpdpbusd's unsigned operand (the query's 128 × sum is taken back after), summed
-// exactly in two chains per head; then times the 16 key scales and the query block's
-// scale into the scores.
-template <int G> void score_q8_0(const BlockQ8A *q8, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
+// Q8_0 or Q4_0 keys (T) against the queries quantized alike (q8: hd / 32 blocks a head),
+// per 32 dimensions: each step takes 4 dimensions of the 16 positions (attention.h) as
+// vpdpbusd's unsigned operand, Q8_0's bytes offset by 128, Q4_0's nibbles (8 above their
+// values; a load's low ones dimensions 4a.., its high ones 16 + 4a..), sums them exactly
+// in two chains per head and takes the offset times the query block's sum back; then
+// times the 16 key scales and the query block's scale into the scores.
+template <int G, uint32_t T>
+void score_quant(const BlockQ8A *q8, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
+    constexpr bool q8_0 = T == GGML_Q8_0;
+    constexpr int32_t offset = q8_0 ? 128 : 8;
     const int n_q = G > 0 ? G : n_q_, nb = hd / QK;
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), nibble = _mm512_set1_epi8(0x0f);
     for (int g = 0; g < n_q; ++g) dots[g] = _mm512_setzero_ps();
     for (int c = 0; c < nb; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * 34;
+        const uint8_t *gb = kb + c * kKeyBlock * kv_row_bytes(T, QK), *qs = gb + 2 * kKeyBlock;
         __m512i acc[kMaxGroup][2];
         for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_si512();
         for (int a = 0; a < QK / 4; a += 2)
-            for (int h = 0; h < 2; ++h) {
-                const uint8_t *k4 = gb + 2 * kKeyBlock + (a + h) * 4 * kKeyBlock;
-                const __m512i k = _mm512_xor_si512(_mm512_loadu_si512(k4), flip);
+            for (int h = 0; h < 2; ++h) { // dimensions 4 (a + h) .. 4 (a + h) + 3
+                const int s = a + h;
+                __m512i k;
+                if constexpr (q8_0) {
+                    k = _mm512_xor_si512(_mm512_loadu_si512(qs + s * 4 * kKeyBlock), flip);
+                } else {
+                    const __m512i b = _mm512_loadu_si512(qs + s % 4 * 4 * kKeyBlock);
+                    k = _mm512_and_si512(s < 4 ? b : _mm512_srli_epi16(b, 4), nibble);
+                }
                 for (int g = 0; g < n_q; ++g) {
                     int32_t q4;
-                    std::memcpy(&q4, q8[g * nb + c].qs + 4 * (a + h), 4);
+                    std::memcpy(&q4, q8[g * nb + c].qs + 4 * s, 4);
                     acc[g][h] = _mm512_dpbusd_epi32(acc[g][h], k, _mm512_set1_epi32(q4));
                 }
             }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(gb)));
         for (int g = 0; g < n_q; ++g) {
             const BlockQ8A &b = q8[g * nb + c];
-            const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(acc[g][0], acc[g][1]), _mm512_set1_epi32(128 * b.sum));
+            const __m512i sum =
+                _mm512_sub_epi32(_mm512_add_epi32(acc[g][0], acc[g][1]), _mm512_set1_epi32(offset * b.sum));
             dots[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(b.d)), dots[g]);
         }
-    }
-}
-
-// Q4_0 keys against the queries in floats, per 32 dimensions: each load's low nibbles
-// dimension j and high ones j + 16, each less 8, in a chain each; the 16 partial dot
-// products times their 16 scales into the scores.
-template <int G> void score_q4_0(const float *q, int n_q_, int hd, const uint8_t *kb, __m512 *dots) {
-    const int n_q = G > 0 ? G : n_q_;
-    const __m128i nibble = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
-    for (int g = 0; g < n_q; ++g) dots[g] = _mm512_setzero_ps();
-    for (int c = 0; c < hd / QK; ++c) {
-        const uint8_t *gb = kb + c * kKeyBlock * 18;
-        __m512 acc[kMaxGroup][2];
-        for (int g = 0; g < n_q; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
-        for (int j = 0; j < QK / 2; ++j) {
-            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(gb + 2 * kKeyBlock + j * kKeyBlock));
-            const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(b, nibble), eight)));
-            const __m512 hi = _mm512_cvtepi32_ps(
-                _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), nibble), eight)));
-            for (int g = 0; g < n_q; ++g) {
-                acc[g][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + c * QK + j]), lo, acc[g][0]);
-                acc[g][1] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + c * QK + j + 16]), hi, acc[g][1]);
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(gb)));
-        for (int g = 0; g < n_q; ++g) dots[g] = _mm512_fmadd_ps(_mm512_add_ps(acc[g][0], acc[g][1]), d, dots[g]);
     }
 }
 
@@ -208,8 +193,8 @@ void attend(const float *q, const BlockQ8A *q8, int n_q_, const AttnRun *runs, i
                         _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
                 }
                 __m512 dots[kMaxGroup];
-                if (types.k == GGML_Q8_0) score_q8_0<G>(q8, n_q, hd, kb, dots);
-                else if (types.k == GGML_Q4_0) score_q4_0<G>(q, n_q, hd, kb, dots);
+                if (types.k == GGML_Q8_0) score_quant<G, GGML_Q8_0>(q8, n_q, hd, kb, dots);
+                else if (types.k == GGML_Q4_0) score_quant<G, GGML_Q4_0>(q8, n_q, hd, kb, dots);
                 else score_f16<G>(q, n_q, hd, kb, dots);
                 // Positions past the range (the block's unwritten rest) score -inf.
                 const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kKeyBlock, len - i0)) - 1);
