@@ -241,7 +241,8 @@ void attend(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, in
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
                 const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
                 const uintptr_t ahead_k = reinterpret_cast<uintptr_t>(kb) + kAttnPrefetch;
-                const uintptr_t ahead_v = reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
+                const uintptr_t ahead_v =
+                    reinterpret_cast<uintptr_t>(v + static_cast<size_t>(p0 + i0) * v_row) + kAttnPrefetch;
                 for (size_t at = 0; at < kKeyBlock * k_row; at += 64)
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
                 for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
