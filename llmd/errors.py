@@ -195,12 +195,6 @@ def method_not_allowed(allowed: Iterable[str]) -> ApiError:
                     None, "method_not_allowed", {"Allow": methods})
 
 
-def payload_too_large(limit: int) -> ApiError:
-    """413: the request body is larger than `limit` bytes."""
-    return ApiError(413, f"Request body exceeds the limit of {limit} bytes.",
-                    "invalid_request_error", None, "payload_too_large")
-
-
 def capacity_exhausted(retry_after: int = 1,
                        message: str = "All session slots are in use; retry later.") -> ApiError:
     """429 capacity_error with `Retry-After` (whole seconds, at least 0)."""

@@ -45,7 +45,6 @@ def test_api_error_is_an_exception_with_its_message():
     (errors.model_not_found("gpt-9"), (404, "not_found_error", "model", "model_not_found")),
     (errors.session_not_found("s1"), (404, "not_found_error", "session_id", "session_not_found")),
     (errors.method_not_allowed(["GET"]), (405, "invalid_request_error", None, "method_not_allowed")),
-    (errors.payload_too_large(1024), (413, "invalid_request_error", None, "payload_too_large")),
     (errors.capacity_exhausted(), (429, "capacity_error", None, "capacity_exhausted")),
     (errors.unavailable(), (503, "unavailable_error", None, "unavailable")),
     (errors.server_error(), (500, "server_error", None, "server_error")),
@@ -83,10 +82,6 @@ def test_capacity_exhausted_sets_retry_after_in_whole_seconds():
 def test_unavailable_has_retry_after_only_when_given():
     assert errors.unavailable().headers == {}
     assert errors.unavailable("loading", retry_after=5).headers == {"Retry-After": "5"}
-
-
-def test_payload_too_large_names_the_limit():
-    assert "1048576" in errors.payload_too_large(1048576).message
 
 
 def test_as_api_error_passes_api_errors_through():
