@@ -234,7 +234,9 @@ async def parse(parser: Callable[[bytes], T], body: bytes) -> T:
     return await asyncio.to_thread(parser, body)
 
 
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A string, or an unterminated one to the end: a match that could fail would be retried
+# from every later quote, quadratic in an unclosed run of escaped quotes.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKET = re.compile(r'[^\[\]{}]+')
 _MAYBE_SURROGATE = re.compile(r'\\u[dD][89a-fA-F]')
 

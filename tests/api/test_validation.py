@@ -4,9 +4,9 @@ import pytest
 
 from llmd.api.chat_completions import parse_chat_request
 from llmd.api.completions import parse_completion_request
-from llmd.api.validation import (MAX_DEPTH, ChatRequest, CompletionRequest, DetokenizeRequest, Message,
-                                 ResponseFormat, Sampling, Speculative, Tool, ToolCall, check_token_ids, check_vocab,
-                                 parse_detokenize_request, parse_json_object, parse_tokenize_request)
+from llmd.api.validation import (_JSON_STRING, MAX_DEPTH, ChatRequest, CompletionRequest, DetokenizeRequest,
+                                 Message, ResponseFormat, Sampling, Speculative, Tool, ToolCall, check_token_ids,
+                                 check_vocab, parse_detokenize_request, parse_json_object, parse_tokenize_request)
 from llmd.errors import ApiError
 
 USER = [{"role": "user", "content": "hi"}]
@@ -124,6 +124,15 @@ def test_very_deep_nesting_is_refused_without_recursion_error():
 def test_brackets_inside_strings_do_not_count_as_nesting():
     text = "[" * 500 + '\\"{' * 100
     assert parse_json_object(json.dumps({"content": text}).encode()) == {"content": text}
+
+
+@pytest.mark.parametrize("tail", ['"' + '\\"' * 4000, '"' + '\\"' * 4000 + "\\", '"' + '[\\"{' * 4000])
+def test_an_unterminated_string_is_read_once_not_from_each_quote(tail):
+    # The nesting check's string pattern matches from any quote to the end, so it is
+    # never retried from each later quote (quadratic: a 68 KB body held the event loop
+    # for 12 s); json.loads then refuses the body.
+    assert _JSON_STRING.match(tail).end() == len(tail)
+    assert refused(parse_json_object, ('{"a": ' + "[" * 70 + tail).encode()).code == "invalid_json"
 
 
 def test_lone_surrogate_escape_is_refused():
