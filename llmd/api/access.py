@@ -93,7 +93,7 @@ class Guard:
                 "NAME to serve it (or with --api-key).", "host_not_allowed")
         origin = request.headers.get("origin")
         if (origin is not None and request.method in _UNSAFE_METHODS and cors_origin is None
-                and urlsplit(origin).netloc.lower() != (host or "").lower()):
+                and _netloc(origin) != (host or "").lower()):
             return errors.forbidden(
                 f"requests from pages of {origin} are not allowed; start llmd with "
                 "--cors-origin to allow them", "origin_not_allowed")
@@ -173,3 +173,12 @@ def exposure_warning(host: str, policy: AccessPolicy) -> str | None:
     return (f"listening on {host}, which other machines can reach, with no API key: anyone "
             "who can connect may use the model and read or delete sessions. "
             "Pass --api-key (or LLMD_API_KEY), or bind 127.0.0.1.")
+
+
+def _netloc(origin: str) -> str | None:
+    """An Origin's host and port, lowercased; None for one that is not a URL (an
+    unclosed IPv6 bracket, say), which matches no host."""
+    try:
+        return urlsplit(origin).netloc.lower()
+    except ValueError:
+        return None

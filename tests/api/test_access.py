@@ -244,6 +244,12 @@ def test_a_page_from_another_origin_cannot_reset_or_drive_a_session(keyless):
     assert same_origin.status == 200  # the status page's own requests
 
 
+@pytest.mark.parametrize("origin", ["http://[::1", "http://[", "https://[v1.x]:99999"])
+def test_an_origin_that_is_not_a_url_is_refused_not_failed(keyless, origin):
+    resp = keyless.request("DELETE", "/v1/sessions/mine", headers={"Origin": origin})
+    assert resp.status == 403 and resp.json()["error"]["code"] == "origin_not_allowed"
+
+
 def test_a_body_not_declared_as_json_is_415(keyless):
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
         resp = keyless.request("POST", "/v1/sessions/x/reset", json.dumps(chat_body()).encode(),
