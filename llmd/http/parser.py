@@ -315,6 +315,9 @@ class RequestParser:
         hosts = h.get_all("host")
         if len(hosts) > 1 or (version == "1.1" and not hosts):
             raise _Reject(400, "a request needs exactly one Host header")
+        if not target.startswith("/") and target != "*":
+            # absolute-form: its authority is the host, whatever Host says (RFC 9112 3.2.2)
+            h = Headers([(n, v) for n, v in h if n != "host"] + [("host", urlsplit(target).netloc)])
         length = 0
         if te:
             if version == "1.0":

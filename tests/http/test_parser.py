@@ -414,3 +414,8 @@ def test_an_absolute_target_that_is_not_a_url_is_400(target):
 def test_an_absolute_target_that_is_a_url_is_accepted():
     request = parse(b"GET http://[::1]:8000/v1/models?x=1 HTTP/1.1\r\nHost: h\r\n\r\n")[0]
     assert isinstance(request, Request) and request.target == "http://[::1]:8000/v1/models?x=1"
+
+
+def test_an_absolute_target_names_the_host_whatever_host_says():
+    request = parse(b"GET http://evil.example/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: 1\r\n\r\n")[0]
+    assert request.headers.get_all("host") == ["evil.example"] and request.headers.get("x-a") == "1"
