@@ -465,9 +465,11 @@ class SchemaCompiler:
             hi_i = None if hi is None else (math.ceil(hi) - 1 if hi_strict else math.floor(hi))
             if lo_i is not None and hi_i is not None and lo_i > hi_i:
                 raise _bad(f"no integer lies between the bounds{where}")
+            _check_writable(lo_i, lo_strict, hi_i, hi_strict, where)
             return int_range(lo_i, hi_i)
         if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_strict or hi_strict))):
             raise _bad(f"no number lies between the bounds{where}")
+        _check_writable(lo, lo_strict, hi, hi_strict, where)
         return number_range(None if lo is None else int(lo), lo_strict,
                             None if hi is None else int(hi), hi_strict)
 
@@ -538,6 +540,16 @@ class SchemaCompiler:
         item = self.compile(items, f"{path}.items")
         body = seq(item, repeat(seq(self.comma, item), max(lo - 1, 0), None if hi is None else hi - 1))
         return seq(lit("["), self.ws, body if lo > 0 else opt(body), self.ws, lit("]"))
+
+
+def _check_writable(lo: float | None, lo_strict: bool, hi: float | None, hi_strict: bool, where: str) -> None:
+    """Refuse bounds that leave no number of at most MAX_DIGITS integer digits."""
+    limit = 10 ** MAX_DIGITS
+    for key, bound, out in (("exclusiveMinimum" if lo_strict else "minimum", lo, lo is not None and lo >= limit),
+                            ("exclusiveMaximum" if hi_strict else "maximum", hi, hi is not None and hi <= -limit)):
+        if out:
+            raise SchemaError(f"'{key}' {bound:g}{where} is not supported: numbers are written with at most "
+                              f"{MAX_DIGITS} integer digits", key)
 
 
 def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[float | None, bool]:

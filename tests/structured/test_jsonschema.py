@@ -135,6 +135,13 @@ def test_integer_bounds_of_a_schema_include_exclusive_and_fractional_ones():
     assert [ok(str(v)) for v in (0, 1, 9, 10)] == [False, True, True, False]
 
 
+def test_bounds_at_the_largest_written_magnitude_are_kept():
+    top = 10 ** 16 - 1  # 16 integer digits, the most a number is written with
+    assert grammar_of({"type": "integer", "minimum": top})(str(top))
+    assert grammar_of({"type": "number", "exclusiveMinimum": top})(f"{top}.5")
+    assert grammar_of({"type": "integer", "maximum": -top})(str(-top))
+
+
 @pytest.mark.parametrize("lo, lo_strict, hi, hi_strict", [
     (0, False, 1, False), (0, True, None, False), (-2, False, 3, True), (None, False, -1, True),
     (-5, True, -2, False), (0, True, 1, True)])
@@ -204,6 +211,10 @@ def test_annotations_are_ignored():
     ({"allOf": [{"type": "string"}, {"maxLength": 3}]}, "allOf"),
     ({"type": "number", "minimum": 0.5}, "minimum"),
     ({"type": "array", "items": [{"type": "string"}]}, "items"),
+    ({"type": "integer", "minimum": 10 ** 16}, "minimum"),  # beyond 16 integer digits
+    ({"type": "number", "exclusiveMinimum": 1e300}, "exclusiveMinimum"),
+    ({"type": "integer", "maximum": -1e17}, "maximum"),
+    ({"type": "number", "maximum": -10 ** 20}, "maximum"),
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}, "pattern"),
     ({"anyOf": [{}], "type": "string"}, "type"),
 ])
