@@ -419,8 +419,9 @@ def parse_sampling(body: dict) -> Sampling:
         seed=integer("seed", -2**63, 2**63 - 1),
         presence_penalty=number("presence_penalty", -2, 2),
         frequency_penalty=number("frequency_penalty", -2, 2),
-        # > 0 because it divides logits; 1e9 only keeps float() of a huge int away
-        repetition_penalty=number("repetition_penalty", 0, 1e9, lo_open=True),
+        # it divides logits, as the engine's 32-bit float: 1e-6 keeps it from rounding to 0
+        # there; 1e9 only keeps float() of a huge int away
+        repetition_penalty=number("repetition_penalty", 1e-6, 1e9),
         logit_bias=parse_logit_bias(body.get("logit_bias")),
     )
 

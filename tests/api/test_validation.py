@@ -351,7 +351,7 @@ def test_message_name_is_kept_and_type_checked():
     ("min_p", [0, 1, 0.05], [-0.01, 1.5]),
     ("presence_penalty", [-2, 2, 0.5], [-2.01, 2.01]),
     ("frequency_penalty", [-2, 2, -1.5], [-2.5, 2.000001]),
-    ("repetition_penalty", [0.0001, 1, 1.3], [0, -1]),
+    ("repetition_penalty", [1e-6, 0.0001, 1, 1.3, 1e9], [0, -1, 1e-300, 9.9e-7, 1.0001e9]),
 ])
 def test_number_ranges_are_inclusive_at_the_bounds(param, ok, bad):
     for v in ok:

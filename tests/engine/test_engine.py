@@ -184,6 +184,30 @@ def test_banning_the_greedy_token_picks_the_runner_up(engine, session):
     assert tok.id == runner_up != best
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-45])  # the last a subnormal float
+def test_a_vanishing_temperature_samples_the_greedy_tokens(engine, temperature):
+    prompt = engine.tokenize(PROMPT)
+    assert run(engine, prompt, 16, Sampling(temperature=temperature, seed=3)) == run(engine, prompt, 16)
+
+
+def test_a_vanishing_repetition_penalty_draws_among_the_ids_it_favours(engine, session):
+    # A positive logit of a recent id divided by 1e-40 overflows a float: the ids it
+    # favours are held at the largest float and share the draw (an infinity made every
+    # weight NaN, and the draw fell through to the last id of the vocabulary).
+    prompt = engine.tokenize(PROMPT)
+    bias = {prompt[1]: 30.0}  # one recent id surely positive
+    session.prefill(prompt)
+    logits = session.logits()
+    favoured = {t for t in prompt if logits[t] + bias.get(t, 0.0) > 0}
+    drawn = set()
+    for seed in range(8):
+        session.reset()
+        session.set_sampling(Sampling(temperature=1.0, seed=seed, repeat_penalty=1e-40, logit_bias=bias))
+        session.prefill(prompt)
+        drawn.add(session.decode_one().id)
+    assert drawn <= favoured and len(drawn) > 1
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_bias_of_minus_inf_on_all_but_one_token_forces_it(engine, tiny_model, temperature):
     forced = tiny_model.endoftext_id

@@ -4,6 +4,7 @@
 #include "decode/grammar.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 namespace llmd {
@@ -71,7 +72,9 @@ void Sampler::adjust(float *logits, const std::vector<int32_t> &history) {
         seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
         for (const int32_t id : seen) {
             float &l = logits[id];
-            l = l > 0.0f ? l / params_.repeat_penalty : l * params_.repeat_penalty;
+            // A tiny penalty may overflow the quotient: held at the largest float, the
+            // ids it favours stay finite and share the draw (an infinity would make it NaN).
+            l = l > 0.0f ? std::min(l / params_.repeat_penalty, FLT_MAX) : l * params_.repeat_penalty;
         }
     }
     for (const auto &[id, count] : generated_)
@@ -138,20 +141,21 @@ int32_t Sampler::pick_constrained(float *logits, int n_vocab, GrammarMatcher &gr
 }
 
 int32_t Sampler::draw(const float *logits, int n_vocab) {
-    // Each candidate is (weight, id); weights start as tempered logits.
+    // Each candidate is (weight, id); weights start as tempered logits less the best one's,
+    // (logit - best) / temperature: the best is 0 however small the temperature, where
+    // logit / temperature overflowed to infinity below about 1e-37 and made every weight NaN.
     auto heavier = [](const auto &a, const auto &b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+    const float best = *std::max_element(logits, logits + n_vocab);
     candidates_.clear();
     for (int32_t i = 0; i < n_vocab; ++i)
-        if (logits[i] > -INFINITY) candidates_.emplace_back(logits[i] / params_.temperature, i);
+        if (logits[i] > -INFINITY) candidates_.emplace_back((logits[i] - best) / params_.temperature, i);
     if (candidates_.empty()) candidates_.emplace_back(0.0f, 0); // everything banned: fall back to id 0
     if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < candidates_.size()) {
         std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k - 1, candidates_.end(), heavier);
         candidates_.resize(params_.top_k);
     }
-    float max_logit = -INFINITY;
-    for (const auto &c : candidates_) max_logit = std::max(max_logit, c.first);
     double total = 0.0;
-    for (auto &c : candidates_) total += (c.first = std::exp(c.first - max_logit)); // the best weighs 1
+    for (auto &c : candidates_) total += (c.first = std::exp(c.first)); // the best weighs 1
     if (params_.top_p < 1.0f) {
         // Sort only as far as the nucleus reaches: most mass sits in a few hundred ids.
         size_t sorted = std::min<size_t>(candidates_.size(), 256), n = 0;
