@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
+from urllib.parse import unquote
 
 from llmd import errors
 from llmd.api import anthropic, embeddings, validation
@@ -129,7 +130,7 @@ class Api:
             (re.compile(r"/metrics"), {"GET": self.metrics_text}),
             (re.compile(r"/health"), {"GET": self.health}),
             (re.compile(r"(?:/v1)?/models"), {"GET": self.models}),
-            (re.compile(r"(?:/v1)?/models/(?P<model>[^/]+)"), {"GET": self.model}),
+            (re.compile(r"(?:/v1)?/models/(?P<model>.+)"), {"GET": self.model}),  # ids may hold "/"
             (re.compile(r"(?:/v1)?/chat/completions"), {"POST": self.chat_completions}),
             (re.compile(r"(?:/v1)?/completions"), {"POST": self.completions}),
             (re.compile(r"(?:/v1)?/responses"), {"POST": self.create_response}),
@@ -162,7 +163,8 @@ class Api:
                 handler = methods.get(method)
                 if handler is None:
                     raise errors.method_not_allowed(sorted(methods) + (["HEAD"] if "GET" in methods else []))
-                response = await handler(request, **m.groupdict())
+                # A path's parameters percent-decoded: a session id may hold "/", "?" or "%"
+                response = await handler(request, **{k: unquote(v) for k, v in m.groupdict().items()})
                 return response
             raise errors.not_found(f"no route for {request.path}")
         except ApiError as err:

@@ -21,7 +21,8 @@ MODEL = "SmolLM2-135M-Instruct"
 
 @pytest.fixture(scope="module")
 def server():
-    with running_llmd("--max-sessions", "3", "--ctx", "256", "--model-alias", "smol") as url:
+    aliases = ("--model-alias", "smol", "--model-alias", "org/smol")
+    with running_llmd("--max-sessions", "3", "--ctx", "256", *aliases) as url:
         yield Client(url + "/v1", model=MODEL)
 
 
@@ -37,6 +38,12 @@ def test_health_is_ok_once_loaded(server):
 def test_model_alias_is_accepted(server):
     assert server.post_json("/chat/completions", {**server.chat_body([{"role": "user", "content": "Hi"}]),
                                                   "model": "smol", "max_tokens": 1}).status == 200
+
+
+@pytest.mark.parametrize("path", ["/models/org/smol", "/models/org%2Fsmol"])
+def test_a_model_id_with_a_slash_is_found_as_sent_or_percent_encoded(server, path):
+    resp = server.request("GET", path)  # the openai client puts the id in the path as it is
+    assert resp.status == 200 and resp.json()["id"] == "org/smol"
 
 
 def test_unknown_model_lists_the_served_ids(server):

@@ -1,6 +1,7 @@
 """Named sessions through HTTP on the default model: routing, admission, eviction,
 the session routes, ordering, isolation and warm resume."""
 import concurrent.futures
+from urllib.parse import quote
 
 import pytest
 
@@ -29,7 +30,7 @@ def session_ids(client: Client) -> set[str]:
 
 def delete_all(client: Client) -> None:
     for sid in session_ids(client):
-        assert client.request("DELETE", f"/sessions/{sid}").status == 200
+        assert client.request("DELETE", f"/sessions/{quote(sid, safe='')}").status == 200
 
 
 def test_body_session_id_wins_over_headers(server):
@@ -90,6 +91,17 @@ def test_session_routes_list_get_reset_delete(server):
     missing = server.get_json("/sessions/s1")
     assert missing.status == 404 and missing.json()["error"]["code"] == "session_not_found"
     assert server.request("POST", "/sessions/nope/reset").status == 200
+
+
+@pytest.mark.parametrize("sid", ["team/alice", "a?b#c", "100%", "x/reset"])
+def test_the_session_routes_reach_an_id_of_any_printable_characters_percent_encoded(server, sid):
+    delete_all(server)
+    assert chat(server, "Hello", {"X-Session-ID": sid}, max_tokens=2).status == 200
+    path = f"/sessions/{quote(sid, safe='')}"
+    assert server.get_json(path).json()["id"] == sid
+    assert server.request("POST", path + "/reset").json()["reset"] is True
+    assert server.request("DELETE", path).json()["deleted"] is True
+    assert session_ids(server) == set()
 
 
 def test_warm_resume_reuses_the_previous_turns(server):
