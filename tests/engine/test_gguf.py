@@ -26,7 +26,7 @@ from tests.support.gguf_writer import (
     ARRAY, BOOL, F32, F64, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_XS, GGML_Q2_K, GGML_Q3_K, GGML_Q4_0,
     GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, I8, I16, I32, I64, STRING,
     TYPE_NAMES,
-    U8, U16, U32, U64, GGUFWriter, build_tiny_llama, encode_array_header, encode_f32,
+    U8, U16, U32, U64, GGUFWriter, build_tiny_gpt_oss, build_tiny_llama, encode_array_header, encode_f32,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -648,6 +648,23 @@ def test_huge_block_count_fails_by_naming_the_missing_layer(tmp_path):
     [result] = load_in_child([w.write(tmp_path / "layers.gguf")])
     assert result["kind"] == "error", result
     assert "blk.1." in result["message"] or "block_count" in result["message"], result
+
+
+def test_a_head_count_whose_width_wraps_an_int_is_refused(tmp_path):
+    # 2^28 + 2 heads of 16 dimensions: 2^32 + 32, which as an int wraps to the tensors' 32
+    w = small()
+    w.set("llama.attention.head_count", U32, (1 << 28) + 2)
+    w.set("llama.attention.key_length", U32, 16)
+    [result] = load_in_child([w.write(tmp_path / "heads.gguf")], probe=True)
+    assert result["kind"] == "error" and "head_count" in result["message"], result
+
+
+def test_a_feed_forward_length_no_tensor_has_sizes_nothing(tmp_path):
+    # gpt-oss routes every block to experts: its dense width is checked against no tensor
+    w = build_tiny_gpt_oss(n_ctx=64)
+    w.set("gpt-oss.feed_forward_length", U32, 1 << 30)
+    [result] = load_in_child([w.write(tmp_path / "ff.gguf")], probe=True)  # within 1 GiB
+    assert result["kind"] == "ok" and "probe_error" not in result, result
 
 
 _MANY_HEADS = textwrap.dedent("""

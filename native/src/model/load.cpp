@@ -19,6 +19,11 @@ namespace llmd {
 
 namespace {
 
+// The widest a layer's heads may be together (q_dim, kv_dim, a recurrent mixer's inner
+// size), ten times any model's: hyperparameters multiply as ints, and no product of
+// them may wrap around (a wrapped one could match the tensors and size nothing right).
+constexpr int64_t kMaxWidth = 1 << 18;
+
 // Whether tensor t has shape ne, as ggml counts dimensions: trailing dimensions of 1
 // may be left out of the file (a [n, 1] matrix is written as [n]).
 bool shaped(const GGUFTensor *t, std::initializer_list<int64_t> ne) {
@@ -485,7 +490,8 @@ void Binder::delta_net_hparams(HParams &hp) {
     dn.k_heads = get_int(prefix + "ssm.group_count", 0, true);
     if (!error->empty()) return;
     if (hp.conv_len < 2 || hp.conv_len > 64 || dn.head_dim < 1 || dn.head_dim > 1024 || dn.v_heads < 1 ||
-        dn.k_heads < 1 || dn.v_heads % dn.k_heads != 0 || inner != dn.v_heads * dn.head_dim) {
+        dn.k_heads < 1 || dn.v_heads % dn.k_heads != 0 || inner > kMaxWidth ||
+        inner != static_cast<int64_t>(dn.v_heads) * dn.head_dim) {
         fail("model Gated DeltaNet dimensions (ssm.*) are inconsistent");
         return;
     }
@@ -565,7 +571,8 @@ void Binder::mamba2_hparams(HParams &hp) {
     mb.groups = get_int(prefix + "ssm.group_count", 0, true);
     if (!error->empty()) return;
     if (hp.conv_len < 2 || hp.conv_len > 64 || mb.d_state < 1 || mb.d_state > 1024 || mb.heads < 1 ||
-        inner % mb.heads != 0 || inner / mb.heads > 1024 || mb.groups < 1 || mb.heads % mb.groups != 0) {
+        inner > kMaxWidth || inner % mb.heads != 0 || inner / mb.heads > 1024 || mb.groups < 1 ||
+        mb.heads % mb.groups != 0) {
         fail("model Mamba-2 dimensions (ssm.*) are inconsistent");
         return;
     }
@@ -823,6 +830,11 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
         *error = "model head or RoPE dimensions are inconsistent";
         return nullptr;
     }
+    if (static_cast<int64_t>(hp.n_head) * hp.head_dim > kMaxWidth) {
+        *error = "model " + p + "attention.head_count = " + std::to_string(hp.n_head) + " of " +
+                 std::to_string(hp.head_dim) + " dimensions is wider than " + std::to_string(kMaxWidth);
+        return nullptr;
+    }
     if (!(hp.rope_base > 0.0f) || !(hp.norm_eps > 0.0f) || !std::isfinite(hp.rope_base)) {
         *error = "model RoPE base or norm epsilon is invalid";
         return nullptr;
@@ -854,6 +866,12 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     model->nextn.resize(hp.n_layer_nextn);
     arch.bind(b, *model);
     if (!error->empty()) return nullptr;
+    // feed_forward_length sizes the dense FFN's buffers: where every block routes to experts
+    // no tensor checks it, and it sizes nothing (2^30 made 8 GiB of buffers).
+    const auto dense = [](const LayerWeights &L) { return L.w_down.data != nullptr; };
+    if (std::none_of(model->layers.begin(), model->layers.end(), dense) &&
+        std::none_of(model->nextn.begin(), model->nextn.end(), [&](const NextNWeights &n) { return dense(n.block); }))
+        hp.n_ff = 0;
     if (model->output_norm == nullptr) {
         *error = "model lacks tensor output_norm.weight";
         return nullptr;
