@@ -242,6 +242,16 @@ def test_data_nested_too_deeply_is_an_error_not_a_crash():
         Template("{{ m }}").render_parts({}, {"m": deep})
 
 
+@pytest.mark.parametrize("first, more", [("1", " + 1"), ("'a'", " ~ 'a'"), ("x", " and x"), ("x", " | trim"),
+                                         ("x", ".y")])
+def test_a_flat_chain_deeper_than_the_nesting_limit_is_refused_when_parsed(first, more):
+    # A chain parses in a loop but nests as deep; walked (the variables a template reads)
+    # or rendered, a thousand terms ran out of Python's stack (RecursionError).
+    with pytest.raises(TemplateSyntaxError, match="levels deep"):
+        Template("{{ " + first + more * 999 + " }}")
+    assert Template("{{ " + " + ".join(["1"] * 150) + " }}").render({}) == "150"
+
+
 def test_render_parts_marks_every_character_from_data():
     t = Template("{{ '<|im_start|>' + m.role + '\\n' + m.content | trim + '<|im_end|>' }}"
                  "{% for w in m.content.split(' ') %}[{{ w }}]{% endfor %}{{ m.content | tojson }}")

@@ -568,6 +568,19 @@ class _Ctx:
             self.frames, self.out = saved_frames, saved_out
 
 
+def _nesting(tree: Any) -> int:
+    """How many levels (nodes and lists) a parsed body has, counted without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        t, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(t, (list, tuple)):
+            stack.extend((x, level + 1) for x in t)
+        elif isinstance(t, _Node):
+            stack.extend((v, level + 1) for v in vars(t).values() if isinstance(v, (list, tuple, _Node)))
+    return deepest
+
+
 def _nodes(tree: Any) -> Iterable[_Node]:
     """Every node of a parsed body, depth first."""
     if isinstance(tree, (list, tuple)):

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from llmd.prompt.jinja.filters import FILTERS, TESTS
 from llmd.prompt.jinja.lexer import _lex
 from llmd.prompt.jinja.parser import _StatementParser
-from llmd.prompt.jinja.runtime import (_Const, _Ctx, _Data, _Filter, _For, _LoopControl, _Name, _nodes, _Set,
+from llmd.prompt.jinja.runtime import (_Const, _Ctx, _Data, _Filter, _For, _LoopControl, _Name, _nesting, _nodes, _Set,
                                        _Test)
 from llmd.prompt.jinja import values  # the limits, read at each check (tests lower them)
 from llmd.prompt.jinja.values import (as_data, _Builtin, _join, Namespace, _spans, TemplateRaised,
@@ -29,6 +29,10 @@ class Template:
             self.body = _StatementParser(toks).template()
         except RecursionError:
             raise TemplateSyntaxError("the template nests expressions too deeply") from None
+        # A flat chain (a + b + ... of a thousand terms) parses in a loop, yet nests as deep:
+        # every walk of the tree, and the rendering, would recurse that far.
+        if _nesting(self.body) > values.MAX_NESTING:
+            raise TemplateSyntaxError(f"the template nests more than {values.MAX_NESTING} levels deep")
 
     def variables(self) -> set[str]:
         """The names the template reads (assignment and loop targets aside): what a

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 MAX_OUTPUT = 4 << 20        # characters a rendering may produce
 MAX_ITERATIONS = 1_000_000  # loop bodies run, over the whole rendering
 MAX_DEPTH = 40              # nested macro calls
+MAX_NESTING = 200           # levels of a parsed template (real ones: up to 38); Python walks them recursively
 MAX_RANGE = 100_000         # as Jinja's sandbox
 
 
