@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import os
 import shlex
 import signal
@@ -74,7 +73,7 @@ def _size(text: str) -> int:
     text = text.strip().upper()
     scale = _UNITS.get(text[-1:], 1)
     value = float(text[:-1] if scale > 1 else text)
-    if value < 0 or not math.isfinite(value):
+    if not 0 <= value * scale < 1 << 62:  # and finite
         raise argparse.ArgumentTypeError(f"invalid size {text!r}")
     return int(value * scale)
 
@@ -84,6 +83,22 @@ def _size_text(size: int) -> str:
     no unit divides it."""
     unit = next((u for u, scale in _UNITS.items() if size and size % scale == 0), None)
     return f"{size // _UNITS[unit]}{unit}" if unit else str(size)
+
+
+INT32_MAX = 2**31 - 1  # the engine's options are 32-bit ints
+
+
+def _int_in(lo: int, hi: int = INT32_MAX):
+    """A flag's type: an integer from lo to hi."""
+    def integer(text: str) -> int:
+        n = int(text)
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"must be {lo}..{hi}")
+        return n
+    return integer
+
+
+_count, _positive, _port, _draft_max = _int_in(0), _int_in(1), _int_in(0, 65535), _int_in(0, MAX_DRAFT)
 
 
 def _api_key(text: str) -> str:
@@ -99,19 +114,12 @@ def _speculative(text: str) -> str:
     return text
 
 
-def _draft_max(text: str) -> int:
-    n = int(text)
-    if not 0 <= n <= MAX_DRAFT:
-        raise argparse.ArgumentTypeError(f"must be 0..{MAX_DRAFT}")
-    return n
-
-
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=_env("model", None),
                    help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once)")
-    p.add_argument("--threads", type=int, default=_env("threads", 0, int),
+    p.add_argument("--threads", type=_count, default=_env("threads", 0, _count),
                    help="engine threads (default: 0 = one per core)")
-    p.add_argument("--ctx", type=int, default=_env("ctx", 0, int),
+    p.add_argument("--ctx", type=_count, default=_env("ctx", 0, _count),
                    help="context tokens per session (default: 0 = the model's, at most 8192)")
 
 
@@ -158,12 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(serve)
     _kv_type_flags(serve)
     serve.add_argument("--host", default=_env("host", "127.0.0.1"), help="address to bind")
-    serve.add_argument("--port", type=int, default=_env("port", 8000, int), help="port to bind")
+    serve.add_argument("--port", type=_port, default=_env("port", 8000, _port), help="port to bind")
     serve.add_argument("--model-alias", action="append", default=_env("model_alias", [], list),
                        help="extra model id accepted in requests (repeatable)")
     serve.add_argument("--chat-template", default=_env("chat_template", None),
                        help="chat template to use instead of the model's: a Jinja file, or chatml or llama3")
-    serve.add_argument("--max-sessions", type=int, default=_env("max_sessions", 0, int),
+    serve.add_argument("--max-sessions", type=_count, default=_env("max_sessions", 0, _count),
                        help="session slots including the scratch slot (default: 0 = from --kv-budget)")
     serve.add_argument("--kv-budget", type=_size, default=_env("kv_budget", 0, _size),
                        help="memory for KV caches, e.g. 4G (default: 0 = a quarter of RAM)")
@@ -217,11 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "name and IP addresses, when there is no API key, e.g. llmd.lan (repeatable)")
     serve.add_argument("--log-prompts", action="store_true", default=_env("log_prompts", False, bool),
                        help="log prompt and completion text (never logged otherwise)")
-    serve.add_argument("--max-connections", type=int, default=_env("max_connections", 256, int),
+    serve.add_argument("--max-connections", type=_positive, default=_env("max_connections", 256, _positive),
                        help="open connections; more are answered 503 and closed")
-    serve.add_argument("--max-queue", type=int, default=_env("max_queue", 64, int),
+    serve.add_argument("--max-queue", type=_count, default=_env("max_queue", 64, _count),
                        help="generations waiting to start; more are answered 503 (0: no limit)")
-    serve.add_argument("--max-tokens-limit", type=int, default=_env("max_tokens_limit", 0, int),
+    serve.add_argument("--max-tokens-limit", type=_count, default=_env("max_tokens_limit", 0, _count),
                        help="cap on any request's max_tokens (0: the context)")
     serve.add_argument("--header-timeout", type=float, default=_env("header_timeout", 10.0, float),
                        help="seconds to receive a request's headers")
@@ -262,8 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="engine and HTTP speed and memory figures", formatter_class=fmt)
     bench.add_argument("--model", default=_env("model", None), help="GGUF model file (default: the default model)")
-    bench.add_argument("--threads", type=int, default=_env("threads", 0, int), help="engine threads (0 = one per core)")
-    bench.add_argument("--runs", type=int, default=_env("runs", 5, int),
+    bench.add_argument("--threads", type=_count, default=_env("threads", 0, _count),
+                       help="engine threads (0 = one per core)")
+    bench.add_argument("--runs", type=_positive, default=_env("runs", 5, _positive),
                        help="runs per figure (the median is reported)")
     bench.add_argument("--json", action="store_true", default=_env("json", False, bool), help="print one JSON object")
     bench.add_argument("--conversation", action="store_true", default=_env("conversation", False, bool),
@@ -274,16 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "restart next to a warm turn in memory")
     bench.add_argument("--shared-prompt", action="store_true", default=_env("shared_prompt", False, bool),
                        help="instead: KV bytes of 8 named sessions that share a long system prompt, next to one's")
-    bench.add_argument("--held-sessions", type=int, default=_env("held_sessions", 0, int),
+    bench.add_argument("--held-sessions", type=_count, default=_env("held_sessions", 0, _count),
                        help="instead: this many named sessions, each warm at --held-tokens tokens, held at once "
                             "by one server (--kv-type): its resident set and KV bytes, and each session's "
                             "first-token latency from its file and in memory (the files, one prefill's state "
                             "written under every id, take this many times its bytes in TMPDIR)")
-    bench.add_argument("--held-tokens", type=int, default=_env("held_tokens", 8192, int),
+    bench.add_argument("--held-tokens", type=_positive, default=_env("held_tokens", 8192, _positive),
                        help="--held-sessions: each session's history in tokens")
     bench.add_argument("--kv-type", choices=KV_TYPES, default=_env("kv_type", "f16", choices=KV_TYPES),
                        help="--held-sessions: how the KV cache stores keys and values")
-    bench.add_argument("--streams", type=int, default=_env("streams", 0, int),
+    bench.add_argument("--streams", type=_count, default=_env("streams", 0, _count),
                        help="instead: aggregate tokens/s of one stream and of this many concurrent ones through "
                             "HTTP (streamed /v1/completions, 128 tokens each)")
     # Its own variable: LLMD_SPECULATIVE is the server's mode (off|ngram).
@@ -316,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("input", metavar="IN.gguf")
     quant.add_argument("output", metavar="OUT.gguf")
     quant.add_argument("type", metavar="TYPE", help="one of " + ", ".join(_quantize_mixes()))
-    quant.add_argument("--threads", type=int, default=_env("threads", 0, int), help="threads (0 = one per core)")
+    quant.add_argument("--threads", type=_count, default=_env("threads", 0, _count), help="threads (0 = one per core)")
     quant.add_argument("--allow-requantize", action="store_true", default=_env("allow_requantize", False, bool),
                        help="re-encode tensors that are already quantized (loses quality)")
     return parser
@@ -332,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in SUBCOMMANDS:
         argv.insert(0, "serve")  # so `python -m llmd --help` lists the serve flags
     args = build_parser().parse_args(argv)
+    from llmd.engine.native import EngineError
     try:
         if args.command == "pull":
             print(fetch.default_model(progress=not args.quiet))
@@ -362,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                              args.shared_prompt, args.streams, args.url, args.held_sessions, args.held_tokens,
                              args.kv_type)
         return cmd_serve(args)
-    except fetch.ModelError as exc:
+    # A file that cannot be read or opened as a model (the commands' own ones, the server's
+    # are logged): one line, not a traceback.
+    except (fetch.ModelError, EngineError, OSError, UnicodeDecodeError) as exc:
         print(f"llmd: {exc}", file=sys.stderr)
         return 2
 

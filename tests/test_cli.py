@@ -250,3 +250,38 @@ def test_draft_max_is_bounded_by_the_engine():
     assert cli.build_parser().parse_args(["serve", "--draft-max", "32"]).draft_max == 32
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["serve", "--draft-max", "33"])
+
+
+@pytest.mark.parametrize("args, flag", [
+    (("serve", "--port", "70000"), "--port"), (("serve", "--port", "-1"), "--port"),
+    (("serve", "--ctx", str(1 << 40)), "--ctx"), (("serve", "--threads", str(1 << 40)), "--threads"),
+    (("serve", "--max-sessions", str(1 << 40)), "--max-sessions"), (("serve", "--kv-budget", "9e30"), "--kv-budget"),
+    (("tokenize", "--ctx", str(1 << 40), "x"), "--ctx"), (("bench", "--runs", "0"), "--runs"),
+    (("bench", "--held-sessions", "-1"), "--held-sessions"),
+    (("quantize", "a", "b", "Q8_0", "--threads", "-1"), "--threads"),
+])
+def test_a_number_beyond_what_the_flag_takes_is_a_usage_error(args, flag):
+    # the engine's options are 32-bit ints: 2^40 overflowed them with a traceback
+    result = run(*args)
+    assert result.returncode == 2 and f"argument {flag}:" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("file, message", [("missing.txt", "No such file"), (".", "Is a directory"),
+                                           ("latin1.txt", "can't decode")])
+def test_perplexity_of_an_unreadable_text_is_one_line(tmp_path, file, message):
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 " * 100)
+    result = run("perplexity", "--file", str(tmp_path / file))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("ctx", ["0", "2"])
+def test_perplexity_windows_too_small_to_score_are_refused(tmp_path, ctx):
+    (tmp_path / "t.txt").write_text("words " * 100)
+    result = run("perplexity", "--ctx", ctx, "--file", str(tmp_path / "t.txt"))
+    assert result.returncode == 2 and "--ctx must be at least 3" in result.stderr
+
+
+def test_bench_of_a_model_that_does_not_open_is_one_line(tmp_path):
+    (tmp_path / "text.gguf").write_text("not a model")
+    result = run("bench", "--model", str(tmp_path / "text.gguf"), "--runs", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stderr.startswith("llmd: ")

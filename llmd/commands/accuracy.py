@@ -147,6 +147,8 @@ def costs(model: str, text_file: str, twin: str | None = None, threads: int = 0,
 
 def run(model: str, text_file: str, twin: str | None, threads: int, as_json: bool) -> int:
     """Prints each variant's cost; 1 when one is above MAX_COST."""
+    with open(text_file, encoding="utf-8") as f:  # readable UTF-8, before the twin is written
+        f.read()
     rows = costs(model, text_file, twin, threads)
     if as_json:
         print(json.dumps([{"variant": r.variant, "exact": round(r.exact, 4), "quantized": round(r.quantized, 4),

@@ -309,12 +309,20 @@ QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.
 
 
 def _start(path: str | None, threads: int, *flags: str) -> tuple[subprocess.Popen, int]:
+    """A server on a free port; its log goes to a file, whose last line says why when
+    it ends before it is ready."""
     cmd = [sys.executable, "-m", "llmd", "--port", "0", "--threads", str(threads), *flags]
     if path:
         cmd += ["--model", path]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    port = next(int(m.group(1)) for line in proc.stdout if (m := re.search(r"ready on http://[^:]+:(\d+)", line)))
-    return proc, port
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        for line in proc.stdout:
+            if m := re.search(r"ready on http://[^:]+:(\d+)", line):
+                return proc, int(m.group(1))
+        proc.wait()
+        log.seek(0)
+        last = (log.read().strip().splitlines() or ["(no output)"])[-1]
+    raise SystemExit(f"llmd: the benchmark's server did not start: {last}")
 
 
 def conversation_figures(path: str | None, threads: int) -> list[dict]:

@@ -59,6 +59,9 @@ def run(model: str | None, n_threads: int, ctx: int, path: str, kv_types: tuple[
     """The perplexity of text_logprobs() on a file, as JSON, the KV cache storing keys
     and values as kv_types; against_f16: the text scored again with an f16 cache, and
     the cost of kv_types over it."""
+    if ctx < 3:
+        print("llmd: --ctx must be at least 3: each window's second half is scored given its first", file=sys.stderr)
+        return 2
     if against_f16 and kv_types == ("f16", "f16"):
         print("llmd: --against-f16 compares a quantized cache with f16: give --kv-type, --kv-type-k or "
               "--kv-type-v q8_0 or q4_0", file=sys.stderr)

@@ -427,7 +427,10 @@ def quantize_file(src: str, dst: str, mix_name: str, *, n_threads: int = 0, allo
             raise QuantizeError(f"{src}: empty file, not a GGUF")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             header = read_gguf(buf, size)
-            if int(header.values.get("split.count", 1)) > 1:
+            parts = header.values.get("split.count", 1)
+            if not isinstance(parts, int) or isinstance(parts, bool):
+                raise QuantizeError(f"corrupt GGUF: split.count is {parts!r}, not a count of parts")
+            if parts > 1:
                 raise QuantizeError(f"{src} is one part of a split GGUF; merge the parts first")
             arch = str(header.values.get("general.architecture", ""))
             def hparam(key: str) -> int:

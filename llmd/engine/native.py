@@ -547,7 +547,7 @@ class TensorType:
 def tensor_type(type_id: int) -> TensorType | None:
     """The engine's description of a GGUF type number, or None if GGUF defines no such type."""
     out = ffi.new("llmd_tensor_type_info *")
-    if lib.llmd_tensor_type(type_id, out) != lib.LLMD_OK:
+    if not 0 <= type_id < 2**31 or lib.llmd_tensor_type(type_id, out) != lib.LLMD_OK:  # an int32_t there
         return None
     return TensorType(type_id, ffi.string(out.name).decode(), out.block_elems, out.block_bytes, bool(out.runs))
 

@@ -265,6 +265,13 @@ def corrupt_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     w.tensor("blk.0.ffn_up.weight").ggml_type = 9  # Q8_1: GGUF sizes it, the engine cannot read it
     w.tensor("blk.0.ffn_up.weight").data = bytes(36 * 2 * 128)
     put("q8_1", w.to_bytes(), "cannot read tensors of type Q8_1 (blk.0.ffn_up.weight and 0 more)")
+    for count in ("abc", float("nan"), float("inf")):
+        w = gw.build_tiny_llama(n_embd=64, n_layer=1, n_ff=128)
+        w.set("split.count", gw.STRING if isinstance(count, str) else gw.F32, count)
+        put(f"split_count_{count}", w.to_bytes(), "split.count is")
+    w = gw.build_tiny_llama(n_embd=64, n_layer=1, n_ff=128)
+    w.tensor("blk.0.ffn_up.weight").ggml_type = 1 << 31  # past the engine's int32_t type numbers
+    put("type_2p31", w.to_bytes(), "has type 2147483648, which GGUF does not define")
     return files
 
 
