@@ -645,8 +645,10 @@ bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
     rs->n_ctx_orig = b.get_int(p + "rope.scaling.original_context_length", hp.n_ctx_train, false);
     if (!b.error->empty()) return false;
     if (factor == 0.0f) factor = 1.0f;
-    if (!(factor > 0.0f) || !std::isfinite(factor) || !(rs->attn_factor > 0.0f) || !std::isfinite(rs->attn_factor) ||
-        rs->n_ctx_orig < 1)
+    // Real files' factors are within tens of 1; far past them a factor's products under- or
+    // overflow a float (a factor of 1e-38, or an attn_factor of 3e38, made every logit NaN).
+    const auto sane = [](float f) { return f >= 1.0f / 1024 && f <= 1024.0f; };
+    if (!sane(factor) || !sane(rs->attn_factor) || rs->n_ctx_orig < 1)
         return b.fail("model RoPE scaling factor is invalid");
     rs->factor = factor; // kept with type none: the window layers of some families still take it (rope_frequencies)
     if (type == "none") {
@@ -800,6 +802,10 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     hp.n_layer_nextn = b.n_layer_nextn = b.get_int(p + "nextn_predict_layers", 0, false);
     hp.n_layer = n_blocks - hp.n_layer_nextn;
     if (!error->empty()) return nullptr;
+    if (n_blocks < 1) {
+        *error = p + "block_count = " + std::to_string(n_blocks) + ": the model has no layers";
+        return nullptr;
+    }
     if (hp.n_layer < 1) {
         *error = p + "nextn_predict_layers = " + std::to_string(hp.n_layer_nextn) + " leaves no layer of the " +
                  std::to_string(n_blocks) + " blocks to run";
@@ -835,7 +841,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
                  std::to_string(hp.head_dim) + " dimensions is wider than " + std::to_string(kMaxWidth);
         return nullptr;
     }
-    if (!(hp.rope_base > 0.0f) || !(hp.norm_eps > 0.0f) || !std::isfinite(hp.rope_base)) {
+    if (!(hp.rope_base > 0.0f) || !std::isfinite(hp.rope_base) || !(hp.norm_eps > 0.0f && hp.norm_eps <= 1.0f)) {
         *error = "model RoPE base or norm epsilon is invalid";
         return nullptr;
     }
