@@ -394,9 +394,33 @@ class SchemaCompiler:
             values = [v for v in values if v in schema["enum"]]
         if types:
             values = [v for v in values if _json_type(v) & set(types)]
+        # The listed values are written as they are: of the keywords beside them, lengths
+        # and bounds pick among them; the others would constrain inside a value.
+        for key in ("format", "items", "minItems", "maxItems", "properties", "required", "additionalProperties"):
+            if key in schema:
+                raise SchemaError(f"'{key}' next to 'enum'/'const'{where} is not supported", key)
+        values = [v for v in values if self._within(v, schema, where)]
         if not values:
             raise _bad(f"no value of 'enum'/'const'{where} fits the schema")
         return alt(*(self.literal(v) for v in values))
+
+    def _within(self, value: Any, schema: dict, where: str) -> bool:
+        """Whether a listed value keeps to its schema's lengths (a string's) or bounds (a number's)."""
+        if isinstance(value, str):
+            lo, hi = self._count(schema, "minLength", where) or 0, self._count(schema, "maxLength", where)
+            return lo <= len(value) and (hi is None or len(value) <= hi)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True
+        for key, keeps in (("minimum", lambda b: value >= b), ("maximum", lambda b: value <= b),
+                           ("exclusiveMinimum", lambda b: value > b), ("exclusiveMaximum", lambda b: value < b)):
+            bound = schema.get(key)
+            if bound is None:
+                continue
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
+                raise _bad(f"'{key}'{where} must be a number")
+            if not keeps(bound):
+                return False
+        return True
 
     def _typed(self, kind: str, schema: dict, path: str, where: str) -> Expr:
         if kind == "string":

@@ -236,6 +236,27 @@ def test_malformed_or_unsatisfiable_schemas_are_invalid(schema):
     assert not info.value.unsupported
 
 
+def test_listed_values_keep_to_the_lengths_and_bounds_beside_them():
+    ok = grammar_of({"type": "integer", "minimum": 5, "enum": [1, 5, 7], "exclusiveMaximum": 7})
+    assert [ok(v) for v in ("1", "5", "7")] == [False, True, False]
+    ok = grammar_of({"type": "string", "maxLength": 4, "enum": ["tiny", "enormous"]})
+    assert [ok(v) for v in ('"tiny"', '"enormous"')] == [True, False]
+    with pytest.raises(SchemaError) as info:  # no listed value is short enough
+        grammar_of({"type": "string", "const": "enormous", "maxLength": 4})
+    assert not info.value.unsupported
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "string", "format": "date", "const": "x"}, "format"),
+    ({"type": "array", "items": {"type": "integer"}, "enum": [["a"]]}, "items"),
+    ({"type": "object", "required": ["a"], "const": {}}, "required"),
+])
+def test_keywords_inside_listed_values_are_refused_not_ignored(schema, keyword):
+    with pytest.raises(SchemaError) as info:
+        grammar_of(schema)
+    assert info.value.unsupported and info.value.keyword == keyword
+
+
 def test_the_independent_validator_agrees_on_accepted_values():
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": -3, "maximum": 3},
                                                "s": {"enum": ["x", "y"]}}, "required": ["n"]}
