@@ -59,8 +59,8 @@ def error_body(err: ApiError, shape: str = OPENAI) -> dict:
     """Return the error envelope for `err` in `shape`: OpenAI's (all four inner keys
     present) or Anthropic's."""
     if shape == ANTHROPIC:
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, "api_error"),
-                                           "message": err.message}}
+        kind = _ANTHROPIC_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
     if shape != OPENAI:
         raise ValueError(f"unknown error shape {shape!r}")
     return {"error": {"message": err.message, "type": err.type,

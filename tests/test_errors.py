@@ -116,6 +116,8 @@ def test_anthropic_error_body_has_anthropic_shape_and_type_by_status():
     assert error_body(errors.capacity_exhausted(), errors.ANTHROPIC)["error"]["type"] == "rate_limit_error"
     assert error_body(errors.unavailable(), errors.ANTHROPIC)["error"]["type"] == "overloaded_error"
     assert error_body(errors.server_error(), errors.ANTHROPIC)["error"]["type"] == "api_error"
+    assert error_body(errors.unsupported_media_type("json"), errors.ANTHROPIC)["error"]["type"] == \
+        "invalid_request_error"  # every other 4xx
 
 
 def test_refusal_log_names_code_param_and_quoted_reason():

@@ -27,8 +27,9 @@ def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:
     return json_response(error_body(err, shape), err.status, list(err.headers.items()), log=refusal_log(err))
 
 
-def transport_refusal(status: int, message: str, code: str, kind: str) -> Response:
-    """How the HTTP server words a refusal of its own (llmd.http.server.Refusal): an
-    OpenAI-shaped error, whatever the route."""
+def transport_refusal(status: int, message: str, code: str, kind: str, path: str | None) -> Response:
+    """How the HTTP server words a refusal of its own (llmd.http.server.Refusal): in its
+    route's shape where the path is known, else OpenAI's."""
     err = ApiError(status, message, kind, None, code)
-    return Response(status, json.dumps(error_body(err)).encode(), log=refusal_log(err))
+    shape = errors.OPENAI if path is None else error_shape(path)
+    return Response(status, json.dumps(error_body(err, shape)).encode(), log=refusal_log(err))

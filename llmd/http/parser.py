@@ -125,6 +125,7 @@ class EndOfMessage:
 class ParseError:
     status: int
     message: str
+    target: str | None = None  # the request's target, once its line was read
 
 
 Event = Union[Request, Body, EndOfMessage, ParseError]
@@ -208,7 +209,7 @@ class RequestParser:
         except _Reject as e:
             self._state = _ERROR
             self._buf.clear()
-            out.append(ParseError(e.status, e.message))
+            out.append(ParseError(e.status, e.message, self._line[1] if self._line is not None else None))
         return out
 
     def _step(self, out: list[Event]) -> bool:

@@ -297,7 +297,7 @@ class _Connection:
             log.exception("app failed on %s %s", request.method, request.path)
             if isinstance(response, StreamResponse):
                 await _aclose(response.chunks)
-            return self.server.refusal(500, "internal server error", "server_error", "server_error")
+            return self.server.refusal(500, "internal server error", "server_error", "server_error", request.path)
 
     async def _send(self, method: str, version: str, response: Response,
                     keep_alive: bool) -> bool:
@@ -375,8 +375,9 @@ class _Connection:
     async def _reject(self, err: ParseError) -> bool:
         """Answer a request the parser refused, then close (its framing is lost)."""
         code = _PARSE_CODES.get(err.status, "bad_request")
+        path = None if err.target is None else _split_target(err.target)[0]
         return await self._answer_and_close(self.server.refusal(err.status, err.message, code,
-                                                                "invalid_request_error"))
+                                                                "invalid_request_error", path))
 
     async def _answer_and_close(self, response: Response) -> bool:
         await self._send("GET", "1.1", response, False)
@@ -395,8 +396,9 @@ class _Connection:
 
 # How the application words a refusal the server makes on its own (a request the
 # parser refused, an app that failed, a connection over the limit): (status, message,
-# a machine-readable code, the kind of error) -> the response to send.
-Refusal = Callable[[int, str, str, str], Response]
+# a machine-readable code, the kind of error, the request's path where it is known)
+# -> the response to send.
+Refusal = Callable[[int, str, str, str, Union[str, None]], Response]
 
 
 class HttpServer:
@@ -495,7 +497,7 @@ class HttpServer:
         try:
             response = self.refusal(503, f"the server is at its limit of {self.limits.max_connections} "
                                          "connections; retry later", "too_many_connections",
-                                    "unavailable_error")
+                                    "unavailable_error", None)
             response.headers.append(("Retry-After", "1"))
             await conn.refuse(response)
         finally:

@@ -337,7 +337,7 @@ def test_header_bytes_at_limit_pass_and_one_over_is_431(lines):
 def test_overlong_header_block_is_refused_before_its_end_arrives():
     p = RequestParser(Limits(max_header_bytes=100))
     events = p.feed(b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"v" * 200)
-    assert events == [ParseError(431, "request header fields too large")]
+    assert events == [ParseError(431, "request header fields too large", "/")]  # the route's error shape
 
 
 def test_header_count_at_limit_passes_and_one_over_is_431():
@@ -352,7 +352,7 @@ def test_content_length_at_limit_passes_and_one_over_is_413_before_the_body():
     events = parse(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n" + b"x" * 10, limits)
     assert events[1:] == [Body(b"x" * 10), EndOfMessage()]
     events = parse(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n", limits)
-    assert events == [ParseError(413, "request body too large")]  # no Request: never read it
+    assert events == [ParseError(413, "request body too large", "/")]  # no Request: never read it
 
 
 def test_leading_zeros_do_not_count_as_size():
@@ -372,7 +372,7 @@ def test_chunked_total_at_limit_passes_and_one_over_is_413():
     ok = parse(CHUNKED + b"6\r\nxxxxxx\r\n4\r\nxxxx\r\n0\r\n\r\n", limits)
     assert ok[1:] == [Body(b"x" * 10), EndOfMessage()]
     events = parse(CHUNKED + b"6\r\nxxxxxx\r\n5\r\nxxxxx\r\n0\r\n\r\n", limits)
-    assert events[1:] == [Body(b"xxxxxx"), ParseError(413, "request body too large")]
+    assert events[1:] == [Body(b"xxxxxx"), ParseError(413, "request body too large", "/")]
 
 
 def test_trailers_are_bounded_like_headers():

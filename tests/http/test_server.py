@@ -220,6 +220,16 @@ async def test_too_large_body_is_413_with_an_openai_error(start, raw):
     writer.close()
 
 
+async def test_a_refusal_on_the_messages_route_is_in_anthropics_shape(start):
+    server, app = await start(max_body_bytes=10)
+    reader, writer = await connect(server)
+    writer.write(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n")
+    status, _, body = await read_response(reader)
+    assert status == 413 and json.loads(body) == {
+        "type": "error", "error": {"type": "request_too_large", "message": "request body too large"}}
+    writer.close()
+
+
 async def test_body_exactly_at_limit_is_accepted(start):
     server, _ = await start(max_body_bytes=10)
     reader, writer = await connect(server)
