@@ -287,6 +287,8 @@ HOSTILE = {
                         "token_embd.weight data lies outside the file"),
     "offset_near_2_64": (_tensor("token_embd.weight", offset=2**64 - 32), (FORMAT,), "data lies outside the file"),
     "last_tensor_runs_past_end": (edit(_shift_last_tensor_offset), (FORMAT,), "data lies outside the file"),
+    "tensors_share_bytes": (edit(lambda w: [setattr(t, "offset", 0) for t in w.tensors]), (FORMAT,),
+                            "share bytes of the file"),
     # model metadata
     "architecture_missing": (edit(lambda w: w.remove("general.architecture")), MODEL,
                              "lacks general.architecture"),

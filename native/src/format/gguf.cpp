@@ -7,6 +7,7 @@
 
 #include "quants/quants.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fcntl.h>
 #include <string>
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <unordered_set>
+#include <vector>
 
 namespace llmd {
 
@@ -258,6 +260,15 @@ bool GGUFFile::parse(std::string *error) {
             return c.fail("tensor " + std::string(t.name) + " data lies outside the file");
         t.data = map_.data() + data_start + t.offset;
     }
+    // Each tensor's bytes its own (llama.cpp lays them out one after another and refuses
+    // any other offset): tensors sharing bytes are a damaged file, not a model.
+    std::vector<const GGUFTensor *> by_offset;
+    for (const auto &t : tensors_) by_offset.push_back(&t);
+    std::sort(by_offset.begin(), by_offset.end(), [](const auto *a, const auto *b) { return a->offset < b->offset; });
+    for (size_t i = 1; i < by_offset.size(); ++i)
+        if (by_offset[i - 1]->offset + by_offset[i - 1]->size > by_offset[i]->offset)
+            return c.fail("tensors " + std::string(by_offset[i - 1]->name) + " and " + std::string(by_offset[i]->name) +
+                          " share bytes of the file");
     return true;
 }
 
