@@ -10,8 +10,8 @@ from typing import Any, Callable
 from llmd.prompt.jinja.filters import FILTERS, TESTS
 from llmd.prompt.jinja.lexer import _lex
 from llmd.prompt.jinja.parser import _StatementParser
-from llmd.prompt.jinja.runtime import (_Const, _Ctx, _Data, _Filter, _For, _LoopControl, _Name, _nesting, _nodes, _Set,
-                                       _Test)
+from llmd.prompt.jinja.runtime import (_Const, _Ctx, _Data, _Filter, _For, _LoopControl, _Name, _nesting, _nodes,
+                                       _Set, _Test)
 from llmd.prompt.jinja import values  # the limits, read at each check (tests lower them)
 from llmd.prompt.jinja.values import (as_data, _Builtin, _join, Namespace, _spans, TemplateRaised,
                                       TemplateRuntimeError, TemplateSyntaxError)
