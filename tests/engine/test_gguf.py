@@ -26,7 +26,8 @@ from tests.support.gguf_writer import (
     ARRAY, BOOL, F32, F64, GGML_F16, GGML_F32, GGML_IQ2_XXS, GGML_IQ4_XS, GGML_Q2_K, GGML_Q3_K, GGML_Q4_0,
     GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, I8, I16, I32, I64, STRING,
     TYPE_NAMES,
-    U8, U16, U32, U64, GGUFWriter, build_tiny_gpt_oss, build_tiny_llama, encode_array_header, encode_f32,
+    U8, U16, U32, U64, GGUFWriter, build_tiny_gpt_oss, build_tiny_llama, build_tiny_qwen35, encode_array_header,
+    encode_f32,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -674,6 +675,36 @@ def test_a_feed_forward_length_no_tensor_has_sizes_nothing(tmp_path):
     w.set("gpt-oss.feed_forward_length", U32, 1 << 30)
     [result] = load_in_child([w.write(tmp_path / "ff.gguf")], probe=True)  # within 1 GiB
     assert result["kind"] == "ok" and "probe_error" not in result, result
+
+
+def test_expert_widths_no_tensor_has_size_nothing(tmp_path):
+    # every block dense (leading_dense_block_count): the expert widths meet no tensor
+    a = "ernie4_5-moe"
+    w = build_tiny_llama(n_layer=2)
+    for kv in w.kvs:
+        kv.key = kv.key.replace("llama.", f"{a}.", 1) if kv.key.startswith("llama.") else kv.key
+    w.set("general.architecture", STRING, a)
+    for key, value in [("leading_dense_block_count", 2), ("interleave_moe_layer_step", 1), ("expert_count", 4),
+                       ("expert_used_count", 2), ("expert_feed_forward_length", 1 << 30)]:
+        w.set(f"{a}.{key}", U32, value)
+    [result] = load_in_child([w.write(tmp_path / "experts.gguf")], probe=True)  # within 1 GiB
+    assert result["kind"] == "ok" and "probe_error" not in result, result
+
+
+def test_a_matrix_input_wider_than_the_others_has_room_to_be_quantized(tmp_path):
+    # Gated DeltaNet's output projection reads its 256 value heads of 64 (16,384 wide),
+    # where every other matrix reads 64 or 32: its Q8_0 activations overran the buffer
+    # sized by the model's widths (a crash at the first prefill)
+    w = build_tiny_qwen35(n_embd=64, n_head=1, n_head_kv=1, head_dim=32, rope_dim=16, sections=(3, 3, 2, 0),
+                          n_ff=32, k_heads=1, v_heads=256, state=64, weight_type=GGML_Q8_0)
+    [result] = load_in_child([w.write(tmp_path / "wide.gguf")], probe=True)
+    assert result["kind"] == "ok" and "probe_error" not in result, result
+
+
+def test_a_matrix_wider_than_any_model_is_refused(tmp_path):
+    w = build_tiny_llama(n_embd=8, n_head=2, n_head_kv=1, n_ff=1 << 19, n_layer=1, n_vocab=280)
+    [result] = load_in_child([w.write(tmp_path / "ffn.gguf")])
+    assert result["kind"] == "error" and "ffn_down.weight is 524288 wide" in result["message"], result
 
 
 _MANY_HEADS = textwrap.dedent("""

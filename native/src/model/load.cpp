@@ -20,8 +20,10 @@ namespace llmd {
 namespace {
 
 // The widest a layer's heads may be together (q_dim, kv_dim, a recurrent mixer's inner
-// size), ten times any model's: hyperparameters multiply as ints, and no product of
-// them may wrap around (a wrapped one could match the tensors and size nothing right).
+// size) and a matrix's input, ten times any model's: hyperparameters multiply as ints, and
+// no product of them may wrap around (a wrapped one could match the tensors and size
+// nothing right), and the workspace is sized by them (a 48 MB file of a 2^22-wide FFN
+// asked 11 GiB for one chunk).
 constexpr int64_t kMaxWidth = 1 << 18;
 
 // Whether tensor t has shape ne, as ggml counts dimensions: trailing dimensions of 1
@@ -202,6 +204,8 @@ bool Binder::scales(const std::string &name, int64_t n, float *out) {
 bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix *m, bool required) {
     const GGUFTensor *t = find(name, required);
     if (t == nullptr) return false;
+    if (cols > kMaxWidth)
+        return fail("tensor " + name + " is " + std::to_string(cols) + " wide, past " + std::to_string(kMaxWidth));
     if (!shaped(t, {cols, rows}))
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " +
                     std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
@@ -214,6 +218,7 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
     m->rows = rows;
     m->row_bytes = row_bytes(t->type, cols);
     m->data = t->data;
+    widest_input = std::max(widest_input, cols);
     scales(name, 1, &m->scale);
     return error->empty();
 }
@@ -221,6 +226,8 @@ bool Binder::matrix(const std::string &name, int64_t cols, int64_t rows, Matrix 
 bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n, std::vector<Matrix> *out) {
     const GGUFTensor *t = find(name, true);
     if (t == nullptr) return false;
+    if (cols > kMaxWidth)
+        return fail("tensor " + name + " is " + std::to_string(cols) + " wide, past " + std::to_string(kMaxWidth));
     if (!shaped(t, {cols, rows, n}))
         return fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
                     ", " + std::to_string(t->ne[2]) + "], expected [" + std::to_string(cols) + ", " +
@@ -229,6 +236,7 @@ bool Binder::experts(const std::string &name, int64_t cols, int64_t rows, int n,
         return fail("tensor " + name + " has rows of " + std::to_string(cols) + " elements, which " +
                     type_name(t->type) + " kernels cannot run");
     out->assign(n, Matrix{});
+    widest_input = std::max(widest_input, cols);
     std::vector<float> scale(n, 1.0f);
     scales(name, n, scale.data());
     for (int e = 0; e < n; ++e) {
@@ -878,6 +886,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     if (std::none_of(model->layers.begin(), model->layers.end(), dense) &&
         std::none_of(model->nextn.begin(), model->nextn.end(), [&](const NextNWeights &n) { return dense(n.block); }))
         hp.n_ff = 0;
+    hp.matrix_input = static_cast<int>(b.widest_input); // at most kMaxWidth
     if (model->output_norm == nullptr) {
         *error = "model lacks tensor output_norm.weight";
         return nullptr;

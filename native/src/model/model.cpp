@@ -32,9 +32,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     logits_in.resize(n * hp.n_embd);
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
-    const int nextn_in = hp.n_layer_nextn > 0 ? 2 * hp.n_embd : 0; // a prediction block's eh_proj reads [embedding, hidden]
-    const int widest = std::max({hp.n_embd, hp.q_dim(), hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.mamba.inner(), nextn_in});
-    xq.resize(quantized_blocks(n_tokens, (widest + QK - 1) / QK * QK));
+    xq.resize(quantized_blocks(n_tokens, (hp.matrix_input + QK - 1) / QK * QK));
     capacity = n_tokens;
 }
 

@@ -55,6 +55,8 @@ struct HParams {
     int n_head = 0;
     int n_head_kv = 0;
     int n_ff = 0;      // hidden dim of the FFN
+    int matrix_input = 0; // the widest input of the model's matrices, as bound (not read): what
+                          // Workspace::xq holds quantized, a token at a time
     int head_dim = 0;
     int rope_dim = 0;  // leading dims of each head that RoPE rotates
     float rope_base = 10000.0f;
@@ -233,6 +235,7 @@ struct Binder {
     std::string *error;
     std::string prefix;     // "<architecture>.", the start of the family's metadata keys
     std::vector<bool> used; // per tensor of the file: bound by the architecture
+    int64_t widest_input = 0; // of the matrices bound (HParams::matrix_input)
     int n_layer_nextn = 0;  // per-layer arrays may also cover the multi-token-prediction blocks
     bool ffn_scales = true; // the family's FFN applies its weights' scales (llama.cpp's graphs of some do not)
     bool shexp_gated = true; // a shared expert has its gate (ffn_gate_inp_shexp); Ernie 4.5's has none
