@@ -525,8 +525,11 @@ async def open_session_store(args, engine, model_path: str):
     try:
         fingerprint = await asyncio.to_thread(model_fingerprint, model_path, header_bytes, file_bytes,
                                               _native.__file__, engine.info.kernels)
+        # A session's file holds its state (at most its KV memory and recurrent state) and a
+        # little metadata: twice that bounds what a load reads.
         store = SessionStore(args.session_dir, args.session_dir_max, fingerprint, engine.info.n_ctx,
-                             kv_type_name(engine.info.kv_type_k, engine.info.kv_type_v))
+                             kv_type_name(engine.info.kv_type_k, engine.info.kv_type_v),
+                             max_file=2 * engine.info.bytes_per_session + (1 << 20))
         await asyncio.to_thread(store.scan)
     except OSError as exc:
         log.warning("cannot use --session-dir %s: %s; sessions are kept in memory only", args.session_dir, exc)

@@ -54,6 +54,7 @@ the event loop.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -62,12 +63,13 @@ import os
 import pathlib
 import secrets
 import socket
+import stat
 import struct
 import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 log = logging.getLogger("llmd.sessions")
 
@@ -170,8 +172,8 @@ def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int, kv_type: 
         saved_id, model, ctx, n_tokens = meta["session_id"], meta["model"], meta["n_ctx"], int(meta["n_tokens"])
         # Files from before several writers shared a directory: version 0.
         version, stored = int(meta.get("version", 0)), str(meta["kv_type"])
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise Refused(f"unreadable metadata ({exc})") from None
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+        raise Refused(f"unreadable metadata ({type(exc).__name__}: {exc})") from None
     if saved_id != session_id:
         raise Refused("it belongs to another session id")
     if model != fingerprint:
@@ -183,11 +185,21 @@ def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int, kv_type: 
     return Saved(session_id, payload, replies, n_tokens, version)
 
 
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """A session file opened for reading: a regular file, not a link, a FIFO (whose
+    open would wait for a writer) or a device; else OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return open(fd, "rb")
+
+
 def read_version(path: str | os.PathLike) -> int | None:
     """The version a session file holds, from its header and metadata alone; None when
     there is no file or it is unreadable (such a file may be replaced)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             prefix = f.read(_PREFIX.size)
             if len(prefix) < _PREFIX.size or prefix[:len(MAGIC)] != MAGIC:
                 return None
@@ -196,7 +208,7 @@ def read_version(path: str | os.PathLike) -> int | None:
                 return None
             meta = json.loads(f.read(meta_len))
         return int(meta.get("version", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, OverflowError, RecursionError):
         return None
 
 
@@ -204,9 +216,10 @@ class SessionStore:
     """The session files of one directory, within a disk budget (see the module doc)."""
 
     def __init__(self, directory: str | os.PathLike, max_bytes: int, fingerprint: str, n_ctx: int,
-                 kv_type: str = "f16"):
+                 kv_type: str = "f16", max_file: int | None = None):
         self.directory = pathlib.Path(directory)
         self.max_bytes = max_bytes  # 0: no limit
+        self.max_file = max_file    # the largest file a session of the engine writes (None: unbounded)
         self.fingerprint = fingerprint
         self.n_ctx = n_ctx
         self.kv_type = kv_type  # kv_type_name of the engine's KV types
@@ -266,22 +279,22 @@ class SessionStore:
         name = file_name(session_id)
         path = self.directory / name
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
+                size = os.fstat(f.fileno()).st_size
+                if self.max_file is not None and size > self.max_file:
+                    raise Refused(f"{size} bytes, more than a session of this engine holds ({self.max_file})")
                 data = f.read()
+            saved = decode(data, session_id, self.fingerprint, self.n_ctx, self.kv_type)
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.warning("cannot read the file of session %r (%s): %s; it starts cold", session_id, path, exc)
             self.count_refused()
             return None
-        try:
-            saved = decode(data, session_id, self.fingerprint, self.n_ctx, self.kv_type)
         except Refused as exc:
             log.warning("session file %s refused for session %r: %s; it starts cold", path, session_id, exc)
             self.count_refused()
             return None
-        with self._lock:
-            self.loaded += 1
         try:  # a load is a use: the file is now the most recently used
             os.utime(path)
             with self._lock:
@@ -294,6 +307,11 @@ class SessionStore:
         """Count a file that was not loaded (also when the engine refused its payload)."""
         with self._lock:
             self.refused += 1
+
+    def count_loaded(self) -> None:
+        """Count a file whose session the engine took."""
+        with self._lock:
+            self.loaded += 1
 
     def save(self, session_id: str, payload: bytes | memoryview, replies: list[tuple[str, list[int]]],
              n_tokens: int, base: int = 0) -> int | None:
@@ -313,10 +331,12 @@ class SessionStore:
         name = file_name(session_id)
         path = self.directory / name
         tmp = self.directory / f".{name}.{WRITER.replace(':', '-')}-{secrets.token_hex(4)}.tmp"
+        written = False  # whether tmp exists, to be removed on failure
         with self._write_lock:
             try:
                 self._make_room(name, size)
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                written = True
                 with open(fd, "wb") as f:
                     for piece in pieces:
                         f.write(piece)
@@ -335,7 +355,8 @@ class SessionStore:
                     os.replace(tmp, path)
                 self._sync_directory()
             except OSError as exc:
-                self._unlink(tmp.name)
+                if written:
+                    self._unlink(tmp.name)
                 log.warning("cannot save session %r in %s: %s; it is kept in memory only, as without "
                             "--session-dir", session_id, self.directory, exc)
                 with self._lock:

@@ -311,6 +311,7 @@ class SessionTable:
 
                 slot.resident = await self._call(restore)
                 slot.replies = list(saved.replies)
+                self.store.count_loaded()
                 log.info("session %r restored from disk: %d tokens", sid, len(slot.resident))
         except EngineError as exc:
             log.warning("the engine refused the saved state of session %r: %s; it starts cold", sid, exc)
@@ -327,7 +328,13 @@ class SessionTable:
         if (earlier := self._disk.get(sid)) is not None:
             await asyncio.gather(earlier, return_exceptions=True)
         if (saved := await asyncio.to_thread(self.store.load, sid)) is not None:
-            return saved, saved.version
+            n_vocab = self.engine.info.n_vocab
+            if all(0 <= i < n_vocab for _, ids in saved.replies for i in ids):
+                return saved, saved.version
+            log.warning("session file of %r refused: a reply it remembers holds a token id outside the "
+                        "vocabulary; it starts cold", sid)
+            self.store.count_refused()
+            return None, saved.version
         return None, await asyncio.to_thread(self.store.version, sid) or 0
 
     async def _refresh(self, slot: Slot) -> None:
@@ -359,6 +366,7 @@ class SessionTable:
             return
         slot.resident, slot.dirty, slot.replies = resident, False, list(saved.replies)
         slot.saved_turns = slot.turns
+        self.store.count_loaded()
         log.info("session %r reloaded from disk: version %d, written by another instance, %d tokens",
                  slot.id, saved.version, len(resident))
 

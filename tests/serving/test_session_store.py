@@ -92,6 +92,19 @@ def other_version(data: bytes) -> bytes:
     return bytes(b)
 
 
+def with_metadata(meta: bytes, payload: bytes = PAYLOAD) -> bytes:
+    """A file of this metadata, its checksum right: only what the metadata says is wrong."""
+    import zlib
+    return session_store._PREFIX.pack(MAGIC, FORMAT_VERSION, len(meta), len(payload),
+                                      zlib.crc32(payload, zlib.crc32(meta))) + meta + payload
+
+
+def metadata_of(replace: str) -> bytes:
+    meta = json.dumps({"session_id": "s1", "model": FINGERPRINT, "kv_type": "f16", "n_ctx": 128, "n_tokens": 7,
+                       "version": 1, "replies": []})
+    return with_metadata(meta.replace('"n_tokens": 7', replace).encode())
+
+
 REFUSALS = {
     "truncated": (lambda d: d[:-1], "truncated"),
     "truncated_to_the_header": (lambda d: d[:30], "truncated"),
@@ -104,6 +117,10 @@ REFUSALS = {
     "other_model": (lambda d: file_bytes(fingerprint="0" * 64), "another model file"),
     "other_context": (lambda d: file_bytes(n_ctx=256), "context of 256 tokens"),
     "other_session": (lambda d: file_bytes(session_id="s2"), "another session id"),
+    # a count past every float (json reads 1e400 as infinity), and nesting past Python's stack
+    "metadata_infinite_count": (lambda d: metadata_of('"n_tokens": 1e400'), "unreadable metadata (OverflowError"),
+    "metadata_nested_deeply": (lambda d: metadata_of('"n_tokens": 7, "x": ' + "[" * 100000 + "]" * 100000),
+                               "unreadable metadata (RecursionError"),
 }
 
 
@@ -116,6 +133,34 @@ def test_a_damaged_or_foreign_file_is_refused_with_its_reason(tmp_path, caplog, 
     with caplog.at_level(logging.WARNING, "llmd.sessions"):
         assert store.load("s1") is None
     assert reason in caplog.text and "refused for session 's1'" in caplog.text and "starts cold" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory"])
+def test_a_session_path_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path, kind):
+    store = SessionStore(tmp_path, 0, FINGERPRINT, 128)
+    store.scan()
+    path = tmp_path / file_name("s1")
+    if kind == "fifo":
+        os.mkfifo(path)  # its open would wait for a writer that never comes
+    elif kind == "symlink":
+        (tmp_path / "elsewhere").write_bytes(file_bytes())
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.mkdir()
+    done = []
+    reader = threading.Thread(target=lambda: done.append((store.load("s1"), read_version(path))), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done == [(None, None)] and store.refused == 1 and store.loaded == 0
+
+
+def test_a_file_larger_than_any_session_of_the_engine_is_not_read(tmp_path, caplog):
+    store = SessionStore(tmp_path, 0, FINGERPRINT, 128, max_file=1000)
+    store.scan()
+    (tmp_path / file_name("s1")).write_bytes(file_bytes())  # 10 KB of payload
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):
+        assert store.load("s1") is None
+    assert "more than a session of this engine holds (1000)" in caplog.text and store.refused == 1
 
 
 # ---- the store --------------------------------------------------------------------------
@@ -376,6 +421,24 @@ async def test_an_evicted_session_comes_back_warm_from_its_file(stack, tmp_path)
     again = await turn(client, "a", histories["a"], "and again")
     assert cached(again) == first["a"]["prompt_tokens"] + first["a"]["completion_tokens"] - 1
     assert table.store.has("a")
+
+
+@pytest.mark.asyncio
+async def test_a_file_remembering_a_reply_outside_the_vocabulary_is_refused(stack, tmp_path):
+    # its checksum right, so only the ids say it was not written by llmd
+    client, table, _ = await stack()
+    histories = {sid: [] for sid in "abc"}
+    for sid in "abc":
+        await turn(client, sid, histories[sid], f"hello from {sid}")
+    await asyncio.sleep(0)
+    assert "a" not in table.named and table.store.has("a")
+    path = table.store.path("a")
+    saved = decode(path.read_bytes(), "a", "tiny", table.engine.info.n_ctx)
+    replies = [(fp, [table.engine.info.n_vocab]) for fp, _ in saved.replies]
+    path.write_bytes(b"".join(bytes(p) for p in encode("a", "tiny", table.engine.info.n_ctx, saved.n_tokens, replies,
+                                                       saved.payload, saved.version)))
+    again = await turn(client, "a", histories["a"], "and again")
+    assert cached(again) == 0 and table.store.refused == 1 and table.store.loaded == 0
 
 
 @pytest.mark.asyncio
