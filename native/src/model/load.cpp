@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <sys/mman.h>
@@ -25,6 +26,10 @@ namespace {
 // nothing right), and the workspace is sized by them (a 48 MB file of a 2^22-wide FFN
 // asked 11 GiB for one chunk).
 constexpr int64_t kMaxWidth = 1 << 18;
+
+// Magnitudes no model's metadata or factors reach: past them a product of a few of them
+// over- or underflows a float, and every logit comes out NaN.
+bool within_float_range(double v) { return std::fabs(v) >= 1e-30 && std::fabs(v) <= 1e12; }
 
 // Whether tensor t has shape ne, as ggml counts dimensions: trailing dimensions of 1
 // may be left out of the file (a [n, 1] matrix is written as [n]).
@@ -134,6 +139,11 @@ float Binder::get_float(const std::string &key, float fallback) {
     double v = fallback;
     std::string err;
     if (!file.get_float(key, &v, &err) && !err.empty()) fail(err);
+    else if (v != 0.0 && !within_float_range(v)) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%g", v);
+        fail("model metadata " + key + " = " + text + " is out of range");
+    }
     return static_cast<float>(v);
 }
 
@@ -697,7 +707,7 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, double base
             float div;
             std::memcpy(&div, freqs->data + 4 * i, 4);
             // llama.cpp divides by any factor; zero or one not finite has no angle
-            if (div == 0.0f || !std::isfinite(div)) return b.fail("tensor " + factors + " holds a zero or infinite factor");
+            if (!within_float_range(div)) return b.fail("tensor " + factors + " holds a factor out of range");
             f /= div;
         }
         if (!hp.rope_fixed.empty() && hp.rope_fixed[i]) f = 0.0; // an angle of 0 at every position
@@ -741,8 +751,8 @@ bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
 // hp.rope_mscale and hp.rope_mscale_local, as ggml's RoPE computes them: the context's
 // magnitude factor (rope.scaling.attn_factor; with YaRN also (1 + 0.1 ln f) / (1 + 0.1 ·
 // log_mul · ln f) over (1 + 0.1 ln f)), times (1 + 0.1 ln f) where YaRN turns a layer
-// with its frequencies scaled by 1 / f.
-void rope_magnitudes(const RopeScaling &rs, HParams &hp) {
+// with its frequencies scaled by 1 / f. False (failed) for one outside the factors' range.
+bool rope_magnitudes(Binder &b, const RopeScaling &rs, HParams &hp) {
     float context = rs.attn_factor;
     hp.rope_mscale = rs.attn_factor;
     if (rs.kind == RopeScaling::yarn && rs.factor > 1.0f) {
@@ -755,6 +765,10 @@ void rope_magnitudes(const RopeScaling &rs, HParams &hp) {
     case HParams::LocalRope::unscaled: hp.rope_mscale_local = context; break;
     case HParams::LocalRope::plain: hp.rope_mscale_local = 1.0f; break;
     }
+    const auto sane = [](float m) { return m >= 1.0f / 1024 && m <= 1024.0f; }; // as the factors (read_rope_scaling)
+    if (!sane(hp.rope_mscale) || !sane(hp.rope_mscale_local))
+        return b.fail("model RoPE magnitude (attn_factor, yarn_log_multiplier) is out of range");
+    return true;
 }
 
 } // namespace
@@ -893,7 +907,7 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     }
 
     if (!rope_frequencies(b, scaling, *model)) return nullptr;
-    rope_magnitudes(scaling, hp);
+    if (!rope_magnitudes(b, scaling, hp)) return nullptr;
 
     // A tensor nobody bound is a part of the model llmd would not compute.
     for (size_t i = 0; i < b.used.size(); ++i)
