@@ -476,6 +476,16 @@ class Api:
             self.waiting -= 1
         try:
             slot = lease.slot
+            # A session's own cache, and the replies it remembers, serve only the scope that
+            # filled them (its API key and cache_salt, even with --prefix-cache off): another
+            # scope's request starts it over (dirty: emptied before use, even should this
+            # request end before its prefill).
+            owner = cache_scope("key" if self.options.prefix_cache == "off" else self.options.prefix_cache,
+                                request.principal, req.cache_salt)
+            if slot.owner not in (None, owner):
+                slot.dirty = True
+                slot.replies.clear()
+            slot.owner = owner
             reuse = not slot.temporary and (sid is not None or self.options.scratch_reuse)
             if reuse and prompt.replies and len(spliced := prompt.ids(slot.replies, slot.resident)) < n_ctx:
                 ids = spliced

@@ -118,6 +118,7 @@ class Slot:
     draft: DraftSession | None = None  # its draft model's session, with a draft model (opened and freed with it)
     resident: list[int] = field(default_factory=list)  # ids in the KV cache, in order
     dirty: bool = False             # KV cache may disagree with `resident`: reset before use
+    owner: str | None = None        # the scope (prefill.cache_scope) of the last request on it, None: none yet
     temporary: bool = False
     deleted: bool = False           # left the table (DELETE or eviction); freed when unused
     users: int = 0                  # requests holding or waiting for the slot

@@ -59,6 +59,26 @@ def test_another_api_key_never_gets_cached_tokens_of_a_prompt(keyed):
     assert cached(ask(client(keyed, "key-b"), messages)) == 0
 
 
+@pytest.mark.parametrize("named", [{"prompt_cache_key": "shared-name"}, {"session_id": "shared-session"}],
+                         ids=["prompt_cache_key", "session_id"])
+def test_a_session_named_by_two_keys_or_salts_lends_its_cache_to_neither_other(keyed, named):
+    # the session's own cache, not only the shared blocks: cached_tokens would tell key-b
+    # whether key-a sent a prompt (a guess of a secret in it cached more tokens)
+    prompt = f"Zebra {named} PIN 4815. " * 8  # from its first token a prompt no other test sends
+
+    def complete(key: str, **params) -> int:
+        resp = client(keyed, key).completion(prompt, max_tokens=2, temperature=0, **named, **params)
+        assert resp.status == 200, resp.body
+        return cached(resp.json())
+
+    complete("key-a")
+    assert complete("key-a") > 0
+    assert complete("key-b") == 0
+    assert complete("key-b", cache_salt="s") == 0
+    complete("key-a")  # its scope again: filled afresh, then warm
+    assert complete("key-a") > 0
+
+
 def test_a_scored_prompt_is_shared_only_within_its_key(keyed):
     prompt = SYSTEM + " Scored."
     scored = client(keyed, "key-a").completion(prompt, echo=True, logprobs=1, max_tokens=0)
