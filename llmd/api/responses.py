@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from llmd.api import logprobs
-from llmd.api.validation import (bool_field, ChatRequest, check_keys, int_field, MAX_TOP_LOGPROBS, Message,
-                                 parse_common, parse_flat_tools, parse_json_object, parse_max_tokens,
+from llmd.api.validation import (arguments_field, bool_field, ChatRequest, check_keys, int_field, MAX_TOP_LOGPROBS,
+                                 Message, parse_common, parse_flat_tools, parse_json_object, parse_max_tokens,
                                  parse_prompt_cache_key, parse_reasoning, parse_response_format,
                                  parse_sampling, parse_stream, parse_tool_choice, required_field,
                                  ResponseFormat, Sampling, value_text, str_field, text_parts, Tool, ToolCall,
@@ -461,7 +461,8 @@ def _parse_input(v: Any) -> list[Message]:
         elif kind == "function_call":
             call = ToolCall(id=str_field(required_field(item, "call_id", f"{p}.call_id"), f"{p}.call_id"),
                             name=str_field(required_field(item, "name", f"{p}.name"), f"{p}.name"),
-                            arguments=str_field(required_field(item, "arguments", f"{p}.arguments"), f"{p}.arguments"))
+                            arguments=arguments_field(required_field(item, "arguments", f"{p}.arguments"),
+                                                      f"{p}.arguments"))
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant" and reasoning is None:
                 messages[-1] = replace(last, tool_calls=last.tool_calls + (call,))

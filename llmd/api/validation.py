@@ -680,10 +680,25 @@ def _parse_tool_calls(v: Any, p: str) -> tuple[ToolCall, ...]:
         calls.append(ToolCall(
             id=str_field(required_field(c, "id", f"{cp}.id"), f"{cp}.id"),
             name=str_field(required_field(fn, "name", f"{cp}.function.name"), f"{cp}.function.name"),
-            arguments=str_field(required_field(fn, "arguments", f"{cp}.function.arguments"),
-                           f"{cp}.function.arguments"),
+            arguments=arguments_field(required_field(fn, "arguments", f"{cp}.function.arguments"),
+                                       f"{cp}.function.arguments"),
         ))
     return tuple(calls)
+
+
+def arguments_field(v: Any, param: str) -> str:
+    """A tool call's arguments: a string, whose JSON (when it is JSON) holds no lone UTF-16
+    surrogate either, as the body may not: the reply is fingerprinted and rendered as text."""
+    text = str_field(v, param)
+    if _MAYBE_SURROGATE.search(text):
+        try:
+            _check_no_lone_surrogates(json.loads(text))
+        except ApiError:
+            raise invalid_request(f"Invalid value for '{param}': its JSON holds a lone UTF-16 surrogate.",
+                                  param) from None
+        except (ValueError, RecursionError):
+            pass  # not JSON: kept as the text it is
+    return text
 
 
 def parse_tools(v: Any) -> list[Tool]:

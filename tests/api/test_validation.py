@@ -832,3 +832,18 @@ def test_chat_reasoning_object_sets_the_effort_and_asks_for_the_reasoning():
     assert chat_refused(reasoning_effort="low", reasoning={"effort": "high"}).param == "reasoning.effort"
     assert chat_refused(reasoning={"summary": "short"}).param == "reasoning.summary"
     assert chat().reasoning is None
+
+
+@pytest.mark.parametrize("arguments, ok", [('{"city": "\\ud800"}', False), ('{"city": "\\ud83d\\ude00"}', True),
+                                           ('not json \\ud800', True)])
+def test_tool_call_arguments_whose_json_holds_a_lone_surrogate_are_refused(arguments, ok):
+    # the body may not hold one; arguments are JSON inside a string, decoded later (500)
+    messages = [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                      "function": {"name": "w", "arguments": arguments}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    if ok:
+        assert chat(messages=messages).messages[1].tool_calls[0].arguments == arguments
+    else:
+        err = chat_refused(messages=messages)
+        assert err.param == "messages[1].tool_calls[0].function.arguments" and "surrogate" in err.message
