@@ -31,6 +31,11 @@ constexpr int64_t kMaxWidth = 1 << 18;
 // over- or underflows a float, and every logit comes out NaN.
 bool within_float_range(double v) { return std::fabs(v) >= 1e-30 && std::fabs(v) <= 1e12; }
 
+// RoPE's scaling factors and the magnitudes made of them: real files' are within tens of
+// 1; far past them their products under- or overflow a float (a factor of 1e-38, or an
+// attn_factor of 3e38, made every logit NaN).
+bool within_rope_range(float f) { return f >= 1.0f / 1024 && f <= 1024.0f; }
+
 // Whether tensor t has shape ne, as ggml counts dimensions: trailing dimensions of 1
 // may be left out of the file (a [n, 1] matrix is written as [n]).
 bool shaped(const GGUFTensor *t, std::initializer_list<int64_t> ne) {
@@ -663,10 +668,7 @@ bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
     rs->n_ctx_orig = b.get_int(p + "rope.scaling.original_context_length", hp.n_ctx_train, false);
     if (!b.error->empty()) return false;
     if (factor == 0.0f) factor = 1.0f;
-    // Real files' factors are within tens of 1; far past them a factor's products under- or
-    // overflow a float (a factor of 1e-38, or an attn_factor of 3e38, made every logit NaN).
-    const auto sane = [](float f) { return f >= 1.0f / 1024 && f <= 1024.0f; };
-    if (!sane(factor) || !sane(rs->attn_factor) || rs->n_ctx_orig < 1)
+    if (!within_rope_range(factor) || !within_rope_range(rs->attn_factor) || rs->n_ctx_orig < 1)
         return b.fail("model RoPE scaling factor is invalid");
     rs->factor = factor; // kept with type none: the window layers of some families still take it (rope_frequencies)
     if (type == "none") {
@@ -765,8 +767,7 @@ bool rope_magnitudes(Binder &b, const RopeScaling &rs, HParams &hp) {
     case HParams::LocalRope::unscaled: hp.rope_mscale_local = context; break;
     case HParams::LocalRope::plain: hp.rope_mscale_local = 1.0f; break;
     }
-    const auto sane = [](float m) { return m >= 1.0f / 1024 && m <= 1024.0f; }; // as the factors (read_rope_scaling)
-    if (!sane(hp.rope_mscale) || !sane(hp.rope_mscale_local))
+    if (!within_rope_range(hp.rope_mscale) || !within_rope_range(hp.rope_mscale_local))
         return b.fail("model RoPE magnitude (attn_factor, yarn_log_multiplier) is out of range");
     return true;
 }
