@@ -495,7 +495,7 @@ class Api:
             max_tokens = cap if req.max_tokens is None else min(req.max_tokens, cap)
             sampling = self._sampling(req.sampling)
             speculative = self._draft_limits(req.speculative)
-            scope = cache_scope(self.options.prefix_cache, request.principal, req.cache_salt)
+            scope = None if self.options.prefix_cache == "off" else owner  # the prefix cache's (cache_scope)
 
             def generation(index: int) -> Generation:
                 """Choice `index`: its own seed; after the first, the prompt is in the slot's
