@@ -411,16 +411,9 @@ class SchemaCompiler:
             return lo <= len(value) and (hi is None or len(value) <= hi)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return True
-        for key, keeps in (("minimum", lambda b: value >= b), ("maximum", lambda b: value <= b),
-                           ("exclusiveMinimum", lambda b: value > b), ("exclusiveMaximum", lambda b: value < b)):
-            bound = schema.get(key)
-            if bound is None:
-                continue
-            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound):
-                raise _bad(f"'{key}'{where} must be a number")
-            if not keeps(bound):
-                return False
-        return True
+        keeps = {"minimum": lambda b: value >= b, "maximum": lambda b: value <= b,
+                 "exclusiveMinimum": lambda b: value > b, "exclusiveMaximum": lambda b: value < b}
+        return all(keeps[key](bound) for key, bound in _bounds(schema, where).items())
 
     def _typed(self, kind: str, schema: dict, path: str, where: str) -> Expr:
         if kind == "string":
@@ -470,16 +463,10 @@ class SchemaCompiler:
         return FORMATS[fmt]
 
     def _number(self, kind: str, schema: dict, where: str) -> Expr:
-        bounds = {}
-        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            v = schema.get(key)
-            if v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise _bad(f"'{key}'{where} must be a number")
+        bounds = _bounds(schema, where)
+        for key, v in bounds.items():
             if kind == "number" and v != int(v):
                 raise SchemaError(f"'{key}' {v}{where}: bounds of a number must be whole numbers", key)
-            bounds[key] = v
         if not bounds:
             return INTEGER if kind == "integer" else NUMBER
         lo, lo_strict = _tighter(bounds.get("minimum"), bounds.get("exclusiveMinimum"), max)
@@ -564,6 +551,20 @@ class SchemaCompiler:
         item = self.compile(items, f"{path}.items")
         body = seq(item, repeat(seq(self.comma, item), max(lo - 1, 0), None if hi is None else hi - 1))
         return seq(lit("["), self.ws, body if lo > 0 else opt(body), self.ws, lit("]"))
+
+
+def _bounds(schema: dict, where: str) -> dict[str, int | float]:
+    """A schema's numeric bounds (minimum, maximum and their exclusive forms) that it
+    gives, each a finite number, else malformed."""
+    bounds = {}
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        v = schema.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise _bad(f"'{key}'{where} must be a number")
+        bounds[key] = v
+    return bounds
 
 
 def _check_writable(lo: float | None, lo_strict: bool, hi: float | None, hi_strict: bool, where: str) -> None:
