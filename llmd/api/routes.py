@@ -471,7 +471,7 @@ class Api:
         self._admit()
         self.waiting += 1
         try:
-            lease = await self.table.acquire(sid)  # 400 / 429 here, before any response byte
+            lease = await self.table.acquire(sid, request.principal)  # 400 / 429 here, before any byte
         finally:
             self.waiting -= 1
         try:

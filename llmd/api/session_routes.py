@@ -11,11 +11,14 @@ from llmd.serving.sessions import SessionTable, session_id_of
 
 
 class SessionRoutes:
+    """Each API key sees and acts on its own sessions only (SessionTable.sessions);
+    the counts are the whole server's."""
+
     def __init__(self, engine: Engine, table: SessionTable):
         self.engine, self.table = engine, table
 
     async def list_sessions(self, request: HttpRequest) -> Response:
-        data = [self.table.describe(s) for s in self.table.named.values()]
+        data = [self.table.describe(s) for s in self.table.sessions(request.principal)]
         # The engine's own count next to the table's: they differ only while frees
         # or opens are queued on the executor, so lasting disagreement is a leak.
         saved = {"saved_sessions": store.count, "saved_bytes": store.bytes_used} if (store := self.table.store) else {}
@@ -23,19 +26,21 @@ class SessionRoutes:
                               "engine_sessions": self.engine.live_sessions(),
                               "table_sessions": self.table.engine_sessions, **saved})
 
-    def _named(self, sid: str) -> str:
-        return session_id_of(sid, {})
-
     async def get_session(self, request: HttpRequest, sid: str) -> Response:
-        slot = self.table.named.get(self._named(sid))
+        slot = self.table.get(valid_id(sid), request.principal)
         if slot is None:
             raise errors.session_not_found(sid)
         return json_response(self.table.describe(slot))
 
     async def delete_session(self, request: HttpRequest, sid: str) -> Response:
-        deleted = self.table.delete(self._named(sid))
+        deleted = self.table.delete(valid_id(sid), request.principal)
         return json_response({"id": sid, "object": "session.deleted", "deleted": deleted})
 
     async def reset_session(self, request: HttpRequest, sid: str) -> Response:
-        reset = self.table.reset(self._named(sid))
+        reset = self.table.reset(valid_id(sid), request.principal)
         return json_response({"id": sid, "object": "session.reset", "reset": reset})
+
+
+def valid_id(sid: str) -> str:
+    """A session id from the path, validated as a request's is (400 invalid_session_id)."""
+    return session_id_of(sid, {})

@@ -11,14 +11,15 @@ native/src/memory/session_state.h) in what makes it safe to load:
     u32       metadata length
     u64       payload length
     u32       CRC-32 of metadata + payload
-    metadata  JSON: session_id, model (fingerprint), kv_type (kv_type_name), n_ctx, n_tokens, version
-              (1 for the session's first file, one more for each file that replaced
-              it), writer (host:pid), saved_at, and replies (the session's remembered
-              replies: fingerprint, generated ids)
+    metadata  JSON: session_id (its session_key), model (fingerprint), kv_type (kv_type_name),
+              n_ctx, n_tokens, version (1 for the session's first file, one more for
+              each file that replaced it), writer (host:pid), saved_at, replies (the
+              session's remembered replies: fingerprint, generated ids) and owner (the
+              prefix cache scope of its last request, null: none)
     payload   the engine's state bytes
 
 A file is loaded only when every check passes: magic, version, length, checksum,
-the session id it names, the model fingerprint (model_fingerprint), the KV type and
+the session it names, the model fingerprint (model_fingerprint), the KV type and
 the context size; the engine checks the payload's shape once more as it imports it.
 A file that fails any check is refused with a log line naming the reason, and the
 request runs cold: it is never loaded into a session.
@@ -43,8 +44,9 @@ operation:
   load refreshes) are removed to make room. Another instance may remove or replace
   a file meanwhile; a file that vanishes is no error, and one whose modification
   time changed since the listing is left alone.
-A file's name is a digest of its session id, so any id is a safe name and none can
-reach outside the directory. A write that fails (disk full, read-only directory, no
+A file's name is a digest of its session_key (the API key's digest and the client's
+id), so any id is a safe name, none can reach outside the directory, and two API
+keys' sessions of one id are two files. A write that fails (disk full, read-only directory, no
 permission) is a warning, and the session is not kept, as without --session-dir; it
 is never an error for a client.
 
@@ -115,9 +117,10 @@ def model_fingerprint(model_path: str, header_bytes: int, file_bytes: int, engin
 class Saved:
     """A session as its file holds it."""
 
-    session_id: str
+    key: str                            # session_key
     payload: memoryview                 # the engine's state bytes (Session.import_state)
     replies: list[tuple[str, list[int]]]
+    owner: str | None                   # the prefix cache scope that filled it (Slot.owner)
     n_tokens: int
     version: int
 
@@ -129,9 +132,21 @@ class Refused(Exception):
     """A session file that must not be loaded; the message says why."""
 
 
-def file_name(session_id: str) -> str:
-    """A session's file name: a digest of its id, safe whatever the id holds."""
-    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:40] + SUFFIX
+def session_key(principal: str, session_id: str) -> str:
+    """A session's name in the session table and the store: the client's id after the
+    digest of the API key the request presented (`principal`; "" without API keys:
+    then the id alone). Ids hold no space, so no two keys' names meet."""
+    return f"{principal} {session_id}" if principal else session_id
+
+
+def shown(key: str) -> str:
+    """A session_key as the logs show it: the client's id, without the key's digest."""
+    return key.rpartition(" ")[2]
+
+
+def file_name(key: str) -> str:
+    """A session's file name: a digest of its session_key, safe whatever the id holds."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40] + SUFFIX
 
 
 def kv_type_name(kv_type_k: str, kv_type_v: str) -> str:
@@ -140,19 +155,20 @@ def kv_type_name(kv_type_k: str, kv_type_v: str) -> str:
     return kv_type_k if kv_type_k == kv_type_v else f"{kv_type_k}/{kv_type_v}"
 
 
-def encode(session_id: str, fingerprint: str, n_ctx: int, n_tokens: int, replies: list[tuple[str, list[int]]],
-           payload: bytes | memoryview, version: int = 1, kv_type: str = "f16") -> list[bytes | memoryview]:
+def encode(key: str, fingerprint: str, n_ctx: int, n_tokens: int, replies: list[tuple[str, list[int]]],
+           payload: bytes | memoryview, version: int = 1, kv_type: str = "f16",
+           owner: str | None = None) -> list[bytes | memoryview]:
     """A session file's bytes, in pieces to write one after the other."""
-    meta = json.dumps({"session_id": session_id, "model": fingerprint, "kv_type": kv_type, "n_ctx": n_ctx,
+    meta = json.dumps({"session_id": key, "model": fingerprint, "kv_type": kv_type, "n_ctx": n_ctx,
                        "n_tokens": n_tokens, "version": version, "writer": WRITER,
-                       "saved_at": round(time.time(), 3), "replies": [[fp, ids] for fp, ids in replies]},
-                      separators=(",", ":")).encode()
+                       "saved_at": round(time.time(), 3), "replies": [[fp, ids] for fp, ids in replies],
+                       "owner": owner}, separators=(",", ":")).encode()
     crc = zlib.crc32(payload, zlib.crc32(meta))
     return [_PREFIX.pack(MAGIC, FORMAT_VERSION, len(meta), len(payload), crc), meta, payload]
 
 
-def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int, kv_type: str = "f16") -> Saved:
-    """The session a file's bytes hold, if they may be loaded for session_id by this
+def decode(data: bytes, key: str, fingerprint: str, n_ctx: int, kv_type: str = "f16") -> Saved:
+    """The session a file's bytes hold, if they may be loaded for the session `key` by this
     model at this context with this KV type (kv_type_name); else Refused with the reason."""
     if len(data) < _PREFIX.size or data[:len(MAGIC)] != MAGIC:
         raise Refused("not an llmd session file")
@@ -172,17 +188,20 @@ def decode(data: bytes, session_id: str, fingerprint: str, n_ctx: int, kv_type: 
         saved_id, model, ctx, n_tokens = meta["session_id"], meta["model"], meta["n_ctx"], int(meta["n_tokens"])
         # Files from before several writers shared a directory: version 0.
         version, stored = int(meta.get("version", 0)), str(meta["kv_type"])
+        owner = meta.get("owner")  # absent from files before scopes were kept
+        if owner is not None and not isinstance(owner, str):
+            raise TypeError(f"owner is a {type(owner).__name__}")
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
         raise Refused(f"unreadable metadata ({type(exc).__name__}: {exc})") from None
-    if saved_id != session_id:
-        raise Refused("it belongs to another session id")
+    if saved_id != key:
+        raise Refused("it belongs to another session id or API key")
     if model != fingerprint:
         raise Refused("it was written for another model file or another llmd engine build")
     if stored != kv_type:
         raise Refused(f"its KV cache is stored as {stored!r}; this engine stores {kv_type!r}")
     if ctx != n_ctx:
         raise Refused(f"it was written at a context of {ctx} tokens; this server runs {n_ctx}")
-    return Saved(session_id, payload, replies, n_tokens, version)
+    return Saved(key, payload, replies, owner, n_tokens, version)
 
 
 def open_regular(path: str | os.PathLike) -> BinaryIO:
@@ -262,21 +281,21 @@ class SessionStore:
         with self._lock:
             return sum(size for size, _ in self._files.values())
 
-    def has(self, session_id: str) -> bool:
+    def has(self, key: str) -> bool:
         """Whether a file for the session is listed (no disk access; files other
         instances wrote since the last listing are not)."""
-        return file_name(session_id) in self._files
+        return file_name(key) in self._files
 
-    def path(self, session_id: str) -> pathlib.Path:
-        return self.directory / file_name(session_id)
+    def path(self, key: str) -> pathlib.Path:
+        return self.directory / file_name(key)
 
-    def version(self, session_id: str) -> int | None:
+    def version(self, key: str) -> int | None:
         """The version the session's file holds now; None without a readable file."""
-        return read_version(self.path(session_id))
+        return read_version(self.path(key))
 
-    def load(self, session_id: str) -> Saved | None:
+    def load(self, key: str) -> Saved | None:
         """The saved session, or None when there is no file or it is refused (logged)."""
-        name = file_name(session_id)
+        name = file_name(key)
         path = self.directory / name
         try:
             with open_regular(path) as f:
@@ -284,15 +303,15 @@ class SessionStore:
                 if self.max_file is not None and size > self.max_file:
                     raise Refused(f"{size} bytes, more than a session of this engine holds ({self.max_file})")
                 data = f.read()
-            saved = decode(data, session_id, self.fingerprint, self.n_ctx, self.kv_type)
+            saved = decode(data, key, self.fingerprint, self.n_ctx, self.kv_type)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            log.warning("cannot read the file of session %r (%s): %s; it starts cold", session_id, path, exc)
+            log.warning("cannot read the file of session %r (%s): %s; it starts cold", shown(key), path, exc)
             self.count_refused()
             return None
         except Refused as exc:
-            log.warning("session file %s refused for session %r: %s; it starts cold", path, session_id, exc)
+            log.warning("session file %s refused for session %r: %s; it starts cold", path, shown(key), exc)
             self.count_refused()
             return None
         try:  # a load is a use: the file is now the most recently used
@@ -313,22 +332,23 @@ class SessionStore:
         with self._lock:
             self.loaded += 1
 
-    def save(self, session_id: str, payload: bytes | memoryview, replies: list[tuple[str, list[int]]],
-             n_tokens: int, base: int = 0) -> int | None:
+    def save(self, key: str, payload: bytes | memoryview, replies: list[tuple[str, list[int]]],
+             n_tokens: int, base: int = 0, owner: str | None = None) -> int | None:
         """Write the session's file atomically as version base + 1, if its file is
         absent, unreadable or still at version `base` (the version the caller loaded
         or last wrote; 0: none), removing the least recently used files if the budget
-        needs room. The version written; CONFLICT if another writer's version is
-        there, None (logged) if the write failed."""
-        pieces = encode(session_id, self.fingerprint, self.n_ctx, n_tokens, replies, payload, base + 1, self.kv_type)
+        needs room; `owner` is Saved.owner. The version written; CONFLICT if another
+        writer's version is there, None (logged) if the write failed."""
+        pieces = encode(key, self.fingerprint, self.n_ctx, n_tokens, replies, payload, base + 1, self.kv_type,
+                        owner)
         size = sum(len(p) for p in pieces)
         if self.max_bytes and size > self.max_bytes:
             log.warning("session %r takes %d bytes, more than --session-dir-max (%d): not saved",
-                        session_id, size, self.max_bytes)
+                        shown(key), size, self.max_bytes)
             with self._lock:
                 self.failed += 1
             return None
-        name = file_name(session_id)
+        name = file_name(key)
         path = self.directory / name
         tmp = self.directory / f".{name}.{WRITER.replace(':', '-')}-{secrets.token_hex(4)}.tmp"
         written = False  # whether tmp exists, to be removed on failure
@@ -348,7 +368,7 @@ class SessionStore:
                         self._unlink(tmp.name)
                         log.info("session %r not saved: its file is at version %d, written by another "
                                  "instance since this one's version %d; it is reloaded before its next "
-                                 "request here", session_id, current, base)
+                                 "request here", shown(key), current, base)
                         with self._lock:
                             self.conflicts += 1
                         return CONFLICT
@@ -358,7 +378,7 @@ class SessionStore:
                 if written:
                     self._unlink(tmp.name)
                 log.warning("cannot save session %r in %s: %s; it is kept in memory only, as without "
-                            "--session-dir", session_id, self.directory, exc)
+                            "--session-dir", shown(key), self.directory, exc)
                 with self._lock:
                     self.failed += 1
                 return None
@@ -367,9 +387,9 @@ class SessionStore:
             self.saved += 1
         return base + 1
 
-    def remove(self, session_id: str) -> bool:
+    def remove(self, key: str) -> bool:
         """Delete the session's file; whether there was one."""
-        name = file_name(session_id)
+        name = file_name(key)
         with self._lock:
             self._files.pop(name, None)
         return self._unlink(name)

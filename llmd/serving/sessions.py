@@ -3,6 +3,8 @@ lifetime of every engine session.
 
 A request names its session (body `session_id`, else the first non-empty of the
 SESSION_HEADERS) or none. Named sessions keep their KV cache between requests.
+Session ids are per API key (session_key): two keys' "chat-1" are two sessions, and
+no key can use, see, reset or delete another's.
 Anonymous requests use the scratch slot, or, while it is busy and capacity is
 free, a temporary slot that is freed afterwards, so concurrent anonymous
 requests still run side by side. Capacity comes from the engine: one slot stays
@@ -58,7 +60,7 @@ from typing import Awaitable, Callable, Iterable
 from llmd import errors
 from llmd.engine.native import Engine, EngineError, Session
 from llmd.serving.draft_model import DraftSession, open_draft_session
-from llmd.serving.session_store import CONFLICT, Saved, SessionStore
+from llmd.serving.session_store import CONFLICT, Saved, SessionStore, session_key
 
 log = logging.getLogger("llmd.sessions")
 
@@ -113,12 +115,13 @@ def reply_fingerprint(content: str | None, calls: Iterable[tuple[str, str]]) -> 
 class Slot:
     """One engine session and what we know of its KV cache."""
 
-    id: str | None                  # None for the scratch slot and temporary slots
+    id: str | None                  # the client's id; None for the scratch slot and temporary slots
     session: Session | None = None  # None while it is being opened, and once freed
     draft: DraftSession | None = None  # its draft model's session, with a draft model (opened and freed with it)
     resident: list[int] = field(default_factory=list)  # ids in the KV cache, in order
     dirty: bool = False             # KV cache may disagree with `resident`: reset before use
     owner: str | None = None        # the scope (prefill.cache_scope) of the last request on it, None: none yet
+    principal: str = ""             # the API key (digest) whose session it is, "" without keys
     temporary: bool = False
     deleted: bool = False           # left the table (DELETE or eviction); freed when unused
     users: int = 0                  # requests holding or waiting for the slot
@@ -136,6 +139,11 @@ class Slot:
     # differ). One text may come with several lists of ids: a model can generate the
     # same text as other tokens (bytes of invalid UTF-8 all read U+FFFD).
     replies: list[tuple[str, list[int]]] = field(default_factory=list)
+
+    @property
+    def key(self) -> str | None:
+        """Its name in the table and the store (session_key); None when unnamed."""
+        return None if self.id is None else session_key(self.principal, self.id)
 
     def remember_reply(self, fingerprint: str, ids: list[int]) -> None:
         if (fingerprint, ids) in self.replies:
@@ -171,7 +179,7 @@ class SessionTable:
         self.capacity = capacity        # slots in all, scratch included
         self.eviction = eviction
         self.scratch_reuse = scratch_reuse
-        self.named: dict[str, Slot] = {}
+        self.named: dict[str, Slot] = {}  # session_key -> slot
         self.temporary = 0              # temporary slots not yet freed
         self.retiring = 0               # deleted slots not yet freed (in use or opening)
         self.evictions = 0
@@ -180,7 +188,7 @@ class SessionTable:
         self._pending: set[asyncio.Future] = set()  # engine calls and disk work the table queued
         self.store = store
         self.save_delay = save_delay    # seconds idle before a named session is saved (0: after each turn)
-        self._disk: dict[str, asyncio.Future] = {}   # session id -> its last disk operation
+        self._disk: dict[str, asyncio.Future] = {}   # session_key -> its last disk operation
         self._closing = False
 
     async def start(self) -> None:
@@ -194,14 +202,14 @@ class SessionTable:
     def _free_slots(self) -> int:
         return self.capacity - 1 - len(self.named) - self.temporary - self.retiring
 
-    async def acquire(self, session_id: str | None) -> Lease:
-        """A lease on the slot for a request, locked for it; the request's generation
-        releases it (Lease.release) when it ends.
+    async def acquire(self, session_id: str | None, principal: str = "") -> Lease:
+        """A lease on the slot for a request made with the API key `principal`, locked
+        for it; the request's generation releases it (Lease.release) when it ends.
 
         Raises ApiError 400 unsupported_session or 429 capacity_exhausted before
         the request has produced any output."""
         while True:
-            slot = self._admit(session_id)
+            slot = self._admit(session_id, principal)
             slot.users += 1
             try:
                 await slot.lock.acquire()
@@ -224,7 +232,7 @@ class SessionTable:
                 return lease
             lease.release()  # deleted while we waited: start over with a fresh slot
 
-    def _admit(self, session_id: str | None) -> Slot:
+    def _admit(self, session_id: str | None, principal: str) -> Slot:
         """The slot for a request, with capacity reserved; no await, so no other
         request can take the room between the check and the reservation."""
         if session_id is None:
@@ -234,7 +242,7 @@ class SessionTable:
             slot = Slot(None, temporary=True)
             self._open(slot)
             return slot
-        if (slot := self.named.get(session_id)) is not None:
+        if (slot := self.named.get(session_key(principal, session_id))) is not None:
             return slot
         if self.capacity <= 1:
             raise errors.unsupported_session()
@@ -246,7 +254,8 @@ class SessionTable:
             victim.save = True
             self._forget(victim)
             self.evictions += 1
-        slot = self.named[session_id] = Slot(session_id)
+        slot = Slot(session_id, principal=principal)
+        self.named[slot.key] = slot
         self._open(slot)
         return slot
 
@@ -269,7 +278,7 @@ class SessionTable:
     def _open(self, slot: Slot) -> None:
         opened = self._call(self._new_session, slot)  # queued now, in order with the frees
         if self.store is not None and slot.id is not None:
-            opened = self._restore(slot.id, slot, opened)
+            opened = self._restore(slot, opened)
         slot.opening = self._queue(opened, lambda f: self._opened(slot, f))
 
     def _new_session(self, slot: Slot) -> Session:
@@ -294,10 +303,10 @@ class SessionTable:
 
         self._queue(self._call(close), self._closed)
 
-    async def _restore(self, sid: str, slot: Slot, opened: Awaitable[Session]) -> Session:
-        """The slot's new engine session, holding what the id's file saved, if the
-        store accepts it; a refused or unreadable file leaves it empty (cold)."""
-        loading = asyncio.ensure_future(self._load(sid))  # the file is read while the session opens
+    async def _restore(self, slot: Slot, opened: Awaitable[Session]) -> Session:
+        """The slot's new engine session, holding what its file saved, if the store
+        accepts it; a refused or unreadable file leaves it empty (cold)."""
+        loading = asyncio.ensure_future(self._load(slot))  # the file is read while the session opens
         try:
             session = await opened
         except BaseException:
@@ -311,11 +320,11 @@ class SessionTable:
                     return session.tokens()
 
                 slot.resident = await self._call(restore)
-                slot.replies = list(saved.replies)
+                slot.replies, slot.owner = list(saved.replies), saved.owner
                 self.store.count_loaded()
-                log.info("session %r restored from disk: %d tokens", sid, len(slot.resident))
+                log.info("session %r restored from disk: %d tokens", slot.id, len(slot.resident))
         except EngineError as exc:
-            log.warning("the engine refused the saved state of session %r: %s; it starts cold", sid, exc)
+            log.warning("the engine refused the saved state of session %r: %s; it starts cold", slot.id, exc)
             self.store.count_refused()
         except BaseException:
             self.engine_sessions += 1  # counted here, as _opened would have: _closed uncounts it
@@ -323,30 +332,30 @@ class SessionTable:
             raise
         return session
 
-    async def _load(self, sid: str) -> tuple[Saved | None, int]:
-        """The id's saved session if the store accepts it, and the version of its file
+    async def _load(self, slot: Slot) -> tuple[Saved | None, int]:
+        """The slot's saved session if the store accepts it, and the version of its file
         (0: none); a refused file's version too, so that a save may replace it."""
-        if (earlier := self._disk.get(sid)) is not None:
+        if (earlier := self._disk.get(slot.key)) is not None:
             await asyncio.gather(earlier, return_exceptions=True)
-        if (saved := await asyncio.to_thread(self.store.load, sid)) is not None:
+        if (saved := await asyncio.to_thread(self.store.load, slot.key)) is not None:
             n_vocab = self.engine.info.n_vocab
             if all(0 <= i < n_vocab for _, ids in saved.replies for i in ids):
                 return saved, saved.version
             log.warning("session file of %r refused: a reply it remembers holds a token id outside the "
-                        "vocabulary; it starts cold", sid)
+                        "vocabulary; it starts cold", slot.id)
             self.store.count_refused()
             return None, saved.version
-        return None, await asyncio.to_thread(self.store.version, sid) or 0
+        return None, await asyncio.to_thread(self.store.version, slot.key) or 0
 
     async def _refresh(self, slot: Slot) -> None:
         """Before a request on the slot: if another instance has written the session's
         file since this one loaded or wrote it, load that newer state into the session."""
-        if (earlier := self._disk.get(slot.id)) is not None:  # this instance's own save first
+        if (earlier := self._disk.get(slot.key)) is not None:  # this instance's own save first
             await asyncio.gather(earlier, return_exceptions=True)
-        version = await asyncio.to_thread(self.store.version, slot.id)
+        version = await asyncio.to_thread(self.store.version, slot.key)
         if version is None or version == slot.version:
             return
-        saved, slot.version = await self._load(slot.id)
+        saved, slot.version = await self._load(slot)
         if saved is None:
             return
         session = slot.session
@@ -365,23 +374,23 @@ class SessionTable:
             log.warning("the engine refused the saved state of session %r: %s; it runs cold", slot.id, exc)
             self.store.count_refused()
             return
-        slot.resident, slot.dirty, slot.replies = resident, False, list(saved.replies)
+        slot.resident, slot.dirty, slot.replies, slot.owner = resident, False, list(saved.replies), saved.owner
         slot.saved_turns = slot.turns
         self.store.count_loaded()
         log.info("session %r reloaded from disk: version %d, written by another instance, %d tokens",
                  slot.id, saved.version, len(resident))
 
-    def _on_disk(self, sid: str, work: Callable[[], Awaitable]) -> None:
-        """Run work() after the id's earlier disk operations, tracked like engine calls."""
-        earlier = self._disk.get(sid)
+    def _on_disk(self, key: str, work: Callable[[], Awaitable]) -> None:
+        """Run work() after the session's earlier disk operations, tracked like engine calls."""
+        earlier = self._disk.get(key)
 
         async def run() -> None:
             if earlier is not None:
                 await asyncio.gather(earlier, return_exceptions=True)
             await work()
 
-        future = self._disk[sid] = self._queue(run())
-        future.add_done_callback(lambda f: self._disk.pop(sid) if self._disk.get(sid) is f else None)
+        future = self._disk[key] = self._queue(run())
+        future.add_done_callback(lambda f: self._disk.pop(key) if self._disk.get(key) is f else None)
 
     def _save(self, slot: Slot, session: Session, why: str) -> None:
         """Export the slot's cache on the executor (queued before anything that follows,
@@ -390,7 +399,7 @@ class SessionTable:
         if slot.dirty or not slot.resident or slot.saved_turns == slot.turns:
             return
         # `resident` is a prefix of what the cache holds: exactly that is saved.
-        keep, replies, turns = len(slot.resident), list(slot.replies), slot.turns
+        keep, replies, owner, turns = len(slot.resident), list(slot.replies), slot.owner, slot.turns
         exported = self._call(session.export_state, keep)
         slot.saved_turns = turns  # so that an eviction while this save runs does not export again
 
@@ -398,7 +407,8 @@ class SessionTable:
             try:
                 payload = await exported
                 # The base is read only now, after this id's earlier saves have run.
-                version = await asyncio.to_thread(self.store.save, slot.id, payload, replies, keep, slot.version)
+                version = await asyncio.to_thread(self.store.save, slot.key, payload, replies, keep,
+                                                  slot.version, owner)
             except EngineError as exc:
                 log.warning("session %r could not be exported: %s; not saved", slot.id, exc)
                 version = None
@@ -409,7 +419,7 @@ class SessionTable:
                 slot.version = version
                 log.info("session %r saved to disk (%s): %d tokens, version %d", slot.id, why, keep, version)
 
-        self._on_disk(slot.id, write)
+        self._on_disk(slot.key, write)
 
     def _save_idle(self, slot: Slot, turns: int, why: str = "idle") -> None:
         """Save a named session that has seen no request since `turns`."""
@@ -426,7 +436,7 @@ class SessionTable:
         if self.store is None or slot.id is None or self.save_delay > 0 or slot.users:
             return None
         self._save_idle(slot, slot.turns, "turn")
-        return self._disk.get(slot.id)
+        return self._disk.get(slot.key)
 
     def _opened(self, slot: Slot, future: asyncio.Future) -> None:
         slot.opening = None
@@ -464,8 +474,8 @@ class SessionTable:
 
     def _forget(self, slot: Slot) -> None:
         """Take a named slot out of the table; its session is freed once unused."""
-        if self.named.get(slot.id) is slot:
-            del self.named[slot.id]
+        if self.named.get(slot.key) is slot:
+            del self.named[slot.key]
         slot.deleted = True
         self.retiring += 1
         self._settle(slot)
@@ -482,32 +492,41 @@ class SessionTable:
 
     # ---- operator actions ---------------------------------------------------------
 
-    def delete(self, session_id: str) -> bool:
+    def sessions(self, principal: str) -> list[Slot]:
+        """The named sessions of the API key `principal`."""
+        return [s for s in self.named.values() if s.principal == principal]
+
+    def get(self, session_id: str, principal: str) -> Slot | None:
+        return self.named.get(session_key(principal, session_id))
+
+    def delete(self, session_id: str, principal: str = "") -> bool:
         """Forget a named session at once: a later request with its id starts a new
         one. A request running on it finishes normally; the engine session is freed
         after it, and requests that were waiting for it run on the new session."""
-        slot = self.named.get(session_id)
-        on_disk = self._unsave(session_id)
+        key = session_key(principal, session_id)
+        slot = self.named.get(key)
+        on_disk = self._unsave(key)
         if slot is None:
             return on_disk
         self._forget(slot)
         return True
 
-    def _unsave(self, session_id: str) -> bool:
-        """Remove the id's file (after its pending writes); whether the store lists one.
-        The removal is queued even when it does not: an instance sharing the directory
-        may have written it."""
+    def _unsave(self, key: str) -> bool:
+        """Remove the session's file (after its pending writes); whether the store lists
+        one. The removal is queued even when it does not: an instance sharing the
+        directory may have written it."""
         if self.store is None:
             return False
-        listed = self.store.has(session_id) or session_id in self._disk
-        self._on_disk(session_id, lambda: asyncio.to_thread(self.store.remove, session_id))
+        listed = self.store.has(key) or key in self._disk
+        self._on_disk(key, lambda: asyncio.to_thread(self.store.remove, key))
         return listed
 
-    def reset(self, session_id: str) -> bool:
+    def reset(self, session_id: str, principal: str = "") -> bool:
         """Clear a named session's context; it keeps its slot. A request running on
         it finishes normally; the next one starts from an empty cache."""
-        slot = self.named.get(session_id)
-        on_disk = self._unsave(session_id)
+        key = session_key(principal, session_id)
+        slot = self.named.get(key)
+        on_disk = self._unsave(key)
         if slot is None:
             return on_disk
         slot.replies.clear()
@@ -570,7 +589,7 @@ class SessionTable:
                 continue
             slot.save = True
             self._forget(slot)
-            if (writing := self._disk.get(slot.id)) is not None:  # one exported cache in memory at a time
+            if (writing := self._disk.get(slot.key)) is not None:  # one exported cache in memory at a time
                 await asyncio.gather(writing, return_exceptions=True)
         if self.scratch is not None:
             self.scratch.deleted = True

@@ -1,6 +1,6 @@
 """The prefix cache through HTTP on the default model: anonymous conversations resume
-warm, sharing stays inside an API key (and a cache_salt), `--prefix-cache off` turns
-it off, outputs equal a cold prefill's, and /metrics counts it."""
+warm, sessions and sharing stay inside an API key (and a cache_salt), `--prefix-cache
+off` turns it off, outputs equal a cold prefill's, and /metrics counts it."""
 import re
 
 import pytest
@@ -64,7 +64,7 @@ def test_another_api_key_never_gets_cached_tokens_of_a_prompt(keyed):
 def test_a_session_named_by_two_keys_or_salts_lends_its_cache_to_neither_other(keyed, named):
     # the session's own cache, not only the shared blocks: cached_tokens would tell key-b
     # whether key-a sent a prompt (a guess of a secret in it cached more tokens)
-    prompt = f"Zebra {named} PIN 4815. " * 8  # from its first token a prompt no other test sends
+    prompt = f"{next(iter(named))}: Zebra PIN 4815. " * 8  # from its first token a prompt no other test sends
 
     def complete(key: str, **params) -> int:
         resp = client(keyed, key).completion(prompt, max_tokens=2, temperature=0, **named, **params)
@@ -72,11 +72,45 @@ def test_a_session_named_by_two_keys_or_salts_lends_its_cache_to_neither_other(k
         return cached(resp.json())
 
     complete("key-a")
-    assert complete("key-a") > 0
-    assert complete("key-b") == 0
+    warm = complete("key-a")
+    assert warm > 0
+    assert complete("key-b") == 0  # key-b's session of that name, not key-a's
     assert complete("key-b", cache_salt="s") == 0
+    assert complete("key-a") == warm  # untouched by key-b
+    assert complete("key-a", cache_salt="s") == 0  # another salt starts it over
     complete("key-a")  # its scope again: filled afresh, then warm
-    assert complete("key-a") > 0
+    assert complete("key-a") == warm
+
+
+def test_each_api_key_sees_and_frees_only_its_own_sessions(keyed):
+    a, b = client(keyed, "key-a"), client(keyed, "key-b")
+    prompt = "Kept by key-a. " * 6
+
+    def complete(c: Client) -> int:
+        resp = c.completion(prompt, max_tokens=2, temperature=0, session_id="mine")
+        assert resp.status == 200, resp.body
+        return cached(resp.json())
+
+    def listed(c: Client) -> dict:
+        resp = c.request("GET", "/sessions")
+        assert resp.status == 200, resp.body
+        return {s["id"]: s["resident_tokens"] for s in resp.json()["data"]}
+
+    complete(a)
+    warm = complete(a)
+    resident = listed(a)["mine"]
+    assert "mine" not in listed(b)
+    resp = b.request("GET", "/sessions/mine")
+    assert resp.status == 404 and resp.json()["error"]["code"] == "session_not_found"
+    assert b.request("POST", "/sessions/mine/reset").json()["reset"] is False
+    assert b.request("DELETE", "/sessions/mine").json()["deleted"] is False
+    assert listed(a)["mine"] == resident and complete(a) == warm  # key-b reached nothing
+    complete(b)
+    assert listed(b)["mine"] > 0 and listed(a)["mine"] == resident
+    assert b.request("DELETE", "/sessions/mine").json()["deleted"] is True
+    assert "mine" not in listed(b) and complete(a) == warm
+    body = b.request("GET", "/sessions").json()
+    assert body["engine_sessions"] == body["table_sessions"]
 
 
 def test_a_scored_prompt_is_shared_only_within_its_key(keyed):

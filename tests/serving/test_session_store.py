@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import time
 import pytest
 import pytest_asyncio
 
+from llmd.api.access import AccessPolicy, Guard
 from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
 from llmd.http.server import HttpServer
@@ -30,7 +32,8 @@ from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import Runtime
 from llmd.serving import session_store
 from llmd.serving.session_store import (CONFLICT, FORMAT_VERSION, LOCK_NAME, MAGIC, STALE_TEMP_SECONDS, SUFFIX,
-                                        SessionStore, decode, encode, file_name, model_fingerprint, read_version)
+                                        SessionStore, decode, encode, file_name, model_fingerprint, read_version,
+                                        session_key)
 from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
@@ -56,7 +59,8 @@ def listed(directory) -> list[str]:
 def test_a_file_decodes_to_what_was_encoded():
     saved = decode(file_bytes(), "s1", FINGERPRINT, 128)
     assert bytes(saved.payload) == PAYLOAD
-    assert saved.replies == REPLIES and saved.n_tokens == 7 and saved.session_id == "s1" and saved.version == 1
+    assert saved.replies == REPLIES and saved.n_tokens == 7 and saved.key == "s1" and saved.version == 1
+    assert saved.owner is None
     assert file_bytes()[:8] == MAGIC
     meta = json.loads(file_bytes()[28:28 + struct.unpack_from("<I", file_bytes(), 12)[0]])
     assert meta["model"] == FINGERPRINT and meta["kv_type"] == "f16" and meta["writer"] == session_store.WRITER
@@ -117,6 +121,8 @@ REFUSALS = {
     "other_model": (lambda d: file_bytes(fingerprint="0" * 64), "another model file"),
     "other_context": (lambda d: file_bytes(n_ctx=256), "context of 256 tokens"),
     "other_session": (lambda d: file_bytes(session_id="s2"), "another session id"),
+    "other_api_key": (lambda d: file_bytes(session_id=session_key("ab12", "s1")), "another session id or API key"),
+    "owner_not_text": (lambda d: metadata_of('"n_tokens": 7, "owner": 5'), "unreadable metadata (TypeError"),
     # a count past every float (json reads 1e400 as infinity), and nesting past Python's stack
     "metadata_infinite_count": (lambda d: metadata_of('"n_tokens": 1e400'), "unreadable metadata (OverflowError"),
     "metadata_nested_deeply": (lambda d: metadata_of('"n_tokens": 7, "x": ' + "[" * 100000 + "]" * 100000),
@@ -366,7 +372,7 @@ async def stack(tiny_model, tmp_path):
     stacks = []
 
     async def start(store_dir=tmp_path / "sessions", max_bytes=0, fingerprint="tiny", model=tiny_model.path,
-                    n_ctx=0, save_delay=sessions.IDLE_SAVE_SECONDS):
+                    n_ctx=0, save_delay=sessions.IDLE_SAVE_SECONDS, api_keys=()):
         runtime = Runtime(ServerMetrics())
         engine = await runtime.load(str(model), n_threads=1, max_sessions=3, n_ctx=n_ctx)
         store = SessionStore(store_dir, max_bytes, fingerprint, engine.info.n_ctx)
@@ -378,7 +384,7 @@ async def stack(tiny_model, tmp_path):
         # No prefix cache: what is cached here came from the session or its file alone.
         app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine),
                       Options(["model"], prefix_cache="off"))
-        server = HttpServer(app, refusal=transport_refusal)
+        server = HttpServer(Guard(app, AccessPolicy(api_keys)) if api_keys else app, refusal=transport_refusal)
         await server.start("127.0.0.1", 0)
 
         async def stop():
@@ -396,11 +402,12 @@ async def stack(tiny_model, tmp_path):
         await stop()
 
 
-async def turn(client: Client, sid: str, history: list, content: str) -> dict:
-    """One chat turn of a conversation; the reply joins the history."""
-    history.append({"role": "user", "content": content})
+async def turn(client: Client, sid: str, history: list, content: str | None, **params) -> dict:
+    """One chat turn of a conversation; the reply joins the history (None: resend it as it is)."""
+    if content is not None:
+        history.append({"role": "user", "content": content})
     resp = await asyncio.to_thread(client.post_json, "/chat/completions",
-                                   client.chat_body(history, session_id=sid, max_tokens=6, temperature=0))
+                                   client.chat_body(history, session_id=sid, max_tokens=6, temperature=0, **params))
     assert resp.status == 200, resp.body
     body = resp.json()
     history.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
@@ -421,6 +428,31 @@ async def test_an_evicted_session_comes_back_warm_from_its_file(stack, tmp_path)
     again = await turn(client, "a", histories["a"], "and again")
     assert cached(again) == first["a"]["prompt_tokens"] + first["a"]["completion_tokens"] - 1
     assert table.store.has("a")
+
+
+@pytest.mark.asyncio
+async def test_a_session_on_disk_is_restored_only_for_its_api_key_and_salt(stack, tmp_path):
+    # Ids are per key: key-b's "s" is a session (and a file) of its own; and a file
+    # keeps the scope that filled it, so another salt of the same key starts it over.
+    client, table, _ = await stack(api_keys=("key-a", "key-b"))
+    a, b = (Client(client.base_url, api_key=k, model="model") for k in ("key-a", "key-b"))
+    history: list = []
+    await turn(a, "s", history, "a secret: the PIN is 4815", cache_salt="t1")
+    for sid in "xy":  # key-b's two sessions fill the table: key-a's "s" goes to disk
+        await turn(b, sid, [], f"hello from {sid}")
+    key_a = session_key(hashlib.sha256(b"key-a").hexdigest(), "s")
+    for _ in range(400):  # the eviction's write runs on a thread of its own
+        if table.store.has(key_a):
+            break
+        await asyncio.sleep(0.05)
+    assert table.store.has(key_a) and not table.store.has("s")
+    assert cached(await turn(b, "s", list(history), None, cache_salt="t1")) == 0  # its own "s": new
+    assert cached(await turn(a, "s", list(history), None, cache_salt="t2")) == 0  # another salt: over
+    refill = await turn(a, "s", history, "once more", cache_salt="t1")  # t1's again, filled anew
+    for sid in "xy":
+        await turn(b, sid, [], f"{sid} again")
+    warm = await turn(a, "s", history, "next", cache_salt="t1")  # restored for t1
+    assert cached(warm) == refill["prompt_tokens"] + refill["completion_tokens"] - 1
 
 
 @pytest.mark.asyncio
