@@ -33,7 +33,8 @@ from typing import Any, Callable, Protocol, Sequence
 from llmd import errors
 from llmd.prompt.tool_calls import GEMMA_QUOTE, HERMES_LAYOUT, CallLayout
 from llmd.structured.grammar import (
-    EMPTY, Expr, GrammarError, GrammarTooLarge, alt, compile_grammar, lit, opt, seq, star, text_without, token,
+    EMPTY, Expr, GrammarError, GrammarTooLarge, accepts_text, alt, compile_grammar, lit, opt, seq, star, text_without,
+    token,
 )
 from llmd.structured.jsonschema import (
     GemmaSchemaCompiler, MarkedJsonCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler,
@@ -183,8 +184,13 @@ def _object_schema(parameters: dict | None) -> Any:
 
 def _schema(compiler: SchemaCompiler, schema: Any, param: str) -> Expr:
     try:
-        return compiler.compile_root(schema)
+        expr = compiler.compile_root(schema)
     except SchemaError as exc:
         if exc.unsupported:
             raise errors.unsupported_parameter(param, f"{exc} for constrained output.") from None
         raise errors.invalid_request(f"Invalid schema: {exc}.", param) from None
+    # (also for a tool that "auto" may leave uncalled: a call to it could never end)
+    if not accepts_text(compiler.rules, expr):
+        raise errors.invalid_request("Invalid schema: no finite value satisfies it (a part it requires "
+                                     "contains itself without end).", param)
+    return expr

@@ -332,16 +332,39 @@ def _runs(mask: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _nullable(expr: Expr, rules_nullable: Mapping[str, bool]) -> bool:
+def _derives(expr: Expr, rules_derive: Mapping[str, bool], empty: bool) -> bool:
+    """Whether expr derives a finite text (the empty text, if `empty`), given which
+    rules do."""
     if isinstance(expr, Chars):
-        return False
+        return not empty and expr.mask != 0
     if isinstance(expr, Seq):
-        return all(_nullable(item, rules_nullable) for item in expr.items)
+        return all(_derives(item, rules_derive, empty) for item in expr.items)
     if isinstance(expr, Alt):
-        return any(_nullable(item, rules_nullable) for item in expr.items)
+        return any(_derives(item, rules_derive, empty) for item in expr.items)
     if isinstance(expr, Repeat):
-        return expr.min == 0 or _nullable(expr.item, rules_nullable)
-    return rules_nullable[expr.name]
+        return expr.min == 0 or _derives(expr.item, rules_derive, empty)
+    return rules_derive[expr.name]
+
+
+def _rules_deriving(rules: Mapping[str, Expr], names: list[str], empty: bool) -> dict[str, bool]:
+    """Which of the rules derive a finite text (the empty text, if `empty`)."""
+    derive = dict.fromkeys(names, False)
+    changed = True
+    while changed:
+        changed = False
+        for name in names:
+            if not derive[name] and _derives(rules[name], derive, empty):
+                derive[name] = changed = True
+    return derive
+
+
+def accepts_text(rules: Mapping[str, Expr], expr: Expr) -> bool:
+    """Whether expr, over `rules`, matches any finite text."""
+    return _derives(expr, _rules_deriving(rules, list(rules), empty=False), empty=False)
+
+
+def _nullable(expr: Expr, rules_nullable: Mapping[str, bool]) -> bool:
+    return _derives(expr, rules_nullable, True)
 
 
 def _first_calls(expr: Expr, rules_nullable: Mapping[str, bool]) -> set[str]:
@@ -364,13 +387,7 @@ def _first_calls(expr: Expr, rules_nullable: Mapping[str, bool]) -> set[str]:
 
 def _check_left_recursion(rules: Mapping[str, Expr], names: list[str]) -> None:
     """Raise GrammarError if a rule can call itself again before reading a byte."""
-    nullable = dict.fromkeys(names, False)
-    changed = True
-    while changed:
-        changed = False
-        for name in names:
-            if not nullable[name] and _nullable(rules[name], nullable):
-                nullable[name] = changed = True
+    nullable = _rules_deriving(rules, names, empty=True)
     calls = {name: _first_calls(rules[name], nullable) for name in names}
     done: set[str] = set()
     for top in names:
@@ -391,7 +408,7 @@ def compile_grammar(rules: Mapping[str, Expr], root: str) -> str:
     """The automaton text of the grammar `rules` starting at rule `root`.
 
     Raises GrammarTooLarge past the size limits and GrammarError for a Ref to an
-    undefined rule or left recursion."""
+    undefined rule, left recursion, or a grammar that accepts no finite text."""
     order, index, dfas, total = [root], {root: 0}, [], 0
     if root not in rules:
         raise GrammarError(f"undefined grammar rule {root!r}")
@@ -410,6 +427,8 @@ def compile_grammar(rules: Mapping[str, Expr], root: str) -> str:
         dfas.append(dfa)
         total += len(dfa)
     _check_left_recursion(rules, order)
+    if not _rules_deriving(rules, order, empty=False)[root]:
+        raise GrammarError("it accepts no finite text (a part it requires contains itself without end)")
 
     bases = [0]
     for dfa in dfas:

@@ -135,6 +135,19 @@ def test_malformed_schemas_and_non_object_parameters_are_invalid_values():
     looping = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
         "$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}
     assert refused(response_format=looping).code == "invalid_value"
+    endless = {"type": "object", "properties": {"c": {"$ref": "#"}}, "required": ["c"]}  # no finite value
+    err = refused(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": endless}})
+    assert (err.param, err.code) == ("response_format.json_schema.schema", "invalid_value")
+    assert "no finite value" in err.message
+    nested = {"type": "array", "items": {"$ref": "#"}, "minItems": 1}
+    for choice in ("auto", "required"):  # "auto" too: a call to it could never end
+        tool = {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": nested}, "required": ["x"]}}}
+        err = refused(tools=[WEATHER, tool], tool_choice=choice)
+        assert (err.param, err.code) == ("tools[1].function.parameters", "invalid_value")
+    optional = {"type": "object", "properties": {"c": {"$ref": "#"}}}  # may stop: {}
+    assert match(chat_grammar(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": optional}}), '{"c": {"c": {}}}') == COMPLETE
 
 
 def test_llama3_calls_are_constrained_in_llamas_own_json_reply():

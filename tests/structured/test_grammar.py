@@ -101,6 +101,19 @@ def test_left_recursion_and_undefined_rules_are_refused_by_the_compiler():
         compile_grammar({"root": Ref("nope")}, "root")
 
 
+def test_a_grammar_without_a_finite_text_is_refused_by_the_compiler():
+    # the engine would refuse it too ("accepts nothing"), after the request was admitted
+    with pytest.raises(GrammarError, match="no finite text"):
+        compile_grammar({"root": seq(lit("["), Ref("root"), lit("]"))}, "root")
+    with pytest.raises(GrammarError, match="no finite text"):  # through another rule and a repeat
+        compile_grammar({"root": seq(lit("a"), Ref("b")), "b": repeat(Ref("root"), 1, None)}, "root")
+    with pytest.raises(GrammarError, match="no finite text"):
+        compile_grammar({"root": alt()}, "root")
+    # a way out is enough, through any branch or an optional repeat
+    compile_grammar({"root": alt(seq(lit("["), Ref("root"), lit("]")), lit("x"))}, "root")
+    compile_grammar({"root": seq(lit("["), star(Ref("root")), lit("]"))}, "root")
+
+
 def test_size_limit_is_an_error_not_a_hang(monkeypatch):
     monkeypatch.setattr(grammar, "MAX_STATES", 100)
     with pytest.raises(GrammarTooLarge):
