@@ -13,6 +13,7 @@ import logging
 import random
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 from urllib.parse import unquote
@@ -45,6 +46,21 @@ PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosni
                                             "style-src 'unsafe-inline'; img-src data:")]
 
 log = logging.getLogger("llmd.api")
+
+# Grammars compile one at a time on a thread of their own: a large schema takes
+# seconds of pure Python (the GIL lets no second thread go faster), and in asyncio's
+# shared pool a few of them would hold up every request's template rendering.
+GRAMMAR_COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-grammar")
+
+
+async def grammar_of(spec: str | None) -> str | None:
+    """The grammar text of a constrain spec: cached at once, else compiled on the
+    grammar thread (behind the compiles queued there); None for free output."""
+    if spec is None:
+        return None
+    if (text := constrain.cached(spec)) is not None:
+        return text
+    return await asyncio.get_running_loop().run_in_executor(GRAMMAR_COMPILER, constrain.compile_spec, spec)
 
 
 def key_scope(request: HttpRequest) -> str:
@@ -359,9 +375,7 @@ class Api:
             raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' asks for reasoning, "
                                                "but the served model does not reason: its chat template has no "
                                                "reasoning block.")
-        # compiling may take a while
-        grammar = await asyncio.to_thread(constrain.chat_grammar, req, templates.call_layout(self.template),
-                                          self.controls)
+        grammar = await grammar_of(constrain.chat_spec(req, templates.call_layout(self.template), self.controls))
         return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
 
     async def _chat_prompt(self, req: validation.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
@@ -389,7 +403,7 @@ class Api:
         self._check_model(req.model)
         validation.check_vocab(req, self.info.n_vocab)
         sid = self._session_of(req, request)
-        grammar = await asyncio.to_thread(constrain.completion_grammar, req)
+        grammar = await grammar_of(constrain.completion_spec(req))
         if isinstance(req.prompt, str):
             self.text_limit.check(req.prompt, "prompt")
             prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))

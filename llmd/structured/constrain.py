@@ -18,15 +18,17 @@ that function; "auto" lets the model first write text, any text without the layo
 opening (the call, if any, starts there, unless the layout's calls must open the
 reply), or the response format when one is given.
 
-Compiling a schema costs milliseconds, so grammars are cached by request content.
-A schema outside the supported subset (llmd/structured/jsonschema.py) is a 400 naming the
-keyword, before any response byte.
+A request's grammar is named by its spec (chat_spec, completion_spec: the parts of
+the request it depends on, as JSON text) and compiled by compile_spec, which keeps
+the newest CACHE_SIZE grammars by spec: a repeated schema costs nothing, a new one
+milliseconds, a huge one seconds (so the server compiles on a thread of its own and
+takes cached grammars at once). A schema outside the supported subset
+(llmd/structured/jsonschema.py) is a 400 naming the keyword, before any response byte.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Any, Callable, Protocol, Sequence
 
@@ -64,9 +66,13 @@ class ChatRequest(CompletionRequest, Protocol):
     parallel_tool_calls: bool
 
 
-def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
-                 controls: dict[str, int] | None = None) -> str | None:
-    """Grammar text for a chat request, or None when its output is free; calls in
+CACHE_SIZE = 64
+_cache: dict[str, str] = {}  # spec -> grammar text, the oldest compiled first
+
+
+def chat_spec(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
+              controls: dict[str, int] | None = None) -> str | None:
+    """The spec of a chat request's grammar, or None when its output is free; calls in
     `layout` (templates.call_layout of the model's template). `controls`: the strings of
     the layout that are control tokens of the model, with their ids (Mistral's
     [TOOL_CALLS], Phi-4's <|tool_call|>); the grammar writes those as the token."""
@@ -80,17 +86,44 @@ def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
     key = {"format": fmt, "tools": tools, "indexes": [indexes[name] for name, _ in tools],
            "required": req.tool_choice == "required", "parallel": req.parallel_tool_calls,
            "layout": dataclasses.astuple(layout), "controls": sorted((controls or {}).items())}
-    return _compile(json.dumps(key))
+    return json.dumps(key)
 
 
-def completion_grammar(req: CompletionRequest) -> str | None:
-    """Grammar text for a completion request, or None when its output is free."""
+def completion_spec(req: CompletionRequest) -> str | None:
+    """The spec of a completion request's grammar, or None when its output is free."""
     fmt = _format_key(req.response_format)
     if fmt is None:
         return None
-    return _compile(json.dumps({"format": fmt, "tools": [], "indexes": [], "required": False,
-                                "parallel": False, "layout": dataclasses.astuple(HERMES_LAYOUT),
-                                "controls": []}))
+    return json.dumps({"format": fmt, "tools": [], "indexes": [], "required": False, "parallel": False,
+                       "layout": dataclasses.astuple(HERMES_LAYOUT), "controls": []})
+
+
+def cached(spec: str) -> str | None:
+    """The spec's grammar text if it is compiled already."""
+    return _cache.get(spec)
+
+
+def compile_spec(spec: str) -> str:
+    """The spec's grammar text, compiled unless cached (ApiError 400 for a schema it
+    cannot follow). One thread at a time: the server's grammar thread."""
+    if (text := _cache.get(spec)) is None:
+        text = _cache[spec] = _compile(spec)
+        if len(_cache) > CACHE_SIZE:
+            del _cache[next(iter(_cache))]
+    return text
+
+
+def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
+                 controls: dict[str, int] | None = None) -> str | None:
+    """A chat request's grammar text (chat_spec, compiled here), None when its output is free."""
+    spec = chat_spec(req, layout, controls)
+    return None if spec is None else compile_spec(spec)
+
+
+def completion_grammar(req: CompletionRequest) -> str | None:
+    """A completion request's grammar text, None when its output is free."""
+    spec = completion_spec(req)
+    return None if spec is None else compile_spec(spec)
 
 
 def _format_key(rf: ResponseFormat | None) -> Any:
@@ -126,7 +159,6 @@ _ARGUMENTS: dict[str, Callable[[dict[str, Expr], str, dict[str, int], tuple[str,
 }
 
 
-@functools.lru_cache(maxsize=64)
 def _compile(key: str) -> str:
     spec = json.loads(key)
     rules: dict[str, Expr] = {}

@@ -8,6 +8,8 @@ import signal
 import socket
 import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import pytest_asyncio
@@ -21,6 +23,7 @@ from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import Runtime
 from llmd.serving.sessions import SessionTable
+from llmd.structured import constrain
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
 from tests.system.test_limits import address, long_body, stalled_stream, wait_for
@@ -110,6 +113,46 @@ async def test_native_error_without_stream_is_a_500_and_others_are_still_served(
                                     for sid in ({}, {"session_id": "bystander"}, {"session_id": "v2"})))
     assert [r.status for r in others] == [200, 200, 200]
     assert [r.json()["usage"]["completion_tokens"] for r in others] == [8, 8, 8]
+
+
+@pytest.mark.asyncio
+async def test_grammar_compiles_that_take_long_hold_up_no_other_request(stack, monkeypatch):
+    # Schemas that compile for seconds each, more of them than asyncio's shared pool has
+    # threads: a request without one is rendered and answered meanwhile, and they all end.
+    client, table, _ = stack
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(4))  # the shared pool, smaller than min(32, cores + 4)
+    clients = ThreadPoolExecutor(16)  # the clients' own threads
+    release, entered = threading.Event(), threading.Semaphore(0)
+    request_id = uuid.uuid4().hex
+    real = constrain._compile
+
+    def slow(spec):
+        if "slow" in spec:
+            entered.release()
+            release.wait(60)
+        return real(spec)
+
+    def schema(name: str) -> dict:  # new to the grammar cache (another run's are in it)
+        name += uuid.uuid4().hex if name.startswith("slow") else request_id
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": {"title": name, "type": "integer"}}}
+
+    monkeypatch.setattr(constrain, "_compile", slow)
+
+    def post(**extra):
+        return loop.run_in_executor(clients, client.post_json, "/chat/completions", chat_body(client, **extra))
+
+    await post(response_format=schema("cached"))
+    slow_ones = [post(response_format=schema(f"slow-{i}")) for i in range(8)]
+    assert await asyncio.to_thread(entered.acquire, timeout=30)
+    try:  # neither a request without a schema nor one whose grammar is cached waits for them
+        plain, known = await asyncio.wait_for(asyncio.gather(post(), post(response_format=schema("cached"))), 30)
+        assert plain.status == 200 and plain.json()["usage"]["completion_tokens"] == 8
+        assert known.status == 200 and int(known.json()["choices"][0]["message"]["content"]) >= 0
+    finally:
+        release.set()
+    assert [r.status for r in await asyncio.gather(*slow_ones)] == [200] * 8
+    clients.shutdown()
 
 
 # ---- shutdown --------------------------------------------------------------------------
