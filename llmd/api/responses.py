@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from llmd.api.logprobs import TokenLogprob
     from llmd.api.reply import Reply
 
-MAX_STORED = 256  # responses kept for previous_response_id, per server (oldest dropped first)
+MAX_STORED = 256  # responses kept for previous_response_id, per server (least recently used dropped first)
 
 
 @dataclass(frozen=True)

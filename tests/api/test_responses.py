@@ -107,13 +107,16 @@ def test_model_is_required():
     assert info.value.param == "model"
 
 
-def test_the_store_keeps_the_newest_and_answers_only_the_same_key():
+def test_the_store_keeps_the_most_recently_used_and_answers_only_the_same_key():
     store = ResponseStore(capacity=2)
     item = StoredResponse([Message("user", "hi")], None)
     for rid in ("a", "b", "c"):
         store.put("key1", rid, item)
     assert store.get("key1", "a") is None and store.get("key1", "c") is item
     assert store.get("key2", "c") is None
+    assert store.get("key1", "b") is item  # continued: used more recently than "c"
+    store.put("key1", "d", item)
+    assert store.get("key1", "c") is None and store.get("key1", "b") is item
 
 
 def test_output_text_logprobs_are_asked_for_through_include_or_top_logprobs():
