@@ -35,6 +35,7 @@ from llmd.api.validation import (
     check_keys,
     int_field,
     number_field,
+    named_tool_choice,
     parse_logit_bias,
     parse_tool_choice,
     required_field,
@@ -236,8 +237,7 @@ def _parse_anthropic_tool_choice(v: Any, tools) -> tuple[str, str | None, bool]:
     disable = v.get("disable_parallel_tool_use")
     parallel = not (disable is not None and bool_field(disable, "tool_choice.disable_parallel_tool_use"))
     if kind == "tool":
-        name = str_field(required_field(v, "name", "tool_choice.name"), "tool_choice.name")
-        return parse_tool_choice({"type": "function", "function": {"name": name}}, tools) + (parallel,)
+        return named_tool_choice(v, tools, "tool_choice.name") + (parallel,)
     choice = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
     if choice is None:
         raise invalid_request(f"Invalid value for 'tool_choice.type': {value_text(kind)}; expected auto, any, "

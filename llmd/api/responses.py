@@ -28,7 +28,7 @@ from llmd.api import logprobs
 from llmd.api.validation import (arguments_field, bool_field, ChatRequest, check_keys, int_field, MAX_TOP_LOGPROBS,
                                  Message, parse_common, parse_flat_tools, parse_json_object, parse_max_tokens,
                                  parse_prompt_cache_key, parse_reasoning, parse_response_format,
-                                 parse_sampling, parse_stream, parse_tool_choice, required_field,
+                                 named_tool_choice, parse_sampling, parse_stream, parse_tool_choice, required_field,
                                  ResponseFormat, Sampling, value_text, str_field, text_parts, Tool, ToolCall,
                                  UNSUPPORTED_PARTS)
 from llmd.errors import (ApiError, invalid_request, invalid_type, missing_parameter, unknown_parameter,
@@ -515,7 +515,7 @@ def _parse_output_parts(v: Any, p: str) -> str:
 
 def _parse_response_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
     if isinstance(v, dict) and v.get("type") == "function" and "function" not in v:
-        return parse_tool_choice({"type": "function", "function": {"name": v.get("name")}}, tools)
+        return named_tool_choice(v, tools, "tool_choice.name")
     return parse_tool_choice(v, tools)
 
 

@@ -760,15 +760,20 @@ def parse_tool_choice(v: Any, tools: list[Tool]) -> tuple[str, str | None]:
         fn = required_field(v, "function", "tool_choice.function")
         if not isinstance(fn, dict):
             raise invalid_type("tool_choice.function", "an object", fn)
-        name = str_field(required_field(fn, "name", "tool_choice.function.name"), "tool_choice.function.name")
-        if name not in {t.name for t in tools}:
-            raise invalid_request(f"Invalid value for 'tool_choice.function.name': {value_text(name)} is "
-                                  "not one of the tools.", "tool_choice.function.name")
-        return "required", name
+        return named_tool_choice(fn, tools, "tool_choice.function.name")
     if isinstance(v, str):
         raise invalid_request(f"Invalid value for 'tool_choice': {value_text(v)}; expected 'none', "
                               "'auto' or 'required'.", "tool_choice")
     raise invalid_type("tool_choice", "a string or an object", v)
+
+
+def named_tool_choice(v: dict, tools: list[Tool], param: str) -> tuple[str, str]:
+    """A tool_choice that names one of the tools (its "name" field, at `param`):
+    ("required", the name)."""
+    name = str_field(required_field(v, "name", param), param)
+    if name not in {t.name for t in tools}:
+        raise invalid_request(f"Invalid value for '{param}': {value_text(name)} is not one of the tools.", param)
+    return "required", name
 
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

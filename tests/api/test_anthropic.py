@@ -59,6 +59,12 @@ def test_tool_choice_maps_onto_chat_tool_choice(choice, expected):
     assert (req.tool_choice, req.tool_name, req.parallel_tool_calls) == expected
 
 
+def test_a_tool_choice_naming_no_tool_names_anthropics_field():
+    with pytest.raises(ApiError) as info:
+        parse(tools=[TOOL], tool_choice={"type": "tool", "name": "get_time"})
+    assert (info.value.param, info.value.code) == ("tool_choice.name", "invalid_value")
+
+
 def test_count_tokens_needs_no_max_tokens_but_messages_does():
     assert parse(counting=True).max_tokens is None
     with pytest.raises(ApiError) as info:

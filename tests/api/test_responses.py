@@ -68,6 +68,10 @@ def test_flat_function_tools_and_a_named_tool_choice():
     assert (req.chat.tool_choice, req.chat.tool_name) == ("required", "f")
     assert req.echo["tools"] == [{"type": "function", "name": "f", "description": None,
                                   "parameters": {"type": "object"}, "strict": True}]
+    for choice in ({"type": "function", "name": "g"}, {"type": "function"}):  # named in Responses' shape
+        with pytest.raises(ApiError) as info:
+            parse(input="x", tools=tools, tool_choice=choice)
+        assert info.value.param == "tool_choice.name"
 
 
 def test_text_format_json_schema_becomes_the_response_format():
