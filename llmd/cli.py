@@ -420,7 +420,7 @@ async def serve(args) -> None:
     # This machine's own name cannot be rebound by a web page's DNS: it is served too.
     policy = AccessPolicy(tuple(args.api_key or _env("api_key", [], list)), tuple(args.cors_origin),
                           args.host, (*args.allowed_host, socket.gethostname()))
-    server = HttpServer(Guard(app, policy), limits, refusal=transport_refusal)
+    server = HttpServer(Guard(app, policy), limits, refusal=transport_refusal, answered=app.answered)
     try:
         await server.start(args.host, args.port)
     except OSError as exc:  # an unknown host name, a port in use, an address not ours

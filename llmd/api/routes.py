@@ -168,26 +168,26 @@ class Api:
         self.pooling = engine.pooling_type()  # 0: the model makes no embeddings
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
-        route, response = "unmatched", None
-        shape = error_shape(request.path)
         try:
             for pattern, methods in self.routes:
                 if (m := pattern.fullmatch(request.path)) is None:
                     continue
-                route = self.route_labels[pattern]
                 method = "GET" if request.method == "HEAD" else request.method
                 handler = methods.get(method)
                 if handler is None:
                     raise errors.method_not_allowed(sorted(methods) + (["HEAD"] if "GET" in methods else []))
                 # A path's parameters percent-decoded: a session id may hold "/", "?" or "%"
-                response = await handler(request, **{k: unquote(v) for k, v in m.groupdict().items()})
-                return response
+                return await handler(request, **{k: unquote(v) for k, v in m.groupdict().items()})
             raise errors.not_found(f"no route for {request.path}")
         except ApiError as err:
-            response = error_response(err, shape)
-            return response
-        finally:  # a handler's unexpected exception becomes a 500 in the HTTP layer
-            self.metrics.requests.inc(route=route, status=str(response.status if response else 500))
+            return error_response(err, error_shape(request.path))
+
+    def count(self, path: str | None, status: int) -> None:
+        """Count an answer in llmd_requests_total under its route's pattern ("unmatched":
+        no route, or refused before its path was read), so metrics stay bounded."""
+        route = next((self.route_labels[p] for p, _ in self.routes if path is not None and p.fullmatch(path)),
+                     "unmatched")
+        self.metrics.requests.inc(route=route, status=str(status))
 
     # ---- status page and metrics ----------------------------------------------
 
@@ -551,6 +551,12 @@ class App:
     def __init__(self) -> None:
         self.api: Api | None = None
         self.draining = False
+
+    def answered(self, path: str | None, status: int) -> None:
+        """The HTTP server's report of an answer (refusals by it and the access guard
+        included): counted once the model is loaded."""
+        if self.api is not None:
+            self.api.count(path, status)
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
         if request.path == "/health" and (self.api is None or self.draining):

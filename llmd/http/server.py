@@ -14,8 +14,9 @@ Every write waits for the socket to drain (bounded by `write_timeout`), so a
 slow reader slows its producer instead of growing our buffers; the kernel's send
 buffer and asyncio's are both capped at `write_buffer` bytes, so a reader that stops
 reading is noticed after a bounded amount of stream, not after megabytes. Parse errors
-and app failures are answered with the app's own refusal (`Refusal`); nothing that happens
-on one connection escapes its task. Past `max_connections` open connections, a new
+and app failures are answered with the app's own refusal (`Refusal`); every answer, the
+refusals included, is reported to `answered` (for the app's request count); nothing that
+happens on one connection escapes its task. Past `max_connections` open connections, a new
 one is answered 503 at once, without reading its request, and closed. Shutting
 down is two steps: `drain` keeps accepting but ends each connection after its
 response until nothing is in flight, then `close` stops accepting and cuts what is
@@ -183,6 +184,7 @@ class _Connection:
             response = None
             try:
                 response = await self._call_app(request)
+                self.server.answered(request.path, response.status)
                 response.headers.append(("X-Request-Id", request.id))
                 keep_alive = head.keep_alive and not self.server.draining and not self.eof
                 if isinstance(response, StreamResponse):
@@ -376,6 +378,7 @@ class _Connection:
         """Answer a request the parser refused, then close (its framing is lost)."""
         code = _PARSE_CODES.get(err.status, "bad_request")
         path = None if err.target is None else _split_target(err.target)[0]
+        self.server.answered(path, err.status)
         return await self._answer_and_close(self.server.refusal(err.status, err.message, code,
                                                                 "invalid_request_error", path))
 
@@ -399,14 +402,18 @@ class _Connection:
 # a machine-readable code, the kind of error, the request's path where it is known)
 # -> the response to send.
 Refusal = Callable[[int, str, str, str, Union[str, None]], Response]
+# Told of every answer: (the request's path, None when it was refused unread; status).
+Answered = Callable[[Union[str, None], int], None]
 
 
 class HttpServer:
     """An HTTP/1.1 server running `app` on the current event loop."""
 
-    def __init__(self, app: App, limits: Limits | None = None, *, refusal: Refusal) -> None:
+    def __init__(self, app: App, limits: Limits | None = None, *, refusal: Refusal,
+                 answered: Answered = lambda path, status: None) -> None:
         self.app = app
         self.refusal = refusal
+        self.answered = answered
         self.limits = limits or Limits()
         self.closing = False
         self.draining = False           # connections end after their current response
@@ -499,6 +506,7 @@ class HttpServer:
                                          "connections; retry later", "too_many_connections",
                                     "unavailable_error", None)
             response.headers.append(("Retry-After", "1"))
+            self.answered(None, 503)
             await conn.refuse(response)
         finally:
             self._refusing -= 1

@@ -262,8 +262,9 @@ def server():
         yield url
 
 
-def scrape(url: str) -> dict[tuple, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+def scrape(url: str, key: str | None = None) -> dict[tuple, float]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url + "/metrics", headers=headers), timeout=30) as response:
         assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         families, samples = parse(response.read().decode())
     for name, family in families.items():
@@ -370,3 +371,28 @@ def test_gauges_show_a_running_generation_and_one_waiting_for_its_session(server
     while (final := scrape(server))[("llmd_generations_active", ())] and time.monotonic() < deadline:
         time.sleep(0.02)
     assert final[("llmd_generations_active", ())] == 0 and final[("llmd_generations_queued", ())] == 0
+
+
+def test_refusals_before_any_route_runs_are_counted_too():
+    # the access guard's 401, the parser's 400 and 413, and the routes' own answers
+    with running_llmd("--max-sessions", "2", "--ctx", "256", "--api-key", "k", "--max-body-bytes", "4096") as url:
+        port = int(url.rsplit(":", 1)[1])
+        before = scrape(url, "k")
+
+        def send(raw: bytes) -> int:
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(raw)
+                return int(sock.recv(4096).split()[1])
+
+        assert send(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n") == 401
+        assert send(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k\r\n\r\n") == 200
+        assert send(b"BAD REQUEST LINE\r\n\r\n") == 400
+        assert send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5000\r\n\r\n") == 413
+        after = scrape(url, "k")
+
+        def requests(route, status):
+            return requests_of(after, route, status) - requests_of(before, route, status)
+
+        assert requests("/v1/models", "401") == requests("/v1/models", "200") == 1
+        assert requests("unmatched", "400") == 1
+        assert requests("/v1/chat/completions", "413") == 1
