@@ -131,9 +131,12 @@ class Token:
     forced: bool = False  # the grammar's token budget overruled the model's choice
     logprob: float | None = None  # when asked for: log p(id) under the model's logits
     top: tuple[tuple[int, float], ...] = ()  # (id, logprob) most likely first, when asked for
+    error: EngineError | None = None  # this session's step failed (nothing else holds): why
 
 
 def _token(t) -> Token:
+    if t.failed:
+        return Token(0, b"", False, False, False, error=_ERRORS.get(t.failed, EngineError)(t.failed, _string(t.error)))
     piece = bytes(ffi.buffer(t.piece, t.piece_len)) if t.piece_len else b""
     return Token(t.token_id, piece, bool(t.is_eos), bool(t.is_terminal), bool(t.stopped), bool(t.forced))
 
@@ -289,14 +292,15 @@ class Engine:
         return session
 
     def decode_batch(self, sessions: list[Session], logprobs: list[int | None] | None = None) -> list[Token]:
-        """One step for several sessions at once; equals decode_one on each.
+        """One step for several sessions at once; equals decode_one on each, but a session
+        whose step fails gets a Token with its `error` instead of raising.
         logprobs[i], if not None, asks for session i's token logprob and that many top ones."""
         handles = ffi.new("llmd_session *[]", [s.handle for s in sessions])
         out = self._token_out if len(sessions) <= 64 else ffi.new("llmd_token[]", len(sessions))
         _check(lib.llmd_session_decode_batch(handles, len(sessions), out))
         tokens = [_token(out[i]) for i in range(len(sessions))]
         for i, n_top in enumerate(logprobs or ()):
-            if n_top is not None and not tokens[i].stopped:
+            if n_top is not None and not tokens[i].stopped and tokens[i].error is None:
                 logprob, top = sessions[i].token_logprobs(n_top)
                 tokens[i] = dataclasses.replace(tokens[i], logprob=logprob, top=top)
         return tokens
@@ -306,8 +310,9 @@ class Engine:
         """Speculative decoding: for each session the steps decode_one would take, one
         to len(drafts[i]) + 1 of them, verified in one forward pass for all
         (llmd_session_decode_drafts): the tokens equal those decode_one calls would
-        give, as long as they agree with the drafts. logprobs[i], if not None, gives
-        session i's tokens their logprob and that many top ones."""
+        give, as long as they agree with the drafts; a session whose step fails ends its
+        list with a Token holding the `error`. logprobs[i], if not None, gives session i's
+        tokens their logprob and that many top ones."""
         n = len(sessions)
         handles = ffi.new("llmd_session *[]", [s.handle for s in sessions])
         rooms = [len(d) + 1 for d in drafts]
@@ -327,7 +332,8 @@ class Engine:
             tokens = [_token(out[at + j]) for j in range(n_out[i])]
             if tops is not None and tops[i] >= 0 and not tokens[0].stopped:
                 t = tops[i]
-                tokens = [dataclasses.replace(tok, logprob=lps[at + j],
+                tokens = [tok if tok.error else
+                          dataclasses.replace(tok, logprob=lps[at + j],
                                               top=tuple((top_ids[top_at + j * t + m], top_lps[top_at + j * t + m])
                                                         for m in range(t)))
                           for j, tok in enumerate(tokens)]

@@ -393,10 +393,10 @@ class Runtime:
                 tokens = self.engine.decode_batch(sessions, logprobs)
                 self.costs.verified(len(batch) - 1, time.perf_counter() - start)
                 for g, tok in zip(batch, tokens):  # a drafter sees every token, on this thread
-                    if g.drafter is not None and not tok.stopped:
+                    if g.drafter is not None and not tok.stopped and tok.error is None:
                         g.drafter.extend([tok.id])
                 loop.call_soon_threadsafe(self._deliver, batch, tokens)
-                if self._interrupt or any(t.stopped or t.is_terminal for t in tokens):
+                if self._interrupt or any(t.stopped or t.is_terminal or t.error for t in tokens):
                     return
 
         try:
@@ -446,17 +446,17 @@ class Runtime:
                 for i, (g, draft, tokens) in enumerate(zip(batch, drafts, steps)):
                     started[i] = True
                     n = 0
-                    while n < min(len(draft), len(tokens)) and tokens[n].id == draft[n]:
+                    while n < min(len(draft), len(tokens)) and tokens[n].error is None and tokens[n].id == draft[n]:
                         n += 1
                     accepted.append(n)
                     if draft:
                         g.drafter.record(len(draft), n)
                     if g.drafter is not None:  # a drafter sees every token, on this thread
-                        g.drafter.extend([t.id for t in tokens if not t.stopped])
+                        g.drafter.extend([t.id for t in tokens if not t.stopped and t.error is None])
                     left[i] -= len(tokens)
                 loop.call_soon_threadsafe(self._deliver_drafts, batch, steps, drafts, accepted)
                 if self._interrupt or not any(speculates(g) for g in batch) \
-                        or any(t.stopped or t.is_terminal for tokens in steps for t in tokens):
+                        or any(t.stopped or t.is_terminal or t.error for tokens in steps for t in tokens):
                     return  # (paused drafters' generations go on in plain steps)
 
         try:
@@ -485,6 +485,10 @@ class Runtime:
                 continue    # `resident` stays a prefix of the cache, which is all it promises
             if tok.stopped:
                 self._finish(g, "end", "cancelled")
+                continue
+            if tok.error is not None:  # this generation's step failed; the others' went on
+                g.slot.dirty = True
+                self._finish(g, "error", tok.error)
                 continue
             if g.pending is not None:
                 g.slot.resident.append(g.pending)  # fed to the cache at the start of this step

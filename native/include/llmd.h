@@ -196,6 +196,9 @@ typedef struct {
     int32_t is_terminal; /* any end-of-generation id, or the token that completed the grammar */
     int32_t stopped;     /* stop() was honoured: token 0, empty piece, nothing advanced */
     int32_t forced;      /* the grammar's token budget overruled the model's choice */
+    int32_t failed;      /* 0, or the status this session's step failed with (its grammar, or logits that
+                            are not finite); nothing else holds, and `error` says why */
+    const char *error;   /* when failed: the message, valid until the session's next call */
 } llmd_token;
 
 /* Fails with LLMD_ERR_CAPACITY once max_sessions are live. */
@@ -218,7 +221,10 @@ llmd_status llmd_session_set_sampling(llmd_session *session, const llmd_sampling
 llmd_status llmd_session_decode_one(llmd_session *session, llmd_token *out);
 
 /* One generation step for n sessions at once (weights read once per step).
- * Results equal n calls of decode_one. */
+ * Results equal n calls of decode_one. A session whose step fails (its grammar, or
+ * logits that are not finite) gets a `failed` token and is left as a failed
+ * decode_one leaves it; the others take their steps, and the call returns LLMD_OK.
+ * decode_one returns such a failure as its status. */
 llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
                                       llmd_token *out);
 
@@ -245,8 +251,9 @@ llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n,
  * draft goes back to the latest kept at or before the last token it keeps, running the
  * accepted tokens after it again (as one that passes a block boundary does to give
  * the prefix cache the state plain steps would offer there). A session that
- * fails to sample (its grammar) is left as a failed decode_one leaves it; the others
- * take their steps, and the first failure is returned. */
+ * fails to sample (its grammar, or logits that are not finite) has its tokens up to
+ * the failure and then a `failed` token (in n_out), and is left as a failed decode_one
+ * leaves it; the others take their steps, and the call returns LLMD_OK. */
 enum { LLMD_MAX_DRAFT = 32 };
 llmd_status llmd_session_decode_drafts(llmd_session *const *sessions, size_t n, const int32_t *drafts,
                                        const size_t *n_drafts, const int32_t *n_top, llmd_token *out, float *logprobs,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 
 import pytest
 
@@ -18,7 +19,7 @@ from llmd.engine.native import (
 from tests.support.gguf_writer import (
     GGML_BF16, GGML_F16, GGML_F32, GGML_IQ4_NL, GGML_IQ4_XS, GGML_MXFP4, GGML_Q2_K, GGML_Q3_K, GGML_Q4_0,
     GGML_Q4_1, GGML_Q4_K, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K, GGML_Q6_K, GGML_Q8_0, TYPE_NAMES, U32,
-    build_tiny_qwen3moe,
+    build_tiny_llama, build_tiny_qwen3moe,
 )
 
 ALL_TYPES = [GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_1]
@@ -295,6 +296,41 @@ def test_decode_batch_reports_a_stopped_session_and_advances_the_others(engine):
         assert step[0].id == expected[1]
         assert (step[1].id, step[1].piece, step[1].stopped) == (0, b"", True)
         assert (a.position, b.position) == (len(prompt) + 1, len(prompt))
+
+
+def ambiguous_grammar(n: int = 1100) -> str:
+    """A grammar whose first byte has more parses than the matcher follows at once:
+    any step under it fails ("too ambiguous")."""
+    return "\n".join([f"llmd-grammar 1 {n + 3} 0", " ".join(f"@1>{3 + k}" for k in range(n)), "61>2", "$"]
+                     + ["62>2"] * n) + "\n"
+
+
+def test_a_session_whose_step_fails_fails_alone_in_its_batch(engine):
+    prompt = engine.tokenize(PROMPT)
+    expected = run(engine, prompt, 4)
+    with engine.new_session() as a, engine.new_session() as b:
+        a.prefill(prompt)
+        b.prefill(prompt)
+        b.set_grammar(ambiguous_grammar())
+        step = engine.decode_batch([a, b])
+        assert step[0].id == expected[0] and step[0].error is None
+        assert "too ambiguous" in str(step[1].error) and (step[1].id, step[1].piece) == (0, b"")
+        with pytest.raises(EngineError, match="too ambiguous"):  # alone, the step's failure is its status
+            b.decode_one()
+        steps = engine.decode_drafts([a, b], [expected[1:3], []])  # a verifies drafts beside it
+        assert [t.id for t in steps[0]] == expected[1:4] and "too ambiguous" in str(steps[1][-1].error)
+        b.set_grammar(None)  # left as a failed step leaves it: it decodes on
+        assert b.decode_one().id == expected[0]
+
+
+def test_logits_that_are_not_finite_are_an_error_not_a_token(tmp_path):
+    w = build_tiny_llama()
+    norm = w.tensor("output_norm.weight")
+    norm.data = struct.pack(f"<{len(norm.data) // 4}f", *[math.nan] * (len(norm.data) // 4))
+    with Engine(str(w.write(tmp_path / "nan.gguf")), n_threads=1, max_sessions=2) as e, e.new_session() as s:
+        s.prefill([1, 2, 3])
+        with pytest.raises(EngineError, match="not all finite"):
+            s.decode_one()
 
 
 def test_decode_batch_rejects_bad_batches(engine, tiny_model):

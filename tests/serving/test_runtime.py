@@ -14,6 +14,7 @@ from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import PREFILL_CHUNK, Generation, Runtime
 from llmd.serving.sessions import Slot
 from llmd.serving.speculative import Costs
+from tests.engine.test_engine import ambiguous_grammar
 from tests.support.gguf_writer import GGML_Q4_0, build_tiny_llama, build_tiny_qwen35
 
 FILLER = "The quick brown fox jumps over the lazy dog while the farmer counts his sheep. "
@@ -27,18 +28,19 @@ async def runtime():
     await rt.close()
 
 
-async def start(rt: Runtime, name: str, prompt: str, max_tokens: int, log: list) -> tuple[Generation, asyncio.Task]:
+async def start(rt: Runtime, name: str, prompt: str, max_tokens: int, log: list,
+                grammar: str | None = None) -> tuple[Generation, asyncio.Task]:
     """Submit a greedy generation that never ends by itself; a task logs its events."""
     slot = Slot(name, await rt.call(rt.engine.new_session))
     ids = await rt.call(rt.engine.tokenize, prompt)
     never_end = Sampling(logit_bias={i: float("-inf") for i in rt.engine.info.eog_ids})
-    g = Generation(slot, ids, never_end, max_tokens)
+    g = Generation(slot, ids, never_end, max_tokens, grammar=grammar)
     rt.submit(g)
 
     async def read() -> None:
         while True:
             kind, value = await rt.next_event(g)
-            log.append((name, kind, value if kind == "end" else None))
+            log.append((name, kind, value if kind != "token" else None))
             if kind != "token":
                 return
 
@@ -93,6 +95,28 @@ async def test_a_long_prompt_is_prefilled_between_other_streams_tokens(runtime):
     for name in "ab":
         assert sum(n == name and kind == "token" for n, kind, _ in during) >= chunks - 1
         assert not any(n == name and kind == "end" for n, kind, _ in log)  # still streaming
+    for g, task in running:
+        runtime.cancel(g)
+        await task
+
+
+async def test_a_generation_whose_step_fails_ends_alone_and_the_others_stream_on(runtime):
+    log: list = []
+    running = [await start(runtime, name, FILLER, 400, log) for name in "ab"]
+    while sum(kind == "token" for _, kind, _ in log) < 4:
+        await asyncio.sleep(0.01)
+    failing, reader = await start(runtime, "bad", FILLER, 8, log, grammar=ambiguous_grammar())
+    await reader
+    assert [(kind, "too ambiguous" in str(value)) for name, kind, value in log if name == "bad"] == [("error", True)]
+    assert failing.slot.dirty
+    ended = len(log)
+
+    async def streamed_on() -> None:
+        while sum(kind == "token" for _, kind, _ in log[ended:]) < 4:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(streamed_on(), 60)
+    assert not any(kind != "token" for name, kind, _ in log if name in "ab")
     for g, task in running:
         runtime.cancel(g)
         await task

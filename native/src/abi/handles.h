@@ -84,6 +84,7 @@ struct llmd_session {
     llmd::Sampler sampler;
     std::unique_ptr<llmd::GrammarMatcher> grammar; // null: unconstrained
     std::atomic<bool> stop{false};
+    std::string failure; // why its last step failed (llmd_token.error)
 };
 
 namespace llmd::abi {

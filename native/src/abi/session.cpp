@@ -118,11 +118,19 @@ llmd_status share_recurrent_prefix(llmd_session *s, const int32_t *ids, int limi
 
 // Samples the session's next token from logits (n_vocab; the sampler works on a copy
 // in scratch) as a decode step does: its sampler, penalties over its tokens, and its
-// grammar, which then takes the token.
+// grammar, which then takes the token. Logits that are not all finite (corrupt
+// weights, or an input that overflows them) are a failure, never a token drawn from them.
 llmd_status sample_token(llmd_session *s, const float *logits, std::vector<float> &scratch, llmd_token *out) {
     const llmd_engine *e = s->engine;
     const int n_vocab = static_cast<int>(scratch.size());
-    std::copy_n(logits, n_vocab, scratch.begin());
+    bool finite = true;
+    for (int i = 0; i < n_vocab; ++i) {
+        scratch[i] = logits[i];
+        finite &= std::isfinite(logits[i]);
+    }
+    if (!finite)
+        return fail(LLMD_ERR_INTERNAL, "the model's logits are not all finite (NaN or infinity): its weights are "
+                                       "corrupt, or this input overflows them");
     bool forced = false;
     const int32_t id = s->sampler.sample(scratch.data(), n_vocab, s->tokens, s->grammar.get(), &forced);
     if (s->grammar && (id < 0 || !s->grammar->error().empty()))
@@ -131,8 +139,15 @@ llmd_status sample_token(llmd_session *s, const float *logits, std::vector<float
     if (s->grammar) s->grammar->accept(id);
     const bool completed = s->grammar && s->grammar->complete();
     const std::string_view piece = e->vocab->is_control(id) ? std::string_view() : e->vocab->piece(id);
-    *out = llmd_token{id, piece.data(), piece.size(), id == e->eos_id, e->is_eog(id) || completed, 0, forced};
+    *out = llmd_token{id, piece.data(), piece.size(), id == e->eos_id, e->is_eog(id) || completed, 0, forced, 0,
+                      nullptr};
     return LLMD_OK;
+}
+
+// The token of a session whose step failed with status st (the message in g_error).
+llmd_token failed_token(llmd_session *s, llmd_status st) {
+    s->failure = g_error;
+    return llmd_token{0, "", 0, 0, 0, 0, 0, st, s->failure.c_str()};
 }
 
 // Sessions of one step: live, distinct and of one engine.
@@ -213,9 +228,9 @@ struct StepOut {
 // fit its context; none for a session without one): the pending tokens and the drafts
 // go through the model in one forward pass, with logits at every position; then each
 // session samples position by position as plain steps would, and goes on while the
-// sampled id equals its draft there. A session that fails to sample (its grammar) is
-// left as a plain step that failed leaves it, with the logits it failed on; the others
-// still take their tokens, and the first failure is returned.
+// sampled id equals its draft there. A session that fails to sample is left as a plain
+// step that failed leaves it, with the logits it failed on, and its last token says
+// why (failed_token); the others still take their tokens.
 llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *drafts, const size_t *k,
                  const StepOut &o) {
     llmd_engine *e = sessions[0]->engine;
@@ -258,7 +273,6 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
                 e->nextn ? states.data() + b * dim : nullptr);
     }
     std::vector<float> scratch(n_vocab);
-    llmd_status status = LLMD_OK;
     for (size_t i = 0; i < n; ++i) {
         llmd_session *s = sessions[i];
         llmd_token *out = o.out + o.at[i];
@@ -270,17 +284,16 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
         };
         o.n_out[i] = 1;
         if (stopped[i]) {
-            out[0] = llmd_token{0, "", 0, 0, 0, 1, 0};
+            out[0] = llmd_token{0, "", 0, 0, 0, 1, 0, 0, nullptr};
             continue;
         }
         if (s->pending < 0) { // the first step of a reply samples the prefill's logits
-            llmd_status st = sample_token(s, s->logits.data(), scratch, out);
-            if (st == LLMD_OK) {
-                s->pending = out[0].token_id;
-                score(0, s->logits.data());
-            } else if (status == LLMD_OK) {
-                status = st;
+            if (const llmd_status st = sample_token(s, s->logits.data(), scratch, out); st != LLMD_OK) {
+                out[0] = failed_token(s, st);
+                continue;
             }
+            s->pending = out[0].token_id;
+            score(0, s->logits.data());
             continue;
         }
         const int pos = static_cast<int>(s->tokens.size());
@@ -290,7 +303,7 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
         for (;;) {
             const float *l = logits.data() + (row[i] + j) * n_vocab;
             if (const llmd_status st = sample_token(s, l, scratch, out + j); st != LLMD_OK) {
-                if (status == LLMD_OK) status = st;
+                out[j++] = failed_token(s, st);
                 std::copy_n(l, n_vocab, s->logits.data());
                 break;
             }
@@ -347,7 +360,7 @@ llmd_status step(llmd_session *const *sessions, size_t n, const int32_t *const *
         // the one before it, taken by this reply, makes room.
         if (const uint64_t serial = publish_snapshot(s, s->reply_snapshot); serial != 0) s->reply_snapshot = serial;
     }
-    return status;
+    return LLMD_OK;
 }
 
 // A prefix of the session that its cache holds whole: 0, or from resume_floor on,
@@ -465,7 +478,10 @@ llmd_status llmd_session_set_sampling(llmd_session *s, const llmd_sampling *samp
     });
 }
 
-llmd_status llmd_session_decode_one(llmd_session *s, llmd_token *out) { return llmd_session_decode_batch(&s, 1, out); }
+llmd_status llmd_session_decode_one(llmd_session *s, llmd_token *out) {
+    const llmd_status st = llmd_session_decode_batch(&s, 1, out);
+    return st == LLMD_OK && out->failed ? fail(static_cast<llmd_status>(out->failed), s->failure) : st;
+}
 
 llmd_status llmd_session_decode_batch(llmd_session *const *sessions, size_t n, llmd_token *out) {
     return guarded([&]() -> llmd_status {
