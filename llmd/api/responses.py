@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from llmd.api.logprobs import TokenLogprob
     from llmd.api.reply import Reply
 
-MAX_STORED = 256  # responses kept for previous_response_id, per server (least recently used dropped first)
+MAX_STORED = 256  # responses kept for previous_response_id, per server
 
 
 @dataclass(frozen=True)
@@ -51,23 +51,34 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """Stored responses, bounded, looked up only with the API key that made them."""
+    """Stored responses, looked up only with the API key that made them (`scope`),
+    `capacity` in all. Past it, the key that holds the most gives up its least
+    recently used (made or continued): a key that makes many responses pushes out its
+    own, never another's that holds fewer."""
 
     def __init__(self, capacity: int = MAX_STORED) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str], StoredResponse] = OrderedDict()
+        self._scopes: dict[str, OrderedDict[str, StoredResponse]] = {}  # least recently used first
+        self._count = 0
 
     def get(self, scope: str, response_id: str) -> StoredResponse | None:
-        item = self._items.get((scope, response_id))
+        items = self._scopes.get(scope, {})
+        item = items.get(response_id)
         if item is not None:
-            self._items.move_to_end((scope, response_id))
+            items.move_to_end(response_id)
         return item
 
     def put(self, scope: str, response_id: str, item: StoredResponse) -> None:
-        self._items[(scope, response_id)] = item
-        self._items.move_to_end((scope, response_id))
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        items = self._scopes.setdefault(scope, OrderedDict())
+        self._count += response_id not in items
+        items[response_id] = item
+        items.move_to_end(response_id)
+        while self._count > self.capacity:
+            largest = max(self._scopes, key=lambda s: len(self._scopes[s]))
+            self._scopes[largest].popitem(last=False)
+            self._count -= 1
+            if not self._scopes[largest]:
+                del self._scopes[largest]
 
 
 def conversation_session(scope: str, first_response_id: str) -> str:

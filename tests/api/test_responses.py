@@ -123,6 +123,21 @@ def test_the_store_keeps_the_most_recently_used_and_answers_only_the_same_key():
     assert store.get("key1", "c") is None and store.get("key1", "b") is item
 
 
+
+def test_a_key_that_stores_many_responses_pushes_out_its_own_not_anothers():
+    store = ResponseStore(capacity=4)
+    item = StoredResponse([Message("user", "hi")], None)
+    store.put("quiet", "q1", item)
+    for i in range(20):
+        store.put("busy", f"b{i}", item)
+    assert store.get("quiet", "q1") is item
+    assert [store.get("busy", f"b{i}") is item for i in range(20)] == [False] * 17 + [True] * 3
+    store.put("busy", "b19", item)  # stored again: still one response
+    store.put("quiet", "q2", item)  # 2 and 2: the largest gives way to the newcomer
+    assert store.get("quiet", "q1") is item and store.get("quiet", "q2") is item
+    assert sum(store.get("busy", f"b{i}") is item for i in range(20)) == 2
+
+
 def test_output_text_logprobs_are_asked_for_through_include_or_top_logprobs():
     assert parse(input="x").chat.logprobs is None
     assert parse(input="x", include=["message.output_text.logprobs"]).chat.logprobs == 0
