@@ -9,7 +9,8 @@ Anonymous requests use the scratch slot, or, while it is busy and capacity is
 free, a temporary slot that is freed afterwards, so concurrent anonymous
 requests still run side by side. Capacity comes from the engine: one slot stays
 for the scratch session, named sessions share the rest. A full table evicts the
-least recently used idle named session (policy "lru") or answers 429 ("none").
+least recently used idle named session of the API key holding the most (policy
+"lru"; _eviction_victim) or answers 429 ("none").
 
 Every slot has an asyncio.Lock, so requests for one session run one at a time
 in arrival order (asyncio locks wake waiters first-in first-out). `acquire`
@@ -50,6 +51,7 @@ removal), and never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import logging
@@ -260,10 +262,14 @@ class SessionTable:
         return slot
 
     def _eviction_victim(self) -> Slot | None:
+        """Under "lru", the least recently used idle session of the API key that holds
+        the most sessions (with idle ones): a key that opens many sessions evicts its
+        own, not another's that holds fewer; without API keys, the least recently used."""
         if self.eviction != "lru":
             return None
+        held = collections.Counter(s.principal for s in self.named.values())
         idle = [s for s in self.named.values() if s.users == 0]
-        return min(idle, key=lambda s: s.last_used, default=None)
+        return min(idle, key=lambda s: (-held[s.principal], s.last_used), default=None)
 
     # ---- engine session lifetime (see the module doc) -------------------------
 

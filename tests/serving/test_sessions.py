@@ -255,6 +255,23 @@ async def test_concurrent_first_requests_for_one_new_id_take_one_slot(model):
         s.assert_agree()
 
 
+async def test_a_key_that_opens_many_sessions_evicts_its_own_not_anothers(model):
+    async with stack(model, max_sessions=4) as s:  # three named slots
+        async def use(sid: str, principal: str) -> None:
+            (await s.table.acquire(sid, principal)).release()
+
+        await use("mine", "quiet")
+        for i in range(6):  # the busy key's sessions take turns in the two other slots
+            await use(f"s{i}", "busy")
+        assert sorted((slot.principal, slot.id) for slot in s.table.named.values()) == [
+            ("busy", "s4"), ("busy", "s5"), ("quiet", "mine")]
+        await use("mine", "busy")  # another key's id is another session: busy's oldest goes
+        assert s.table.get("mine", "quiet") is not None and s.table.get("s4", "busy") is None
+        assert s.table.evictions == 5
+        await s.settled()
+        s.assert_agree()
+
+
 # ---- 5. nothing cut short is reported as a success ----------------------------------------------
 
 @pytest.mark.parametrize("draft", [False, True])
