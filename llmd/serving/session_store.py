@@ -41,12 +41,13 @@ operation:
   form one line of versions, each written by an instance that held the one before.
 - Disk use stays within max_bytes across all writers: before a write the directory
   is listed afresh and the least recently used files (by modification time, which a
-  load refreshes) are removed to make room. Another instance may remove or replace
+  load refreshes) of the API key group holding the most bytes are removed to make
+  room (_make_room). Another instance may remove or replace
   a file meanwhile; a file that vanishes is no error, and one whose modification
   time changed since the listing is left alone.
 A file's name is a digest of its session_key (the API key's digest and the client's
-id), so any id is a safe name, none can reach outside the directory, and two API
-keys' sessions of one id are two files. A write that fails (disk full, read-only directory, no
+id) after the start of the key's digest (file_name), so any id is a safe name, none
+can reach outside the directory, and two API keys' sessions of one id are two files. A write that fails (disk full, read-only directory, no
 permission) is a warning, and the session is not kept, as without --session-dir; it
 is never an error for a client.
 
@@ -55,6 +56,7 @@ the event loop.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
@@ -145,8 +147,17 @@ def shown(key: str) -> str:
 
 
 def file_name(key: str) -> str:
-    """A session's file name: a digest of its session_key, safe whatever the id holds."""
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40] + SUFFIX
+    """A session's file name: a digest of its session_key, safe whatever the id holds,
+    after the start of the API key's digest (its group, for the disk budget)."""
+    principal, _, _ = key.rpartition(" ")
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+    return f"{principal[:16]}-{digest}{SUFFIX}" if principal else digest + SUFFIX
+
+
+def group_of(name: str) -> str:
+    """The API key group of a session file's name ("" for sessions without a key)."""
+    group, dash, _ = name.partition("-")
+    return group if dash else ""
 
 
 def kv_type_name(kv_type_k: str, kv_type_v: str) -> str:
@@ -406,16 +417,26 @@ class SessionStore:
             os.close(fd)  # which releases the lock
 
     def _make_room(self, name: str, size: int) -> None:
-        """Remove the least recently used files (not `name`, which the write replaces)
-        until `size` more bytes fit the budget, listing the directory afresh: other
-        instances write and remove files in it too."""
+        """Remove files (not `name`, which the write replaces) until `size` more bytes
+        fit the budget, listing the directory afresh: other instances write and remove
+        files in it too. Each removal takes the least recently used file of the API key
+        group holding the most bytes (the write counted in its own), so a key that saves
+        many sessions removes its own files, not another key's that holds less."""
         if not self.max_bytes:
             return
-        others = [(mtime, n, b) for mtime, n, b in self._list() if n != name]
-        used = sum(b for _, _, b in others)
-        for mtime, victim, victim_bytes in others:
-            if used + size <= self.max_bytes:
-                break
+        groups: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # oldest first
+        held = collections.Counter({group_of(name): size})
+        for mtime, n, b in self._list():
+            if n != name:
+                groups[group_of(n)].append((mtime, n, b))
+                held[group_of(n)] += b
+        used = sum(held.values()) - size
+        while used + size > self.max_bytes and groups:
+            group = max(groups, key=lambda g: held[g])
+            mtime, victim, victim_bytes = groups[group].popleft()
+            if not groups[group]:
+                del groups[group]
+            held[group] -= victim_bytes
             with self._locked():  # not between another writer's version check and its rename
                 try:
                     # Written or loaded since the listing: no longer among the oldest.

@@ -227,6 +227,21 @@ def test_the_budget_removes_the_least_recently_used_files_first(tmp_path):
     assert store.bytes_used <= budget
 
 
+def test_a_key_that_saves_many_sessions_removes_its_own_files_not_anothers(tmp_path):
+    budget = 4 * len(file_bytes(session_key("a" * 64, "s0"))) + 100  # four files, not five
+    store = SessionStore(tmp_path, budget, FINGERPRINT, 128)
+    store.scan()
+    quiet, busy = session_key("a" * 64, "mine"), [session_key("b" * 64, f"s{i}") for i in range(8)]
+    store.save(quiet, PAYLOAD, REPLIES, 7)
+    os.utime(tmp_path / file_name(quiet), (1000, 1000))  # the oldest file of all
+    for key in busy:
+        store.save(key, PAYLOAD, REPLIES, 7)
+    assert store.has(quiet) and [store.has(k) for k in busy] == [False] * 5 + [True] * 3
+    assert file_name(quiet).startswith("a" * 16 + "-") and "-" not in file_name("mine")  # a key's group
+    store.save(session_key("a" * 64, "second"), PAYLOAD, REPLIES, 7)  # 2 and 2 after it: the largest gives way
+    assert store.has(quiet) and sum(store.has(k) for k in busy) == 2 and store.bytes_used <= budget
+
+
 def test_a_session_larger_than_the_budget_is_not_written(tmp_path, caplog):
     store = SessionStore(tmp_path, 1000, FINGERPRINT, 128)
     store.scan()
