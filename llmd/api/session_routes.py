@@ -23,6 +23,7 @@ class SessionRoutes:
         # or opens are queued on the executor, so lasting disagreement is a leak.
         saved = {"saved_sessions": store.count, "saved_bytes": store.bytes_used} if (store := self.table.store) else {}
         return json_response({"object": "list", "data": data, "capacity": self.table.capacity - 1,
+                              "in_use": self.table.in_use,
                               "engine_sessions": self.engine.live_sessions(),
                               "table_sessions": self.table.engine_sessions, **saved})
 

@@ -20,7 +20,7 @@ reply), or the response format when one is given.
 
 A request's grammar is named by its spec (chat_spec, completion_spec: the parts of
 the request it depends on, as JSON text) and compiled by compile_spec, which keeps
-the newest CACHE_SIZE grammars by spec: a repeated schema costs nothing, a new one
+the CACHE_SIZE most recently used grammars by spec: a repeated schema costs nothing, a new one
 milliseconds, a huge one seconds (so the server compiles on a thread of its own and
 takes cached grammars at once). A schema outside the supported subset
 (llmd/structured/jsonschema.py) is a 400 naming the keyword, before any response byte.
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+from collections import OrderedDict
 from typing import Any, Callable, Protocol, Sequence
 
 from llmd import errors
@@ -67,7 +69,8 @@ class ChatRequest(CompletionRequest, Protocol):
 
 
 CACHE_SIZE = 64
-_cache: dict[str, str] = {}  # spec -> grammar text, the oldest compiled first
+_cache: OrderedDict[str, str] = OrderedDict()  # spec -> grammar text, the least recently used first
+_cache_lock = threading.Lock()  # lookups on the event loop, compiles on the grammar thread
 
 
 def chat_spec(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
@@ -99,17 +102,22 @@ def completion_spec(req: CompletionRequest) -> str | None:
 
 
 def cached(spec: str) -> str | None:
-    """The spec's grammar text if it is compiled already."""
-    return _cache.get(spec)
+    """The spec's grammar text if it is compiled already (a use: it stays cached longer)."""
+    with _cache_lock:
+        if (text := _cache.get(spec)) is not None:
+            _cache.move_to_end(spec)
+        return text
 
 
 def compile_spec(spec: str) -> str:
     """The spec's grammar text, compiled unless cached (ApiError 400 for a schema it
-    cannot follow). One thread at a time: the server's grammar thread."""
-    if (text := _cache.get(spec)) is None:
-        text = _cache[spec] = _compile(spec)
-        if len(_cache) > CACHE_SIZE:
-            del _cache[next(iter(_cache))]
+    cannot follow); the server runs it on its grammar thread."""
+    if (text := cached(spec)) is None:
+        text = _compile(spec)
+        with _cache_lock:
+            _cache[spec] = text
+            while len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
     return text
 
 

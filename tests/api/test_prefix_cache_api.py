@@ -107,6 +107,8 @@ def test_each_api_key_sees_and_frees_only_its_own_sessions(keyed):
     assert listed(a)["mine"] == resident and complete(a) == warm  # key-b reached nothing
     complete(b)
     assert listed(b)["mine"] > 0 and listed(a)["mine"] == resident
+    body = b.request("GET", "/sessions").json()
+    assert body["in_use"] > len(body["data"])  # the count is the server's: key-a's "mine" too
     assert b.request("DELETE", "/sessions/mine").json()["deleted"] is True
     assert "mine" not in listed(b) and complete(a) == warm
     body = b.request("GET", "/sessions").json()

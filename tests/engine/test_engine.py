@@ -298,11 +298,14 @@ def test_decode_batch_reports_a_stopped_session_and_advances_the_others(engine):
         assert (a.position, b.position) == (len(prompt) + 1, len(prompt))
 
 
-def ambiguous_grammar(n: int = 1100) -> str:
-    """A grammar whose first byte has more parses than the matcher follows at once:
-    any step under it fails ("too ambiguous")."""
-    return "\n".join([f"llmd-grammar 1 {n + 3} 0", " ".join(f"@1>{3 + k}" for k in range(n)), "61>2", "$"]
-                     + ["62>2"] * n) + "\n"
+def ambiguous_grammar(prefix: bytes = b"", n: int = 1100) -> str:
+    """A grammar that reads `prefix`, then has more parses of the next byte than the
+    matcher follows at once: a step that gets there fails ("too ambiguous")."""
+    at = len(prefix)  # then the state calling rule `at + 1` (byte "a") with n returns, each reading "b"
+    reads = [f"{b:02x}>{i + 1}" for i, b in enumerate(prefix)]
+    calls = " ".join(f"@{at + 1}>{at + 3 + k}" for k in range(n))
+    return "\n".join([f"llmd-grammar 1 {at + n + 3} 0", *reads, calls, f"61>{at + 2}", "$"]
+                     + [f"62>{at + 2}"] * n) + "\n"
 
 
 def test_a_session_whose_step_fails_fails_alone_in_its_batch(engine):
@@ -321,6 +324,21 @@ def test_a_session_whose_step_fails_fails_alone_in_its_batch(engine):
         assert [t.id for t in steps[0]] == expected[1:4] and "too ambiguous" in str(steps[1][-1].error)
         b.set_grammar(None)  # left as a failed step leaves it: it decodes on
         assert b.decode_one().id == expected[0]
+
+
+def test_a_failure_after_accepted_drafts_keeps_them_and_says_so_last(engine):
+    prompt = engine.tokenize(PROMPT)
+    expected = run(engine, prompt, 4)
+    with engine.new_session() as s:
+        s.prefill(prompt)
+        s.set_grammar(ambiguous_grammar(b"".join(engine.piece(i) for i in expected[:3])))  # fails at the 3rd
+        s.decode_one()
+        steps = engine.decode_drafts([s], [expected[1:3]], [3])  # the first draft is accepted, then it fails
+        assert [t.id for t in steps[0][:-1]] == expected[1:2] and steps[0][0].logprob is not None
+        assert "too ambiguous" in str(steps[0][-1].error) and steps[0][-1].logprob is None
+        assert s.position == len(prompt) + 2  # the pending token and the accepted draft
+        s.set_grammar(None)
+        assert s.decode_one().id == expected[2]
 
 
 def test_logits_that_are_not_finite_are_an_error_not_a_token(tmp_path):

@@ -5,6 +5,7 @@ step; speculative decoding changes no token of any of it. Assertions are on the
 order of events and on tokens, never on times."""
 import asyncio
 
+import pytest
 import pytest_asyncio
 
 from llmd.engine import fetch
@@ -100,7 +101,9 @@ async def test_a_long_prompt_is_prefilled_between_other_streams_tokens(runtime):
         await task
 
 
-async def test_a_generation_whose_step_fails_ends_alone_and_the_others_stream_on(runtime):
+@pytest.mark.parametrize("speculative", ["off", "ngram"])  # plain steps, and steps that verify drafts
+async def test_a_generation_whose_step_fails_ends_alone_and_the_others_stream_on(runtime, speculative):
+    runtime.speculative = speculative
     log: list = []
     running = [await start(runtime, name, FILLER, 400, log) for name in "ab"]
     while sum(kind == "token" for _, kind, _ in log) < 4:

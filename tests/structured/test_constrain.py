@@ -100,9 +100,16 @@ def test_auto_with_a_response_format_is_that_json_or_calls():
     assert match(g, "plain text") == NO
 
 
-def test_grammars_are_cached_by_content():
+def test_grammars_are_cached_by_content_the_most_recently_used_kept():
     a = chat_grammar(tools=[WEATHER], tool_choice="required")
     assert chat_grammar(tools=[WEATHER], tool_choice="required") is a
+    spec = constrain.chat_spec(parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER],
+                                                              "tool_choice": "required"}).encode()))
+    for i in range(constrain.CACHE_SIZE):  # a schema in use stays while others come and go
+        assert constrain.cached(spec) is a
+        chat_grammar(response_format={"type": "json_schema", "json_schema": {"name": f"n{i}", "schema": {
+            "type": "integer", "title": f"churn {i}"}}})
+    assert constrain.cached(spec) is a
 
 
 def refused(**fields) -> ApiError:
