@@ -13,7 +13,6 @@ import logging
 import random
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 from urllib.parse import unquote
@@ -22,6 +21,7 @@ from llmd import errors
 from llmd.api import anthropic, embeddings, validation
 from llmd.api.answers import error_response, error_shape, json_response
 from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
+from llmd.api.grammar_queue import GrammarQueue
 from llmd.api.completions import CompletionFormat, parse_completion_request
 from llmd.api.reply import Choices, Format, Output, Reply, ReplyContext, ReplyStream
 from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session,
@@ -46,22 +46,6 @@ PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosni
                                             "style-src 'unsafe-inline'; img-src data:")]
 
 log = logging.getLogger("llmd.api")
-
-# Grammars compile one at a time on a thread of their own: a large schema takes
-# seconds of pure Python (the GIL lets no second thread go faster), and in asyncio's
-# shared pool a few of them would hold up every request's template rendering.
-GRAMMAR_COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-grammar")
-
-
-async def grammar_of(spec: str | None) -> str | None:
-    """The grammar text of a constrain spec: cached at once, else compiled on the
-    grammar thread (behind the compiles queued there); None for free output."""
-    if spec is None:
-        return None
-    if (text := constrain.cached(spec)) is not None:
-        return text
-    return await asyncio.get_running_loop().run_in_executor(GRAMMAR_COMPILER, constrain.compile_spec, spec)
-
 
 def key_scope(request: HttpRequest) -> str:
     """Whose stored state a request may see: a digest of the API key it presented
@@ -165,6 +149,7 @@ class Api:
         ]
         self.route_labels = {pattern: route_label(pattern) for pattern, _ in self.routes}
         self.responses = ResponseStore()
+        self.grammars = GrammarQueue()
         self.pooling = engine.pooling_type()  # 0: the model makes no embeddings
 
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
@@ -375,7 +360,8 @@ class Api:
             raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' asks for reasoning, "
                                                "but the served model does not reason: its chat template has no "
                                                "reasoning block.")
-        grammar = await grammar_of(constrain.chat_spec(req, templates.call_layout(self.template), self.controls))
+        grammar = await self.grammars.grammar(constrain.chat_spec(req, templates.call_layout(self.template),
+                                                                  self.controls), request.principal)
         return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
 
     async def _chat_prompt(self, req: validation.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
@@ -403,7 +389,7 @@ class Api:
         self._check_model(req.model)
         validation.check_vocab(req, self.info.n_vocab)
         sid = self._session_of(req, request)
-        grammar = await grammar_of(constrain.completion_spec(req))
+        grammar = await self.grammars.grammar(constrain.completion_spec(req), request.principal)
         if isinstance(req.prompt, str):
             self.text_limit.check(req.prompt, "prompt")
             prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))
