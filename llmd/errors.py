@@ -202,6 +202,13 @@ def capacity_exhausted(retry_after: int = 1,
                     {"Retry-After": str(max(0, int(retry_after)))})
 
 
+def client_closed() -> ApiError:
+    """499 (nginx's "client closed request"): the client went away before its answer
+    was ready. Nobody reads it; the access log and the request count show it."""
+    return ApiError(499, "The client closed the connection before its answer was ready.", "invalid_request_error",
+                    None, "client_closed_request")
+
+
 def unavailable(message: str = "The server is not ready.",
                 retry_after: int | None = None) -> ApiError:
     """503 unavailable_error, with `Retry-After` when `retry_after` is given."""

@@ -8,7 +8,7 @@ API keys: each key's compiles wait in a line of their own and the thread takes t
 next compile from each key in turn, so a key sending many new schemas delays another
 key's by the compile running and one of its own at most, not by all of them. A grammar compiled before
 (llmd.structured.constrain's cache) is taken at once, without queueing; a compile
-whose request has gone away is skipped.
+whose client has gone away (or whose request was cancelled) is skipped.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import asyncio
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 
+from llmd import errors
 from llmd.structured import constrain
 
 COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-grammar")
@@ -23,19 +24,21 @@ COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmd-grammar")
 
 class GrammarQueue:
     def __init__(self) -> None:
-        # API key -> its compiles waiting (spec, the future its request awaits); the next key first
-        self._lines: OrderedDict[str, deque[tuple[str, asyncio.Future]]] = OrderedDict()
+        # API key -> its compiles waiting (spec, the future its request awaits, its client's
+        # disconnected event); the next key first
+        self._lines: OrderedDict[str, deque[tuple[str, asyncio.Future, asyncio.Event]]] = OrderedDict()
         self._busy = False  # a compile of this queue runs on the thread
 
-    async def grammar(self, spec: str | None, key: str = "") -> str | None:
+    async def grammar(self, spec: str | None, key: str = "", gone: asyncio.Event | None = None) -> str | None:
         """The grammar text of a constrain spec for a request made with the API key
-        `key`: cached at once, else compiled in the key's turn; None for free output."""
+        `key` (`gone`: set when its client disconnects): cached at once, else compiled
+        in the key's turn; None for free output."""
         if spec is None:
             return None
         if (text := constrain.cached(spec)) is not None:
             return text
         done = asyncio.get_running_loop().create_future()
-        self._lines.setdefault(key, deque()).append((spec, done))
+        self._lines.setdefault(key, deque()).append((spec, done, gone or asyncio.Event()))
         self._next()
         return await done
 
@@ -43,12 +46,14 @@ class GrammarQueue:
         """Start the next key's first waiting compile, if none runs."""
         while not self._busy and self._lines:
             key, line = next(iter(self._lines.items()))
-            spec, done = line.popleft()
+            spec, done, gone = line.popleft()
             if line:
                 self._lines.move_to_end(key)
             else:
                 del self._lines[key]
-            if done.done():  # its request went away
+            if gone.is_set():
+                done.set_exception(errors.client_closed())
+            if done.done():
                 continue
             self._busy = True
             job = asyncio.get_running_loop().run_in_executor(COMPILER, constrain.compile_spec, spec)

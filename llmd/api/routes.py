@@ -361,7 +361,8 @@ class Api:
                                                "but the served model does not reason: its chat template has no "
                                                "reasoning block.")
         grammar = await self.grammars.grammar(constrain.chat_spec(req, templates.call_layout(self.template),
-                                                                  self.controls), request.principal)
+                                                                  self.controls), request.principal,
+                                              request.disconnected)
         return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
 
     async def _chat_prompt(self, req: validation.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
@@ -389,7 +390,8 @@ class Api:
         self._check_model(req.model)
         validation.check_vocab(req, self.info.n_vocab)
         sid = self._session_of(req, request)
-        grammar = await self.grammars.grammar(constrain.completion_spec(req), request.principal)
+        grammar = await self.grammars.grammar(constrain.completion_spec(req), request.principal,
+                                              request.disconnected)
         if isinstance(req.prompt, str):
             self.text_limit.check(req.prompt, "prompt")
             prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))

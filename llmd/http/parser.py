@@ -404,7 +404,7 @@ REASONS = {
     405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
     411: "Length Required", 413: "Content Too Large", 414: "URI Too Long",
     415: "Unsupported Media Type", 417: "Expectation Failed", 422: "Unprocessable Content",
-    429: "Too Many Requests", 431: "Request Header Fields Too Large",
+    429: "Too Many Requests", 431: "Request Header Fields Too Large", 499: "Client Closed Request",
     500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
     503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported",
 }

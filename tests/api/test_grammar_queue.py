@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from llmd.api.grammar_queue import GrammarQueue
+from llmd.errors import ApiError
 from llmd.structured import constrain
 
 
@@ -51,16 +52,23 @@ async def test_keys_take_turns_and_nothing_cached_waits(compiles):
     assert started == ["b0", "b1", "q0", "b2", "b3", "b4"]  # the quiet key's turn came after one of busy's
 
 
-async def test_a_failed_compile_fails_its_request_alone_and_a_gone_one_is_skipped(compiles):
+async def test_a_failed_compile_fails_its_request_alone_and_gone_ones_are_skipped(compiles):
     started, gate = compiles
     queue = GrammarQueue()
     running = asyncio.ensure_future(queue.grammar("first", "k"))
     await until(lambda: started == ["first"])
-    bad, gone, good = (asyncio.ensure_future(queue.grammar(spec, "k")) for spec in ("bad", "gone", "good"))
+    left = asyncio.Event()
+    bad, cancelled, disconnected, good = (asyncio.ensure_future(queue.grammar(spec, "k", gone))
+                                          for spec, gone in (("bad", None), ("cancelled", None),
+                                                             ("disconnected", left), ("good", None)))
     await asyncio.sleep(0)
-    gone.cancel()  # its client left while it waited
+    cancelled.cancel()  # its request ended while it waited
+    left.set()  # its client went away while it waited
     gate.set()
     with pytest.raises(ValueError, match="no grammar"):
         await bad
+    with pytest.raises(ApiError) as info:
+        await disconnected
+    assert info.value.status == 499
     assert await running == "grammar of first" and await good == "grammar of good"
     assert started == ["first", "bad", "good"]
