@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import struct
-import subprocess
 import threading
 import time
 

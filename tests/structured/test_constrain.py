@@ -1,7 +1,6 @@
 """llmd/structured/constrain.py: the grammar of a request's output (response_format, tool calls),
 checked by running it over texts (llmd_grammar_match) and by the 400s it raises."""
 import json
-import random
 
 import pytest
 
@@ -11,7 +10,6 @@ from llmd.engine.native import grammar_match
 from llmd.errors import ApiError
 from llmd.prompt.tool_calls import CALL_ARGUMENTS, CALL_HEAD, CALL_SEPARATOR, CALL_TAIL, CLOSE_TAG, OPEN_TAG, parse_tool_calls
 from llmd.structured import constrain
-from llmd.structured.grammar import compile_grammar
 
 NO, PREFIX, MAY_END, COMPLETE = 0, 1, 2, 3
 USER = [{"role": "user", "content": "hi"}]
