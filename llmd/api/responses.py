@@ -52,33 +52,35 @@ class StoredResponse:
 
 class ResponseStore:
     """Stored responses, looked up only with the API key that made them (`scope`),
-    `capacity` in all. Past it, the key that holds the most gives up its least
-    recently used (made or continued): a key that makes many responses pushes out its
-    own, never another's that holds fewer."""
+    `capacity` in all. Past it, the `group` that holds the most gives up its least
+    recently used (made or continued). With API keys a key is its own group, so a key
+    that makes many responses pushes out its own, never another's that holds fewer;
+    without them all are one group (a client could name any number of scopes)."""
 
     def __init__(self, capacity: int = MAX_STORED) -> None:
         self.capacity = capacity
-        self._scopes: dict[str, OrderedDict[str, StoredResponse]] = {}  # least recently used first
+        # group -> (scope, response id) -> response, least recently used first
+        self._groups: dict[str, OrderedDict[tuple[str, str], StoredResponse]] = {}
         self._count = 0
 
-    def get(self, scope: str, response_id: str) -> StoredResponse | None:
-        items = self._scopes.get(scope, {})
-        item = items.get(response_id)
+    def get(self, scope: str, response_id: str, group: str = "") -> StoredResponse | None:
+        items = self._groups.get(group, {})
+        item = items.get((scope, response_id))
         if item is not None:
-            items.move_to_end(response_id)
+            items.move_to_end((scope, response_id))
         return item
 
-    def put(self, scope: str, response_id: str, item: StoredResponse) -> None:
-        items = self._scopes.setdefault(scope, OrderedDict())
-        self._count += response_id not in items
-        items[response_id] = item
-        items.move_to_end(response_id)
+    def put(self, scope: str, response_id: str, item: StoredResponse, group: str = "") -> None:
+        items = self._groups.setdefault(group, OrderedDict())
+        self._count += (scope, response_id) not in items
+        items[(scope, response_id)] = item
+        items.move_to_end((scope, response_id))
         while self._count > self.capacity:
-            largest = max(self._scopes, key=lambda s: len(self._scopes[s]))
-            self._scopes[largest].popitem(last=False)
+            largest = max(self._groups, key=lambda g: len(self._groups[g]))
+            self._groups[largest].popitem(last=False)
             self._count -= 1
-            if not self._scopes[largest]:
-                del self._scopes[largest]
+            if not self._groups[largest]:
+                del self._groups[largest]
 
 
 def conversation_session(scope: str, first_response_id: str) -> str:

@@ -48,8 +48,11 @@ PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosni
 log = logging.getLogger("llmd.api")
 
 def key_scope(request: HttpRequest) -> str:
-    """Whose stored state a request may see: a digest of the API key it presented
-    (the access guard has checked it), "" without one."""
+    """Whose stored state a request may see: the API key it authenticated with (the
+    access guard's digest of it); on a server without API keys, a digest of the key the
+    client presents ("" without one)."""
+    if request.principal:
+        return request.principal
     presented = request.headers.get("x-api-key")
     if presented is None:
         scheme, _, token = (request.headers.get("authorization") or "").strip().partition(" ")
@@ -251,7 +254,7 @@ class Api:
         req = await parse(parse_responses_request, request.body)
         scope, chat_req, previous = key_scope(request), req.chat, None
         if req.previous_response_id is not None:
-            previous = self.responses.get(scope, req.previous_response_id)
+            previous = self.responses.get(scope, req.previous_response_id, request.principal)
             if previous is None:
                 raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
                                              "found.", "previous_response_id", "previous_response_not_found")
@@ -267,7 +270,7 @@ class Api:
             sid = conversation_session(scope, fmt.id)
 
         def store(response_id: str, reply: validation.Message) -> None:
-            self.responses.put(scope, response_id, StoredResponse(history + [reply], sid))
+            self.responses.put(scope, response_id, StoredResponse(history + [reply], sid), request.principal)
 
         fmt.on_done = store if req.store else None
         return await self._chat(request, chat_req, sid, fmt)
@@ -279,7 +282,7 @@ class Api:
         chat_req, history = req.chat, req.input
         previous = None
         if req.previous_response_id is not None:
-            previous = self.responses.get(key_scope(request), req.previous_response_id)
+            previous = self.responses.get(key_scope(request), req.previous_response_id, request.principal)
             if previous is None:
                 raise errors.invalid_request(f"Previous response with id '{req.previous_response_id}' not "
                                              "found.", "previous_response_id", "previous_response_not_found")

@@ -41,8 +41,8 @@ operation:
   form one line of versions, each written by an instance that held the one before.
 - Disk use stays within max_bytes across all writers: before a write the directory
   is listed afresh and the least recently used files (by modification time, which a
-  load refreshes) of the API key group holding the most bytes are removed to make
-  room (_make_room). Another instance may remove or replace
+  load refreshes) of the writer's API key group or of groups holding more are
+  removed to make room (_make_room), or the session is not written. Another instance may remove or replace
   a file meanwhile; a file that vanishes is no error, and one whose modification
   time changed since the listing is left alone.
 A file's name is a digest of its session_key (the API key's digest and the client's
@@ -365,7 +365,12 @@ class SessionStore:
         written = False  # whether tmp exists, to be removed on failure
         with self._write_lock:
             try:
-                self._make_room(name, size)
+                if not self._make_room(name, size):
+                    log.warning("session %r not saved: it would take more than its API key's share of "
+                                "--session-dir-max (%d bytes)", shown(key), self.max_bytes)
+                    with self._lock:
+                        self.failed += 1
+                    return None
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 written = True
                 with open(fd, "wb") as f:
@@ -416,23 +421,29 @@ class SessionStore:
         finally:
             os.close(fd)  # which releases the lock
 
-    def _make_room(self, name: str, size: int) -> None:
+    def _make_room(self, name: str, size: int) -> bool:
         """Remove files (not `name`, which the write replaces) until `size` more bytes
         fit the budget, listing the directory afresh: other instances write and remove
-        files in it too. Each removal takes the least recently used file of the API key
-        group holding the most bytes (the write counted in its own), so a key that saves
-        many sessions removes its own files, not another key's that holds less."""
+        files in it too. Each removal takes the least recently used file of the writer's
+        API key group or of a group holding more bytes than it (the write counted in it),
+        of the group holding the most first: a key that saves many sessions removes its
+        own files, never another key's that hold as much or less. False (nothing to be
+        written) when only such files could make room."""
         if not self.max_bytes:
-            return
+            return True
+        mine = group_of(name)
         groups: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # oldest first
-        held = collections.Counter({group_of(name): size})
+        held = collections.Counter({mine: size})
         for mtime, n, b in self._list():
             if n != name:
                 groups[group_of(n)].append((mtime, n, b))
                 held[group_of(n)] += b
         used = sum(held.values()) - size
         while used + size > self.max_bytes and groups:
-            group = max(groups, key=lambda g: held[g])
+            allowed = [g for g in groups if g == mine or held[g] > held[mine]]
+            if not allowed:
+                return False
+            group = max(allowed, key=lambda g: held[g])
             mtime, victim, victim_bytes = groups[group].popleft()
             if not groups[group]:
                 del groups[group]
@@ -451,6 +462,7 @@ class SessionStore:
                 self._files.pop(victim, None)
             if removed:
                 log.info("removed session file %s to stay within --session-dir-max", victim)
+        return True
 
     def _unlink(self, name: str) -> bool:
         try:

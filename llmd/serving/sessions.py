@@ -9,8 +9,8 @@ Anonymous requests use the scratch slot, or, while it is busy and capacity is
 free, a temporary slot that is freed afterwards, so concurrent anonymous
 requests still run side by side. Capacity comes from the engine: one slot stays
 for the scratch session, named sessions share the rest. A full table evicts the
-least recently used idle named session of the API key holding the most (policy
-"lru"; _eviction_victim) or answers 429 ("none").
+least recently used idle named session of the requesting API key or of one holding
+more (policy "lru"; _eviction_victim), else answers 429 (and always under "none").
 
 Every slot has an asyncio.Lock, so requests for one session run one at a time
 in arrival order (asyncio locks wake waiters first-in first-out). `acquire`
@@ -249,7 +249,7 @@ class SessionTable:
         if self.capacity <= 1:
             raise errors.unsupported_session()
         if self._free_slots() <= 0:
-            victim = self._eviction_victim()
+            victim = self._eviction_victim(principal)
             if victim is None:
                 raise errors.capacity_exhausted(
                     retry_after=1, message=f"all {self.capacity - 1} named session slots are in use")
@@ -261,14 +261,17 @@ class SessionTable:
         self._open(slot)
         return slot
 
-    def _eviction_victim(self) -> Slot | None:
-        """Under "lru", the least recently used idle session of the API key that holds
-        the most sessions (with idle ones): a key that opens many sessions evicts its
-        own, not another's that holds fewer; without API keys, the least recently used."""
+    def _eviction_victim(self, principal: str) -> Slot | None:
+        """Under "lru", for a new session of the API key `principal`: an idle session of
+        that key or of one holding more sessions than it, the least recently used of the
+        key holding the most. So a key evicts only its own sessions or those of a key
+        with more; never another's that holds as many or fewer, busy or not (then None:
+        429). Without API keys, the least recently used idle session."""
         if self.eviction != "lru":
             return None
         held = collections.Counter(s.principal for s in self.named.values())
-        idle = [s for s in self.named.values() if s.users == 0]
+        idle = [s for s in self.named.values()
+                if s.users == 0 and (s.principal == principal or held[s.principal] > held[principal])]
         return min(idle, key=lambda s: (-held[s.principal], s.last_used), default=None)
 
     # ---- engine session lifetime (see the module doc) -------------------------

@@ -115,6 +115,20 @@ def test_each_api_key_sees_and_frees_only_its_own_sessions(keyed):
     assert body["engine_sessions"] == body["table_sessions"]
 
 
+def test_stored_responses_are_the_authenticated_keys_whatever_else_is_presented(keyed):
+    empty = {"X-Api-Key": ""}  # presented, but no key: the Bearer token authenticates
+
+    def respond(key: str, headers: dict, **body):
+        return client(keyed, key).request("POST", "/responses", {"model": MODEL, "max_output_tokens": 2, **body},
+                                          headers=headers)
+
+    made = respond("key-a", empty, input="My password is hunter2.")
+    assert made.status == 200, made.body
+    previous = {"input": "Again?", "previous_response_id": made.json()["id"]}
+    assert respond("key-b", empty, **previous).json()["error"]["code"] == "previous_response_not_found"
+    assert respond("key-a", {}, **previous).status == 200  # its own, however it presents its key
+
+
 def test_a_scored_prompt_is_shared_only_within_its_key(keyed):
     prompt = SYSTEM + " Scored."
     scored = client(keyed, "key-a").completion(prompt, echo=True, logprobs=1, max_tokens=0)

@@ -127,15 +127,27 @@ def test_the_store_keeps_the_most_recently_used_and_answers_only_the_same_key():
 def test_a_key_that_stores_many_responses_pushes_out_its_own_not_anothers():
     store = ResponseStore(capacity=4)
     item = StoredResponse([Message("user", "hi")], None)
-    store.put("quiet", "q1", item)
+    store.put("quiet", "q1", item, "quiet")  # with API keys, a key is its own group
     for i in range(20):
-        store.put("busy", f"b{i}", item)
-    assert store.get("quiet", "q1") is item
-    assert [store.get("busy", f"b{i}") is item for i in range(20)] == [False] * 17 + [True] * 3
-    store.put("busy", "b19", item)  # stored again: still one response
-    store.put("quiet", "q2", item)  # 2 and 2: the largest gives way to the newcomer
-    assert store.get("quiet", "q1") is item and store.get("quiet", "q2") is item
-    assert sum(store.get("busy", f"b{i}") is item for i in range(20)) == 2
+        store.put("busy", f"b{i}", item, "busy")
+    assert store.get("quiet", "q1", "quiet") is item
+    assert [store.get("busy", f"b{i}", "busy") is item for i in range(20)] == [False] * 17 + [True] * 3
+    store.put("busy", "b19", item, "busy")  # stored again: still one response
+    store.put("quiet", "q2", item, "quiet")  # 2 and 2: the largest gives way to the newcomer
+    assert store.get("quiet", "q1", "quiet") is item and store.get("quiet", "q2", "quiet") is item
+    assert sum(store.get("busy", f"b{i}", "busy") is item for i in range(20)) == 2
+
+
+def test_without_api_keys_the_store_is_one_group_whatever_scopes_clients_name():
+    # a client presenting a new key each time makes a scope each time: no scope is "the largest"
+    store = ResponseStore(capacity=4)
+    item = StoredResponse([Message("user", "hi")], None)
+    for i in range(3):
+        store.put("steady", f"s{i}", item)
+    for i in range(3):
+        store.put(f"junk{i}", "r", item)
+    assert [store.get("steady", f"s{i}") is item for i in range(3)] == [False, False, True]
+    assert store.get("junk0", "r") is item and store.get("steady", "s2", "other group") is None
 
 
 def test_output_text_logprobs_are_asked_for_through_include_or_top_logprobs():

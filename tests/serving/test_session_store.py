@@ -241,6 +241,20 @@ def test_a_key_that_saves_many_sessions_removes_its_own_files_not_anothers(tmp_p
     assert store.has(quiet) and sum(store.has(k) for k in busy) == 2 and store.bytes_used <= budget
 
 
+def test_a_session_that_only_another_keys_files_could_make_room_for_is_not_written(tmp_path, caplog):
+    one = len(file_bytes(session_key("a" * 64, "s0")))
+    store = SessionStore(tmp_path, 3 * one + 100, FINGERPRINT, 128)
+    store.scan()
+    small = [session_key("a" * 64, f"s{i}") for i in range(2)]
+    for key in small:
+        store.save(key, PAYLOAD, REPLIES, 7)
+    big = session_key("b" * 64, "big")
+    with caplog.at_level(logging.WARNING, "llmd.sessions"):  # one file larger than all of key a's
+        assert store.save(big, PAYLOAD * 2 + PAYLOAD[:len(PAYLOAD) // 2], REPLIES, 7) is None
+    assert "share of --session-dir-max" in caplog.text
+    assert all(store.has(k) for k in small) and not store.has(big) and store.failed == 1
+
+
 def test_a_session_larger_than_the_budget_is_not_written(tmp_path, caplog):
     store = SessionStore(tmp_path, 1000, FINGERPRINT, 128)
     store.scan()

@@ -15,6 +15,7 @@ import pytest
 from llmd.api.answers import transport_refusal
 from llmd.api.routes import Api, App, Options
 from llmd.engine.native import Engine
+from llmd.errors import ApiError
 from llmd.http.server import HttpServer
 from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
@@ -268,6 +269,17 @@ async def test_a_key_that_opens_many_sessions_evicts_its_own_not_anothers(model)
         await use("mine", "busy")  # another key's id is another session: busy's oldest goes
         assert s.table.get("mine", "quiet") is not None and s.table.get("s4", "busy") is None
         assert s.table.evictions == 5
+        # Busy sessions do not shield a key: with both of its own in use, a third is
+        # refused rather than taken from the key that holds fewer.
+        held = [await s.table.acquire(sid, "busy") for sid in ("s5", "mine")]
+        with pytest.raises(ApiError) as refused:
+            await s.table.acquire("s6", "busy")
+        assert refused.value.status == 429 and s.table.get("mine", "quiet") is not None
+        for lease in held:
+            lease.release()
+        await use("second", "quiet")  # idle again: the key holding more gives one up
+        assert sorted((slot.principal, slot.id) for slot in s.table.named.values()) == [
+            ("busy", "mine"), ("quiet", "mine"), ("quiet", "second")]
         await s.settled()
         s.assert_agree()
 
