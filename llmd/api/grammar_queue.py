@@ -51,9 +51,10 @@ class GrammarQueue:
                 self._lines.move_to_end(key)
             else:
                 del self._lines[key]
+            if done.done():  # its request was cancelled
+                continue
             if gone.is_set():
                 done.set_exception(errors.client_closed())
-            if done.done():
                 continue
             self._busy = True
             job = asyncio.get_running_loop().run_in_executor(COMPILER, constrain.compile_spec, spec)

@@ -178,6 +178,11 @@ class RequestParser:
         return self._started or bool(self._buf) or self._state not in (_REQUEST_LINE, _DONE)
 
     @property
+    def target(self) -> str | None:
+        """The current request's target, once its line was read."""
+        return self._line[1] if self._line is not None else None
+
+    @property
     def done(self) -> bool:
         """True between EndOfMessage and `start_next()`."""
         return self._state == _DONE
@@ -209,7 +214,7 @@ class RequestParser:
         except _Reject as e:
             self._state = _ERROR
             self._buf.clear()
-            out.append(ParseError(e.status, e.message, self._line[1] if self._line is not None else None))
+            out.append(ParseError(e.status, e.message, self.target))
         return out
 
     def _step(self, out: list[Event]) -> bool:

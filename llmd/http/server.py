@@ -223,7 +223,7 @@ class _Connection:
         except TimeoutError:
             if head_deadline is None:
                 return None
-            return ParseError(408, "timed out reading the request headers")
+            return ParseError(408, "timed out reading the request headers", self.parser.target)
         ev = self.pending.popleft() if self.pending else None
         assert ev is None or isinstance(ev, (Request, ParseError))
         return ev
@@ -239,7 +239,7 @@ class _Connection:
                 while not self.pending and not self.eof:
                     await self._fill(deadline)
             except TimeoutError:
-                return ParseError(408, "timed out reading the request body")
+                return ParseError(408, "timed out reading the request body", head.target)
             if not self.pending:
                 return None
             ev = self.pending.popleft()

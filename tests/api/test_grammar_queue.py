@@ -59,16 +59,16 @@ async def test_a_failed_compile_fails_its_request_alone_and_gone_ones_are_skippe
     await until(lambda: started == ["first"])
     left = asyncio.Event()
     bad, cancelled, disconnected, good = (asyncio.ensure_future(queue.grammar(spec, "k", gone))
-                                          for spec, gone in (("bad", None), ("cancelled", None),
+                                          for spec, gone in (("bad", None), ("cancelled", left),
                                                              ("disconnected", left), ("good", None)))
     await asyncio.sleep(0)
-    cancelled.cancel()  # its request ended while it waited
+    cancelled.cancel()  # its request ended while it waited (its client gone too)
     left.set()  # its client went away while it waited
     gate.set()
     with pytest.raises(ValueError, match="no grammar"):
         await bad
     with pytest.raises(ApiError) as info:
-        await disconnected
+        await asyncio.wait_for(disconnected, 30)
     assert info.value.status == 499
-    assert await running == "grammar of first" and await good == "grammar of good"
+    assert await running == "grammar of first" and await asyncio.wait_for(good, 30) == "grammar of good"
     assert started == ["first", "bad", "good"]

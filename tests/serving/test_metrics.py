@@ -375,7 +375,8 @@ def test_gauges_show_a_running_generation_and_one_waiting_for_its_session(server
 
 def test_refusals_before_any_route_runs_are_counted_too():
     # the access guard's 401, the parser's 400 and 413, and the routes' own answers
-    with running_llmd("--max-sessions", "2", "--ctx", "256", "--api-key", "k", "--max-body-bytes", "4096") as url:
+    with running_llmd("--max-sessions", "2", "--ctx", "256", "--api-key", "k", "--max-body-bytes", "4096",
+                      "--body-timeout", "0.5") as url:
         port = int(url.rsplit(":", 1)[1])
         before = scrape(url, "k")
 
@@ -388,6 +389,7 @@ def test_refusals_before_any_route_runs_are_counted_too():
         assert send(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k\r\n\r\n") == 200
         assert send(b"BAD REQUEST LINE\r\n\r\n") == 400
         assert send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5000\r\n\r\n") == 413
+        assert send(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 9\r\n\r\n{}") == 408
         after = scrape(url, "k")
 
         def requests(route, status):
@@ -396,3 +398,4 @@ def test_refusals_before_any_route_runs_are_counted_too():
         assert requests("/v1/models", "401") == requests("/v1/models", "200") == 1
         assert requests("unmatched", "400") == 1
         assert requests("/v1/chat/completions", "413") == 1
+        assert requests("/v1/completions", "408") == 1  # the path was read: its route, not "unmatched"
