@@ -47,6 +47,7 @@ PAGE_HEADERS = [("Cache-Control", "no-cache"), ("X-Content-Type-Options", "nosni
 
 log = logging.getLogger("llmd.api")
 
+
 def key_scope(request: HttpRequest) -> str:
     """Whose stored state a request may see: the API key it authenticated with (the
     access guard's digest of it); on a server without API keys, a digest of the key the

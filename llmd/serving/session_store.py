@@ -42,14 +42,14 @@ operation:
 - Disk use stays within max_bytes across all writers: before a write the directory
   is listed afresh and the least recently used files (by modification time, which a
   load refreshes) of the writer's API key group or of groups holding more are
-  removed to make room (_make_room), or the session is not written. Another instance may remove or replace
-  a file meanwhile; a file that vanishes is no error, and one whose modification
-  time changed since the listing is left alone.
+  removed to make room (_make_room), or the session is not written. Another
+  instance may remove or replace a file meanwhile; a file that vanishes is no
+  error, and one whose modification time changed since the listing is left alone.
 A file's name is a digest of its session_key (the API key's digest and the client's
 id) after the start of the key's digest (file_name), so any id is a safe name, none
-can reach outside the directory, and two API keys' sessions of one id are two files. A write that fails (disk full, read-only directory, no
-permission) is a warning, and the session is not kept, as without --session-dir; it
-is never an error for a client.
+can reach outside the directory, and two API keys' sessions of one id are two files.
+A write that fails (disk full, read-only directory, no permission) is a warning, and
+the session is not kept, as without --session-dir; it is never an error for a client.
 
 Every method does blocking file I/O: callers run them on a worker thread, never on
 the event loop.
