@@ -6,9 +6,9 @@ faster), and in asyncio's shared pool a few of them would hold up every request'
 template rendering, so compiles get a thread of their own. Its queue is fair between
 API keys: each key's compiles wait in a line of their own and the thread takes the
 next compile from each key in turn, so a key sending many new schemas delays another
-key's by the compile running and one of its own at most, not by all of them. A grammar compiled before
-(llmd.structured.constrain's cache) is taken at once, without queueing; a compile
-whose client has gone away (or whose request was cancelled) is skipped.
+key's by the compile running and one of its own at most, not by all of them. A
+grammar compiled before (llmd.structured.constrain's cache) is taken at once, without
+queueing; a compile whose client has reset (or whose request was cancelled) is skipped.
 """
 from __future__ import annotations
 

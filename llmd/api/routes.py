@@ -21,8 +21,8 @@ from llmd import errors
 from llmd.api import anthropic, embeddings, validation
 from llmd.api.answers import error_response, error_shape, json_response
 from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
-from llmd.api.grammar_queue import GrammarQueue
 from llmd.api.completions import CompletionFormat, parse_completion_request
+from llmd.api.grammar_queue import GrammarQueue
 from llmd.api.reply import Choices, Format, Output, Reply, ReplyContext, ReplyStream
 from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session,
                                  parse_compact_request, parse_responses_request)
