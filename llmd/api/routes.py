@@ -156,27 +156,32 @@ class Api:
         self.grammars = GrammarQueue()
         self.pooling = engine.pooling_type()  # 0: the model makes no embeddings
 
+    def _route(self, path: str) -> tuple[re.Pattern, dict, re.Match] | None:
+        """The route a path takes: its pattern, its handlers by method, and the match."""
+        for pattern, methods in self.routes:
+            if (m := pattern.fullmatch(path)) is not None:
+                return pattern, methods, m
+        return None
+
     async def __call__(self, request: HttpRequest) -> Response | StreamResponse:
         try:
-            for pattern, methods in self.routes:
-                if (m := pattern.fullmatch(request.path)) is None:
-                    continue
-                method = "GET" if request.method == "HEAD" else request.method
-                handler = methods.get(method)
-                if handler is None:
-                    raise errors.method_not_allowed(sorted(methods) + (["HEAD"] if "GET" in methods else []))
-                # A path's parameters percent-decoded: a session id may hold "/", "?" or "%"
-                return await handler(request, **{k: unquote(v) for k, v in m.groupdict().items()})
-            raise errors.not_found(f"no route for {request.path}")
+            if (route := self._route(request.path)) is None:
+                raise errors.not_found(f"no route for {request.path}")
+            _, methods, m = route
+            method = "GET" if request.method == "HEAD" else request.method
+            handler = methods.get(method)
+            if handler is None:
+                raise errors.method_not_allowed(sorted(methods) + (["HEAD"] if "GET" in methods else []))
+            # A path's parameters percent-decoded: a session id may hold "/", "?" or "%"
+            return await handler(request, **{k: unquote(v) for k, v in m.groupdict().items()})
         except ApiError as err:
             return error_response(err, error_shape(request.path))
 
     def count(self, path: str | None, status: int) -> None:
         """Count an answer in llmd_requests_total under its route's pattern ("unmatched":
         no route, or refused before its path was read), so metrics stay bounded."""
-        route = next((self.route_labels[p] for p, _ in self.routes if path is not None and p.fullmatch(path)),
-                     "unmatched")
-        self.metrics.requests.inc(route=route, status=str(status))
+        route = self._route(path) if path is not None else None
+        self.metrics.requests.inc(route=self.route_labels[route[0]] if route else "unmatched", status=str(status))
 
     # ---- status page and metrics ----------------------------------------------
 

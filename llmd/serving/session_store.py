@@ -338,6 +338,11 @@ class SessionStore:
         with self._lock:
             self.refused += 1
 
+    def _count_failed(self) -> None:
+        """Count a save that wrote nothing (too large, no room, or the disk failed)."""
+        with self._lock:
+            self.failed += 1
+
     def count_loaded(self) -> None:
         """Count a file whose session the engine took."""
         with self._lock:
@@ -348,16 +353,15 @@ class SessionStore:
         """Write the session's file atomically as version base + 1, if its file is
         absent, unreadable or still at version `base` (the version the caller loaded
         or last wrote; 0: none), removing the least recently used files if the budget
-        needs room; `owner` is Saved.owner. The version written; CONFLICT if another
-        writer's version is there, None (logged) if the write failed."""
+        needs room (_make_room); `owner` is Saved.owner. The version written; CONFLICT if
+        another writer's version is there, None (logged) if nothing was written."""
         pieces = encode(key, self.fingerprint, self.n_ctx, n_tokens, replies, payload, base + 1, self.kv_type,
                         owner)
         size = sum(len(p) for p in pieces)
         if self.max_bytes and size > self.max_bytes:
             log.warning("session %r takes %d bytes, more than --session-dir-max (%d): not saved",
                         shown(key), size, self.max_bytes)
-            with self._lock:
-                self.failed += 1
+            self._count_failed()
             return None
         name = file_name(key)
         path = self.directory / name
@@ -368,8 +372,7 @@ class SessionStore:
                 if not self._make_room(name, size):
                     log.warning("session %r not saved: it would take more than its API key's share of "
                                 "--session-dir-max (%d bytes)", shown(key), self.max_bytes)
-                    with self._lock:
-                        self.failed += 1
+                    self._count_failed()
                     return None
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                 written = True
@@ -395,8 +398,7 @@ class SessionStore:
                     self._unlink(tmp.name)
                 log.warning("cannot save session %r in %s: %s; it is kept in memory only, as without "
                             "--session-dir", shown(key), self.directory, exc)
-                with self._lock:
-                    self.failed += 1
+                self._count_failed()
                 return None
         with self._lock:
             self._files[name] = (size, time.time())

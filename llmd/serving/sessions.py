@@ -244,7 +244,7 @@ class SessionTable:
             slot = Slot(None, temporary=True)
             self._open(slot)
             return slot
-        if (slot := self.named.get(session_key(principal, session_id))) is not None:
+        if (slot := self.get(session_id, principal)) is not None:
             return slot
         if self.capacity <= 1:
             raise errors.unsupported_session()
@@ -506,6 +506,7 @@ class SessionTable:
         return [s for s in self.named.values() if s.principal == principal]
 
     def get(self, session_id: str, principal: str) -> Slot | None:
+        """The named session `session_id` of the API key `principal`, if in the table."""
         return self.named.get(session_key(principal, session_id))
 
     def delete(self, session_id: str, principal: str = "") -> bool:

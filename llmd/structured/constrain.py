@@ -20,10 +20,11 @@ reply), or the response format when one is given.
 
 A request's grammar is named by its spec (chat_spec, completion_spec: the parts of
 the request it depends on, as JSON text) and compiled by compile_spec, which keeps
-the CACHE_SIZE most recently used grammars by spec: a repeated schema costs nothing, a new one
-milliseconds, a huge one seconds (so the server compiles on a thread of its own and
-takes cached grammars at once). A schema outside the supported subset
-(llmd/structured/jsonschema.py) is a 400 naming the keyword, before any response byte.
+the CACHE_SIZE most recently used grammars by spec: a repeated schema costs nothing,
+a new one milliseconds, a huge one seconds (so the server compiles on a thread of
+its own, llmd.api.grammar_queue, and takes cached grammars at once). A schema outside
+the supported subset (llmd/structured/jsonschema.py) is a 400 naming the keyword,
+before any response byte.
 """
 
 from __future__ import annotations
