@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from llmd import errors
 from llmd.api.answers import error_response, error_shape
 from llmd.http.server import App, HttpRequest, Response, StreamResponse
+from llmd.serving.session_store import KEY_TAG
 
 OPEN_PATHS = ("/health", "/")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -78,6 +79,8 @@ class Guard:
             response = error_response(errors.authentication(), error_shape(request.path))
         else:
             request.principal = principal or ""
+            if principal:  # the key in the access log, as session logs name it (shown)
+                request.log["key"] = principal[:KEY_TAG]
             response = await self.app(request)
         if origin is not None:
             response.headers += [("Access-Control-Allow-Origin", origin), ("Vary", "Origin"),

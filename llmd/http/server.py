@@ -53,6 +53,7 @@ class HttpRequest:
     client: tuple[str, int] | None = None
     id: str = ""              # X-Request-Id: the client's, else one made up; logged, echoed
     principal: str = ""       # the API key it authenticated with, as a digest ("" without keys)
+    log: dict = field(default_factory=dict)  # access-log fields the app knows before it answers
 
 
 @dataclass
@@ -100,7 +101,7 @@ def _access_log(request: HttpRequest, response: Response | StreamResponse | None
     fields = {"method": request.method, "path": request.path,
               "status": response.status if response is not None else 500, "ms": round(seconds * 1000, 1),
               "client": request.client[0] if request.client else "-", "request_id": request.id}
-    extra = response.log if response is not None else {}
+    extra = {**request.log, **(response.log if response is not None else {})}
     fields.update(extra)
     access_log.info("%s %s %d %.1fms client=%s request_id=%s%s", request.method, request.path,
                     fields["status"], fields["ms"], fields["client"], request.id,

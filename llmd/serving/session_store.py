@@ -84,6 +84,7 @@ FORMAT_VERSION = 3
 SUFFIX = ".session"
 LOCK_NAME = ".lock"
 CONFLICT = 0  # what `save` returns when another writer's version is in the file
+KEY_TAG = 8  # hex digits of an API key's digest that logs show
 STALE_TEMP_SECONDS = 600.0  # a temporary file this old is a crashed writer's: a write takes seconds
 _PREFIX = struct.Struct("<8sIIQI")  # magic, version, metadata length, payload length, crc32
 _MAX_METADATA = 64 << 20            # far above what MAX_REPLIES replies take
@@ -142,8 +143,11 @@ def session_key(principal: str, session_id: str) -> str:
 
 
 def shown(key: str) -> str:
-    """A session_key as the logs show it: the client's id, without the key's digest."""
-    return key.rpartition(" ")[2]
+    """A session_key as the logs show it: the client's id, quoted, and the first
+    KEY_TAG hex digits of its API key's digest (as the access log's `key`), so that
+    two keys' "chat-1" tell apart."""
+    principal, _, session_id = key.rpartition(" ")
+    return f"{session_id!r} of key {principal[:KEY_TAG]}" if principal else repr(session_id)
 
 
 def file_name(key: str) -> str:
@@ -318,11 +322,11 @@ class SessionStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            log.warning("cannot read the file of session %r (%s): %s; it starts cold", shown(key), path, exc)
+            log.warning("cannot read the file of session %s (%s): %s; it starts cold", shown(key), path, exc)
             self.count_refused()
             return None
         except Refused as exc:
-            log.warning("session file %s refused for session %r: %s; it starts cold", path, shown(key), exc)
+            log.warning("session file %s refused for session %s: %s; it starts cold", path, shown(key), exc)
             self.count_refused()
             return None
         try:  # a load is a use: the file is now the most recently used
@@ -359,7 +363,7 @@ class SessionStore:
                         owner)
         size = sum(len(p) for p in pieces)
         if self.max_bytes and size > self.max_bytes:
-            log.warning("session %r takes %d bytes, more than --session-dir-max (%d): not saved",
+            log.warning("session %s takes %d bytes, more than --session-dir-max (%d): not saved",
                         shown(key), size, self.max_bytes)
             self._count_failed()
             return None
@@ -370,7 +374,7 @@ class SessionStore:
         with self._write_lock:
             try:
                 if not self._make_room(name, size):
-                    log.warning("session %r not saved: it would take more than its API key's share of "
+                    log.warning("session %s not saved: it would take more than its API key's share of "
                                 "--session-dir-max (%d bytes)", shown(key), self.max_bytes)
                     self._count_failed()
                     return None
@@ -385,7 +389,7 @@ class SessionStore:
                     current = read_version(path)
                     if current is not None and current != base:
                         self._unlink(tmp.name)
-                        log.info("session %r not saved: its file is at version %d, written by another "
+                        log.info("session %s not saved: its file is at version %d, written by another "
                                  "instance since this one's version %d; it is reloaded before its next "
                                  "request here", shown(key), current, base)
                         with self._lock:
@@ -396,7 +400,7 @@ class SessionStore:
             except OSError as exc:
                 if written:
                     self._unlink(tmp.name)
-                log.warning("cannot save session %r in %s: %s; it is kept in memory only, as without "
+                log.warning("cannot save session %s in %s: %s; it is kept in memory only, as without "
                             "--session-dir", shown(key), self.directory, exc)
                 self._count_failed()
                 return None

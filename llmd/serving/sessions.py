@@ -62,7 +62,7 @@ from typing import Awaitable, Callable, Iterable
 from llmd import errors
 from llmd.engine.native import Engine, EngineError, Session
 from llmd.serving.draft_model import DraftSession, open_draft_session
-from llmd.serving.session_store import CONFLICT, Saved, SessionStore, session_key
+from llmd.serving.session_store import CONFLICT, Saved, SessionStore, session_key, shown
 
 log = logging.getLogger("llmd.sessions")
 
@@ -331,9 +331,9 @@ class SessionTable:
                 slot.resident = await self._call(restore)
                 slot.replies, slot.owner = list(saved.replies), saved.owner
                 self.store.count_loaded()
-                log.info("session %r restored from disk: %d tokens", slot.id, len(slot.resident))
+                log.info("session %s restored from disk: %d tokens", shown(slot.key), len(slot.resident))
         except EngineError as exc:
-            log.warning("the engine refused the saved state of session %r: %s; it starts cold", slot.id, exc)
+            log.warning("the engine refused the saved state of session %s: %s; it starts cold", shown(slot.key), exc)
             self.store.count_refused()
         except BaseException:
             self.engine_sessions += 1  # counted here, as _opened would have: _closed uncounts it
@@ -350,8 +350,8 @@ class SessionTable:
             n_vocab = self.engine.info.n_vocab
             if all(0 <= i < n_vocab for _, ids in saved.replies for i in ids):
                 return saved, saved.version
-            log.warning("session file of %r refused: a reply it remembers holds a token id outside the "
-                        "vocabulary; it starts cold", slot.id)
+            log.warning("session file of %s refused: a reply it remembers holds a token id outside the "
+                        "vocabulary; it starts cold", shown(slot.key))
             self.store.count_refused()
             return None, saved.version
         return None, await asyncio.to_thread(self.store.version, slot.key) or 0
@@ -380,14 +380,14 @@ class SessionTable:
         try:
             resident = await asyncio.shield(self._call(restore))
         except EngineError as exc:
-            log.warning("the engine refused the saved state of session %r: %s; it runs cold", slot.id, exc)
+            log.warning("the engine refused the saved state of session %s: %s; it runs cold", shown(slot.key), exc)
             self.store.count_refused()
             return
         slot.resident, slot.dirty, slot.replies, slot.owner = resident, False, list(saved.replies), saved.owner
         slot.saved_turns = slot.turns
         self.store.count_loaded()
-        log.info("session %r reloaded from disk: version %d, written by another instance, %d tokens",
-                 slot.id, saved.version, len(resident))
+        log.info("session %s reloaded from disk: version %d, written by another instance, %d tokens",
+                 shown(slot.key), saved.version, len(resident))
 
     def _on_disk(self, key: str, work: Callable[[], Awaitable]) -> None:
         """Run work() after the session's earlier disk operations, tracked like engine calls."""
@@ -419,14 +419,14 @@ class SessionTable:
                 version = await asyncio.to_thread(self.store.save, slot.key, payload, replies, keep,
                                                   slot.version, owner)
             except EngineError as exc:
-                log.warning("session %r could not be exported: %s; not saved", slot.id, exc)
+                log.warning("session %s could not be exported: %s; not saved", shown(slot.key), exc)
                 version = None
             if version is None:  # not written: try again at the next occasion
                 if slot.saved_turns == turns:
                     slot.saved_turns = -1
             elif version != CONFLICT:  # (after a conflict, the next request here reloads the file)
                 slot.version = version
-                log.info("session %r saved to disk (%s): %d tokens, version %d", slot.id, why, keep, version)
+                log.info("session %s saved to disk (%s): %d tokens, version %d", shown(slot.key), why, keep, version)
 
         self._on_disk(slot.key, write)
 

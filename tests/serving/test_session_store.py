@@ -459,21 +459,29 @@ async def test_an_evicted_session_comes_back_warm_from_its_file(stack, tmp_path)
 
 
 @pytest.mark.asyncio
-async def test_a_session_on_disk_is_restored_only_for_its_api_key_and_salt(stack, tmp_path):
+async def test_a_session_on_disk_is_restored_only_for_its_api_key_and_salt(stack, tmp_path, caplog):
     # Ids are per key: key-b's "s" is a session (and a file) of its own; and a file
     # keeps the scope that filled it, so another salt of the same key starts it over.
     client, table, _ = await stack(api_keys=("key-a", "key-b"))
     a, b = (Client(client.base_url, api_key=k, model="model") for k in ("key-a", "key-b"))
     history: list = []
-    await turn(a, "s", history, "a secret: the PIN is 4815", cache_salt="t1")
-    for sid in "xy":  # key-b's two sessions fill the table: key-a's "s" goes to disk
-        await turn(b, sid, [], f"hello from {sid}")
-    key_a = session_key(hashlib.sha256(b"key-a").hexdigest(), "s")
-    for _ in range(400):  # the eviction's write runs on a thread of its own
-        if table.store.has(key_a):
-            break
-        await asyncio.sleep(0.05)
+    with caplog.at_level(logging.INFO):
+        await turn(a, "s", history, "a secret: the PIN is 4815", cache_salt="t1")
+        for sid in "xy":  # key-b's two sessions fill the table: its "x" goes to disk, as "s" (idle)
+            await turn(b, sid, [], f"hello from {sid}")
+        digest_a, digest_b = (hashlib.sha256(k).hexdigest() for k in (b"key-a", b"key-b"))
+        key_a = session_key(digest_a, "s")
+        for _ in range(400):  # the eviction's write runs on a thread of its own
+            if table.store.has(key_a) and caplog.text.count("saved to disk") >= 2:
+                break
+            await asyncio.sleep(0.05)
     assert table.store.has(key_a) and not table.store.has("s")
+    # The logs tell the two keys' sessions apart by the start of the key's digest.
+    assert f"session 's' of key {digest_a[:8]} saved to disk" in caplog.text
+    assert f"session 'x' of key {digest_b[:8]} saved to disk" in caplog.text
+    access = [r.getMessage() for r in caplog.records if r.name == "llmd.access"]
+    assert [m.split(" key=")[1][:8] for m in access] == [digest_a[:8]] + [digest_b[:8]] * 2
+    assert all(" session=" in m.split(" key=")[1] for m in access)  # the key first, then the reply's fields
     assert cached(await turn(b, "s", list(history), None, cache_salt="t1")) == 0  # its own "s": new
     assert cached(await turn(a, "s", list(history), None, cache_salt="t2")) == 0  # another salt: over
     refill = await turn(a, "s", history, "once more", cache_salt="t1")  # t1's again, filled anew
