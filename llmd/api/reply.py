@@ -1,7 +1,9 @@
 """The reply core every API surface shares: a generation's tokens turned into text,
 reasoning and tool calls (`Output`), and one response (`Reply`) that a surface's
-`Format` shapes into its JSON object or its SSE frames. n > 1 choices run one after
-another on the reply's slot.
+`Format` shapes into its JSON object or its SSE frames. With n > 1 the choices after
+the first run beside it on slots of their own while the session table has room (the
+prefix cache hands each the prompt the first one holds), else one after another on the
+reply's slot; either way they are sent one after another, in order.
 
 A reply knows the rest of the API only through a `ReplyContext`: the runtime that
 runs its generations, the model id it names, how a token shows in logprobs, which
@@ -158,19 +160,39 @@ class Choice:
 
 @dataclass
 class Choices:
-    """How many choices a reply has (n), and how the next one starts: its generation
-    on the same slot (the prompt is prefilled once) and a fresh output."""
+    """How many choices a reply has (n), and how the next one starts: its generation,
+    on the reply's slot (`generation(index)`: the prompt is in its cache already) or on
+    a spare slot (`generation(index, lease)`), and a fresh output."""
     n: int
-    generation: Callable[[int], Generation]
+    generation: Callable[..., Generation]
     output: Callable[[], Output]
-    lease: Lease                   # the reply's hold on the slot, given to its last choice
+    lease: Lease                   # the reply's hold on its slot, given to its last choice there
+    # SessionTable.spare when the choices after the first may run beside it (None: after it)
+    spare: Callable[[], Awaitable[Lease | None]] | None = None
+
+
+class Fork:
+    """A choice running beside the ones before it, on a spare slot: its events are
+    taken as they come, so that it never waits for its reader, and kept for its turn."""
+
+    def __init__(self, runtime: Runtime, g: Generation):
+        self.g = g
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.ensure_future(self._take(runtime))
+
+    async def _take(self, runtime: Runtime) -> None:
+        while True:
+            kind, value = await runtime.next_event(self.g)
+            self.events.put_nowait((kind, value))
+            if kind not in ("token", "progress"):
+                return
 
 
 class Reply:
     """One generation's response, streamed as SSE chunks or collected into one object;
-    its format builds the surface's objects and frames. With n > 1 the choices run
-    one after another on the reply's slot; `g`, `output`, `finish_reason` and the
-    logprobs are the current choice's, `done` holds the finished ones."""
+    its format builds the surface's objects and frames. With n > 1 the choices are
+    sent one after another (see the module doc); `g`, `output`, `finish_reason` and
+    the logprobs are the current choice's, `done` holds the finished ones."""
 
     def __init__(self, ctx: ReplyContext, fmt: Format, g: Generation, output: Output,
                  session_id: str | None, prompt: str | list[int], choices: Choices | None = None):
@@ -179,6 +201,9 @@ class Reply:
         self.n = choices.n if choices else 1
         self.index = 0                   # the current choice
         self.done: list[Choice] = []
+        self.main = g                    # the newest choice on the reply's own slot
+        self.forks: dict[int, Fork] = {}  # choices started on spare slots, by index
+        self._forking: asyncio.Task | None = None  # starting them
         self.session_id = session_id
         self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
         self.log: dict = {}  # access-log fields, shared with the HTTP response
@@ -199,13 +224,17 @@ class Reply:
         if self.closed:
             return
         self.closed = True
+        self._cancel()
+        if self._forking is not None:
+            self._forking.cancel()
+        for fork in self.forks.values():
+            fork.task.cancel()
         lease = self.more.lease if self.more else None
-        if not self.g.finished:
-            self.ctx.runtime.cancel(self.g)
-            if lease is not None and self.g.lease is None:  # a choice before the last: it
-                self.g.lease = lease                         # gives the slot back as it ends
-        elif lease is not None:
-            lease.release()
+        if lease is not None and self.main.lease is not lease:
+            if self.main.finished:
+                lease.release()
+            else:  # a choice before the last on the reply's slot: it gives the slot back as it ends
+                self.main.lease = lease
         t = self.g.timings()
         self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
                         generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),
@@ -217,16 +246,26 @@ class Reply:
             log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt, ensure_ascii=False),
                      json.dumps(completion, ensure_ascii=False))
 
+    def _cancel(self) -> None:
+        """Cancel every generation of the reply that still runs."""
+        for g in [self.g, *(fork.g for fork in self.forks.values())]:
+            if not g.finished:
+                self.ctx.runtime.cancel(g)
+
     async def _events(self, ping: bool) -> AsyncIterator[tuple[str, object]]:
-        """The generation's events up to its end; ("ping", None) while nothing comes
-        for a while."""
+        """The current choice's events up to its end; ("ping", None) while nothing
+        comes for a while. The first choice's first token (or end) starts the forks:
+        its prompt is in its cache then."""
+        fork = self.forks.get(self.index)
         while True:
             try:  # asyncio.timeout is a timer, where wait_for makes a task an event
                 async with asyncio.timeout(PING_SECONDS if ping else None):
-                    kind, value = await self.ctx.runtime.next_event(self.g)
+                    kind, value = await (fork.events.get() if fork else self.ctx.runtime.next_event(self.g))
             except TimeoutError:
                 yield "ping", None
                 continue
+            if kind in ("token", "end") and self._forking is None and self.more and self.more.spare:
+                self._forking = asyncio.ensure_future(self._fork())
             yield kind, value
             if kind not in ("token", "progress"):
                 return
@@ -268,9 +307,10 @@ class Reply:
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
         # A reply cut by a stop string ("cancelled") holds ids the client never saw, and
         # one with reasoning holds ids of text the client does not send back.
-        if self.fmt.remembers_replies and self.g.reuse and reason in ("stop", "length") and not self.output.reasoning:
+        first = self.first
+        if self.fmt.remembers_replies and first.reuse and reason in ("stop", "length") and not self.output.reasoning:
             calls = [(c["function"]["name"], c["function"]["arguments"]) for c in self.output.tool_calls()]
-            self.g.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
+            first.slot.remember_reply(reply_fingerprint(self.output.content(), calls), self.generated_ids)
         return deltas
 
     @property
@@ -282,13 +322,33 @@ class Reply:
         """The finished choices and the current one, in order."""
         return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs)]
 
-    def _next_choice(self) -> None:
+    async def _fork(self) -> None:
+        """Start the choices after the first on spare slots while the table has them;
+        those left run after it on the reply's slot."""
+        for index in range(1, self.n):
+            try:
+                lease = await self.more.spare()
+            except Exception as exc:  # the engine could not open a session: after it, then
+                log.warning("%s: choice %d runs after the first (%s)", self.id, index, exc)
+                return
+            if lease is None:
+                return
+            g = self.more.generation(index, lease)
+            self.ctx.runtime.submit(g)  # from here g releases the lease when it ends
+            self.forks[index] = Fork(self.ctx.runtime, g)
+
+    async def _next_choice(self) -> None:
+        if self._forking is not None:
+            await self._forking
         self.done = self.choices()
         self.index += 1
-        self.g, self.output = self.more.generation(self.index), self.more.output()
+        fork = self.forks.get(self.index)
+        self.g, self.output = fork.g if fork else self.more.generation(self.index), self.more.output()
         self.finish_reason, self.generated_ids, self.logprobs, self._logprobs_taken = None, [], [], 0
         self.stop_hit = False
-        self.ctx.runtime.submit(self.g)
+        if fork is None:
+            self.main = self.g
+            self.ctx.runtime.submit(self.g)
 
     @property
     def first(self) -> Generation:
@@ -312,7 +372,7 @@ class Reply:
                 if i:
                     if request.disconnected.is_set():
                         break
-                    self._next_choice()
+                    await self._next_choice()
                 async for kind, value in self._events(ping=False):
                     if kind == "token":
                         self._feed(value)
@@ -327,18 +387,18 @@ class Reply:
 
     async def _turn_saved(self) -> None:
         """Wait until the session's turn is saved, when the session store saves each turn."""
-        if self.finish_reason is not None and (saving := self.ctx.turn_ended(self.g.slot)) is not None:
+        if self.finish_reason is not None and (saving := self.ctx.turn_ended(self.main.slot)) is not None:
             await asyncio.gather(saving, return_exceptions=True)
 
     async def _cancel_on_disconnect(self, request: HttpRequest) -> None:
         await request.disconnected.wait()
-        self.ctx.runtime.cancel(self.g)
+        self._cancel()
 
     async def stream(self, request: HttpRequest) -> AsyncIterator[bytes]:
         try:
             for i in range(self.n):
                 if i:
-                    self._next_choice()
+                    await self._next_choice()
                 for frame in self.fmt.start(self):
                     yield frame
                 async for kind, value in self._events(ping=True):

@@ -36,7 +36,7 @@ from llmd.prompt import templates
 from llmd.serving import metrics
 from llmd.serving.prefill import cache_scope
 from llmd.serving.runtime import Generation, Runtime, watch
-from llmd.serving.sessions import SessionTable, cache_key_session, reply_fingerprint, session_id_of
+from llmd.serving.sessions import Lease, SessionTable, cache_key_session, reply_fingerprint, session_id_of
 from llmd.serving.speculative import N_MAX, DraftLimits
 from llmd.structured import constrain
 
@@ -508,17 +508,20 @@ class Api:
             speculative = self._draft_limits(req.speculative)
             scope = None if self.options.prefix_cache == "off" else owner  # the prefix cache's (cache_scope)
 
-            def generation(index: int) -> Generation:
-                """Choice `index`: its own seed; after the first, the prompt is in the slot's
-                cache. The last choice holds the lease (Reply.close hands it on if the
-                reply ends sooner)."""
-                return Generation(slot, ids, dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
-                                  max_tokens, reuse=reuse or index > 0, cache_scope=scope, grammar=grammar,
-                                  logprobs=req.logprobs,
+            def generation(index: int, spare: Lease | None = None) -> Generation:
+                """Choice `index`, with its own seed. On the reply's slot, where after the
+                first the prompt is in the cache, the last choice holds the lease
+                (Reply.close hands it on if the reply ends sooner). On a `spare` slot, the
+                choice's generation holds that one, and the prefix cache gives it the
+                prompt the first choice holds (Reply forks it once that one decodes)."""
+                return Generation(slot if spare is None else spare.slot, ids,
+                                  dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
+                                  max_tokens, reuse=spare is None and (reuse or index > 0), cache_scope=scope,
+                                  grammar=grammar, logprobs=req.logprobs,
                                   prompt_logprobs=prompt_logprobs if index == 0 else None,
                                   progress=req.return_progress and req.stream and index == 0,
                                   speculative=speculative,
-                                  lease=lease if index == req.n - 1 else None)
+                                  lease=spare or (lease if index == req.n - 1 else None))
 
             g = generation(0)
             self.runtime.submit(g)  # from here a generation releases the lease when it ends
@@ -527,8 +530,11 @@ class Api:
             raise
         def new_output() -> Output:
             return Output(req.stop, tools, reasoning, templates.tool_format(self.template))
+        # The choices after the first run beside it on slots of their own while the table
+        # has room, where the prefix cache hands them the first one's prompt; else after it.
+        forks = req.n > 1 and scope is not None and self.runtime.warm_resume and self.info.kv_shares_prefixes
         reply = Reply(self.reply_context, fmt, g, new_output(), sid, prompt_text,
-                      Choices(req.n, generation, new_output, lease))
+                      Choices(req.n, generation, new_output, lease, self.table.spare if forks else None))
         if req.stream:
             response = StreamResponse(200, ReplyStream(reply, request))
             reply.log = response.log

@@ -234,6 +234,29 @@ class SessionTable:
                 return lease
             lease.release()  # deleted while we waited: start over with a fresh slot
 
+    async def spare(self) -> Lease | None:
+        """A lease on a temporary slot of its own if the table has room for one now,
+        else None, at once: neither waiting, nor evicting, nor taking the scratch slot.
+        For work that may as well run later on a slot the request holds already (the
+        choices of a reply with n > 1)."""
+        if self._free_slots() <= 0:
+            return None
+        self.temporary += 1
+        slot = Slot(None, temporary=True)
+        self._open(slot)
+        slot.users += 1
+        await slot.lock.acquire()  # a new lock nobody else knows: it never waits
+        lease = Lease(self, slot)
+        try:
+            if slot.opening is not None:
+                await asyncio.shield(slot.opening)
+            if slot.failure is not None:
+                raise slot.failure
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
     def _admit(self, session_id: str | None, principal: str) -> Slot:
         """The slot for a request, with capacity reserved; no await, so no other
         request can take the room between the check and the reservation."""

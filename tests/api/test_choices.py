@@ -1,0 +1,156 @@
+"""n > 1: the choices after the first run beside it on spare slots, where the prefix
+cache hands them its prompt, and give what they give one after another; without room
+(or without a prefix cache) they run after it on the reply's slot, as before."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import pytest_asyncio
+
+from llmd.api.answers import transport_refusal
+from llmd.api.routes import Api, App, Options
+from llmd.http.server import HttpServer
+from llmd.prompt import templates
+from llmd.serving.metrics import ServerMetrics
+from llmd.serving.runtime import Runtime
+from llmd.serving.sessions import SessionTable
+from tests.conformance.client import Client
+from tests.support.gguf_writer import build_tiny_qwen35
+
+MESSAGES = [{"role": "user", "content": "Tell me a story about a cat."}]
+
+
+@pytest_asyncio.fixture
+async def stack(tiny_model):
+    """Start servers over the tiny model; each records the generations it runs."""
+    stops = []
+
+    async def start(max_sessions=4, prefix_cache="key", model=tiny_model.path):
+        runtime = Runtime(ServerMetrics())
+        engine = await runtime.load(str(model), n_threads=1, max_sessions=max_sessions)
+        table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
+        await table.start()
+        app = App()
+        app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine),
+                      Options(["model"], prefix_cache=prefix_cache))
+        server = HttpServer(app, refusal=transport_refusal)
+        await server.start("127.0.0.1", 0)
+        runtime.submitted = []
+        submit = runtime.submit
+
+        def recording(g):
+            runtime.submitted.append(g)
+            submit(g)
+
+        runtime.submit = recording
+
+        async def stop():
+            await server.close(grace=1)
+            await table.close()
+            await runtime.close()
+
+        stops.append(stop)
+        return Client(f"http://127.0.0.1:{server.port}/v1", model="model"), runtime, table
+
+    yield start
+    for stop in stops:
+        await stop()
+
+
+def body(**params) -> dict:
+    return {"model": "model", "messages": MESSAGES, "max_tokens": 12, "temperature": 1.0, "seed": 5, **params}
+
+
+async def post(client: Client, payload: dict) -> dict:
+    resp = await asyncio.to_thread(client.post_json, "/chat/completions", payload)
+    assert resp.status == 200, resp.body
+    return resp.json()
+
+
+async def settled(runtime: Runtime, table: SessionTable) -> None:
+    """Nothing left in flight: no generation, no temporary slot, and engine sessions for
+    the scratch slot and the named ones alone."""
+    held = 1 + len(table.named)
+    for _ in range(200):
+        if not runtime._active and table.temporary == 0 and table.engine_sessions == held:
+            break
+        await asyncio.sleep(0.02)
+    assert not runtime._active and table.temporary == 0 and table.engine_sessions == held
+    assert table.engine.live_sessions() == held and all(s.users == 0 for s in table.named.values())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("hybrid", [False, True], ids=["llama", "qwen35"])
+async def test_choices_run_side_by_side_and_give_what_they_give_one_after_another(stack, tmp_path, hybrid):
+    model = build_tiny_qwen35(n_ctx=512).write(tmp_path / "qwen35.gguf") if hybrid else None
+    client, runtime, table = await stack(**({"model": model} if hybrid else {}))
+    alone, _, _ = await stack(prefix_cache="off", **({"model": model} if hybrid else {}))  # one after another
+    messages = [{"role": "user", "content": "Tell me a story about a cat. " * 3}]
+    together = await post(client, body(n=3, messages=messages))
+    first, *forks = runtime.submitted
+    assert len(forks) == 2 and all(g.slot is not first.slot and g.slot.temporary for g in forks)
+    # The prompt from the first one's cache: all but the token left to prefill; with
+    # recurrent layers, the blocks up to the state the first one's prefill kept (at
+    # its last block boundary), the rest prefilled again.
+    prompt = together["usage"]["prompt_tokens"]
+    assert prompt > 64 and all(g.plan.keep == (64 if hybrid else prompt - 1) for g in forks)
+    assert all(g.t_first_token < first.t_end for g in forks)  # decoded while the first one did
+    assert runtime.metrics.prefix_cache_hits.values[()] == 2
+    after = await post(alone, body(n=3, messages=messages))
+    assert [c["message"]["content"] for c in together["choices"]] == \
+        [c["message"]["content"] for c in after["choices"]]
+    assert len({c["message"]["content"] for c in together["choices"]}) > 1
+    assert together["usage"] == after["usage"]
+    await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_without_room_the_choices_run_after_the_first_on_its_slot(stack):
+    client, runtime, table = await stack(max_sessions=2)  # the scratch slot and one more
+    choices = (await post(client, body(n=3, session_id="s")))["choices"]  # the named session takes the one
+    assert [g.slot for g in runtime.submitted] == [table.named["s"]] * 3
+    wide, wide_runtime, _ = await stack()
+    assert [c["message"]["content"] for c in choices] == \
+        [c["message"]["content"] for c in (await post(wide, body(n=3, session_id="s")))["choices"]]
+    assert len({g.slot for g in wide_runtime.submitted}) == 3
+    await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_a_stream_sends_each_choice_whole_in_order(stack):
+    client, runtime, table = await stack()
+    whole = await post(client, body(n=3))
+    stream = await asyncio.to_thread(client.post_stream, "/chat/completions",
+                                     body(n=3, stream=True, stream_options={"include_usage": True}))
+    indexes = [c["choices"][0]["index"] for c in stream.chunks if c["choices"]]
+    assert indexes == sorted(indexes) and set(indexes) == {0, 1, 2}
+    texts = ["".join(c["choices"][0]["delta"].get("content") or "" for c in stream.chunks
+                     if c["choices"] and c["choices"][0]["index"] == i) for i in range(3)]
+    assert texts == [c["message"]["content"] for c in whole["choices"]]
+    assert stream.chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_leaves_ends_every_choice_and_frees_their_slots(stack):
+    client, runtime, table = await stack()
+    payload = json.dumps(body(n=3, stream=True, max_tokens=100)).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(client.base_url.split(":")[2].split("/")[0]))
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    received = b""
+    while received.count(b"data: ") < 3:  # inside the first choice, the others forked
+        received += await reader.read(4096)
+    for _ in range(200):
+        if len(runtime.submitted) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert len(runtime.submitted) == 3
+    writer.transport.abort()
+    await settled(runtime, table)
+    assert all(g.finished and g.generated < 100 for g in runtime.submitted)
+    again = await post(client, body(n=3))  # the slots serve the next request
+    assert len(again["choices"]) == 3
+    await settled(runtime, table)
