@@ -23,11 +23,11 @@ MESSAGES = [{"role": "user", "content": "Tell me a story about a cat."}]
 
 
 @pytest_asyncio.fixture
-async def stack(tiny_model):
-    """Start servers over the tiny model; each records the generations it runs."""
+async def stack(tiny_llama_factory):
+    """Start servers over a tiny model; each records the generations it runs."""
     stops = []
 
-    async def start(max_sessions=4, prefix_cache="key", model=tiny_model.path):
+    async def start(max_sessions=4, prefix_cache="key", model=tiny_llama_factory(n_ctx=512).path):
         runtime = Runtime(ServerMetrics())
         engine = await runtime.load(str(model), n_threads=1, max_sessions=max_sessions)
         table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
@@ -87,8 +87,10 @@ async def test_choices_run_side_by_side_and_give_what_they_give_one_after_anothe
     model = build_tiny_qwen35(n_ctx=512).write(tmp_path / "qwen35.gguf") if hybrid else None
     client, runtime, table = await stack(**({"model": model} if hybrid else {}))
     alone, _, _ = await stack(prefix_cache="off", **({"model": model} if hybrid else {}))  # one after another
-    messages = [{"role": "user", "content": "Tell me a story about a cat. " * 3}]
-    together = await post(client, body(n=3, messages=messages))
+    # A first choice that runs long: its end of generation banned.
+    messages, ban = [{"role": "user", "content": "Tell me a story about a cat. " * 3}], \
+        {str(i): -100 for i in table.engine.info.eog_ids}
+    together = await post(client, body(n=3, messages=messages, max_tokens=48, logit_bias=ban))
     first, *forks = runtime.submitted
     assert len(forks) == 2 and all(g.slot is not first.slot and g.slot.temporary for g in forks)
     # The prompt from the first one's cache: all but the token left to prefill; with
@@ -98,7 +100,7 @@ async def test_choices_run_side_by_side_and_give_what_they_give_one_after_anothe
     assert prompt > 64 and all(g.plan.keep == (64 if hybrid else prompt - 1) for g in forks)
     assert all(g.t_first_token < first.t_end for g in forks)  # decoded while the first one did
     assert runtime.metrics.prefix_cache_hits.values[()] == 2
-    after = await post(alone, body(n=3, messages=messages))
+    after = await post(alone, body(n=3, messages=messages, max_tokens=48, logit_bias=ban))
     assert [c["message"]["content"] for c in together["choices"]] == \
         [c["message"]["content"] for c in after["choices"]]
     assert len({c["message"]["content"] for c in together["choices"]}) > 1
