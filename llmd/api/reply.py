@@ -156,6 +156,7 @@ class Choice:
     output: Output
     finish_reason: str | None
     logprobs: list[TokenLogprob]
+    tokens: int                    # the tokens it took: up to its stop string, if one ended it
 
 
 @dataclass
@@ -212,6 +213,7 @@ class Reply:
         self.model = ctx.model
         self.finish_reason: str | None = None
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
+        self.tokens = 0  # tokens the current choice took (Choice.tokens)
         self.logprobs: list[TokenLogprob] = []  # of the reply's tokens, when asked for
         self._logprobs_taken = 0
         self.stop_hit = False  # a stop string ended the reply (the generation is cancelled)
@@ -229,15 +231,10 @@ class Reply:
             self._forking.cancel()
         for fork in self.forks.values():
             fork.task.cancel()
-        lease = self.more.lease if self.more else None
-        if lease is not None and self.main.lease is not lease:
-            if self.main.finished:
-                lease.release()
-            else:  # a choice before the last on the reply's slot: it gives the slot back as it ends
-                self.main.lease = lease
-        t = self.g.timings()
-        self.log.update(session=self.session_id or "-", prompt=len(self.g.prompt), cached=t["cache_n"],
-                        generated=self.usage()["completion_tokens"], ttft_ms=round(self.g.first_token_ms(), 1),
+        self._settle_lease()
+        first = self.first
+        self.log.update(session=self.session_id or "-", prompt=len(first.prompt), cached=first.timings()["cache_n"],
+                        generated=self.usage()["completion_tokens"], ttft_ms=round(first.first_token_ms(), 1),
                         finish=self.finish_reason or "cancelled")
         if self.ctx.log_prompts:
             completion = self.output.content() + "".join(
@@ -245,6 +242,17 @@ class Reply:
                 for c in self.output.tool_calls())
             log.info("%s prompt_text=%s completion_text=%s", self.id, json.dumps(self.prompt, ensure_ascii=False),
                      json.dumps(completion, ensure_ascii=False))
+
+    def _settle_lease(self) -> None:
+        """Give the reply's hold on its slot back, or hand it to the newest choice there
+        if that one still runs (a choice before the last: it gives the slot back as it
+        ends)."""
+        lease = self.more.lease if self.more else None
+        if lease is not None and self.main.lease is not lease:
+            if self.main.finished:
+                lease.release()
+            else:
+                self.main.lease = lease
 
     def _cancel(self) -> None:
         """Cancel every generation of the reply that still runs."""
@@ -281,6 +289,9 @@ class Reply:
         return new
 
     def _feed(self, token: Token) -> list[Delta]:
+        if self.stop_hit:  # a fork runs on past its stop string until its cancel takes effect
+            return []
+        self.tokens += 1
         if not token.is_terminal:
             self.generated_ids.append(token.id)
         # an end-of-turn token is no text; a control token the parser reads is
@@ -301,7 +312,9 @@ class Reply:
         """The last deltas; sets finish_reason and remembers a complete chat reply.
         A generation cancelled for any reason but a stop string was cut short: that is
         an error, never a normal finish."""
-        if reason == "cancelled" and not self.stop_hit:
+        if self.stop_hit:  # (a fork may have come to an end of its own past it)
+            reason = "cancelled"
+        elif reason == "cancelled":
             raise errors.unavailable("the generation was cancelled before it finished")
         deltas = self.output.finish()
         self.finish_reason = "tool_calls" if self.output.calls else "stop" if reason == "cancelled" else reason
@@ -320,7 +333,7 @@ class Reply:
 
     def choices(self) -> list[Choice]:
         """The finished choices and the current one, in order."""
-        return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs)]
+        return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs, self.tokens)]
 
     async def _fork(self) -> None:
         """Start the choices after the first on spare slots while the table has them;
@@ -345,7 +358,7 @@ class Reply:
         fork = self.forks.get(self.index)
         self.g, self.output = fork.g if fork else self.more.generation(self.index), self.more.output()
         self.finish_reason, self.generated_ids, self.logprobs, self._logprobs_taken = None, [], [], 0
-        self.stop_hit = False
+        self.stop_hit, self.tokens = False, 0
         if fork is None:
             self.main = self.g
             self.ctx.runtime.submit(self.g)
@@ -356,7 +369,7 @@ class Reply:
         return self.done[0].g if self.done else self.g
 
     def usage(self) -> dict:
-        prompt, done = len(self.g.prompt), sum(c.g.generated for c in self.choices())
+        prompt, done = len(self.g.prompt), sum(c.tokens for c in self.choices())
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
                 "prompt_tokens_details": {"cached_tokens": self.first.plan.keep},
                 "completion_tokens_details": {"reasoning_tokens": sum(c.output.reasoning_tokens
@@ -386,7 +399,9 @@ class Reply:
         return self.fmt.body(self)
 
     async def _turn_saved(self) -> None:
-        """Wait until the session's turn is saved, when the session store saves each turn."""
+        """Wait until the session's turn is saved, when the session store saves each turn
+        (once the reply's slot is free: its last choice there may have ended before)."""
+        self._settle_lease()
         if self.finish_reason is not None and (saving := self.ctx.turn_ended(self.main.slot)) is not None:
             await asyncio.gather(saving, return_exceptions=True)
 

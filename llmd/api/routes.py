@@ -520,7 +520,7 @@ class Api:
                                   grammar=grammar, logprobs=req.logprobs,
                                   prompt_logprobs=prompt_logprobs if index == 0 else None,
                                   progress=req.return_progress and req.stream and index == 0,
-                                  speculative=speculative,
+                                  speculative=speculative, fork=spare is not None,
                                   lease=spare or (lease if index == req.n - 1 else None))
 
             g = generation(0)

@@ -92,6 +92,7 @@ class Generation:
     speculative: DraftLimits | None = DraftLimits()  # None: never speculate
     prompt_scores: list = field(default_factory=list)  # (logprob, top) of prompt[1:]
     lease: Lease | None = None     # released when the generation ends
+    fork: bool = False             # a choice started beside its request's first: never counted as queued
     plan: PrefillPlan | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     next_prefill: int = 0          # index in prompt of the next token to prefill
@@ -230,8 +231,8 @@ class Runtime:
 
     @property
     def queued(self) -> int:
-        """Generations submitted whose first prefill step has not run yet."""
-        return sum(1 for g in self._active if not g.t_prefill_start)
+        """Generations of requests submitted whose first prefill step has not run yet."""
+        return sum(1 for g in self._active if not g.t_prefill_start and not g.fork)
 
     async def next_event(self, g: Generation) -> tuple[str, Any]:
         """g's next event; taking it lets g run again if it waited for its reader."""

@@ -15,6 +15,7 @@ from llmd.http.server import HttpServer
 from llmd.prompt import templates
 from llmd.serving.metrics import ServerMetrics
 from llmd.serving.runtime import Runtime
+from llmd.serving.session_store import SessionStore
 from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.support.gguf_writer import build_tiny_qwen35
@@ -27,22 +28,26 @@ async def stack(tiny_llama_factory):
     """Start servers over a tiny model; each records the generations it runs."""
     stops = []
 
-    async def start(max_sessions=4, prefix_cache="key", model=tiny_llama_factory(n_ctx=512).path):
+    async def start(max_sessions=4, prefix_cache="key", model=tiny_llama_factory(n_ctx=512).path, store=None):
         runtime = Runtime(ServerMetrics())
         engine = await runtime.load(str(model), n_threads=1, max_sessions=max_sessions)
-        table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
+        if store is not None:
+            store = SessionStore(store, 0, "tiny", engine.info.n_ctx)
+            store.scan()
+        table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store, save_delay=0)
         await table.start()
         app = App()
         app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine),
                       Options(["model"], prefix_cache=prefix_cache))
         server = HttpServer(app, refusal=transport_refusal)
         await server.start("127.0.0.1", 0)
-        runtime.submitted = []
+        runtime.submitted, runtime.queue_lengths = [], []
         submit = runtime.submit
 
         def recording(g):
             runtime.submitted.append(g)
             submit(g)
+            runtime.queue_lengths.append(runtime.queued)
 
         runtime.submit = recording
 
@@ -155,4 +160,45 @@ async def test_a_client_that_leaves_ends_every_choice_and_frees_their_slots(stac
     assert all(g.finished and g.generated < 100 for g in runtime.submitted)
     again = await post(client, body(n=3))  # the slots serve the next request
     assert len(again["choices"]) == 3
+    await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_a_fork_cut_by_a_stop_string_ends_there_as_one_after_another_would(stack):
+    # A fork runs on past its stop string before its cancel takes effect: what it made
+    # after the stop is neither shown, nor counted, nor in its logprobs.
+    client, runtime, table = await stack()
+    alone, _, _ = await stack(prefix_cache="off")
+    ban = {str(i): -100 for i in table.engine.info.eog_ids}
+    plain = await post(client, body(n=3, max_tokens=24, logit_bias=ban, cache_salt="plain"))
+    text = plain["choices"][2]["message"]["content"]
+    at = next(i for i, c in enumerate(text) if i > 1 and c not in text[:i] and c != "\ufffd")
+    stop = text[at]  # a character choice 2 first writes after a few others
+    cut = body(n=3, max_tokens=24, logit_bias=ban, stop=[stop], logprobs=True, cache_salt="cut")
+    together, after = await post(client, cut), await post(alone, cut)
+    assert runtime.submitted[-1].generated > len(together["choices"][2]["logprobs"]["content"])  # it ran on
+    assert together["choices"] == after["choices"] and together["usage"] == after["usage"]
+    assert together["choices"][2]["finish_reason"] == "stop"
+    assert together["choices"][2]["message"]["content"] == text[:at]
+    await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_forks_are_not_queued_requests(stack):
+    # --max-queue counts requests waiting to start: a fork belongs to one that has.
+    client, runtime, table = await stack()
+    await post(client, body(n=3))
+    assert [g.fork for g in runtime.submitted] == [False, True, True]
+    assert runtime.queue_lengths == [1, 0, 0]  # the first waits for its prefill; the forks count nowhere
+    await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_a_turn_whose_last_choices_are_forks_is_saved_at_its_end(stack, tmp_path):
+    # With the session saved after each turn (save delay 0), the reply waits for the
+    # save; the session's slot must be free by then though its last choice was a fork.
+    client, runtime, table = await stack(store=tmp_path / "sessions")
+    await post(client, body(n=3, session_id="s"))
+    assert len({g.slot for g in runtime.submitted}) == 3  # two forks
+    assert table.store.version("s") == 1
     await settled(runtime, table)
