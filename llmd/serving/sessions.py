@@ -212,24 +212,7 @@ class SessionTable:
         the request has produced any output."""
         while True:
             slot = self._admit(session_id, principal)
-            slot.users += 1
-            try:
-                await slot.lock.acquire()
-            except BaseException:
-                slot.users -= 1
-                self._settle(slot)
-                raise
-            lease = Lease(self, slot)
-            try:
-                if slot.opening is not None:
-                    await asyncio.shield(slot.opening)
-                if slot.failure is not None:
-                    raise slot.failure
-                if self.store is not None and slot.id is not None and not slot.deleted:
-                    await self._refresh(slot)
-            except BaseException:
-                lease.release()
-                raise
+            lease = await self._lease(slot)
             if not slot.deleted:
                 return lease
             lease.release()  # deleted while we waited: start over with a fresh slot
@@ -239,23 +222,37 @@ class SessionTable:
         else None, at once: neither waiting, nor evicting, nor taking the scratch slot.
         For work that may as well run later on a slot the request holds already (the
         choices of a reply with n > 1)."""
-        if self._free_slots() <= 0:
-            return None
-        self.temporary += 1
-        slot = Slot(None, temporary=True)
-        self._open(slot)
+        return await self._lease(self._temporary()) if self._free_slots() > 0 else None
+
+    async def _lease(self, slot: Slot) -> Lease:
+        """The slot, locked for a request once its session is open (and, for a named
+        one, up to date with its file)."""
         slot.users += 1
-        await slot.lock.acquire()  # a new lock nobody else knows: it never waits
+        try:
+            await slot.lock.acquire()
+        except BaseException:
+            slot.users -= 1
+            self._settle(slot)
+            raise
         lease = Lease(self, slot)
         try:
             if slot.opening is not None:
                 await asyncio.shield(slot.opening)
             if slot.failure is not None:
                 raise slot.failure
+            if self.store is not None and slot.id is not None and not slot.deleted:
+                await self._refresh(slot)
         except BaseException:
             lease.release()
             raise
         return lease
+
+    def _temporary(self) -> Slot:
+        """A new temporary slot, its capacity reserved and its session opening."""
+        self.temporary += 1
+        slot = Slot(None, temporary=True)
+        self._open(slot)
+        return slot
 
     def _admit(self, session_id: str | None, principal: str) -> Slot:
         """The slot for a request, with capacity reserved; no await, so no other
@@ -263,10 +260,7 @@ class SessionTable:
         if session_id is None:
             if self.scratch.users == 0 or self._free_slots() <= 0:
                 return self.scratch
-            self.temporary += 1
-            slot = Slot(None, temporary=True)
-            self._open(slot)
-            return slot
+            return self._temporary()
         if (slot := self.get(session_id, principal)) is not None:
             return slot
         if self.capacity <= 1:
