@@ -1,9 +1,10 @@
 """The reply core every API surface shares: a generation's tokens turned into text,
 reasoning and tool calls (`Output`), and one response (`Reply`) that a surface's
 `Format` shapes into its JSON object or its SSE frames. With n > 1 the choices after
-the first run beside it on slots of their own while the session table has room (the
-prefix cache hands each the prompt the first one holds), else one after another on the
-reply's slot; either way they are sent one after another, in order.
+the first run beside it on spare slots of their own while the session table has them
+(SessionTable.spare; the prefix cache hands each the prompt the first one holds), else
+one after another on the reply's slot; either way they are sent one after another, in
+order.
 
 A reply knows the rest of the API only through a `ReplyContext`: the runtime that
 runs its generations, the model id it names, how a token shows in logprobs, which

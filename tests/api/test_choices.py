@@ -28,7 +28,7 @@ async def stack(tiny_llama_factory):
     """Start servers over a tiny model; each records the generations it runs."""
     stops = []
 
-    async def start(max_sessions=4, prefix_cache="key", model=tiny_llama_factory(n_ctx=512).path, store=None):
+    async def start(max_sessions=5, prefix_cache="key", model=tiny_llama_factory(n_ctx=512).path, store=None):
         runtime = Runtime(ServerMetrics())
         engine = await runtime.load(str(model), n_threads=1, max_sessions=max_sessions)
         if store is not None:
@@ -95,7 +95,7 @@ async def test_choices_run_side_by_side_and_give_what_they_give_one_after_anothe
     # A first choice that runs long: its end of generation banned.
     messages, ban = [{"role": "user", "content": "Tell me a story about a cat. " * 3}], \
         {str(i): -100 for i in table.engine.info.eog_ids}
-    together = await post(client, body(n=3, messages=messages, max_tokens=48, logit_bias=ban))
+    together = await post(client, body(n=3, messages=messages, max_tokens=96, logit_bias=ban))
     first, *forks = runtime.submitted
     assert len(forks) == 2 and all(g.slot is not first.slot and g.slot.temporary for g in forks)
     # The prompt from the first one's cache: all but the token left to prefill; with
@@ -103,9 +103,9 @@ async def test_choices_run_side_by_side_and_give_what_they_give_one_after_anothe
     # its last block boundary), the rest prefilled again.
     prompt = together["usage"]["prompt_tokens"]
     assert prompt > 64 and all(g.plan.keep == (64 if hybrid else prompt - 1) for g in forks)
-    assert all(g.t_first_token < first.t_end for g in forks)  # decoded while the first one did
+    assert all(g.t_submit < first.t_end for g in forks)  # started while the first one decoded
     assert runtime.metrics.prefix_cache_hits.values[()] == 2
-    after = await post(alone, body(n=3, messages=messages, max_tokens=48, logit_bias=ban))
+    after = await post(alone, body(n=3, messages=messages, max_tokens=96, logit_bias=ban))
     assert [c["message"]["content"] for c in together["choices"]] == \
         [c["message"]["content"] for c in after["choices"]]
     assert len({c["message"]["content"] for c in together["choices"]}) > 1
@@ -115,9 +115,13 @@ async def test_choices_run_side_by_side_and_give_what_they_give_one_after_anothe
 
 @pytest.mark.asyncio
 async def test_without_room_the_choices_run_after_the_first_on_its_slot(stack):
-    client, runtime, table = await stack(max_sessions=2)  # the scratch slot and one more
-    choices = (await post(client, body(n=3, session_id="s")))["choices"]  # the named session takes the one
-    assert [g.slot for g in runtime.submitted] == [table.named["s"]] * 3
+    client, runtime, table = await stack(max_sessions=3)  # the scratch slot and two more
+    await post(client, body(n=4))  # in the scratch slot: one fork; the last free slot is kept
+    assert [g.fork for g in runtime.submitted] == [False, True, False, False]
+    assert runtime.submitted[2].slot is runtime.submitted[3].slot is table.scratch
+    runtime.submitted.clear()
+    choices = (await post(client, body(n=3, session_id="s")))["choices"]  # the named session takes one
+    assert [g.slot for g in runtime.submitted] == [table.named["s"]] * 3  # and leaves the last
     wide, wide_runtime, _ = await stack()
     assert [c["message"]["content"] for c in choices] == \
         [c["message"]["content"] for c in (await post(wide, body(n=3, session_id="s")))["choices"]]
