@@ -311,7 +311,7 @@ class MessagesFormat:
         content += [{"type": "text", "text": text, "citations": None}] if text or not reply.output.calls else []
         content += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"], "caller": {"type": "direct"},
                      "input": _tool_input(c["function"]["arguments"])} for c in reply.output.tool_calls()]
-        return self._message(reply, content, self._stop(reply), reply.tokens)
+        return self._message(reply, content, self._stop(reply), reply.completion_tokens)
 
     def _event(self, kind: str, **fields) -> bytes:
         return sse.event(json.dumps({"type": kind, **fields}, ensure_ascii=False), kind)
@@ -361,7 +361,7 @@ class MessagesFormat:
         out = self._close()
         stop_reason, stop_sequence = self._stop(reply)
         return out + [self._event("message_delta", delta={"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                  usage={"output_tokens": reply.tokens}),
+                                  usage={"output_tokens": reply.completion_tokens}),
                       self._event("message_stop")]
 
     def error(self, reply: Reply, err: ApiError) -> list[bytes]:

@@ -157,37 +157,23 @@ class Choice:
     output: Output
     finish_reason: str | None
     logprobs: list[TokenLogprob]
-    tokens: int                    # the tokens it took: up to its stop string, if one ended it
+    completion_tokens: int         # the tokens it took: up to its stop string, if one ended it
 
 
 @dataclass
 class Choices:
     """How many choices a reply has (n), and how the next one starts: its generation,
-    on the reply's slot (`generation(index)`: the prompt is in its cache already) or on
-    a spare slot (`generation(index, lease)`), and a fresh output."""
+    on the reply's slot (`generation(index, None)`: the prompt is in its cache already)
+    or on a spare slot (`generation(index, spare)`, a fork: Generation.fork), and a
+    fresh output."""
     n: int
-    generation: Callable[..., Generation]
+    generation: Callable[[int, Lease | None], Generation]
     output: Callable[[], Output]
-    lease: Lease                   # the reply's hold on its slot, given to its last choice there
+    # The reply's hold on its slot: the last choice there holds it if it is the reply's
+    # last; else Reply._settle_lease gives it back once the choices there have ended.
+    lease: Lease
     # SessionTable.spare when the choices after the first may run beside it (None: after it)
     spare: Callable[[], Awaitable[Lease | None]] | None = None
-
-
-class Fork:
-    """A choice running beside the ones before it, on a spare slot: its events are
-    taken as they come, so that it never waits for its reader, and kept for its turn."""
-
-    def __init__(self, runtime: Runtime, g: Generation):
-        self.g = g
-        self.events: asyncio.Queue = asyncio.Queue()
-        self.task = asyncio.ensure_future(self._take(runtime))
-
-    async def _take(self, runtime: Runtime) -> None:
-        while True:
-            kind, value = await runtime.next_event(self.g)
-            self.events.put_nowait((kind, value))
-            if kind not in ("token", "progress"):
-                return
 
 
 class Reply:
@@ -203,8 +189,8 @@ class Reply:
         self.n = choices.n if choices else 1
         self.index = 0                   # the current choice
         self.done: list[Choice] = []
-        self.main = g                    # the newest choice on the reply's own slot
-        self.forks: dict[int, Fork] = {}  # choices started on spare slots, by index
+        self.on_slot = g                 # the newest choice on the reply's own slot
+        self.forks: dict[int, Generation] = {}  # choices started on spare slots, by index
         self._forking: asyncio.Task | None = None  # starting them
         self.session_id = session_id
         self.prompt = prompt  # as the client gave it (text or ids), for --log-prompts
@@ -214,24 +200,20 @@ class Reply:
         self.model = ctx.model
         self.finish_reason: str | None = None
         self.generated_ids: list[int] = []  # the reply's ids, without a terminal token
-        self.tokens = 0  # tokens the current choice took (Choice.tokens)
+        self.completion_tokens = 0  # tokens the current choice took (Choice.completion_tokens)
         self.logprobs: list[TokenLogprob] = []  # of the reply's tokens, when asked for
         self._logprobs_taken = 0
         self.stop_hit = False  # a stop string ended the reply (the generation is cancelled)
         self.closed = False
 
     def close(self) -> None:
-        """Cancel the generation if it still runs (it releases its session as it ends)
-        and fill in the access-log fields. Never waits, so no interruption of the
-        handler can leave the session held."""
+        """Cancel every choice that still runs (each releases its slot as it ends) and
+        the starting of forks, settle the reply's lease, and fill in the access-log
+        fields. Never waits, so no interruption of the handler can leave a slot held."""
         if self.closed:
             return
         self.closed = True
         self._cancel()
-        if self._forking is not None:
-            self._forking.cancel()
-        for fork in self.forks.values():
-            fork.task.cancel()
         self._settle_lease()
         first = self.first
         self.log.update(session=self.session_id or "-", prompt=len(first.prompt), cached=first.timings()["cache_n"],
@@ -246,18 +228,20 @@ class Reply:
 
     def _settle_lease(self) -> None:
         """Give the reply's hold on its slot back, or hand it to the newest choice there
-        if that one still runs (a choice before the last: it gives the slot back as it
-        ends)."""
+        if that one still runs (it gives the slot back as it ends). Run at the end of
+        the last choice and again at close: a lease is released once however often."""
         lease = self.more.lease if self.more else None
-        if lease is not None and self.main.lease is not lease:
-            if self.main.finished:
+        if lease is not None and self.on_slot.lease is not lease:
+            if self.on_slot.finished:
                 lease.release()
             else:
-                self.main.lease = lease
+                self.on_slot.lease = lease
 
     def _cancel(self) -> None:
-        """Cancel every generation of the reply that still runs."""
-        for g in [self.g, *(fork.g for fork in self.forks.values())]:
+        """Cancel every choice of the reply that still runs, and the starting of forks."""
+        if self._forking is not None:
+            self._forking.cancel()
+        for g in [self.g, *self.forks.values()]:
             if not g.finished:
                 self.ctx.runtime.cancel(g)
 
@@ -265,11 +249,10 @@ class Reply:
         """The current choice's events up to its end; ("ping", None) while nothing
         comes for a while. The first choice's first token (or end) starts the forks:
         its prompt is in its cache then."""
-        fork = self.forks.get(self.index)
         while True:
             try:  # asyncio.timeout is a timer, where wait_for makes a task an event
                 async with asyncio.timeout(PING_SECONDS if ping else None):
-                    kind, value = await (fork.events.get() if fork else self.ctx.runtime.next_event(self.g))
+                    kind, value = await self.ctx.runtime.next_event(self.g)
             except TimeoutError:
                 yield "ping", None
                 continue
@@ -290,9 +273,9 @@ class Reply:
         return new
 
     def _feed(self, token: Token) -> list[Delta]:
-        if self.stop_hit:  # a fork runs on past its stop string until its cancel takes effect
+        if self.stop_hit:  # tokens made past the stop string before its cancel took effect
             return []
-        self.tokens += 1
+        self.completion_tokens += 1
         if not token.is_terminal:
             self.generated_ids.append(token.id)
         # an end-of-turn token is no text; a control token the parser reads is
@@ -313,7 +296,7 @@ class Reply:
         """The last deltas; sets finish_reason and remembers a complete chat reply.
         A generation cancelled for any reason but a stop string was cut short: that is
         an error, never a normal finish."""
-        if self.stop_hit:  # (a fork may have come to an end of its own past it)
+        if self.stop_hit:  # (the generation may have come to an end of its own past it)
             reason = "cancelled"
         elif reason == "cancelled":
             raise errors.unavailable("the generation was cancelled before it finished")
@@ -334,7 +317,8 @@ class Reply:
 
     def choices(self) -> list[Choice]:
         """The finished choices and the current one, in order."""
-        return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs, self.tokens)]
+        return self.done + [Choice(self.index, self.g, self.output, self.finish_reason, self.logprobs,
+                                   self.completion_tokens)]
 
     async def _fork(self) -> None:
         """Start the choices after the first on spare slots while the table has them;
@@ -347,21 +331,25 @@ class Reply:
                 return
             if lease is None:
                 return
-            g = self.more.generation(index, lease)
-            self.ctx.runtime.submit(g)  # from here g releases the lease when it ends
-            self.forks[index] = Fork(self.ctx.runtime, g)
+            try:
+                g = self.more.generation(index, lease)
+                self.ctx.runtime.submit(g)  # from here g releases the lease when it ends
+            except BaseException:
+                lease.release()
+                raise
+            self.forks[index] = g
 
     async def _next_choice(self) -> None:
-        if self._forking is not None:
-            await self._forking
+        if self._forking is not None:  # (cancelled only as the reply ends)
+            await asyncio.gather(self._forking, return_exceptions=True)
         self.done = self.choices()
         self.index += 1
         fork = self.forks.get(self.index)
-        self.g, self.output = fork.g if fork else self.more.generation(self.index), self.more.output()
+        self.g, self.output = fork or self.more.generation(self.index, None), self.more.output()
         self.finish_reason, self.generated_ids, self.logprobs, self._logprobs_taken = None, [], [], 0
-        self.stop_hit, self.tokens = False, 0
+        self.stop_hit, self.completion_tokens = False, 0
         if fork is None:
-            self.main = self.g
+            self.on_slot = self.g
             self.ctx.runtime.submit(self.g)
 
     @property
@@ -370,7 +358,7 @@ class Reply:
         return self.done[0].g if self.done else self.g
 
     def usage(self) -> dict:
-        prompt, done = len(self.g.prompt), sum(c.tokens for c in self.choices())
+        prompt, done = len(self.g.prompt), sum(c.completion_tokens for c in self.choices())
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
                 "prompt_tokens_details": {"cached_tokens": self.first.plan.keep},
                 "completion_tokens_details": {"reasoning_tokens": sum(c.output.reasoning_tokens
@@ -403,7 +391,7 @@ class Reply:
         """Wait until the session's turn is saved, when the session store saves each turn
         (once the reply's slot is free: its last choice there may have ended before)."""
         self._settle_lease()
-        if self.finish_reason is not None and (saving := self.ctx.turn_ended(self.main.slot)) is not None:
+        if self.finish_reason is not None and (saving := self.ctx.turn_ended(self.on_slot.slot)) is not None:
             await asyncio.gather(saving, return_exceptions=True)
 
     async def _cancel_on_disconnect(self, request: HttpRequest) -> None:

@@ -510,10 +510,10 @@ class Api:
 
             def generation(index: int, spare: Lease | None = None) -> Generation:
                 """Choice `index`, with its own seed. On the reply's slot, where after the
-                first the prompt is in the cache, the last choice holds the lease
-                (Reply.close hands it on if the reply ends sooner). On a `spare` slot, the
-                choice's generation holds that one, and the prefix cache gives it the
-                prompt the first choice holds (Reply forks it once that one decodes)."""
+                first the prompt is in the cache, choice n - 1 holds the lease (Reply
+                settles it when the reply ends otherwise: Choices.lease). On a `spare`
+                slot, a fork: its generation holds that slot's lease, and the prefix cache
+                gives it the prompt the first choice holds (Reply forks once that one decodes)."""
                 return Generation(slot if spare is None else spare.slot, ids,
                                   dataclasses.replace(sampling, seed=(sampling.seed + index) & 2**64 - 1),
                                   max_tokens, reuse=spare is None and (reuse or index > 0), cache_scope=scope,

@@ -18,7 +18,10 @@ Tokens go back to the handler through the generation's queue as events:
 for, ("progress", prompt_progress) before and after each prefill chunk. A generation
 whose reader has fallen READ_AHEAD tokens behind (a client that stopped reading
 its stream) is not decoded until the reader takes events again through
-`next_event`, so a stalled client costs no compute while its write times out.
+`next_event`, so a stalled client costs no compute while its write times out. A
+fork (one of a request's choices run beside the first, llmd.api.reply) is the one
+exception: its reader reads the choices before it first, so it runs to its end,
+and its request's end cancels it.
 
 A generation holds its session's lease (llmd.serving.sessions.Lease) and gives it back the
 moment it ends, whichever way it ends: finished, cancelled, failed, or ended by
@@ -72,6 +75,11 @@ READ_AHEAD = 64        # tokens a generation may run ahead of its reader
 BURST = 16             # decode steps run back to back while nothing else waits
 
 
+def room(g: Generation) -> int:
+    """Tokens g may make before its reader takes more of them (see the module doc)."""
+    return g.max_tokens - g.generated if g.fork else READ_AHEAD - g.events.qsize()
+
+
 def speculates(g: Generation) -> bool:
     """Whether g's drafter may propose now (it has one, and it does not pause)."""
     return g.drafter is not None and not g.drafter.pace.pause
@@ -92,7 +100,7 @@ class Generation:
     speculative: DraftLimits | None = DraftLimits()  # None: never speculate
     prompt_scores: list = field(default_factory=list)  # (logprob, top) of prompt[1:]
     lease: Lease | None = None     # released when the generation ends
-    fork: bool = False             # a choice started beside its request's first: never counted as queued
+    fork: bool = False             # a choice run beside its request's first: not queued, not held back
     plan: PrefillPlan | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     next_prefill: int = 0          # index in prompt of the next token to prefill
@@ -284,8 +292,7 @@ class Runtime:
             prefilling = [g for g in self._active if not g.decoding]
             if prefilling:
                 await self._prefill_step(prefilling[next(self._turn) % len(prefilling)])
-            decoding = [g for g in self._active
-                        if g.decoding and not g.cancelled and g.events.qsize() < READ_AHEAD]
+            decoding = [g for g in self._active if g.decoding and not g.cancelled and room(g) > 0]
             if not prefilling and not decoding:  # every generation waits for its reader
                 self._wake.clear()
                 await self._wake.wait()
@@ -381,11 +388,11 @@ class Runtime:
 
     async def _decode_steps(self, batch: list[Generation], most: int) -> None:
         """Up to `most` decode steps for the batch, fewer when a generation would reach
-        its token budget or run READ_AHEAD ahead of its reader, or one ends."""
+        its token budget or get as far ahead of its reader as it may (room), or one ends."""
         loop = asyncio.get_running_loop()
         sessions = [g.slot.session for g in batch]
         logprobs = [g.logprobs for g in batch] if any(g.logprobs is not None for g in batch) else None
-        steps = min(most, *(min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize()) for g in batch))
+        steps = min(most, *(min(g.max_tokens - g.generated, room(g)) for g in batch))
         self._interrupt = False
 
         def run() -> None:
@@ -411,12 +418,13 @@ class Runtime:
     async def _speculative_steps(self, batch: list[Generation], most: int) -> None:
         """Up to `most` steps of the batch, each one pass that verifies the proposals
         its generations' drafters make (a generation without one takes a plain step in
-        it), fewer when a generation would reach its token budget or run READ_AHEAD
-        ahead of its reader, or one ends, or no drafter proposes any more (a pause)."""
+        it), fewer when a generation would reach its token budget or go as far ahead
+        of its reader as it may (room), or one ends, or no drafter proposes any more (a
+        pause)."""
         loop = asyncio.get_running_loop()
         sessions, costs = [g.slot.session for g in batch], self.costs
         logprobs = [g.logprobs for g in batch] if any(g.logprobs is not None for g in batch) else None
-        left = [min(g.max_tokens - g.generated, READ_AHEAD - g.events.qsize()) for g in batch]
+        left = [min(g.max_tokens - g.generated, room(g)) for g in batch]
         # The first step of a reply has no pending token for a proposal to follow.
         started = [g.generated > 0 for g in batch]
         # The last step proposed too: this proposal catches up with nothing (a draft

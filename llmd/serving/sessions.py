@@ -218,11 +218,11 @@ class SessionTable:
             lease.release()  # deleted while we waited: start over with a fresh slot
 
     async def spare(self) -> Lease | None:
-        """A lease on a temporary slot of its own if the table has room for one now and
-        for the next request after it, else None, at once: never waiting, nor evicting,
-        nor taking the scratch slot or the last free one (which stays for a new session
-        or a concurrent request, as it would without this work). For work that may as
-        well run later on a slot the request holds already (the choices of a reply with
+        """A lease on a new temporary slot, once its session is open, if the table has
+        room for it and for the next request after it; else None, at once. It never
+        waits for room, evicts, or takes the scratch slot or the last free one (which
+        stays for a new session or a concurrent request). For work that may as well
+        run later on a slot the request holds already (the choices of a reply with
         n > 1)."""
         return await self._lease(self._temporary()) if self._free_slots() > 1 else None
 

@@ -135,6 +135,7 @@ async def test_a_stream_sends_each_choice_whole_in_order(stack):
     whole = await post(client, body(n=3))
     stream = await asyncio.to_thread(client.post_stream, "/chat/completions",
                                      body(n=3, stream=True, stream_options={"include_usage": True}))
+    assert [g.fork for g in runtime.submitted[3:]] == [False, True, True]
     indexes = [c["choices"][0]["index"] for c in stream.chunks if c["choices"]]
     assert indexes == sorted(indexes) and set(indexes) == {0, 1, 2}
     texts = ["".join(c["choices"][0]["delta"].get("content") or "" for c in stream.chunks
@@ -147,7 +148,8 @@ async def test_a_stream_sends_each_choice_whole_in_order(stack):
 @pytest.mark.asyncio
 async def test_a_client_that_leaves_ends_every_choice_and_frees_their_slots(stack):
     client, runtime, table = await stack()
-    payload = json.dumps(body(n=3, stream=True, max_tokens=100)).encode()
+    ban = {str(i): -100 for i in table.engine.info.eog_ids}
+    payload = json.dumps(body(n=3, stream=True, max_tokens=300, logit_bias=ban)).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", int(client.base_url.split(":")[2].split("/")[0]))
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
@@ -161,7 +163,7 @@ async def test_a_client_that_leaves_ends_every_choice_and_frees_their_slots(stac
     assert len(runtime.submitted) == 3
     writer.transport.abort()
     await settled(runtime, table)
-    assert all(g.finished and g.generated < 100 for g in runtime.submitted)
+    assert all(g.finished and g.cancelled and g.generated < 300 for g in runtime.submitted)
     again = await post(client, body(n=3))  # the slots serve the next request
     assert len(again["choices"]) == 3
     await settled(runtime, table)
@@ -180,6 +182,7 @@ async def test_a_fork_cut_by_a_stop_string_ends_there_as_one_after_another_would
     stop = text[at]  # a character choice 2 first writes after a few others
     cut = body(n=3, max_tokens=24, logit_bias=ban, stop=[stop], logprobs=True, cache_salt="cut")
     together, after = await post(client, cut), await post(alone, cut)
+    assert [g.fork for g in runtime.submitted[3:]] == [False, True, True]
     assert runtime.submitted[-1].generated > len(together["choices"][2]["logprobs"]["content"])  # it ran on
     assert together["choices"] == after["choices"] and together["usage"] == after["usage"]
     assert together["choices"][2]["finish_reason"] == "stop"
@@ -205,4 +208,19 @@ async def test_a_turn_whose_last_choices_are_forks_is_saved_at_its_end(stack, tm
     await post(client, body(n=3, session_id="s"))
     assert len({g.slot for g in runtime.submitted}) == 3  # two forks
     assert table.store.version("s") == 1
+    await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_when_a_spare_session_cannot_open_the_choices_run_after_the_first(stack, caplog):
+    client, runtime, table = await stack()
+    alone, _, _ = await stack(prefix_cache="off")
+
+    async def failing():
+        raise RuntimeError("no memory for another session")
+
+    table.spare = failing
+    choices = (await post(client, body(n=3)))["choices"]
+    assert [g.fork for g in runtime.submitted] == [False, False, False] and "runs after the first" in caplog.text
+    assert choices == (await post(alone, body(n=3)))["choices"]
     await settled(runtime, table)

@@ -105,14 +105,14 @@ class StubReply:
         self.output = Output([], None, reasoning=inside)
         self.pieces = [text[i:i + step].encode() for i in range(0, len(text), step)]
         self.model, self.finish_reason, self.logprobs, self.index, self.created = "m", None, [], 0, 0
-        self.tokens = len(self.pieces)
+        self.completion_tokens = len(self.pieces)
         self.g = SimpleNamespace(prompt=[1, 2, 3], plan=SimpleNamespace(keep=0), timings=lambda: {})
 
     def take_logprobs(self) -> list:
         return []
 
     def usage(self) -> dict:
-        return {"prompt_tokens": 3, "completion_tokens": self.tokens, "total_tokens": 3 + self.tokens,
+        return {"prompt_tokens": 3, "completion_tokens": self.completion_tokens, "total_tokens": 3 + self.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": 0},
                 "completion_tokens_details": {"reasoning_tokens": self.output.reasoning_tokens}}
 
@@ -149,7 +149,7 @@ def test_responses_put_reasoning_in_a_reasoning_item_before_the_message():
     assert reasoning["summary"] == [{"type": "summary_text", "text": "Seven times six."}]
     assert message["content"][0]["text"] == "42"
     # <think>, its text and </think> are reasoning tokens; the answer is not
-    assert 0 < done["usage"]["output_tokens_details"]["reasoning_tokens"] < reply.tokens
+    assert 0 < done["usage"]["output_tokens_details"]["reasoning_tokens"] < reply.completion_tokens
     whole = StubReply(REPLY)
     for piece in whole.pieces:
         whole.output.feed(piece)
