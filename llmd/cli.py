@@ -18,6 +18,7 @@ import sys
 import time
 
 from llmd import logs
+from llmd.api.validation import MAX_CHOICES
 from llmd.engine import KV_TYPES, fetch
 from llmd.serving.prefill import SCOPES
 from llmd.serving.speculative import MAX_DRAFT, MODES, N_MAX
@@ -99,6 +100,7 @@ def _int_in(lo: int, hi: int = INT32_MAX):
 
 
 _count, _positive, _port, _draft_max = _int_in(0), _int_in(1), _int_in(0, 65535), _int_in(0, MAX_DRAFT)
+_choices = _int_in(2, MAX_CHOICES)
 
 
 def _api_key(text: str) -> str:
@@ -295,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--streams", type=_count, default=_env("streams", 0, _count),
                        help="instead: aggregate tokens/s of one stream and of this many concurrent ones through "
                             "HTTP (streamed /v1/completions, 128 tokens each)")
+    bench.add_argument("--choices", type=_choices, default=_env("choices", 0, _choices),
+                       help="instead: the time of one request for this many choices (n) next to one for a "
+                            "single choice (/v1/completions, 128 tokens each)")
     # Its own variable: LLMD_SPECULATIVE is the server's mode (off|ngram).
     bench.add_argument("--speculative", action="store_true", dest="bench_speculative",
                        default=_env("bench_speculative", False, bool),
@@ -370,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
                              args.shared_prompt, args.streams, args.url, args.held_sessions, args.held_tokens,
-                             args.kv_type)
+                             args.kv_type, args.choices)
         return cmd_serve(args)
     # A file that cannot be read or opened as a model (the commands' own ones, the server's
     # are logged): one line, not a traceback.

@@ -395,7 +395,7 @@ LLAMA_KEYS = frozenset({"cache_prompt", "id_slot", "n_probs", "timings_per_token
 CACHE_KEYS = frozenset({"cache_salt"})
 MAX_CACHE_SALT = 256
 MAX_TOP_LOGPROBS = 20                  # the engine's bound (LLMD_MAX_TOP_LOGPROBS)
-MAX_CHOICES = 16                       # n: choices run one after another, so few
+MAX_CHOICES = 16                       # n: each choice takes a session slot or a turn on the request's one
 _CACHE_RETENTION = ("in_memory", "24h")
 _TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 

@@ -21,7 +21,8 @@ generation through HTTP of one stream and of N concurrent ones, against llmd or,
 --url, any server that speaks OpenAI's streamed /v1/completions (llama-server too).
 With --speculative: speculative decoding on and off on four tasks, and with 4 busy
 streams (llmd/commands/speculative_bench.py). With --held-sessions N: N named sessions,
-each warm at --held-tokens tokens, held at once (held_sessions_figures).
+each warm at --held-tokens tokens, held at once (held_sessions_figures). With --choices
+N: one request for N choices next to one for a single choice (choices_figures).
 """
 from __future__ import annotations
 
@@ -304,6 +305,42 @@ def concurrent_figures(url: str | None, path: str, threads: int, runs: int, stre
             f"{streams}_streams_over_one": round(statistics.median(m / o for m, o in zip(many, one)), 2)}
 
 
+def choices_figures(path: str, threads: int, runs: int, n: int, tokens: int = STREAM_TOKENS,
+                    prompt: int = STREAM_PROMPT) -> dict:
+    """The time of one /v1/completions request for `n` choices next to one for a single
+    choice, per run each of a distinct `prompt`-token prompt, every choice `tokens`
+    tokens long (sampled at temperature 0.8 with a seed, end of generation banned), on
+    a `python -m llmd` of `path` started for it. Times are medians over the runs, with
+    their range; the ratio (one choice's time × n over the n choices' time: how much
+    faster they are than n requests one after another) the median of the runs'."""
+    with Engine(path, n_ctx=16) as engine:
+        eog_ids = engine.info.eog_ids
+        texts = [stream_prompts(engine, 2, prompt, f"{uuid.uuid4().hex[:8]} {r}") for r in range(runs + 1)]
+    proc, port = _start(path, threads)
+    try:
+        model = json.loads(_request(port, "GET", "/v1/models"))["data"][0]["id"]
+
+        def request(text: str, choices: int) -> float:
+            body = {"model": model, "prompt": text, "n": choices, "max_tokens": tokens, "temperature": 0.8,
+                    "seed": 1, "logit_bias": {str(t): -100 for t in eog_ids}}
+            start = time.perf_counter()
+            usage = json.loads(_request(port, "POST", COMPLETIONS, body))["usage"]
+            if usage["completion_tokens"] != choices * tokens:
+                raise RuntimeError(f"{choices} choices made {usage['completion_tokens']} tokens, not {choices * tokens}")
+            return time.perf_counter() - start
+
+        request(texts[-1][1], n)  # the server's first-request costs are not counted
+        one = [request(texts[r][0], 1) for r in range(runs)]
+        many = [request(texts[r][1], n) for r in range(runs)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"choices": n, "choice_tokens": tokens,
+            "one_choice_s": _median(one), "one_choice_s_range": [round(min(one), 3), round(max(one), 3)],
+            f"{n}_choices_s": _median(many), f"{n}_choices_s_range": [round(min(many), 3), round(max(many), 3)],
+            f"{n}_choices_over_{n}_single": round(statistics.median(o * n / m for o, m in zip(one, many)), 2)}
+
+
 QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.", "Name a tool.",
              "Name a river.", "Name a planet.", "Name a metal.", "Name a flower.", "Name a sport."]
 
@@ -561,7 +598,11 @@ def _default() -> str:
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
         sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None,
-        held_sessions: int = 0, held_tokens: int = 8192, kv_type: str = "f16") -> int:
+        held_sessions: int = 0, held_tokens: int = 8192, kv_type: str = "f16", choices: int = 0) -> int:
+    if choices:
+        figures = choices_figures(path or _default(), threads, runs, choices)
+        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+        return 0
     if held_sessions:
         figures = held_sessions_figures(path, threads, held_sessions, held_tokens, kv_type)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))

@@ -2,8 +2,6 @@
 figures fall back to plain completions instead of failing."""
 from __future__ import annotations
 
-import pytest
-
 from llmd.commands import bench
 from llmd.engine.native import Engine
 from tests.support.gguf_writer import write_tiny_llama
@@ -64,6 +62,15 @@ def test_concurrent_figures_count_every_stream_of_distinct_equal_length_prompts(
     low, high = figures["3_streams_tok_s_range"]
     assert 0 < low <= figures["3_streams_tok_s"] <= high
     assert figures["3_streams_over_one"] > 0
+
+
+def test_choices_figures_time_every_choice_run_to_its_length(tmp_path):
+    model = write_tiny_llama(tmp_path / "m.gguf", n_ctx=512)
+    figures = bench.choices_figures(str(model.path), threads=1, runs=2, n=3, tokens=8, prompt=24)
+    assert figures["choices"] == 3 and figures["choice_tokens"] == 8  # checked: 3 × 8 tokens a request
+    low, high = figures["3_choices_s_range"]
+    assert 0 < low <= figures["3_choices_s"] <= high
+    assert figures["3_choices_over_3_single"] > 0
 
 
 def test_stream_prompts_differ_from_the_start_and_fit_the_length(tmp_path):
