@@ -330,8 +330,10 @@ def choices_figures(path: str, threads: int, runs: int, n: int, tokens: int = ST
             return time.perf_counter() - start
 
         request(texts[-1][1], n)  # the server's first-request costs are not counted
-        one = [request(texts[r][0], 1) for r in range(runs)]
-        many = [request(texts[r][1], n) for r in range(runs)]
+        one, many = [], []
+        for r in range(runs):  # taking turns, so that a run's ratio compares neighbours
+            one.append(request(texts[r][0], 1))
+            many.append(request(texts[r][1], n))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
