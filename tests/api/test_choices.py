@@ -224,3 +224,20 @@ async def test_when_a_spare_session_cannot_open_the_choices_run_after_the_first(
     assert [g.fork for g in runtime.submitted] == [False, False, False] and "runs after the first" in caplog.text
     assert choices == (await post(alone, body(n=3)))["choices"]
     await settled(runtime, table)
+
+
+@pytest.mark.asyncio
+async def test_a_fork_that_cannot_be_submitted_gives_its_slot_back(stack):
+    client, runtime, table = await stack()
+    alone, _, _ = await stack(prefix_cache="off")
+    recording = runtime.submit
+
+    def failing(g):
+        if g.fork:
+            raise RuntimeError("no room in the scheduler")
+        recording(g)
+
+    runtime.submit = failing
+    choices = (await post(client, body(n=3)))["choices"]  # the others run after the first
+    assert choices == (await post(alone, body(n=3)))["choices"]
+    await settled(runtime, table)  # no temporary slot left held
