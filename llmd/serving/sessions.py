@@ -7,10 +7,12 @@ Session ids are per API key (session_key): two keys' "chat-1" are two sessions, 
 no key can use, see, reset or delete another's.
 Anonymous requests use the scratch slot, or, while it is busy and capacity is
 free, a temporary slot that is freed afterwards, so concurrent anonymous
-requests still run side by side. Capacity comes from the engine: one slot stays
-for the scratch session, named sessions share the rest. A full table evicts the
-least recently used idle named session of the requesting API key or of one holding
-more (policy "lru"; _eviction_victim), else answers 429 (and always under "none").
+requests still run side by side; a request's extra choices (n > 1) take spare
+temporary slots while more than one slot is free (spare). Capacity comes from
+the engine: one slot stays for the scratch session, named sessions share the
+rest. A full table evicts the least recently used idle named session of the
+requesting API key or of one holding more (policy "lru"; _eviction_victim), else
+answers 429 (and always under "none").
 
 Every slot has an asyncio.Lock, so requests for one session run one at a time
 in arrival order (asyncio locks wake waiters first-in first-out). `acquire`
