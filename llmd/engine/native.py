@@ -57,6 +57,17 @@ def _string(ptr) -> str:
 
 
 @dataclass(frozen=True)
+class FimTokens:
+    """A model's fill-in-the-middle tokens: the prefix, suffix and middle markers, and
+    where it has them, the repository name's and the file separator (None without)."""
+    pre: int
+    suf: int
+    mid: int
+    rep: int | None
+    sep: int | None
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     architecture: str
     name: str
@@ -92,6 +103,7 @@ class EngineInfo:
     kv_type_v: str = "f16"       # and values
     n_layer_nextn: int = 0       # multi-token-prediction blocks the file has
     draft_nextn: bool = False    # sessions run the first of them (Session.draft_nextn)
+    fim: FimTokens | None = None  # None: the model has no fill-in-the-middle markers
 
 
 @dataclass(frozen=True)
@@ -150,6 +162,13 @@ def grammar_match(grammar: str, text: bytes) -> int:
     return result[0]
 
 
+def _fim(raw) -> FimTokens | None:
+    if min(raw.fim_pre_id, raw.fim_suf_id, raw.fim_mid_id) < 0:
+        return None
+    return FimTokens(raw.fim_pre_id, raw.fim_suf_id, raw.fim_mid_id, raw.fim_rep_id if raw.fim_rep_id >= 0 else None,
+                     raw.fim_sep_id if raw.fim_sep_id >= 0 else None)
+
+
 class Engine:
     """A loaded model. Close it (or use `with`) to free weights and sessions."""
 
@@ -184,7 +203,7 @@ class Engine:
             kv_shares_prefixes=bool(raw.kv_shares_prefixes),
             warnings=tuple(w for w in _string(raw.warnings).split("\n") if w),
             kv_type_k=_string(raw.kv_type_k), kv_type_v=_string(raw.kv_type_v),
-            n_layer_nextn=raw.n_layer_nextn, draft_nextn=bool(raw.draft_nextn))
+            n_layer_nextn=raw.n_layer_nextn, draft_nextn=bool(raw.draft_nextn), fim=_fim(raw))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:

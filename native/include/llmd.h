@@ -88,6 +88,9 @@ typedef struct {
     const char *kv_type_v;      /* and of values */
     int32_t n_layer_nextn;      /* multi-token-prediction blocks the file has (after the n_layer) */
     int32_t draft_nextn;        /* 1 if sessions run the first of them (llmd_engine_options.draft_nextn) */
+    /* Fill-in-the-middle tokens, -1 if none: the prefix, suffix and middle markers,
+     * the repository name's and the file separator (the file's ids, else found by text) */
+    int32_t fim_pre_id, fim_suf_id, fim_mid_id, fim_rep_id, fim_sep_id;
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,

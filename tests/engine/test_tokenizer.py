@@ -12,6 +12,8 @@ Three kinds of reference:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import random
 from pathlib import Path
@@ -119,6 +121,18 @@ def test_special_ids_and_end_of_generation_set_match_llama_cpp(name):
     info, golden = engine(name).info, GOLDENS["vocabs"][name]
     assert (info.bos_id, info.eos_id, info.add_bos) == (golden["bos"], golden["eos"], golden["add_bos"])
     assert list(info.eog_ids) == golden["eog"]
+
+
+# Fill-in-the-middle markers (pre, suf, mid, rep, sep) as llama.cpp's print_info names them
+# (0c1e570); the other vocabularies have none.
+FIM = {"deepseek-coder": (32016, 32015, 32017, None, None), "refact": (1, 3, 2, 18, None),
+       "starcoder": (1, 3, 2, None, None)}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDENS["vocabs"]))
+def test_fill_in_the_middle_markers_match_llama_cpp(name):
+    fim = engine(name).info.fim
+    assert (fim and dataclasses.astuple(fim)) == FIM.get(name)
 
 
 def test_llama3_without_add_bos_token_gets_bos_and_spm_adds_it_by_default():

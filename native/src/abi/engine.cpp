@@ -126,8 +126,13 @@ llmd_status build_vocab(llmd_engine *e) {
         std::optional<uint32_t> *id;
     } ids[] = {{"tokenizer.ggml.bos_token_id", &data.bos},         {"tokenizer.ggml.eos_token_id", &data.eos},
                {"tokenizer.ggml.eot_token_id", &data.eot},         {"tokenizer.ggml.eom_token_id", &data.eom},
-               {"tokenizer.ggml.unknown_token_id", &data.unk},     {"tokenizer.ggml.fim_pad_token_id", &data.fim_pad},
-               {"tokenizer.ggml.fim_rep_token_id", &data.fim_rep}, {"tokenizer.ggml.fim_sep_token_id", &data.fim_sep}};
+               {"tokenizer.ggml.unknown_token_id", &data.unk},     {"tokenizer.ggml.fim_pre_token_id", &data.fim_pre},
+               {"tokenizer.ggml.fim_suf_token_id", &data.fim_suf}, {"tokenizer.ggml.fim_mid_token_id", &data.fim_mid},
+               {"tokenizer.ggml.fim_pad_token_id", &data.fim_pad}, {"tokenizer.ggml.fim_rep_token_id", &data.fim_rep},
+               {"tokenizer.ggml.fim_sep_token_id", &data.fim_sep},
+               // older files (CodeLlama's) name the markers so; as in llama.cpp, these win
+               {"tokenizer.ggml.prefix_token_id", &data.fim_pre},  {"tokenizer.ggml.suffix_token_id", &data.fim_suf},
+               {"tokenizer.ggml.middle_token_id", &data.fim_mid}};
     for (const auto &k : ids) {
         int64_t v;
         if (f.get_int(k.key, &v, &err)) *k.id = v >= 0 && v <= INT32_MAX ? uint32_t(v) : UINT32_MAX;
@@ -298,6 +303,12 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->add_eos = e->add_eos ? 1 : 0;
         out->n_eog = static_cast<int32_t>(e->eog_ids.size());
         out->eog_ids = e->eog_ids.data();
+        const Vocab::Fim &fim = e->vocab->fim();
+        out->fim_pre_id = fim.pre;
+        out->fim_suf_id = fim.suf;
+        out->fim_mid_id = fim.mid;
+        out->fim_rep_id = fim.rep;
+        out->fim_sep_id = fim.sep;
         out->n_vocab = e->vocab->size();
         if (!e->model) {
             out->vocab_only = 1;

@@ -159,6 +159,15 @@ const char *const k_eot_texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_
                                    "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
                                    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
                                    "<end_of_utterance>"};
+const char *const k_fim_pre_texts[] = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
+                                       "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>", "<PRE>",
+                                       "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"};
+const char *const k_fim_suf_texts[] = {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+                                       "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "hole\xEF\xBD\x9C>", "<SUF>",
+                                       "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"};
+const char *const k_fim_mid_texts[] = {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
+                                       "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>", "<MID>",
+                                       "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"};
 const char *const k_fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
 const char *const k_fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
 const char *const k_fim_sep_texts[] = {"<|file_sep|>"};
@@ -392,8 +401,10 @@ void Vocab::settle_specials(const VocabData &d) {
     };
     bos_ = settle(bos, d.bos);
     eos_ = settle(eos, d.eos);
-    int32_t eot = settle(-1, d.eot), eom = settle(-1, d.eom);
-    int32_t fim_pad = settle(-1, d.fim_pad), fim_rep = settle(-1, d.fim_rep), fim_sep = settle(-1, d.fim_sep);
+    eot_ = settle(-1, d.eot);
+    int32_t eom = settle(-1, d.eom);
+    fim_ = {settle(-1, d.fim_pre), settle(-1, d.fim_suf), settle(-1, d.fim_mid),
+            settle(-1, d.fim_pad), settle(-1, d.fim_rep), settle(-1, d.fim_sep)};
     if (d.add_bos) add_bos_ = *d.add_bos;
     if (d.add_eos) add_eos_ = *d.add_eos;
     if (d.add_space_prefix) add_space_prefix_ = *d.add_space_prefix;
@@ -411,16 +422,19 @@ void Vocab::settle_specials(const VocabData &d) {
             }
         }
     };
-    by_text(eot, k_eot_texts);
+    by_text(eot_, k_eot_texts);
     by_text(eom, std::initializer_list<const char *>{"<|eom_id|>"});
-    by_text(fim_pad, k_fim_pad_texts);
-    by_text(fim_rep, k_fim_rep_texts);
-    by_text(fim_sep, k_fim_sep_texts);
+    by_text(fim_.pre, k_fim_pre_texts);
+    by_text(fim_.suf, k_fim_suf_texts);
+    by_text(fim_.mid, k_fim_mid_texts);
+    by_text(fim_.pad, k_fim_pad_texts);
+    by_text(fim_.rep, k_fim_rep_texts);
+    by_text(fim_.sep, k_fim_sep_texts);
 
     auto add_eog = [this](int32_t id) {
         if (id >= 0 && std::find(eog_.begin(), eog_.end(), id) == eog_.end()) eog_.push_back(id);
     };
-    for (const int32_t id : {fim_pad, fim_rep, fim_sep}) add_eog(id);
+    for (const int32_t id : {fim_.pad, fim_.rep, fim_.sep}) add_eog(id);
     for (const char *t : k_eog_texts) {
         if (const int32_t id = find(t); id >= 0) {
             add_eog(id);
@@ -431,7 +445,7 @@ void Vocab::settle_specials(const VocabData &d) {
     for (const char *t : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
         if (const int32_t id = find(t); id >= 0) attrs_[id] = ATTR_USER_DEFINED;
     }
-    for (const int32_t id : {eos_, eot, eom}) add_eog(id);
+    for (const int32_t id : {eos_, eot_, eom}) add_eog(id);
 
     auto has = [this](const char *t) {
         const int32_t id = find(t);

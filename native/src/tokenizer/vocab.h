@@ -71,7 +71,8 @@ struct VocabData {
     std::string model;                // model: "gpt2", "llama", "gemma4"
     std::string pre;                  // pre: the pre-tokenizer's name, or ""
     std::string name;                 // general.name (Phi-3 strips spaces after special tokens)
-    std::optional<uint32_t> bos, eos, eot, eom, unk, fim_pad, fim_rep, fim_sep;  // *_token_id
+    std::optional<uint32_t> bos, eos, eot, eom, unk;                             // *_token_id
+    std::optional<uint32_t> fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;  // fim_*_token_id
     std::optional<bool> add_bos, add_eos, add_space_prefix;                     // add_*_token, add_space_prefix
 };
 
@@ -110,11 +111,18 @@ public:
     // defaults of the tokenizer type), -1 for none.
     int32_t bos() const { return bos_; }
     int32_t eos() const { return eos_; }
+    int32_t eot() const { return eot_; }  // end of turn (<|eot_id|>, <|im_end|>, ...)
     bool add_bos() const { return add_bos_; }
     bool add_eos() const { return add_eos_; }
     // End-of-generation ids: EOS, EOT, EOM, and the tokens whose text ends a
     // turn in some family (<|im_end|>, <end_of_turn>, <|eot_id|>, ...).
     const std::vector<int32_t> &eog_ids() const { return eog_; }
+    // Fill-in-the-middle: the prefix, suffix and middle markers, the repository
+    // name's and the file separator (pad, repo and sep also end generation).
+    struct Fim {
+        int32_t pre = -1, suf = -1, mid = -1, pad = -1, rep = -1, sep = -1;
+    };
+    const Fim &fim() const { return fim_; }
 
     Vocab(const Vocab &) = delete;
     Vocab &operator=(const Vocab &) = delete;
@@ -168,9 +176,10 @@ private:
     int32_t byte_token_[256] = {};                          // token of each byte, or -1
     std::vector<int32_t> no_byte_token_;                    // SPM: what a byte without a token becomes
     std::vector<int32_t> specials_;                         // longest text first
-    int32_t bos_ = -1, eos_ = -1;
+    int32_t bos_ = -1, eos_ = -1, eot_ = -1;
     bool add_bos_ = false, add_eos_ = false;
     std::vector<int32_t> eog_;
+    Fim fim_;
 };
 
 }  // namespace llmd
