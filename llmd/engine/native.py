@@ -131,6 +131,7 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    infill: bool = False  # llama.cpp's fill-in-the-middle step after min-p (llmd_sampling.infill)
 
 
 @dataclass(frozen=True)
@@ -483,7 +484,7 @@ class Session:
             "seed": s.seed & 0xFFFFFFFFFFFFFFFF, "repeat_penalty": s.repeat_penalty,
             "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
             "frequency_penalty": s.frequency_penalty, "n_logit_bias": len(s.logit_bias),
-            "logit_bias_ids": ids, "logit_bias_values": values})
+            "logit_bias_ids": ids, "logit_bias_values": values, "infill": int(s.infill)})
         _check(lib.llmd_session_set_sampling(self.handle, raw))
 
     def set_grammar(self, grammar: str | None, token_budget: int = 0) -> None:

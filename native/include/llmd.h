@@ -189,6 +189,8 @@ typedef struct {
     int32_t n_logit_bias;
     const int32_t *logit_bias_ids;
     const float *logit_bias_values; /* -inf bans a token */
+    int32_t infill; /* 1: the fill-in-the-middle step after min-p (see sampler.h); greedy requests take
+                       it too, weighing at temperature 1 and picking the most likely survivor */
 } llmd_sampling;
 
 typedef struct {

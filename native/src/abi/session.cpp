@@ -408,7 +408,7 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         greedy.repeat_penalty = 1.0f;
         greedy.top_p = 1.0f;
         std::string err;
-        s->sampler.configure(greedy, hp.n_vocab, &err);
+        s->sampler.configure(greedy, *e->vocab, &err);
         {
             std::lock_guard<std::mutex> lock(g_live_mutex);
             g_live.insert(s.get());
@@ -471,7 +471,7 @@ llmd_status llmd_session_set_sampling(llmd_session *s, const llmd_sampling *samp
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         if (sampling == nullptr) return fail(LLMD_ERR_INVALID_ARGUMENT, "sampling must not be null");
         std::string err;
-        if (!s->sampler.configure(*sampling, s->engine->model->hp.n_vocab, &err))
+        if (!s->sampler.configure(*sampling, *s->engine->vocab, &err))
             return fail(LLMD_ERR_INVALID_ARGUMENT, err);
         s->stop.store(false);
         return LLMD_OK;
