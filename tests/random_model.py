@@ -3,6 +3,7 @@
     python -m tests.random_model OUT.gguf --shape llama-3.2-1b
     python -m tests.random_model OUT.gguf --shape k256 [--output-norm 0.5]
     python -m tests.random_model OUT.gguf --shape qwen3.5-0.8b --nextn 1
+    python -m tests.random_model OUT.gguf --shape qwen3-1.7b --fim
 
 F16 weights drawn from random bytes (a billion of them take seconds, not the hours
 Python's Gaussian would), the writer's byte-level BPE vocabulary padded with
@@ -39,6 +40,7 @@ import random
 
 from tests.support.gguf_writer import (
     F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen35, build_tiny_qwen3moe, encode_f32,
+    name_last_tokens,
 )
 
 # shape -> (builder, its arguments, metadata it sets afterwards)
@@ -103,6 +105,9 @@ def main() -> None:
                              "text's tokens ~24 nats below the top logit; k256 at 0.5 gives next-token "
                              "distributions of about 3 nats' entropy, the text's tokens within 16 nats of the "
                              "top at 95 %% of positions")
+    parser.add_argument("--fim", action="store_true",
+                        help="name the last reserved tokens as Qwen2.5-Coder's fill-in-the-middle markers, "
+                             "for /infill")
     parser.add_argument("--nextn", type=int, default=0,
                         help="multi-token-prediction blocks after the layers (the Qwen3.5 shapes; the published "
                              "Qwen3.5 models have one), for --speculative mtp")
@@ -113,6 +118,8 @@ def main() -> None:
     nextn = {"nextn": args.nextn} if args.nextn else {}
     w = builder(**shape, **nextn, weight_type=GGML_F16, seed=args.seed, random_matrix=random_f16)
     scale_output_norm(w, args.output_norm)
+    if args.fim:
+        name_last_tokens(w)
     w.set("general.name", STRING, f"random-{args.shape}")
     for key, value in floats.items():
         w.set(key, F32, value)

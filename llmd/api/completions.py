@@ -109,8 +109,9 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     if obj.get("best_of") is not None and int_field(obj["best_of"], "best_of", 1, INT32_MAX) != 1:
         raise unsupported_parameter("best_of", "Only best_of=1 is supported.")
     echo = obj.get("echo") is not None and bool_field(obj["echo"], "echo")
-    if obj.get("suffix") is not None and str_field(obj["suffix"], "suffix"):
-        raise unsupported_parameter("suffix", "'suffix' (insertion) is not supported.")
+    suffix = "" if obj.get("suffix") is None else str_field(obj["suffix"], "suffix")
+    if suffix and echo:
+        raise unsupported_parameter("suffix", "'suffix' cannot be used with 'echo'.")
     logprobs = None if obj.get("logprobs") is None else int_field(obj["logprobs"], "logprobs", 0, MAX_TOP_LOGPROBS)
     # Echo with max_tokens 0 scores the prompt alone (how evaluation harnesses ask).
     max_tokens = parse_max_tokens(obj.get("max_tokens"), "max_tokens", 0 if echo else 1)
@@ -123,6 +124,7 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         stream=stream,
         include_usage=include_usage,
         session_id=session_id,
+        suffix=suffix,
         response_format=parse_response_format(obj.get("response_format")),
         logprobs=logprobs if logprobs is not None else parse_n_probs(obj),
         echo=echo,

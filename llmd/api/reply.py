@@ -26,6 +26,7 @@ from llmd.errors import ApiError, as_api_error
 from llmd.http import sse
 from llmd.http.server import HttpRequest
 from llmd.prompt.harmony import HarmonyStream
+from llmd.prompt.infill import LineLimits
 from llmd.prompt.reasoning import ReasoningDelta, ReasoningStream
 from llmd.prompt.stops import StopMatcher
 from llmd.prompt.text import Utf8Stream
@@ -58,12 +59,14 @@ class Output:
     for gpt-oss ("harmony"), its channels split into reasoning, content and calls.
     Keeps what it produced: `text`, `reasoning` and the tool `calls` pieces.
     `reasoning` None means the output has no reasoning block; True or False says
-    whether it starts inside one. `tool_format` is templates.tool_format's."""
+    whether it starts inside one. `tool_format` is templates.tool_format's. `limits`
+    (a code completion's) end the text after the stop strings, like one."""
 
     def __init__(self, stops: list[str], tools: list[dict] | None, reasoning: bool | None = None,
-                 tool_format: str = "hermes"):
+                 tool_format: str = "hermes", limits: LineLimits | None = None):
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(stops)
+        self.limits = limits
         self.harmony = HarmonyStream(tools) if tool_format == "harmony" else None
         self.thinking = ReasoningStream(reasoning) if reasoning is not None and self.harmony is None else None
         self.tools = call_stream(tool_format, tools) if tools and self.harmony is None else None
@@ -88,7 +91,7 @@ class Output:
         """One token's piece; counts it in `reasoning_tokens` if it was part of the
         reasoning (a `<think>` block's tags included)."""
         inside = self._inside()
-        text, hit = self.stops.feed(self.utf8.feed(piece))
+        text, hit = self._limited(*self.stops.feed(self.utf8.feed(piece)))
         deltas = self._route(text, final=False)
         if inside or self._inside() or any(isinstance(d, ReasoningDelta) for d in deltas):
             self.reasoning_tokens += 1
@@ -101,7 +104,13 @@ class Output:
         text, hit = self.stops.feed(self.utf8.flush())  # ("", True) once a stop was hit
         if not hit:
             text += self.stops.flush()
-        return self._route(text, final=True)
+        return self._route(self._limited(text, hit)[0], final=True)
+
+    def _limited(self, text: str, hit: bool) -> tuple[str, bool]:
+        """Text past the stop strings, through the limits if there are any."""
+        if self.limits is None or hit:
+            return text, hit
+        return self.limits.feed(text)
 
     def _route(self, text: str, final: bool) -> list[Delta]:
         out: list[Delta] = []

@@ -14,7 +14,7 @@ import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 from urllib.parse import unquote
 
 from llmd import errors
@@ -23,16 +23,17 @@ from llmd.api.answers import error_response, error_shape, json_response
 from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
 from llmd.api.completions import CompletionFormat, parse_completion_request
 from llmd.api.grammar_queue import GrammarQueue
+from llmd.api.infill import InfillFormat, parse_infill_request
 from llmd.api.reply import Choices, Format, Output, Reply, ReplyContext, ReplyStream
 from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session,
                                  parse_compact_request, parse_responses_request)
 from llmd.api.session_routes import SessionRoutes
 from llmd.api.tokenizer import TextLimit, TokenizerRoutes
 from llmd.api.validation import parse
-from llmd.engine.native import Engine, Sampling, UnsupportedError
+from llmd.engine.native import Engine, FimTokens, Sampling, UnsupportedError
 from llmd.errors import ApiError
 from llmd.http.server import HttpRequest, Response, StreamResponse
-from llmd.prompt import templates
+from llmd.prompt import infill, templates
 from llmd.serving import metrics
 from llmd.serving.prefill import cache_scope
 from llmd.serving.runtime import Generation, Runtime, watch
@@ -142,6 +143,7 @@ class Api:
             (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
             (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
+            (re.compile(r"/infill"), {"POST": self.infill}),
             (re.compile(r"/tokenize"), {"POST": tokenizer.tokenize}),
             (re.compile(r"/detokenize"), {"POST": tokenizer.detokenize}),
             (re.compile(r"/apply-template"), {"POST": self.apply_template}),
@@ -403,6 +405,12 @@ class Api:
                                               request.disconnected)
         if isinstance(req.prompt, str):
             self.text_limit.check(req.prompt, "prompt")
+        if req.suffix:  # the code before the gap and after it: the model writes the middle
+            self.text_limit.check(req.suffix, "suffix")
+            fim = self._fim_tokens("suffix")
+            prompt = self._prompt_ids((await self.runtime.call(infill.build, fim, self.engine.tokenize, req.prompt,
+                                                               req.suffix)).ids)
+        elif isinstance(req.prompt, str):
             prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))
         else:
             prompt = PromptIds(list(req.prompt))
@@ -414,6 +422,35 @@ class Api:
                                     CompletionFormat(req.include_usage, echoed, req.logprobs is not None,
                                                      req.timings_per_token),
                                     prompt_logprobs=req.logprobs if req.echo else None)
+
+    async def infill(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(parse_infill_request, request.body)
+        c = req.completion
+        if c.model:  # optional here, as on llama.cpp's server
+            self._check_model(c.model)
+        fim = self._fim_tokens(None)
+        for text, param in ((c.prompt, "input_prefix"), (req.input_suffix, "input_suffix"), (req.middle, "prompt"),
+                            ("".join(f.filename + f.text for f in req.extra), "input_extra")):
+            self.text_limit.check(text, param)
+        # Twice the tokens asked for (at most half the context) stays free, as llama.cpp keeps it.
+        n_ctx = self.info.n_ctx
+        room = n_ctx - min(2 * (c.max_tokens or 0), n_ctx // 2) - int(self.info.add_bos)
+        built = await self.runtime.call(infill.build, fim, self.engine.tokenize, c.prompt, req.input_suffix,
+                                        req.middle, req.extra, room)
+        prompt = self._prompt_ids(built.ids)
+        shown = (await self.runtime.call(self.engine.detokenize, prompt.ids(), True)).decode("utf-8", "replace")
+        sid = self._session_of(c, request) or (f"slot-{req.id_slot}" if req.id_slot >= 0 else None)
+        return await self._generate(request, prompt, c.prompt, c, sid, None, None,
+                                    InfillFormat(req, n_ctx, shown, built.truncated),
+                                    limits=lambda: infill.LineLimits(req.n_indent, req.t_max_predict_ms))
+
+    def _fim_tokens(self, param: str | None) -> FimTokens:
+        """The model's fill-in-the-middle tokens; 400 naming `param` without them."""
+        if self.info.fim is None:
+            raise errors.invalid_request("This model has no fill-in-the-middle tokens (a prefix, a suffix and a "
+                                         "middle marker in its vocabulary), so it cannot fill in code; serve a "
+                                         "code model that has them, such as Qwen2.5-Coder.", param, "model_has_no_fim")
+        return self.info.fim
 
     def _render(self, messages: list[validation.Message], tools: list[dict], add_generation_prompt: bool = True,
                 template_kwargs: dict | None = None, template_params: dict | None = None) -> templates.Prompt:
@@ -443,7 +480,7 @@ class Api:
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
             seed=(s.seed if s.seed is not None else random.getrandbits(64)) & 0xFFFFFFFFFFFFFFFF,
             repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias))
+            frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), infill=s.infill)
 
     def _draft_limits(self, s: validation.Speculative) -> DraftLimits | None:
         """A request's bounds on speculative proposals (None: it does not speculate)."""
@@ -471,8 +508,8 @@ class Api:
     async def _generate(self, request: HttpRequest, prompt: PromptIds, prompt_text: str | list[int],
                         req: validation.ChatRequest | validation.CompletionRequest, sid: str | None,
                         tools: list[dict] | None, grammar: str | None, fmt: Format,
-                        prompt_logprobs: int | None = None,
-                        reasoning: bool | None = None) -> Response | StreamResponse:
+                        prompt_logprobs: int | None = None, reasoning: bool | None = None,
+                        limits: Callable[[], infill.LineLimits] | None = None) -> Response | StreamResponse:
         n_ctx = self.info.n_ctx
         ids = prompt.ids()
         if not ids:
@@ -529,7 +566,8 @@ class Api:
             lease.release()
             raise
         def new_output() -> Output:
-            return Output(req.stop, tools, reasoning, templates.tool_format(self.template))
+            return Output(req.stop, tools, reasoning, templates.tool_format(self.template),
+                          limits() if limits else None)
         # The choices after the first run beside it on slots of their own while the table
         # has room, where the prefix cache hands them the first one's prompt; else after it.
         forks = req.n > 1 and scope is not None and self.runtime.warm_resume and self.info.kv_shares_prefixes

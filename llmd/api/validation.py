@@ -33,8 +33,8 @@ Field policy (the reasoned choice):
   llama.cpp's `speculative.n_max` / `speculative.n_min` (bounds on a proposal's length).
 - Known OpenAI fields or values llmd cannot honour (`audio`, `modalities` other than
   ["text"], `prediction`, legacy `functions`/`function_call`, `web_search_options`,
-  `verbosity`, tool_choice "allowed_tools"/custom,
-  suffix, best_of > 1, image/audio/file content parts) are refused with 400
+  `verbosity`, tool_choice "allowed_tools"/custom, `suffix` for a model without
+  fill-in-the-middle tokens, best_of > 1, image/audio/file content parts) are refused with 400
   `unsupported_parameter`, because the design says what cannot be honoured is never
   silently ignored. response_format json_object / json_schema and tool_choice
   "required" / a named function are honoured by constrained decoding (constrain.py,
@@ -101,6 +101,7 @@ class Sampling:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0    # 1 = off (extension)
     logit_bias: dict[int, float] = field(default_factory=dict)
+    infill: bool = False               # llama.cpp's infill step (/infill's samplers)
 
 
 @dataclass(frozen=True)
@@ -184,11 +185,12 @@ class CompletionRequest:
     model: str
     prompt: str | list[int]            # text, or token ids (range-checked by check_vocab)
     sampling: Sampling
-    max_tokens: int                    # default 16, as OpenAI
+    max_tokens: int | None             # default 16, as OpenAI; None: up to the context (/infill)
     stop: list[str]
     stream: bool
     include_usage: bool
     session_id: str | None
+    suffix: str = ""                   # text after the completion: a fill-in-the-middle prompt
     response_format: ResponseFormat | None = None
     logprobs: int | None = None        # None: off; else how many top logprobs per token
     echo: bool = False                 # the prompt (and its logprobs) before the completion

@@ -713,8 +713,9 @@ def test_completion_prompt_is_required():
 
 
 def test_completion_refuses_what_it_cannot_honour():
-    assert completion_refused(suffix="end").param == "suffix"
+    assert completion_refused(suffix="end", echo=True).param == "suffix"  # the model's markers: test_infill
     assert completion_refused(best_of=2).param == "best_of"
+    assert completion(suffix="end").suffix == "end"
 
 
 def test_completion_echo_and_logprobs_are_read():

@@ -26,6 +26,7 @@ import struct
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 # ---- value and tensor types ------------------------------------------------
 
@@ -528,6 +529,20 @@ CHATML_TEMPLATE = (
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+# Qwen2.5-Coder's fill-in-the-middle markers, in its order
+FIM_MARKERS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def name_last_tokens(w: GGUFWriter, names: Sequence[str] = FIM_MARKERS) -> int:
+    """Rename the last len(names) tokens of w's vocabulary (build with at least that
+    many reserved control tokens) to names; returns the first one's id."""
+    tokens = list(w.get("tokenizer.ggml.tokens").value[1])
+    first = len(tokens) - len(names)
+    tokens[first:] = names
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    return first
 
 
 def bpe_vocab(n_merged: int) -> tuple[list[str], list[str]]:
