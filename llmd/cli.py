@@ -300,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--choices", type=_choices, default=_env("choices", 0, _choices),
                        help="instead: the time of one request for this many choices (n) next to one for a "
                             "single choice (/v1/completions, 128 tokens each)")
+    bench.add_argument("--infill", action="store_true", default=_env("infill", False, bool),
+                       help="instead: code completion through /infill as an editor asks for it, the first "
+                            "request of a file and those as the user types (a model with fill-in-the-middle "
+                            "tokens; --url measures another server, e.g. llama-server)")
     # Its own variable: LLMD_SPECULATIVE is the server's mode (off|ngram).
     bench.add_argument("--speculative", action="store_true", dest="bench_speculative",
                        default=_env("bench_speculative", False, bool),
@@ -311,8 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--speculative: draft with the model's multi-token-prediction block (--speculative mtp) "
                             "instead of prompt lookup")
     bench.add_argument("--url", default=_env("url", None),
-                       help="--streams: measure the server at this URL (any OpenAI-compatible one, e.g. "
-                            "llama-server) instead of starting llmd; --model names its model file")
+                       help="--streams, --infill: measure the server at this URL (any OpenAI-compatible one, "
+                            "e.g. llama-server) instead of starting llmd; --model names its model file")
     bench.add_argument("--accuracy", action="store_true", default=_env("accuracy", False, bool),
                        help="instead: what the quantized kernels cost (context 512, --file TEXT): the model "
                             "and its F32 twin (the same weights decoded, computed without quantizing "
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
                              args.shared_prompt, args.streams, args.url, args.held_sessions, args.held_tokens,
-                             args.kv_type, args.choices)
+                             args.kv_type, args.choices, args.infill)
         return cmd_serve(args)
     # A file that cannot be read or opened as a model (the commands' own ones, the server's
     # are logged): one line, not a traceback.

@@ -22,12 +22,15 @@ generation through HTTP of one stream and of N concurrent ones, against llmd or,
 With --speculative: speculative decoding on and off on four tasks, and with 4 busy
 streams (llmd/commands/speculative_bench.py). With --held-sessions N: N named sessions,
 each warm at --held-tokens tokens, held at once (held_sessions_figures). With --choices
-N: one request for N choices next to one for a single choice (choices_figures).
+N: one request for N choices next to one for a single choice (choices_figures). With
+--infill: an editor's code completion through /infill, against llmd or, with --url,
+llama-server (infill_figures).
 """
 from __future__ import annotations
 
 import http.client
 import json
+import random
 import re
 import statistics
 import signal
@@ -343,6 +346,65 @@ def choices_figures(path: str, threads: int, runs: int, n: int, tokens: int = ST
             f"{n}_choices_over_{n}_single": round(statistics.median(o * n / m for o, m in zip(one, many)), 2)}
 
 
+CODE_WORDS = "def return self value items index count result total name data list dict key for in if else".split()
+
+
+def code_lines(rng: random.Random, n: int) -> str:
+    """n lines that look enough like code: indented words."""
+    return "".join("    " * rng.randint(0, 2) + " ".join(rng.choice(CODE_WORDS) for _ in range(rng.randint(3, 9)))
+                   + "\n" for _ in range(n))
+
+
+def infill_figures(url: str | None, path: str, threads: int, runs: int, typed: int = 10,
+                   tokens: int = 16) -> dict:
+    """An editor's code completion through /infill, as llama.vscode asks for it: per run,
+    a new file (30 lines before the cursor, 10 after, 8 other files of 12 lines as
+    context) whose first request finds nothing cached, then `typed` requests as the
+    user types on the cursor line (3 characters more each), all with id_slot 0 and
+    `tokens` tokens (top_k 40, top_p 0.99, end of generation banned; the infill step is
+    left out: with random weights it ends most replies at once). Against the server at
+    `url` (llama-server too), else a `python -m llmd` of `path`, which names the model
+    whose end-of-generation ids are banned. Times are medians over all runs' requests,
+    with their range."""
+    with Engine(path, n_ctx=16) as engine:
+        eog_ids = engine.info.eog_ids
+    proc = None
+    if url is None:
+        proc, port = _start(path, threads)
+        host = "127.0.0.1"
+    else:
+        parsed = urllib.parse.urlsplit(url)
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    first, typing, prompt_tokens = [], [], set()
+    try:
+        for r in range(runs + 1):  # the first is the server's warm-up, not counted
+            rng = random.Random(f"{uuid.uuid4()}")  # no server finds a run's files in its cache
+            extra = [{"filename": f"module{i}.py", "text": code_lines(rng, 12)} for i in range(8)]
+            prefix, suffix = code_lines(rng, 30), code_lines(rng, 10)
+            line = "    result = " + "".join(rng.choice(CODE_WORDS) + " " for _ in range(typed))
+            for k in range(typed + 1):
+                body = {"id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "input_extra": extra,
+                        "prompt": line[:13 + 3 * k], "n_predict": tokens, "top_k": 40, "top_p": 0.99,
+                        "samplers": ["top_k", "top_p"], "cache_prompt": True, "seed": k,
+                        "logit_bias": {str(t): -100 for t in eog_ids}}
+                start = time.perf_counter()
+                reply = json.loads(_request(port, "POST", "/infill", body, host=host))
+                elapsed = time.perf_counter() - start
+                if reply.get("tokens_predicted") != tokens:
+                    raise RuntimeError(f"/infill answered {str(reply)[:200]}")
+                if r:
+                    (typing if k else first).append(elapsed)
+                    prompt_tokens.add(reply["tokens_evaluated"])
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return {"infill_prompt_tokens": [min(prompt_tokens), max(prompt_tokens)], "infill_tokens": tokens,
+            "first_request_s": _median(first), "first_request_s_range": [round(min(first), 3), round(max(first), 3)],
+            "typing_request_s": _median(typing),
+            "typing_request_s_range": [round(min(typing), 3), round(max(typing), 3)]}
+
+
 QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.", "Name a tool.",
              "Name a river.", "Name a planet.", "Name a metal.", "Name a flower.", "Name a sport."]
 
@@ -600,7 +662,12 @@ def _default() -> str:
 
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
         sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None,
-        held_sessions: int = 0, held_tokens: int = 8192, kv_type: str = "f16", choices: int = 0) -> int:
+        held_sessions: int = 0, held_tokens: int = 8192, kv_type: str = "f16", choices: int = 0,
+        infill: bool = False) -> int:
+    if infill:
+        figures = infill_figures(url, path or _default(), threads, runs)
+        print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
+        return 0
     if choices:
         figures = choices_figures(path or _default(), threads, runs, choices)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmd.commands import bench
 from llmd.engine.native import Engine
-from tests.support.gguf_writer import write_tiny_llama
+from tests.support.gguf_writer import FIM_MARKERS, build_tiny_llama, name_last_tokens, write_tiny_llama
 
 
 def test_http_figures_use_completions_when_the_chat_template_is_unknown(tmp_path):
@@ -71,6 +71,18 @@ def test_choices_figures_time_every_choice_run_to_its_length(tmp_path):
     low, high = figures["3_choices_s_range"]
     assert 0 < low <= figures["3_choices_s"] <= high
     assert figures["3_choices_over_3_single"] > 0
+
+
+def test_infill_figures_time_a_file_s_first_request_and_those_as_the_user_types(tmp_path):
+    w = build_tiny_llama(n_vocab=320, n_ctx=2048, reserved=len(FIM_MARKERS))
+    name_last_tokens(w)
+    figures = bench.infill_figures(None, str(w.write(tmp_path / "fim.gguf")), threads=1, runs=2, typed=3, tokens=4)
+    assert figures["infill_tokens"] == 4  # checked: every request made them
+    low, high = figures["infill_prompt_tokens"]
+    assert 0 < low < high  # the cursor line grows
+    for kind in ("first_request_s", "typing_request_s"):
+        low, high = figures[f"{kind}_range"]
+        assert 0 < low <= figures[kind] <= high
 
 
 def test_stream_prompts_differ_from_the_start_and_fit_the_length(tmp_path):
