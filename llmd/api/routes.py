@@ -23,7 +23,7 @@ from llmd.api.answers import error_response, error_shape, json_response
 from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
 from llmd.api.completions import CompletionFormat, parse_completion_request
 from llmd.api.grammar_queue import GrammarQueue
-from llmd.api.infill import InfillFormat, parse_infill_request
+from llmd.api import llama_cpp
 from llmd.api.reply import Choices, Format, Output, Reply, ReplyContext, ReplyStream
 from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore, StoredResponse, conversation_session,
                                  parse_compact_request, parse_responses_request)
@@ -143,6 +143,7 @@ class Api:
             (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
             (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
+            (re.compile(r"/completion"), {"POST": self.llama_completion}),
             (re.compile(r"/infill"), {"POST": self.infill}),
             (re.compile(r"/tokenize"), {"POST": tokenizer.tokenize}),
             (re.compile(r"/detokenize"), {"POST": tokenizer.detokenize}),
@@ -423,25 +424,44 @@ class Api:
                                                      req.timings_per_token),
                                     prompt_logprobs=req.logprobs if req.echo else None)
 
-    async def infill(self, request: HttpRequest) -> Response | StreamResponse:
-        req = await parse(parse_infill_request, request.body)
+    async def llama_completion(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(llama_cpp.parse_completion_request, request.body)
         c = req.completion
         if c.model:  # optional here, as on llama.cpp's server
             self._check_model(c.model)
+        validation.check_vocab(c, self.info.n_vocab)
+        if isinstance(c.prompt, str):  # tokenized as llama.cpp's server does: control tokens parsed
+            self.text_limit.check(c.prompt, "prompt")
+            prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, c.prompt, True))
+        else:
+            prompt = PromptIds(list(c.prompt))
+        return await self._llama(request, req, prompt)
+
+    async def infill(self, request: HttpRequest) -> Response | StreamResponse:
+        req = await parse(llama_cpp.parse_infill_request, request.body)
+        c, fill = req.completion, req.infill
+        if c.model:
+            self._check_model(c.model)
         fim = self._fim_tokens(None)
-        for text, param in ((c.prompt, "input_prefix"), (req.input_suffix, "input_suffix"), (req.middle, "prompt"),
-                            ("".join(f.filename + f.text for f in req.extra), "input_extra")):
+        for text, param in ((c.prompt, "input_prefix"), (fill.suffix, "input_suffix"), (fill.middle, "prompt"),
+                            ("".join(f.filename + f.text for f in fill.extra), "input_extra")):
             self.text_limit.check(text, param)
         # Twice the tokens asked for (at most half the context) stays free, as llama.cpp keeps it.
         n_ctx = self.info.n_ctx
         room = n_ctx - min(2 * (c.max_tokens or 0), n_ctx // 2) - int(self.info.add_bos)
-        built = await self.runtime.call(infill.build, fim, self.engine.tokenize, c.prompt, req.input_suffix,
-                                        req.middle, req.extra, room)
-        prompt = self._prompt_ids(built.ids)
+        built = await self.runtime.call(infill.build, fim, self.engine.tokenize, c.prompt, fill.suffix,
+                                        fill.middle, fill.extra, room)
+        return await self._llama(request, req, self._prompt_ids(built.ids), built.truncated)
+
+    async def _llama(self, request: HttpRequest, req: llama_cpp.LlamaRequest, prompt: PromptIds,
+                     truncated: bool = False) -> Response | StreamResponse:
+        """A /completion or /infill reply, in llama.cpp's shape; `id_slot` N is the
+        session slot-N unless the request names one."""
+        c = req.completion
         shown = (await self.runtime.call(self.engine.detokenize, prompt.ids(), True)).decode("utf-8", "replace")
         sid = self._session_of(c, request) or (f"slot-{req.id_slot}" if req.id_slot >= 0 else None)
         return await self._generate(request, prompt, c.prompt, c, sid, None, None,
-                                    InfillFormat(req, n_ctx, shown, built.truncated),
+                                    llama_cpp.LlamaFormat(req, self.info.n_ctx, shown, truncated),
                                     limits=lambda: infill.LineLimits(req.n_indent, req.t_max_predict_ms))
 
     def _fim_tokens(self, param: str | None) -> FimTokens:

@@ -1,6 +1,7 @@
-"""Fill-in-the-middle: the engine finds a model's FIM markers, /v1/completions' `suffix`
-and llama.cpp's /infill lay out the prompt around them (llmd.prompt.infill), and
-/infill answers in llama.cpp's shape with its limits on lines."""
+"""llama.cpp's own completion surface, and fill in the middle: the engine finds a
+model's FIM markers, /v1/completions' `suffix` and llama.cpp's /infill lay out the
+prompt around them (llmd.prompt.infill), and /completion and /infill answer in
+llama.cpp's shape with its limits on lines."""
 from __future__ import annotations
 
 import asyncio
@@ -121,8 +122,9 @@ async def server(stack, model):
 
 
 async def post(client: Client, path: str, payload: dict, status: int = 200):
-    """POST to a route under /v1 ("/completions") or at the root ("/infill")."""
-    resp = await asyncio.to_thread(client.post_json, client.origin + path if path == "/infill" else path, payload)
+    """POST to a route under /v1 ("/completions") or at the root ("/infill", "/completion")."""
+    url = client.origin + path if path in ("/infill", "/completion") else path
+    resp = await asyncio.to_thread(client.post_json, url, payload)
     assert resp.status == status, resp.body
     return resp.json()
 
@@ -252,3 +254,31 @@ async def test_the_infill_step_ends_where_llama_cpp_ends(stack, qwen_like):
         assert (await post(client, "/infill", {**body, "samplers": "tki"}))["content"] == content  # as letters
         plain = await post(client, "/infill", {**body, "samplers": ["temperature", "top_k"]})
         assert plain["tokens_predicted"] > tokens  # without the step it runs on
+
+
+# llama.cpp's server (0c1e570) on this model: /completion, greedy, 8 tokens:
+# (prompt, content, tokens_evaluated)
+LLAMA_CPP_GREEDY = [("Hello world", "[DDDDDDD", 7), ("The quick brown fox", "\ufffd" * 8, 11),
+                    ("<|im_start|>user\nHi<|im_end|>\n", "\r\ufffd tha\ufffd\ufffd\ufffd\ufffd\ufffd", 9)]
+
+
+@pytest.mark.asyncio
+async def test_completion_answers_as_llama_cpp_does(stack, qwen_like):
+    client, engine, runtime, table = await server(stack, qwen_like[0])
+    for prompt, content, evaluated in LLAMA_CPP_GREEDY:
+        got = await post(client, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0,
+                                                 "samplers": ["temperature"], "id_slot": 1})
+        assert (got["content"], got["tokens_evaluated"], got["prompt"]) == (content, evaluated, prompt)
+        assert (got["stop_type"], got["tokens_predicted"], got["truncated"]) == ("limit", 8, False)
+    assert "slot-1" in table.named
+    # token ids as the prompt, and the same reply through /v1/completions
+    ids = engine.tokenize("Hello world", True)
+    by_ids = await post(client, "/completion", {"prompt": ids, "n_predict": 8, "temperature": 0,
+                                                "samplers": ["temperature"]})
+    same = await post(client, "/completions", {"model": "model", "prompt": ids, "max_tokens": 8, "temperature": 0})
+    assert by_ids["content"] == same["choices"][0]["text"] == "[DDDDDDD"
+    refused = [({"prompt": ""}, "prompt"), ({"prompt": [10**9]}, "prompt[0]"), ({}, "prompt"),
+               ({"prompt": "a", "input_suffix": "b"}, "input_suffix"), ({"prompt": "a", "model": "x"}, "model")]
+    for body, param in refused:
+        err = await post(client, "/completion", body, 404 if "model" in body else 400)
+        assert err["error"]["param"] == param, body

@@ -1,10 +1,12 @@
-"""Code infilling in llama.cpp's shape (`POST /infill`), what editor plugins such as
-llama.vscode and llama.vim ask a llama.cpp server for: the code before and after the
-cursor (and context from other files) in, the code between them out, as llama.cpp's
-own completion object (`content`, `stop_type`, `timings`, ...) rather than OpenAI's.
+"""llama.cpp's own completion surface: `POST /completion` (a prompt) and `POST /infill`
+(code infilling, what editor plugins such as llama.vscode and llama.vim ask a llama.cpp
+server for: the code before and after the cursor, and context from other files, in;
+the code between them out). Both answer llama.cpp's completion object (`content`,
+`stop_type`, `timings`, ...) rather than OpenAI's, with llama.cpp's field names and
+sampling defaults.
 
-The prompt is llmd.prompt.infill's layout. A request names the sampling steps it
-wants (`samplers`) from those llmd has, in its order; `n_cmpl` choices come back as
+The infill prompt is llmd.prompt.infill's layout. A request names the sampling steps
+it wants (`samplers`) from those llmd has, in its order; `n_cmpl` choices come back as
 an array; `response_fields` picks fields by path ("timings/prompt_n"), each under its
 path as a key, as llama.cpp does.
 """
@@ -18,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmd.api.validation import (CompletionRequest, INT32_MAX, SAMPLING_KEYS, Sampling, check_keys,
                                  int_field, invalid_type, MAX_CHOICES, parse_cache_salt, parse_common,
-                                 parse_json_object, parse_sampling, parse_speculative, parse_stop, parse_stream,
-                                 required_field, str_field)
+                                 parse_json_object, parse_prompt_one, parse_sampling, parse_speculative,
+                                 parse_stop, parse_stream, required_field, str_field)
 from llmd.errors import ApiError, error_body, invalid_request, unsupported_parameter
 from llmd.http import sse
 from llmd.prompt.infill import ExtraFile
@@ -41,32 +43,58 @@ MAX_EXTRA = 1024  # input_extra files
 
 
 @dataclass(frozen=True)
-class InfillRequest:
-    completion: CompletionRequest  # the generation: prompt is the prefix, n is n_cmpl
-    input_suffix: str
+class Infill:
+    """What /infill adds to a completion: its prompt, `prefix`, is the code before the gap."""
+    suffix: str                    # input_suffix: the code after it
     middle: str                    # `prompt`: typed after the prefix, continued
     extra: list[ExtraFile]
+
+
+@dataclass(frozen=True)
+class LlamaRequest:
+    completion: CompletionRequest  # the generation; n is n_cmpl
     samplers: tuple[str, ...]
     id_slot: int                   # >= 0: the session "slot-<id>", unless the request names one
     response_fields: list[str] | None
     n_indent: int
     t_max_predict_ms: int
+    infill: Infill | None = None   # /infill's; None on /completion
 
 
-_INFILL_KEYS = SAMPLING_KEYS | frozenset({
-    "model", "input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "n_cmpl", "stream", "stop",
-    "samplers", "n_indent", "t_max_prompt_ms", "t_max_predict_ms", "response_fields", "cache_prompt", "id_slot",
-    "session_id", "cache_salt", "speculative", "speculative.n_max", "speculative.n_min"})
-_INFILL_UNSUPPORTED = {"lora": "LoRA adapters are not supported.",
-                       "n_probs": "'n_probs' is not supported on /infill; use /v1/completions for logprobs."}
+_LLAMA_KEYS = SAMPLING_KEYS | frozenset({
+    "model", "prompt", "n_predict", "n_cmpl", "stream", "stop", "samplers", "n_indent", "t_max_prompt_ms",
+    "t_max_predict_ms", "response_fields", "cache_prompt", "id_slot", "session_id", "cache_salt", "speculative",
+    "speculative.n_max", "speculative.n_min"})
+_INFILL_KEYS = _LLAMA_KEYS | frozenset({"input_prefix", "input_suffix", "input_extra"})
+_UNSUPPORTED = {"lora": "LoRA adapters are not supported.",
+                "n_probs": "'n_probs' is not supported here; use /v1/completions for logprobs."}
 
 
-def parse_infill_request(body: bytes) -> InfillRequest:
+def parse_completion_request(body: bytes) -> LlamaRequest:
+    """Validate a /completion body; raise ApiError (400) naming the bad param."""
+    obj = _object(body, _LLAMA_KEYS)
+    return _request(obj, parse_prompt_one(required_field(obj, "prompt", "prompt"), "prompt"))
+
+
+def parse_infill_request(body: bytes) -> LlamaRequest:
     """Validate an /infill body; raise ApiError (400) naming the bad param."""
+    obj = _object(body, _INFILL_KEYS)
+    infill = Infill(suffix=str_field(required_field(obj, "input_suffix", "input_suffix"), "input_suffix"),
+                    middle="" if obj.get("prompt") is None else str_field(obj["prompt"], "prompt"),
+                    extra=_parse_extra(obj.get("input_extra")))
+    return _request(obj, str_field(required_field(obj, "input_prefix", "input_prefix"), "input_prefix"), infill)
+
+
+def _object(body: bytes, known: frozenset[str]) -> dict:
     obj = parse_json_object(body)
     if obj.get("lora") == []:  # no adapters asked for
         obj.pop("lora")
-    check_keys(obj, _INFILL_KEYS, _INFILL_UNSUPPORTED)
+    check_keys(obj, known, _UNSUPPORTED)
+    return obj
+
+
+def _request(obj: dict, prompt: str | list[int], infill: Infill | None = None) -> LlamaRequest:
+    """The fields /completion and /infill share."""
     slot = -1 if obj.get("id_slot") is None else int_field(obj["id_slot"], "id_slot", -1, INT32_MAX)
     model, session_id = parse_common({"model": "", **obj, "id_slot": None})
     if obj.get("t_max_prompt_ms") is not None:  # llama.cpp's server has no use for it either
@@ -74,10 +102,10 @@ def parse_infill_request(body: bytes) -> InfillRequest:
     n_predict = -1 if obj.get("n_predict") is None else int_field(obj["n_predict"], "n_predict", -1, INT32_MAX)
     stream, _ = parse_stream({"stream": obj.get("stream")})
     samplers = _parse_samplers(obj.get("samplers"))
-    return InfillRequest(
+    return LlamaRequest(
         completion=CompletionRequest(
             model=model,
-            prompt=str_field(required_field(obj, "input_prefix", "input_prefix"), "input_prefix"),
+            prompt=prompt,
             sampling=_sampling(obj, samplers),
             max_tokens=None if n_predict < 0 else n_predict,
             stop=parse_stop(obj.get("stop")),
@@ -87,15 +115,13 @@ def parse_infill_request(body: bytes) -> InfillRequest:
             n=1 if obj.get("n_cmpl") is None else int_field(obj["n_cmpl"], "n_cmpl", 1, MAX_CHOICES),
             cache_salt=parse_cache_salt(obj),
             speculative=parse_speculative(obj)),
-        input_suffix=str_field(required_field(obj, "input_suffix", "input_suffix"), "input_suffix"),
-        middle="" if obj.get("prompt") is None else str_field(obj["prompt"], "prompt"),
-        extra=_parse_extra(obj.get("input_extra")),
         samplers=samplers,
         id_slot=slot,
         response_fields=_parse_fields(obj.get("response_fields")),
         n_indent=0 if obj.get("n_indent") is None else int_field(obj["n_indent"], "n_indent", 0, INT32_MAX),
         t_max_predict_ms=0 if obj.get("t_max_predict_ms") is None else
         int_field(obj["t_max_predict_ms"], "t_max_predict_ms", 0, INT32_MAX),
+        infill=infill,
     )
 
 
@@ -177,17 +203,17 @@ def picked(obj: dict, paths: list[str]) -> dict:
     return out
 
 
-class InfillFormat:
+class LlamaFormat:
     """A reply as llama.cpp's completion object (an array of them for several
     choices), or as its stream: `data:` events with each piece of content, the last
     the whole object with `stop: true`; no [DONE]."""
 
-    prompt_param = "input_prefix"
     remembers_replies = False
     shows_reasoning = False
 
-    def __init__(self, req: InfillRequest, n_ctx: int, prompt_text: str, truncated: bool) -> None:
-        self.id = "infill-" + uuid.uuid4().hex[:24]
+    def __init__(self, req: LlamaRequest, n_ctx: int, prompt_text: str, truncated: bool) -> None:
+        self.id = ("infill-" if req.infill else "cmpl-") + uuid.uuid4().hex[:24]
+        self.prompt_param = "input_prefix" if req.infill else "prompt"
         self.req = req
         self.n_ctx = n_ctx
         self.prompt_text = prompt_text  # the prompt as text, markers by name (llama.cpp's `prompt`)
