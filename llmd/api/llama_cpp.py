@@ -22,7 +22,7 @@ from llmd.api.validation import (CompletionRequest, INT32_MAX, SAMPLING_KEYS, Sa
                                  int_field, invalid_type, MAX_CHOICES, parse_cache_salt, parse_common,
                                  parse_json_object, parse_prompt_one, parse_sampling, parse_speculative,
                                  parse_stop, parse_stream, required_field, str_field)
-from llmd.errors import ApiError, error_body, invalid_request, unsupported_parameter
+from llmd.errors import ApiError, error_body, invalid_request, unknown_parameter, unsupported_parameter
 from llmd.http import sse
 from llmd.prompt.infill import ExtraFile
 
@@ -40,6 +40,7 @@ LETTERS = {"t": "temperature", "k": "top_k", "p": "top_p", "m": "min_p", "i": "i
 OFF = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 LLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}  # llama.cpp's server's
 MAX_EXTRA = 1024  # input_extra files
+RANDOM_SEED = 2**32 - 1  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def _object(body: bytes, known: frozenset[str]) -> dict:
 def _request(obj: dict, prompt: str | list[int], infill: Infill | None = None) -> LlamaRequest:
     """The fields /completion and /infill share."""
     slot = -1 if obj.get("id_slot") is None else int_field(obj["id_slot"], "id_slot", -1, INT32_MAX)
-    model, session_id = parse_common({"model": "", **obj, "id_slot": None})
+    model, session_id = parse_common({**obj, "model": obj.get("model") or "", "id_slot": None})
     if obj.get("t_max_prompt_ms") is not None:  # llama.cpp's server has no use for it either
         int_field(obj["t_max_prompt_ms"], "t_max_prompt_ms", -1, INT32_MAX)
     n_predict = -1 if obj.get("n_predict") is None else int_field(obj["n_predict"], "n_predict", -1, INT32_MAX)
@@ -149,12 +150,14 @@ def _parse_samplers(v: Any) -> tuple[str, ...]:
 
 
 def _sampling(obj: dict, samplers: tuple[str, ...]) -> Sampling:
-    """The request's sampling with llama.cpp's defaults, the steps it left out off."""
+    """The request's sampling with llama.cpp's defaults, the steps it left out off;
+    llama.cpp's seed -1 (and 2^32 - 1, its default) asks for a random one."""
     given = parse_sampling(obj)
     settings = {key: getattr(given, key) if obj.get(key) is not None else default
                 for key, default in LLAMA_DEFAULTS.items()}
     settings.update({key: off for key, off in OFF.items() if key not in samplers})
-    return dataclasses.replace(given, infill="infill" in samplers, **settings)
+    seed = None if given.seed in (-1, RANDOM_SEED) else given.seed
+    return dataclasses.replace(given, infill="infill" in samplers, seed=seed, **settings)
 
 
 def _parse_extra(v: Any) -> list[ExtraFile]:
@@ -170,7 +173,9 @@ def _parse_extra(v: Any) -> list[ExtraFile]:
         p = f"input_extra[{i}]"
         if not isinstance(chunk, dict):
             raise invalid_type(p, "an object", chunk)
-        check_keys(chunk, frozenset({"text", "filename", "time"}), {})
+        for key in chunk:
+            if key not in ("text", "filename", "time"):
+                raise unknown_parameter(f"{p}.{key}")
         stamp = chunk.get("time")  # when the client took it, for its own bookkeeping
         if stamp is not None and (isinstance(stamp, bool) or not isinstance(stamp, (int, float))):
             raise invalid_type(f"{p}.time", "a number", stamp)
@@ -208,21 +213,22 @@ class LlamaFormat:
     choices), or as its stream: `data:` events with each piece of content, the last
     the whole object with `stop: true`; no [DONE]."""
 
+    prompt_param = "prompt"  # (an infill prompt's other parts are fitted to the context)
     remembers_replies = False
     shows_reasoning = False
 
     def __init__(self, req: LlamaRequest, n_ctx: int, prompt_text: str, truncated: bool) -> None:
         self.id = ("infill-" if req.infill else "cmpl-") + uuid.uuid4().hex[:24]
-        self.prompt_param = "input_prefix" if req.infill else "prompt"
         self.req = req
         self.n_ctx = n_ctx
         self.prompt_text = prompt_text  # the prompt as text, markers by name (llama.cpp's `prompt`)
         self.truncated = truncated
 
-    def _settings(self) -> dict:
+    def _settings(self, choice: Choice) -> dict:
         c = self.req.completion
         s = c.sampling
-        return {"n_ctx": self.n_ctx, "n_predict": -1 if c.max_tokens is None else c.max_tokens, "seed": s.seed,
+        return {"n_ctx": self.n_ctx, "n_predict": -1 if c.max_tokens is None else c.max_tokens,
+                "seed": choice.g.sampling.seed,
                 "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
                 "samplers": list(self.req.samplers), "stop": c.stop, "stream": c.stream,
                 "n_indent": self.req.n_indent, "t_max_predict_ms": self.req.t_max_predict_ms}
@@ -238,11 +244,11 @@ class LlamaFormat:
                "stop": True,
                "model": reply.model,
                "tokens_predicted": c.completion_tokens, "tokens_evaluated": len(c.g.prompt),
-               "generation_settings": self._settings(), "prompt": self.prompt_text, "has_new_line": "\n" in text,
+               "generation_settings": self._settings(c), "prompt": self.prompt_text, "has_new_line": "\n" in text,
                "truncated": self.truncated, "stop_type": stop_type, "stopping_word": stop_word or "",
                # the last token drawn is not in the cache yet
                "tokens_cached": len(c.g.prompt) + max(c.g.generated - 1, 0), "timings": c.g.timings()}
-        return obj if self.req.response_fields is None else picked(obj, self.req.response_fields)
+        return picked(obj, self.req.response_fields) if self.req.response_fields else obj  # [] as llama.cpp
 
     def body(self, reply: Reply) -> dict | list[dict]:
         objects = [self._object(reply, c) for c in reply.choices()]

@@ -442,16 +442,22 @@ class Api:
         c, fill = req.completion, req.infill
         if c.model:
             self._check_model(c.model)
+        validation.check_vocab(c, self.info.n_vocab)
         fim = self._fim_tokens(None)
-        for text, param in ((c.prompt, "input_prefix"), (fill.suffix, "input_suffix"), (fill.middle, "prompt"),
-                            ("".join(f.filename + f.text for f in fill.extra), "input_extra")):
-            self.text_limit.check(text, param)
-        # Twice the tokens asked for (at most half the context) stays free, as llama.cpp keeps it.
+        # The text typed after the prefix is kept whole; of the rest only what can fit is tokenized.
+        self.text_limit.check(fill.middle, "prompt")
+        prefix, suffix, extra, clipped = infill.clip(c.prompt, fill.suffix, fill.extra, self.text_limit.max_bytes)
+        if sum(len(f.filename) for f in extra) > self.text_limit.max_bytes:
+            raise errors.invalid_request("Invalid value for 'input_extra': its file names are longer than the "
+                                         "whole context.", "input_extra")
+        # Twice the tokens asked for (128 when it is not said; at most half the context)
+        # stays free, as llama.cpp keeps it.
         n_ctx = self.info.n_ctx
-        room = n_ctx - min(2 * (c.max_tokens or 0), n_ctx // 2) - int(self.info.add_bos)
-        built = await self.runtime.call(infill.build, fim, self.engine.tokenize, c.prompt, fill.suffix,
-                                        fill.middle, fill.extra, room)
-        return await self._llama(request, req, self._prompt_ids(built.ids), built.truncated)
+        reserve = 2 * (infill.PREDICT if c.max_tokens is None else c.max_tokens)
+        room = n_ctx - min(reserve, n_ctx // 2) - int(self.info.add_bos)
+        built = await self.runtime.call(infill.build, fim, self.engine.tokenize, prefix, suffix, fill.middle, extra,
+                                        room)
+        return await self._llama(request, req, self._prompt_ids(built.ids), clipped or built.truncated)
 
     async def _llama(self, request: HttpRequest, req: llama_cpp.LlamaRequest, prompt: PromptIds,
                      truncated: bool = False) -> Response | StreamResponse:

@@ -27,6 +27,7 @@ REPOSITORY = "myproject\n"       # llama.cpp's placeholders for the repository a
 CURRENT_FILE = "filename\n"
 SNIPPET = "\n\n--- snippet ---\n\n"  # what separates extra files for a model without a file separator
 WINDOW = 2048  # the most tokens prefix, middle and suffix take together (3:1 prefix to suffix)
+PREDICT = 128  # the tokens a request that does not say how many may make, for fitting its prompt
 
 
 class Markers(Protocol):
@@ -72,6 +73,21 @@ def build(fim: Markers, tokenize: Callable[[str], list[int]], prefix: str | list
         truncated = (keep_pre, keep_suf, keep_head) != (len(pre), len(suf), len(head))
         pre, suf, head = pre[len(pre) - keep_pre:], suf[:keep_suf], head[len(head) - keep_head:]
     return FimPrompt(head + [fim.pre] + pre + mid + [fim.suf] + suf + [fim.mid], truncated)
+
+
+def clip(prefix: str, suffix: str, extra: Sequence[ExtraFile], chars: int) -> tuple[str, str, list[ExtraFile], bool]:
+    """The end of the prefix, the start of the suffix and the newest extra files' text,
+    each at most `chars` characters, and whether anything was cut: no more of a text can
+    survive fitting when `chars` is at least the room times the longest token's bytes,
+    so what is cut here is never tokenized."""
+    kept, left = [], chars
+    for f in reversed(extra):
+        if left <= 0:
+            break
+        kept.insert(0, ExtraFile(f.text[-left:], f.filename) if len(f.text) > left else f)
+        left -= len(f.text)
+    cut = len(prefix) > chars or len(suffix) > chars or len(kept) < len(extra) or left < 0
+    return prefix[-chars:], suffix[:chars], kept, cut
 
 
 def _files(fim: Markers, tokenize: Callable[[str], list[int]], extra: Sequence[ExtraFile]) -> list[int]:

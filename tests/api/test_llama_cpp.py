@@ -223,7 +223,9 @@ async def test_infill_refuses_what_it_cannot_honour(stack, qwen_like):
              ({"samplers": ["top_p", "top_k"]}, "samplers"),  # not llmd's order
              ({"samplers": "kpx"}, "samplers"),  # llama.cpp's letters: xtc
              ({"input_extra": [{"filename": "f"}]}, "input_extra[0].text"),
-             ({"input_extra": [{"text": "t", "size": 1}]}, "size"),
+             ({"input_extra": [{"text": "t", "size": 1}]}, "input_extra[0].size"),
+             ({"logit_bias": {"320": 5}}, "logit_bias"),  # past the vocabulary
+             ({"prompt": "x" * 2000}, "prompt"),  # typed text is never cut: over the context
              ({"lora": [{"id": 0, "scale": 1}]}, "lora"),
              ({"n_cmpl": 17}, "n_cmpl"),
              ({"wat": 1}, "wat")]
@@ -233,6 +235,34 @@ async def test_infill_refuses_what_it_cannot_honour(stack, qwen_like):
     for missing in ("input_prefix", "input_suffix"):
         err = await post(client, "/infill", {k: v for k, v in base.items() if k != missing}, 400)
         assert err["error"]["param"] == missing
+
+
+@pytest.mark.asyncio
+async def test_infill_cuts_what_cannot_fit_before_tokenizing_it(stack, qwen_like):
+    """Text far past the context is cut, not refused: the prefix's end, the suffix's start
+    and the newest files are what fitting keeps (at most 512 positions here)."""
+    client, engine, runtime, _ = await server(stack, qwen_like[0])
+    huge = "word " * 100_000  # 500,000 characters, past what any 512 tokens can spell
+    body = {"input_prefix": huge + "END", "input_suffix": "START" + huge, "n_predict": 4, "temperature": 0,
+            "samplers": ["temperature"], "input_extra": [{"text": huge}, {"text": "newest " * 10}]}
+    got = await post(client, "/infill", body)
+    assert got["truncated"] is True and got["tokens_evaluated"] < engine.info.n_ctx
+    assert "END<|fim_suffix|>START" in got["prompt"] and "newest" in got["prompt"]
+    files = [ExtraFile(huge), ExtraFile("newest " * 10)]
+    assert infill.clip(body["input_prefix"], body["input_suffix"], files, 100) == \
+        (body["input_prefix"][-100:], body["input_suffix"][:100], [ExtraFile(huge[-30:]), files[1]], True)
+    assert infill.clip("ab", "cd", files[1:], 100) == ("ab", "cd", files[1:], False)
+
+
+@pytest.mark.asyncio
+async def test_infill_takes_llama_cpp_s_conventions(stack, qwen_like):
+    client, *_ = await server(stack, qwen_like[0])
+    base = {"input_prefix": "x = ", "input_suffix": "\n", "n_predict": 4, "model": None}  # model: optional
+    whole = await post(client, "/infill", {**base, "response_fields": []})  # [] picks nothing out: all
+    assert {"content", "timings", "generation_settings"} <= set(whole)
+    seeds = [(await post(client, "/infill", {**base, "seed": -1}))["generation_settings"]["seed"] for _ in range(2)]
+    assert seeds[0] != seeds[1] and -1 not in seeds  # -1: a random seed, as in llama.cpp
+    assert (await post(client, "/infill", {**base, "seed": 7}))["generation_settings"]["seed"] == 7
 
 
 # llama.cpp's server (0c1e570) on this model: greedy with its infill step (samplers top_k,

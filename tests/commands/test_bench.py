@@ -74,7 +74,7 @@ def test_choices_figures_time_every_choice_run_to_its_length(tmp_path):
 
 
 def test_infill_figures_time_a_file_s_first_request_and_those_as_the_user_types(tmp_path):
-    w = build_tiny_llama(n_vocab=320, n_ctx=2048, reserved=len(FIM_MARKERS))
+    w = build_tiny_llama(n_vocab=320, n_ctx=8192, reserved=len(FIM_MARKERS))  # room for every file
     name_last_tokens(w)
     figures = bench.infill_figures(None, str(w.write(tmp_path / "fim.gguf")), threads=1, runs=2, typed=3, tokens=4)
     assert figures["infill_tokens"] == 4  # checked: every request made them
