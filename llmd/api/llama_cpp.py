@@ -97,7 +97,8 @@ def _object(body: bytes, known: frozenset[str]) -> dict:
 def _request(obj: dict, prompt: str | list[int], infill: Infill | None = None) -> LlamaRequest:
     """The fields /completion and /infill share."""
     slot = -1 if obj.get("id_slot") is None else int_field(obj["id_slot"], "id_slot", -1, INT32_MAX)
-    model, session_id = parse_common({**obj, "model": obj.get("model") or "", "id_slot": None})
+    model, session_id = parse_common({**obj, "model": "" if obj.get("model") is None else obj["model"],
+                                      "id_slot": None})
     if obj.get("t_max_prompt_ms") is not None:  # llama.cpp's server has no use for it either
         int_field(obj["t_max_prompt_ms"], "t_max_prompt_ms", -1, INT32_MAX)
     n_predict = -1 if obj.get("n_predict") is None else int_field(obj["n_predict"], "n_predict", -1, INT32_MAX)
@@ -241,9 +242,8 @@ class LlamaFormat:
         stop_type = ("word" if stop_word is not None else "limit" if limited or c.finish_reason == "length"
                      else "eos" if c.finish_reason == "stop" else "none")
         obj = {"index": c.index, "content": "" if streamed else text, "tokens": [], "id_slot": self.req.id_slot,
-               "stop": True,
-               "model": reply.model,
-               "tokens_predicted": c.completion_tokens, "tokens_evaluated": len(c.g.prompt),
+               "stop": True, "model": reply.model, "tokens_predicted": c.completion_tokens,
+               "tokens_evaluated": len(c.g.prompt),
                "generation_settings": self._settings(c), "prompt": self.prompt_text, "has_new_line": "\n" in text,
                "truncated": self.truncated, "stop_type": stop_type, "stopping_word": stop_word or "",
                # the last token drawn is not in the cache yet
@@ -262,9 +262,8 @@ class LlamaFormat:
 
     def deltas(self, reply: Reply, deltas: list[Delta]) -> list[bytes]:
         return [self._event({"index": reply.index, "content": d.text, "tokens": [], "stop": False,
-                             "id_slot": self.req.id_slot,
-                             "tokens_predicted": reply.completion_tokens, "tokens_evaluated": len(reply.g.prompt)})
-                for d in deltas]
+                             "id_slot": self.req.id_slot, "tokens_predicted": reply.completion_tokens,
+                             "tokens_evaluated": len(reply.g.prompt)}) for d in deltas]
 
     def end(self, reply: Reply) -> list[bytes]:
         return [self._event(self._object(reply, reply.choices()[-1], streamed=True))]

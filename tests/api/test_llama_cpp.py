@@ -228,6 +228,7 @@ async def test_infill_refuses_what_it_cannot_honour(stack, qwen_like):
              ({"prompt": "x" * 2000}, "prompt"),  # typed text is never cut: over the context
              ({"lora": [{"id": 0, "scale": 1}]}, "lora"),
              ({"n_cmpl": 17}, "n_cmpl"),
+             ({"model": False}, "model"),  # optional, but a string when given
              ({"wat": 1}, "wat")]
     for extra, param in cases:
         err = await post(client, "/infill", {**base, **extra}, 400)
