@@ -254,13 +254,7 @@ def concurrent_figures(url: str | None, path: str, threads: int, runs: int, stre
         # A nonce in each, so that no server finds one in its cache from an earlier run;
         # per run one prompt for the single stream and others for the concurrent ones.
         texts = [stream_prompts(engine, streams + 1, prompt, f"{uuid.uuid4().hex[:8]} {r}") for r in range(runs + 1)]
-    proc = None
-    if url is None:
-        proc, port = _start(path, threads)
-        host = "127.0.0.1"
-    else:
-        parsed = urllib.parse.urlsplit(url)
-        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    proc, host, port = _server(url, path, threads)
     try:
         model = json.loads(_request(port, "GET", "/v1/models", host=host))["data"][0]["id"]
 
@@ -368,13 +362,7 @@ def infill_figures(url: str | None, path: str, threads: int, runs: int, typed: i
     with their range."""
     with Engine(path, n_ctx=16) as engine:
         eog_ids = engine.info.eog_ids
-    proc = None
-    if url is None:
-        proc, port = _start(path, threads)
-        host = "127.0.0.1"
-    else:
-        parsed = urllib.parse.urlsplit(url)
-        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    proc, host, port = _server(url, path, threads)
     first, typing, prompt_tokens = [], [], set()
     try:
         for r in range(runs + 1):  # the first is the server's warm-up, not counted
@@ -407,6 +395,16 @@ def infill_figures(url: str | None, path: str, threads: int, runs: int, typed: i
 
 QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.", "Name a tool.",
              "Name a river.", "Name a planet.", "Name a metal.", "Name a flower.", "Name a sport."]
+
+
+def _server(url: str | None, path: str, threads: int) -> tuple[subprocess.Popen | None, str, int]:
+    """The server at `url`, else a `python -m llmd` of `path` started for the benchmark:
+    (the process started, or None; host; port)."""
+    if url is None:
+        proc, port = _start(path, threads)
+        return proc, "127.0.0.1", port
+    parsed = urllib.parse.urlsplit(url)
+    return None, parsed.hostname or "127.0.0.1", parsed.port or 80
 
 
 def _start(path: str | None, threads: int, *flags: str) -> tuple[subprocess.Popen, int]:

@@ -76,10 +76,10 @@ def build(fim: Markers, tokenize: Callable[[str], list[int]], prefix: str | list
 
 
 def clip(prefix: str, suffix: str, extra: Sequence[ExtraFile], chars: int) -> tuple[str, str, list[ExtraFile], bool]:
-    """The end of the prefix, the start of the suffix and the newest extra files' text,
-    each at most `chars` characters, and whether anything was cut: no more of a text can
-    survive fitting when `chars` is at least the room times the longest token's bytes,
-    so what is cut here is never tokenized."""
+    """The last `chars` characters of the prefix, the first of the suffix and the last
+    of the extra files' text together (the newest files'), and whether anything was
+    cut. When `chars` is at least the room times the longest token's bytes, fitting
+    could keep no more of any of them, so what is cut here is never tokenized."""
     kept, left = [], chars
     for f in reversed(extra):
         if left <= 0:
