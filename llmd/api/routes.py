@@ -404,17 +404,15 @@ class Api:
         sid = self._session_of(req, request)
         grammar = await self.grammars.grammar(constrain.completion_spec(req), request.principal,
                                               request.disconnected)
-        if isinstance(req.prompt, str):
-            self.text_limit.check(req.prompt, "prompt")
         if req.suffix:  # the code before the gap and after it: the model writes the middle
+            if isinstance(req.prompt, str):
+                self.text_limit.check(req.prompt, "prompt")
             self.text_limit.check(req.suffix, "suffix")
             fim = self._fim_tokens("suffix")
             prompt = self._prompt_ids((await self.runtime.call(infill.build, fim, self.engine.tokenize, req.prompt,
                                                                req.suffix)).ids)
-        elif isinstance(req.prompt, str):
-            prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, req.prompt, True))
         else:
-            prompt = PromptIds(list(req.prompt))
+            prompt = await self._completion_prompt(req.prompt)
         if req.echo and not isinstance(req.prompt, str):
             echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
         else:
@@ -430,12 +428,7 @@ class Api:
         if c.model:  # optional here, as on llama.cpp's server
             self._check_model(c.model)
         validation.check_vocab(c, self.info.n_vocab)
-        if isinstance(c.prompt, str):  # tokenized as llama.cpp's server does: control tokens parsed
-            self.text_limit.check(c.prompt, "prompt")
-            prompt = self._prompt_ids(await self.runtime.call(self.engine.tokenize, c.prompt, True))
-        else:
-            prompt = PromptIds(list(c.prompt))
-        return await self._llama(request, req, prompt)
+        return await self._llama(request, req, await self._completion_prompt(c.prompt))
 
     async def infill(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(llama_cpp.parse_infill_request, request.body)
@@ -496,6 +489,14 @@ class Api:
             raise errors.unsupported_parameter(param, str(exc))
         except templates.ChatTemplateError as exc:
             raise errors.invalid_request(str(exc), "messages")
+
+    async def _completion_prompt(self, prompt: str | list[int]) -> PromptIds:
+        """A completion's prompt: text, whose control-token text is read as those tokens
+        (as llama.cpp's server reads it), BOS first if the model wants it; or ids as given."""
+        if isinstance(prompt, list):
+            return PromptIds(list(prompt))
+        self.text_limit.check(prompt, "prompt")
+        return self._prompt_ids(await self.runtime.call(self.engine.tokenize, prompt, True))
 
     def _prompt_ids(self, ids: list[int]) -> PromptIds:
         """A tokenized prompt, BOS first if the model wants it."""

@@ -17,7 +17,7 @@ import pytest
 from llmd._native import ffi, lib
 from llmd.engine.native import Engine, Sampling
 from tests.engine.test_engine_grammar import schema_grammar
-from tests.engine.test_speculative import plain, speculative
+from tests.engine.test_speculative import mostly_right, plain, speculative
 from tests.support.gguf_writer import build_tiny_llama
 
 PROMPT = [72, 101, 108, 108, 111]  # "Hello"
@@ -222,15 +222,5 @@ def test_verified_drafts_with_infill_give_exactly_the_plain_tokens(engine, sampl
     speculative decoding exact: the runtime need not treat infill requests apart."""
     reference = plain(engine, sampling, 40)
     assert reference != plain(engine, replace(sampling, infill=False), 40)
-    ids = [r[0] for r in reference]
-    rng = random.Random(3)
-
-    def drafts(i: int) -> list[int]:
-        draft = ids[i:i + rng.randint(0, 6)]
-        if draft and rng.random() < 0.5:
-            wrong = rng.randrange(len(draft))
-            draft[wrong] = (draft[wrong] + 1) % engine.info.n_vocab
-        return draft
-
-    got, _ = speculative(engine, sampling, 40, drafts)
+    got, _ = speculative(engine, sampling, 40, mostly_right([r[0] for r in reference], engine.info.n_vocab, 6))
     assert got == reference

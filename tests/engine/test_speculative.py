@@ -79,23 +79,28 @@ def speculative(engine: Engine, sampling: Sampling, steps: int, drafts) -> tuple
         return out, s.tokens()
 
 
+def mostly_right(ids: list[int], n_vocab: int, longest: int):
+    """drafts(i) for speculative(): the ids from step i on, up to `longest` of them (a
+    seeded random length, 0 included), half the time with one of them wrong."""
+    rng = random.Random(3)
+
+    def drafts(i: int) -> list[int]:
+        draft = ids[i:i + rng.randint(0, longest)]
+        if draft and rng.random() < 0.5:
+            wrong = rng.randrange(len(draft))
+            draft[wrong] = (draft[wrong] + 1) % n_vocab
+        return draft
+
+    return drafts
+
+
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_verified_drafts_give_exactly_the_tokens_and_logprobs_of_plain_decoding(engines, arch, sampling):
     engine = engines[arch]
     reference = plain(engine, SAMPLINGS[sampling], STEPS)
     ids = [r[0] for r in reference]
-    rng = random.Random(3)
-
-    def drafts(i: int) -> list[int]:
-        """Mostly the right ids, sometimes with a wrong one in them, of any length."""
-        draft = ids[i:i + rng.randint(0, 8)]
-        if draft and rng.random() < 0.5:
-            wrong = rng.randrange(len(draft))
-            draft[wrong] = (draft[wrong] + 1) % engine.info.n_vocab
-        return draft
-
-    got, tokens = speculative(engine, SAMPLINGS[sampling], STEPS, drafts)
+    got, tokens = speculative(engine, SAMPLINGS[sampling], STEPS, mostly_right(ids, engine.info.n_vocab, 8))
     assert got == reference  # ids, and logprobs and top lists bit for bit
     assert tokens == prompt_of(engine) + ids[:-1]
 
