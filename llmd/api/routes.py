@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from urllib.parse import unquote
 
 from llmd import errors
-from llmd.api import anthropic, embeddings, validation
+from llmd.api import anthropic, embeddings, rerank, validation
 from llmd.api.answers import error_response, error_shape, json_response
 from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
 from llmd.api.completions import CompletionFormat, parse_completion_request
@@ -30,7 +30,7 @@ from llmd.api.responses import (CompactionFormat, ResponsesFormat, ResponseStore
 from llmd.api.session_routes import SessionRoutes
 from llmd.api.tokenizer import TextLimit, TokenizerRoutes
 from llmd.api.validation import parse
-from llmd.engine.native import Engine, FimTokens, Sampling, UnsupportedError
+from llmd.engine.native import POOLING_RANK, Engine, FimTokens, Sampling, UnsupportedError
 from llmd.errors import ApiError
 from llmd.http.server import HttpRequest, Response, StreamResponse
 from llmd.prompt import infill, templates
@@ -143,6 +143,8 @@ class Api:
             (re.compile(r"(?:/v1)?/messages"), {"POST": self.create_message}),
             (re.compile(r"(?:/v1)?/messages/count_tokens"), {"POST": self.count_message_tokens}),
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
+            (re.compile(r"(?:/v1)?/rerank"), {"POST": self.rerank}),
+            (re.compile(r"(?:/v1)?/reranking"), {"POST": self.rerank}),  # llama.cpp's other name
             (re.compile(r"/completion"), {"POST": self.llama_completion}),
             (re.compile(r"/infill"), {"POST": self.infill}),
             (re.compile(r"/tokenize"), {"POST": tokenizer.tokenize}),
@@ -320,6 +322,10 @@ class Api:
             raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
                                          "makes no embeddings. Serve an embedding model.", "model",
                                          "model_has_no_pooling")
+        if self.pooling == POOLING_RANK:
+            raise errors.invalid_request("This model is a reranker (its GGUF declares rank pooling): it scores "
+                                         "documents against a query at POST /v1/rerank, and makes no embeddings.",
+                                         "model", "model_is_reranker")
         if req.dimensions is not None and req.dimensions != self.info.n_embd:
             raise errors.unsupported_parameter(
                 "dimensions", f"This model makes {self.info.n_embd}-dimensional embeddings and its GGUF declares "
@@ -337,24 +343,60 @@ class Api:
             if len(item) > self.info.n_ctx:
                 raise errors.context_length_exceeded(len(item), self.info.n_ctx, param)
             inputs.append(item)
+        try:
+            vectors = [embeddings.normalize(v) for v in await self._pool(inputs, request.disconnected)]
+        except UnsupportedError as exc:  # non-causal attention: the engine says why
+            raise errors.unsupported_parameter("model", f"This model's embeddings cannot be computed: {exc}.")
+        return json_response(embeddings.body(vectors, req.encoding_format, self.options.model_ids[0],
+                                             sum(map(len, inputs))))
+
+    async def rerank(self, request: HttpRequest) -> Response:
+        req = await parse(rerank.parse_rerank_request, request.body)
+        if req.model is not None:
+            self._check_model(req.model)
+        if self.pooling != POOLING_RANK or not self.info.n_labels:
+            raise errors.invalid_request("This model is not a reranker: its GGUF declares no rank pooling "
+                                         "(<arch>.pooling_type 4) with a classifier head. Serve a reranker such as "
+                                         "Qwen3-Reranker.", "model", "model_not_reranker")
+        if not self.info.rerank_template:
+            raise errors.invalid_request("This reranker's GGUF has no rerank prompt (tokenizer.chat_template.rerank) "
+                                         "to put the query and a document in.", "model", "model_not_reranker")
+        self.text_limit.check(req.query, "query")
+        param = "texts" if req.tei else "documents"
+        inputs: list[list[int]] = []
+        for i, document in enumerate(req.documents):
+            self.text_limit.check(document, f"{param}[{i}]")
+            text, markers = rerank.prompt(self.info.rerank_template, req.query, document)
+            ids, _ = await self.runtime.call(self.engine.tokenize_marked, text, markers)
+            if len(ids) > self.info.n_ctx:
+                raise errors.context_length_exceeded(len(ids), self.info.n_ctx, f"{param}[{i}]")
+            inputs.append(ids)
+        try:
+            scores = [labels[0] for labels in await self._pool(inputs, request.disconnected)]
+        except UnsupportedError as exc:  # non-causal attention: the engine says why
+            raise errors.unsupported_parameter("model", f"This reranker's scores cannot be computed: {exc}.")
+        return json_response(rerank.body(scores, req, self.options.model_ids[0], sum(map(len, inputs))))
+
+    async def _pool(self, inputs: list[list[int]], gone: asyncio.Event) -> list[list[float]]:
+        """Each input's pooled output (Session.embed) from a session of its own lease;
+        the inputs stop once `gone` is set (the client went away)."""
         self._admit()
         self.waiting += 1
         try:
             lease = await self.table.acquire(None)
         finally:
             self.waiting -= 1
-        slot, vectors = lease.slot, []
+        slot, outputs = lease.slot, []
         try:
-            # The cache ends up holding an embedding input, no conversation's prefix.
+            # The cache ends up holding an input, no conversation's prefix.
             slot.resident, slot.dirty = [], True
             for ids in inputs:  # one call per input: generations step in between
-                vectors.append(embeddings.normalize(await self.runtime.call(slot.session.embed, ids)))
-        except UnsupportedError as exc:  # rank pooling, non-causal attention: the engine says which
-            raise errors.unsupported_parameter("model", f"This model's embeddings cannot be computed: {exc}.")
+                if gone.is_set():
+                    raise errors.client_closed()
+                outputs.append(await self.runtime.call(slot.session.embed, ids))
         finally:
             lease.release()
-        return json_response(embeddings.body(vectors, req.encoding_format, self.options.model_ids[0],
-                                             sum(map(len, inputs))))
+        return outputs
 
     def _session_of(self, req: validation.ChatRequest | validation.CompletionRequest,
                     request: HttpRequest) -> str | None:

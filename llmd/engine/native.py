@@ -38,6 +38,9 @@ class UnsupportedError(EngineError):
     type, a kind of pooling or attention)."""
 
 
+POOLING_RANK = 4  # Engine.pooling_type() of a reranker: its classifier head scores the input
+
+
 _ERRORS = {
     lib.LLMD_ERR_CAPACITY: CapacityError,
     lib.LLMD_ERR_CONTEXT_FULL: ContextFullError,
@@ -104,6 +107,8 @@ class EngineInfo:
     n_layer_nextn: int = 0       # multi-token-prediction blocks the file has
     draft_nextn: bool = False    # sessions run the first of them (Session.draft_nextn)
     fim: FimTokens | None = None  # None: the model has no fill-in-the-middle markers
+    n_labels: int = 0            # a reranker's classifier head: its labels (0: none)
+    rerank_template: str = ""    # a reranker's prompt with {query} and {document} in it ("": none)
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,8 @@ class Engine:
             kv_shares_prefixes=bool(raw.kv_shares_prefixes),
             warnings=tuple(w for w in _string(raw.warnings).split("\n") if w),
             kv_type_k=_string(raw.kv_type_k), kv_type_v=_string(raw.kv_type_v),
-            n_layer_nextn=raw.n_layer_nextn, draft_nextn=bool(raw.draft_nextn), fim=_fim(raw))
+            n_layer_nextn=raw.n_layer_nextn, draft_nextn=bool(raw.draft_nextn), fim=_fim(raw),
+            n_labels=raw.n_labels, rerank_template=_string(raw.rerank_template))
         self._token_out = ffi.new("llmd_token[]", 64)
 
     def close(self) -> None:
@@ -235,7 +241,8 @@ class Engine:
         return per_token[0], rate[0]
 
     def pooling_type(self) -> int:
-        """The embedding pooling the file declares: 0 none, 1 mean, 2 cls, 3 last, 4 rank."""
+        """The embedding pooling the file declares: 0 none, 1 mean, 2 cls, 3 last, 4 rank
+        (POOLING_RANK)."""
         out = ffi.new("int32_t *")
         _check(lib.llmd_engine_pooling_type(self.handle, out))
         return out[0]
@@ -541,9 +548,11 @@ class Session:
                 for k in range(n)]
 
     def embed(self, ids: list[int]) -> list[float]:
-        """The pooled, unnormalised embedding of ids (n_embd floats), computed from
-        position 0 of this session as the model file's pooling says."""
-        n = self._engine.info.n_embd
+        """The pooled, unnormalised embedding of ids (n_embd floats) as the model file's
+        pooling says, or for rank pooling the classifier head's scores (n_labels floats);
+        the ids run from position 0, or from the start of them the cache holds already."""
+        info = self._engine.info
+        n = info.n_labels if self._engine.pooling_type() == POOLING_RANK else info.n_embd
         out = ffi.new("float[]", n)
         _check(lib.llmd_session_embed(self.handle, ffi.new("int32_t[]", ids), len(ids), out, n))
         return list(ffi.unpack(out, n))

@@ -91,6 +91,9 @@ typedef struct {
     /* Fill-in-the-middle tokens, -1 if none: the prefix, suffix and middle markers,
      * the repository name's and the file separator (the file's ids, else found by text) */
     int32_t fim_pre_id, fim_suf_id, fim_mid_id, fim_rep_id, fim_sep_id;
+    int32_t n_labels;           /* a reranker's classifier head: its labels (rows); 0 without one */
+    const char *rerank_template; /* a reranker's prompt with {query} and {document} in it
+                                  * (tokenizer.chat_template.rerank); "" if none */
 } llmd_engine_info;
 
 llmd_status llmd_engine_open(const char *path, const llmd_engine_options *options,
@@ -109,12 +112,16 @@ llmd_status llmd_engine_pooling_type(const llmd_engine *engine, int32_t *pooling
 llmd_status llmd_engine_bandwidth(llmd_engine *engine, uint64_t bytes, int32_t passes,
                                   uint64_t *bytes_per_token, double *read_bytes_per_s);
 
-/* The pooled embedding of ids (out: n_embd floats, not normalised): the ids run
- * through the session from position 0 (its cache then holds them, with no logits),
- * and the final-normed hidden states (the output head's input) are pooled as the
- * file declares: the mean over the ids, the first id's (cls) or the last id's.
- * LLMD_ERR_UNSUPPORTED for a model that declares no pooling, rank pooling, or
- * non-causal attention (`<arch>.attention.causal` false). */
+/* The pooled embedding of ids (out: n_embd floats, not normalised): the final-normed
+ * hidden states (the output head's input) pooled as the file declares: the mean over
+ * the ids, the first id's (cls) or the last id's. For rank pooling (a reranker) out
+ * gets the classifier head's n_labels scores of the last id's state instead, softmaxed
+ * where the family's are (Qwen3's: the first is the relevance). The ids run through
+ * the session from position 0, or from where its cache already holds their start
+ * (pooling that reads one id's state; the same numbers); it then holds them, with no
+ * logits. LLMD_ERR_UNSUPPORTED for a model that declares no pooling, rank pooling
+ * without a classifier head, or non-causal attention (`<arch>.attention.causal`
+ * false). */
 llmd_status llmd_session_embed(llmd_session *session, const int32_t *ids, size_t n, float *out,
                                size_t n_out);
 

@@ -230,10 +230,7 @@ def test_separate_biases_beside_a_fused_matrix_are_added_only_all_three_together
     assert logits_after(two) == logits_after(none) != fused
 
 
-# ---- tensors llama.cpp knows that llmd leaves unused -----------------------------------------
-
-CLS_WARNING = "tensor cls.output.weight (a reranker's classifier head) is not used by llmd"
-
+# ---- a reranker's classifier head -------------------------------------------------------------
 
 def with_classifier(arch: str, labels: int, labels_key: bool = False) -> GGUFWriter:
     """A tiny model with a classifier head of `labels` rows (one row written as ggml
@@ -246,18 +243,18 @@ def with_classifier(arch: str, labels: int, labels_key: bool = False) -> GGUFWri
     return w
 
 
-def test_a_qwen3_rerankers_classifier_head_is_named_in_a_warning_and_changes_nothing(tmp_path):
+def test_a_qwen3_rerankers_classifier_head_is_bound_and_changes_no_logit(tmp_path):
     path = with_classifier("qwen3", 1).write(tmp_path / "reranker.gguf")
     with Engine(str(path), n_threads=1, max_sessions=1) as e:
-        assert e.info.warnings == (CLS_WARNING,)
+        assert e.info.warnings == () and e.info.n_labels == 1
     assert logits_after(path) == logits_after(build_tiny_llama(arch="qwen3").write(tmp_path / "plain.gguf"))
     with Engine(str(tmp_path / "plain.gguf"), n_threads=1, max_sessions=1) as e:
-        assert e.info.warnings == ()
+        assert e.info.n_labels == 0
 
 
 def test_a_classifier_head_has_one_row_per_label_as_llama_cpp_checks(tmp_path):
     with Engine(str(with_classifier("qwen3", 2, labels_key=True).write(tmp_path / "two.gguf")), max_sessions=1) as e:
-        assert e.info.warnings == (CLS_WARNING,)
+        assert e.info.n_labels == 2
     assert "tensor cls.output.weight has shape [64, 2], expected [64, 1]" in open_error(
         with_classifier("qwen3", 2).write(tmp_path / "unlabelled.gguf"))
 

@@ -545,6 +545,29 @@ def name_last_tokens(w: GGUFWriter, names: Sequence[str] = FIM_MARKERS) -> int:
     return first
 
 
+# Qwen3-Reranker's prompt, as llama.cpp's converter writes it into the GGUF.
+QWEN3_RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: "
+    "Given a web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: "
+    "{document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def make_reranker(w: GGUFWriter, n_embd: int, rng: random.Random, *, head: bool = True,
+                  template: bool = True) -> None:
+    """Make w's qwen3 model a reranker as llama.cpp converts Qwen3-Reranker: rank
+    pooling; with `head`, a classifier head of the labels "yes" and "no" (random F32
+    rows, where the converter copies the output head's rows of those two tokens); with
+    `template`, the rerank prompt."""
+    w.set("qwen3.pooling_type", U32, 4)
+    if head:
+        w.set("qwen3.classifier.output_labels", ARRAY, (STRING, ["yes", "no"]))
+        w.add_tensor("cls.output.weight", [n_embd, 2], GGML_F32,
+                     encode_f32([rng.gauss(0.0, 0.3) for _ in range(2 * n_embd)]))
+    if template:
+        w.set("tokenizer.chat_template.rerank", STRING, QWEN3_RERANK_TEMPLATE)
+
+
 def bpe_vocab(n_merged: int) -> tuple[list[str], list[str]]:
     """(tokens, merges): 256 byte characters then n_merged merged tokens, with
     merges learned greedily (most frequent pair first) from a fixed English text."""

@@ -222,6 +222,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->architecture = family ? std::string(family->name) : std::string(arch);
         if (e->file->get_string("general.name", &sv, &err)) e->name = sv;
         if (e->file->get_string("tokenizer.chat_template", &sv, &err)) e->chat_template = sv;
+        if (e->file->get_string("tokenizer.chat_template.rerank", &sv, &err)) e->rerank_template = sv;
         if (e->file->get_string("tokenizer.ggml.pre", &sv, &err)) e->tokenizer_pre = sv;
         if (vocab_only) {
             *out = e.release();
@@ -294,6 +295,7 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->architecture = e->architecture.c_str();
         out->name = e->name.c_str();
         out->chat_template = e->chat_template.c_str();
+        out->rerank_template = e->rerank_template.c_str();
         out->tokenizer_pre = e->tokenizer_pre.c_str();
         out->kernels = kernels().name;
         out->warnings = e->warnings.c_str();
@@ -319,6 +321,7 @@ llmd_status llmd_engine_get_info(const llmd_engine *e, llmd_engine_info *out) {
         out->n_ctx_train = hp.n_ctx_train;
         out->n_ctx = e->n_ctx;
         out->n_embd = hp.n_embd;
+        out->n_labels = static_cast<int32_t>(e->model->classifier.out.rows);
         out->n_layer = hp.n_layer;
         out->n_head = hp.n_head;
         out->n_head_kv = hp.n_head_kv;

@@ -40,6 +40,7 @@ struct llmd_engine {
     std::unique_ptr<llmd::ThreadPool> pool;
     llmd::Workspace ws;
     std::string architecture, name, chat_template, tokenizer_pre;
+    std::string rerank_template; // tokenizer.chat_template.rerank: a reranker's prompt, "" if none
     std::string warnings; // the model's load warnings (Model::warnings), one a line
     std::vector<int32_t> eog_ids;
     int32_t bos_id = -1, eos_id = -1;

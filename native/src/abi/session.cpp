@@ -57,6 +57,41 @@ int common_prefix(const std::vector<int32_t> &tokens, const int32_t *ids, int en
 // suffers).
 void forget_nextn_state(llmd_session *s) { std::fill(s->nextn_before.begin(), s->nextn_before.end(), 0.0f); }
 
+// Whether the session can return to position pos (0 .. its tokens): LLMD_OK, or the
+// status and *why not: the sliding-window layers no longer hold what pos attends, or
+// the recurrent layers' state has no checkpoint there.
+llmd_status rewindable(const llmd_session *s, int32_t pos, std::string *why) {
+    const int floor = s->kv.resume_floor();
+    if (pos > 0 && pos < floor) {
+        *why = "truncate position " + std::to_string(pos) + " is before " + std::to_string(floor) +
+               ": the sliding-window layers no longer hold the positions it attends (truncate to 0)";
+        return LLMD_ERR_INVALID_ARGUMENT;
+    }
+    const bool here = static_cast<size_t>(pos) == s->tokens.size();
+    if (!s->rs.empty() && pos > 0 && !here && !s->rs.has_checkpoint(pos)) {
+        std::string at;
+        for (const auto &c : s->rs.checkpoints) at += (at.empty() ? "" : ", ") + std::to_string(c.pos);
+        *why = "truncate position " + std::to_string(pos) +
+               " is not a checkpoint of the recurrent layers' state (they can return to 0, " +
+               (at.empty() ? "" : at + ", ") + "or stay at " + std::to_string(s->tokens.size()) + ")";
+        return LLMD_ERR_STATE;
+    }
+    return LLMD_OK;
+}
+
+// Returns the session to position pos (rewindable), with no logits.
+void rewind(llmd_session *s, int32_t pos) {
+    const bool here = static_cast<size_t>(pos) == s->tokens.size();
+    s->kv.truncate(pos);
+    s->reply_snapshot = 0;
+    if (!here) forget_nextn_state(s);
+    if (pos == 0) s->rs.reset();
+    else if (!here && !s->rs.empty()) s->rs.restore(pos);
+    s->tokens.resize(pos);
+    s->pending = -1;
+    s->logits_valid = false;
+}
+
 // With recurrent layers: offers the state after the session's tokens to the prefix
 // cache when they end a block that the session published (recurrent.h:
 // SnapshotCache), in place of the snapshot `replaces` (0: none). Returns the
@@ -566,29 +601,9 @@ llmd_status llmd_session_truncate(llmd_session *s, int32_t pos) {
         if (pos < 0 || static_cast<size_t>(pos) > s->tokens.size())
             return fail(LLMD_ERR_INVALID_ARGUMENT, "truncate position " + std::to_string(pos) + " is outside 0.." +
                                                        std::to_string(s->tokens.size()));
-        const int floor = s->kv.resume_floor();
-        if (pos > 0 && pos < floor)
-            return fail(LLMD_ERR_INVALID_ARGUMENT,
-                        "truncate position " + std::to_string(pos) + " is before " + std::to_string(floor) +
-                            ": the sliding-window layers no longer hold the positions it attends (truncate to 0)");
-        // A recurrent state cannot be cut back: only to 0, to a checkpoint, or nowhere.
-        const bool here = static_cast<size_t>(pos) == s->tokens.size();
-        if (!s->rs.empty() && pos > 0 && !here && !s->rs.has_checkpoint(pos)) {
-            std::string at;
-            for (const auto &c : s->rs.checkpoints) at += (at.empty() ? "" : ", ") + std::to_string(c.pos);
-            return fail(LLMD_ERR_STATE, "truncate position " + std::to_string(pos) +
-                                            " is not a checkpoint of the recurrent layers' state (they can return to 0, " +
-                                            (at.empty() ? "" : at + ", ") + "or stay at " +
-                                            std::to_string(s->tokens.size()) + ")");
-        }
-        s->kv.truncate(pos);
-        s->reply_snapshot = 0;
-        if (!here) forget_nextn_state(s);
-        if (pos == 0) s->rs.reset();
-        else if (!here && !s->rs.empty()) s->rs.restore(pos);
-        s->tokens.resize(pos);
-        s->pending = -1;
-        s->logits_valid = false;
+        std::string why;
+        if (const llmd_status st = rewindable(s, pos, &why); st != LLMD_OK) return fail(st, why);
+        rewind(s, pos);
         return LLMD_OK;
     });
 }
@@ -789,13 +804,19 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
         if (const llmd_status st = check_session(s); st != LLMD_OK) return st;
         llmd_engine *e = s->engine;
         const int dim = e->model->hp.n_embd;
-        if (n == 0 || out == nullptr || n_out != static_cast<size_t>(dim))
-            return fail(LLMD_ERR_INVALID_ARGUMENT, "embed needs at least one token and an output of n_embd floats");
         int32_t pooling = 0;
         if (const llmd_status st = read_pooling(e, &pooling); st != LLMD_OK) return st;
-        if (pooling < 1 || pooling > 3)
-            return fail(LLMD_ERR_UNSUPPORTED, pooling == 0 ? "the model declares no pooling: it makes no embeddings"
-                                                           : "rank pooling (a reranker's classification head) is not supported");
+        const Classifier &head = e->model->classifier;
+        const bool rank = pooling == 4;
+        if (pooling == 0) return fail(LLMD_ERR_UNSUPPORTED, "the model declares no pooling: it makes no embeddings");
+        if (rank && head.out.rows == 0)
+            return fail(LLMD_ERR_UNSUPPORTED, "the model declares rank pooling and has no classifier head "
+                                              "(cls.output.weight) to score with");
+        const size_t width = rank ? static_cast<size_t>(head.out.rows) : static_cast<size_t>(dim);
+        if (n == 0 || out == nullptr || n_out != width)
+            return fail(LLMD_ERR_INVALID_ARGUMENT, "embed needs at least one token and an output of " +
+                                                       std::to_string(width) +
+                                                       (rank ? " floats (one per label)" : " floats (n_embd)"));
         std::string err;
         bool causal = true;
         const std::string causal_key = family_key(e, "attention.causal");
@@ -807,19 +828,25 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
         if (n > static_cast<size_t>(e->n_ctx))
             return fail(LLMD_ERR_CONTEXT_FULL, std::to_string(n) + " tokens do not fit the context of " +
                                                    std::to_string(e->n_ctx));
-        // The input runs from position 0; the cache then holds it, with no logits.
-        s->tokens.clear();
-        s->kv.high = -1;
-        s->rs.reset();
-        forget_nextn_state(s);
-        s->pending = -1;
-        s->logits_valid = false;
+        // The pooled token: CLS's first, LAST's and a causal reranker's last (as llama.cpp
+        // reads them); the mean takes every token's state.
         const bool mean = pooling == 1;
-        const size_t pooled = pooling == 2 ? 0 : n - 1; // the token CLS or LAST pooling takes
-        std::vector<float> hidden(static_cast<size_t>(std::min<size_t>(n, kMaxBatch)) * dim);
+        const size_t pooled = pooling == 2 ? 0 : n - 1;
+        // The input runs from the first position the cache does not hold already (a
+        // reranker's next document after the same query), as a prefill resumes: the
+        // same bits as from position 0. The mean runs from 0, to see every token.
+        size_t kept = 0;
+        if (!mean) {
+            const size_t limit = std::min(pooled, s->tokens.size());
+            while (kept < limit && s->tokens[kept] == ids[kept]) ++kept;
+            if (std::string why; rewindable(s, static_cast<int32_t>(kept), &why) != LLMD_OK) kept = 0;
+        }
+        rewind(s, static_cast<int32_t>(kept));
+        std::vector<float> hidden(static_cast<size_t>(std::min<size_t>(n - kept, kMaxBatch)) * dim);
         std::vector<double> sum(mean ? dim : 0);
-        std::vector<BatchToken> batch(std::min<size_t>(n, kMaxBatch));
-        for (size_t i = 0; i < n; i += kMaxBatch) {
+        std::vector<float> state(dim); // the pooled token's
+        std::vector<BatchToken> batch(hidden.size() / dim);
+        for (size_t i = kept; i < n; i += kMaxBatch) {
             const int m = static_cast<int>(std::min<size_t>(kMaxBatch, n - i));
             for (int j = 0; j < m; ++j)
                 batch[j] = {&s->kv, ids[i + j], static_cast<int32_t>(i + j), mean || i + j == pooled, &s->rs};
@@ -830,11 +857,13 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
                 for (int j = 0; j < m; ++j)
                     for (int d = 0; d < dim; ++d) sum[d] += hidden[static_cast<size_t>(j) * dim + d];
             } else if (pooled >= i && pooled < i + m) {
-                std::copy_n(hidden.data(), dim, out);
+                std::copy_n(hidden.data(), dim, state.data());
             }
         }
         if (mean)
-            for (int d = 0; d < dim; ++d) out[d] = static_cast<float>(sum[d] / static_cast<double>(n));
+            for (int d = 0; d < dim; ++d) state[d] = static_cast<float>(sum[d] / static_cast<double>(n));
+        if (rank) classify(head, state.data(), out);
+        else std::copy(state.begin(), state.end(), out);
         return LLMD_OK;
     });
 }

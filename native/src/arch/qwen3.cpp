@@ -1,7 +1,7 @@
 // arch/qwen3.cpp — Qwen3 (dense): the Llama block with an RMS norm over each query
 // and key head before NEOX RoPE. Heads may be wider than n_embd / n_head
 // (attention.key_length); q/k/v biases are optional. A reranker's classifier head
-// (cls.output) is accepted and left unused, with a warning.
+// (cls.output) scores its rank pooling.
 #include "arch/arch.h"
 
 namespace llmd {
@@ -12,12 +12,12 @@ void load_hparams(Binder &, HParams &) {} // only the keys every decoder has
 void bind(Binder &b, Model &m) {
     const HParams &hp = m.hp;
     // Qwen3 reranker files add a classifier head over the final hidden state, one row
-    // per label of classifier.output_labels (one when the file names none). llmd serves
-    // the language model and leaves it aside.
+    // per label of classifier.output_labels (one when the file names none): the output
+    // head's "yes" and "no" rows, whose softmax is the score.
     const GGUFKV *labels = b.file.find(b.prefix + "classifier.output_labels");
     const bool named = labels != nullptr && labels->type == GGUF_ARRAY && labels->arr_count > 0;
-    b.ignore("cls.output.weight", hp.n_embd, named ? static_cast<int64_t>(labels->arr_count) : 1,
-             "a reranker's classifier head");
+    m.classifier.softmax = b.matrix("cls.output.weight", hp.n_embd,
+                                    named ? static_cast<int64_t>(labels->arr_count) : 1, &m.classifier.out, false);
     for (int l = 0; l < hp.n_layer; ++l) {
         const std::string blk = "blk." + std::to_string(l) + ".";
         LayerWeights &L = m.layers[l];

@@ -159,17 +159,6 @@ const GGUFTensor *Binder::find(const std::string &name, bool required) {
     return t;
 }
 
-void Binder::ignore(const std::string &name, int64_t cols, int64_t rows, const std::string &what) {
-    const GGUFTensor *t = find(name, false);
-    if (t == nullptr) return;
-    if (!shaped(t, {cols, rows})) {
-        fail("tensor " + name + " has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
-             "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
-        return;
-    }
-    warnings.push_back("tensor " + name + " (" + what + ") is not used by llmd");
-}
-
 namespace {
 
 // The weights whose products llama.cpp multiplies by a per-tensor scale from the file

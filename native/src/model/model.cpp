@@ -733,6 +733,25 @@ void finish(const Pass &p, const float *norm, const Matrix &head, const float *b
 
 } // namespace
 
+void classify(const Classifier &head, const float *state, float *out) {
+    const Matrix &w = head.out;
+    std::vector<float> row(static_cast<size_t>(w.cols));
+    std::vector<double> scores(static_cast<size_t>(w.rows));
+    for (int64_t r = 0; r < w.rows; ++r) {
+        type_traits(w.type)->to_float(w.row(r), row.data(), w.cols);
+        double dot = 0.0;
+        for (int64_t d = 0; d < w.cols; ++d) dot += static_cast<double>(row[d]) * state[d];
+        scores[r] = dot * w.scale;
+    }
+    if (head.softmax) {
+        const double top = *std::max_element(scores.begin(), scores.end());
+        double sum = 0.0;
+        for (double &x : scores) sum += x = std::exp(x - top);
+        for (double &x : scores) x /= sum;
+    }
+    std::copy(scores.begin(), scores.end(), out);
+}
+
 void forward(const Model &model, const BatchToken *batch, int n, Workspace &ws, ThreadPool &pool,
              float *logits, float *hidden, float *states) {
     const HParams &hp = model.hp;

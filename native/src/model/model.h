@@ -196,6 +196,18 @@ std::string unsupported_tensors(const GGUFFile &file);
 
 struct Arch; // arch/arch.h
 
+// A reranker's classification head (rank pooling, llmd_session_embed): one row per
+// label, over the final-normed hidden state the pooling picks; softmaxed over the
+// labels where the family's graph does (llama.cpp: Qwen3's "yes" and "no" rows).
+struct Classifier {
+    Matrix out; // (labels, dim); no rows when the file has no head
+    bool softmax = false;
+};
+
+// The head's scores of a pooled state (dim floats) into out (one per label), its rows
+// decoded to floats and the dot products taken in double.
+void classify(const Classifier &head, const float *state, float *out);
+
 struct Model {
     const Arch *arch = nullptr;
     HParams hp;
@@ -203,6 +215,7 @@ struct Model {
     const float *output_norm;    // (dim)
     Matrix output;               // (vocab, dim); token_embd when the model ties them
     const float *output_b = nullptr; // (vocab) optional bias of the output head
+    Classifier classifier;
     std::vector<float> inv_freq; // (rope_dim / 2) RoPE frequency per pair, scaling included
     std::vector<float> inv_freq_long; // LongRoPE: the frequencies past rope_ctx_orig, else empty
     int rope_ctx_orig = 0;
@@ -244,7 +257,7 @@ struct Binder {
     // Tensors accepted and not applied, as llama.cpp loads and leaves them (scales, see
     // scales; the attention output bias of a family whose graph passes none): one warning.
     std::vector<std::string> unapplied;
-    std::vector<std::string> warnings; // tensors left unused on purpose (ignore), for Model::warnings
+    std::vector<std::string> warnings; // tensors left unused on purpose, for Model::warnings
 
     Binder(const GGUFFile &file, std::string *error, const std::string &arch_name);
     bool fail(const std::string &msg);
@@ -268,10 +281,6 @@ struct Binder {
     void swa_rope(HParams &hp, float fallback, HParams::LocalRope how);
     float get_float(const std::string &key, float fallback);
     const GGUFTensor *find(const std::string &name, bool required);
-    // An optional matrix [cols, rows] llama.cpp knows that llmd has no use for: if the
-    // file has it (of that shape), it is accepted and named in a warning with `what` it
-    // is, instead of refused.
-    void ignore(const std::string &name, int64_t cols, int64_t rows, const std::string &what);
     // A matrix [cols, rows] and, for the weights llama.cpp scales (attention, FFN, experts,
     // the recurrent projections), its per-tensor scale <base>.scale when the file has one
     // (F32 [1]; see scales).
