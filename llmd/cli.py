@@ -304,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead: code completion through /infill as an editor asks for it, the first "
                             "request of a file and those as the user types (a model with fill-in-the-middle "
                             "tokens; --url measures another server, e.g. llama-server)")
+    bench.add_argument("--rerank", action="store_true", default=_env("rerank", False, bool),
+                       help="instead: a search's 20 documents of 120 words reranked in one /v1/rerank request "
+                            "(a reranker model; --url measures another server, e.g. llama-server --reranking)")
     # Its own variable: LLMD_SPECULATIVE is the server's mode (off|ngram).
     bench.add_argument("--speculative", action="store_true", dest="bench_speculative",
                        default=_env("bench_speculative", False, bool),
@@ -315,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--speculative: draft with the model's multi-token-prediction block (--speculative mtp) "
                             "instead of prompt lookup")
     bench.add_argument("--url", default=_env("url", None),
-                       help="--streams, --infill: measure the server at this URL (any OpenAI-compatible one, "
+                       help="--streams, --infill, --rerank: measure the server at this URL (any OpenAI-compatible one, "
                             "e.g. llama-server) instead of starting llmd; --model names its model file")
     bench.add_argument("--accuracy", action="store_true", default=_env("accuracy", False, bool),
                        help="instead: what the quantized kernels cost (context 512, --file TEXT): the model "
@@ -379,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             from llmd.commands import bench
             return bench.run(args.model, args.threads, args.runs, args.json, args.conversation, args.sessions,
                              args.shared_prompt, args.streams, args.url, args.held_sessions, args.held_tokens,
-                             args.kv_type, args.choices, args.infill)
+                             args.kv_type, args.choices, args.infill, args.rerank)
         return cmd_serve(args)
     # A file that cannot be read or opened as a model (the commands' own ones, the server's
     # are logged): one line, not a traceback.

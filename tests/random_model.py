@@ -4,6 +4,7 @@
     python -m tests.random_model OUT.gguf --shape k256 [--output-norm 0.5]
     python -m tests.random_model OUT.gguf --shape qwen3.5-0.8b --nextn 1
     python -m tests.random_model OUT.gguf --shape qwen3-1.7b --fim
+    python -m tests.random_model OUT.gguf --shape qwen3-0.6b --reranker
 
 F16 weights drawn from random bytes (a billion of them take seconds, not the hours
 Python's Gaussian would), the writer's byte-level BPE vocabulary padded with
@@ -15,6 +16,8 @@ Shapes:
   k256          n_embd 512, 4 layers, 8 / 4 heads, ff 1536, vocab 1024: every row a
                 whole number of 256-element K-quant super-blocks, so llama-quantize
                 has no reason to fall back to 32-element types for any matrix
+  qwen3-0.6b    qwen3: n_embd 1024, 28 layers, 16 / 8 heads of 128, ff 3072, vocab
+                151936, tied, RoPE base 1e6 (Qwen3-0.6B's and Qwen3-Reranker-0.6B's config)
   qwen3-1.7b    qwen3: n_embd 2048, 28 layers, 16 / 8 heads of 128, ff 6144, vocab
                 151936, tied, RoPE base 1e6 (Qwen3-1.7B's config)
   gemma-3-1b    gemma3: n_embd 1152, 26 layers, 4 / 1 heads of 256, ff 6912, vocab
@@ -40,7 +43,7 @@ import random
 
 from tests.support.gguf_writer import (
     F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen35, build_tiny_qwen3moe, encode_f32,
-    name_last_tokens,
+    make_reranker, name_last_tokens,
 )
 
 # shape -> (builder, its arguments, metadata it sets afterwards)
@@ -49,6 +52,9 @@ SHAPES = {
                                             n_ff=8192, n_ctx=4096, reserved=127000), {}),
     "k256": (build_tiny_llama, dict(n_vocab=1024, n_embd=512, n_layer=4, n_head=8, n_head_kv=4, n_ff=1536,
                                     n_ctx=2048, reserved=256), {}),
+    "qwen3-0.6b": (build_tiny_llama, dict(arch="qwen3", n_vocab=151936, n_embd=1024, n_layer=28, n_head=16,
+                                          n_head_kv=8, head_dim=128, n_ff=3072, n_ctx=4096, reserved=150000),
+                   {"qwen3.rope.freq_base": 1e6, "qwen3.attention.layer_norm_rms_epsilon": 1e-6}),
     "qwen3-1.7b": (build_tiny_llama, dict(arch="qwen3", n_vocab=151936, n_embd=2048, n_layer=28, n_head=16,
                                           n_head_kv=8, head_dim=128, n_ff=6144, n_ctx=4096, reserved=150000),
                    {"qwen3.rope.freq_base": 1e6, "qwen3.attention.layer_norm_rms_epsilon": 1e-6}),
@@ -108,6 +114,9 @@ def main() -> None:
     parser.add_argument("--fim", action="store_true",
                         help="name the last reserved tokens as Qwen2.5-Coder's fill-in-the-middle markers, "
                              "for /infill")
+    parser.add_argument("--reranker", action="store_true",
+                        help="make it a reranker as Qwen3-Reranker is (the qwen3 shapes): rank pooling, a yes/no "
+                             "classifier head and the rerank prompt, for /v1/rerank")
     parser.add_argument("--nextn", type=int, default=0,
                         help="multi-token-prediction blocks after the layers (the Qwen3.5 shapes; the published "
                              "Qwen3.5 models have one), for --speculative mtp")
@@ -115,11 +124,15 @@ def main() -> None:
     builder, shape, floats = SHAPES[args.shape]
     if args.nextn and builder is not build_tiny_qwen35:
         parser.error("--nextn: only the Qwen3.5 shapes have multi-token-prediction blocks")
+    if args.reranker and shape.get("arch") != "qwen3":
+        parser.error("--reranker: only the qwen3 shapes are rerankers")
     nextn = {"nextn": args.nextn} if args.nextn else {}
     w = builder(**shape, **nextn, weight_type=GGML_F16, seed=args.seed, random_matrix=random_f16)
     scale_output_norm(w, args.output_norm)
     if args.fim:
         name_last_tokens(w)
+    if args.reranker:
+        make_reranker(w, shape["n_embd"], random.Random(args.seed))
     w.set("general.name", STRING, f"random-{args.shape}")
     for key, value in floats.items():
         w.set(key, F32, value)

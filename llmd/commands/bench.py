@@ -24,7 +24,8 @@ streams (llmd/commands/speculative_bench.py). With --held-sessions N: N named se
 each warm at --held-tokens tokens, held at once (held_sessions_figures). With --choices
 N: one request for N choices next to one for a single choice (choices_figures). With
 --infill: an editor's code completion through /infill, against llmd or, with --url,
-llama-server (infill_figures).
+llama-server (infill_figures). With --rerank: a search's documents reranked through
+/v1/rerank, likewise (rerank_figures).
 """
 from __future__ import annotations
 
@@ -393,6 +394,46 @@ def infill_figures(url: str | None, path: str, threads: int, runs: int, typed: i
             "typing_request_s_range": [round(min(typing), 3), round(max(typing), 3)]}
 
 
+PASSAGE_WORDS = ("the river mill farmer sheep market bridge town winter harvest road church school water "
+                 "bread stone field north south wind rain light night morning city").split()
+
+
+def passage(rng: random.Random, n: int) -> str:
+    """n words that read enough like a passage of text."""
+    return " ".join(rng.choice(PASSAGE_WORDS) for _ in range(n)) + "."
+
+
+def rerank_figures(url: str | None, path: str, threads: int, runs: int, documents: int = 20,
+                   words: int = 120) -> dict:
+    """A search's reranking through /v1/rerank: per run a new query and `documents`
+    passages of `words` words (as a retriever hands a RAG pipeline's top hits over),
+    scored in one request. Against the server at `url` (llama-server --reranking too),
+    else a `python -m llmd` of `path`, a reranker. Times are medians over the runs, with
+    their range."""
+    proc, host, port = _server(url, path, threads)
+    times, prompt_tokens = [], set()
+    try:
+        for r in range(runs + 1):  # the first is the server's warm-up, not counted
+            rng = random.Random(f"{uuid.uuid4()}")  # no server finds a run's texts in its cache
+            body = {"query": f"Which passage tells of the {passage(rng, 6)}",
+                    "documents": [passage(rng, words) for _ in range(documents)]}
+            start = time.perf_counter()
+            reply = json.loads(_request(port, "POST", "/v1/rerank", body, host=host))
+            elapsed = time.perf_counter() - start
+            if len(reply.get("results", ())) != documents:
+                raise RuntimeError(f"/v1/rerank answered {str(reply)[:200]}")
+            if r:
+                times.append(elapsed)
+                prompt_tokens.add(reply["usage"]["prompt_tokens"])
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return {"rerank_documents": documents, "rerank_prompt_tokens": [min(prompt_tokens), max(prompt_tokens)],
+            "rerank_request_s": _median(times), "rerank_request_s_range": [round(min(times), 3), round(max(times), 3)],
+            "rerank_documents_per_s": round(documents / statistics.median(times), 1)}
+
+
 QUESTIONS = ["Name a colour.", "Name an animal.", "Name a city.", "Name a fruit.", "Name a tool.",
              "Name a river.", "Name a planet.", "Name a metal.", "Name a flower.", "Name a sport."]
 
@@ -661,9 +702,9 @@ def _default() -> str:
 def run(path: str | None, threads: int, runs: int, as_json: bool, conversation: bool = False,
         sessions: bool = False, shared_prompt: bool = False, streams: int = 0, url: str | None = None,
         held_sessions: int = 0, held_tokens: int = 8192, kv_type: str = "f16", choices: int = 0,
-        infill: bool = False) -> int:
-    if infill:
-        figures = infill_figures(url, path or _default(), threads, runs)
+        infill: bool = False, rerank: bool = False) -> int:
+    if infill or rerank:
+        figures = (infill_figures if infill else rerank_figures)(url, path or _default(), threads, runs)
         print(json.dumps(figures) if as_json else "\n".join(f"  {k:<42} {v}" for k, v in figures.items()))
         return 0
     if choices:
