@@ -21,14 +21,7 @@ import time
 import pytest
 import pytest_asyncio
 
-from llmd.api.access import AccessPolicy, Guard
-from llmd.api.answers import transport_refusal
-from llmd.api.routes import Api, App, Options
-from llmd.http.server import HttpServer
-from llmd.prompt import templates
 from llmd.serving import sessions
-from llmd.serving.metrics import ServerMetrics
-from llmd.serving.runtime import Runtime
 from llmd.serving import session_store
 from llmd.serving.session_store import (CONFLICT, FORMAT_VERSION, LOCK_NAME, MAGIC, STALE_TEMP_SECONDS, SUFFIX,
                                         SessionStore, decode, encode, file_name, model_fingerprint, read_version,
@@ -37,6 +30,7 @@ from llmd.serving.sessions import SessionTable
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
 from tests.support.gguf_writer import build_tiny_gemma3, build_tiny_qwen35
+from tests.support.stack import start_stack
 
 FINGERPRINT = "f" * 64
 PAYLOAD = bytes(range(256)) * 40
@@ -396,34 +390,16 @@ def test_the_fingerprint_changes_with_the_model_file_the_engine_and_its_kernels(
 
 @pytest_asyncio.fixture
 async def stack(tiny_model, tmp_path):
-    """Start/stop a server stack over a session dir; 2 named slots + scratch."""
+    """Start/stop a server stack over a session dir; 2 named slots + scratch. No prefix
+    cache: what is cached here came from the session or its file alone."""
     stacks = []
 
     async def start(store_dir=tmp_path / "sessions", max_bytes=0, fingerprint="tiny", model=tiny_model.path,
                     n_ctx=0, save_delay=sessions.IDLE_SAVE_SECONDS, api_keys=()):
-        runtime = Runtime(ServerMetrics())
-        engine = await runtime.load(str(model), n_threads=1, max_sessions=3, n_ctx=n_ctx)
-        store = SessionStore(store_dir, max_bytes, fingerprint, engine.info.n_ctx)
-        store.scan()
-        table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions, store=store,
-                             save_delay=save_delay)
-        await table.start()
-        app = App()
-        # No prefix cache: what is cached here came from the session or its file alone.
-        app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine),
-                      Options(["model"], prefix_cache="off"))
-        server = HttpServer(Guard(app, AccessPolicy(api_keys)) if api_keys else app, refusal=transport_refusal)
-        await server.start("127.0.0.1", 0)
-
-        async def stop():
-            if runtime.executor._shutdown:
-                return
-            await server.close(grace=1)
-            await table.close()
-            await runtime.close()
-
-        stacks.append(stop)
-        return Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, stop
+        s = await start_stack(model, max_sessions=3, n_ctx=n_ctx, prefix_cache="off", store=store_dir,
+                              max_bytes=max_bytes, fingerprint=fingerprint, save_delay=save_delay, api_keys=api_keys)
+        stacks.append(s.stop)
+        return s.client, s.table, s.stop
 
     yield start
     for stop in stacks:

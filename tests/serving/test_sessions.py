@@ -12,16 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from llmd.api.answers import transport_refusal
-from llmd.api.routes import Api, App, Options
 from llmd.engine.native import Engine
 from llmd.errors import ApiError
-from llmd.http.server import HttpServer
-from llmd.prompt import templates
-from llmd.serving.metrics import ServerMetrics
-from llmd.serving.runtime import Runtime
-from llmd.serving.sessions import SessionTable
-from tests.conformance.client import Client
+from tests.support.stack import start_stack
 from tests.system.test_limits import no_end
 
 pytestmark = pytest.mark.asyncio
@@ -44,25 +37,14 @@ class Stack:
         # The clients below block threads of the default executor, which the server
         # in this same process also uses (asyncio.to_thread): give it room for both.
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(64))
-        self.runtime = Runtime(ServerMetrics(), speculative="draft" if self.draft else "ngram")
-        self.engine = await self.runtime.load(str(self.model.path), str(self.model.path) if self.draft else None,
-                                              n_threads=1, max_sessions=self.max_sessions,
-                                              kv_budget_bytes=self.kv_budget)
-        self.table = SessionTable(self.engine, self.runtime.call, capacity=self.runtime.capacity,
-                                  eviction=self.eviction, draft_engine=self.runtime.draft_engine)
-        await self.table.start()
-        app = App()
-        app.api = Api(self.engine, self.runtime, self.table, templates.detect_template(self.engine.info.chat_template),
-                      Options(["model"]))
-        self.server = HttpServer(app, refusal=transport_refusal)
-        await self.server.start("127.0.0.1", 0)
-        self.client = Client(f"http://127.0.0.1:{self.server.port}/v1", model="model")
+        stack = await start_stack(self.model.path, max_sessions=self.max_sessions, kv_budget=self.kv_budget,
+                                  draft=self.draft, eviction=self.eviction)
+        self.engine, self.runtime, self.table, self.server = stack.engine, stack.runtime, stack.table, stack.server
+        self.client, self.stop = stack.client, stack.stop
         return self
 
     async def __aexit__(self, *exc):
-        await self.server.close(grace=1)
-        await self.table.close()
-        await self.runtime.close()
+        await self.stop()
 
     def body(self, sid: str | None = None, max_tokens: int = 8, stream: bool = False, **extra) -> dict:
         body = {"model": "model", "prompt": "hello", "max_tokens": max_tokens,

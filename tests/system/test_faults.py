@@ -15,17 +15,11 @@ import pytest
 import pytest_asyncio
 
 from llmd._native import lib
-from llmd.api.answers import transport_refusal
-from llmd.api.routes import Api, App, Options
 from llmd.engine.native import EngineError
-from llmd.http.server import HttpServer
-from llmd.prompt import templates
-from llmd.serving.metrics import ServerMetrics
-from llmd.serving.runtime import Runtime
-from llmd.serving.sessions import SessionTable
 from llmd.structured import constrain
 from tests.conformance.client import Client
 from tests.conftest import llmd_process
+from tests.support.stack import start_stack
 from tests.system.test_limits import address, long_body, stalled_stream, wait_for
 
 # ---- a native error mid-generation ---------------------------------------------------
@@ -57,24 +51,15 @@ async def stack(tiny_model, request):
     """The real server stack in this process, without speculative decoding (a decode step
     is Engine.decode_batch) and with it (a step is Engine.decode_drafts);
     yields (client, table, fault)."""
-    runtime = Runtime(ServerMetrics(), speculative=request.param)
-    engine = await runtime.load(str(tiny_model.path), n_threads=1, max_sessions=4)
+    s = await start_stack(tiny_model.path, max_sessions=4, speculative=request.param)
     if request.param == "off":
-        fault = FailingDecode(engine.decode_batch)
-        engine.decode_batch = fault
+        fault = FailingDecode(s.engine.decode_batch)
+        s.engine.decode_batch = fault
     else:
-        fault = FailingDecode(engine.decode_drafts, several=True)
-        engine.decode_drafts = fault
-    table = SessionTable(engine, runtime.call, capacity=engine.info.max_sessions)
-    await table.start()
-    app = App()
-    app.api = Api(engine, runtime, table, templates.load_template(engine.info.chat_template, None, engine), Options(["model"]))
-    server = HttpServer(app, refusal=transport_refusal)
-    await server.start("127.0.0.1", 0)
-    yield Client(f"http://127.0.0.1:{server.port}/v1", model="model"), table, fault
-    await server.close(grace=1)
-    await table.close()
-    await runtime.close()
+        fault = FailingDecode(s.engine.decode_drafts, several=True)
+        s.engine.decode_drafts = fault
+    yield s.client, s.table, fault
+    await s.stop()
 
 
 def chat_body(client: Client, **extra) -> dict:
