@@ -378,8 +378,11 @@ class Api:
         return json_response(rerank.body(scores, req, self.options.model_ids[0], sum(map(len, inputs))))
 
     async def _pool(self, inputs: list[list[int]], gone: asyncio.Event) -> list[list[float]]:
-        """Each input's pooled output (Session.embed) from a session of its own lease;
-        the inputs stop once `gone` is set (the client went away)."""
+        """Each input's pooled output (Session.embed) from a session of its own lease,
+        emptied first: an input resumes from the start it shares with the request's
+        input before it (a reranker's documents), never from another request's, which
+        another API key may have sent. The inputs stop once `gone` is set (the client
+        went away)."""
         self._admit()
         self.waiting += 1
         try:
@@ -390,6 +393,7 @@ class Api:
         try:
             # The cache ends up holding an input, no conversation's prefix.
             slot.resident, slot.dirty = [], True
+            await self.runtime.call(slot.session.reset)
             for ids in inputs:  # one call per input: generations step in between
                 if gone.is_set():
                     raise errors.client_closed()

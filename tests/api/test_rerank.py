@@ -3,6 +3,7 @@ against llama.cpp's `llama-server --reranking` on a tiny random-weight qwen3 rer
 llmd/api/rerank.py's pure parts, and POST /v1/rerank on a server running that model."""
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import socket
@@ -14,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from llmd.api import rerank
-from llmd.engine.native import Engine, EngineError
+from llmd.engine.native import Engine, EngineError, Session
 from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.support.gguf_writer import QWEN3_RERANK_TEMPLATE, build_tiny_llama, make_reranker
+from tests.support.stack import start_stack
 
 N_CTX = 1024
 TEMPLATE = QWEN3_RERANK_TEMPLATE
@@ -185,6 +187,27 @@ def test_a_client_that_goes_away_stops_its_documents_and_the_server_serves_on(se
         pytest.fail("the request was not stopped when its client went away")
     reply = server.post_json("/rerank", {"query": QUERIES[0], "documents": DOCUMENTS[:1]})
     assert abs(reply.json()["results"][0]["relevance_score"] - GOLDEN[0][0]) <= TOLERANCE
+
+
+@pytest.mark.asyncio
+async def test_a_request_resumes_from_its_own_documents_never_from_another_requests(tmp_path, monkeypatch):
+    positions = []  # the session's position as each document starts
+    embed = Session.embed
+
+    def recording(session, ids):
+        positions.append(session.position)
+        return embed(session, ids)
+
+    monkeypatch.setattr(Session, "embed", recording)
+    stack = await start_stack(build(tmp_path / "m.gguf"), max_sessions=2)
+    try:
+        for _ in range(2):
+            body = {"query": QUERIES[0], "documents": DOCUMENTS[:2]}
+            assert (await asyncio.to_thread(stack.client.post_json, "/rerank", body)).status == 200
+        first = len(prompt_ids(stack.engine, QUERIES[0], DOCUMENTS[0]))
+    finally:
+        await stack.stop()
+    assert positions == [0, first, 0, first]
 
 
 def test_embeddings_of_a_reranker_are_refused_pointing_at_rerank(server):
