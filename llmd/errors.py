@@ -14,6 +14,8 @@ The Anthropic Messages routes answer in Anthropic's shape instead, from the same
 ApiError (`error_body(err, ANTHROPIC)`):
 
     {"type": "error", "error": {"type": str, "message": str}}
+
+and Ollama's /api/ routes in Ollama's (`error_body(err, OLLAMA)`): {"error": str}.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class ApiError(Exception):
                 f"param={self.param!r}, code={self.code!r})")
 
 
-OPENAI, ANTHROPIC = "openai", "anthropic"  # the error shapes a route may answer in
+OPENAI, ANTHROPIC, OLLAMA = "openai", "anthropic", "ollama"  # the error shapes a route may answer in
 
 # Anthropic names its error types by status; 503 is its "overloaded_error".
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -57,7 +59,9 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 
 def error_body(err: ApiError, shape: str = OPENAI) -> dict:
     """Return the error envelope for `err` in `shape`: OpenAI's (all four inner keys
-    present) or Anthropic's."""
+    present), Anthropic's or Ollama's (the message alone)."""
+    if shape == OLLAMA:
+        return {"error": err.message}
     if shape == ANTHROPIC:
         kind = _ANTHROPIC_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
         return {"type": "error", "error": {"type": kind, "message": err.message}}

@@ -1,12 +1,13 @@
 """JSON answers: a body, or an ApiError in the shape its route answers in (Anthropic's
-on the Messages routes, OpenAI's everywhere else), with its access-log fields.
+on the Messages routes, Ollama's on its /api/ routes, OpenAI's everywhere else), with
+its access-log fields.
 """
 from __future__ import annotations
 
 import json
 
 from llmd import errors
-from llmd.api import anthropic
+from llmd.api import anthropic, ollama
 from llmd.errors import ApiError, error_body, refusal_log
 from llmd.http.server import Response
 
@@ -18,8 +19,11 @@ def json_response(obj: object, status: int = 200, headers: list[tuple[str, str]]
 
 
 def error_shape(path: str) -> str:
-    """The error shape a route answers in: Anthropic's on the Messages routes."""
-    return errors.ANTHROPIC if path.startswith(anthropic.PATHS) else errors.OPENAI
+    """The error shape a route answers in: Anthropic's on the Messages routes, Ollama's
+    on its /api/ routes."""
+    if path.startswith(anthropic.PATHS):
+        return errors.ANTHROPIC
+    return errors.OLLAMA if path.startswith(ollama.PATH) else errors.OPENAI
 
 
 def error_response(err: ApiError, shape: str = errors.OPENAI) -> Response:

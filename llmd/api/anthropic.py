@@ -274,6 +274,8 @@ class MessagesFormat:
     prompt_param = "messages"
     remembers_replies = True
     shows_reasoning = True   # as a thinking block
+    stream_type = sse.MEDIA_TYPE
+    ping = sse.PING
 
     def __init__(self, req: ChatRequest) -> None:
         self.id = "msg_" + uuid.uuid4().hex[:24]

@@ -40,6 +40,8 @@ class ChunkStream:
     include_usage: bool
     timings_per_token: bool
     id: str
+    stream_type = sse.MEDIA_TYPE
+    ping = sse.PING
 
     def _chunk(self, reply: Reply, choice: dict | None, **extra) -> bytes:
         body = {"id": self.id, "object": self.chunk_object, "created": reply.created,

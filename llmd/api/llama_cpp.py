@@ -217,6 +217,8 @@ class LlamaFormat:
     prompt_param = "prompt"  # (an infill prompt's other parts are fitted to the context)
     remembers_replies = False
     shows_reasoning = False
+    stream_type = sse.MEDIA_TYPE
+    ping = sse.PING
 
     def __init__(self, req: LlamaRequest, n_ctx: int, prompt_text: str, truncated: bool) -> None:
         self.id = ("infill-" if req.infill else "cmpl-") + uuid.uuid4().hex[:24]

@@ -23,7 +23,6 @@ from llmd import errors
 from llmd.api.logprobs import TokenLogprob
 from llmd.engine.native import Token
 from llmd.errors import ApiError, as_api_error
-from llmd.http import sse
 from llmd.http.server import HttpRequest
 from llmd.prompt.harmony import HarmonyStream
 from llmd.prompt.infill import LineLimits
@@ -141,13 +140,15 @@ class Output:
 
 
 class Format(Protocol):
-    """How one API surface (chat_completions, completions, responses, messages) shapes
-    a reply: one object when collected, SSE frames when streamed."""
+    """How one API surface (chat_completions, completions, responses, messages, llama.cpp's,
+    Ollama's) shapes a reply: one object when collected, frames when streamed."""
 
     id: str
     prompt_param: str          # the parameter a prompt over the context is blamed on
     remembers_replies: bool    # the client sends the reply back: keep its generated ids
     shows_reasoning: bool      # reasoning deltas reach `deltas` (else only content and calls)
+    stream_type: str           # the stream's media type (SSE's, or Ollama's NDJSON)
+    ping: bytes | None         # what keeps a stream alive while the prompt is processed (None: nothing)
 
     def body(self, reply: Reply) -> dict: ...
     def start(self, reply: Reply) -> list[bytes]: ...
@@ -414,9 +415,9 @@ class Reply:
                     await self._next_choice()
                 for frame in self.fmt.start(self):
                     yield frame
-                async for kind, value in self._events(ping=True):
+                async for kind, value in self._events(ping=self.fmt.ping is not None):
                     if kind == "ping":
-                        yield sse.PING
+                        yield self.fmt.ping
                     elif kind == "progress":
                         for frame in self.fmt.progress(self, value):
                             yield frame

@@ -109,6 +109,8 @@ class ResponsesFormat:
     prompt_param = "input"
     remembers_replies = True
     shows_reasoning = True   # as a reasoning output item
+    stream_type = sse.MEDIA_TYPE
+    ping = sse.PING
 
     def __init__(self, req: ResponsesRequest, on_done: Callable[[str, Message], None] | None) -> None:
         self.id = _item_id("resp")
@@ -297,6 +299,8 @@ class CompactionFormat:
     prompt_param = "input"
     remembers_replies = False  # the summary is never sent back as a reply
     shows_reasoning = False    # a reasoning model's thinking is not part of the summary
+    stream_type = sse.MEDIA_TYPE
+    ping = sse.PING
 
     def __init__(self, user_messages: list[Message]) -> None:
         self.id = _item_id("resp")

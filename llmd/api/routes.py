@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from urllib.parse import unquote
 
 from llmd import errors
-from llmd.api import anthropic, embeddings, rerank, validation
+from llmd.api import anthropic, embeddings, ollama, rerank, validation
 from llmd.api.answers import error_response, error_shape, json_response
 from llmd.api.chat_completions import ChatCompletionFormat, parse_chat_request
 from llmd.api.completions import CompletionFormat, parse_completion_request
@@ -145,6 +145,13 @@ class Api:
             (re.compile(r"(?:/v1)?/embeddings"), {"POST": self.embeddings}),
             (re.compile(r"(?:/v1)?/rerank"), {"POST": self.rerank}),
             (re.compile(r"(?:/v1)?/reranking"), {"POST": self.rerank}),  # llama.cpp's other name
+            (re.compile(r"/api/chat"), {"POST": self.ollama_chat}),
+            (re.compile(r"/api/generate"), {"POST": self.ollama_generate}),
+            (re.compile(r"/api/embed"), {"POST": self.ollama_embed}),
+            (re.compile(r"/api/tags"), {"GET": self.ollama_tags}),
+            (re.compile(r"/api/ps"), {"GET": self.ollama_ps}),
+            (re.compile(r"/api/show"), {"POST": self.ollama_show}),
+            (re.compile(r"/api/version"), {"GET": self.ollama_version}),
             (re.compile(r"/completion"), {"POST": self.llama_completion}),
             (re.compile(r"/infill"), {"POST": self.infill}),
             (re.compile(r"/tokenize"), {"POST": tokenizer.tokenize}),
@@ -316,7 +323,11 @@ class Api:
         return json_response({"input_tokens": len(prompt.ids())})
 
     async def embeddings(self, request: HttpRequest) -> Response:
-        req = await parse(embeddings.parse_embeddings_request, request.body)
+        return json_response(await self._embed(await parse(embeddings.parse_embeddings_request, request.body),
+                                               request))
+
+    async def _embed(self, req: embeddings.EmbeddingsRequest, request: HttpRequest) -> dict:
+        """The embeddings list object of a request (/v1/embeddings, Ollama's /api/embed)."""
         self._check_model(req.model)
         if self.pooling == 0:
             raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
@@ -347,8 +358,7 @@ class Api:
             vectors = [embeddings.normalize(v) for v in await self._pool(inputs, request.disconnected)]
         except UnsupportedError as exc:  # non-causal attention: the engine says why
             raise errors.unsupported_parameter("model", f"This model's embeddings cannot be computed: {exc}.")
-        return json_response(embeddings.body(vectors, req.encoding_format, self.options.model_ids[0],
-                                             sum(map(len, inputs))))
+        return embeddings.body(vectors, req.encoding_format, self.options.model_ids[0], sum(map(len, inputs)))
 
     async def rerank(self, request: HttpRequest) -> Response:
         req = await parse(rerank.parse_rerank_request, request.body)
@@ -402,6 +412,89 @@ class Api:
             lease.release()
         return outputs
 
+    # ---- Ollama's API (llmd/api/ollama.py) ---------------------------------------
+
+    def _ollama_model(self, name: str) -> str:
+        """A model name as Ollama's clients send it: the served id, or the id with
+        Ollama's default tag (`id:latest`)."""
+        bare = name.removesuffix(":latest")
+        return bare if bare in self.options.model_ids and name not in self.options.model_ids else name
+
+    async def ollama_chat(self, request: HttpRequest) -> Response | StreamResponse:
+        started = time.perf_counter()
+        req = await parse(ollama.parse_chat_request, request.body)
+        req = dataclasses.replace(req, model=self._ollama_model(req.model))
+        if not req.messages:  # Ollama's way to load a model: it is loaded
+            self._check_model(req.model)
+            return json_response(ollama.loaded(req.model, chat=True))
+        return await self._chat(request, req, self._session_of(req, request), ollama.OllamaFormat(True, started))
+
+    async def ollama_generate(self, request: HttpRequest) -> Response | StreamResponse:
+        started = time.perf_counter()
+        req = await parse(ollama.parse_generate_request, request.body)
+        req = dataclasses.replace(req, model=self._ollama_model(req.model))
+        fmt = ollama.OllamaFormat(False, started)
+        if isinstance(req, validation.CompletionRequest):
+            self._check_model(req.model)
+            if not req.prompt and not req.suffix:
+                return json_response(ollama.loaded(req.model, chat=False))
+            return await self._completion(request, req, fmt)
+        if not req.messages:
+            self._check_model(req.model)
+            return json_response(ollama.loaded(req.model, chat=False))
+        return await self._chat(request, req, self._session_of(req, request), fmt)
+
+    async def ollama_embed(self, request: HttpRequest) -> Response:
+        started = time.perf_counter()
+        req = await parse(ollama.parse_embed_request, request.body)
+        response = await self._embed(dataclasses.replace(req, model=self._ollama_model(req.model)), request)
+        return json_response({"model": req.model, "embeddings": [d["embedding"] for d in response["data"]],
+                              "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0,
+                              "prompt_eval_count": response["usage"]["prompt_tokens"]})
+
+    def _ollama_models(self, running: bool) -> list[dict]:
+        header_bytes, file_bytes = self.engine.file_layout()
+        digest = hashlib.sha256(f"{self.info.name}\0{header_bytes}\0{file_bytes}".encode()).hexdigest()
+        family = self.info.architecture
+        details = {"parent_model": "", "format": "gguf", "family": family, "families": [family],
+                   "parameter_size": "", "quantization_level": ""}
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
+        return [{"name": m, "model": m, "size": file_bytes, "digest": digest, "details": details,
+                 **({"expires_at": "2318-01-01T00:00:00Z", "size_vram": 0, "context_length": self.info.n_ctx}
+                    if running else {"modified_at": when})}
+                for m in self.options.model_ids]
+
+    async def ollama_tags(self, request: HttpRequest) -> Response:
+        return json_response({"models": self._ollama_models(running=False)})
+
+    async def ollama_ps(self, request: HttpRequest) -> Response:
+        return json_response({"models": self._ollama_models(running=True)})
+
+    async def ollama_show(self, request: HttpRequest) -> Response:
+        model = await parse(ollama.parse_show_request, request.body)
+        self._check_model(self._ollama_model(model))
+        template = self.template
+        tools = isinstance(template, templates.ChatTemplate) or (
+            isinstance(template, templates.JinjaTemplate) and "tools" in template.source)
+        capabilities = ["embedding"] if self.pooling else [
+            "completion", *(["tools"] if tools else []), *(["insert"] if self.info.fim is not None else []),
+            *(["thinking"] if templates.reasoning_start(template, "") is not None else [])]
+        arch, listed = self.info.architecture, self._ollama_models(running=False)[0]
+        return json_response({
+            "license": "", "modelfile": "", "parameters": "", "template": self.info.chat_template,
+            "details": listed["details"],
+            "model_info": {"general.architecture": arch, "general.name": self.info.name,
+                           f"{arch}.context_length": self.info.n_ctx_train,
+                           f"{arch}.embedding_length": self.info.n_embd,
+                           f"{arch}.block_count": self.info.n_layer, f"{arch}.attention.head_count": self.info.n_head,
+                           f"{arch}.attention.head_count_kv": self.info.n_head_kv,
+                           "tokenizer.ggml.bos_token_id": self.info.bos_id,
+                           "tokenizer.ggml.eos_token_id": self.info.eos_id},
+            "capabilities": capabilities, "modified_at": listed["modified_at"]})
+
+    async def ollama_version(self, request: HttpRequest) -> Response:
+        return json_response({"version": ollama.VERSION})
+
     def _session_of(self, req: validation.ChatRequest | validation.CompletionRequest,
                     request: HttpRequest) -> str | None:
         """The body's session_id, else a session header, else the prompt_cache_key's session."""
@@ -447,10 +540,21 @@ class Api:
         req = await parse(parse_completion_request, request.body)
         self._check_model(req.model)
         validation.check_vocab(req, self.info.n_vocab)
+        if req.echo and not isinstance(req.prompt, str):
+            echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
+        else:
+            echoed = req.prompt if req.echo else ""
+        fmt = CompletionFormat(req.include_usage, echoed, req.logprobs is not None, req.timings_per_token)
+        return await self._completion(request, req, fmt, prompt_logprobs=req.logprobs if req.echo else None)
+
+    async def _completion(self, request: HttpRequest, req: validation.CompletionRequest, fmt: Format,
+                          prompt_logprobs: int | None = None) -> Response | StreamResponse:
+        """A checked completion request's prompt (with a suffix, the code before the gap
+        and after it, the model writing the middle), generated and shaped by fmt."""
         sid = self._session_of(req, request)
         grammar = await self.grammars.grammar(constrain.completion_spec(req), request.principal,
                                               request.disconnected)
-        if req.suffix:  # the code before the gap and after it: the model writes the middle
+        if req.suffix:
             if isinstance(req.prompt, str):
                 self.text_limit.check(req.prompt, "prompt")
             self.text_limit.check(req.suffix, "suffix")
@@ -459,14 +563,8 @@ class Api:
                                                                req.suffix)).ids)
         else:
             prompt = await self._completion_prompt(req.prompt)
-        if req.echo and not isinstance(req.prompt, str):
-            echoed = (await self.runtime.call(self.engine.detokenize, req.prompt)).decode("utf-8", "replace")
-        else:
-            echoed = req.prompt if req.echo else ""
-        return await self._generate(request, prompt, req.prompt, req, sid, None, grammar,
-                                    CompletionFormat(req.include_usage, echoed, req.logprobs is not None,
-                                                     req.timings_per_token),
-                                    prompt_logprobs=req.logprobs if req.echo else None)
+        return await self._generate(request, prompt, req.prompt, req, sid, None, grammar, fmt,
+                                    prompt_logprobs=prompt_logprobs)
 
     async def llama_completion(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(llama_cpp.parse_completion_request, request.body)
@@ -647,7 +745,7 @@ class Api:
         reply = Reply(self.reply_context, fmt, g, new_output(), sid, prompt_text,
                       Choices(req.n, generation, new_output, lease, self.table.spare if forks else None))
         if req.stream:
-            response = StreamResponse(200, ReplyStream(reply, request))
+            response = StreamResponse(200, ReplyStream(reply, request), content_type=fmt.stream_type)
             reply.log = response.log
             return response
         try:

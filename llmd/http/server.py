@@ -320,7 +320,7 @@ class _Connection:
         chunked = head.version == "1.1"   # HTTP/1.0 has no chunked coding: end by closing
         keep_alive = keep_alive and chunked
         defaults = [("Content-Type", response.content_type), ("Cache-Control", "no-cache")]
-        if response.content_type.startswith("text/event-stream"):
+        if response.content_type.startswith(("text/event-stream", "application/x-ndjson")):
             defaults.append(("X-Accel-Buffering", "no"))  # tell nginx-like proxies not to buffer
         framing = [("Transfer-Encoding", "chunked")] if chunked else []
         it = response.chunks

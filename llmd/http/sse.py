@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+MEDIA_TYPE = "text/event-stream"
 DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"   # a comment line: keeps proxies and clients from timing out
 
