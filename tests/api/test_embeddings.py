@@ -62,6 +62,20 @@ def test_an_embedding_does_not_depend_on_what_the_session_held_before(tmp_path):
             assert session.embed(ids) == first and session.position == len(ids)
 
 
+def test_an_input_is_lent_to_no_scope_of_the_prefix_cache(tmp_path):
+    # The session last joined scope "a" (a chat of that key); what it embeds afterwards,
+    # maybe for another key, must not come back to "a" as a cached prefix.
+    with Engine(str(build(tmp_path / "m.gguf", "last").path), n_ctx=N_CTX, max_sessions=3,
+                prefix_cache_bytes=1 << 20) as engine:
+        ids = engine.tokenize(TEXTS[1] * 3)
+        with engine.new_session() as chat, engine.new_session() as probe:
+            assert chat.share_prefix("a", ids[:5], 0) == 0
+            chat.prefill(ids[:5])
+            chat.embed(ids)
+            assert chat.position == len(ids)
+            assert probe.share_prefix("a", ids + [1], 0) == 0
+
+
 def test_cls_pooling_of_an_input_longer_than_a_forward_batch_is_its_first_token_alone(tmp_path):
     # Causal attention: the first token sees only itself, however many chunks follow it.
     with Engine(str(build(tmp_path / "m.gguf", "cls").path), n_ctx=4 * N_CTX, max_sessions=2) as engine:

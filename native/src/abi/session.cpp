@@ -842,6 +842,9 @@ llmd_status llmd_session_embed(llmd_session *s, const int32_t *ids, size_t n, fl
             if (std::string why; rewindable(s, static_cast<int32_t>(kept), &why) != LLMD_OK) kept = 0;
         }
         rewind(s, static_cast<int32_t>(kept));
+        // An input is no scope's prompt: the cache lends none of it to the prefix cache's
+        // scope it last joined (share_prefix finds it foreign until it is emptied).
+        s->kv.sharing = false;
         std::vector<float> hidden(static_cast<size_t>(std::min<size_t>(n - kept, kMaxBatch)) * dim);
         std::vector<double> sum(mean ? dim : 0);
         std::vector<float> state(dim); // the pooled token's
