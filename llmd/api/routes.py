@@ -14,7 +14,7 @@ import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import AsyncIterator, Callable, Sequence
 from urllib.parse import unquote
 
 from llmd import errors
@@ -354,11 +354,16 @@ class Api:
             if len(item) > self.info.n_ctx:
                 raise errors.context_length_exceeded(len(item), self.info.n_ctx, param)
             inputs.append(item)
+        async def each() -> AsyncIterator[list[int]]:
+            for ids in inputs:
+                yield ids
+
         try:
-            vectors = [embeddings.normalize(v) for v in await self._pool(inputs, request.disconnected)]
+            vectors, _ = await self._pool(each(), request.disconnected)
         except UnsupportedError as exc:  # non-causal attention: the engine says why
             raise errors.unsupported_parameter("model", f"This model's embeddings cannot be computed: {exc}.")
-        return embeddings.body(vectors, req.encoding_format, self.options.model_ids[0], sum(map(len, inputs)))
+        return embeddings.body([embeddings.normalize(v) for v in vectors], req.encoding_format,
+                               self.options.model_ids[0], sum(map(len, inputs)))
 
     async def rerank(self, request: HttpRequest) -> Response:
         req = await parse(rerank.parse_rerank_request, request.body)
@@ -373,44 +378,49 @@ class Api:
                                          "to put the query and a document in.", "model", "model_not_reranker")
         self.text_limit.check(req.query, "query")
         param = "texts" if req.tei else "documents"
-        inputs: list[list[int]] = []
         for i, document in enumerate(req.documents):
             self.text_limit.check(document, f"{param}[{i}]")
-            text, markers = rerank.prompt(self.info.rerank_template, req.query, document)
-            ids, _ = await self.runtime.call(self.engine.tokenize_marked, text, markers)
-            if len(ids) > self.info.n_ctx:
-                raise errors.context_length_exceeded(len(ids), self.info.n_ctx, f"{param}[{i}]")
-            inputs.append(ids)
+
+        async def prompts() -> AsyncIterator[list[int]]:
+            # Each prompt holds the query: made as its turn comes, one at a time in memory.
+            for i, document in enumerate(req.documents):
+                text, markers = rerank.prompt(self.info.rerank_template, req.query, document)
+                ids, _ = await self.runtime.call(self.engine.tokenize_marked, text, markers)
+                if len(ids) > self.info.n_ctx:
+                    raise errors.context_length_exceeded(len(ids), self.info.n_ctx, f"{param}[{i}]")
+                yield ids
+
         try:
-            scores = [labels[0] for labels in await self._pool(inputs, request.disconnected)]
+            outputs, tokens = await self._pool(prompts(), request.disconnected)
         except UnsupportedError as exc:  # non-causal attention: the engine says why
             raise errors.unsupported_parameter("model", f"This reranker's scores cannot be computed: {exc}.")
-        return json_response(rerank.body(scores, req, self.options.model_ids[0], sum(map(len, inputs))))
+        return json_response(rerank.body([labels[0] for labels in outputs], req, self.options.model_ids[0], tokens))
 
-    async def _pool(self, inputs: list[list[int]], gone: asyncio.Event) -> list[list[float]]:
+    async def _pool(self, inputs: AsyncIterator[list[int]], gone: asyncio.Event) -> tuple[list[list[float]], int]:
         """Each input's pooled output (Session.embed) from a session of its own lease,
         emptied first: an input resumes from the start it shares with the request's
         input before it (a reranker's documents), never from another request's, which
-        another API key may have sent. The inputs stop once `gone` is set (the client
-        went away)."""
+        another API key may have sent; and the inputs' tokens. The inputs stop once
+        `gone` is set (the client went away)."""
         self._admit()
         self.waiting += 1
         try:
             lease = await self.table.acquire(None)
         finally:
             self.waiting -= 1
-        slot, outputs = lease.slot, []
+        slot, outputs, tokens = lease.slot, [], 0
         try:
             # The cache ends up holding an input, no conversation's prefix.
             slot.resident, slot.dirty = [], True
             await self.runtime.call(slot.session.reset)
-            for ids in inputs:  # one call per input: generations step in between
+            async for ids in inputs:  # one call per input: generations step in between
                 if gone.is_set():
                     raise errors.client_closed()
                 outputs.append(await self.runtime.call(slot.session.embed, ids))
+                tokens += len(ids)
         finally:
             lease.release()
-        return outputs
+        return outputs, tokens
 
     # ---- Ollama's API (llmd/api/ollama.py) ---------------------------------------
 
