@@ -49,8 +49,8 @@ def parse_rerank_request(body: bytes) -> RerankRequest:
     if obj.get("user") is not None:
         str_field(obj["user"], "user")
     query = str_field(required_field(obj, "query", "query"), "query")
-    tei = "texts" in obj
-    if tei and "documents" in obj:
+    tei = obj.get("texts") is not None
+    if tei and obj.get("documents") is not None:
         raise invalid_request("Give the documents as 'documents' (Jina's and Cohere's API) or as 'texts' "
                               "(Hugging Face TEI's), not both.", "texts")
     param = "texts" if tei else "documents"

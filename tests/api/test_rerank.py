@@ -110,6 +110,7 @@ def test_results_are_best_first_ties_in_input_order_cut_to_top_n():
     (b'{"query": "q", "documents": [{"txt": "a"}]}', "txt"),
     (b'{"query": "q", "texts": [{"text": "a"}]}', "texts[0]"),
     (b'{"query": "q", "texts": ["a"], "documents": ["a"]}', "texts"),
+    (b'{"query": "q", "texts": null, "documents": null}', "documents"),
     (b'{"query": "q", "texts": ["a"], "return_documents": true}', "return_documents"),
     (b'{"query": "q", "documents": ["a"], "return_text": true}', "return_text"),
     (b'{"query": "q", "documents": ["a"], "top_n": 0}', "top_n"),
