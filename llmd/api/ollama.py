@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from llmd.api.embeddings import EmbeddingsRequest
@@ -42,23 +43,24 @@ DEFAULTS = Sampling(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1
 _SAMPLING = {"temperature": ("temperature", 0, 2, False), "top_k": ("top_k", 0, INT32_MAX, True),
              "top_p": ("top_p", 0, 1, False), "min_p": ("min_p", 0, 1, False),
              "seed": ("seed", -2**63, 2**63 - 1, True), "repeat_penalty": ("repetition_penalty", 1e-6, 1e9, False),
+             "repeat_last_n": ("repeat_last_n", -1, INT32_MAX, True),
              "presence_penalty": ("presence_penalty", -2, 2, False),
              "frequency_penalty": ("frequency_penalty", -2, 2, False)}
-# Options of loading a model: llmd's are set at its start.
-_AT_START = frozenset({"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
-                       "low_vram", "vocab_only", "num_keep"})
-# Samplers llmd does not run, accepted at the value that turns them off (repeat_last_n:
-# the window llmd's penalties look back over).
-_OFF = {"mirostat": 0, "typical_p": 1, "tfs_z": 1, "repeat_last_n": 64, "penalize_newline": False}
-_CHAT_KEYS = frozenset({"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think"})
+# Options that do nothing here: those of loading a model (llmd's are set at its start),
+# mirostat's parameters (its sampler off, below), the ones Ollama itself no longer reads.
+_NO_EFFECT = frozenset({"num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa",
+                        "low_vram", "vocab_only", "num_keep", "f16_kv", "logits_all", "embedding_only",
+                        "mirostat_tau", "mirostat_eta", "penalize_newline"})
+# Samplers llmd does not run, accepted at the value that turns them off.
+_OFF = {"mirostat": 0, "typical_p": 1, "tfs_z": 1}
+MAX_STOPS = 64  # Ollama sets no limit; code-completion clients send about ten
+_CHAT_KEYS = frozenset({"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think",
+                        "logprobs", "top_logprobs"})
 _GENERATE_KEYS = frozenset({"model", "prompt", "suffix", "system", "format", "options", "stream", "keep_alive",
-                            "think", "raw"})
-_UNSUPPORTED = {"images": "Images are not supported: no model llmd runs has vision.",
-                "template": "'template' is not supported: the model's own template renders the prompt.",
+                            "think", "raw", "images", "logprobs", "top_logprobs"})
+_UNSUPPORTED = {"template": "'template' is not supported: the model's own template renders the prompt.",
                 "context": "'context' (the ids of an earlier generate request) is not supported; send the "
-                           "conversation to /api/chat instead.",
-                "logprobs": "'logprobs' is not supported on /api/chat and /api/generate; use /v1/chat/completions.",
-                "top_logprobs": "'top_logprobs' is not supported on /api/chat and /api/generate."}
+                           "conversation to /api/chat instead."}
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
@@ -78,6 +80,8 @@ def parse_generate_request(body: bytes) -> ChatRequest | CompletionRequest:
     `raw` (or a `suffix`) a completion of the prompt as it is."""
     obj = parse_json_object(body)
     check_keys(obj, _GENERATE_KEYS, _UNSUPPORTED)
+    _no_images(obj.get("images"), "images")
+    _common(obj)
     prompt = str_field(obj.get("prompt", ""), "prompt")
     suffix = str_field(obj.get("suffix", ""), "suffix")
     raw = obj.get("raw") is not None and bool_field(obj["raw"], "raw")
@@ -99,6 +103,7 @@ def parse_embed_request(body: bytes) -> EmbeddingsRequest:
     """Validate an /api/embed body (`input`: a text or texts) as an embeddings request."""
     obj = parse_json_object(body)
     check_keys(obj, frozenset({"model", "input", "truncate", "options", "keep_alive", "dimensions"}), {})
+    _common(obj)
     if obj.get("truncate") is not None and bool_field(obj["truncate"], "truncate"):
         raise unsupported_parameter("truncate", "'truncate': true is not supported: an input longer than the "
                                                 "context is refused, never cut.")
@@ -122,12 +127,14 @@ def parse_show_request(body: bytes) -> str:
     return _model(obj)
 
 
-def loaded(model: str, chat: bool) -> dict:
+def loaded(model: str, chat: bool, body: bytes) -> dict:
     """The answer to a request with nothing to generate, which Ollama's clients send to
-    load a model: it is loaded."""
+    load a model (or with keep_alive 0 to unload it): done, the model staying loaded."""
+    keep_alive = json.loads(body).get("keep_alive")
+    unload = keep_alive in (0, "0", "0s", "0m") and not isinstance(keep_alive, bool)
     line = {"model": model, "created_at": created_at(),
             **({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})}
-    return {**line, "done_reason": "load", "done": True}
+    return {**line, "done_reason": "unload" if unload else "load", "done": True}
 
 
 def _model(obj: dict) -> str:
@@ -138,10 +145,31 @@ def _stream(obj: dict) -> bool:
     return obj.get("stream") is None or bool_field(obj["stream"], "stream")
 
 
+def _common(obj: dict) -> None:
+    """The fields every request may carry that change nothing here: keep_alive (the model
+    stays loaded), and logprobs turned off."""
+    keep_alive = obj.get("keep_alive")
+    if keep_alive is not None and (isinstance(keep_alive, bool) or not isinstance(keep_alive, (str, int, float))):
+        raise invalid_type("keep_alive", "a duration (a string such as \"5m\", or seconds)", keep_alive)
+    if obj.get("logprobs") is not None and bool_field(obj["logprobs"], "logprobs"):
+        raise unsupported_parameter("logprobs", "'logprobs' is not supported on Ollama's routes; "
+                                                "/v1/chat/completions answers them.")
+    if obj.get("top_logprobs") is not None and int_field(obj["top_logprobs"], "top_logprobs", 0, INT32_MAX):
+        raise unsupported_parameter("top_logprobs", "'top_logprobs' is not supported on Ollama's routes.")
+
+
+def _no_images(v: Any, p: str) -> None:
+    """`images`: absent or empty (some clients always send the array)."""
+    if v is None or v == []:
+        return
+    if not isinstance(v, list):
+        raise invalid_type(p, "an array of images", v)
+    raise unsupported_parameter(p, "Images are not supported: no model llmd runs has vision.")
+
+
 def _chat(obj: dict, messages: list, tools: list) -> ChatRequest:
+    _common(obj)
     sampling, max_tokens, stop = _options(obj.get("options"))
-    if obj.get("keep_alive") is not None and not isinstance(obj["keep_alive"], (str, int, float)):
-        raise invalid_type("keep_alive", "a duration (a string such as \"5m\", or seconds)", obj["keep_alive"])
     think = obj.get("think")
     if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high"):
         raise invalid_request(f"Invalid value for 'think': {value_text(think)}; expected true, false, 'low', "
@@ -167,19 +195,23 @@ def _options(v: Any) -> tuple[Sampling, int | None, list[str]]:
         p = f"options.{key}"
         if key in _SAMPLING:
             name, lo, hi, integer = _SAMPLING[key]
+            if integer and isinstance(value, float) and value.is_integer():  # Ollama reads 40.0 as 40
+                value = int(value)
             fields[name] = int_field(value, p, lo, hi) if integer else number_field(value, p, lo, hi)
+            if key == "seed" and value == -1:  # Ollama's: a random seed
+                fields[name] = None
         elif key == "num_predict":
             n = int_field(value, p, -2, INT32_MAX)
             if n == 0:
                 raise invalid_request(f"Invalid value for '{p}': at least 1 token (or -1 for as many as fit).", p)
             max_tokens = n if n > 0 else None
         elif key == "stop":
-            stop = parse_stop(value)
+            stop = parse_stop(value, p, MAX_STOPS)
         elif key in _OFF:
-            if value != _OFF[key] or isinstance(value, bool) != isinstance(_OFF[key], bool):
-                raise unsupported_parameter(p, f"'{p}' is only accepted as {json.dumps(_OFF[key])}: llmd does not "
-                                               "run that sampler.")
-        elif key not in _AT_START:
+            if isinstance(value, bool) or value != _OFF[key]:
+                raise unsupported_parameter(p, f"'{p}' is only accepted as {_OFF[key]}: llmd does not run that "
+                                               "sampler.")
+        elif key not in _NO_EFFECT:
             raise invalid_request(f"Unrecognized option: '{key}'.", p, "unknown_parameter")
     sampling = Sampling(**{**DEFAULTS.__dict__, **fields})
     return sampling, max_tokens, stop
@@ -206,8 +238,8 @@ def _openai_messages(turns: list) -> list:
         p = f"messages[{i}]"
         if not isinstance(m, dict):
             raise invalid_type(p, "an object", m)
-        check_keys(m, frozenset({"role", "content", "tool_calls", "thinking", "tool_name"}),
-                   {"images": _UNSUPPORTED["images"]})
+        check_keys(m, frozenset({"role", "content", "tool_calls", "thinking", "tool_name", "images"}), {})
+        _no_images(m.get("images"), f"{p}.images")
         message = {"role": m.get("role"), "content": m.get("content", "")}
         if m.get("thinking") is not None:
             message["reasoning_content"] = str_field(m["thinking"], f"{p}.thinking")
@@ -241,6 +273,9 @@ def _openai_messages(turns: list) -> list:
 
 # --- the answer -----------------------------------------------------------------------------
 
+_LINE_ENDS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\u0085\u2028\u2029"})
+
+
 def created_at() -> str:
     """Now as Ollama writes it: RFC 3339 in UTC with nanoseconds."""
     ns = time.time_ns()
@@ -252,21 +287,26 @@ class OllamaFormat:
     one when collected, newline-delimited ones when streamed. Tool calls come whole,
     in the line before the last, as Ollama sends them."""
 
-    prompt_param = "messages"
     shows_reasoning = True  # as `thinking`
     stream_type = NDJSON
-    ping = None             # a line a client could not parse: none
 
-    def __init__(self, chat: bool, started: float) -> None:
+    def __init__(self, chat: bool, started: float, model: str) -> None:
         self.chat = chat
         self.remembers_replies = chat  # the client sends a chat's reply back
         self.prompt_param = "messages" if chat else "prompt"
         self.started = started  # time.perf_counter() when the request came
-        self.id = ""
+        self.id = ("chat-" if chat else "generate-") + uuid.uuid4().hex[:24]
+        # While the prompt is processed: a line of no text, which a client reads as nothing
+        # new (Ollama's clients parse every line, so SSE's comment would not do).
+        self.ping = self._encode(self._line_of(model))
 
     def _line(self, reply: Reply, content: str = "", thinking: str = "", calls: list | None = None,
               **extra) -> dict:
-        obj: dict[str, Any] = {"model": reply.model, "created_at": created_at()}
+        return self._line_of(reply.model, content, thinking, calls, **extra)
+
+    def _line_of(self, model: str, content: str = "", thinking: str = "", calls: list | None = None,
+                 **extra) -> dict:
+        obj: dict[str, Any] = {"model": model, "created_at": created_at()}
         if self.chat:
             obj["message"] = {"role": "assistant", "content": content}
             if thinking:
@@ -281,7 +321,9 @@ class OllamaFormat:
 
     @staticmethod
     def _encode(obj: dict) -> bytes:
-        return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+        """One line: JSON with the characters some clients' line readers also end lines
+        at (U+0085, U+2028, U+2029; httpx's) escaped, as Ollama's encoder does."""
+        return json.dumps(obj, ensure_ascii=False).translate(_LINE_ENDS).encode() + b"\n"
 
     def _stats(self, reply: Reply) -> dict:
         t = reply.g.timings()

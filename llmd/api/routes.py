@@ -436,22 +436,23 @@ class Api:
         req = dataclasses.replace(req, model=self._ollama_model(req.model))
         if not req.messages:  # Ollama's way to load a model: it is loaded
             self._check_model(req.model)
-            return json_response(ollama.loaded(req.model, chat=True))
-        return await self._chat(request, req, self._session_of(req, request), ollama.OllamaFormat(True, started))
+            return json_response(ollama.loaded(req.model, True, request.body))
+        return await self._chat(request, req, self._session_of(req, request),
+                                ollama.OllamaFormat(True, started, self.options.model_ids[0]))
 
     async def ollama_generate(self, request: HttpRequest) -> Response | StreamResponse:
         started = time.perf_counter()
         req = await parse(ollama.parse_generate_request, request.body)
         req = dataclasses.replace(req, model=self._ollama_model(req.model))
-        fmt = ollama.OllamaFormat(False, started)
+        fmt = ollama.OllamaFormat(False, started, self.options.model_ids[0])
         if isinstance(req, validation.CompletionRequest):
             self._check_model(req.model)
             if not req.prompt and not req.suffix:
-                return json_response(ollama.loaded(req.model, chat=False))
+                return json_response(ollama.loaded(req.model, False, request.body))
             return await self._completion(request, req, fmt)
         if not req.messages:
             self._check_model(req.model)
-            return json_response(ollama.loaded(req.model, chat=False))
+            return json_response(ollama.loaded(req.model, False, request.body))
         return await self._chat(request, req, self._session_of(req, request), fmt)
 
     async def ollama_embed(self, request: HttpRequest) -> Response:
@@ -486,15 +487,19 @@ class Api:
         template = self.template
         tools = isinstance(template, templates.ChatTemplate) or (
             isinstance(template, templates.JinjaTemplate) and "tools" in template.source)
+        thinks = templates.reasoning_start(template, "") is not None or (
+            not isinstance(template, templates.Unavailable) and templates.tool_format(template) == "harmony")
         capabilities = ["embedding"] if self.pooling else [
             "completion", *(["tools"] if tools else []), *(["insert"] if self.info.fim is not None else []),
-            *(["thinking"] if templates.reasoning_start(template, "") is not None else [])]
+            *(["thinking"] if thinks else [])]
         arch, listed = self.info.architecture, self._ollama_models(running=False)[0]
         return json_response({
-            "license": "", "modelfile": "", "parameters": "", "template": self.info.chat_template,
+            "license": "", "modelfile": "", "parameters": "",
+            "template": "" if isinstance(template, templates.Unavailable) else template.source,
             "details": listed["details"],
+            # the context served (a longer prompt is refused, where Ollama would cut it)
             "model_info": {"general.architecture": arch, "general.name": self.info.name,
-                           f"{arch}.context_length": self.info.n_ctx_train,
+                           f"{arch}.context_length": self.info.n_ctx,
                            f"{arch}.embedding_length": self.info.n_embd,
                            f"{arch}.block_count": self.info.n_layer, f"{arch}.attention.head_count": self.info.n_head,
                            f"{arch}.attention.head_count_kv": self.info.n_head_kv,
@@ -660,7 +665,7 @@ class Api:
         return Sampling(
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p,
             seed=(s.seed if s.seed is not None else random.getrandbits(64)) & 0xFFFFFFFFFFFFFFFF,
-            repeat_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+            repeat_penalty=s.repetition_penalty, repeat_last_n=s.repeat_last_n, presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty, logit_bias=dict(s.logit_bias), infill=s.infill)
 
     def _draft_limits(self, s: validation.Speculative) -> DraftLimits | None:

@@ -100,6 +100,7 @@ class Sampling:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0    # 1 = off (extension)
+    repeat_last_n: int = 64            # the tokens the penalties look back over (-1: all, 0: none)
     logit_bias: dict[int, float] = field(default_factory=dict)
     infill: bool = False               # llama.cpp's infill step (/infill's samplers)
 
@@ -443,17 +444,18 @@ def parse_logit_bias(v: Any) -> dict[int, float]:
     return bias
 
 
-def parse_stop(v: Any) -> list[str]:
+def parse_stop(v: Any, name: str = "stop", limit: int = MAX_STOPS) -> list[str]:
+    """Stop sequences given as field `name`: a string or at most `limit` of them."""
     if v is None:
         return []
     stops = [v] if isinstance(v, str) else v
     if not isinstance(stops, list):
-        raise invalid_type("stop", "a string or an array of strings", v)
-    if len(stops) > MAX_STOPS:
-        raise invalid_request(f"Invalid value for 'stop': at most {MAX_STOPS} stop sequences "
-                              f"are allowed, got {len(stops)}.", "stop")
+        raise invalid_type(name, "a string or an array of strings", v)
+    if len(stops) > limit:
+        raise invalid_request(f"Invalid value for '{name}': at most {limit} stop sequences "
+                              f"are allowed, got {len(stops)}.", name)
     for i, s in enumerate(stops):
-        param = "stop" if isinstance(v, str) else f"stop[{i}]"
+        param = name if isinstance(v, str) else f"{name}[{i}]"
         if not str_field(s, param):
             raise invalid_request(f"Invalid value for '{param}': a stop sequence must not "
                                   "be empty.", param)

@@ -40,12 +40,27 @@ def test_options_start_from_ollamas_defaults_and_map_to_the_sampling_fields():
         is None
 
 
+def test_options_are_read_as_ollama_reads_them():
+    req = ollama.parse_chat_request(json.dumps({"model": "m", "messages": [], "logprobs": False,
+                                                "options": {"seed": -1, "top_k": 40.0, "repeat_last_n": -1,
+                                                            "stop": [f"<|{i}|>" for i in range(10)],
+                                                            "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+                                                            "penalize_newline": True, "f16_kv": True}}).encode())
+    assert (req.sampling.seed, req.sampling.top_k, req.sampling.repeat_last_n) == (None, 40, -1)  # -1: random
+    assert len(req.stop) == 10
+    empty = ollama.parse_chat_request(b'{"model": "m", "messages": [{"role": "user", "content": "x", "images": []}]}')
+    assert empty.messages[0].content == "x"
+
+
 @pytest.mark.parametrize("options, param", [
     ({"mirostat": 2}, "options.mirostat"),
-    ({"repeat_last_n": 128}, "options.repeat_last_n"),
-    ({"penalize_newline": 0}, "options.penalize_newline"),
+    ({"typical_p": True}, "options.typical_p"),
+    ({"repeat_last_n": -2}, "options.repeat_last_n"),
     ({"temperature": "hot"}, "options.temperature"),
+    ({"top_k": 40.5}, "options.top_k"),
     ({"num_predict": 0}, "options.num_predict"),
+    ({"stop": ["x"] * 65}, "options.stop"),
+    ({"stop": ["x", ""]}, "options.stop[1]"),
     ({"nmu_predict": 5}, "options.nmu_predict"),
 ])
 def test_options_llmd_cannot_honour_are_refused_by_name(options, param):
@@ -55,7 +70,9 @@ def test_options_llmd_cannot_honour_are_refused_by_name(options, param):
 
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "model"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
+    ({"model": "m", "messages": [], "keep_alive": True}, "keep_alive"),
+    ({"model": "m", "messages": [], "logprobs": True}, "logprobs"),
     ({"model": "m", "messages": [], "think": "very"}, "think"),
     ({"model": "m", "messages": [], "format": "yaml"}, "format"),
     ({"model": "m", "messages": [], "keep_alive": []}, "keep_alive"),
@@ -89,6 +106,14 @@ def test_format_and_think_become_the_response_format_and_the_reasoning_asked_for
     req = ollama.parse_chat_request(b'{"model": "m", "messages": [], "format": {"type": "object"}, "think": "low"}')
     assert (req.response_format.type, req.response_format.schema) == ("json_schema", {"type": "object"})
     assert req.reasoning is True and req.template_kwargs == {"reasoning_effort": "low"}
+
+
+def test_stream_lines_escape_what_line_readers_also_end_lines_at_and_pings_are_lines_of_nothing():
+    line = ollama.OllamaFormat._encode({"response": "a\u2028b\u2029c\x85d é"})
+    assert line.count(b"\n") == 1 and json.loads(line) == {"response": "a\u2028b\u2029c\x85d é"}
+    assert "\u2028\u2029\x85" not in line.decode().replace("\n", "") and len(line.decode().splitlines()) == 1
+    ping = json.loads(ollama.OllamaFormat(True, 0.0, "m").ping)
+    assert ping["done"] is False and ping["message"] == {"role": "assistant", "content": ""}
 
 
 def test_generate_is_a_chat_of_system_and_prompt_unless_raw_or_with_a_suffix():
@@ -159,6 +184,8 @@ def test_a_request_with_nothing_to_do_loads_the_model_as_ollama_answers(server):
     for path, field in (("/api/chat", "message"), ("/api/generate", "response")):
         reply = server.post_json(path, {"model": server.model}).json()
         assert reply["done"] and reply["done_reason"] == "load" and field in reply
+        reply = server.post_json(path, {"model": server.model, "keep_alive": 0}).json()
+        assert reply["done"] and reply["done_reason"] == "unload"
 
 
 def test_errors_come_in_ollamas_shape(server):
