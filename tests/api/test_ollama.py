@@ -221,3 +221,14 @@ def test_embed_answers_the_normalised_vectors_of_v1_embeddings(tmp_path):
     assert one["embeddings"] == ours["embeddings"][:1]
     assert ours["prompt_eval_count"] == openai["usage"]["prompt_tokens"]
     assert refused_truncate.status == 400 and "truncate" in refused_truncate.json()["error"]
+
+
+def test_show_gives_the_template_served_and_the_context_served(tmp_path, model):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].split('</think>')[-1] }}"
+                        "<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+    with running_llmd("--model", str(model.path), "--chat-template", str(template), "--ctx", "256") as url:
+        shown = Client(url).post_json("/api/show", {"model": Path(model.path).stem}).json()
+    assert shown["template"] == template.read_text() and shown["model_info"]["llama.context_length"] == 256
+    assert "thinking" in shown["capabilities"]
