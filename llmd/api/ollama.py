@@ -12,8 +12,9 @@ and the counts and durations (nanoseconds) Ollama reports. Sampling starts from
 Ollama's defaults (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1).
 `options` that Ollama reads when it loads a model (num_ctx, num_gpu, num_thread, ...)
 are fixed when llmd starts (--ctx, --threads) and are accepted without effect, as is
-`keep_alive` (the model stays loaded); samplers llmd does not run are refused unless
-they are off. Images are refused: no model llmd runs has vision.
+`keep_alive` (the model stays loaded), as are the options Ollama itself no longer reads;
+samplers llmd does not run are refused unless they are off. Images are refused (an empty
+list of them is none): no model llmd runs has vision.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from llmd.api.embeddings import EmbeddingsRequest
+from llmd.api.embeddings import MAX_EMBEDDING_INPUTS, EmbeddingsRequest
 from llmd.api.validation import (ChatRequest, CompletionRequest, ResponseFormat, Sampling, bool_field, check_keys,
                                  int_field, number_field, parse_json_object, parse_messages, parse_stop, parse_tools,
                                  required_field, str_field, value_text, INT32_MAX)
@@ -110,11 +111,17 @@ def parse_embed_request(body: bytes) -> EmbeddingsRequest:
     if obj.get("options") is not None:
         _options(obj["options"])
     texts = required_field(obj, "input", "input")
-    texts = [texts] if isinstance(texts, str) else texts
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-        raise invalid_type("input", "a string or a non-empty array of strings", obj["input"])
+    if not isinstance(texts, (str, list)) or not texts:
+        raise invalid_type("input", "a string or a non-empty array of strings", texts)
+    if isinstance(texts, list) and len(texts) > MAX_EMBEDDING_INPUTS:
+        raise invalid_request(f"Invalid value for 'input': at most {MAX_EMBEDDING_INPUTS} inputs are allowed in "
+                              f"one request, not {len(texts)}.", "input")
+    inputs = [texts] if isinstance(texts, str) else [str_field(t, f"input[{i}]") for i, t in enumerate(texts)]
+    for i, text in enumerate(inputs):
+        if not text:
+            raise invalid_request(f"Invalid value for 'input[{i}]': an input must not be empty.", f"input[{i}]")
     dimensions = obj.get("dimensions")
-    return EmbeddingsRequest(_model(obj), texts, "float",
+    return EmbeddingsRequest(_model(obj), inputs, "float",
                              None if dimensions is None else int_field(dimensions, "dimensions", 1, INT32_MAX))
 
 

@@ -108,6 +108,20 @@ def test_format_and_think_become_the_response_format_and_the_reasoning_asked_for
     assert req.reasoning is True and req.template_kwargs == {"reasoning_effort": "low"}
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"model": "m"}, "input"),
+    ({"model": "m", "input": []}, "input"),
+    ({"model": "m", "input": ["a", 5]}, "input[1]"),
+    ({"model": "m", "input": ["a", ""]}, "input[1]"),
+    ({"model": "m", "input": ["a"] * 2049}, "input"),
+    ({"model": "m", "input": "a", "truncate": True}, "truncate"),
+    ({"model": "m", "input": "a", "options": {"bogus": 1}}, "options.bogus"),
+])
+def test_bad_embed_requests_are_400_naming_the_field(body, param):
+    err = refused(ollama.parse_embed_request, body)
+    assert (err.status, err.param) == (400, param)
+
+
 def test_stream_lines_escape_what_line_readers_also_end_lines_at_and_pings_are_lines_of_nothing():
     line = ollama.OllamaFormat._encode({"response": "a\u2028b\u2029c\x85d é"})
     assert line.count(b"\n") == 1 and json.loads(line) == {"response": "a\u2028b\u2029c\x85d é"}
