@@ -305,14 +305,9 @@ class OllamaFormat:
         self.id = ("chat-" if chat else "generate-") + uuid.uuid4().hex[:24]
         # While the prompt is processed: a line of no text, which a client reads as nothing
         # new (Ollama's clients parse every line, so SSE's comment would not do).
-        self.ping = self._encode(self._line_of(model))
+        self.ping = self._encode(self._line(model))
 
-    def _line(self, reply: Reply, content: str = "", thinking: str = "", calls: list | None = None,
-              **extra) -> dict:
-        return self._line_of(reply.model, content, thinking, calls, **extra)
-
-    def _line_of(self, model: str, content: str = "", thinking: str = "", calls: list | None = None,
-                 **extra) -> dict:
+    def _line(self, model: str, content: str = "", thinking: str = "", calls: list | None = None) -> dict:
         obj: dict[str, Any] = {"model": model, "created_at": created_at()}
         if self.chat:
             obj["message"] = {"role": "assistant", "content": content}
@@ -324,7 +319,7 @@ class OllamaFormat:
             obj["response"] = content
             if thinking:
                 obj["thinking"] = thinking
-        return {**obj, "done": False, **extra}
+        return {**obj, "done": False}
 
     @staticmethod
     def _encode(obj: dict) -> bytes:
@@ -348,21 +343,22 @@ class OllamaFormat:
 
     def body(self, reply: Reply) -> dict:
         c = reply.choices()[0]
-        line = self._line(reply, c.output.content(), "".join(c.output.reasoning), self._calls(c.output.tool_calls()))
+        line = self._line(reply.model, c.output.content(), "".join(c.output.reasoning),
+                          self._calls(c.output.tool_calls()))
         return {**line, **self._stats(reply)}
 
     def start(self, reply: Reply) -> list[bytes]:
         return []
 
     def deltas(self, reply: Reply, deltas: list[ContentDelta | ToolCallDelta | ReasoningDelta]) -> list[bytes]:
-        return [self._encode(self._line(reply, d.text) if isinstance(d, ContentDelta)
-                             else self._line(reply, thinking=d.text)) for d in deltas
+        return [self._encode(self._line(reply.model, d.text) if isinstance(d, ContentDelta)
+                             else self._line(reply.model, thinking=d.text)) for d in deltas
                 if isinstance(d, (ContentDelta, ReasoningDelta)) and d.text]
 
     def end(self, reply: Reply) -> list[bytes]:
         calls = self._calls(reply.output.tool_calls())
-        return ([self._encode(self._line(reply, calls=calls))] if calls else []) + \
-            [self._encode({**self._line(reply), **self._stats(reply)})]
+        return ([self._encode(self._line(reply.model, calls=calls))] if calls else []) + \
+            [self._encode({**self._line(reply.model), **self._stats(reply)})]
 
     def error(self, reply: Reply, err: ApiError) -> list[bytes]:
         return [self._encode({"error": err.message})]
