@@ -391,6 +391,8 @@ class Reply:
                     elif kind == "error":
                         raise as_api_error(value)
                     elif kind == "end":
+                        if value == "cancelled" and request.disconnected.is_set():
+                            raise errors.client_closed()  # the watcher cut it: nobody reads the answer
                         self._end(value)
             await self._turn_saved()
         finally:

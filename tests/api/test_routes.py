@@ -5,6 +5,7 @@ import json
 import os
 import re
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -104,6 +105,23 @@ def test_client_disconnect_mid_stream_frees_the_session(server):
     assert info["resident_tokens"] < 200  # cancelled long before max_tokens
     follow_up = server.chat([{"role": "user", "content": "Hi"}], session_id="gone", max_tokens=2)
     assert follow_up.status == 200
+
+
+def test_a_collected_reply_whose_client_resets_is_counted_as_its_client_gone(server):
+    body = json.dumps(server.chat_body([{"role": "user", "content": "Tell me a long story."}], max_tokens=200,
+                                       logit_bias={"0": -100, "2": -100})).encode()
+    sock = socket.create_connection(("127.0.0.1", port_of(server)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    time.sleep(0.2)  # generating: 200 tokens take longer
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, not an end
+    sock.close()
+    gone = 'llmd_requests_total{route="/v1/chat/completions",status="499"}'
+    deadline = time.monotonic() + 10
+    while gone not in (text := server.request("GET", server.origin + "/metrics").body.decode()):
+        assert time.monotonic() < deadline, [line for line in text.splitlines() if "chat/completions" in line]
+        time.sleep(0.05)
+    assert 'route="/v1/chat/completions",status="503"' not in text  # not the server's failure
 
 
 def test_pipelined_keep_alive_requests_are_answered_in_order(server):
