@@ -32,7 +32,7 @@ import pytest
 
 from llmd.serving.session_store import file_name, read_version
 from tests.conftest import llmd_process
-from tests.system.test_limits import address, wait_for
+from tests.system.test_limits import address, no_end, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "contrib" / "nginx-llmd.conf"
@@ -43,7 +43,7 @@ TURNS = 5
 KILL_AFTER, TERM_AFTER = 2, 3  # turns every conversation has finished first
 # Replies are short, but the turn that is in flight at SIGTERM is longer, so that the
 # drained instance has generations to finish.
-MAX_TOKENS, DRAINED_TURN_TOKENS = 6, 48
+MAX_TOKENS, DRAINED_TURN_TOKENS = 6, 96
 
 
 
@@ -106,8 +106,8 @@ def request(port: int, method: str, path: str, body: dict | None = None,
 class Conversation:
     """One multi-turn chat through nginx, its session named in one of llmd's headers."""
 
-    def __init__(self, index: int, sid: str):
-        self.index, self.sid = index, sid
+    def __init__(self, index: int, sid: str, no_end: dict[str, float]):
+        self.index, self.sid, self.no_end = index, sid, no_end
         self.header = HEADERS[index % len(HEADERS)]
         self.history: list[dict] = []
         self.usages: list[dict] = []
@@ -117,6 +117,8 @@ class Conversation:
         self.history.append({"role": "user", "content": f"conversation {self.index}, turn {n}: go on"})
         body = {"model": "model", "messages": self.history, "temperature": 0,
                 "max_tokens": DRAINED_TURN_TOKENS if n == TERM_AFTER else MAX_TOKENS}
+        if n == TERM_AFTER:  # its whole length, so that the drain finds it running
+            body["logit_bias"] = self.no_end
         for _ in range(3):
             try:
                 status, answer = request(port, "POST", "/v1/chat/completions", body, {self.header: self.sid})
@@ -185,7 +187,7 @@ def test_thirty_conversations_through_nginx_survive_a_killed_and_a_drained_insta
 
         # The calm run: no instance fails. Each session stays on the instance its id
         # hashes to, whichever header names it.
-        calm = [Conversation(i, f"calm-{i}") for i in range(CONVERSATIONS)]
+        calm = [Conversation(i, f"calm-{i}", no_end(model)) for i in range(CONVERSATIONS)]
         run_turns(port, calm, range(TURNS))
         holders = [held(i.url) for i in instances]
         assert sorted(sid for h in holders for sid in h) == sorted(c.sid for c in calm)
@@ -201,7 +203,7 @@ def test_thirty_conversations_through_nginx_survive_a_killed_and_a_drained_insta
 
         # The same conversations under new ids; after their second turn the instance
         # holding most of them is killed, while their third turns are being sent.
-        moved = [Conversation(i, f"conv-{i}") for i in range(CONVERSATIONS)]
+        moved = [Conversation(i, f"conv-{i}", no_end(model)) for i in range(CONVERSATIONS)]
         run_turns(port, moved, range(KILL_AFTER))
         by_instance = [held(i.url) & {c.sid for c in moved} for i in instances]
         victim = max(range(3), key=lambda k: len(by_instance[k]))
