@@ -1,7 +1,8 @@
 """Ollama's API, for the tools written against Ollama (its Python and JavaScript
 libraries, Open WebUI, Home Assistant, editor plugins): `POST /api/chat`, `POST
 /api/generate`, `POST /api/embed`, and the served model as Ollama lists and shows
-models (`GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`).
+models (`GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`); the
+older `POST /api/embeddings` too.
 
 A chat, and a generate request that is not `raw`, run as the OpenAI chat route's
 requests do (the model's template; `system` as a system message); a `raw` one runs its
@@ -123,6 +124,18 @@ def parse_embed_request(body: bytes) -> EmbeddingsRequest:
     dimensions = obj.get("dimensions")
     return EmbeddingsRequest(_model(obj), inputs, "float",
                              None if dimensions is None else int_field(dimensions, "dimensions", 1, INT32_MAX))
+
+
+def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
+    """Validate a body of /api/embeddings, which /api/embed superseded: one `prompt`,
+    none when it is empty."""
+    obj = parse_json_object(body)
+    check_keys(obj, frozenset({"model", "prompt", "options", "keep_alive"}), {})
+    _common(obj)
+    if obj.get("options") is not None:
+        _options(obj["options"])
+    prompt = str_field(obj.get("prompt", ""), "prompt")
+    return EmbeddingsRequest(_model(obj), [prompt] if prompt else [], "float")
 
 
 def parse_show_request(body: bytes) -> str:

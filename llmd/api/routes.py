@@ -148,6 +148,7 @@ class Api:
             (re.compile(r"/api/chat"), {"POST": self.ollama_chat}),
             (re.compile(r"/api/generate"), {"POST": self.ollama_generate}),
             (re.compile(r"/api/embed"), {"POST": self.ollama_embed}),
+            (re.compile(r"/api/embeddings"), {"POST": self.ollama_embeddings}),
             (re.compile(r"/api/tags"), {"GET": self.ollama_tags}),
             (re.compile(r"/api/ps"), {"GET": self.ollama_ps}),
             (re.compile(r"/api/show"), {"POST": self.ollama_show}),
@@ -326,8 +327,9 @@ class Api:
         return json_response(await self._embed(await parse(embeddings.parse_embeddings_request, request.body),
                                                request))
 
-    async def _embed(self, req: embeddings.EmbeddingsRequest, request: HttpRequest) -> dict:
-        """The embeddings list object of a request (/v1/embeddings, Ollama's /api/embed)."""
+    async def _embed(self, req: embeddings.EmbeddingsRequest, request: HttpRequest, normalized: bool = True) -> dict:
+        """The embeddings list object of a request (/v1/embeddings, Ollama's /api/embed;
+        its older /api/embeddings answers the vectors as pooled, not normalised)."""
         self._check_model(req.model)
         if self.pooling == 0:
             raise errors.invalid_request("This model has no pooling: its GGUF declares no pooling type, so it "
@@ -362,8 +364,8 @@ class Api:
             vectors, _ = await self._pool(each(), request.disconnected)
         except UnsupportedError as exc:  # non-causal attention: the engine says why
             raise errors.unsupported_parameter("model", f"This model's embeddings cannot be computed: {exc}.")
-        return embeddings.body([embeddings.normalize(v) for v in vectors], req.encoding_format,
-                               self.options.model_ids[0], sum(map(len, inputs)))
+        return embeddings.body([embeddings.normalize(v) for v in vectors] if normalized else vectors,
+                               req.encoding_format, self.options.model_ids[0], sum(map(len, inputs)))
 
     async def rerank(self, request: HttpRequest) -> Response:
         req = await parse(rerank.parse_rerank_request, request.body)
@@ -462,6 +464,14 @@ class Api:
         return json_response({"model": req.model, "embeddings": [d["embedding"] for d in response["data"]],
                               "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0,
                               "prompt_eval_count": response["usage"]["prompt_tokens"]})
+
+    async def ollama_embeddings(self, request: HttpRequest) -> Response:
+        req = await parse(ollama.parse_embeddings_request, request.body)
+        req = dataclasses.replace(req, model=self._ollama_model(req.model))
+        if not req.inputs:  # Ollama answers an empty prompt with no vector
+            self._check_model(req.model)
+            return json_response({"embedding": []})
+        return json_response({"embedding": (await self._embed(req, request, normalized=False))["data"][0]["embedding"]})
 
     def _ollama_models(self, running: bool) -> list[dict]:
         header_bytes, file_bytes = self.engine.file_layout()

@@ -4,6 +4,7 @@ to the same requests."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -231,10 +232,15 @@ def test_embed_answers_the_normalised_vectors_of_v1_embeddings(tmp_path):
         openai = client.post_json("/v1/embeddings", {"model": "embedder", "input": texts}).json()
         one = client.post_json("/api/embed", {"model": "embedder:latest", "input": texts[0]}).json()
         refused_truncate = client.post_json("/api/embed", {"model": "embedder", "input": "x", "truncate": True})
+        older = client.post_json("/api/embeddings", {"model": "embedder:latest", "prompt": texts[0]}).json()
+        nothing = client.post_json("/api/embeddings", {"model": "embedder", "prompt": ""}).json()
     assert ours["embeddings"] == [d["embedding"] for d in openai["data"]]
     assert one["embeddings"] == ours["embeddings"][:1]
     assert ours["prompt_eval_count"] == openai["usage"]["prompt_tokens"]
     assert refused_truncate.status == 400 and "truncate" in refused_truncate.json()["error"]
+    norm = math.sqrt(math.fsum(x * x for x in older["embedding"]))  # the pooled vector, not normalised
+    assert norm != pytest.approx(1.0) and [x / norm for x in older["embedding"]] == pytest.approx(ours["embeddings"][0])
+    assert nothing == {"embedding": []}
 
 
 def test_show_gives_the_template_served_and_the_context_served(tmp_path, model):
