@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,13 @@ def tiny_model(tiny_llama_factory) -> TinyLlama:
 
 
 # ---- a real llmd server on the default model (conformance suite, API tests) -------
+
+def free_port() -> int:
+    """A TCP port of this machine that no one listens on now (servers the tests start)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 
 @dataclass
 class Llmd:

@@ -17,7 +17,6 @@ import os
 import pathlib
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+
+from tests.conftest import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -82,11 +83,6 @@ def commands(script: str) -> list[str]:
     assert not current, f"unterminated command: {current}"
     return found
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

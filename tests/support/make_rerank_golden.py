@@ -11,7 +11,6 @@ each document's score (in input order) to 7 decimals.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,12 +19,8 @@ import urllib.request
 from pathlib import Path
 
 from tests.api.test_rerank import DOCUMENTS, N_CTX, QUERIES, build
+from tests.conftest import free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scores(url: str, query: str) -> list[float]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from llmd.serving.session_store import file_name, read_version
-from tests.conftest import llmd_process
+from tests.conftest import free_port, llmd_process
 from tests.system.test_limits import address, no_end, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +46,6 @@ KILL_AFTER, TERM_AFTER = 2, 3  # turns every conversation has finished first
 MAX_TOKENS, DRAINED_TURN_TOKENS = 6, 96
 
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
