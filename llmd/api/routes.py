@@ -473,8 +473,8 @@ class Api:
             return json_response({"embedding": []})
         return json_response({"embedding": (await self._embed(req, request, normalized=False))["data"][0]["embedding"]})
 
-    def _ollama_models(self, running: bool) -> list[dict]:
-        header_bytes, file_bytes = self.engine.file_layout()
+    async def _ollama_models(self, running: bool) -> list[dict]:
+        header_bytes, file_bytes = await self.runtime.call(self.engine.file_layout)
         digest = hashlib.sha256(f"{self.info.name}\0{header_bytes}\0{file_bytes}".encode()).hexdigest()
         family = self.info.architecture
         details = {"parent_model": "", "format": "gguf", "family": family, "families": [family],
@@ -486,10 +486,10 @@ class Api:
                 for m in self.options.model_ids]
 
     async def ollama_tags(self, request: HttpRequest) -> Response:
-        return json_response({"models": self._ollama_models(running=False)})
+        return json_response({"models": await self._ollama_models(running=False)})
 
     async def ollama_ps(self, request: HttpRequest) -> Response:
-        return json_response({"models": self._ollama_models(running=True)})
+        return json_response({"models": await self._ollama_models(running=True)})
 
     async def ollama_show(self, request: HttpRequest) -> Response:
         model = await parse(ollama.parse_show_request, request.body)
@@ -502,7 +502,7 @@ class Api:
         capabilities = ["embedding"] if self.pooling else [
             "completion", *(["tools"] if tools else []), *(["insert"] if self.info.fim is not None else []),
             *(["thinking"] if thinks else [])]
-        arch, listed = self.info.architecture, self._ollama_models(running=False)[0]
+        arch, listed = self.info.architecture, (await self._ollama_models(running=False))[0]
         return json_response({
             "license": "", "modelfile": "", "parameters": "",
             "template": "" if isinstance(template, templates.Unavailable) else template.source,
