@@ -83,11 +83,11 @@ def parse_generate_request(body: bytes) -> ChatRequest | CompletionRequest:
     obj = parse_json_object(body)
     check_keys(obj, _GENERATE_KEYS, _UNSUPPORTED)
     _no_images(obj.get("images"), "images")
-    _common(obj)
     prompt = str_field(obj.get("prompt", ""), "prompt")
     suffix = str_field(obj.get("suffix", ""), "suffix")
     raw = obj.get("raw") is not None and bool_field(obj["raw"], "raw")
     if raw or suffix:
+        _common(obj)
         for key in ("system", "think"):
             if obj.get(key) is not None:
                 raise invalid_request(f"'{key}' goes into the model's template, which a raw prompt or one with a "
