@@ -636,12 +636,14 @@ def _variant(kernels: str | None):
 
 def kernel_attention(q: list[list[float]], k: list[float], v: list[float], n_pos: int, head_dim: int,
                      n_ranges: int, kernels: str | None, run: int = 0, kv_type_k: str = "f16",
-                     kv_type_v: str = "f16", sinks: list[float] | None = None) -> list[list[float]]:
+                     kv_type_v: str = "f16", sinks: list[float] | None = None,
+                     softcap: float = 0.0) -> list[list[float]]:
     """Attention of the query heads q over n_pos key and value rows (k, v: n_pos x
     head_dim floats) stored as a KV cache of those types stores them, the rows split
     into n_ranges ranges and stored in runs of `run` positions (0: one run), with a
-    sink logit per query head in its softmax's denominator if given, by a kernel
-    variant or the scalar reference (None) (for tests)."""
+    sink logit per query head in its softmax's denominator if given and each score
+    soft-capped to softcap · tanh(score / softcap) if softcap > 0, by a kernel variant
+    or the scalar reference (None) (for tests)."""
     if any(len(h) != head_dim for h in q) or min(len(k), len(v)) < n_pos * head_dim:
         raise EngineError(lib.LLMD_ERR_INVALID_ARGUMENT, "q, k or v do not match n_pos x head_dim")
     if sinks is not None and len(sinks) != len(q):
@@ -649,8 +651,8 @@ def kernel_attention(q: list[list[float]], k: list[float], v: list[float], n_pos
     out = ffi.new("float[]", len(q) * head_dim)
     _check(lib.llmd_kernel_attention(ffi.new("float[]", [x for h in q for x in h]), len(q), ffi.new("float[]", k),
                                      ffi.new("float[]", v), n_pos, head_dim, kv_type_k.encode(), kv_type_v.encode(),
-                                     n_ranges, run, ffi.NULL if sinks is None else ffi.new("float[]", sinks), out,
-                                     _variant(kernels)))
+                                     n_ranges, run, ffi.NULL if sinks is None else ffi.new("float[]", sinks), softcap,
+                                     out, _variant(kernels)))
     flat = list(ffi.unpack(out, len(q) * head_dim))
     return [flat[g * head_dim:(g + 1) * head_dim] for g in range(len(q))]
 

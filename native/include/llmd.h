@@ -443,10 +443,11 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows,
  * multiple of 16) stores the rows in runs of that many positions, each in a buffer
  * of its own, as a paged cache's blocks are; 0 stores them in one. sinks, if not
  * NULL, holds a logit per query head (n_q) that joins its softmax's denominator, as
- * gpt-oss's attention sinks do. */
+ * gpt-oss's attention sinks do. softcap > 0 soft-caps each score s (q.k / sqrt(head_dim))
+ * to softcap * tanh(s / softcap), as Gemma 2 does; 0 leaves it. */
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, const float *v, int32_t n_pos,
                                   int32_t head_dim, const char *kv_type_k, const char *kv_type_v, int32_t n_ranges,
-                                  int32_t run, const float *sinks, float *out, const char *kernels);
+                                  int32_t run, const float *sinks, float softcap, float *out, const char *kernels);
 
 /* n tokens in order through one Gated DeltaNet head: at token t the state m (hd x hd
  * floats, updated in place) decays by decay[t], learns v[t] (hd) from k[t] (hd) at rate

@@ -232,7 +232,7 @@ void test_attention(const char *variant, Rng &rng) {
                     for (float &x : v) x = rng.gauss();
                     const auto attend = [&](const float *qs, int n_q, int ranges, int run, float *out, const char *on) {
                         return llmd_kernel_attention(qs, n_q, k.data(), v.data(), n_pos, hd, kt, vt, ranges, run, nullptr,
-                                                     out, on);
+                                                     0.0f, out, on);
                     };
                     std::vector<float> ref(q.size()), got(q.size()), again(q.size());
                     for (const int ranges : {1, std::min(3, n_pos)})
@@ -267,59 +267,71 @@ void test_attention(const char *variant, Rng &rng) {
     }
 }
 
-// Attention with a sink logit per query head (gpt-oss), folded after the ranges: the
-// variant against the reference, and both (f16 keys and values) against softmax
-// attention computed directly in double over the f16 rows, the sink's exp in the
-// denominator. Sinks below, near and far above the scores, so that the sink is
-// nothing, a share, or nearly all of the denominator.
-void test_attention_sinks(const char *variant, Rng &rng) {
-    double worst = 0.0, worst_model = 0.0;
+// Attention with a sink logit per query head (gpt-oss), folded after the ranges, and
+// attention whose scores are soft-capped (Gemma 2): the variant against the reference,
+// and both (f16 keys and values) against softmax attention computed directly in double
+// over the f16 rows, the sink's exp in the denominator, each score capped. Sinks below,
+// near and far above the scores, so that the sink is nothing, a share, or nearly all of
+// the denominator; caps over scores of about ±2: 5 bends the larger ones, 50 barely any.
+void test_attention_sinks_and_caps(const char *variant, Rng &rng) {
     const char *pairs[][2] = {{"f16", "f16"}, {"q8_0", "q4_0"}};
-    for (const auto &[kt, vt] : pairs)
-        for (const int group : {1, 3, 8})
-            for (const int n_pos : {1, 65, 200}) {
-                const int hd = 64;
-                std::vector<float> q(static_cast<size_t>(group) * hd), k(static_cast<size_t>(n_pos) * hd), v(k.size());
-                for (float &x : q) x = 2.0f * rng.gauss();
-                for (float &x : k) x = rng.gauss();
-                for (float &x : v) x = rng.gauss();
-                std::vector<float> sinks(group);
-                for (int g = 0; g < group; ++g) sinks[g] = g % 3 == 0 ? -20.0f : g % 3 == 1 ? 3.0f * rng.gauss() : 30.0f;
-                std::vector<float> ref(q.size()), got(q.size());
-                for (const int ranges : {1, std::min(3, n_pos)}) {
-                    llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, kt, vt, ranges, 0,
-                                          sinks.data(), ref.data(), nullptr);
-                    if (llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, kt, vt, ranges, 0,
-                                              sinks.data(), got.data(), variant) != LLMD_OK) {
-                        check(false, variant, "attention with sinks call", 1.0, 0.0);
-                        return;
-                    }
-                    for (size_t i = 0; i < got.size(); ++i)
-                        worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(static_cast<double>(got[i]) - ref[i])
-                                                                      : INFINITY);
-                    if (std::strcmp(kt, "f16") != 0) continue;
-                    const auto f16 = [](float x) { return static_cast<double>(fp16_to_fp32(fp32_to_fp16(x))); };
-                    for (int g = 0; g < group; ++g) {
-                        std::vector<double> score(n_pos);
-                        double mx = sinks[g];
-                        for (int p = 0; p < n_pos; ++p) {
-                            double s = 0.0;
-                            for (int d = 0; d < hd; ++d) s += static_cast<double>(q[g * hd + d]) * f16(k[p * hd + d]);
-                            mx = std::max(mx, score[p] = s / std::sqrt(static_cast<double>(hd)));
+    for (const float softcap : {0.0f, 5.0f, 50.0f}) {
+        double worst = 0.0, worst_model = 0.0;
+        for (const auto &[kt, vt] : pairs)
+            for (const int group : {1, 3, 8})
+                for (const int n_pos : {1, 65, 200}) {
+                    const int hd = 64;
+                    std::vector<float> q(static_cast<size_t>(group) * hd), k(static_cast<size_t>(n_pos) * hd),
+                        v(k.size());
+                    for (float &x : q) x = 2.0f * rng.gauss();
+                    for (float &x : k) x = rng.gauss();
+                    for (float &x : v) x = rng.gauss();
+                    std::vector<float> sinks(group);
+                    for (int g = 0; g < group; ++g)
+                        sinks[g] = g % 3 == 0 ? -20.0f : g % 3 == 1 ? 3.0f * rng.gauss() : 30.0f;
+                    const float *sink = softcap > 0.0f ? nullptr : sinks.data(); // a cap, or sinks
+                    std::vector<float> ref(q.size()), got(q.size());
+                    for (const int ranges : {1, std::min(3, n_pos)}) {
+                        llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, kt, vt, ranges, 0, sink,
+                                              softcap, ref.data(), nullptr);
+                        if (llmd_kernel_attention(q.data(), group, k.data(), v.data(), n_pos, hd, kt, vt, ranges, 0,
+                                                  sink, softcap, got.data(), variant) != LLMD_OK) {
+                            check(false, variant, "attention with sinks or a cap: call", 1.0, 0.0);
+                            return;
                         }
-                        double sum = std::exp(sinks[g] - mx);
-                        for (int p = 0; p < n_pos; ++p) sum += std::exp(score[p] - mx);
-                        for (int d = 0; d < hd; ++d) {
-                            double y = 0.0;
-                            for (int p = 0; p < n_pos; ++p) y += std::exp(score[p] - mx) * f16(v[p * hd + d]);
-                            for (const float *out : {ref.data(), got.data()})
-                                worst_model = std::max(worst_model, std::fabs(out[g * hd + d] - y / sum));
+                        for (size_t i = 0; i < got.size(); ++i) {
+                            const double diff = std::fabs(static_cast<double>(got[i]) - ref[i]);
+                            worst = std::max(worst, std::isfinite(got[i]) ? diff : INFINITY);
+                        }
+                        if (std::strcmp(kt, "f16") != 0) continue;
+                        const auto f16 = [](float x) { return static_cast<double>(fp16_to_fp32(fp32_to_fp16(x))); };
+                        for (int g = 0; g < group; ++g) {
+                            std::vector<double> score(n_pos);
+                            double mx = sink != nullptr ? sink[g] : -INFINITY;
+                            for (int p = 0; p < n_pos; ++p) {
+                                double s = 0.0;
+                                for (int d = 0; d < hd; ++d)
+                                    s += static_cast<double>(q[g * hd + d]) * f16(k[p * hd + d]);
+                                s /= std::sqrt(static_cast<double>(hd));
+                                if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
+                                mx = std::max(mx, score[p] = s);
+                            }
+                            double sum = sink != nullptr ? std::exp(sink[g] - mx) : 0.0;
+                            for (int p = 0; p < n_pos; ++p) sum += std::exp(score[p] - mx);
+                            for (int d = 0; d < hd; ++d) {
+                                double y = 0.0;
+                                for (int p = 0; p < n_pos; ++p) y += std::exp(score[p] - mx) * f16(v[p * hd + d]);
+                                for (const float *out : {ref.data(), got.data()})
+                                    worst_model = std::max(worst_model, std::fabs(out[g * hd + d] - y / sum));
+                            }
                         }
                     }
                 }
-            }
-    check(worst < 4e-5, variant, "attention with sinks (|diff|, outputs <= ~1)", worst, 4e-5);
-    check(worst_model < 4e-5, variant, "attention with sinks = the softmax model", worst_model, 4e-5);
+        const std::string what = softcap > 0.0f ? "attention cap " + std::to_string(static_cast<int>(softcap))
+                                                : std::string("attention with sinks");
+        check(worst < 4e-5, variant, (what + " (|diff|, outputs <= ~1)").c_str(), worst, 4e-5);
+        check(worst_model < 4e-5, variant, (what + " = the softmax model").c_str(), worst_model, 4e-5);
+    }
 }
 
 // n tokens through a head by a variant against the reference, and the variant's run of
@@ -492,7 +504,7 @@ int main() {
         Rng rng{1234};
         test_table(k, rng, std::strcmp(v.name, "avx-vnni") == 0 ? avx512 : nullptr);
         test_attention(k.name, rng);
-        test_attention_sinks(k.name, rng);
+        test_attention_sinks_and_caps(k.name, rng);
         test_delta_scan(k.name, rng);
         test_ssm_scan(k.name, rng);
     }

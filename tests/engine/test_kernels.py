@@ -376,10 +376,13 @@ def test_bad_kernel_arguments_raise(ggml_type, rows, cols, match):
 # ---- attention ----------------------------------------------------------------------------
 
 def softmax_attention(q: list[float], keys: list[list[float]], values: list[list[float]],
-                      sink: float | None = None) -> list[float]:
+                      sink: float | None = None, softcap: float = 0.0) -> list[float]:
     """One query head's causal-attention output, in double precision; a sink logit, if
-    given, joins the softmax's denominator (gpt-oss)."""
+    given, joins the softmax's denominator (gpt-oss); a soft cap c > 0 makes each score
+    s c·tanh(s / c) (Gemma 2)."""
     scores = [math.fsum(a * b for a, b in zip(q, k)) / math.sqrt(len(q)) for k in keys]
+    if softcap > 0:
+        scores = [softcap * math.tanh(sc / softcap) for sc in scores]
     top = max(scores + ([sink] if sink is not None else []))
     weights = [math.exp(sc - top) for sc in scores]
     total = math.fsum(weights + ([math.exp(sink - top)] if sink is not None else []))
@@ -485,6 +488,30 @@ def test_attention_sinks_join_the_softmax_denominator_in_every_variant(n_pos, gr
             assert diff < 2e-5, (ranges, kernels, diff)
 
 
+@pytest.mark.parametrize("kv", [("f16", "f16"), ("q8_0", "q4_0")], ids=["f16/f16", "q8_0/q4_0"])
+@pytest.mark.parametrize("softcap", [2.0, 50.0])
+def test_soft_capped_scores_in_every_variant(softcap, kv):
+    """Gemma 2's soft cap, c·tanh(score / c), over scores of about ±2: a cap of 2 bends
+    them (and changes the outputs), one of 50 barely. The reference and every variant
+    against the Python model, over several ranges and a partial key block."""
+    rng = random.Random(int(softcap))
+    n_pos, group, head_dim = 150, 3, 64
+    k = [f32(rng.gauss(0, 1)) for _ in range(n_pos * head_dim)]
+    v = [f32(rng.gauss(0, 1)) for _ in range(n_pos * head_dim)]
+    q = [[f32(rng.gauss(0, 2)) for _ in range(head_dim)] for _ in range(group)]
+    keys = stored(kv[0], [k[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
+    values = stored(kv[1], [v[p * head_dim:(p + 1) * head_dim] for p in range(n_pos)])
+    expected = [softmax_attention(met_by(kv[0], h), keys, values, softcap=softcap) for h in q]
+    if softcap < 10:
+        plain = [softmax_attention(met_by(kv[0], h), keys, values) for h in q]
+        assert max(abs(a - b) for g, e in zip(plain, expected) for a, b in zip(g, e)) > 0.1  # the cap shows
+    for ranges in (1, 3):
+        for kernels in [None] + VARIANTS:
+            got = kernel_attention(q, k, v, n_pos, head_dim, ranges, kernels, 0, *kv, softcap=softcap)
+            diff = max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+            assert diff < 2e-5, (ranges, kernels, diff)
+
+
 @pytest.mark.parametrize("kv", KV_PAIRS, ids=["/".join(p) for p in KV_PAIRS])
 @pytest.mark.parametrize("kernels", VARIANTS)
 @pytest.mark.parametrize("group", [1, 3, 8])
@@ -530,6 +557,9 @@ def test_bad_attention_arguments_raise():
         kernel_attention([[0.0] * 64], k, k, 1, 64, 0, VARIANTS[-1])
     with pytest.raises(EngineError, match="bad attention arguments"):
         kernel_attention([[0.0] * 64], k, k, 1, 64, 1, VARIANTS[-1], run=24)  # runs must hold whole key blocks
+    for softcap in (-1.0, math.inf, math.nan):
+        with pytest.raises(EngineError, match="bad attention arguments"):
+            kernel_attention([[0.0] * 64], k, k, 1, 64, 1, VARIANTS[-1], softcap=softcap)
     with pytest.raises(EngineError, match=r"unknown KV type \(allowed: f16, q8_0, q4_0\)"):
         kernel_attention([[0.0] * 64], k, k, 1, 64, 1, VARIANTS[-1], 0, "q5_0", "f16")
     with pytest.raises(EngineError, match="multiple of 32"):

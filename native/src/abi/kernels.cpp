@@ -136,11 +136,11 @@ llmd_status llmd_kernel_matmul(int32_t type, const void *weights, int32_t rows, 
 
 llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, const float *v, int32_t n_pos,
                                   int32_t head_dim, const char *kv_type_k, const char *kv_type_v, int32_t n_ranges,
-                                  int32_t run, const float *sinks, float *out, const char *kernels) {
+                                  int32_t run, const float *sinks, float softcap, float *out, const char *kernels) {
     return guarded([&]() -> llmd_status {
         if (q == nullptr || k == nullptr || v == nullptr || out == nullptr || n_q < 1 || n_q > 1024 ||
             n_pos < 1 || head_dim < 1 || head_dim > 1024 || n_ranges < 1 || n_ranges > n_pos || run < 0 ||
-            run % kKeyBlock != 0)
+            run % kKeyBlock != 0 || !(softcap >= 0.0f) || std::isinf(softcap))
             return fail(LLMD_ERR_INVALID_ARGUMENT, "bad attention arguments");
         KVTypes types;
         if (!kv_type_for_test(kv_type_k, head_dim, &types.k) || !kv_type_for_test(kv_type_v, head_dim, &types.v))
@@ -170,7 +170,7 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
         if (types.k != GGML_F16) table->quantize_q8a(q, q8.data(), int64_t{n_q} * head_dim, QK);
         std::vector<float> part_out(static_cast<size_t>(n_q) * hd);
         std::vector<AttnPartial> part(n_q), acc(n_q);
-        const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        const AttnScale score{1.0f / std::sqrt(static_cast<float>(head_dim)), softcap};
         attend_start(out, acc.data(), n_q, head_dim);
         for (int32_t r = 0; r < n_ranges; ++r) { // ranges of whole key blocks, some maybe empty
             const auto p0 = static_cast<int32_t>(std::min<int64_t>(n_pos, int64_t{blocks} * r / n_ranges * kKeyBlock));
@@ -183,7 +183,7 @@ llmd_status llmd_kernel_attention(const float *q, int32_t n_q, const float *k, c
                 runs.push_back({keys[p / per_run].data() + at * k_row, values[p / per_run].data() + at * v_row, n});
                 p += n;
             }
-            table->attend_range(q, q8.data(), n_q, runs.data(), static_cast<int>(runs.size()), head_dim, types, scale,
+            table->attend_range(q, q8.data(), n_q, runs.data(), static_cast<int>(runs.size()), head_dim, types, score,
                                 part_out.data(), part.data(), r % 2 == 0); // cold or not, the same result
             table->attend_fold(out, acc.data(), part_out.data(), part.data(), n_q, head_dim);
         }

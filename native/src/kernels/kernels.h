@@ -31,7 +31,7 @@
 namespace llmd {
 
 using AttendFn = void (*)(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
-                          KVTypes types, float scale, float *out, AttnPartial *part, bool cold);
+                          KVTypes types, AttnScale score, float *out, AttnPartial *part, bool cold);
 // A run of tokens through one Gated DeltaNet head (ops/recurrent.h: delta_scan):
 // token t reads q, k and v (hd each) at + t · stride, its decay and beta at
 // [t · gate_stride], and writes its output (hd) at out + t · out_stride.

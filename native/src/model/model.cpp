@@ -190,7 +190,7 @@ constexpr int kAttnTokens = 16;
 // kAttnRange / kKVBlock pool blocks or two pieces of a ring (whose slots are at
 // least kMaxBatch, KVCache::layout) after the copied start.
 void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
-                 const BlockQ8A *q8, int n_q, float scale, float *out, AttnPartial *part, bool cold) {
+                 const BlockQ8A *q8, int n_q, AttnScale score, float *out, AttnPartial *part, bool cold) {
     static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
     const int hd = hp.head_dim;
     const KVTypes types = kv.types;
@@ -232,7 +232,7 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
     const int calls = (n_q + kAttnQueries - 1) / kAttnQueries; // 15 heads: 7, then 8
     for (int c = 0; c < calls; ++c) {
         const int g0 = n_q * c / calls, g1 = n_q * (c + 1) / calls;
-        attend_range(q + g0 * hd, q8 + g0 * (hd / QK), g1 - g0, runs, n_runs, hd, types, scale, out + g0 * hd,
+        attend_range(q + g0 * hd, q8 + g0 * (hd / QK), g1 - g0, runs, n_runs, hd, types, score, out + g0 * hd,
                      part + g0, cold && c == 0);
     }
 }
@@ -256,7 +256,8 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
     const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
-    const float scale = hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+    const AttnScale score{hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd)),
+                          hp.attn_softcap};
     const int window = hp.window[layer];
     const float *sinks = model.block(layer).attn_sinks; // (n_head), or null
     const auto first_attended = [&](int t) { return window > 0 ? std::max(0, batch[t].pos + 1 - window) : 0; };
@@ -345,7 +346,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
                 }
                 const size_t slot = slot_of(i, h, R);
                 attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), q8s.data(), (j - i) * group,
-                            scale, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, cold);
+                            score, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, cold);
                 cold = false;
                 if (spans == 1)
                     for (int t = i; t < j; ++t) fold(t, h, R);

@@ -75,6 +75,7 @@ struct HParams {
     enum class LocalRope { unscaled, scaled, plain } rope_local = LocalRope::unscaled;
     float rope_mscale_local = 1.0f; // multiplies their cos and sin
     float attn_scale = 0.0f;    // scale of attention scores; 0: 1/√head_dim
+    float attn_softcap = 0.0f;  // attention scores become c·tanh(score / c); 0: none (ops/attention.h: AttnScale)
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
     float logit_scale = 1.0f;   // final logits are multiplied by 1 / this (Granite's logits_scaling)

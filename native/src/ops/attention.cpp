@@ -83,7 +83,7 @@ void key_load(uint32_t t, const uint8_t *kb, int i, int hd, uint8_t *row) {
 }
 
 void attend_range_ref(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
-                      KVTypes types, float scale, float *out, AttnPartial *part, bool /*cold*/) {
+                      KVTypes types, AttnScale score, float *out, AttnPartial *part, bool /*cold*/) {
     // Every position's key and value as floats, decoded from its row.
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     std::vector<float> keys, values;
@@ -107,7 +107,7 @@ void attend_range_ref(const float *q, const BlockQ8A *q8, int n_q, const AttnRun
         for (size_t p = 0; p < n_pos; ++p) {
             double s = 0.0;
             for (int d = 0; d < hd; ++d) s += qg[d] * keys[p * hd + d];
-            scores[p] = s * scale;
+            scores[p] = attn_score(s, score);
             mx = std::max(mx, scores[p]);
         }
         double sum = 0.0;
@@ -123,8 +123,8 @@ void attend_range_ref(const float *q, const BlockQ8A *q8, int n_q, const AttnRun
 }
 
 void attend_range(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                  float scale, float *out, AttnPartial *part, bool cold) {
-    kernels().attend_range(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+                  AttnScale score, float *out, AttnPartial *part, bool cold) {
+    kernels().attend_range(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
 }
 
 int attn_task_spans(int pairs, int ranges, int threads) {

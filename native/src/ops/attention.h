@@ -10,6 +10,7 @@
 
 #include "quants/quants.h"
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -103,6 +104,20 @@ inline const uint8_t *key_block(const uint8_t *k, uint32_t t, int p, int hd) {
 void key_store(uint32_t t, const uint8_t *row, uint8_t *kb, int i, int hd);
 void key_load(uint32_t t, const uint8_t *kb, int i, int hd, uint8_t *row);
 
+// How a query-key dot product becomes an attention score: times scale and, where
+// softcap is positive, soft-capped to softcap · tanh(score / softcap), which keeps every
+// score inside (-softcap, softcap) (Gemma 2's attention logit soft-capping).
+struct AttnScale {
+    float scale;
+    float softcap = 0.0f; // 0: none
+};
+
+// One score as the reference computes it (in double).
+inline double attn_score(double dot, AttnScale s) {
+    const double x = dot * s.scale;
+    return s.softcap > 0.0f ? s.softcap * std::tanh(x / s.softcap) : x;
+}
+
 struct AttnPartial {
     float max; // largest score seen (-inf for an empty range)
     float sum; // sum of exp(score - max)
@@ -132,7 +147,7 @@ inline void prefetch_run(const uint8_t *k, const uint8_t *v, int n_pos, int hd, 
 
 // q: (n_q, hd) queries over the positions of the n_runs `runs`, stored as `types`;
 // q8: the same quantized (n_q × hd / 32 blocks of quantize_q8a), read for quantized
-// keys alone. Writes out (n_q, hd) = sum over positions of exp(scale * q·k - max) * v, and
+// keys alone. Writes out (n_q, hd) = sum over positions of exp(score(q·k) - max) * v, and
 // part (n_q). The fast kernel may read the unwritten rest of a run's last key block.
 // cold: whether the runs' memory is likely out of the caches (no call has just read
 // it). The avx512 kernel asks for it ahead of its reads only then (and the arm ones,
@@ -141,12 +156,12 @@ inline void prefetch_run(const uint8_t *k, const uint8_t *v, int n_pos, int hd, 
 // tenth of the avx512 kernel's time (8 heads over 256 positions on Zen 5) for nothing.
 // The 256-bit kernels ask ahead either way (attention_avx2.h: kAttnPrefetch).
 void attend_range(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                  float scale, float *out, AttnPartial *part, bool cold);
+                  AttnScale score, float *out, AttnPartial *part, bool cold);
 // The reference: every key and value decoded to floats by its type's to_float
 // (quants.h), the dot products (with q8's values for quantized keys) and sums in double;
 // it reads as it goes, cold or not.
 void attend_range_ref(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
-                      KVTypes types, float scale, float *out, AttnPartial *part, bool cold);
+                      KVTypes types, AttnScale score, float *out, AttnPartial *part, bool cold);
 
 // ---- a whole context ------------------------------------------------------
 //

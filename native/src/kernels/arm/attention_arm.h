@@ -14,12 +14,19 @@ namespace {
 
 constexpr int kBlock = 64; // positions scored before their values are summed
 
+// 4 dot products as scores (attention.h: AttnScale).
+inline float32x4_t to_scores(float32x4_t dots, AttnScale s) {
+    const float32x4_t x = vmulq_n_f32(dots, s.scale);
+    if (s.softcap <= 0.0f) return x;
+    return vmulq_n_f32(tanh4(vmulq_n_f32(x, 1.0f / s.softcap)), s.softcap);
+}
+
 // The scores of C queries (q, rows of hd) against the key block kb (16 positions,
 // dimension-major) into scores[g][0..15]: each dimension's 16 keys are converted
 // once and multiply-added into 4 accumulators per query, 16 for C = 4 beside the
 // 4 converted keys, so that they all stay in registers.
 template <int C>
-inline void score_keys(const float *q, int hd, const uint16_t *kb, float scale, float (*scores)[kBlock], int at) {
+inline void score_keys(const float *q, int hd, const uint16_t *kb, AttnScale score, float (*scores)[kBlock], int at) {
     float32x4_t acc[C][4];
     for (int g = 0; g < C; ++g)
         for (int i = 0; i < 4; ++i) acc[g][i] = vdupq_n_f32(0.0f);
@@ -30,7 +37,7 @@ inline void score_keys(const float *q, int hd, const uint16_t *kb, float scale, 
             for (int i = 0; i < 4; ++i) acc[g][i] = vfmaq_n_f32(acc[g][i], kd[i], q[g * hd + d]);
     }
     for (int g = 0; g < C; ++g)
-        for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], vmulq_n_f32(acc[g][i], scale));
+        for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], to_scores(acc[g][i], score));
 }
 
 // 8 int8 lanes as two float vectors.
@@ -47,7 +54,7 @@ inline void int8x8_f32(int8x8_t b, float32x4_t *lo, float32x4_t *hi) {
 // block's sum is taken back); each query's 16 exact integer sums in 4 accumulators, then
 // times the positions' scales and the query block's scale into the dots.
 template <int C, uint32_t T>
-inline void score_keys_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, float (*scores)[kBlock],
+inline void score_keys_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, AttnScale score, float (*scores)[kBlock],
                              int at) {
     constexpr bool q8_0 = T == GGML_Q8_0;
     const int nb = hd / QK;
@@ -82,16 +89,16 @@ inline void score_keys_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, floa
         }
     }
     for (int g = 0; g < C; ++g)
-        for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], vmulq_n_f32(dots[g][i], scale));
+        for (int i = 0; i < 4; ++i) vst1q_f32(&scores[g][at + 4 * i], to_scores(dots[g][i], score));
 }
 
 // Queries g .. g + C - 1 against a key block of the keys' type.
 template <int C>
 inline void score_call(const float *q, const BlockQ8A *q8, int g, int hd, const uint8_t *kb, uint32_t type,
-                       float scale, float (*scores)[kBlock], int at) {
-    if (type == GGML_F16) score_keys<C>(q + g * hd, hd, reinterpret_cast<const uint16_t *>(kb), scale, scores + g, at);
-    else if (type == GGML_Q8_0) score_keys_quant<C, GGML_Q8_0>(q8 + g * (hd / QK), hd, kb, scale, scores + g, at);
-    else score_keys_quant<C, GGML_Q4_0>(q8 + g * (hd / QK), hd, kb, scale, scores + g, at);
+                       AttnScale score, float (*scores)[kBlock], int at) {
+    if (type == GGML_F16) score_keys<C>(q + g * hd, hd, reinterpret_cast<const uint16_t *>(kb), score, scores + g, at);
+    else if (type == GGML_Q8_0) score_keys_quant<C, GGML_Q8_0>(q8 + g * (hd / QK), hd, kb, score, scores + g, at);
+    else score_keys_quant<C, GGML_Q4_0>(q8 + g * (hd / QK), hd, kb, score, scores + g, at);
 }
 
 // Dimensions 8 s .. 8 s + 7 of a Q8_0 or Q4_0 value block (qs: its quants) as floats.
@@ -103,7 +110,7 @@ inline void value_eight(const uint8_t *qs, uint32_t type, int s, float32x4_t *lo
 }
 
 void attend_neon(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-                 float scale, float *out, AttnPartial *part, bool cold) {
+                 AttnScale score, float *out, AttnPartial *part, bool cold) {
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(16) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
@@ -120,11 +127,11 @@ void attend_neon(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *run
             for (int i0 = 0; i0 < len; i0 += kKeyBlock) {
                 const uint8_t *kb = k + static_cast<size_t>(p0 + i0) * k_row;
                 int g = 0;
-                for (; g + 4 <= n_q; g += 4) score_call<4>(q, q8, g, hd, kb, types.k, scale, scores, i0);
+                for (; g + 4 <= n_q; g += 4) score_call<4>(q, q8, g, hd, kb, types.k, score, scores, i0);
                 switch (n_q - g) {
-                case 3: score_call<3>(q, q8, g, hd, kb, types.k, scale, scores, i0); break;
-                case 2: score_call<2>(q, q8, g, hd, kb, types.k, scale, scores, i0); break;
-                case 1: score_call<1>(q, q8, g, hd, kb, types.k, scale, scores, i0); break;
+                case 3: score_call<3>(q, q8, g, hd, kb, types.k, score, scores, i0); break;
+                case 2: score_call<2>(q, q8, g, hd, kb, types.k, score, scores, i0); break;
+                case 1: score_call<1>(q, q8, g, hd, kb, types.k, score, scores, i0); break;
                 default: break;
                 }
             }
@@ -185,10 +192,10 @@ void attend_neon(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *run
 }
 
 void attend_range_neon(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
-                       KVTypes types, float scale, float *out, AttnPartial *part, bool cold) {
+                       KVTypes types, AttnScale score, float *out, AttnPartial *part, bool cold) {
     if (hd % 8 != 0 || n_q > kMaxGroup)
-        return attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    attend_neon(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+        return attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    attend_neon(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
 }
 
 } // namespace

@@ -62,5 +62,14 @@ inline float32x4_t exp4(float32x4_t x) {
     return vmulq_f32(p, vreinterpretq_f32_s32(e));
 }
 
+// tanh(y), the avx512 variant's tanh512 arithmetic 4 lanes at a time: (1 - e^-2|y|) /
+// (1 + e^-2|y|) with y's sign.
+inline float32x4_t tanh4(float32x4_t y) {
+    const float32x4_t t = exp4(vmulq_n_f32(vabsq_f32(y), -2.0f));
+    const float32x4_t r = vdivq_f32(vsubq_f32(vdupq_n_f32(1.0f), t), vaddq_f32(vdupq_n_f32(1.0f), t));
+    const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+    return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(r), vandq_u32(sign, vreinterpretq_u32_f32(y))));
+}
+
 } // namespace
 } // namespace llmd

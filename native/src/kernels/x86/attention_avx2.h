@@ -24,14 +24,17 @@ constexpr int kBlock = 64;           // positions scored before their values are
 // cold ones included, cost 8 % of pp2048 (docs/performance.md).
 constexpr size_t kAttnPrefetch = 4096;
 
-// The dots' two halves (positions 0-7 and 8-15 of a key block) times scale into C
-// heads' scores; positions past the range (the block's unwritten rest) score -inf.
-template <int C> void store_scores(const __m256 (*dots)[2], float scale, int valid, float *scores) {
+// The dots' two halves (positions 0-7 and 8-15 of a key block) as C heads' scores
+// (attention.h: AttnScale); positions past the range (the block's unwritten rest) score -inf.
+template <int C> void store_scores(const __m256 (*dots)[2], AttnScale score, int valid, float *scores) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int h = 0; h < 2; ++h) {
         const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), lane));
         for (int g = 0; g < C; ++g) {
-            const __m256 scaled = _mm256_mul_ps(dots[g][h], _mm256_set1_ps(scale));
+            __m256 scaled = _mm256_mul_ps(dots[g][h], _mm256_set1_ps(score.scale));
+            if (score.softcap > 0.0f)
+                scaled = _mm256_mul_ps(_mm256_set1_ps(score.softcap),
+                                       tanh256(_mm256_mul_ps(scaled, _mm256_set1_ps(1.0f / score.softcap))));
             _mm256_store_ps(scores + g * kBlock + 8 * h, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, keep));
         }
     }
@@ -46,7 +49,7 @@ template <int C> void store_scores(const __m256 (*dots)[2], float scale, int val
 // GCC kept two of the 16 registers for attend's own values and spilled an accumulator,
 // whose load, FMA and store then chained every step of the loop.
 template <int C>
-__attribute__((noinline)) void score_block(const float *q, int hd, const uint8_t *kb8, float scale, int valid,
+__attribute__((noinline)) void score_block(const float *q, int hd, const uint8_t *kb8, AttnScale score, int valid,
                                            float *scores) {
     const uint16_t *kb = reinterpret_cast<const uint16_t *>(kb8);
     __m256 acc[C][2][2]; // head, half, parity
@@ -66,7 +69,7 @@ __attribute__((noinline)) void score_block(const float *q, int hd, const uint8_t
     __m256 dots[C][2];
     for (int g = 0; g < C; ++g)
         for (int h = 0; h < 2; ++h) dots[g][h] = _mm256_add_ps(acc[g][h][0], acc[g][h][1]);
-    store_scores<C>(dots, scale, valid, scores);
+    store_scores<C>(dots, score, valid, scores);
 }
 
 // Scores of C query heads against a Q8_0 or Q4_0 key block (T), the queries quantized
@@ -79,7 +82,7 @@ __attribute__((noinline)) void score_block(const float *q, int hd, const uint8_t
 // times the positions' scales and the query block's scale into the dots. A head's bits
 // never depend on C.
 template <int C, uint32_t T>
-void score_block_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, float scale, int valid, float *scores) {
+void score_block_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, AttnScale score, int valid, float *scores) {
     constexpr bool q8_0 = T == GGML_Q8_0;
     const int nb = hd / QK;
     const __m256i nibble = _mm256_set1_epi8(0x0f);
@@ -117,7 +120,7 @@ void score_block_quant(const BlockQ8A *q8, int hd, const uint8_t *kb, float scal
                                          dots[g][1]);
         }
     }
-    store_scores<C>(dots, scale, valid, scores);
+    store_scores<C>(dots, score, valid, scores);
 }
 
 // out (C heads, hd apart) += the weighted sum of `len` value rows (v, hd apart), for
@@ -181,11 +184,11 @@ void sum_values_quant(const float *weights, const uint8_t *vb, int len, int hd, 
 
 // C heads against a key block of the keys' type.
 template <int C>
-void score_call(const float *q, const BlockQ8A *q8, int hd, const uint8_t *kb, uint32_t type, float scale, int valid,
-                float *scores) {
-    if (type == GGML_F16) score_block<C>(q, hd, kb, scale, valid, scores);
-    else if (type == GGML_Q8_0) score_block_quant<C, GGML_Q8_0>(q8, hd, kb, scale, valid, scores);
-    else score_block_quant<C, GGML_Q4_0>(q8, hd, kb, scale, valid, scores);
+void score_call(const float *q, const BlockQ8A *q8, int hd, const uint8_t *kb, uint32_t type, AttnScale score,
+                int valid, float *scores) {
+    if (type == GGML_F16) score_block<C>(q, hd, kb, score, valid, scores);
+    else if (type == GGML_Q8_0) score_block_quant<C, GGML_Q8_0>(q8, hd, kb, score, valid, scores);
+    else score_block_quant<C, GGML_Q4_0>(q8, hd, kb, score, valid, scores);
 }
 
 // Sixteen registers: the scores take heads at most three at a time (12 accumulators,
@@ -198,16 +201,16 @@ template <typename Fn> void by_threes(int n_q, const Fn &fn) {
     for (int c = 0; c < calls; ++c) fn(n_q * c / calls, n_q * (c + 1) / calls);
 }
 
-void score_heads(const float *q, const BlockQ8A *q8, int n_q, int hd, const uint8_t *kb, uint32_t type, float scale,
+void score_heads(const float *q, const BlockQ8A *q8, int n_q, int hd, const uint8_t *kb, uint32_t type, AttnScale score,
                  int valid, float *scores) {
     by_threes(n_q, [&](int g0, int g1) {
         const float *qg = q + g0 * hd;
         const BlockQ8A *q8g = q8 + g0 * (hd / QK);
         float *sg = scores + g0 * kBlock;
         switch (g1 - g0) {
-        case 1: score_call<1>(qg, q8g, hd, kb, type, scale, valid, sg); break;
-        case 2: score_call<2>(qg, q8g, hd, kb, type, scale, valid, sg); break;
-        default: score_call<3>(qg, q8g, hd, kb, type, scale, valid, sg); break;
+        case 1: score_call<1>(qg, q8g, hd, kb, type, score, valid, sg); break;
+        case 2: score_call<2>(qg, q8g, hd, kb, type, score, valid, sg); break;
+        default: score_call<3>(qg, q8g, hd, kb, type, score, valid, sg); break;
         }
     });
 }
@@ -225,7 +228,7 @@ void sum_values_heads(const float *weights, const uint8_t *vb, int len, int hd, 
 }
 
 void attend(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-            float scale, float *out, AttnPartial *part) {
+            AttnScale score, float *out, AttnPartial *part) {
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(32) float scores[kMaxGroup][kBlock];
     float mx[kMaxGroup], sum[kMaxGroup];
@@ -247,7 +250,7 @@ void attend(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, in
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_k + at), _MM_HINT_T0);
                 for (size_t at = 0; at < kKeyBlock * v_row; at += 64)
                     _mm_prefetch(reinterpret_cast<const char *>(ahead_v + at), _MM_HINT_T0);
-                score_heads(q, q8, n_q, hd, kb, types.k, scale, len - i0, &scores[0][i0]);
+                score_heads(q, q8, n_q, hd, kb, types.k, score, len - i0, &scores[0][i0]);
             }
             for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
                 for (int g = 0; g < n_q; ++g) scores[g][i] = -INFINITY;
@@ -286,10 +289,10 @@ void attend(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, in
 
 
 void attend_range_avx2(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
-                       KVTypes types, float scale, float *out, AttnPartial *part, bool cold) {
+                       KVTypes types, AttnScale score, float *out, AttnPartial *part, bool cold) {
     if (hd % 16 != 0 || n_q > kMaxGroup)
-        return attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    attend(q, q8, n_q, runs, n_runs, hd, types, scale, out, part);
+        return attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    attend(q, q8, n_q, runs, n_runs, hd, types, score, out, part);
 }
 
 } // namespace

@@ -24,6 +24,13 @@ constexpr int kBlock = 64;        // positions scored before their values are su
 // never faults); attend_span asks for the next run where memory breaks.
 constexpr size_t kAttnPrefetch = 4096;
 
+// 16 dot products as scores (attention.h: AttnScale).
+inline __m512 to_scores(__m512 dots, AttnScale s) {
+    const __m512 x = _mm512_mul_ps(dots, _mm512_set1_ps(s.scale));
+    if (s.softcap <= 0.0f) return x;
+    return _mm512_mul_ps(_mm512_set1_ps(s.softcap), tanh512(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / s.softcap))));
+}
+
 // Scores of the n_q heads against key block kb (attention.h), 16 positions a
 // register each: dots[g] = q_g · k. Every query of the group accumulates from each
 // load, in two chains each (an FMA's latency exceeds its issue interval); a head's
@@ -164,7 +171,7 @@ void sum_quant(const float (*weights)[kBlock], int n_q_, const uint8_t *vb, int 
 // sums in registers.
 template <int G>
 void attend(const float *q, const BlockQ8A *q8, int n_q_, const AttnRun *runs, int n_runs, int hd, KVTypes types,
-            float scale, float *out, AttnPartial *part, bool cold) {
+            AttnScale score, float *out, AttnPartial *part, bool cold) {
     const int n_q = G > 0 ? G : n_q_;
     const size_t k_row = kv_row_bytes(types.k, hd), v_row = kv_row_bytes(types.v, hd);
     alignas(64) float scores[kMaxGroup][kBlock];
@@ -199,8 +206,8 @@ void attend(const float *q, const BlockQ8A *q8, int n_q_, const AttnRun *runs, i
                 // Positions past the range (the block's unwritten rest) score -inf.
                 const __mmask16 valid = static_cast<__mmask16>((1u << std::min(kKeyBlock, len - i0)) - 1);
                 for (int g = 0; g < n_q; ++g) {
-                    const __m512 scaled = _mm512_mul_ps(dots[g], _mm512_set1_ps(scale));
-                    _mm512_store_ps(&scores[g][i0], _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), scaled));
+                    _mm512_store_ps(&scores[g][i0],
+                                    _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), to_scores(dots[g], score)));
                 }
             }
             for (int i = (len + 15) / 16 * 16; i < kBlock; ++i)
@@ -233,20 +240,20 @@ void attend(const float *q, const BlockQ8A *q8, int n_q_, const AttnRun *runs, i
 }
 
 void attend_range_avx512(const float *q, const BlockQ8A *q8, int n_q, const AttnRun *runs, int n_runs, int hd,
-                         KVTypes types, float scale, float *out, AttnPartial *part, bool cold) {
+                         KVTypes types, AttnScale score, float *out, AttnPartial *part, bool cold) {
     if (hd % 16 != 0 || n_q > kMaxGroup) {
-        attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+        attend_range_ref(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
         return;
     }
     switch (n_q) { // the group sizes of common models
-    case 1: return attend<1>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 2: return attend<2>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 3: return attend<3>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 4: return attend<4>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 6: return attend<6>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 7: return attend<7>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    case 8: return attend<8>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
-    default: return attend<0>(q, q8, n_q, runs, n_runs, hd, types, scale, out, part, cold);
+    case 1: return attend<1>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    case 2: return attend<2>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    case 3: return attend<3>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    case 4: return attend<4>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    case 6: return attend<6>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    case 7: return attend<7>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    case 8: return attend<8>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
+    default: return attend<0>(q, q8, n_q, runs, n_runs, hd, types, score, out, part, cold);
     }
 }
 
