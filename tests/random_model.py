@@ -23,6 +23,9 @@ Shapes:
   gemma-3-1b    gemma3: n_embd 1152, 26 layers, 4 / 1 heads of 256, ff 6912, vocab
                 262144, tied; a 512-position window on five layers of six, local RoPE
                 base 1e4, global 1e6 (Gemma-3-1B's config)
+  gemma-2-2b    gemma2: n_embd 2304, 26 layers, 8 / 4 heads of 256, ff 9216, vocab
+                256000, tied; a 4,096-position window on the even layers, RoPE base 1e4,
+                attention and final logits soft-capped at 50 and 30 (Gemma-2-2B's config)
   qwen3moe-1b   qwen3moe: Qwen3-30B-A3B's layer (heads of 128, q wider than n_embd,
                 experts of 768, 8 routed per token) at half its width and with half
                 its experts: n_embd 1024, 6 layers, 16 / 2 heads, 64 experts, vocab
@@ -42,8 +45,8 @@ import math
 import random
 
 from tests.support.gguf_writer import (
-    F32, GGML_F16, STRING, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen35, build_tiny_qwen3moe, encode_f32,
-    make_reranker, name_last_tokens,
+    F32, GGML_F16, STRING, build_tiny_gemma2, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen35,
+    build_tiny_qwen3moe, encode_f32, make_reranker, name_last_tokens,
 )
 
 # shape -> (builder, its arguments, metadata it sets afterwards)
@@ -61,6 +64,10 @@ SHAPES = {
     "gemma-3-1b": (build_tiny_gemma3, dict(n_vocab=262144, n_embd=1152, n_layer=26, n_head=4, n_head_kv=1,
                                            head_dim=256, n_ff=6912, n_ctx=4096, window=512, pattern=6,
                                            rope_base_local=10000.0, tied=True, reserved=260000), {}),
+    "gemma-2-2b": (build_tiny_gemma2, dict(n_vocab=256000, n_embd=2304, n_layer=26, n_head=8, n_head_kv=4,
+                                           head_dim=256, n_ff=9216, n_ctx=8192, window=4096, attn_softcap=50.0,
+                                           softcap=30.0, reserved=254000),
+                   {"gemma2.rope.freq_base": 10000.0}),
     "qwen3moe-1b": (build_tiny_qwen3moe, dict(n_vocab=151936, n_embd=1024, n_layer=6, n_head=16, n_head_kv=2,
                                               head_dim=128, n_expert=64, n_expert_used=8, n_ff_exp=768,
                                               n_ctx=4096, reserved=150000),

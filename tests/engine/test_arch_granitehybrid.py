@@ -1,4 +1,4 @@
-"""arch/granitehybrid.cpp (Granite 4.0-H) on tiny random models
+"""arch/granite.cpp's granitehybrid (Granite 4.0-H) on tiny random models
 (tests/support/gguf_writer.py: build_tiny_granitehybrid): Mamba-2 layers (recurrent.h:
 mamba2) interleaved with attention (q/k/v separate or fused in one attn_qkv), Granite's
 multipliers, dense and MoE feed-forwards, checked against llama.cpp, and the Mamba-2

@@ -15,6 +15,7 @@ from tests.support.llama_cpp_golden import perplexity_of, scored_chunks
 
 # name -> llama.cpp's perplexity over TEXT on the regenerated file
 GOLDEN = {
+    "gemma2-dense": 555919160229413.7,
     "gemma3-dense": 58958.9551,
     "llama-dense": 59209.7585,
     "llama-moe": 75179.471,
@@ -36,18 +37,23 @@ GOLDEN = {
     "mistral3-dense": 59209.7585,
     "mistral3-moe": 75179.471,
     "gpt-oss-moe": 243329.5792,
+    "granite-dense": 254384.6514,
+    "granitemoe-moe": 218401.1944,
     "granitehybrid-dense": 246570.1813,
 }
 # F32 weights (the writer's), F16 embeddings: both engines sum the same products in
-# different orders. Measured within 0.015 % of llama.cpp on every model here; issue 29's
+# different orders. Measured within 0.02 % of llama.cpp on every model here; issue 29's
 # bar is 0.5 %.
 TOLERANCE = 0.001
 # Each token of the first chunk: llmd's log-probability of the next token within
 # TOKEN_TOLERANCE of llama.cpp's (as its --kl-divergence-base file gives them, within
 # 1.8e-4), and the same most likely token where llama.cpp's two best are further apart
-# than twice that. Measured within 0.0035 on every model here (phi3's; most within
-# 0.001): llama.cpp rounds activations to F16 before an F16 matrix (the output's) and
-# keeps K and V as F16. The engine mistakes tried (below) move some token by 0.04 or more.
+# than twice that. Measured within 0.0035 on every model here but granite-dense (0.0077;
+# 0.0001 on the writer's own weights), most within 0.001: llama.cpp rounds activations to
+# F16 before an F16 matrix (the output's) and keeps K and V as F16. The engine mistakes
+# tried (below) move some token by 0.04 or more. Where llama.cpp's file holds only that a
+# token is below its range (more than 16 below the best: gemma2's regenerated model, whose
+# capped logits lie up to 60 apart, at 51 of 63 positions), llmd's must be at most that.
 TOKEN_TOLERANCE = 0.01
 # What the checks see (engine mutations, measured on the files but mistral3's, which are
 # llama's): RoPE layout swapped, RoPE base doubled or attention scale 1.25x fail both
@@ -93,9 +99,13 @@ def test_each_token_of_the_first_chunk_gets_llama_cpp_s_log_probability_and_top_
     golden = load_layout(name)["first_chunk"]
     ours = scores(name)[0]
     assert len(ours) == len(golden["log_probs"])
+    below = set(golden.get("below", ()))
     for position, ((log_prob, top), theirs, best, margin) in enumerate(
             zip(ours, golden["log_probs"], golden["top_ids"], golden["margins"])):
-        assert log_prob == pytest.approx(theirs, abs=TOKEN_TOLERANCE), f"position {position}"
+        if position in below:  # llama.cpp's file says only that it is at most its lowest
+            assert log_prob <= theirs + TOKEN_TOLERANCE, f"position {position}"
+        else:
+            assert log_prob == pytest.approx(theirs, abs=TOKEN_TOLERANCE), f"position {position}"
         if margin > 2 * TOKEN_TOLERANCE:  # else each side's error may swap the two
             assert top[0][0] == best, f"position {position}"
 

@@ -862,38 +862,53 @@ def build_llama_base(arch: str, n_layer: int, **kwargs) -> GGUFWriter:
     return w
 
 
-def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_head_kv: int = 1,
-                      head_dim: int = 256, n_ff: int = 128, n_ctx: int = 512, window: int = 32,
-                      pattern: int | list[bool] | None = None, rope_base_local: float | None = None,
-                      softcap: float = 0.0, weight_type: int = GGML_F32, seed: int = 1, tied: bool = False,
-                      n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
-    """A GGUFWriter holding a random-weight gemma3 model laid out as llama.cpp's
-    converter writes one, with build_tiny_llama's tokenizer: heads of head_dim (256
-    as Gemma 3's), sliding-window layers by `pattern` (a period, or a bool per layer;
-    None leaves the key out: period 6) over `window` positions (0: no window key),
-    rope.freq_base_swa only when given, final_logit_softcapping when > 0. Norm
-    weights are stored as the converter stores them, with Gemma's 1 + w folded in.
-    n_vocab, reserved and random_matrix as build_tiny_llama takes them."""
-    w = build_llama_base("gemma3", n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+def build_tiny_gemma3(**options) -> GGUFWriter:
+    """build_tiny_gemma's gemma3 model."""
+    return build_tiny_gemma("gemma3", **options)
+
+
+def build_tiny_gemma2(*, attn_softcap: float = 0.0, **options) -> GGUFWriter:
+    """build_tiny_gemma's gemma2 model (no q/k head norms, the output tied to the
+    embeddings as llama.cpp requires), attn_logit_softcapping when > 0."""
+    w = build_tiny_gemma("gemma2", tied=True, **options)
+    if attn_softcap:
+        w.set("gemma2.attn_logit_softcapping", F32, attn_softcap)
+    return w
+
+
+def build_tiny_gemma(arch: str, *, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_head_kv: int = 1,
+                     head_dim: int = 256, n_ff: int = 128, n_ctx: int = 512, window: int = 32,
+                     pattern: int | list[bool] | None = None, rope_base_local: float | None = None,
+                     softcap: float = 0.0, weight_type: int = GGML_F32, seed: int = 1, tied: bool = False,
+                     n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight gemma3 (or gemma2) model laid out as
+    llama.cpp's converter writes one, with build_tiny_llama's tokenizer: heads of
+    head_dim (256 as Gemma 3's), sliding-window layers by `pattern` (a period, or a
+    bool per layer; None leaves the key out: the family's period) over `window`
+    positions (0: no window key), rope.freq_base_swa only when given,
+    final_logit_softcapping when > 0, q/k head norms in gemma3. Norm weights are stored
+    as the converter stores them, with Gemma's 1 + w folded in. n_vocab, reserved and
+    random_matrix as build_tiny_llama takes them."""
+    w = build_llama_base(arch, n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                          head_dim=head_dim, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type,
-                         name="tiny-gemma3", reserved=reserved, random_matrix=random_matrix)
-    w.set("gemma3.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
-    w.set("gemma3.attention.value_length", U32, head_dim)
-    w.set("gemma3.rope.freq_base", F32, 1000000.0)
-    w.set("gemma3.attention.layer_norm_rms_epsilon", F32, 1e-6)
+                         name=f"tiny-{arch}", reserved=reserved, random_matrix=random_matrix)
+    w.set(f"{arch}.attention.key_length", U32, head_dim)  # even where it is n_embd / n_head
+    w.set(f"{arch}.attention.value_length", U32, head_dim)
+    w.set(f"{arch}.rope.freq_base", F32, 1000000.0)
+    w.set(f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-6)
     if window:
-        w.set("gemma3.attention.sliding_window", U32, window)
+        w.set(f"{arch}.attention.sliding_window", U32, window)
     if isinstance(pattern, int):
-        w.set("gemma3.attention.sliding_window_pattern", U32, pattern)
+        w.set(f"{arch}.attention.sliding_window_pattern", U32, pattern)
     elif pattern is not None:
-        w.set("gemma3.attention.sliding_window_pattern", ARRAY, (BOOL, pattern))
+        w.set(f"{arch}.attention.sliding_window_pattern", ARRAY, (BOOL, pattern))
     if rope_base_local is not None:
-        w.set("gemma3.rope.freq_base_swa", F32, rope_base_local)
+        w.set(f"{arch}.rope.freq_base_swa", F32, rope_base_local)
     if softcap:
-        w.set("gemma3.final_logit_softcapping", F32, softcap)
+        w.set(f"{arch}.final_logit_softcapping", F32, softcap)
 
     rng = random.Random(seed)
-    n_vocab = w.get("gemma3.vocab_size").value
+    n_vocab = w.get(f"{arch}.vocab_size").value
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     w.tensors = []
 
@@ -920,8 +935,9 @@ def build_tiny_gemma3(*, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_
         matrix(blk + "attn_k.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_v.weight", n_embd, kv_dim, 1.0 / math.sqrt(n_embd))
         matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
-        norm(blk + "attn_q_norm.weight", head_dim)
-        norm(blk + "attn_k_norm.weight", head_dim)
+        if arch == "gemma3":
+            norm(blk + "attn_q_norm.weight", head_dim)
+            norm(blk + "attn_k_norm.weight", head_dim)
         norm(blk + "post_attention_norm.weight")
         norm(blk + "ffn_norm.weight")
         matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
