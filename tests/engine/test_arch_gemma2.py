@@ -1,4 +1,4 @@
-"""arch/gemma2.cpp on tiny random gemma2 models (tests/support/gguf_writer.py:
+"""arch/gemma.cpp's gemma2 on tiny random gemma2 models (tests/support/gguf_writer.py:
 build_tiny_gemma2): heads of 256, the even layers over a sliding window (32) far
 shorter than the context (384), so that their rings wrap, and attention scores
 soft-capped, at the default 50 (which random scores of a few units never near) and at 1
@@ -16,7 +16,9 @@ from __future__ import annotations
 import pytest
 
 from llmd.engine.native import Engine
-from tests.engine.test_arch import assert_decode_batch_equals_decode_one, open_error
+from tests.engine.test_arch import (
+    assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks, open_error,
+)
 from tests.engine.test_arch_gemma3 import GREEDY_STEPS, N_CTX, PPL_TOLERANCE, PROMPT_TOKENS, TEXT, WINDOW
 from tests.support.gguf_writer import F32, GGML_Q8_0, build_tiny_gemma2
 from tests.support.llama_cpp_golden import golden_tests
@@ -73,19 +75,8 @@ def test_logits_do_not_depend_on_chunks_or_decode_steps(models):
     """Past the rings' wrap, capped scores: one prefill, odd chunks, and token-by-token
     steps give bit-identical logits at the last position; decode_batch = decode_one."""
     with Engine(str(models["gemma2_capped"]), n_threads=2, n_ctx=N_CTX, max_sessions=4) as engine:
-        ids, n = engine.tokenize(TEXT), 340
-        with engine.new_session() as whole:
-            whole.prefill(ids[:n])
-            expected = whole.logits()
-        with engine.new_session() as chunked:
-            for start in range(0, n, 37):
-                chunked.prefill(ids[start:min(n, start + 37)])
-            assert chunked.logits() == expected
-        with engine.new_session() as stepped:
-            stepped.prefill(ids[:300])
-            for i in range(300, n):
-                stepped.prefill([ids[i]])
-            assert stepped.logits() == expected
+        ids = engine.tokenize(TEXT)
+        assert_prefill_does_not_depend_on_chunks(engine, ids[:340])
         assert_decode_batch_equals_decode_one(engine, [ids[:330], ids[5:40]])
 
 

@@ -1,4 +1,4 @@
-"""arch/gemma3.cpp on tiny random gemma3 models (tests/support/gguf_writer.py:
+"""arch/gemma.cpp's gemma3 on tiny random gemma3 models (tests/support/gguf_writer.py:
 build_tiny_gemma3): heads of 256, sliding-window layers whose window (32) is far
 shorter than the context (384), so that their rings wrap, checked against llama.cpp.
 
@@ -16,7 +16,9 @@ from tests.conformance.client import Client
 from tests.conftest import running_llmd
 from tests.support.gguf_writer import ARRAY, F32, GGML_Q8_0, I32, STRING, U8, U32, build_tiny_gemma3
 from tests.support.llama_cpp_golden import golden_tests
-from tests.engine.test_arch import assert_decode_batch_equals_decode_one, open_error
+from tests.engine.test_arch import (
+    assert_decode_batch_equals_decode_one, assert_prefill_does_not_depend_on_chunks, open_error,
+)
 
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, counting the steps as his "
         "father had taught him: one hundred and twelve, no more and no less. At the top he trimmed the wick, "
@@ -139,19 +141,7 @@ def test_a_long_context_needs_less_than_full_attention_memory(models):
 def test_logits_do_not_depend_on_chunks_or_decode_steps(local_engine, ids):
     """Past the rings' wrap: one prefill, odd chunks, and token-by-token steps give
     bit-identical logits at the last position."""
-    engine, n = local_engine, 340
-    with engine.new_session() as whole:
-        whole.prefill(ids[:n])
-        expected = whole.logits()
-    with engine.new_session() as chunked:
-        for start in range(0, n, 37):
-            chunked.prefill(ids[start:min(n, start + 37)])
-        assert chunked.logits() == expected
-    with engine.new_session() as stepped:
-        stepped.prefill(ids[:300])
-        for i in range(300, n):
-            stepped.prefill([ids[i]])
-        assert stepped.logits() == expected
+    assert_prefill_does_not_depend_on_chunks(local_engine, ids[:340])
 
 
 def test_decode_batch_equals_decode_one_on_gemma3(engine, ids):
