@@ -42,6 +42,7 @@ from llmd.api.validation import (
     value_text,
     str_field,
     parse_flat_tools,
+    parse_continue_final,
     parse_json_object,
     text_parts,
 )
@@ -113,6 +114,7 @@ def parse_request(body: bytes, counting: bool = False) -> ChatRequest:
         reasoning_param="thinking",
         template_params={"enable_thinking": "thinking"},
         show_reasoning=show,
+        continue_final=parse_continue_final(obj, msgs),  # a prefill, as Anthropic's API reads one
     )
 
 

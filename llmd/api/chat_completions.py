@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmd.api import logprobs
 from llmd.api.validation import (bool_field, CHAT_KEYS, CHAT_UNSUPPORTED, ChatRequest, check_keys, int_field,
-                                 MAX_TOP_LOGPROBS, parse_cache_salt, parse_common, parse_json_object,
+                                 MAX_TOP_LOGPROBS, parse_cache_salt, parse_common, parse_continue_final, parse_json_object,
                                  parse_max_tokens, parse_messages, parse_n, parse_n_probs,
                                  parse_prompt_cache_key, parse_reasoning, parse_response_format,
                                  parse_return_progress, parse_sampling, parse_speculative, parse_stop, parse_stream,
@@ -195,6 +195,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         n=n,
         cache_salt=parse_cache_salt(obj),
         speculative=parse_speculative(obj),
+        continue_final=parse_continue_final(obj, messages),
     )
 
 

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmd.api.embeddings import MAX_EMBEDDING_INPUTS, EmbeddingsRequest
 from llmd.api.validation import (ChatRequest, CompletionRequest, ResponseFormat, Sampling, bool_field, check_keys,
-                                 int_field, number_field, parse_json_object, parse_messages, parse_stop, parse_tools,
-                                 required_field, str_field, value_text, INT32_MAX)
+                                 int_field, number_field, parse_continue_final, parse_json_object, parse_messages,
+                                 parse_stop, parse_tools, required_field, str_field, value_text, INT32_MAX)
 from llmd.errors import ApiError, invalid_request, invalid_type, unsupported_parameter
 from llmd.prompt.reasoning import ReasoningDelta
 from llmd.prompt.tool_calls import ContentDelta, ToolCallDelta
@@ -200,7 +200,8 @@ def _chat(obj: dict, messages: list, tools: list) -> ChatRequest:
                        stream=_stream(obj), include_usage=True, tools=tools, tool_choice="auto" if tools else "none",
                        parallel_tool_calls=True, session_id=None, response_format=_format(obj.get("format")),
                        template_kwargs=kwargs, template_params={"enable_thinking": "think", **params},
-                       reasoning=None if think is None else think is not False, reasoning_param="think")
+                       reasoning=None if think is None else think is not False, reasoning_param="think",
+                       continue_final=parse_continue_final(obj, messages))
 
 
 def _options(v: Any) -> tuple[Sampling, int | None, list[str]]:

@@ -241,7 +241,7 @@ class Api:
         req = await parse(validation.parse_apply_template_request, request.body)
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
         prompt = await asyncio.to_thread(self._render, req.messages, tools, req.add_generation_prompt,
-                                         req.template_kwargs)
+                                         req.template_kwargs, None, req.continue_final)
         return json_response({"prompt": prompt.text})
 
     async def props(self, request: HttpRequest) -> Response:
@@ -530,8 +530,9 @@ class Api:
         """Generate the assistant's reply to a conversation, shaped by fmt."""
         self._check_model(req.model)
         validation.check_vocab(req, self.info.n_vocab)
-        prompt, text, tools = await self._chat_prompt(req)
-        reasoning = templates.reasoning_start(self.template, text)
+        validation.check_continuable(req)
+        prompt, rendered, tools = await self._chat_prompt(req)
+        reasoning = templates.reasoning_start(self.template, rendered.text, rendered.prefill)
         if req.reasoning and reasoning is None and templates.tool_format(self.template) != "harmony":
             raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' asks for reasoning, "
                                                "but the served model does not reason: its chat template has no "
@@ -539,10 +540,12 @@ class Api:
         grammar = await self.grammars.grammar(constrain.chat_spec(req, templates.call_layout(self.template),
                                                                   self.controls), request.principal,
                                               request.disconnected)
-        return await self._generate(request, prompt, text, req, sid, tools, grammar, fmt, reasoning=reasoning)
+        return await self._generate(request, prompt, rendered.text, req, sid, tools, grammar, fmt,
+                                    reasoning=reasoning)
 
-    async def _chat_prompt(self, req: validation.ChatRequest) -> tuple[PromptIds, str, list[dict] | None]:
-        """The conversation rendered by the chat template: its ids, its text and the
+    async def _chat_prompt(self, req: validation.ChatRequest) -> tuple[PromptIds, templates.Prompt,
+                                                                        list[dict] | None]:
+        """The conversation rendered by the chat template: its ids, the rendering and the
         tools it offers (None when tool_choice is "none")."""
         tools = [asdict(t) for t in req.tools] if req.tool_choice != "none" else []
         kwargs = req.template_kwargs
@@ -552,14 +555,15 @@ class Api:
         if req.reasoning is False and isinstance(self.template, templates.JinjaTemplate) and self.template.thinks:
             kwargs = {**kwargs, "enable_thinking": False}  # Qwen3's switch; a template without one refuses it
         # a Jinja template over a long conversation takes milliseconds: off the event loop
-        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, kwargs, req.template_params)
+        rendered = await asyncio.to_thread(self._render, req.messages, tools, True, kwargs, req.template_params,
+                                           req.continue_final)
         self.text_limit.check(rendered.text, "messages")
         tokens = await self.runtime.call(templates.tokenize_prompt, rendered, self.engine.tokenize_marked)
         prompt = self._prompt_ids(tokens.ids)
         for index, span in tokens.replies.items():
             m = req.messages[index]
             prompt.replies[span] = reply_fingerprint(m.content, [(c.name, c.arguments) for c in m.tool_calls])
-        return prompt, rendered.text, tools or None
+        return prompt, rendered, tools or None
 
     async def completions(self, request: HttpRequest) -> Response | StreamResponse:
         req = await parse(parse_completion_request, request.body)
@@ -641,15 +645,16 @@ class Api:
         return self.info.fim
 
     def _render(self, messages: list[validation.Message], tools: list[dict], add_generation_prompt: bool = True,
-                template_kwargs: dict | None = None, template_params: dict | None = None) -> templates.Prompt:
-        """The chat prompt; 400 when there is no usable template or it refuses the input.
-        template_params names the request field that set a template variable, for the
-        400 when the template has no use for it."""
+                template_kwargs: dict | None = None, template_params: dict | None = None,
+                continue_final: bool = False) -> templates.Prompt:
+        """The chat prompt (templates.render_chat); 400 when there is no usable template or
+        it refuses the input. template_params names the request field that set a template
+        variable, for the 400 when the template has no use for it."""
         if isinstance(self.template, templates.Unavailable):
             raise errors.invalid_request(self.template.reason, "messages")
         try:
             return templates.render_chat(self.template, [asdict(m) for m in messages], tools or None,
-                                    add_generation_prompt, template_kwargs)
+                                         add_generation_prompt, template_kwargs, continue_final)
         except templates.UnsupportedToolsError as exc:
             raise errors.unsupported_parameter("tools" if tools else "messages", str(exc))
         except templates.UnusedVariableError as exc:

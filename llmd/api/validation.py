@@ -179,6 +179,7 @@ class ChatRequest:
     template_params: dict = field(default_factory=dict)
     cache_salt: str | None = None      # shares cached prefixes only with the same salt
     speculative: Speculative = Speculative()
+    continue_final: bool = False       # the last message is a reply the model continues (continue_final)
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,7 @@ class ApplyTemplateRequest:
     tool_choice: str
     add_generation_prompt: bool = True
     template_kwargs: dict = field(default_factory=dict)
+    continue_final: bool = False
 
 
 # --- JSON -------------------------------------------------------------------------
@@ -559,7 +561,7 @@ CHAT_KEYS = SAMPLING_KEYS | _NO_EFFECT_KEYS | frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "stop", "n", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
     "parallel_tool_calls", "modalities", "session_id", "chat_template_kwargs", "reasoning_effort",
-    "reasoning"}) | LLAMA_KEYS | CACHE_KEYS
+    "reasoning", "continue_final_message"}) | LLAMA_KEYS | CACHE_KEYS
 CHAT_UNSUPPORTED = {
     "audio": "Audio output is not supported: this server generates text only.",
     "prediction": "Predicted outputs ('prediction') are not supported.",
@@ -866,7 +868,9 @@ def parse_detokenize_request(body: bytes) -> DetokenizeRequest:
 def parse_apply_template_request(body: bytes) -> ApplyTemplateRequest:
     """Validate a /apply-template body: a chat completions body (model optional; the
     generation fields are checked and unused, as llama.cpp's server takes the same body)
-    plus `add_generation_prompt` (default true)."""
+    plus `add_generation_prompt` (default true). Without a generation prompt the
+    conversation is shown as it stands, so a final assistant message is continued only
+    with one."""
     obj = parse_json_object(body)
     check_keys(obj, CHAT_KEYS | {"add_generation_prompt"}, CHAT_UNSUPPORTED)
     if obj.get("model") is not None:
@@ -875,8 +879,56 @@ def parse_apply_template_request(body: bytes) -> ApplyTemplateRequest:
     tools = parse_tools(obj.get("tools"))
     tool_choice, _ = parse_tool_choice(obj.get("tool_choice"), tools)
     generation_prompt = obj.get("add_generation_prompt")
-    return ApplyTemplateRequest(messages, tools, tool_choice, True if generation_prompt is None
-                                else bool_field(generation_prompt, "add_generation_prompt"), parse_template_kwargs(obj))
+    generation_prompt = True if generation_prompt is None else bool_field(generation_prompt, "add_generation_prompt")
+    continue_final = parse_continue_final(obj, messages, generation_prompt)
+    if continue_final and not generation_prompt:
+        raise invalid_request("'continue_final_message' continues the final message after the generation prompt; "
+                              "it cannot be given with 'add_generation_prompt' false.", "continue_final_message")
+    return ApplyTemplateRequest(messages, tools, tool_choice, generation_prompt, parse_template_kwargs(obj),
+                                continue_final)
+
+
+def parse_continue_final(obj: dict, messages: list[Message], default: bool = True) -> bool:
+    """Whether the model continues the final message, an assistant's reply the client
+    began (a prefill): as `continue_final_message` says (vLLM's flag), else, with
+    `default`, whenever the conversation ends with an assistant message of content
+    alone (as llama.cpp's server and Anthropic's API read one; one with tool calls or
+    reasoning is a finished turn). 400 when the flag asks to continue a message that
+    cannot be: none, another role's, one with tool calls (they wait for results) or
+    one with reasoning (a reply is continued from its content)."""
+    asked = obj.get("continue_final_message")
+    last = messages[-1] if messages else None
+    ends_in_reply = last is not None and last.role == "assistant"
+    if asked is None:
+        return default and ends_in_reply and not last.tool_calls and last.reasoning is None
+    if not bool_field(asked, "continue_final_message"):
+        return False
+    if not ends_in_reply:
+        raise invalid_request("'continue_final_message' needs a conversation that ends with an assistant message.",
+                              "continue_final_message")
+    param = f"messages[{len(messages) - 1}]"
+    if last.tool_calls:
+        raise invalid_request("A final assistant message with tool calls cannot be continued: its calls wait for "
+                              "their results in tool messages.", param)
+    if last.reasoning is not None:
+        raise unsupported_parameter(param, "A final assistant message is continued from its content (a prefill), "
+                                           "and its reasoning cannot be continued: send it without reasoning.")
+    return True
+
+
+def check_continuable(req: ChatRequest) -> None:
+    """400 for a continued final message (ChatRequest.continue_final) with output
+    constrained from the reply's start: a response format or a forced tool call."""
+    if not req.continue_final:
+        return
+    if req.response_format is not None and req.response_format.type != "text":
+        param = "response_format"
+    elif req.tool_choice == "required" or req.tool_name is not None:
+        param = "tool_choice"
+    else:
+        return
+    raise unsupported_parameter(param, f"'{param}' constrains a reply from its start, and this one is continued "
+                                       "from the final assistant message (a prefill); send one or the other.")
 
 
 # --- vocabulary checks (need the engine's n_vocab) -------------------------------------

@@ -117,6 +117,7 @@ class Prompt:
 
     parts: list[tuple[str, bool]] = field(default_factory=list)
     replies: dict[int, int] = field(default_factory=dict)
+    prefill: str = ""  # the text that ends the prompt as the start of the reply (render_chat's continue_final)
 
     @property
     def text(self) -> str:
@@ -312,13 +313,21 @@ def control_pieces(engine: Any, texts: tuple[str, ...]) -> dict[int, bytes]:
     return pieces
 
 
-def reasoning_start(template: ChatTemplate | JinjaTemplate, prompt_text: str) -> bool | None:
+def reasoning_start(template: ChatTemplate | JinjaTemplate, prompt_text: str, prefill: str = "") -> bool | None:
     """None when the template has no `<think>` reasoning block (its output is all
     content); else whether the prompt leaves the block open, so the output starts
-    inside it (DeepSeek-R1 distills end their generation prompt with `<think>\n`)."""
+    inside it (DeepSeek-R1 distills end their generation prompt with `<think>\n`).
+    `prefill` is the end of the prompt that begins the reply (Prompt.prefill): its own
+    tags open and close the block after the generation prompt."""
     if not isinstance(template, JinjaTemplate) or not template.thinks:
         return None
-    return prompt_text.rstrip().endswith(reasoning.OPEN)
+    inside = prompt_text[:len(prompt_text) - len(prefill)].rstrip().endswith(reasoning.OPEN)
+    for tag in _THINK_TAGS.findall(prefill):
+        inside = tag == reasoning.OPEN
+    return inside
+
+
+_THINK_TAGS = re.compile(f"{re.escape(reasoning.OPEN)}|{re.escape(reasoning.CLOSE)}")
 
 
 def template_markers(template: jinja.Template, extra: tuple[str, ...],
@@ -374,7 +383,8 @@ def load_template(model_template: str | None, override: str | None, engine: Any)
 
 def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None = None,
-                add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None) -> Prompt:
+                add_generation_prompt: bool = True, template_kwargs: dict[str, Any] | None = None,
+                continue_final: bool = False) -> Prompt:
     """Render validated messages (and OpenAI function tools) as `template` would.
 
     Messages and tools are OpenAI-shaped dicts; the flat records of llmd.api.validation
@@ -386,9 +396,25 @@ def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str,
     UnsupportedToolsError when a built-in template has no tool format and tools or tool
     calls are present, UnusedVariableError for a kwarg the template does not read, and
     ChatTemplateError when a Jinja template refuses the conversation or fails on it.
+
+    With `continue_final`, the last message is an assistant's reply that the client began
+    (a prefill, as llama.cpp's server and Anthropic's API read one): the messages before
+    it are rendered with the generation prompt, and its content follows as plain text
+    (Prompt.prefill), so that the model goes on from where it stops. The reply begins
+    with the generation prompt's own text, so the one format this cannot write is
+    harmony's (gpt-oss), whose reply opens with a channel of the model's choosing:
+    ChatTemplateError.
     """
     msgs = [_normalise(m) for m in messages]
-    prompt = Prompt()
+    prefill = ""
+    if continue_final:
+        if tool_format(template) == "harmony":
+            raise ChatTemplateError("gpt-oss's replies open with a channel of the model's choosing, so a final "
+                                    "assistant message cannot be continued; end the conversation with a user or "
+                                    "tool message.")
+        *msgs, last = msgs
+        prefill, add_generation_prompt = last["content"], True
+    prompt = Prompt(prefill=prefill)
     _check_kwargs(template, template_kwargs or {})
     if isinstance(template, JinjaTemplate):
         _render_jinja(prompt, template, msgs, tools, add_generation_prompt, template_kwargs or {})
@@ -396,6 +422,7 @@ def render_chat(template: ChatTemplate | JinjaTemplate, messages: list[dict[str,
         _render_llama3(prompt, msgs, tools, add_generation_prompt)
     else:
         _render_chatml(prompt, template, msgs, tools, add_generation_prompt)
+    prompt._text(prefill)
     return prompt
 
 

@@ -193,7 +193,9 @@ SMOLLM2_GOLDEN = [c for c in json.loads((Path(__file__).parents[1] / "data" / "c
 
 @pytest.mark.parametrize("case", SMOLLM2_GOLDEN, ids=lambda c: c["name"])
 def test_apply_template_returns_the_default_models_exact_prompt(server, case):
-    body = {"messages": case["messages"], "add_generation_prompt": case["add_generation_prompt"]}
+    # the template's own rendering: a final assistant message is a turn like the others
+    body = {"messages": case["messages"], "add_generation_prompt": case["add_generation_prompt"],
+            "continue_final_message": False}
     if case["tools"]:
         body["tools"] = case["tools"]
     reply = server.post_json(server.origin + "/apply-template", body)
@@ -212,6 +214,77 @@ def test_apply_template_takes_add_generation_prompt_and_validates_the_body(serve
     assert bad.status == 400 and bad.json()["error"]["param"] == "add_generation_prompt"
     missing = server.post_json(server.origin + "/apply-template", {})
     assert missing.status == 400 and missing.json()["error"]["param"] == "messages"
+
+
+PREFILL = [{"role": "user", "content": "List three colors."}, {"role": "assistant", "content": "1. Red\n2."}]
+
+
+def test_a_final_assistant_message_is_continued_in_every_chat_api(server):
+    """A prefill (as llama.cpp's server, Anthropic's API and Ollama read one): the model
+    goes on from the final message's content, and the reply is what comes after it,
+    exactly what a plain completion of the rendered prompt writes."""
+    prompt = server.post_json(server.origin + "/apply-template", {"messages": PREFILL}).json()["prompt"]
+    assert prompt.endswith("<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\n1. Red\n2.")
+    plain = server.post_json("/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0})
+    expected = plain.json()["choices"][0]["text"]
+    chat = server.chat(PREFILL, max_tokens=8).json()
+    assert chat["choices"][0]["message"]["content"] == expected
+    assert chat["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
+    streamed = server.post_stream("/chat/completions", server.chat_body(PREFILL, max_tokens=8, stream=True))
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in streamed.chunks if c["choices"]) == expected
+    anthropic = server.post_json(server.origin + "/v1/messages", {"model": MODEL, "max_tokens": 8, "temperature": 0,
+                                                                  "messages": PREFILL}).json()
+    assert anthropic["content"] == [{"type": "text", "text": expected, "citations": None}]
+    count = server.post_json(server.origin + "/v1/messages/count_tokens", {"model": MODEL, "messages": PREFILL})
+    assert count.json()["input_tokens"] == chat["usage"]["prompt_tokens"]
+    ollama = server.post_json(server.origin + "/api/chat", {"model": MODEL, "messages": PREFILL, "stream": False,
+                                                            "options": {"temperature": 0, "num_predict": 8}})
+    assert ollama.json()["message"]["content"] == expected
+    # continue_final_message (vLLM's flag) false: the final message is a finished turn
+    finished = server.post_json(server.origin + "/apply-template",
+                                {"messages": PREFILL, "continue_final_message": False}).json()["prompt"]
+    assert finished == prompt + "<|im_end|>\n<|im_start|>assistant\n"
+    new_turn = server.chat(PREFILL, max_tokens=1, continue_final_message=False).json()
+    assert new_turn["usage"]["prompt_tokens"] > chat["usage"]["prompt_tokens"]
+    # with tools offered it is still continued: their grammar lets text come first
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with_tools = server.post_json(server.origin + "/apply-template", {"messages": PREFILL, "tools": [tool]})
+    assert with_tools.json()["prompt"].endswith("<|im_start|>assistant\n1. Red\n2.")
+    assert server.chat(PREFILL, max_tokens=1, tools=[tool]).status == 200
+
+
+@pytest.mark.parametrize("params, param, code", [
+    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+    ({"tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "unsupported_parameter"),
+    ({"continue_final_message": "yes"}, "continue_final_message", "invalid_type"),
+])
+def test_a_continued_reply_refuses_output_constrained_from_its_start(server, params, param, code):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    reply = server.chat(PREFILL, max_tokens=1, tools=[tool], **params)
+    error = reply.json()["error"]
+    assert (reply.status, error["param"], error["code"]) == (400, param, code)
+    # the same request without the prefill is served
+    if param != "continue_final_message":
+        assert server.chat(PREFILL[:1], max_tokens=1, tools=[tool], **params).status == 200
+
+
+@pytest.mark.parametrize("last, param", [
+    ({"role": "user", "content": "x"}, "continue_final_message"),
+    ({"role": "assistant", "content": None,
+      "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, "messages[1]"),
+    ({"role": "assistant", "content": "x", "reasoning_content": "because"}, "messages[1]"),
+])
+def test_continue_final_message_refuses_what_cannot_be_continued(server, last, param):
+    reply = server.chat([PREFILL[0], last], max_tokens=1, continue_final_message=True)
+    assert (reply.status, reply.json()["error"]["param"]) == (400, param)
+    # unasked, such a conversation gets a new assistant turn
+    assert server.chat([PREFILL[0], last], max_tokens=1).status == 200
+    shown = server.post_json(server.origin + "/apply-template", {"messages": PREFILL, "add_generation_prompt": False,
+                                                                 "continue_final_message": True})
+    assert (shown.status, shown.json()["error"]["param"]) == (400, "continue_final_message")
+    unasked = server.post_json(server.origin + "/apply-template", {"messages": PREFILL, "add_generation_prompt": False})
+    assert unasked.json()["prompt"].endswith("assistant\n1. Red\n2.<|im_end|>\n")
 
 
 def test_props_shows_the_template_and_special_tokens_as_llama_cpp_does(server):

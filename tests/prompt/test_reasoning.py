@@ -92,6 +92,25 @@ def test_reasoning_start_follows_the_template_and_its_generation_prompt(name, en
     assert templates.reasoning_start(template, prompt.text) is expected
 
 
+@pytest.mark.parametrize("name, prefill, expected", [
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "Let me see", True),  # inside the block the prompt opened
+    ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "Let me see.\n</think>\n\nThe", False),
+    ("Qwen-Qwen3-0.6B.jinja", "<think>\nFirst", True),  # the prefill opens the block itself
+    ("Qwen-Qwen3-0.6B.jinja", "<think>\nx</think>\n\nSo", False),
+    ("Qwen-Qwen3-0.6B.jinja", "The answer", False),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "<think>", None),  # no reasoning block in this template
+])
+def test_reasoning_start_follows_a_continued_reply(name, prefill, expected):
+    from llmd.prompt import jinja
+    from llmd.prompt import templates
+    from tests.reference_data import require
+    template = templates.JinjaTemplate(jinja.Template(require(f"models/templates/{name}").read_text("utf-8")))
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": prefill}]
+    prompt = templates.render_chat(template, msgs, continue_final=True)
+    assert prompt.text.endswith(prefill)
+    assert templates.reasoning_start(template, prompt.text, prompt.prefill) is expected
+
+
 # ---- reasoning through each API surface's format -------------------------------------------
 
 class StubReply:

@@ -143,6 +143,34 @@ def test_assistant_replies_stand_alone_after_the_generation_prompt():
     assert llama.parts[at - 1:at + 2] == [("\n\n", False), ("Hello", False), ("<|eot_id|>", True)]
 
 
+def test_a_continued_final_message_follows_the_generation_prompt_as_plain_text():
+    """A prefill: the messages before it as a conversation awaiting a reply, then its
+    content, merged with the generation prompt's text so that it is tokenized as one
+    rendered string would be (as llama.cpp's server appends it)."""
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I"}]
+    for template in (QWEN, LLAMA3, _interpreted(TEMPLATES["smollm2"], GOLDEN_MARKERS)):
+        awaiting = render_chat(template, msgs[:1])
+        continued = render_chat(template, msgs, continue_final=True)
+        assert continued.text == awaiting.text + "Hello, I" and continued.prefill == "Hello, I"
+        assert continued.parts[:-1] == awaiting.parts[:-1] and continued.replies == {}
+        assert continued.parts[-1] == (awaiting.parts[-1][0] + "Hello, I", False)
+        # add_generation_prompt has no say: the reply is under way
+        assert render_chat(template, msgs, add_generation_prompt=False, continue_final=True) == continued
+        assert render_chat(template, msgs).text != continued.text  # without it, the reply is a finished turn
+    empty = render_chat(QWEN, [msgs[0], {"role": "assistant", "content": ""}], continue_final=True)
+    assert empty == render_chat(QWEN, msgs[:1])
+
+
+def test_a_harmony_reply_cannot_be_continued():
+    from tests.reference_data import require
+    template = _interpreted(require("models/templates/openai-gpt-oss-120b.jinja").read_text("utf-8"),
+                            ("<|start|>", "<|end|>", "<|message|>", "<|channel|>"))
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    with pytest.raises(ChatTemplateError, match="cannot be continued"):
+        render_chat(template, msgs, continue_final=True)
+    assert render_chat(template, msgs).text.endswith("<|start|>assistant")
+
+
 def test_prompt_text_joins_parts_in_order():
     assert Prompt([("<|im_start|>", True), ("user\nx", False)]).text == "<|im_start|>user\nx"
 
