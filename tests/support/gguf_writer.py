@@ -881,14 +881,14 @@ def build_tiny_gemma(arch: str, *, n_embd: int = 64, n_layer: int = 6, n_head: i
                      pattern: int | list[bool] | None = None, rope_base_local: float | None = None,
                      softcap: float = 0.0, weight_type: int = GGML_F32, seed: int = 1, tied: bool = False,
                      n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
-    """A GGUFWriter holding a random-weight gemma3 (or gemma2) model laid out as
-    llama.cpp's converter writes one, with build_tiny_llama's tokenizer: heads of
+    """A GGUFWriter holding a random-weight gemma3 (or gemma2, or gemma) model laid out
+    as llama.cpp's converter writes one, with build_tiny_llama's tokenizer: heads of
     head_dim (256 as Gemma 3's), sliding-window layers by `pattern` (a period, or a
     bool per layer; None leaves the key out: the family's period) over `window`
     positions (0: no window key), rope.freq_base_swa only when given,
-    final_logit_softcapping when > 0, q/k head norms in gemma3. Norm weights are stored
-    as the converter stores them, with Gemma's 1 + w folded in. n_vocab, reserved and
-    random_matrix as build_tiny_llama takes them."""
+    final_logit_softcapping when > 0, q/k head norms in gemma3, no post norms in gemma.
+    Norm weights are stored as the converter stores them, with Gemma's 1 + w folded in.
+    n_vocab, reserved and random_matrix as build_tiny_llama takes them."""
     w = build_llama_base(arch, n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                          head_dim=head_dim, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type,
                          name=f"tiny-{arch}", reserved=reserved, random_matrix=random_matrix)
@@ -938,12 +938,14 @@ def build_tiny_gemma(arch: str, *, n_embd: int = 64, n_layer: int = 6, n_head: i
         if arch == "gemma3":
             norm(blk + "attn_q_norm.weight", head_dim)
             norm(blk + "attn_k_norm.weight", head_dim)
-        norm(blk + "post_attention_norm.weight")
+        if arch != "gemma":
+            norm(blk + "post_attention_norm.weight")
         norm(blk + "ffn_norm.weight")
         matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
-        norm(blk + "post_ffw_norm.weight")
+        if arch != "gemma":
+            norm(blk + "post_ffw_norm.weight")
     return w
 
 

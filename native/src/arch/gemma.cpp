@@ -1,8 +1,10 @@
-// arch/gemma.cpp — Gemma 2 and Gemma 3 (text): embeddings scaled by √n_embd; attention
-// and FFN each normed before and after (the post norm's output joins the residual);
-// NEOX RoPE; a GELU-gated FFN. Some layers attend over a sliding window, the others
-// globally. Gemma's norms scale by (1 + w); the converted files store 1 + w, so every
-// norm here multiplies by the stored weight as it is.
+// arch/gemma.cpp — Gemma 1, 2 and 3 (text): embeddings scaled by √n_embd; NEOX RoPE; a
+// GELU-gated FFN. Gemma's norms scale by (1 + w); the converted files store 1 + w, so
+// every norm here multiplies by the stored weight as it is.
+//   gemma:  a pre-norm block, queries scaled by 1/√head_dim, the output head the
+//           embeddings' (CodeGemma too).
+// Gemma 2 and 3 norm attention and FFN each before and after (the post norm's output
+// joins the residual); some layers attend over a sliding window, the others globally.
 //   gemma2: every attention score soft-capped (attn_logit_softcapping, 50 when absent:
 //           ops/attention.h, AttnScale), and so are the final logits
 //           (final_logit_softcapping, 30 when absent); the even layers over a window
@@ -42,6 +44,11 @@ float softcap(Binder &b, const std::string &key, float fallback) {
     const float c = b.get_float(b.prefix + key, fallback);
     if (!(c > 0.0f) || !std::isfinite(c)) b.fail("model metadata " + b.prefix + key + " must be positive");
     return c;
+}
+
+void load_gemma(Binder &b, HParams &hp) {
+    b.ffn_scales = false; // llama.cpp's graph of this family leaves its FFN weights' scales out
+    hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
 }
 
 void load_gemma2(Binder &b, HParams &hp) {
@@ -88,8 +95,22 @@ void bind_block(Binder &b, Model &m, bool qk_norms) {
     }
 }
 
+void bind_gemma(Binder &b, Model &m) {
+    for (int l = 0; l < m.hp.n_layer; ++l) {
+        b.attention(m.hp, l, m.layers[l]);
+        b.gated_ffn(m.hp, l, m.layers[l]);
+    }
+}
+
 void bind_gemma2(Binder &b, Model &m) { bind_block(b, m, false); }
 void bind_gemma3(Binder &b, Model &m) { bind_block(b, m, true); }
+
+void layer_gemma(const Pass &p, const LayerWeights &L, int l) {
+    rope_attention(p, L, l, Rope::neox); // x += attention(rmsnorm(x)) woᵀ
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    matmuls(p, p.xb, {geglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
+    matmuls(p, p.hb, {residual(L.w_down, p.x)});               // x += hb downᵀ
+}
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
     const bool local = p.hp.window[l] > 0;
@@ -117,6 +138,7 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
 
 } // namespace
 
+const Arch kGemma{"gemma", load_gemma, bind_gemma, layer_gemma};
 const Arch kGemma2{"gemma2", load_gemma2, bind_gemma2, layer};
 const Arch kGemma3{"gemma3", load_gemma3, bind_gemma3, layer};
 

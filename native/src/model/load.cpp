@@ -632,9 +632,10 @@ void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma2, &kGemma3, &kGptOss, &kGranite,
-                              &kGraniteMoe, &kGraniteHybrid, &kLfm2, &kLfm2Moe, &kMistral3, &kOlmo2, &kPhi3, &kQwen2,
-                              &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmallThinker, &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma, &kGemma2, &kGemma3, &kGptOss,
+                              &kGranite, &kGraniteMoe, &kGraniteHybrid, &kLfm2, &kLfm2Moe, &kMistral3, &kOlmo2, &kPhi3,
+                              &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmallThinker,
+                              &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
