@@ -45,8 +45,8 @@ import math
 import random
 
 from tests.support.gguf_writer import (
-    F32, GGML_F16, STRING, build_tiny_gemma2, build_tiny_gemma3, build_tiny_llama, build_tiny_qwen35,
-    build_tiny_qwen3moe, encode_f32, make_reranker, name_last_tokens,
+    F32, GGML_F16, STRING, build_tiny_gemma2, build_tiny_gemma3, build_tiny_gemma4, build_tiny_llama,
+    build_tiny_qwen35, build_tiny_qwen3moe, encode_f32, make_reranker, name_last_tokens,
 )
 
 # shape -> (builder, its arguments, metadata it sets afterwards)
@@ -68,6 +68,13 @@ SHAPES = {
                                            head_dim=256, n_ff=9216, n_ctx=8192, window=4096, attn_softcap=50.0,
                                            softcap=30.0, reserved=254000),
                    {"gemma2.rope.freq_base": 10000.0}),
+    # Gemma 4 E2B: 35 layers, four local (heads of 256, window 512) then one global (heads
+    # of 512, a quarter of their dims turned); the last 20 read the caches of layers 13
+    # and 14 with FFNs twice as wide; per-layer inputs of 256; values of their own.
+    "gemma-4-e2b": (build_tiny_gemma4, dict(n_vocab=262144, n_embd=1536, local=tuple(l % 5 != 4 for l in range(35)),
+                                            n_head=8, kv_heads=(1, 1), head_dims=(256, 512), turned=64, n_ff=6144,
+                                            shared=20, per_layer=256, values=True, softcap=30.0, n_ctx=8192,
+                                            window=512, reserved=260000), {}),
     "qwen3moe-1b": (build_tiny_qwen3moe, dict(n_vocab=151936, n_embd=1024, n_layer=6, n_head=16, n_head_kv=2,
                                               head_dim=128, n_expert=64, n_expert_used=8, n_ff_exp=768,
                                               n_ctx=4096, reserved=150000),

@@ -949,6 +949,98 @@ def build_tiny_gemma(arch: str, *, n_embd: int = 64, n_layer: int = 6, n_head: i
     return w
 
 
+def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, ...] = (True, True, False) * 2,
+                      kv_heads: tuple[int, int] = (2, 1), head_dims: tuple[int, int] = (64, 128),
+                      rope_local: int | None = None, turned: int = 4, n_ff: int = 128, shared: int = 3,
+                      wide_shared: bool = True, per_layer: int = 16, values: bool = False,
+                      shared_weights: bool = False, out_scales: bool = True, softcap: float | None = None,
+                      n_ctx: int = 512, window: int = 32, weight_type: int = GGML_F32, seed: int = 1,
+                      n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight gemma4 model laid out as llama.cpp's
+    converter writes one, with build_tiny_llama's tokenizer: layers local or global by
+    `local`; (local, global) KV heads `kv_heads` and head widths `head_dims`; the local
+    layers turning rope_local dims (all when None), the global ones `turned` pairs of
+    theirs (rope_freqs: the others' factors 1e30); the last `shared` layers reading
+    earlier layers' caches, with FFNs twice as wide (`wide_shared`) and, with
+    shared_weights, the k/v weights the converter keeps for them anyway; per-layer inputs
+    of `per_layer` floats (0: none); global layers without attn_v unless `values`;
+    layer_output_scale when out_scales; final_logit_softcapping when given (30 when
+    absent, as llama.cpp reads it). The output head is the embeddings'. n_vocab,
+    reserved and random_matrix as build_tiny_llama takes them."""
+    arch, n_layer = "gemma4", len(local)
+    w = build_llama_base(arch, n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=max(kv_heads),
+                         head_dim=head_dims[1], n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type, name="tiny-gemma4",
+                         reserved=reserved, random_matrix=random_matrix)
+    first_shared = n_layer - shared
+    ffs = [n_ff * (2 if wide_shared and l >= first_shared else 1) for l in range(n_layer)]
+    layer_kv = [kv_heads[0] if loc else kv_heads[1] for loc in local]
+    w.set(f"{arch}.attention.head_count_kv", ARRAY, (I32, layer_kv))
+    w.set(f"{arch}.feed_forward_length", ARRAY, (I32, ffs))
+    w.set(f"{arch}.attention.key_length", U32, head_dims[1])
+    w.set(f"{arch}.attention.value_length", U32, head_dims[1])
+    w.set(f"{arch}.attention.key_length_swa", U32, head_dims[0])
+    w.set(f"{arch}.attention.value_length_swa", U32, head_dims[0])
+    w.set(f"{arch}.rope.dimension_count", U32, head_dims[1])
+    w.set(f"{arch}.rope.dimension_count_swa", U32, rope_local or head_dims[0])
+    w.set(f"{arch}.rope.freq_base", F32, 1000000.0)
+    w.set(f"{arch}.rope.freq_base_swa", F32, 10000.0)
+    w.set(f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-6)
+    w.set(f"{arch}.attention.sliding_window", U32, window)
+    w.set(f"{arch}.attention.sliding_window_pattern", ARRAY, (BOOL, list(local)))
+    w.set(f"{arch}.attention.shared_kv_layers", U32, shared)
+    w.set(f"{arch}.embedding_length_per_layer_input", U32, per_layer)
+    if softcap is not None:
+        w.set(f"{arch}.final_logit_softcapping", F32, softcap)
+
+    rng = random.Random(seed)
+    n_vocab = w.get(f"{arch}.vocab_size").value
+    w.tensors = []
+
+    def matrix(name: str, cols: int, rows: int, std: float) -> None:
+        if random_matrix is not None:
+            data = random_matrix(cols, rows, std, rng)
+        else:
+            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
+        w.add_tensor(name, [cols, rows], weight_type, data)
+
+    def norm(name: str, n: int = n_embd) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+
+    matrix("token_embd.weight", n_embd, n_vocab, 1.0 / math.sqrt(n_embd))
+    norm("output_norm.weight")
+    half = head_dims[1] // 2
+    w.add_tensor("rope_freqs.weight", [half], GGML_F32, encode_f32([1.0] * turned + [1e30] * (half - turned)))
+    if per_layer:
+        matrix("per_layer_token_embd.weight", per_layer * n_layer, n_vocab, 1.0)
+        matrix("per_layer_model_proj.weight", n_embd, per_layer * n_layer, 1.0 / math.sqrt(n_embd))
+        norm("per_layer_proj_norm.weight", per_layer)
+    for layer, loc in enumerate(local):
+        blk = f"blk.{layer}."
+        hd, n_kv = head_dims[0 if loc else 1], layer_kv[layer]
+        norm(blk + "attn_norm.weight")
+        matrix(blk + "attn_q.weight", n_embd, n_head * hd, 1.0 / math.sqrt(n_embd))
+        norm(blk + "attn_q_norm.weight", hd)
+        if layer < first_shared or shared_weights:
+            matrix(blk + "attn_k.weight", n_embd, n_kv * hd, 1.0 / math.sqrt(n_embd))
+            if loc or values:
+                matrix(blk + "attn_v.weight", n_embd, n_kv * hd, 1.0 / math.sqrt(n_embd))
+            norm(blk + "attn_k_norm.weight", hd)
+        matrix(blk + "attn_output.weight", n_head * hd, n_embd, 2.0 / math.sqrt(n_head * hd))
+        norm(blk + "post_attention_norm.weight")
+        norm(blk + "ffn_norm.weight")
+        matrix(blk + "ffn_gate.weight", n_embd, ffs[layer], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up.weight", n_embd, ffs[layer], 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down.weight", ffs[layer], n_embd, 2.0 / math.sqrt(ffs[layer]))
+        norm(blk + "post_ffw_norm.weight")
+        if per_layer:
+            matrix(blk + "inp_gate.weight", n_embd, per_layer, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "proj.weight", per_layer, n_embd, 1.0 / math.sqrt(per_layer))
+            norm(blk + "post_norm.weight")
+        if out_scales:
+            w.add_tensor(blk + "layer_output_scale.weight", [1], GGML_F32, encode_f32([rng.uniform(0.5, 1.5)]))
+    return w
+
+
 # ---- a tiny qwen3moe model --------------------------------------------------------
 
 def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,

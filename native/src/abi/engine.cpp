@@ -241,10 +241,11 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         if (e->n_ctx > (1 << 20)) return fail(LLMD_ERR_INVALID_ARGUMENT, "n_ctx is too large");
         e->model->use_context(e->n_ctx);
         for (const uint32_t t : {e->kv_types.k, e->kv_types.v})
-            if (const char *why = nullptr; !kv_type_fits(t, hp.head_dim, &why))
-                return fail(LLMD_ERR_UNSUPPORTED, std::string("KV type ") + kv_type_name(t) + ": " + why +
-                                                      "; this model's is " + std::to_string(hp.head_dim) +
-                                                      " (allowed here: f16)");
+            for (const int hd : hp.layer_head_dim) // every width the cache keeps
+                if (const char *why = nullptr; !kv_type_fits(t, hd, &why))
+                    return fail(LLMD_ERR_UNSUPPORTED, std::string("KV type ") + kv_type_name(t) + ": " + why +
+                                                          "; this model's is " + std::to_string(hd) +
+                                                          " (allowed here: f16)");
         if (opts.draft_nextn != 0 && opts.draft_nextn != 1)
             return fail(LLMD_ERR_INVALID_ARGUMENT, "draft_nextn is 0 or 1");
         if (opts.draft_nextn == 1 && hp.n_layer_nextn == 0)
@@ -254,12 +255,12 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
             return fail(LLMD_ERR_UNSUPPORTED, "drafting with multi-token-prediction blocks is built for qwen35 and "
                                               "qwen35moe, not " + e->architecture);
         e->nextn = opts.draft_nextn == 1;
-        size_t ring = 0, block = 0;
-        KVCache::layout(hp, e->cached_blocks(), e->n_ctx, &ring, &block);
+        KVCache::Sizes sizes;
+        KVCache::layout(hp, e->cached_blocks(), e->n_ctx, e->kv_types, &sizes);
         // A recurrent model's prefix is its blocks and a snapshot of the state after
         // them; one that also kept sliding-window rings would need both: none does.
         const bool recurrent = RecurrentState::state_bytes(hp) > 0;
-        e->kv_shares = block > 0 && !(recurrent && ring > 0);
+        e->kv_shares = sizes.runs > 0 && !(recurrent && sizes.ring_k > 0);
         e->snapshot_budget = e->kv_shares ? RecurrentState::state_bytes(hp) * kSnapshots : 0;
         const uint64_t budget = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : physical_memory() / 4;
         e->max_sessions = opts.max_sessions > 0 ? opts.max_sessions : capacity_for(e.get(), budget);
@@ -270,8 +271,7 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         e->ws.reserve(hp, 1);
         const uint64_t retired = opts.prefix_cache_bytes > 0 ? opts.prefix_cache_bytes
                                                              : KVCache::bytes_per_token(hp, e->cached_blocks(), e->n_ctx, e->kv_types) * static_cast<uint64_t>(e->n_ctx);
-        e->kv_pool = std::make_unique<KVPool>(block / kKVBlock, kv_row_bytes(e->kv_types.k, hp.head_dim),
-                                              kv_row_bytes(e->kv_types.v, hp.head_dim),
+        e->kv_pool = std::make_unique<KVPool>(sizes.runs, sizes.k_row, sizes.v_row,
                                               (e->n_ctx + kKVBlock - 1) / kKVBlock, fingerprint, retired);
         e->snapshots = std::make_unique<SnapshotCache>(e->snapshot_budget);
         *out = e.release();

@@ -201,10 +201,11 @@ llmd_status check_batch(llmd_session *const *sessions, size_t n) {
 // layers alone): they are zeroed for its positions, which the block's attention then
 // weighs as nothing, and so is its input state.
 void forget_nextn_block(llmd_session *s) {
-    const HParams &hp = s->engine->model->hp;
-    const std::vector<float> zeros(hp.head_dim, 0.0f);
+    const int block = s->engine->model->hp.n_layer;
+    const KVCache::Layer &L = s->kv.layers[block];
+    const std::vector<float> zeros(L.hd, 0.0f);
     for (int pos = 0; pos < static_cast<int>(s->tokens.size()); ++pos)
-        for (int h = 0; h < hp.n_head_kv; ++h) s->kv.write(hp, hp.n_layer, h, pos, zeros.data(), zeros.data());
+        for (int h = 0; h < L.heads; ++h) s->kv.write(block, h, pos, zeros.data(), zeros.data());
     forget_nextn_state(s);
 }
 
@@ -428,13 +429,13 @@ llmd_status llmd_session_new(llmd_engine *e, llmd_session **out) {
         auto s = std::make_unique<llmd_session>();
         s->engine = e;
         const HParams &hp = e->model->hp;
-        size_t ring = 0, block = 0;
-        s->kv.layers = KVCache::layout(hp, e->cached_blocks(), e->n_ctx, &ring, &block);
-        s->kv.set_types(e->kv_types, hp.head_dim);
+        KVCache::Sizes sizes;
+        s->kv.layers = KVCache::layout(hp, e->cached_blocks(), e->n_ctx, e->kv_types, &sizes);
+        s->kv.types = e->kv_types;
         s->kv.pool = e->kv_pool.get();
         // Uninitialised on purpose: pages are touched only as positions fill.
-        s->kv.k.reset(new (std::nothrow) uint8_t[ring * s->kv.k_row]);
-        s->kv.v.reset(new (std::nothrow) uint8_t[ring * s->kv.v_row]);
+        s->kv.k.reset(new (std::nothrow) uint8_t[sizes.ring_k]);
+        s->kv.v.reset(new (std::nothrow) uint8_t[sizes.ring_v]);
         if (!s->kv.k || !s->kv.v) return fail(LLMD_ERR_OUT_OF_MEMORY, "out of memory for a KV cache");
         s->rs.init(hp);
         s->logits.resize(hp.n_vocab);
@@ -633,7 +634,6 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
         // Sliding-window layers keep no blocks: their part of a prefix comes from a live
         // session of the scope whose rings still hold the window the prefix's next
         // position attends (the prefix reaches its resume floor), copied.
-        const HParams &hp = e->model->hp;
         const KVCache *rings = nullptr;
         int ring_begin = 0;
         if (s->kv.has_rings()) {
@@ -653,7 +653,7 @@ llmd_status llmd_session_share_prefix(llmd_session *s, const char *scope, size_t
         if (m.length() <= keep) return LLMD_OK;
         s->kv.adopt(m);
         if (rings != nullptr) {
-            if (rings != &s->kv) s->kv.copy_rings(hp, *rings, ring_begin, m.length()); // its own are in place
+            if (rings != &s->kv) s->kv.copy_rings(*rings, ring_begin, m.length()); // its own are in place
             s->kv.ring_low = ring_begin;
         }
         s->tokens.assign(ids, ids + m.length());

@@ -10,46 +10,58 @@
 
 namespace llmd {
 
-std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_blocks, int n_ctx, size_t *ring_rows,
-                                            size_t *block_rows) {
+std::vector<KVCache::Layer> KVCache::layout(const HParams &hp, int n_blocks, int n_ctx, KVTypes types, Sizes *sizes) {
     const auto blocks = [](int64_t n) { return static_cast<int>((n + kKeyBlock - 1) / kKeyBlock * kKeyBlock); };
     std::vector<Layer> layers(n_blocks);
-    size_t offset = 0;
-    int paged = 0;
+    *sizes = {};
     for (int l = 0; l < n_blocks; ++l) {
+        if (hp.recurrent(l)) continue; // keeps a recurrent state (recurrent.h), no keys and values
+        if (hp.kv_from[l] != l) { // reads an earlier layer's place, writes nothing
+            layers[l] = layers[hp.kv_from[l]];
+            layers[l].heads = 0;
+            continue;
+        }
+        Layer &L = layers[l];
+        L.heads = hp.kv_heads(l);
+        L.hd = hp.hd(l);
+        L.k_row = kv_row_bytes(types.k, L.hd);
+        L.v_row = kv_row_bytes(types.v, L.hd);
         // A forward batch writes all its positions before any of them attends, so a
         // ring holds its window behind the batch's first position plus the batch.
-        const int w = hp.window[l];
-        const int slots = w > 0 ? std::min(blocks(n_ctx), blocks(int64_t{w} + kMaxBatch - 1)) : 0;
-        if (hp.recurrent(l)) { // keeps a recurrent state (recurrent.h), no keys and values
-            layers[l] = {0, 0, 0};
-        } else if (w > 0 && slots < blocks(n_ctx)) {
-            layers[l] = {offset, slots, w};
-            offset += static_cast<size_t>(slots) * hp.n_head_kv;
+        L.window = hp.window[l];
+        const int slots = L.window > 0 ? std::min(blocks(n_ctx), blocks(int64_t{L.window} + kMaxBatch - 1)) : 0;
+        if (L.window > 0 && slots < blocks(n_ctx)) {
+            L.slots = slots;
+            L.k_at = sizes->ring_k;
+            L.v_at = sizes->ring_v;
+            sizes->ring_k += static_cast<size_t>(slots) * L.heads * L.k_row;
+            sizes->ring_v += static_cast<size_t>(slots) * L.heads * L.v_row;
         } else { // a window as long as the context attends everything a ring would hold
-            layers[l] = {0, 0, w, paged++};
+            L.paged = static_cast<int>(sizes->runs);
+            sizes->runs += L.heads;
+            sizes->k_row = std::max(sizes->k_row, L.k_row);
+            sizes->v_row = std::max(sizes->v_row, L.v_row);
         }
     }
-    *ring_rows = offset;
-    *block_rows = static_cast<size_t>(paged) * hp.n_head_kv * kKVBlock;
     return layers;
 }
 
 uint64_t KVCache::bytes_per_token(const HParams &hp, int n_blocks, int n_ctx, KVTypes types) {
-    size_t ring = 0, block = 0;
-    layout(hp, n_blocks, n_ctx, &ring, &block);
-    return block / kKVBlock * (kv_row_bytes(types.k, hp.head_dim) + kv_row_bytes(types.v, hp.head_dim));
+    Sizes sizes;
+    layout(hp, n_blocks, n_ctx, types, &sizes);
+    return sizes.runs * (sizes.k_row + sizes.v_row);
 }
 
 uint64_t KVCache::ring_bytes(const HParams &hp, int n_blocks, int n_ctx, KVTypes types) {
-    size_t rows = 0, block = 0;
-    layout(hp, n_blocks, n_ctx, &rows, &block);
-    return rows * (kv_row_bytes(types.k, hp.head_dim) + kv_row_bytes(types.v, hp.head_dim));
+    Sizes sizes;
+    layout(hp, n_blocks, n_ctx, types, &sizes);
+    return sizes.ring_k + sizes.ring_v;
 }
 
-void KVCache::write(const HParams &hp, int layer, int head, int pos, const float *key, const float *value) const {
-    const int hd = hp.head_dim;
-    const Row r = row(hp, layer, head, pos);
+void KVCache::write(int layer, int head, int pos, const float *key, const float *value) const {
+    const Layer &L = layers[layer];
+    const int hd = L.hd;
+    const Row r = row(layer, head, pos);
     const auto kv_row = kernels().kv_row;
     if (types.k == GGML_F16) { // straight into the key block, element by element
         uint16_t *kb = reinterpret_cast<uint16_t *>(r.keys);
@@ -59,7 +71,7 @@ void KVCache::write(const HParams &hp, int layer, int head, int pos, const float
         thread_local std::vector<uint8_t> quantized;
         rotated.assign(key, key + hd);
         kv_rotate(rotated.data(), hd, kv_rotation(types.k, hd, true));
-        quantized.resize(k_row);
+        quantized.resize(L.k_row);
         kv_row(types.k, rotated.data(), quantized.data(), hd);
         key_store(types.k, quantized.data(), key_block(r.keys, types.k, r.index, hd), r.index % kKeyBlock, hd);
     }
@@ -67,22 +79,24 @@ void KVCache::write(const HParams &hp, int layer, int head, int pos, const float
         thread_local std::vector<float> rotated;
         rotated.assign(value, value + hd);
         kv_rotate(rotated.data(), hd, n);
-        kv_row(types.v, rotated.data(), r.values + r.index * v_row, hd);
+        kv_row(types.v, rotated.data(), r.values + r.index * L.v_row, hd);
     } else {
-        kv_row(types.v, value, r.values + r.index * v_row, hd);
+        kv_row(types.v, value, r.values + r.index * L.v_row, hd);
     }
 }
 
-void KVCache::load(const HParams &hp, int layer, int head, int pos, uint8_t *key, uint8_t *value) const {
-    const Row r = row(hp, layer, head, pos);
-    key_load(types.k, key_block(r.keys, types.k, r.index, hp.head_dim), r.index % kKeyBlock, hp.head_dim, key);
-    std::memcpy(value, r.values + r.index * v_row, v_row);
+void KVCache::load(int layer, int head, int pos, uint8_t *key, uint8_t *value) const {
+    const Layer &L = layers[layer];
+    const Row r = row(layer, head, pos);
+    key_load(types.k, key_block(r.keys, types.k, r.index, L.hd), r.index % kKeyBlock, L.hd, key);
+    std::memcpy(value, r.values + r.index * L.v_row, L.v_row);
 }
 
-void KVCache::store(const HParams &hp, int layer, int head, int pos, const uint8_t *key, const uint8_t *value) const {
-    const Row r = row(hp, layer, head, pos);
-    key_store(types.k, key, key_block(r.keys, types.k, r.index, hp.head_dim), r.index % kKeyBlock, hp.head_dim);
-    std::memcpy(r.values + r.index * v_row, value, v_row);
+void KVCache::store(int layer, int head, int pos, const uint8_t *key, const uint8_t *value) const {
+    const Layer &L = layers[layer];
+    const Row r = row(layer, head, pos);
+    key_store(types.k, key, key_block(r.keys, types.k, r.index, L.hd), r.index % kKeyBlock, L.hd);
+    std::memcpy(r.values + r.index * L.v_row, value, L.v_row);
 }
 
 int KVCache::resume_floor() const {
@@ -94,14 +108,17 @@ int KVCache::resume_floor() const {
     return floor;
 }
 
-void KVCache::copy_rings(const HParams &hp, const KVCache &from, int begin, int end) {
-    std::vector<uint8_t> key(k_row), value(v_row);
+void KVCache::copy_rings(const KVCache &from, int begin, int end) {
+    std::vector<uint8_t> key, value;
     for (int l = 0; l < static_cast<int>(layers.size()); ++l) {
-        if (layers[l].paged >= 0 || layers[l].slots == 0) continue;
-        for (int h = 0; h < hp.n_head_kv; ++h)
+        const Layer &L = layers[l];
+        if (L.paged >= 0 || L.slots == 0) continue;
+        key.resize(L.k_row);
+        value.resize(L.v_row);
+        for (int h = 0; h < L.heads; ++h)
             for (int p = begin; p < end; ++p) {
-                from.load(hp, l, h, p, key.data(), value.data());
-                store(hp, l, h, p, key.data(), value.data());
+                from.load(l, h, p, key.data(), value.data());
+                store(l, h, p, key.data(), value.data());
             }
     }
 }

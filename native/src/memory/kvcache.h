@@ -16,23 +16,34 @@ namespace llmd {
 
 // One session's attention memory: per layer, keys and values in the engine's KV types
 // (attention.h: KVTypes), per KV head in runs of positions (row()): keys in key
-// blocks inside a run, values as rows. A layer that attends every position keeps its positions
-// in the engine's pool (kvpool.h), in blocks of kKVBlock that `blocks` lists in
-// order, allocated as positions are written and shared with sessions that hold the
-// same tokens; a sliding-window layer keeps a ring of its own, position p in slot
-// p % slots, just large enough for its window and one forward batch.
+// blocks inside a run, values as rows, each as wide as the layer's heads. A layer that
+// attends every position keeps its positions in the engine's pool (kvpool.h), in blocks
+// of kKVBlock that `blocks` lists in order, allocated as positions are written and
+// shared with sessions that hold the same tokens (a pool block's runs are as wide as
+// the widest paged layer's rows); a sliding-window layer keeps a ring of its own,
+// position p in slot p % slots, just large enough for its window and one forward batch.
+// A layer that attends an earlier layer's keys and values (HParams::kv_from) has that
+// layer's place and keeps nothing of its own.
 struct KVCache {
     struct Layer {
-        size_t offset = 0; // ring: the layer's first row in k and v, in rows (a position of a head)
+        size_t k_at = 0, v_at = 0; // ring: where the layer's rows start in k and in v, in bytes
         int slots = 0;     // ring: a whole number of key blocks; 0 for a paged layer
         int window = 0;    // positions attended, its own included; 0: all
-        int paged = -1;    // paged: the layer's place in a pool block
+        int paged = -1;    // paged: the layer's first run in a pool block
+        int heads = 0;     // KV heads it writes: 0 for a recurrent layer, or one that reads another's
+        int hd = 0;        // the width of its heads
+        size_t k_row = 0, v_row = 0; // bytes of a row (one position of one head) of its keys and of its values
+    };
+    // What a layout takes: the rings' bytes of keys and of values, and a pool block's
+    // runs (paged layers' KV heads) and their rows' bytes.
+    struct Sizes {
+        size_t ring_k = 0, ring_v = 0;
+        size_t runs = 0, k_row = 0, v_row = 0;
     };
     std::vector<Layer> layers;
     int high = -1; // highest position written since the cache was last emptied
     int ring_low = 0; // the rings hold no position below this one (a prefix copied from another cache starts here)
     KVTypes types;
-    size_t k_row = 0, v_row = 0; // bytes of a row (one position of one head) of keys and of values
     std::unique_ptr<uint8_t[]> k; // the rings
     std::unique_ptr<uint8_t[]> v;
     KVPool *pool = nullptr;
@@ -52,20 +63,14 @@ struct KVCache {
     ~KVCache() { if (pool != nullptr) truncate(0); }
 
     // The places of blocks [0, n_blocks) for a context of n_ctx (the model's layers,
-    // and its prediction block after them where the engine drafts with it), the rows
-    // of the rings (and of one pool block) of keys, as many as of values.
-    static std::vector<Layer> layout(const HParams &hp, int n_blocks, int n_ctx, size_t *ring_rows, size_t *block_rows);
+    // and its prediction block after them where the engine drafts with it), stored as
+    // `types`, and the sizes they take.
+    static std::vector<Layer> layout(const HParams &hp, int n_blocks, int n_ctx, KVTypes types, Sizes *sizes);
     // Bytes of keys and values per position of the paged layers (those that attend
     // every position, or a window no shorter than n_ctx), and the fixed bytes of the
     // sliding-window layers' rings at n_ctx, stored as `types`.
     static uint64_t bytes_per_token(const HParams &hp, int n_blocks, int n_ctx, KVTypes types);
     static uint64_t ring_bytes(const HParams &hp, int n_blocks, int n_ctx, KVTypes types);
-    // Sets the types (before anything is stored) and the rows' sizes.
-    void set_types(KVTypes t, int hd) {
-        types = t;
-        k_row = kv_row_bytes(t.k, hd);
-        v_row = kv_row_bytes(t.v, hd);
-    }
 
     // Where (layer, kv head, position) is stored: the run of positions holding it, as
     // its keys and values, and its index there: its key in the key block
@@ -79,23 +84,23 @@ struct KVCache {
         int index;
         int count;
     };
-    Row row(const HParams &hp, int layer, int head, int pos) const {
+    Row row(int layer, int head, int pos) const {
         const Layer &L = layers[layer];
         if (L.paged < 0) {
-            const size_t base = L.offset + static_cast<size_t>(head) * L.slots;
-            return {&k[base * k_row], &v[base * v_row], pos % L.slots, L.slots};
+            const size_t run = static_cast<size_t>(head) * L.slots;
+            return {&k[L.k_at + run * L.k_row], &v[L.v_at + run * L.v_row], pos % L.slots, L.slots};
         }
         const int block = blocks[pos / kKVBlock];
-        const size_t run = static_cast<size_t>(L.paged) * hp.n_head_kv + head;
+        const size_t run = static_cast<size_t>(L.paged) + head;
         return {pool->keys(block, run), pool->values(block, run), pos % kKVBlock, kKVBlock};
     }
-    // Stores a position's key and value (hd floats each) as their types' rows, by
-    // the kernels' kv_row, rotated first where the type is quantized (attention.h:
-    // kv_rotation): the same bytes whatever else is written with them.
-    void write(const HParams &hp, int layer, int head, int pos, const float *key, const float *value) const;
+    // Stores a position's key and value (the layer's hd floats each) as their types'
+    // rows, by the kernels' kv_row, rotated first where the type is quantized
+    // (attention.h: kv_rotation): the same bytes whatever else is written with them.
+    void write(int layer, int head, int pos, const float *key, const float *value) const;
     // A position's key and value as rows (attention.h), out of the cache and into it.
-    void load(const HParams &hp, int layer, int head, int pos, uint8_t *key, uint8_t *value) const;
-    void store(const HParams &hp, int layer, int head, int pos, const uint8_t *key, const uint8_t *value) const;
+    void load(int layer, int head, int pos, uint8_t *key, uint8_t *value) const;
+    void store(int layer, int head, int pos, const uint8_t *key, const uint8_t *value) const;
 
     // Makes the block of position pos (the next one written, or one before it after
     // a truncate) this session's own to write: allocated, or copied if published.
@@ -122,7 +127,7 @@ struct KVCache {
     }
     // Copies positions [begin, end) of every ring from `from`, a cache of the same
     // layout that holds them (begin >= from.held_from of each ring).
-    void copy_rings(const HParams &hp, const KVCache &from, int begin, int end);
+    void copy_rings(const KVCache &from, int begin, int end);
 };
 
 } // namespace llmd

@@ -52,8 +52,9 @@ size_t recurrent_section(size_t floats, size_t checkpoints) {
 size_t kv_section(const HParams &hp, const KVCache &kv, int n_tokens) {
     size_t bytes = (kHeaderWords + static_cast<size_t>(n_tokens)) * 4;
     for (int l = 0; l < hp.n_layer; ++l) {
-        const size_t rows = static_cast<size_t>(n_tokens - first_held(kv, kv.layers[l], n_tokens)) * hp.n_head_kv;
-        bytes += 4 + rows * (kv.k_row + kv.v_row);
+        const KVCache::Layer &L = kv.layers[l];
+        const size_t rows = static_cast<size_t>(n_tokens - first_held(kv, L, n_tokens)) * L.heads;
+        bytes += 4 + rows * (L.k_row + L.v_row);
     }
     return bytes;
 }
@@ -73,14 +74,15 @@ void state_write(const HParams &hp, const KVCache &kv, const RecurrentState &rs,
     w.put(int32_t(n > 0 ? kv.high : -1));
     for (int i = 0; i < n; ++i) w.put(tokens[i]);
     for (int l = 0; l < hp.n_layer; ++l) {
-        const int first = first_held(kv, kv.layers[l], n);
+        const KVCache::Layer &L = kv.layers[l];
+        const int first = first_held(kv, L, n);
         w.put(uint32_t(first));
         // Keys then values, each head's positions in order: a position's key and value
         // go to their places in the two sections.
-        const size_t rows = static_cast<size_t>(n - first) * hp.n_head_kv;
-        uint8_t *keys = w.at, *values = w.at + rows * kv.k_row;
-        for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = first; p < n; ++p, keys += kv.k_row, values += kv.v_row) kv.load(hp, l, h, p, keys, values);
+        const size_t rows = static_cast<size_t>(n - first) * L.heads;
+        uint8_t *keys = w.at, *values = w.at + rows * L.k_row;
+        for (int h = 0; h < L.heads; ++h)
+            for (int p = first; p < n; ++p, keys += L.k_row, values += L.v_row) kv.load(l, h, p, keys, values);
         w.at = values;
     }
     const size_t floats = rs.now.size();
@@ -149,13 +151,14 @@ bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, c
         if (static_cast<size_t>(data + len - at) < sizeof first) return refuse("length does not match its header");
         std::memcpy(&first, at, sizeof first);
         if (first > n) return refuse("a layer holds positions from " + std::to_string(first) + ", past its tokens");
-        const size_t bytes = 4 + static_cast<size_t>(count - first) * hp.n_head_kv * (kv.k_row + kv.v_row);
+        const KVCache::Layer &L = kv.layers[firsts.size()];
+        const size_t bytes = 4 + static_cast<size_t>(count - first) * L.heads * (L.k_row + L.v_row);
         if (static_cast<size_t>(data + len - at) < bytes) return refuse("length does not match its header");
         at += bytes;
         firsts.push_back(first);
     }
     KVCache probe;
-    probe.set_types(kv.types, hp.head_dim);
+    probe.types = kv.types;
     probe.layers = kv.layers;
     probe.high = high;
     for (int l = 0; l < hp.n_layer; ++l)
@@ -198,11 +201,12 @@ bool state_read(const HParams &hp, KVCache &kv, RecurrentState &rs, int n_ctx, c
         uint32_t first = 0;
         std::memcpy(&first, at, sizeof first);
         at += sizeof first;
-        const size_t rows = static_cast<size_t>(count - static_cast<int>(first)) * hp.n_head_kv;
-        const uint8_t *keys = at, *values = at + rows * kv.k_row;
-        for (int h = 0; h < hp.n_head_kv; ++h)
-            for (int p = static_cast<int>(first); p < count; ++p, keys += kv.k_row, values += kv.v_row)
-                kv.store(hp, l, h, p, keys, values);
+        const KVCache::Layer &L = kv.layers[l];
+        const size_t rows = static_cast<size_t>(count - static_cast<int>(first)) * L.heads;
+        const uint8_t *keys = at, *values = at + rows * L.k_row;
+        for (int h = 0; h < L.heads; ++h)
+            for (int p = static_cast<int>(first); p < count; ++p, keys += L.k_row, values += L.v_row)
+                kv.store(l, h, p, keys, values);
         at = values;
     }
     kv.high = high;

@@ -6,14 +6,15 @@
 // are read and written as rows through KVCache::load() and store(), so a change of
 // layout does not change the format. Little-endian throughout:
 //
-//   u32 magic "LKVS", u32 version, u32 n_layer, n_head_kv, head_dim, n_ctx,
+//   u32 magic "LKVS", u32 version, u32 n_layer, n_head_kv, head_dim (the widest), n_ctx,
 //   u32 k_type, v_type (the KV types, GGUF type numbers: attention.h: KVTypes),
 //   u32 n_tokens, i32 high (highest position the cache wrote, -1: none),
 //   i32 tokens[n_tokens],
 //   per layer of the model (a multi-token-prediction block's memory is not kept:
 //     session.cpp zeroes it on import): u32 first (the first position stored), then keys as rows of k_type
-//     (kv head, position in [first, n_tokens), kv_row_bytes(k_type, head_dim)), then
-//     values alike as rows of v_type;
+//     (the layer's kv head, position in [first, n_tokens), kv_row_bytes(k_type, the layer's head width)),
+//     then values alike as rows of v_type; none for a layer that keeps no keys and
+//     values (a recurrent one, or one that reads an earlier layer's: KVCache::Layer::heads);
 //   u32 floats (of one recurrent state: 0 for a model without recurrent layers),
 //   u32 n_checkpoints, f32 state[floats] (after the n_tokens positions), then per
 //   checkpoint (ascending positions in (0, n_tokens]): i32 pos, f32 state[floats].

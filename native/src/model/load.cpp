@@ -71,7 +71,8 @@ int Binder::get_int(const std::string &key, int fallback, bool required) {
     return static_cast<int>(v);
 }
 
-int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values) {
+int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values,
+                          bool must_agree) {
     const GGUFKV *kv = file.find(key);
     if (kv == nullptr || kv->type != GGUF_ARRAY) {
         const int v = get_int(key, fallback, required);
@@ -91,15 +92,21 @@ int Binder::per_layer_int(const std::string &key, int n_layer, int fallback, boo
             fail("model metadata " + key + " holds " + std::to_string(v) + ", out of range");
             return fallback;
         }
-        // Layers that have any have the same number: the shared ops assume it.
-        if (v != 0 && most != 0 && v != most) {
-            fail("model metadata " + key + " gives layers different values, which llmd does not run");
-            return fallback;
-        }
         (*values)[l] = v;
         most = std::max(most, v);
     }
-    return most;
+    return must_agree && !agree(key, *values) ? fallback : most;
+}
+
+bool Binder::agree(const std::string &key, const std::vector<int> &values) {
+    // Layers that have any have the same number: the shared ops assume it.
+    int some = 0;
+    for (const int v : values) {
+        if (v != 0 && some != 0 && v != some)
+            return fail("model metadata " + key + " gives layers different values, which llmd does not run");
+        if (v != 0) some = v;
+    }
+    return true;
 }
 
 bool Binder::layer_flags(const std::string &key, int n_layer, std::vector<bool> *flags) {
@@ -632,10 +639,10 @@ void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma, &kGemma2, &kGemma3, &kGptOss,
-                              &kGranite, &kGraniteMoe, &kGraniteHybrid, &kLfm2, &kLfm2Moe, &kMistral3, &kOlmo2, &kPhi3,
-                              &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmallThinker,
-                              &kSmolLM3};
+const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma, &kGemma2, &kGemma3, &kGemma4,
+                              &kGptOss, &kGranite, &kGraniteMoe, &kGraniteHybrid, &kLfm2, &kLfm2Moe, &kMistral3,
+                              &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe,
+                              &kSmallThinker, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -675,12 +682,12 @@ bool read_rope_scaling(Binder &b, const HParams &hp, RopeScaling *rs) {
     return true;
 }
 
-// out (rope_dim / 2): each pair's frequency from `base`, divided by the factors of
+// out (dims / 2): each pair's frequency from `base`, divided by the factors of
 // tensor `factors` when the file has it (Llama 3.1's rope_freqs, Phi-3's LongRoPE sets;
 // none when empty), then scaled as rs says.
-bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, double base, const std::string &factors,
-                std::vector<float> *out) {
-    const int half = hp.rope_dim / 2;
+bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, int dims, double base,
+                const std::string &factors, std::vector<float> *out) {
+    const int half = dims / 2;
     const GGUFTensor *freqs = factors.empty() ? nullptr : b.find(factors, false);
     if (freqs != nullptr && (freqs->type != GGML_F32 || freqs->n_dims != 1 || freqs->ne[0] != half))
         return b.fail("tensor " + factors + " has the wrong type or shape");
@@ -688,18 +695,21 @@ bool rope_table(Binder &b, const RopeScaling &rs, const HParams &hp, double base
     // `low`) extrapolated, interpolates those that turn less than once (above
     // `high`), and ramps between; beta_fast 32 and beta_slow 1 unless the family reads others.
     const auto corr_dim = [&](double turns) {
-        return hp.rope_dim * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(base));
+        return dims * std::log(rs.n_ctx_orig / (turns * 2 * M_PI)) / (2 * std::log(base));
     };
     const double low = std::max(0.0, std::floor(corr_dim(hp.yarn_beta_fast))),
-                 high = std::min(hp.rope_dim - 1.0, std::ceil(corr_dim(hp.yarn_beta_slow)));
+                 high = std::min(dims - 1.0, std::ceil(corr_dim(hp.yarn_beta_slow)));
     out->resize(half);
     for (int i = 0; i < half; ++i) {
-        double f = std::pow(base, -2.0 * i / hp.rope_dim);
+        double f = std::pow(base, -2.0 * i / dims);
         if (freqs != nullptr) {
             float div;
             std::memcpy(&div, freqs->data + 4 * i, 4);
-            // llama.cpp divides by any factor; zero or one not finite has no angle
-            if (!within_float_range(div)) return b.fail("tensor " + factors + " holds a factor out of range");
+            // llama.cpp divides by any factor; zero or one not finite has no angle, and one
+            // near zero would make angles overflow. A huge one leaves its pair all but
+            // unturned (Gemma 4's 1e30 for the dims its global layers do not turn).
+            if (!(std::fabs(div) >= 1e-30f) || !std::isfinite(div))
+                return b.fail("tensor " + factors + " holds a factor out of range");
             f /= div;
         }
         if (!hp.rope_fixed.empty() && hp.rope_fixed[i]) f = 0.0; // an angle of 0 at every position
@@ -725,16 +735,17 @@ bool rope_frequencies(Binder &b, const RopeScaling &rs, Model &m) {
         local = rs;
         if (rs.kind == RopeScaling::none) local.kind = RopeScaling::linear;
     }
-    if (hp.rope_base_local > 0.0f && !rope_table(b, local, hp, hp.rope_base_local, "", &m.inv_freq_local))
+    const int local_dims = hp.rope_dim_local > 0 ? hp.rope_dim_local : hp.rope_dim;
+    if (hp.rope_base_local > 0.0f && !rope_table(b, local, hp, local_dims, hp.rope_base_local, "", &m.inv_freq_local))
         return false;
     const bool longrope = b.file.tensor("rope_factors_short.weight") != nullptr ||
                           b.file.tensor("rope_factors_long.weight") != nullptr;
     if (longrope && b.file.tensor("rope_freqs.weight") != nullptr)
         return b.fail("model has both rope_freqs and LongRoPE factors");
-    if (!longrope) return rope_table(b, rs, hp, hp.rope_base, "rope_freqs.weight", &m.inv_freq);
+    if (!longrope) return rope_table(b, rs, hp, hp.rope_dim, hp.rope_base, "rope_freqs.weight", &m.inv_freq);
     // LongRoPE (Phi-3): short factors up to the original context, long ones past it.
-    if (!rope_table(b, rs, hp, hp.rope_base, "rope_factors_short.weight", &m.inv_freq) ||
-        !rope_table(b, rs, hp, hp.rope_base, "rope_factors_long.weight", &m.inv_freq_long))
+    if (!rope_table(b, rs, hp, hp.rope_dim, hp.rope_base, "rope_factors_short.weight", &m.inv_freq) ||
+        !rope_table(b, rs, hp, hp.rope_dim, hp.rope_base, "rope_factors_long.weight", &m.inv_freq_long))
         return false;
     m.rope_ctx_orig = rs.n_ctx_orig;
     return true;
@@ -824,10 +835,12 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
                  std::to_string(n_blocks) + " blocks to run";
         return nullptr;
     }
-    std::vector<int> heads, kv_heads; // per layer: hybrid models give 0 to their recurrent layers
+    // Per layer: hybrid models give 0 to their recurrent layers; where layers differ
+    // otherwise, only a family with layer_shapes runs them (checked after its metadata).
+    std::vector<int> heads, kv_heads, ffs;
     hp.n_head = b.per_layer_int(p + "attention.head_count", hp.n_layer, 0, true, &heads);
-    hp.n_head_kv = b.per_layer_int(p + "attention.head_count_kv", hp.n_layer, hp.n_head, false, &kv_heads);
-    hp.n_ff = b.get_int(p + "feed_forward_length", 0, true);
+    hp.n_head_kv = b.per_layer_int(p + "attention.head_count_kv", hp.n_layer, hp.n_head, false, &kv_heads, false);
+    hp.n_ff = b.per_layer_int(p + "feed_forward_length", hp.n_layer, 0, true, &ffs, false);
     hp.rope_base = b.get_float(p + "rope.freq_base", 10000.0f);
     hp.norm_eps = b.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5f);
     if (!error->empty()) return nullptr;
@@ -860,9 +873,18 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     }
     RopeScaling scaling;
     if (!read_rope_scaling(b, hp, &scaling)) return nullptr;
-    hp.window.assign(hp.n_layer + hp.n_layer_nextn, 0);
-    hp.state.assign(hp.n_layer + hp.n_layer_nextn, 0);
+    hp.window.assign(n_blocks, 0);
+    hp.state.assign(n_blocks, 0);
+    hp.layer_head_dim.assign(n_blocks, hp.head_dim);
+    hp.layer_kv_heads.assign(n_blocks, hp.n_head_kv);
+    std::copy(kv_heads.begin(), kv_heads.end(), hp.layer_kv_heads.begin());
+    hp.kv_from.resize(n_blocks);
+    for (int l = 0; l < n_blocks; ++l) hp.kv_from[l] = l;
     arch.load_hparams(b, hp);
+    if (!b.layer_shapes) {
+        b.agree(p + "attention.head_count_kv", kv_heads);
+        b.agree(p + "feed_forward_length", ffs);
+    }
     if (!error->empty()) return nullptr;
     for (int l = 0; l < hp.n_layer; ++l) {
         // A layer without heads computes nothing unless the family gives it a recurrent state.
@@ -947,10 +969,12 @@ void release_mapping(const Matrix &m) {
 
 void Model::pack() {
     std::vector<Matrix *> matrices{&output};
+    if (ple_model_proj.data != nullptr) matrices.push_back(&ple_model_proj);
     const auto add_block = [&](LayerWeights &L) {
         for (Matrix *m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.router, &L.gate_shexp,
                           &L.up_shexp, &L.down_shexp, &L.conv_in, &L.conv_out, &L.delta_in, &L.delta_gate,
-                          &L.delta_beta, &L.delta_alpha, &L.delta_out, &L.ssm_in, &L.ssm_out})
+                          &L.delta_beta, &L.delta_alpha, &L.delta_out, &L.ssm_in, &L.ssm_out, &L.ple_gate,
+                          &L.ple_proj})
             if (m->data != nullptr) matrices.push_back(m);
         for (std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
             for (Matrix &m : *stack) matrices.push_back(&m);

@@ -33,6 +33,7 @@ void Workspace::reserve(const HParams &hp, int n_tokens) {
     rope.resize(n * hp.rope_dim);
     rope_local.resize(n * hp.rope_dim);
     xq.resize(quantized_blocks(n_tokens, (hp.matrix_input + QK - 1) / QK * QK));
+    per_layer.resize(n * hp.n_layer * hp.n_embd_per_layer);
     capacity = n_tokens;
 }
 
@@ -189,43 +190,44 @@ constexpr int kAttnTokens = 16;
 // never by the batch. A span lies inside one range of kAttnRange positions: at most
 // kAttnRange / kKVBlock pool blocks or two pieces of a ring (whose slots are at
 // least kMaxBatch, KVCache::layout) after the copied start.
-void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int p0, int p1, const float *q,
-                 const BlockQ8A *q8, int n_q, AttnScale score, float *out, AttnPartial *part, bool cold) {
+void attend_span(const KVCache &kv, int layer, int head, int p0, int p1, const float *q, const BlockQ8A *q8,
+                 int n_q, AttnScale score, float *out, AttnPartial *part, bool cold) {
     static_assert(kAttnRange % kKVBlock == 0 && kMaxBatch >= kAttnRange);
-    const int hd = hp.head_dim;
+    const KVCache::Layer &L = kv.layers[layer];
+    const int hd = L.hd;
     const KVTypes types = kv.types;
     const int head_end = std::min(p1, (p0 + kKeyBlock - 1) / kKeyBlock * kKeyBlock); // end of the unaligned part
     AttnRun runs[kAttnRange / kKVBlock + 1];
     int n_runs = 0;
     if (head_end > p0) {
         thread_local std::vector<uint8_t> keys, values, key;
-        keys.assign(kKeyBlock * kv.k_row, 0);
-        values.resize(kKeyBlock * kv.v_row);
-        key.resize(kv.k_row);
+        keys.assign(kKeyBlock * L.k_row, 0);
+        values.resize(kKeyBlock * L.v_row);
+        key.resize(L.k_row);
         for (int p = p0; p < head_end; ++p) {
             const int i = p - p0;
-            kv.load(hp, layer, head, p, key.data(), &values[i * kv.v_row]);
+            kv.load(layer, head, p, key.data(), &values[i * L.v_row]);
             key_store(types.k, key.data(), keys.data(), i, hd);
         }
         runs[n_runs++] = {keys.data(), values.data(), head_end - p0};
     }
     // Whether positions of n_pos (whole kernel blocks) at run `r` continue in memory at k, v.
-    const auto continues = [&kv](const AttnRun &r, const uint8_t *k, const uint8_t *v) {
-        return r.n_pos % kKVBlock == 0 && r.k + r.n_pos * kv.k_row == k && r.v + r.n_pos * kv.v_row == v;
+    const auto continues = [&L](const AttnRun &r, const uint8_t *k, const uint8_t *v) {
+        return r.n_pos % kKVBlock == 0 && r.k + r.n_pos * L.k_row == k && r.v + r.n_pos * L.v_row == v;
     };
     for (int p = head_end; p < p1;) { // whole key blocks, up to the end of a run at a time
-        const KVCache::Row r = kv.row(hp, layer, head, p);
+        const KVCache::Row r = kv.row(layer, head, p);
         const int n_pos = std::min(p1 - p, r.count - r.index);
-        const uint8_t *k = r.keys + r.index * kv.k_row, *v = r.values + r.index * kv.v_row;
+        const uint8_t *k = r.keys + r.index * L.k_row, *v = r.values + r.index * L.v_row;
         if (n_runs > 0 && continues(runs[n_runs - 1], k, v)) // pool blocks placed in a row
             runs[n_runs - 1].n_pos += n_pos;
         else
             runs[n_runs++] = {k, v, n_pos};
         p += n_pos;
     }
-    if (cold && kv.layers[layer].paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
-        const KVCache::Row next = kv.row(hp, layer, head, p1); // where the next range starts
-        const uint8_t *k = next.keys + next.index * kv.k_row, *v = next.values + next.index * kv.v_row;
+    if (cold && L.paged >= 0 && static_cast<size_t>(p1 / kKVBlock) < kv.blocks.size()) {
+        const KVCache::Row next = kv.row(layer, head, p1); // where the next range starts
+        const uint8_t *k = next.keys + next.index * L.k_row, *v = next.values + next.index * L.v_row;
         if (n_runs == 0 || !continues(runs[n_runs - 1], k, v)) // else the stream goes on
             prefetch_run(k, v, next.count - next.index, hd, types);
     }
@@ -255,7 +257,7 @@ void attend_span(const HParams &hp, const KVCache &kv, int layer, int head, int 
 // tasks keep every range's partial, folded afterwards in range order.
 void attention(const Model &model, const BatchToken *batch, int n, int layer, Workspace &ws, ThreadPool &pool) {
     const HParams &hp = model.hp;
-    const int hd = hp.head_dim, n_kv = hp.n_head_kv, group = hp.n_head / n_kv, q_dim = hp.q_dim();
+    const int hd = hp.hd(layer), n_kv = hp.kv_heads(layer), group = hp.n_head / n_kv, q_dim = hp.n_head * hd;
     const AttnScale score{hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd)),
                           hp.attn_softcap};
     const int window = hp.window[layer];
@@ -345,7 +347,7 @@ void attention(const Model &model, const BatchToken *batch, int n, int layer, Wo
                                     q8s.data() + (t - i) * group * q8_head);
                 }
                 const size_t slot = slot_of(i, h, R);
-                attend_span(hp, *batch[i].kv, layer, h, span.first, span.second, qs.data(), q8s.data(), (j - i) * group,
+                attend_span(*batch[i].kv, layer, h, span.first, span.second, qs.data(), q8s.data(), (j - i) * group,
                             score, ws.att_parts.data() + slot * group * hd, ws.att_stats.data() + slot * group, cold);
                 cold = false;
                 if (spans == 1)
@@ -560,26 +562,27 @@ void add_rows(const Pass &p, float *x, const float *y, float scale) {
     for (size_t i = 0; i < n; ++i) x[i] += scale * y[i]; // exact for a scale of 1
 }
 
-void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight) {
-    const int hd = p.hp.head_dim;
+void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight, int hd) {
+    if (hd == 0) hd = p.hp.head_dim;
     per_token(p, [&](int t0, int t1) {
         for (int i = t0 * n_heads; i < t1 * n_heads; ++i) rmsnorm(x + i * hd, x + i * hd, weight, hd, p.hp.norm_eps);
     });
 }
 
-void rope(const Pass &p, float *x, int n_heads, Rope style, bool local) {
+void rope(const Pass &p, float *x, int n_heads, Rope style, bool local, int hd) {
     const HParams &hp = p.hp;
-    const int half = hp.rope_dim / 2;
+    if (hd == 0) hd = hp.head_dim;
+    const int half = static_cast<int>((local ? p.model.inv_freq_local : p.model.inv_freq).size());
     // Pair i of a head: dims (2i, 2i + 1) adjacent, (i, i + half) NEOX.
     const int first = style == Rope::adjacent ? 2 : 1, second = style == Rope::adjacent ? 1 : half;
     per_token(p, [&](int t0, int t1) {
         for (int t = t0; t < t1; ++t) {
             const float *cs = (local ? p.ws.rope_local : p.ws.rope).data() + t * hp.rope_dim;
-            float *xt = x + static_cast<size_t>(t) * n_heads * hp.head_dim;
+            float *xt = x + static_cast<size_t>(t) * n_heads * hd;
             for (int i = 0; i < half; ++i) {
                 const float c = cs[2 * i], s = cs[2 * i + 1];
                 for (int h = 0; h < n_heads; ++h) {
-                    float *v = xt + h * hp.head_dim + first * i;
+                    float *v = xt + h * hd + first * i;
                     const float a = v[0], b = v[second];
                     v[0] = a * c - b * s;
                     v[second] = a * s + b * c;
@@ -658,11 +661,10 @@ void post_norm_rest(const Pass &p, int l, const LayerWeights &L) {
 
 void attend(const Pass &p, int layer) {
     const HParams &hp = p.hp;
-    const int kv_dim = hp.kv_dim();
+    const int hd = hp.hd(layer), n_kv = hp.kv_heads(layer), kv_dim = n_kv * hd, q_dim = hp.n_head * hd;
     for (int t = 0; t < p.n; ++t) p.batch[t].kv->high = std::max(p.batch[t].kv->high, p.batch[t].pos);
     // A quantized cache holds its keys and values rotated (attention.h: kv_rotation):
     // the queries rotate alike, the outputs rotate back.
-    const int hd = hp.head_dim, q_dim = hp.q_dim();
     const int rot_k = kv_rotation(p.batch[0].kv->types.k, hd, true), rot_v = kv_rotation(p.batch[0].kv->types.v, hd, false);
     const auto rotate_heads = [&](float *x, int n) { // every head of n tokens' rows of q_dim, divided by n
         per_token(p, [&](int t0, int t1) {
@@ -672,13 +674,14 @@ void attend(const Pass &p, int layer) {
             }
         });
     };
-    per_token(p, [&](int t0, int t1) { // the tokens' rows are distinct: a batch never holds one position twice
-        for (int t = t0; t < t1; ++t)
-            for (int h = 0; h < hp.n_head_kv; ++h) {
-                const size_t at = static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd;
-                p.batch[t].kv->write(hp, layer, h, p.batch[t].pos, p.ws.k.data() + at, p.ws.v.data() + at);
-            }
-    });
+    if (hp.kv_from[layer] == layer) // else an earlier layer wrote the keys and values it attends
+        per_token(p, [&](int t0, int t1) { // the tokens' rows are distinct: a batch never holds one position twice
+            for (int t = t0; t < t1; ++t)
+                for (int h = 0; h < n_kv; ++h) {
+                    const size_t at = static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd;
+                    p.batch[t].kv->write(layer, h, p.batch[t].pos, p.ws.k.data() + at, p.ws.v.data() + at);
+                }
+        });
     if (rot_k > 0) rotate_heads(p.q, rot_k);
     if (p.batch[0].kv->types.k != GGML_F16) // quantized keys meet the queries quantized (attention.h)
         per_token(p, [&](int t0, int t1) {

@@ -67,6 +67,7 @@ struct HParams {
     float norm_eps = 1e-5f;
     float rope_base_local = 0.0f; // RoPE base of the sliding-window layers, if they turn by angles of their own
                                   // (Model::inv_freq_local); 0: they turn as the global layers
+    int rope_dim_local = 0;       // the dims of their heads they turn, where that differs (Gemma 4); 0: rope_dim
     // How those angles follow the file's RoPE scaling, as llama.cpp's graph of the family turns
     // its sliding-window layers: unscaled, with the context's magnitude factor (Gemma 3:
     // freq_scale_swa 1); scaled and corrected as the global layers (gpt-oss, SmallThinker:
@@ -84,6 +85,11 @@ struct HParams {
     int attn_temp_floor = 0;      // (Llama 4's attention temperature, Mistral 3's)
     // Per block, the prediction blocks after the layers included (all 0 there):
     std::vector<int> window;    // positions a block attends, its own included; 0: all
+    // The width of a block's heads and its key/value heads: head_dim and n_head_kv (the
+    // widest, which size the workspace), but where a family's layers differ (Gemma 4).
+    std::vector<int> layer_head_dim, layer_kv_heads;
+    std::vector<int> kv_from;   // the block whose keys and values a block attends: itself, or an
+                                // earlier one whose cache it shares (Gemma 4), writing none of its own
     std::vector<int> state;     // floats of recurrent state a layer keeps per session
                                 // instead of keys and values (recurrent.h); 0: an attention layer
     int conv_len = 0;           // short convolutions: positions each one spans, its own included
@@ -110,6 +116,7 @@ struct HParams {
     bool expert_norm = true;    // the chosen experts' weights renormalised to sum to 1
     float expert_scale = 1.0f;  // then multiplied by this
     int n_ff_shexp = 0;         // hidden dim of the shared expert every token also runs; 0: none
+    int n_embd_per_layer = 0;   // Gemma 4: floats of each layer's own input per token (Model::ple_embd); 0: none
     // Router scores to expert weights: a softmax, a sigmoid or the square root of the softplus
     // of each score (the top k by probability chosen), or the top k by score chosen and a
     // softmax over theirs alone (gpt-oss; expert_gating_func 3).
@@ -117,6 +124,8 @@ struct HParams {
     Glu expert_glu = Glu::silu; // the experts' gated unit (ReLU: SmallThinker; swiglu_oai: gpt-oss)
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
+    int hd(int block) const { return layer_head_dim[block]; }
+    int kv_heads(int block) const { return layer_kv_heads[block]; }
     bool recurrent(int layer) const { return state[layer] > 0; }
 };
 
@@ -175,6 +184,10 @@ struct LayerWeights {
     Matrix gate_shexp;                // (n_ff_shexp, dim)
     Matrix up_shexp;                  // (n_ff_shexp, dim)
     Matrix down_shexp;                // (dim, n_ff_shexp)
+    Matrix ple_gate;                  // (n_embd_per_layer, dim) Gemma 4: the gate of the layer's per-layer input,
+    Matrix ple_proj;                  // (dim, n_embd_per_layer) its projection back
+    const float *ple_norm = nullptr;  // (dim) and its norm
+    const float *out_scale = nullptr; // (1) multiplies the residual stream after the block (Gemma 4)
 };
 
 // A multi-token-prediction block (nextn_predict_layers; blk.<n_layer + i>): a decoder
@@ -222,6 +235,11 @@ struct Model {
     int rope_ctx_orig = 0;
     std::vector<float> inv_freq_local; // (rope_dim / 2) of the sliding-window layers if they have their own
                                        // (hp.rope_base_local, hp.rope_local)
+    // Gemma 4's per-layer inputs (HParams::n_embd_per_layer): each token's row of
+    // ple_embd, and the embeddings' projection by ple_model_proj normed by ple_proj_norm.
+    Matrix ple_embd;                  // (vocab, n_layer · n_embd_per_layer)
+    Matrix ple_model_proj;            // (n_layer · n_embd_per_layer, dim)
+    const float *ple_proj_norm = nullptr; // (n_embd_per_layer)
     std::vector<LayerWeights> layers;
     std::vector<NextNWeights> nextn;  // (n_layer_nextn) run by forward_nextn alone
     std::vector<std::string> warnings; // tensors the file holds that llmd knowingly leaves unused
@@ -255,6 +273,8 @@ struct Binder {
     bool shexp_gated = true; // a shared expert has its gate (ffn_gate_inp_shexp); Ernie 4.5's has none
     bool expert_widths_per_layer = false; // expert_feed_forward_length may be given per layer (layers agreeing),
                                           // as llama.cpp reads it for some families
+    bool layer_shapes = false; // the family's layers may differ in key/value heads and FFN width
+                               // (HParams::layer_kv_heads; its own binding reads each layer's)
     // Tensors accepted and not applied, as llama.cpp loads and leaves them (scales, see
     // scales; the attention output bias of a family whose graph passes none): one warning.
     std::vector<std::string> unapplied;
@@ -265,8 +285,12 @@ struct Binder {
     int get_int(const std::string &key, int fallback, bool required);
     // A count the file gives once or per layer (an array of n_layer, or of n_layer +
     // n_layer_nextn as llama.cpp writes it for files with prediction blocks): *values
-    // per layer, returning the common non-zero value (layers that have any must agree).
-    int per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values);
+    // per layer, returning the largest value; with must_agree, layers that have any
+    // must give the same (else the caller checks it, with agree()).
+    int per_layer_int(const std::string &key, int n_layer, int fallback, bool required, std::vector<int> *values,
+                      bool must_agree = true);
+    // Fails for key unless the layers that have a non-zero value give the same.
+    bool agree(const std::string &key, const std::vector<int> &values);
     // A flag the file gives per layer as llama.cpp reads one: an array (n_layer long, or
     // n_layer + n_layer_nextn) of bools, int32 or uint32 (nonzero: set). False when the
     // key is absent or a scalar (the caller's rule applies); fails on another shape.
@@ -421,6 +445,7 @@ struct Workspace {
     std::vector<float> recurrent, recurrent_in; // a recurrent block's projections (recurrent.h)
     std::vector<float> sublayer;        // (n, dim) a sublayer's output, scaled before it joins the residual (Granite)
     std::vector<float> nextn_in;        // (n, 2 · dim) a prediction block's input: normed embeddings and hidden states
+    std::vector<float> per_layer;       // (n, n_layer · n_embd_per_layer) Gemma 4's per-layer inputs
     int capacity = 0;
     void reserve(const HParams &hp, int n_tokens);
 };
@@ -501,17 +526,18 @@ void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const float *route = nullptr);
 // x (n, dim) += scale · y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y, float scale = 1.0f);
-// x (n, n_heads * head_dim): each head of each token RMS-normalised in place and
-// scaled by weight (head_dim).
-void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight);
+// x (n, n_heads * hd): each head of each token RMS-normalised in place and scaled by
+// weight (hd); heads of head_dim unless hd is given (a layer's own: HParams::hd).
+void rmsnorm_heads(const Pass &p, float *x, int n_heads, const float *weight, int hd = 0);
 
 // How RoPE pairs the dims of a head: adjacent (x[2i], x[2i+1]) as in the original
 // Llama, or NEOX halves (x[i], x[i + rope_dim/2]).
 enum class Rope { adjacent, neox };
-// x (n, n_heads * head_dim): the first rope_dim dims of each head rotated by each
-// token's angles (forward() computes them once for all layers); with `local`, the
-// angles of Model::inv_freq_local.
-void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false);
+// x (n, n_heads * hd): the leading dims of each head rotated by each token's angles
+// (forward() computes them once for all layers): rope_dim of them, or with `local`
+// as many as Model::inv_freq_local turns, by its angles. Heads of head_dim unless hd
+// is given (a layer's own: HParams::hd).
+void rope(const Pass &p, float *x, int n_heads, Rope style, bool local = false, int hd = 0);
 
 // The pre-norm attention input most families share: xb = rmsnorm(x), then
 // q, k, v = xb · wq/wk/wvᵀ (+ biases where L has them) in one parallel region.
@@ -543,7 +569,8 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L);
 // x += rmsnorm(down(silu(gate(x)) * up(x))) by ffn_post_norm.
 void post_norm_rest(const Pass &p, int l, const LayerWeights &L);
 
-// Writes this layer's k and v (ws.k, ws.v, (n, kv_dim)) into each token's cache,
+// Writes this layer's k and v (ws.k, ws.v, (n, kv_dim), of the layer's head width and
+// KV heads) into each token's cache, unless it reads an earlier layer's (kv_from),
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
 // last hp.window[layer] positions of it for a sliding-window layer), each query head's
 // sink logit in its softmax where the layer has attn_sinks (attention.h: attend_sink).

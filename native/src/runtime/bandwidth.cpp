@@ -14,6 +14,7 @@ uint64_t decode_bytes(const Model &m) {
         return static_cast<uint64_t>(packed != 0 ? packed : static_cast<size_t>(w.rows) * w.row_bytes);
     };
     if (m.tok_embd.data != m.output.data) bytes -= size(m.tok_embd) - m.tok_embd.row_bytes;
+    if (m.ple_embd.data != nullptr) bytes -= size(m.ple_embd) - m.ple_embd.row_bytes; // a row per token too
     for (const LayerWeights &L : m.layers)
         for (const std::vector<Matrix> *stack : {&L.gate_exps, &L.up_exps, &L.down_exps})
             for (size_t e = 0; e < stack->size(); ++e) {

@@ -13,8 +13,9 @@
 namespace llmd {
 
 // Bytes of weights one decode step reads: every matrix in the form the kernels read
-// (packed where packed), but one row of an untied token embedding and, of each MoE
-// layer's experts, the n_expert_used that a token is routed to.
+// (packed where packed), but one row of an untied token embedding and of Gemma 4's
+// per-layer embeddings, and, of each MoE layer's experts, the n_expert_used that a
+// token is routed to.
 uint64_t decode_bytes(const Model &model);
 
 // Bytes per second the pool's threads read from a buffer of `bytes` (cut in 4 MiB
