@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from llmd.api import logprobs
 from llmd.api.validation import (bool_field, CHAT_KEYS, CHAT_UNSUPPORTED, ChatRequest, check_keys, int_field,
-                                 MAX_TOP_LOGPROBS, parse_cache_salt, parse_common, parse_continue_final, parse_json_object,
-                                 parse_max_tokens, parse_messages, parse_n, parse_n_probs,
-                                 parse_prompt_cache_key, parse_reasoning, parse_response_format,
-                                 parse_return_progress, parse_sampling, parse_speculative, parse_stop, parse_stream,
-                                 parse_template_kwargs, parse_timings_per_token, parse_tool_choice,
-                                 parse_tools, required_field)
+                                 MAX_TOP_LOGPROBS, parse_cache_salt, parse_common, parse_continue_final,
+                                 parse_json_object, parse_max_tokens, parse_messages, parse_n, parse_n_probs,
+                                 parse_prompt_cache_key, parse_reasoning, parse_response_format, parse_return_progress,
+                                 parse_sampling, parse_speculative, parse_stop, parse_stream, parse_template_kwargs,
+                                 parse_timings_per_token, parse_tool_choice, parse_tools, required_field)
 from llmd.errors import ApiError, error_body, invalid_request, invalid_type, unsupported_parameter
 from llmd.http import sse
 from llmd.prompt.reasoning import ReasoningDelta

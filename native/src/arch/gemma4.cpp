@@ -38,7 +38,8 @@ void load(Binder &b, HParams &hp) {
     }
     std::vector<bool> local;
     if (!b.layer_flags(p + "attention.sliding_window_pattern", hp.n_layer, &local)) {
-        if (b.error->empty()) b.fail("model metadata " + p + "attention.sliding_window_pattern must be one flag per layer");
+        if (b.error->empty())
+            b.fail("model metadata " + p + "attention.sliding_window_pattern must be one flag per layer");
         return;
     }
     const int window = b.get_int(p + "attention.sliding_window", 0, true);
@@ -51,8 +52,9 @@ void load(Binder &b, HParams &hp) {
         b.fail("model metadata " + p + "attention.sliding_window must be positive");
         return;
     }
-    if (hd_local < 2 || hd_local > hp.head_dim || b.get_int(p + "attention.value_length_swa", hd_local, false) != hd_local ||
-        rope_local < 2 || rope_local > hd_local || rope_local % 2 != 0) {
+    const int hd_local_v = b.get_int(p + "attention.value_length_swa", hd_local, false);
+    if (hd_local < 2 || hd_local > hp.head_dim || hd_local_v != hd_local || rope_local < 2 || rope_local > hd_local ||
+        rope_local % 2 != 0) {
         b.fail("model head or RoPE dimensions of the sliding-window layers are inconsistent");
         return;
     }
