@@ -123,17 +123,7 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
     }
     rope(p, p.q, p.hp.n_head, Rope::neox, local);
     rope(p, p.k, p.hp.n_head_kv, Rope::neox, local);
-    attend(p, l);                              // att = softmax(score(q kᵀ)) v over the window (AttnScale)
-    matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ
-    rmsnorm_rows(p, p.xb, p.xb, L.attn_post_norm);
-    add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
-
-    // feed-forward
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    matmuls(p, p.xb, {geglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
-    matmuls(p, p.hb, {project(L.w_down, p.xb)});               // xb = hb downᵀ
-    rmsnorm_rows(p, p.xb, p.xb, L.ffn_post_norm);
-    add_rows(p, p.x, p.xb);                                    // x += norm(hb downᵀ)
+    sandwich_norm_rest(p, l, L); // attention over the window (scores soft-capped: AttnScale), then the FFN
 }
 
 } // namespace

@@ -181,17 +181,7 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
     }
     rmsnorm_heads(p, p.q, hp.n_head, L.q_norm, hd);
     rope(p, p.q, hp.n_head, Rope::neox, local, hd);
-    attend(p, l);                              // att = softmax(q kᵀ) v over the layer's (or its source's) cache
-    matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ
-    rmsnorm_rows(p, p.xb, p.xb, L.attn_post_norm);
-    add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
-
-    // feed-forward
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    matmuls(p, p.xb, {geglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
-    matmuls(p, p.hb, {project(L.w_down, p.xb)});               // xb = hb downᵀ
-    rmsnorm_rows(p, p.xb, p.xb, L.ffn_post_norm);
-    add_rows(p, p.x, p.xb);                                    // x += norm(hb downᵀ)
+    sandwich_norm_rest(p, l, L); // attention over the layer's (or its source's) cache, then the FFN
 
     // the layer's own input
     if (n_pl > 0) {

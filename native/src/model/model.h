@@ -569,6 +569,13 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L);
 // x += rmsnorm(down(silu(gate(x)) * up(x))) by ffn_post_norm.
 void post_norm_rest(const Pass &p, int l, const LayerWeights &L);
 
+// The rest of a block of the Gemma 2, 3 and 4 families, which norm each sublayer's
+// input and output, once q, k and v are in place: x += rmsnorm(att woᵀ) by
+// attn_post_norm, att the attention of layer l; then the GELU-gated feed-forward
+// sublayer, x += rmsnorm(down(gelu(gate(xb)) * up(xb))) by ffn_post_norm, with
+// xb = rmsnorm(x) by ffn_norm.
+void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L);
+
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim), of the layer's head width and
 // KV heads) into each token's cache, unless it reads an earlier layer's (kv_from),
 // then ws.att (n, q_dim) = causal attention of ws.q over the token's session (the
