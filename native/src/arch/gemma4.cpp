@@ -21,6 +21,7 @@
 #include "arch/arch.h"
 #include "kernels/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace llmd {
@@ -174,7 +175,12 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
     if (hp.kv_from[l] != l) {
         matmuls(p, p.xb, {project(L.wq, p.q)});
     } else {
-        matmuls(p, p.xb, {project(L.wq, p.q), project(L.wk, p.k), project(L.wv.data != nullptr ? L.wv : L.wk, p.v)});
+        if (L.wv.data != nullptr) {
+            matmuls(p, p.xb, {project(L.wq, p.q), project(L.wk, p.k), project(L.wv, p.v)});
+        } else { // the keys, before their norm, are the values
+            matmuls(p, p.xb, {project(L.wq, p.q), project(L.wk, p.k)});
+            std::copy_n(p.k, static_cast<size_t>(p.n) * n_kv * hd, p.v);
+        }
         rmsnorm_heads(p, p.k, n_kv, L.k_norm, hd);
         rmsnorm_heads(p, p.v, n_kv, ones.data(), hd);
         rope(p, p.k, n_kv, Rope::neox, local, hd);
