@@ -876,6 +876,23 @@ def build_tiny_gemma2(*, attn_softcap: float = 0.0, **options) -> GGUFWriter:
     return w
 
 
+def gemma_tensors(w: GGUFWriter, rng: random.Random, weight_type: int, random_matrix, n_embd: int):
+    """The Gemma builders' tensor writers, both drawing from rng: matrix(name, cols,
+    rows, std), weights of weight_type (from random_matrix where given, else Gaussian),
+    and norm(name, n=n_embd), F32 weights near 1 (Gemma's 1 + w folded in)."""
+    def matrix(name: str, cols: int, rows: int, std: float) -> None:
+        if random_matrix is not None:
+            data = random_matrix(cols, rows, std, rng)
+        else:
+            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
+        w.add_tensor(name, [cols, rows], weight_type, data)
+
+    def norm(name: str, n: int = n_embd) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+
+    return matrix, norm
+
+
 def build_tiny_gemma(arch: str, *, n_embd: int = 64, n_layer: int = 6, n_head: int = 2, n_head_kv: int = 1,
                      head_dim: int = 256, n_ff: int = 128, n_ctx: int = 512, window: int = 32,
                      pattern: int | list[bool] | None = None, rope_base_local: float | None = None,
@@ -912,15 +929,7 @@ def build_tiny_gemma(arch: str, *, n_embd: int = 64, n_layer: int = 6, n_head: i
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     w.tensors = []
 
-    def matrix(name: str, cols: int, rows: int, std: float) -> None:
-        if random_matrix is not None:
-            data = random_matrix(cols, rows, std, rng)
-        else:
-            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
-        w.add_tensor(name, [cols, rows], weight_type, data)
-
-    def norm(name: str, n: int = n_embd) -> None:
-        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+    matrix, norm = gemma_tensors(w, rng, weight_type, random_matrix, n_embd)
 
     # Embeddings are scaled by √n_embd on the way in: small ones enter at about the
     # scale of the norms' output, and a separate output head keeps the logits varied.
@@ -996,15 +1005,7 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
     n_vocab = w.get(f"{arch}.vocab_size").value
     w.tensors = []
 
-    def matrix(name: str, cols: int, rows: int, std: float) -> None:
-        if random_matrix is not None:
-            data = random_matrix(cols, rows, std, rng)
-        else:
-            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
-        w.add_tensor(name, [cols, rows], weight_type, data)
-
-    def norm(name: str, n: int = n_embd) -> None:
-        w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
+    matrix, norm = gemma_tensors(w, rng, weight_type, random_matrix, n_embd)
 
     matrix("token_embd.weight", n_embd, n_vocab, 1.0 / math.sqrt(n_embd))
     norm("output_norm.weight")
