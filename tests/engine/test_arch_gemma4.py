@@ -2,8 +2,9 @@
 build_tiny_gemma4): sliding-window layers with heads of 64 and two KV heads, global
 layers with heads of 128, one KV head and their keys as values, the last three layers
 reading the caches of layers 1 and 2 with FFNs twice as wide, per-layer inputs, layer
-output scales, and the global layers turning 4 of their 64 pairs (rope_freqs), checked
-against llama.cpp. The windows (32) are far shorter than the context (384), so the
+output scales, and the global layers turning 4 of their 64 pairs (rope_freqs); and, as
+26B-A4B, experts beside every layer's FFN (separate or fused gate and up stacks, with
+and without per-expert scales); checked against llama.cpp. The windows (32) are far shorter than the context (384), so the
 rings wrap.
 
 Golden numbers: llama.cpp's llama-perplexity (-c 384 -b 384) and a greedy
@@ -31,6 +32,10 @@ CONFIGS = {
     # shared layers that keep their own k/v weights (never computed), one KV head everywhere
     "gemma4_shared_weights": dict(shared_weights=True, kv_heads=(1, 1), wide_shared=False),
     "gemma4_q8_0": dict(weight_type=GGML_Q8_0, n_embd=128, n_head=4, kv_heads=(2, 2), per_layer=32),
+    # as 26B-A4B: experts in every layer, no shared caches, no per-layer inputs, uncapped
+    "gemma4_moe": dict(n_expert=8, n_expert_used=2, per_layer=0, shared=0, expert_scales=True),
+    # gate and up fused, with the shared caches and per-layer inputs of the first config
+    "gemma4_moe_fused": dict(n_expert=4, n_expert_used=3, n_ff_exp=48, fused_experts=True),
 }
 
 # name -> (llama.cpp perplexity over TEXT, greedy ids, top-1 minus top-2 log-prob per step)
@@ -47,6 +52,12 @@ GOLDEN = {
     "gemma4_q8_0": (468.7114,
                     [74, 220, 220, 220, 220, 220, 220, 220, 220, 266, 238, 238],
                     [0.017, 0.095, 1.498, 1.57, 2.79, 1.025, 1.082, 1.679, 0.378, 0.089, 0.619, 1.93]),
+    "gemma4_moe": (459.623,
+                   [2, 208, 142, 142, 274, 274, 274, 274, 274, 274, 274, 274],
+                   [1.174, 0.12, 0.033, 1.269, 0.206, 1.872, 1.612, 1.484, 0.792, 1.002, 0.11, 0.452]),
+    "gemma4_moe_fused": (534.0106,
+                         [204, 156, 179, 225, 225, 225, 225, 225, 225, 225, 225, 225],
+                         [0.111, 0.124, 1.569, 0.416, 0.621, 0.472, 0.626, 1.929, 1.245, 0.925, 1.068, 0.57]),
 }
 
 
@@ -73,7 +84,7 @@ def test_each_layer_keeps_keys_and_values_of_its_own_shape_and_shared_layers_non
         assert e.info.kv_ring_bytes == 2 * 2 * 288 * 2 * 64 * 2
 
 
-@pytest.mark.parametrize("name", ["gemma4", "gemma4_values"])
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_values", "gemma4_moe"])
 def test_logits_do_not_depend_on_chunks_or_decode_steps(models, ids, name):
     """Past the rings' wrap: one prefill, odd chunks, and token-by-token steps give
     bit-identical logits at the last position; decode_batch = decode_one."""
@@ -125,13 +136,6 @@ def test_a_quantized_cache_keeps_both_widths_close_to_f16(models, ids):
     f16, q8 = logits("f16"), logits("q8_0")
     assert f16 != q8
     assert max(abs(a - b) for a, b in zip(f16, q8)) < 0.05 * (max(f16) - min(f16))
-
-
-def test_the_mixture_of_experts_is_refused_by_name(tmp_path):
-    w = build_tiny_gemma4()
-    w.set("gemma4.expert_count", U32, 8)
-    assert "Gemma 4's mixture of experts (gemma-4-26B-A4B) is not supported yet" in open_error(
-        w.write(tmp_path / "moe.gguf"))
 
 
 def test_a_shared_layer_whose_source_is_of_another_kind_is_refused(tmp_path):

@@ -878,14 +878,15 @@ def build_tiny_gemma2(*, attn_softcap: float = 0.0, **options) -> GGUFWriter:
 
 def gemma_tensors(w: GGUFWriter, rng: random.Random, weight_type: int, random_matrix, n_embd: int):
     """The Gemma builders' tensor writers, both drawing from rng: matrix(name, cols,
-    rows, std), weights of weight_type (from random_matrix where given, else Gaussian),
+    rows, std, stack=1), weights of weight_type (from random_matrix where given, else
+    Gaussian), a stack of `stack` matrices [cols, rows, stack] when above 1 (experts);
     and norm(name, n=n_embd), F32 weights near 1 (Gemma's 1 + w folded in)."""
-    def matrix(name: str, cols: int, rows: int, std: float) -> None:
+    def matrix(name: str, cols: int, rows: int, std: float, stack: int = 1) -> None:
         if random_matrix is not None:
-            data = random_matrix(cols, rows, std, rng)
+            data = random_matrix(cols, rows * stack, std, rng)
         else:
-            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows)])
-        w.add_tensor(name, [cols, rows], weight_type, data)
+            data = encode_tensor(weight_type, [rng.gauss(0.0, std) for _ in range(cols * rows * stack)])
+        w.add_tensor(name, [cols, rows] + ([stack] if stack > 1 else []), weight_type, data)
 
     def norm(name: str, n: int = n_embd) -> None:
         w.add_tensor(name, [n], GGML_F32, encode_f32([1.0 + rng.uniform(-0.2, 0.2) for _ in range(n)]))
@@ -963,8 +964,9 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
                       rope_local: int | None = None, turned: int = 4, n_ff: int = 128, shared: int = 3,
                       wide_shared: bool = True, per_layer: int = 16, values: bool = False,
                       shared_weights: bool = False, out_scales: bool = True, softcap: float | None = None,
-                      n_ctx: int = 512, window: int = 32, weight_type: int = GGML_F32, seed: int = 1,
-                      n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
+                      n_expert: int = 0, n_expert_used: int = 2, n_ff_exp: int = 32, fused_experts: bool = False,
+                      expert_scales: bool = False, n_ctx: int = 512, window: int = 32, weight_type: int = GGML_F32,
+                      seed: int = 1, n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
     """A GGUFWriter holding a random-weight gemma4 model laid out as llama.cpp's
     converter writes one, with build_tiny_llama's tokenizer: layers local or global by
     `local`; (local, global) KV heads `kv_heads` and head widths `head_dims`; the local
@@ -974,8 +976,12 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
     shared_weights, the k/v weights the converter keeps for them anyway; per-layer inputs
     of `per_layer` floats (0: none); global layers without attn_v unless `values`;
     layer_output_scale when out_scales; final_logit_softcapping when given (30 when
-    absent, as llama.cpp reads it). The output head is the embeddings'. n_vocab,
-    reserved and random_matrix as build_tiny_llama takes them."""
+    absent, as llama.cpp reads it). With n_expert, every layer also has n_expert
+    GELU-gated experts of n_ff_exp (as 26B-A4B), n_expert_used per token, their router
+    with its input scale (ffn_gate_inp.scale) and their norms; gate and up in one
+    ffn_gate_up_exps stack with fused_experts; a scale per expert of the down
+    projections (ffn_down_exps.scale) with expert_scales. The output head is the
+    embeddings'. n_vocab, reserved and random_matrix as build_tiny_llama takes them."""
     arch, n_layer = "gemma4", len(local)
     w = build_llama_base(arch, n_layer, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=max(kv_heads),
                          head_dim=head_dims[1], n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type, name="tiny-gemma4",
@@ -1000,6 +1006,10 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
     w.set(f"{arch}.embedding_length_per_layer_input", U32, per_layer)
     if softcap is not None:
         w.set(f"{arch}.final_logit_softcapping", F32, softcap)
+    if n_expert:
+        w.set(f"{arch}.expert_count", U32, n_expert)
+        w.set(f"{arch}.expert_used_count", U32, n_expert_used)
+        w.set(f"{arch}.expert_feed_forward_length", U32, n_ff_exp)
 
     rng = random.Random(seed)
     n_vocab = w.get(f"{arch}.vocab_size").value
@@ -1033,6 +1043,21 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
         matrix(blk + "ffn_up.weight", n_embd, ffs[layer], 1.0 / math.sqrt(n_embd))
         matrix(blk + "ffn_down.weight", ffs[layer], n_embd, 2.0 / math.sqrt(ffs[layer]))
         norm(blk + "post_ffw_norm.weight")
+        if n_expert:
+            matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, 1.0)
+            norm(blk + "ffn_gate_inp.scale")
+            norm(blk + "pre_ffw_norm_2.weight")
+            norm(blk + "post_ffw_norm_1.weight")
+            norm(blk + "post_ffw_norm_2.weight")
+            if fused_experts:
+                matrix(blk + "ffn_gate_up_exps.weight", n_embd, 2 * n_ff_exp, 1.0 / math.sqrt(n_embd), n_expert)
+            else:
+                matrix(blk + "ffn_gate_exps.weight", n_embd, n_ff_exp, 1.0 / math.sqrt(n_embd), n_expert)
+                matrix(blk + "ffn_up_exps.weight", n_embd, n_ff_exp, 1.0 / math.sqrt(n_embd), n_expert)
+            matrix(blk + "ffn_down_exps.weight", n_ff_exp, n_embd, 2.0 / math.sqrt(n_ff_exp), n_expert)
+            if expert_scales:
+                w.add_tensor(blk + "ffn_down_exps.scale", [n_expert], GGML_F32,
+                             encode_f32([rng.uniform(0.5, 2.0) for _ in range(n_expert)]))
         if per_layer:
             matrix(blk + "inp_gate.weight", n_embd, per_layer, 1.0 / math.sqrt(n_embd))
             matrix(blk + "proj.weight", per_layer, n_embd, 1.0 / math.sqrt(per_layer))

@@ -1,4 +1,4 @@
-// arch/gemma4.cpp — Gemma 4 (text; E2B, E4B, 31B): Gemma 3's block (embeddings scaled
+// arch/gemma4.cpp — Gemma 4 (text; E2B, E4B, 26B-A4B, 31B): Gemma 3's block (embeddings scaled
 // by √n_embd, attention and FFN each normed before and after, NEOX RoPE, a GELU-gated
 // FFN, local layers over a sliding window), and:
 //   - layers of two shapes: the sliding-window ones have heads of key_length_swa, the
@@ -15,9 +15,10 @@
 //     its own embedding (per_layer_token_embd) and of a projection of the input
 //     embeddings; after each layer's FFN, x += norm(proj(gelu(gate(x)) * that input));
 //   - optionally each layer's output multiplied by layer_output_scale;
-//   - final logits soft-capped (final_logit_softcapping, 30 when absent, 0 for none).
-// Gemma 4's norms multiply by their weights as stored. The 26B-A4B mixture of experts is
-// refused: its router and expert norms are not built here.
+//   - final logits soft-capped (final_logit_softcapping, 30 when absent, 0 for none);
+//   - in a layer with experts (26B-A4B: expert_count set and the layer's ffn_gate_inp
+//     there), the experts beside the dense FFN, each with norms of its own (experts_ffn).
+// Gemma 4's norms multiply by their weights as stored.
 #include "arch/arch.h"
 #include "kernels/kernels.h"
 
@@ -33,9 +34,9 @@ void load(Binder &b, HParams &hp) {
     const std::string &p = b.prefix;
     b.layer_shapes = true;
     if (b.get_int(p + "expert_count", 0, false) > 0) {
-        b.fail("Gemma 4's mixture of experts (gemma-4-26B-A4B) is not supported yet: its dense models "
-               "(E2B, E4B, 31B) are");
-        return;
+        b.expert_widths_per_layer = true; // as llama.cpp reads expert_feed_forward_length for the family
+        b.moe_hparams(hp);
+        hp.expert_glu = Glu::gelu; // a softmax over all experts, the chosen renormalised: llama.cpp's graph fixes both
     }
     std::vector<bool> local;
     if (!b.layer_flags(p + "attention.sliding_window_pattern", hp.n_layer, &local)) {
@@ -133,6 +134,13 @@ void bind(Binder &b, Model &m) {
         b.matrix(blk + "ffn_up.weight", dim, ffs[l], &L.w_up);
         b.matrix(blk + "ffn_down.weight", ffs[l], dim, &L.w_down);
         L.ffn_post_norm = b.vector(blk + "post_ffw_norm.weight", dim);
+        if (hp.n_expert > 0 && b.file.tensor(blk + "ffn_gate_inp.weight") != nullptr) {
+            b.moe_ffn(hp, l, L); // the router and the expert stacks (its norm is the dense FFN's, bound above)
+            L.route_scale = b.vector(blk + "ffn_gate_inp.scale", dim);
+            L.exps_norm = b.vector(blk + "pre_ffw_norm_2.weight", dim);
+            L.exps_post_norm = b.vector(blk + "post_ffw_norm_2.weight", dim);
+            L.mlp_post_norm = b.vector(blk + "post_ffw_norm_1.weight", dim);
+        }
         L.out_scale = b.vector(blk + "layer_output_scale.weight", 1, false);
         if (n_pl > 0) {
             b.matrix(blk + "inp_gate.weight", dim, n_pl, &L.ple_gate);
@@ -163,6 +171,31 @@ void per_layer_inputs(const Pass &p) {
     }
 }
 
+// The FFN of a layer with experts, once attention has joined x: the dense FFN over
+// rmsnorm(x) by ffn_norm, its output normed by mlp_post_norm, plus the experts over
+// rmsnorm(x) by exps_norm, routed by rmsnorm(x) / √dim · route_scale (model.h: moe),
+// their weighted sum normed by exps_post_norm; x += rmsnorm(the two's sum) by ffn_post_norm.
+void experts_ffn(const Pass &p, const LayerWeights &L) {
+    const size_t size = static_cast<size_t>(p.n) * p.hp.n_embd;
+    std::vector<float> &route = p.ws.moe_route, &experts = p.ws.sublayer;
+    route.resize(size);
+    rmsnorm_rows(p, route.data(), p.x, L.route_scale);
+    const float unit = 1.0f / std::sqrt(static_cast<float>(p.hp.n_embd));
+    for (float &r : route) r *= unit;
+    rmsnorm_rows(p, p.xb, p.x, L.exps_norm);
+    experts.assign(size, 0.0f);
+    moe(p, L, p.xb, experts.data(), route.data()); // experts = Σ weight · geglu expert(xb)
+    rmsnorm_rows(p, experts.data(), experts.data(), L.exps_post_norm);
+
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    matmuls(p, p.xb, {geglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
+    matmuls(p, p.hb, {project(L.w_down, p.xb)});               // xb = hb downᵀ
+    rmsnorm_rows(p, p.xb, p.xb, L.mlp_post_norm);
+    add_rows(p, p.xb, experts.data());
+    rmsnorm_rows(p, p.xb, p.xb, L.ffn_post_norm);
+    add_rows(p, p.x, p.xb);
+}
+
 void layer(const Pass &p, const LayerWeights &L, int l) {
     static const std::vector<float> ones(kMaxHeadDim, 1.0f); // the values' norm has no weight
     const HParams &hp = p.hp;
@@ -187,7 +220,12 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
     }
     rmsnorm_heads(p, p.q, hp.n_head, L.q_norm, hd);
     rope(p, p.q, hp.n_head, Rope::neox, local, hd);
-    sandwich_norm_rest(p, l, L); // attention over the layer's (or its source's) cache, then the FFN
+    if (L.router.data != nullptr) { // attention over the layer's (or its source's) cache, then the FFN
+        sandwich_attention(p, l, L);
+        experts_ffn(p, L);
+    } else {
+        sandwich_norm_rest(p, l, L);
+    }
 
     // the layer's own input
     if (n_pl > 0) {

@@ -659,11 +659,15 @@ void post_norm_rest(const Pass &p, int l, const LayerWeights &L) {
     add_rows(p, p.x, p.xb);                                   // x += norm(hb downᵀ)
 }
 
-void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L) {
+void sandwich_attention(const Pass &p, int l, const LayerWeights &L) {
     attend(p, l);                              // att = softmax(score(q kᵀ)) v over the layer's cache
     matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ
     rmsnorm_rows(p, p.xb, p.xb, L.attn_post_norm);
     add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
+}
+
+void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L) {
+    sandwich_attention(p, l, L);
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
     matmuls(p, p.xb, {geglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
     matmuls(p, p.hb, {project(L.w_down, p.xb)});               // xb = hb downᵀ

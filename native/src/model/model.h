@@ -188,6 +188,10 @@ struct LayerWeights {
     Matrix ple_proj;                  // (dim, n_embd_per_layer) its projection back
     const float *ple_norm = nullptr;  // (dim) and its norm
     const float *out_scale = nullptr; // (1) multiplies the residual stream after the block (Gemma 4)
+    const float *route_scale = nullptr; // (dim) Gemma 4: the router reads rmsnorm(x) / √dim times this,
+    const float *exps_norm = nullptr;   // (dim) the experts read rmsnorm(x) by this,
+    const float *exps_post_norm = nullptr; // (dim) their weighted sum is normed by this,
+    const float *mlp_post_norm = nullptr;  // (dim) and the dense FFN's output beside them by this
 };
 
 // A multi-token-prediction block (nextn_predict_layers; blk.<n_layer + i>): a decoder
@@ -436,14 +440,15 @@ struct Workspace {
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
     std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // the grouped rows and their results
     std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
-    std::vector<float> moe_route;       // (n, dim) the router's input where it is not the experts' (SmallThinker)
+    std::vector<float> moe_route;       // (n, dim) the router's input where it is not the experts' (SmallThinker, Gemma 4)
     struct ExpertGroup { int expert, row, n; }; // rows [row, row + n) of moe_in are its tokens
     std::vector<ExpertGroup> moe_groups; // the experts any token of the batch was routed to
     std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
     std::vector<float> moe_weights;     // (n, n_expert) each token's weight for each expert
     std::vector<BlockQ8A> moe_xq;       // each group's rows quantized on their own
     std::vector<float> recurrent, recurrent_in; // a recurrent block's projections (recurrent.h)
-    std::vector<float> sublayer;        // (n, dim) a sublayer's output, scaled before it joins the residual (Granite)
+    std::vector<float> sublayer;        // (n, dim) a sublayer's output, scaled (Granite) or normed (Gemma 4's experts')
+                                        // before it joins the residual
     std::vector<float> nextn_in;        // (n, 2 · dim) a prediction block's input: normed embeddings and hidden states
     std::vector<float> per_layer;       // (n, n_layer · n_embd_per_layer) Gemma 4's per-layer inputs
     int capacity = 0;
@@ -570,11 +575,12 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L);
 void post_norm_rest(const Pass &p, int l, const LayerWeights &L);
 
 // The rest of a block of the Gemma 2, 3 and 4 families, which norm each sublayer's
-// input and output, once q, k and v are in place: x += rmsnorm(att woᵀ) by
-// attn_post_norm, att the attention of layer l; then the GELU-gated feed-forward
-// sublayer, x += rmsnorm(down(gelu(gate(xb)) * up(xb))) by ffn_post_norm, with
-// xb = rmsnorm(x) by ffn_norm.
+// input and output, once q, k and v are in place: sandwich_attention, then the
+// GELU-gated feed-forward sublayer, x += rmsnorm(down(gelu(gate(xb)) * up(xb))) by
+// ffn_post_norm, with xb = rmsnorm(x) by ffn_norm.
 void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L);
+// Its attention half: x += rmsnorm(att woᵀ) by attn_post_norm, att the attention of layer l.
+void sandwich_attention(const Pass &p, int l, const LayerWeights &L);
 
 // Writes this layer's k and v (ws.k, ws.v, (n, kv_dim), of the layer's head width and
 // KV heads) into each token's cache, unless it reads an earlier layer's (kv_from),
