@@ -198,9 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="{off,ngram,draft,mtp}",
                        help="speculative decoding: 'ngram' drafts the continuation of a repeated n-gram of the "
                             "conversation (prompt lookup), 'draft' lets a smaller model (--draft-model) guess "
-                            "the next tokens, 'mtp' the model's own multi-token-prediction block (Qwen3.5 files "
-                            "that have one); the model verifies a draft in one pass, without changing any output "
-                            "token; 'off' decodes one token per step (default: draft with --draft-model, else ngram)")
+                            "the next tokens, 'mtp' the model's own multi-token-prediction block (Qwen3.5 and "
+                            "GLM-4.5 files that have one); the model verifies a draft in one pass, without changing "
+                            "any output token; 'off' decodes one token per step (default: draft with --draft-model, "
+                            "else ngram)")
     serve.add_argument("--draft-model", default=_env("draft_model", None),
                        help="GGUF file of a smaller model with the same vocabulary (e.g. a lower-bit "
                             "quantization of the model) that drafts for --speculative draft")

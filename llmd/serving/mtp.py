@@ -1,7 +1,7 @@
 """Multi-token prediction: speculative proposals from the model's own prediction block.
 
 `--speculative mtp` opens the model with its first multi-token-prediction block
-running beside it (Engine(draft_nextn=True); Qwen3.5 files with nextn_predict_layers),
+running beside it (Engine(draft_nextn=True); Qwen3.5 and GLM-4.5 files with nextn_predict_layers),
 so every session also keeps the block's keys and values for its tokens, at the cost of
 one more block per token in every pass. A proposal is the block's greedy guess after
 the pending token, chained up to k tokens (Session.draft_nextn): each draft costs a

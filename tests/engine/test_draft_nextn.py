@@ -1,4 +1,4 @@
-"""llmd_session_draft_nextn: drafts from a Qwen3.5 file's multi-token-prediction block.
+"""llmd_session_draft_nextn: drafts from a Qwen3.5 or GLM-4.5 file's multi-token-prediction block.
 
 An engine opened with draft_nextn runs the block beside the model on every token a
 session takes (prefill, plain and verified steps, scoring), each token paired with the
@@ -22,7 +22,7 @@ import pytest
 from llmd.engine.native import Engine, EngineError, Sampling, UnsupportedError
 from tests.engine.test_arch import N_CTX, PROMPT_TOKENS, TEXT
 from tests.engine.test_arch_qwen35 import CONFIGS
-from tests.support.gguf_writer import build_tiny_qwen35
+from tests.support.gguf_writer import build_tiny_glm4, build_tiny_qwen35
 
 DRAFTS = 3
 NEAR_TIE = 0.02
@@ -32,12 +32,18 @@ GOLDEN = {
                (282, [255, 276, 212], [0.485, 0.421, 1.661], 0), (145, [32, 73, 285], [0.256, 0.057, 0.573], 0)],
     "qwen35moe": [(277, [170, 256, 156], [0.065, 1.419, 0.061], 0), (47, [273, 66, 154], [0.225, 0.295, 0.071], 0),
                   (175, [225, 23, 8], [1.045, 0.241, 0.344], 0), (201, [37, 129, 195], [0.139, 0.137, 0.957], 0)],
+    "glm4moe": [(184, [22, 243, 236], [0.03, 0.724, 0.164], 0), (230, [40, 22, 243], [0.505, 0.063, 0.617], 0),
+                (205, [40, 86, 243], [0.466, 0.029, 0.31], 1), (157, [40, 22, 243], [0.35, 0.103, 0.841], 0)],
 }
 FAMILIES = list(GOLDEN)
+# name -> the builder of its model and the options beside a block
+MODELS = {"qwen35": (build_tiny_qwen35, CONFIGS["qwen35"]), "qwen35moe": (build_tiny_qwen35, CONFIGS["qwen35moe"]),
+          "glm4moe": (build_tiny_glm4, dict(arch="glm4moe", qk_norm=True, seed=2))}
 
 
 def nextn_model(name: str):
-    return build_tiny_qwen35(n_ctx=N_CTX, nextn=1, **CONFIGS[name])
+    builder, options = MODELS[name]
+    return builder(n_ctx=N_CTX, nextn=1, **options)
 
 
 @pytest.fixture(scope="module")

@@ -876,11 +876,11 @@ def build_tiny_gemma2(*, attn_softcap: float = 0.0, **options) -> GGUFWriter:
     return w
 
 
-def gemma_tensors(w: GGUFWriter, rng: random.Random, weight_type: int, random_matrix, n_embd: int):
-    """The Gemma builders' tensor writers, both drawing from rng: matrix(name, cols,
-    rows, std, stack=1), weights of weight_type (from random_matrix where given, else
-    Gaussian), a stack of `stack` matrices [cols, rows, stack] when above 1 (experts);
-    and norm(name, n=n_embd), F32 weights near 1 (Gemma's 1 + w folded in)."""
+def tensor_writers(w: GGUFWriter, rng: random.Random, weight_type: int, random_matrix, n_embd: int):
+    """The Gemma and GLM builders' tensor writers, both drawing from rng: matrix(name,
+    cols, rows, std, stack=1), weights of weight_type (from random_matrix where given,
+    else Gaussian), a stack of `stack` matrices [cols, rows, stack] when above 1
+    (experts); and norm(name, n=n_embd), F32 weights near 1 (Gemma's 1 + w folded in)."""
     def matrix(name: str, cols: int, rows: int, std: float, stack: int = 1) -> None:
         if random_matrix is not None:
             data = random_matrix(cols, rows * stack, std, rng)
@@ -930,7 +930,7 @@ def build_tiny_gemma(arch: str, *, n_embd: int = 64, n_layer: int = 6, n_head: i
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
     w.tensors = []
 
-    matrix, norm = gemma_tensors(w, rng, weight_type, random_matrix, n_embd)
+    matrix, norm = tensor_writers(w, rng, weight_type, random_matrix, n_embd)
 
     # Embeddings are scaled by √n_embd on the way in: small ones enter at about the
     # scale of the norms' output, and a separate output head keeps the logits varied.
@@ -1015,7 +1015,7 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
     n_vocab = w.get(f"{arch}.vocab_size").value
     w.tensors = []
 
-    matrix, norm = gemma_tensors(w, rng, weight_type, random_matrix, n_embd)
+    matrix, norm = tensor_writers(w, rng, weight_type, random_matrix, n_embd)
 
     matrix("token_embd.weight", n_embd, n_vocab, 1.0 / math.sqrt(n_embd))
     norm("output_norm.weight")
@@ -1064,6 +1064,100 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
             norm(blk + "post_norm.weight")
         if out_scales:
             w.add_tensor(blk + "layer_output_scale.weight", [1], GGML_F32, encode_f32([rng.uniform(0.5, 1.5)]))
+    return w
+
+
+# ---- tiny GLM-4 models ------------------------------------------------------------
+
+def build_tiny_glm4(*, arch: str = "glm4", n_embd: int = 64, n_layer: int = 3, n_head: int = 4, n_head_kv: int = 2,
+                    head_dim: int = 32, rope_dim: int = 16, n_ff: int = 96, sections: tuple[int, ...] | None = None,
+                    fused_qkv: bool = False, n_expert: int = 8, n_expert_used: int = 2, n_ff_exp: int = 32,
+                    n_shared: int = 1, lead: int = 1, qk_norm: bool = False, norm_weights: bool = True,
+                    scale: float | None = None, nextn: int = 0, n_ctx: int = 512, weight_type: int = GGML_F32,
+                    seed: int = 1, n_vocab: int = 300, reserved: int = 0, random_matrix=None) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight glm4 (or glm4moe) model laid out as
+    llama.cpp's converter writes one, with build_tiny_llama's tokenizer: q/k/v with
+    biases (one attn_qkv with its bias when fused_qkv), RoPE over rope_dim dims of each
+    head, rope.dimension_sections when given; `nextn` multi-token-prediction blocks
+    after the layers; the output head untied. glm4: post-attention and post-FFN norms,
+    gate and up in one ffn_up (gate rows first). glm4moe: the FFN normed by
+    post_attention_norm; the first `lead` layers dense, the others n_expert SwiGLU
+    experts of n_ff_exp (n_expert_used per token, a selection bias exp_probs_b) plus
+    n_shared shared ones as one; q/k head norms with qk_norm; expert_weights_norm as
+    norm_weights and expert_weights_scale when given. n_vocab, reserved and
+    random_matrix as build_tiny_llama takes them."""
+    w = build_llama_base(arch, n_layer + nextn, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                         head_dim=head_dim, n_ff=n_ff, n_ctx=n_ctx, weight_type=weight_type, name="tiny-" + arch,
+                         reserved=reserved, random_matrix=random_matrix)
+    w.set(f"{arch}.rope.dimension_count", U32, rope_dim)
+    w.set(f"{arch}.attention.layer_norm_rms_epsilon", F32, 1e-5)
+    if sections is not None:
+        w.set(f"{arch}.rope.dimension_sections", ARRAY, (I32, list(sections)))
+    if nextn:
+        w.set(f"{arch}.nextn_predict_layers", U32, nextn)
+    moe = arch == "glm4moe"
+    if moe:
+        w.set(f"{arch}.expert_count", U32, n_expert)
+        w.set(f"{arch}.expert_used_count", U32, n_expert_used)
+        w.set(f"{arch}.expert_feed_forward_length", U32, n_ff_exp)
+        w.set(f"{arch}.expert_shared_count", U32, n_shared)
+        w.set(f"{arch}.leading_dense_block_count", U32, lead)
+        w.set(f"{arch}.expert_weights_norm", BOOL, norm_weights)
+        w.set(f"{arch}.expert_gating_func", U32, 2)  # sigmoid, as the converter writes it
+        if scale is not None:
+            w.set(f"{arch}.expert_weights_scale", F32, scale)
+    rng = random.Random(seed)
+    n_vocab = w.get(f"{arch}.vocab_size").value
+    w.tensors = []
+    matrix, norm = tensor_writers(w, rng, weight_type, random_matrix, n_embd)
+
+    def vector(name: str, n: int, std: float) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([rng.gauss(0.0, std) for _ in range(n)]))
+
+    matrix("token_embd.weight", n_embd, n_vocab, 1.0)
+    norm("output_norm.weight")
+    matrix("output.weight", n_embd, n_vocab, 1.0 / math.sqrt(n_embd))
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    for layer in range(n_layer + nextn):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        if fused_qkv:
+            matrix(blk + "attn_qkv.weight", n_embd, q_dim + 2 * kv_dim, 1.0 / math.sqrt(n_embd))
+            vector(blk + "attn_qkv.bias", q_dim + 2 * kv_dim, 0.5)
+        else:
+            for part, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+                matrix(blk + f"attn_{part}.weight", n_embd, rows, 1.0 / math.sqrt(n_embd))
+                vector(blk + f"attn_{part}.bias", rows, 0.5)
+        if qk_norm:
+            norm(blk + "attn_q_norm.weight", head_dim)
+            norm(blk + "attn_k_norm.weight", head_dim)
+        matrix(blk + "attn_output.weight", q_dim, n_embd, 2.0 / math.sqrt(q_dim))
+        norm(blk + "post_attention_norm.weight")
+        if not moe:
+            norm(blk + "ffn_norm.weight")
+            matrix(blk + "ffn_up.weight", n_embd, 2 * n_ff, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
+            norm(blk + "post_ffw_norm.weight")
+        elif layer < lead:
+            matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_down.weight", n_ff, n_embd, 2.0 / math.sqrt(n_ff))
+        else:
+            matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, 1.0 / math.sqrt(n_embd))
+            vector(blk + "exp_probs_b.bias", n_expert, 0.2)
+            matrix(blk + "ffn_gate_exps.weight", n_embd, n_ff_exp, 1.0 / math.sqrt(n_embd), n_expert)
+            matrix(blk + "ffn_up_exps.weight", n_embd, n_ff_exp, 1.0 / math.sqrt(n_embd), n_expert)
+            matrix(blk + "ffn_down_exps.weight", n_ff_exp, n_embd, 2.0 / math.sqrt(n_ff_exp), n_expert)
+            if n_shared:
+                width = n_shared * n_ff_exp
+                matrix(blk + "ffn_gate_shexp.weight", n_embd, width, 1.0 / math.sqrt(n_embd))
+                matrix(blk + "ffn_up_shexp.weight", n_embd, width, 1.0 / math.sqrt(n_embd))
+                matrix(blk + "ffn_down_shexp.weight", width, n_embd, 2.0 / math.sqrt(width))
+        if layer >= n_layer:
+            matrix(blk + "nextn.eh_proj.weight", 2 * n_embd, n_embd, 1.0 / math.sqrt(2 * n_embd))
+            norm(blk + "nextn.enorm.weight")
+            norm(blk + "nextn.hnorm.weight")
+            norm(blk + "nextn.shared_head_norm.weight")
     return w
 
 

@@ -3,8 +3,8 @@
     python -m tests.support.make_mtp_golden LLAMA_DIR [--split] [NAME ...]
 
 LLAMA_DIR is a llama.cpp source tree built in LLAMA_DIR/build (libllama). For every NAME
-(default "qwen35" and "qwen35moe", configured as in tests.engine.test_arch_qwen35.CONFIGS)
-it writes build_tiny_qwen35(n_ctx=N_CTX, nextn=1, ...) and runs a small program against
+(default: all of tests.engine.test_draft_nextn.MODELS) it writes that module's
+nextn_model(NAME) and runs a small program against
 libllama that this script compiles, which drives the model's MTP block as llama.cpp's
 speculative decoding does (common/speculative.cpp: draft-mtp, and the server's rounds):
 
@@ -38,10 +38,8 @@ from pathlib import Path
 
 from llmd.engine.native import Engine
 from tests.engine.test_arch import N_CTX, PROMPT_TOKENS, TEXT
-from tests.engine.test_arch_qwen35 import CONFIGS
-from tests.support.gguf_writer import build_tiny_qwen35
+from tests.engine.test_draft_nextn import MODELS, nextn_model
 
-NAMES = ["qwen35", "qwen35moe"]
 DRAFTS = 3
 ROUNDS = 4
 
@@ -184,8 +182,8 @@ def main(llama: Path, names: list[str], split: bool) -> None:
     subprocess.run(["g++", "-O2", "-std=c++17", str(work / "mtp.cpp"), f"-I{llama}/include", f"-I{llama}/src",
                     f"-I{llama}/ggml/include", f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
                     f"-Wl,-rpath,{lib}", "-o", str(program)], check=True)
-    for name in names or NAMES:
-        model = build_tiny_qwen35(n_ctx=N_CTX, nextn=1, **CONFIGS[name]).write(work / f"{name}.gguf")
+    for name in names or MODELS:
+        model = nextn_model(name).write(work / f"{name}.gguf")
         with Engine(str(model), max_sessions=2) as engine:
             prompt = engine.tokenize(TEXT)[:PROMPT_TOKENS]
         env = {"N_CTX": str(N_CTX), "SPLIT": str(len(prompt) // 2 if split else 0)}

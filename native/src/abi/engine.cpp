@@ -251,9 +251,10 @@ llmd_status llmd_engine_open(const char *path, const llmd_engine_options *option
         if (opts.draft_nextn == 1 && hp.n_layer_nextn == 0)
             return fail(LLMD_ERR_UNSUPPORTED, "this model has no multi-token-prediction block to draft with (its file "
                                               "sets no " + e->architecture + ".nextn_predict_layers)");
-        if (opts.draft_nextn == 1 && e->architecture != "qwen35" && e->architecture != "qwen35moe")
-            return fail(LLMD_ERR_UNSUPPORTED, "drafting with multi-token-prediction blocks is built for qwen35 and "
-                                              "qwen35moe, not " + e->architecture);
+        if (opts.draft_nextn == 1 && e->architecture != "qwen35" && e->architecture != "qwen35moe" &&
+            e->architecture != "glm4moe")
+            return fail(LLMD_ERR_UNSUPPORTED, "drafting with multi-token-prediction blocks is built for qwen35, "
+                                              "qwen35moe and glm4moe, not " + e->architecture);
         e->nextn = opts.draft_nextn == 1;
         KVCache::Sizes sizes;
         KVCache::layout(hp, e->cached_blocks(), e->n_ctx, e->kv_types, &sizes);

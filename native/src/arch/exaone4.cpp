@@ -5,7 +5,7 @@
 // (attention.sliding_window, else 4096) in three layers of four, and only those turn
 // by RoPE: its global layers have none. llama.cpp decides this by the layer count,
 // and so does llmd. Multi-token-prediction blocks (nextn_predict_layers) are loaded
-// into Model::nextn, not run (drafting with them is built for Qwen3.5 alone).
+// into Model::nextn, not run (llama.cpp drafts with no EXAONE block).
 #include "arch/arch.h"
 
 namespace llmd {

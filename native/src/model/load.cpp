@@ -469,36 +469,33 @@ bool read_recurrent_layers(Binder &b, const HParams &hp, std::vector<bool> *recu
     return true;
 }
 
-// The multi-section RoPE of text positions: pair i lies in section i % Σsections,
-// interleaved (sector s belongs to section s % 3 while s < 3 · that section's size);
-// the sectors of none of the first three sections take the fourth position, which is
-// 0 for text, so they stay unrotated.
-bool read_rope_sections(Binder &b, HParams &hp) {
-    const std::string key = b.prefix + "rope.dimension_sections";
-    const GGUFKV *kv = b.file.find(key);
-    if (kv == nullptr) return b.fail("model metadata lacks " + key);
+} // namespace
+
+bool Binder::rope_sections(HParams &hp, bool interleaved, int sections[4]) {
+    const std::string key = prefix + "rope.dimension_sections";
+    const GGUFKV *kv = file.find(key);
+    if (kv == nullptr) return fail("model metadata lacks " + key);
     if (kv->type != GGUF_ARRAY || (kv->arr_type != GGUF_I32 && kv->arr_type != GGUF_U32) || kv->arr_count < 3 ||
         kv->arr_count > 4)
-        return b.fail("model metadata " + key + " must be 3 or 4 integers");
-    int sections[4] = {0, 0, 0, 0}, total = 0;
+        return fail("model metadata " + key + " must be 3 or 4 integers");
+    int total = 0;
+    std::fill_n(sections, 4, 0);
     for (uint64_t i = 0; i < kv->arr_count; ++i) {
         int32_t v;
         std::memcpy(&v, kv->arr_data + 4 * i, 4);
-        if (v < 0 || v > hp.rope_dim) return b.fail("model metadata " + key + " holds an out-of-range section");
+        if (v < 0 || v > hp.rope_dim) return fail("model metadata " + key + " holds an out-of-range section");
         sections[i] = v;
         total += v;
     }
-    if (total == 0 || total > hp.head_dim) return b.fail("model metadata " + key + " does not fit the heads");
+    if (total == 0 || total > hp.head_dim) return fail("model metadata " + key + " does not fit the heads");
     hp.rope_fixed.assign(hp.rope_dim / 2, false);
+    const int text = sections[0] + sections[1] + sections[2];
     for (int i = 0; i < hp.rope_dim / 2; ++i) {
         const int sector = i % total;
-        const bool text = sector < 3 * sections[sector % 3];
-        hp.rope_fixed[i] = !text;
+        hp.rope_fixed[i] = interleaved ? sector >= 3 * sections[sector % 3] : sector >= text;
     }
     return true;
 }
-
-} // namespace
 
 void Binder::delta_net_hparams(HParams &hp) {
     HParams::DeltaNet &dn = hp.delta;
@@ -515,7 +512,8 @@ void Binder::delta_net_hparams(HParams &hp) {
         return;
     }
     std::vector<bool> recurrent;
-    if (!read_recurrent_layers(*this, hp, &recurrent) || !read_rope_sections(*this, hp)) return;
+    int sections[4];
+    if (!read_recurrent_layers(*this, hp, &recurrent) || !rope_sections(hp, true, sections)) return;
     const int state = (hp.conv_len - 1) * dn.conv_dim() + dn.v_heads * dn.head_dim * dn.head_dim;
     for (int l = 0; l < hp.n_layer; ++l) hp.state[l] = recurrent[l] ? state : 0;
 }
@@ -640,9 +638,9 @@ void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
 namespace {
 
 const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma, &kGemma2, &kGemma3, &kGemma4,
-                              &kGptOss, &kGranite, &kGraniteMoe, &kGraniteHybrid, &kLfm2, &kLfm2Moe, &kMistral3,
-                              &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe,
-                              &kSmallThinker, &kSmolLM3};
+                              &kGlm4, &kGlm4Moe, &kGptOss, &kGranite, &kGraniteMoe, &kGraniteHybrid, &kLfm2,
+                              &kLfm2Moe, &kMistral3, &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35,
+                              &kQwen35Moe, &kQwen3Moe, &kSmallThinker, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated

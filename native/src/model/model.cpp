@@ -666,10 +666,12 @@ void sandwich_attention(const Pass &p, int l, const LayerWeights &L) {
     add_rows(p, p.x, p.xb);                    // x += norm(att woᵀ)
 }
 
-void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L) {
+void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L, Glu act) {
     sandwich_attention(p, l, L);
     rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    matmuls(p, p.xb, {geglu(L.w_gate, L.w_up, p.hb, p.hb2)}); // hb = gelu(xb gateᵀ) * (xb upᵀ)
+    MatJob ffn = swiglu(L.w_gate, L.w_up, p.hb, p.hb2);
+    ffn.act = act;
+    matmuls(p, p.xb, {ffn});                                   // hb = act(xb gateᵀ) * (xb upᵀ)
     matmuls(p, p.hb, {project(L.w_down, p.xb)});               // xb = hb downᵀ
     rmsnorm_rows(p, p.xb, p.xb, L.ffn_post_norm);
     add_rows(p, p.x, p.xb);                                    // x += norm(hb downᵀ)

@@ -371,6 +371,12 @@ struct Binder {
     // first half of their block l: attn_norm, then the DeltaNet's tensors in a
     // recurrent layer or the gated attention's (model.h: gated_attention) in the others.
     void delta_net_hparams(HParams &hp);
+    // The multi-section RoPE of text positions (rope.dimension_sections: 3 or 4 counts of
+    // pairs, into `sections`): the pairs of the fourth section, whose position is 0 for
+    // text, stay unturned (HParams::rope_fixed). Pair i lies in sector i % Σsections;
+    // interleaved, sector s is in section s % 3 while s < 3 · that section's count
+    // (Qwen3.5's), else the sections follow each other (GLM-4.1V's). False if malformed.
+    bool rope_sections(HParams &hp, bool interleaved, int sections[4]);
     void delta_net_mixer(const HParams &hp, int l, LayerWeights &L);
     // The LFM2 families' metadata: a layer without key/value heads is a short-convolution
     // block over shortconv.l_cache positions. And the first half of their block l:
@@ -440,7 +446,7 @@ struct Workspace {
     std::vector<float> router;          // (n, n_expert) MoE: routing scores, then probabilities
     std::vector<float> moe_in, moe_h, moe_h2, moe_out, moe_acc; // the grouped rows and their results
     std::vector<float> moe_shared;      // (n, n_ff_shexp) the shared expert's hidden rows
-    std::vector<float> moe_route;       // (n, dim) the router's input where it is not the experts' (SmallThinker, Gemma 4)
+    std::vector<float> moe_route;       // (n, dim) the router's input where not the experts' (SmallThinker, Gemma 4)
     struct ExpertGroup { int expert, row, n; }; // rows [row, row + n) of moe_in are its tokens
     std::vector<ExpertGroup> moe_groups; // the experts any token of the batch was routed to
     std::vector<int> moe_tokens;        // (n · n_expert_used) the token of each grouped row
@@ -574,11 +580,11 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L);
 // x += rmsnorm(down(silu(gate(x)) * up(x))) by ffn_post_norm.
 void post_norm_rest(const Pass &p, int l, const LayerWeights &L);
 
-// The rest of a block of the Gemma 2, 3 and 4 families, which norm each sublayer's
-// input and output, once q, k and v are in place: sandwich_attention, then the
-// GELU-gated feed-forward sublayer, x += rmsnorm(down(gelu(gate(xb)) * up(xb))) by
+// The rest of a block of the Gemma 2, 3 and 4 and GLM-4 families, which norm each
+// sublayer's input and output, once q, k and v are in place: sandwich_attention, then
+// the gated feed-forward sublayer, x += rmsnorm(down(act(gate(xb)) * up(xb))) by
 // ffn_post_norm, with xb = rmsnorm(x) by ffn_norm.
-void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L);
+void sandwich_norm_rest(const Pass &p, int l, const LayerWeights &L, Glu act = Glu::gelu);
 // Its attention half: x += rmsnorm(att woᵀ) by attn_post_norm, att the attention of layer l.
 void sandwich_attention(const Pass &p, int l, const LayerWeights &L);
 
