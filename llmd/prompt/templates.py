@@ -51,9 +51,9 @@ from typing import Any, Callable
 from llmd.prompt import harmony
 from llmd.prompt import jinja
 from llmd.prompt import reasoning
-from llmd.prompt.tool_calls import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, HERMES_LAYOUT, LLAMA3_LAYOUT,
-                        MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG, PHI4_LAYOUT,
-                        PHI4_TOOLS, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
+from llmd.prompt.tool_calls import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, GLM_KEY, GLM_LAYOUT, HERMES_LAYOUT,
+                        LLAMA3_LAYOUT, MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG,
+                        PHI4_LAYOUT, PHI4_TOOLS, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -266,6 +266,8 @@ _TOOL_FORMAT_SIGNS = (
     ("tagged_json", TAGGED_CALLS),
     # Qwen3-Coder, Qwen3.5 (and Nemotron 3, Step 3.5): Hermes blocks holding <function=NAME>
     ("qwen3_coder", OPEN_TAG + "\n<function="),
+    # GLM-4.5 and 4.6: Hermes blocks holding NAME and <arg_key>/<arg_value> pairs
+    ("glm", GLM_KEY),
 )
 
 
@@ -291,13 +293,13 @@ def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
     3.1's <|python_tag|> opens only built-in tools' `name.call(...)`; gpt-oss's messages
     to functions.NAME; Mistral's [TOOL_CALLS] as its template writes them; Phi-4's
     <|tool_call|> blocks; Gemma 4's <|tool_call> blocks in its call syntax; Qwen3-Coder's
-    XML), else Hermes blocks, which every format's parser also reads (Granite's unclosed
-    <|tool_call|> list cannot be followed by another call)."""
+    and GLM-4.5's XML), else Hermes blocks, which every format's parser also reads
+    (Granite's unclosed <|tool_call|> list cannot be followed by another call)."""
     fmt = tool_format(template)
     if fmt == "mistral":
         return MISTRAL_LAYOUT if any(MISTRAL_ARGS in s for s in template.template.literals()) else MISTRAL_NEMO_LAYOUT
     layouts = {"llama3_json": LLAMA3_LAYOUT, "harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT,
-               "gemma4": GEMMA4_LAYOUT, "qwen3_coder": QWEN3_CODER_LAYOUT}
+               "gemma4": GEMMA4_LAYOUT, "qwen3_coder": QWEN3_CODER_LAYOUT, "glm": GLM_LAYOUT}
     return layouts.get(fmt, HERMES_LAYOUT)
 
 

@@ -9,8 +9,9 @@ Theory of operation. The model answers with text in which each call is a block
 
 A block is a call when its body is a JSON object whose `name` is one of the declared
 tools and whose `arguments` is an object (or a JSON string holding one; missing means
-{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values). Any
-other block, and a block never closed, stays in the content as written.
+{}), or Qwen3-Coder's XML body (`<function=NAME>` with `<parameter=P>` values), or
+GLM-4.5's (NAME, then `<arg_key>` and `<arg_value>` pairs). Any other block, and a
+block never closed, stays in the content as written.
 Whitespace between content and a call block is layout, not content, and is dropped.
 
 `ToolCallStream` works on text deltas for SSE: text outside blocks is released at
@@ -27,7 +28,8 @@ Other families: Llama 3.x's JSON reply or <|python_tag|> (`JsonReplyCallStream`)
 formats whose calls a marker opens (`MarkedCallStream`: Mistral's [TOOL_CALLS], Gemma
 4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>).
 Both read Hermes blocks too (Granite's calls are constrained as those). Qwen3-Coder's
-XML blocks are Hermes blocks with another body. gpt-oss's channels are llmd.prompt.harmony's.
+and GLM-4.5's XML blocks are Hermes blocks with other bodies. gpt-oss's channels are
+llmd.prompt.harmony's.
 Each family's CallLayout (below) is how constrained decoding writes its calls; the
 family's parser reads back whatever that grammar allows.
 """
@@ -126,12 +128,25 @@ def decode_call(body: str, names: frozenset[str],
                 strings: frozenset[tuple[str, str]] = frozenset()) -> tuple[str, str] | None:
     """(name, arguments JSON) for a valid block body, else None. The body is a JSON
     object, or Qwen3-Coder's XML: <function=NAME> then <parameter=P>VALUE</parameter>
-    each, then </function>, a VALUE read as JSON unless `strings` says it is text."""
+    each, then </function>; or GLM-4.5's: NAME, then <arg_key>P</arg_key> and
+    <arg_value>VALUE</arg_value> each. A VALUE is read as JSON unless `strings` says it
+    is text."""
     try:
         call = json.loads(body)
     except ValueError:
-        call = _xml_call(body, strings)
+        call = _xml_call(body, strings) or _glm_call(body, strings)
     return _call_of(call, names)
+
+
+def _xml_value(name: str, key: str, value: str, strings: frozenset[tuple[str, str]]) -> Any:
+    """A parameter's VALUE as an XML call writes it: text for a string parameter, else
+    JSON where it reads as JSON."""
+    if (name, key) in strings:
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 _XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
@@ -147,14 +162,27 @@ def _xml_call(body: str, strings: frozenset[tuple[str, str]]) -> dict[str, Any] 
         parameter = _XML_PARAMETER.match(rest, pos)
         if parameter is None:
             return None if rest[pos:].strip() else {"name": name, "arguments": arguments}
-        key, value = parameter.group(1), parameter.group(2)
-        if (name, key) not in strings:
-            try:
-                value = json.loads(value)
-            except ValueError:
-                pass
-        arguments[key] = value
+        arguments[parameter.group(1)] = _xml_value(name, parameter.group(1), parameter.group(2), strings)
         pos = parameter.end()
+    return {"name": name, "arguments": arguments}
+
+
+GLM_KEY, GLM_KEY_END, GLM_VALUE, GLM_VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+_GLM_NAME = re.compile(r"\s*([^<>\n]+?)\s*(?=<|$)")
+_GLM_ARGUMENT = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.S)
+
+
+def _glm_call(body: str, strings: frozenset[tuple[str, str]]) -> dict[str, Any] | None:
+    head = _GLM_NAME.match(body)
+    if head is None:
+        return None
+    name, arguments, pos = head.group(1), {}, head.end()
+    while pos < len(body):
+        argument = _GLM_ARGUMENT.match(body, pos)
+        if argument is None:
+            return None
+        arguments[argument.group(1)] = _xml_value(name, argument.group(1), argument.group(2), strings)
+        pos = argument.end()
     return {"name": name, "arguments": arguments}
 
 
@@ -628,9 +656,10 @@ class CallLayout:
     also end the answer). Free text before a call may not contain `opens`; without
     `after_text`, calls only open the reply (the parser reads no call after text). The
     arguments are spelled as `arguments` says: "json" (an object), "gemma4" (Gemma 4's
-    call syntax, gemma_calls) or "xml" (Qwen3-Coder's <parameter=P> elements); no string
-    in them spells one of `ends`, the markers at which the family's parser would end
-    the arguments or the call (empty where it reads JSON to its closing brace)."""
+    call syntax, gemma_calls), "xml" (Qwen3-Coder's <parameter=P> elements) or "glm"
+    (GLM-4.5's <arg_key>/<arg_value> pairs); no string in them spells one of `ends`, the
+    markers at which the family's parser would end the arguments or the call (empty
+    where it reads JSON to its closing brace)."""
 
     opens: str
     head: str
@@ -661,6 +690,8 @@ GEMMA4_LAYOUT = CallLayout(GEMMA_CALL, GEMMA_CALL + "call:", "", GEMMA_CALL_END,
 XML_PARAMETER_END = "</parameter>"
 QWEN3_CODER_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG + "\n<function=", ">\n", "</function>\n" + CLOSE_TAG,
                                 CALL_SEPARATOR, "xml", ends=(XML_PARAMETER_END, CLOSE_TAG))
+# GLM-4.5 and 4.6: a Hermes block around NAME and its <arg_key>/<arg_value> pairs, as their template writes one.
+GLM_LAYOUT = CallLayout(OPEN_TAG, OPEN_TAG, "\n", CLOSE_TAG, CALL_SEPARATOR, "glm", ends=(GLM_VALUE_END, CLOSE_TAG))
 
 
 
@@ -675,6 +706,7 @@ FORMAT_MARKERS: dict[str, tuple[str, ...]] = {
     "tagged_json": (TAGGED_CALLS, TAGGED_CALLS_END),
     "phi4": (TAGGED_CALLS, TAGGED_CALLS_END),
     "qwen3_coder": (),
+    "glm": (OPEN_TAG, CLOSE_TAG, GLM_KEY, GLM_KEY_END, GLM_VALUE, GLM_VALUE_END),  # control tokens in GLM-4.5
 }
 
 
@@ -683,7 +715,7 @@ def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None, new_id
     """The incremental parser of a tool format named in FORMAT_MARKERS; `new_id` makes
     the ids of calls the model wrote none for (new_call_id, Mistral's new_mistral_call_id)."""
     ids = new_id or new_call_id
-    if tool_format in ("hermes", "qwen3_coder"):  # the Hermes parser reads both bodies
+    if tool_format in ("hermes", "qwen3_coder", "glm"):  # the Hermes parser reads their three bodies
         return ToolCallStream(tools, ids)
     if tool_format == "llama3_json":
         return JsonReplyCallStream(tools, ids)

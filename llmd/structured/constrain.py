@@ -42,7 +42,7 @@ from llmd.structured.grammar import (
     token,
 )
 from llmd.structured.jsonschema import (
-    GemmaSchemaCompiler, MarkedJsonCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler,
+    GemmaSchemaCompiler, GlmParameterCompiler, MarkedJsonCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler,
 )
 
 
@@ -165,6 +165,8 @@ _ARGUMENTS: dict[str, Callable[[dict[str, Expr], str, dict[str, int], tuple[str,
     "gemma4": lambda rules, prefix, controls, ends: GemmaSchemaCompiler(
         rules, prefix, _written(GEMMA_QUOTE, controls), ends),
     "xml": lambda rules, prefix, controls, ends: XmlParameterCompiler(rules, prefix, ends),
+    "glm": lambda rules, prefix, controls, ends: GlmParameterCompiler(
+        rules, prefix, ends, lambda text: _written(text, controls)),
 }
 
 

@@ -25,7 +25,8 @@ keyword raises SchemaError naming it.
 
 Other spellings of the same values, for tool calls in a family's own layout:
 GemmaSchemaCompiler writes Gemma 4's call syntax, XmlParameterCompiler Qwen3-Coder's
-<parameter=P> elements (raw text for string parameters, JSON otherwise), MarkedJsonCompiler
+<parameter=P> elements (raw text for string parameters, JSON otherwise) and
+GlmParameterCompiler GLM-4.5's <arg_key>/<arg_value> pairs alike, MarkedJsonCompiler
 JSON for a parser that ends a call at a marker. None lets a string spell a marker that
 would end it early in that family's parser.
 """
@@ -589,7 +590,7 @@ def _tighter(inclusive: float | None, exclusive: float | None, pick) -> tuple[fl
 
 # --- other spellings of the same values ---------------------------------------------
 
-# Raw text (Gemma 4's strings, Qwen3-Coder's string parameters): printable and wide
+# Raw text (Gemma 4's strings, Qwen3-Coder's and GLM-4.5's string parameters): printable and wide
 # characters, newline and tab, with "<" wherever no marker begins (text_without).
 # With a length bound, no "<" at all (_TEXT_CHAR), so that the bound counts characters.
 _TEXT_UNIT = byte_range(0x20, 0x7E) | one_of("\n\t")
@@ -720,6 +721,8 @@ class XmlParameterCompiler(MarkedJsonCompiler):
     `markers` end a value in the parser's eyes (`</parameter>`, `</tool_call>`): neither
     raw text nor a JSON string spells them (JSON can escape the "/" or the "<")."""
 
+    family = "Qwen3-Coder's XML calls"
+
     def __init__(self, rules: dict[str, Expr], prefix: str, markers: tuple[str, ...]):
         super().__init__(rules, prefix, markers)
         # free text is a rule for the same reason as the JSON string characters
@@ -729,16 +732,15 @@ class XmlParameterCompiler(MarkedJsonCompiler):
         self.root = schema
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise SchemaError("parameters other than an object with 'properties' are not supported "
-                              "in Qwen3-Coder's XML calls", "type")
+                              f"in {self.family}", "type")
         for key in schema:
             if key not in ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}:
                 raise SchemaError(f"JSON Schema keyword '{key}' of the parameters is not supported "
-                                  "in Qwen3-Coder's XML calls", key)
+                                  f"in {self.family}", key)
         members, extra = self._members(schema, "", "")
         for name, _, _ in members:
             if not _XML_NAME.fullmatch(name):
-                raise SchemaError(f"the parameter name {name!r} cannot be written in Qwen3-Coder's XML calls",
-                                  "properties")
+                raise SchemaError(f"the parameter name {name!r} cannot be written in {self.family}", "properties")
         if not members:
             if extra is False:
                 return EMPTY
@@ -768,3 +770,21 @@ class XmlParameterCompiler(MarkedJsonCompiler):
             return alt(*(lit(v) for v in values))
         return self._string_body(schema, where, lambda lo, hi: Ref("xml:text") if lo == 0 and hi is None
                                  else repeat(_TEXT_CHAR, lo, hi))
+
+
+class GlmParameterCompiler(XmlParameterCompiler):
+    """GLM-4.5's call body for a tool's parameters (llmd.prompt.tool_calls.decode_call reads it),
+    as XmlParameterCompiler's with each argument `<arg_key>NAME</arg_key>` newline
+    `<arg_value>VALUE</arg_value>` newline, the tags spelled by `write` (as the model's
+    tokens where they are its control tokens). `markers` (`</arg_value>`, `</tool_call>`)
+    end a value in the parser's eyes."""
+
+    family = "GLM-4.5's XML calls"
+
+    def __init__(self, rules: dict[str, Expr], prefix: str, markers: tuple[str, ...], write: Callable[[str], Expr]):
+        super().__init__(rules, prefix, markers)
+        self.write = write
+
+    def _parameter(self, name: Expr, value: Expr) -> Expr:
+        return seq(self.write("<arg_key>"), name, self.write("</arg_key>\n<arg_value>"), value,
+                   self.write("</arg_value>\n"))

@@ -767,6 +767,7 @@ def _family_model(tmp_path, template_name: str, controls: tuple[str, ...]) -> Pa
 
 
 GEMMA4_MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
+GLM_MARKERS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 
 @pytest.mark.parametrize("template_name, written_as, controls", [
@@ -782,6 +783,8 @@ GEMMA4_MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
     ("phi4", '<|tool_call|>[{"name": "get_weather", "arguments": {', ("<|tool_call|>", "<|/tool_call|>")),
     ("google-gemma-4-31B-it.jinja", '<|tool_call>call:get_weather{city:<|"|>', GEMMA4_MARKERS),
     ("Qwen3-Coder.jinja", "<tool_call>\n<function=get_weather>\n<parameter=city>\n", ()),
+    # GLM-4.5 and 4.6: their tags are control tokens of the vocabulary
+    ("GLM-4.6.jinja", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>", GLM_MARKERS),
 ])
 def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as, controls):
     """A family's real template on a random-weight model: a required call is written in
@@ -826,6 +829,7 @@ STRICT_TIME = {"type": "function", "function": {"name": "get_time", "strict": Tr
 @pytest.mark.parametrize("template_name, controls", [
     ("google-gemma-4-31B-it.jinja", GEMMA4_MARKERS),
     ("Qwen3-Coder.jinja", ()),
+    ("GLM-4.6.jinja", GLM_MARKERS),
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", ("<|python_tag|>",)),
 ])
 def test_constrained_calls_in_a_familys_layout_parse_and_validate_for_any_sampling(tmp_path, template_name,

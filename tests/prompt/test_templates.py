@@ -436,6 +436,7 @@ def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
     ("openai-gpt-oss-120b.jinja", "harmony"),
     ("Qwen3-Coder.jinja", "qwen3_coder"),
     ("Qwen3.5-4B.jinja", "qwen3_coder"),
+    ("GLM-4.6.jinja", "glm"),
     ("Qwen-Qwen3-0.6B.jinja", "hermes"),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
 ])

@@ -254,8 +254,9 @@ def test_family_layouts_write_their_markers_as_text_or_as_control_tokens(layout_
     ("GEMMA4_LAYOUT", "gemma4", '<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|>'),
     ("QWEN3_CODER_LAYOUT", "qwen3_coder",
      "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"),
+    ("GLM_LAYOUT", "glm", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>"),
 ])
-def test_gemma_and_qwen3_coder_calls_are_constrained_in_their_own_layouts(layout_name, fmt, call):
+def test_gemma_qwen3_coder_and_glm_calls_are_constrained_in_their_own_layouts(layout_name, fmt, call):
     """Each layout's call is accepted as the family writes it and read back by its parser;
     the Hermes block is not; with the markers as control tokens only the tokens write
     them, and under "auto" text may come first."""

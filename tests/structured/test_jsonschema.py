@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from llmd.engine.native import grammar_match
-from llmd.structured.grammar import GrammarError, compile_grammar
+from llmd.structured.grammar import GrammarError, compile_grammar, lit
 from llmd.structured.jsonschema import SchemaCompiler, SchemaError, int_range, number_range, uint_range
 from tests.support.schema_validator import errors
 
@@ -278,7 +278,6 @@ WEATHER = {"type": "object", "required": ["city"], "properties": {
 
 
 def gemma_grammar_of(schema):
-    from llmd.structured.grammar import lit
     from llmd.structured.jsonschema import GemmaSchemaCompiler
     rules = {}
     rules["root"] = GemmaSchemaCompiler(rules, "g:", lit('<|"|>'), GEMMA_MARKERS).compile_root(schema)
@@ -333,33 +332,52 @@ def test_gemma_keys_the_parser_cannot_read_bare_are_quoted_and_markers_in_values
     assert info.value.keyword == "enum"
 
 
-def xml_grammar_of(schema):
-    from llmd.structured.jsonschema import XmlParameterCompiler
+def xml_grammar_of(schema, glm=False):
+    from llmd.structured.jsonschema import GlmParameterCompiler, XmlParameterCompiler
     rules = {}
-    rules["root"] = XmlParameterCompiler(rules, "x:", ("</parameter>", "</tool_call>")).compile_root(schema)
+    if glm:
+        compiler = GlmParameterCompiler(rules, "x:", ("</arg_value>", "</tool_call>"), lit)
+    else:
+        compiler = XmlParameterCompiler(rules, "x:", ("</parameter>", "</tool_call>"))
+    rules["root"] = compiler.compile_root(schema)
     text = compile_grammar(rules, "root")
     return lambda value: grammar_match(text, value.encode()) >= 2
 
 
-def xml_spelled(arguments, strings):
-    """Arguments as Qwen3-Coder's template writes them, JSON for what is not a string parameter."""
-    return "".join(f"<parameter={k}>\n{v if k in strings else json.dumps(v)}\n</parameter>\n"
-                   for k, v in arguments.items())
+def xml_spelled(arguments, strings, glm=False):
+    """Arguments as Qwen3-Coder's (or GLM-4.5's) template writes them, JSON for what is
+    not a string parameter."""
+    def value(k, v):
+        return v if k in strings else json.dumps(v, ensure_ascii=False)
+    if glm:
+        return "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{value(k, v)}</arg_value>\n" for k, v in arguments.items())
+    return "".join(f"<parameter={k}>\n{value(k, v)}\n</parameter>\n" for k, v in arguments.items())
 
 
+@pytest.mark.parametrize("glm", [False, True])
 @pytest.mark.parametrize("value", [
     {"city": "Oslo"}, {"city": "", "note": "line one\n<b>two</b>\n", "days": 3, "units": "c"},
     {"city": "Rome", "where": {"lat": 1.5}, "tags": ["x", "</b>"], "any": {"k": ["v"]}},
 ])
-def test_xml_parameters_accept_the_templates_spelling_and_the_parser_reads_it_back(value):
+def test_xml_parameters_accept_the_templates_spelling_and_the_parser_reads_it_back(value, glm):
     from llmd.prompt.tool_calls import decode_call, string_params
     tools = [{"name": "get_weather", "parameters": WEATHER}]
     strings = {p for _, p in string_params(tools)}
-    spelled = xml_spelled(value, strings)
-    assert xml_grammar_of({**WEATHER, "type": "object"})(spelled), spelled
-    name, arguments = decode_call(f"\n<function=get_weather>\n{spelled}</function>\n", frozenset({"get_weather"}),
-                                  string_params(tools))
+    spelled = xml_spelled(value, strings, glm)
+    assert xml_grammar_of({**WEATHER, "type": "object"}, glm)(spelled), spelled
+    body = f"get_weather\n{spelled}" if glm else f"\n<function=get_weather>\n{spelled}</function>\n"
+    name, arguments = decode_call(body, frozenset({"get_weather"}), string_params(tools))
     assert json.loads(arguments) == value and not errors(value, WEATHER)
+
+
+def test_glm_values_never_spell_the_tags_that_end_them():
+    ok = xml_grammar_of({"type": "object", "properties": {"note": {"type": "string"}, "tags": {"type": "array"}}},
+                        glm=True)
+    assert ok("<arg_key>note</arg_key>\n<arg_value>a <b>c</b></arg_value>\n")
+    assert not ok("<arg_key>note</arg_key>\n<arg_value>a </arg_value> b</arg_value>\n")
+    assert not ok("<arg_key>note</arg_key>\n<arg_value>a </tool_call></arg_value>\n")
+    assert ok('<arg_key>tags</arg_key>\n<arg_value>["<\\/arg_value>"]</arg_value>\n')
+    assert not ok('<arg_key>tags</arg_key>\n<arg_value>["</arg_value>"]</arg_value>\n')
 
 
 def test_xml_raw_text_only_for_declared_string_properties():
