@@ -38,7 +38,7 @@ void load_hparams(Binder &b, HParams &hp) {
     hp.n_ff_shexp = static_cast<int>(width);
 }
 
-// Block l: a dense FFN before the first `lead` layers' end, else the experts.
+// Block l: its attention, then a dense FFN in the first `lead` layers, else the experts.
 void bind_block(Binder &b, const HParams &hp, int l, int lead, LayerWeights &L) {
     const std::string blk = "blk." + std::to_string(l) + ".";
     b.attention(hp, l, L); // q/k/v, or one attn_qkv, with their biases
