@@ -1161,6 +1161,94 @@ def build_tiny_glm4(*, arch: str = "glm4", n_embd: int = 64, n_layer: int = 3, n
     return w
 
 
+# ---- tiny Nemotron-H models --------------------------------------------------------
+
+def build_tiny_nemotron_h(*, pattern: str = "M*-M-*M-", n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
+                          n_ff: int = 96, conv_len: int = 4, ssm_heads: int = 4, ssm_head_dim: int = 32,
+                          groups: int = 2, d_state: int = 16, biases: bool = True, n_expert: int = 0,
+                          n_expert_used: int = 2, n_ff_exp: int = 32, n_ff_shexp: int = 48,
+                          norm_weights: bool = True, scale: float | None = None, n_ctx: int = 128,
+                          weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight nemotron_h model (nemotron_h_moe with
+    n_expert) laid out as llama.cpp's converter writes one, with build_tiny_llama's
+    tokenizer: a layer per character of `pattern`, as NVIDIA's hybrid_override_pattern
+    names them: "M" a Mamba-2 block (ssm_heads heads of ssm_head_dim, B and C in `groups`
+    groups of d_state, a convolution over conv_len positions with its bias), "*"
+    attention of n_head / n_head_kv heads (q/k/v and output biases with `biases`), "-"
+    a feed-forward layer: up and down of n_ff (with biases), or n_expert experts of
+    n_ff_exp, n_expert_used per token, with a selection bias, and a shared expert of
+    n_ff_shexp; expert_weights_norm as norm_weights, expert_weights_scale when given.
+    The output head is untied."""
+    arch, n_layer = ("nemotron_h_moe" if n_expert else "nemotron_h"), len(pattern)
+    inner = ssm_heads * ssm_head_dim
+    w = build_llama_base(arch, n_layer, n_embd=n_embd, n_head=n_head, n_ff=n_ff, n_ctx=n_ctx,
+                         weight_type=weight_type, name="tiny-" + arch)
+    a = arch + "."
+    w.set(a + "attention.head_count_kv", ARRAY, (I32, [n_head_kv if c == "*" else 0 for c in pattern]))
+    w.set(a + "feed_forward_length", ARRAY, (I32, [n_ff if c == "-" else 0 for c in pattern]))
+    w.set(a + "attention.layer_norm_epsilon", F32, 1e-5)
+    w.set(a + "attention.layer_norm_rms_epsilon", F32, 1e-5)
+    w.set(a + "ssm.conv_kernel", U32, conv_len)
+    w.set(a + "ssm.inner_size", U32, inner)
+    w.set(a + "ssm.state_size", U32, d_state)
+    w.set(a + "ssm.time_step_rank", U32, ssm_heads)
+    w.set(a + "ssm.group_count", U32, groups)
+    if n_expert:
+        w.set(a + "expert_count", U32, n_expert)
+        w.set(a + "expert_used_count", U32, n_expert_used)
+        w.set(a + "expert_feed_forward_length", U32, n_ff_exp)
+        w.set(a + "expert_shared_feed_forward_length", U32, n_ff_shexp)
+        w.set(a + "expert_weights_norm", BOOL, norm_weights)
+        if scale is not None:
+            w.set(a + "expert_weights_scale", F32, scale)
+    rng = random.Random(seed)
+    n_vocab = w.get(a + "vocab_size").value
+    head_dim, conv_dim = n_embd // n_head, inner + 2 * groups * d_state
+    w.tensors = []
+    matrix, norm = tensor_writers(w, rng, weight_type, None, n_embd)
+
+    def f32(name: str, ne: list[int], make) -> None:
+        w.add_tensor(name, ne, GGML_F32, encode_f32([make() for _ in range(math.prod(ne))]))
+
+    matrix("token_embd.weight", n_embd, n_vocab, 1.0)
+    norm("output_norm.weight")
+    matrix("output.weight", n_embd, n_vocab, 1.0 / math.sqrt(n_embd))
+    for layer, kind in enumerate(pattern):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        if kind == "M":
+            matrix(blk + "ssm_in.weight", n_embd, inner + conv_dim + ssm_heads, 1.0 / math.sqrt(n_embd))
+            f32(blk + "ssm_conv1d.weight", [conv_len, conv_dim], lambda: rng.gauss(0.0, 0.5))
+            f32(blk + "ssm_conv1d.bias", [conv_dim], lambda: rng.gauss(0.0, 0.1))
+            f32(blk + "ssm_dt.bias", [ssm_heads], lambda: rng.uniform(-1.0, 1.0))
+            f32(blk + "ssm_a", [1, ssm_heads], lambda: -math.exp(rng.uniform(-1.0, 1.0)))
+            f32(blk + "ssm_d", [1, ssm_heads], lambda: rng.uniform(0.5, 1.5))
+            f32(blk + "ssm_norm.weight", [inner // groups, groups], lambda: 1.0 + rng.uniform(-0.2, 0.2))
+            matrix(blk + "ssm_out.weight", inner, n_embd, 2.0 / math.sqrt(inner))
+        elif kind == "*":
+            for part, rows in (("q", n_head * head_dim), ("k", n_head_kv * head_dim), ("v", n_head_kv * head_dim)):
+                matrix(blk + f"attn_{part}.weight", n_embd, rows, 1.0 / math.sqrt(n_embd))
+                if biases:
+                    f32(blk + f"attn_{part}.bias", [rows], lambda: rng.gauss(0.0, 0.1))
+            matrix(blk + "attn_output.weight", n_head * head_dim, n_embd, 2.0 / math.sqrt(n_embd))
+            if biases:
+                f32(blk + "attn_output.bias", [n_embd], lambda: rng.gauss(0.0, 0.1))
+        elif not n_expert:
+            matrix(blk + "ffn_up.weight", n_embd, n_ff, 2.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_down.weight", n_ff, n_embd, 1.0 / math.sqrt(n_ff))
+            if biases:
+                f32(blk + "ffn_up.bias", [n_ff], lambda: rng.gauss(0.0, 0.2))
+                f32(blk + "ffn_down.bias", [n_embd], lambda: rng.gauss(0.0, 0.1))
+        else:
+            matrix(blk + "ffn_gate_inp.weight", n_embd, n_expert, 1.0 / math.sqrt(n_embd))
+            f32(blk + "exp_probs_b.bias", [n_expert], lambda: rng.gauss(0.0, 0.2))
+            matrix(blk + "ffn_up_exps.weight", n_embd, n_ff_exp, 2.0 / math.sqrt(n_embd), n_expert)
+            matrix(blk + "ffn_down_exps.weight", n_ff_exp, n_embd, 1.0 / math.sqrt(n_ff_exp), n_expert)
+            matrix(blk + "ffn_up_shexp.weight", n_embd, n_ff_shexp, 2.0 / math.sqrt(n_embd))
+            matrix(blk + "ffn_down_shexp.weight", n_ff_shexp, n_embd, 1.0 / math.sqrt(n_ff_shexp))
+    return w
+
+
 # ---- a tiny qwen3moe model --------------------------------------------------------
 
 def build_tiny_qwen3moe(*, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2,

@@ -27,8 +27,8 @@ struct Arch {
 };
 
 extern const Arch kLlama, kErnie45, kErnie45Moe, kExaone4, kGemma, kGemma2, kGemma3, kGemma4, kGlm4, kGlm4Moe,
-    kGptOss, kGranite, kGraniteMoe, kGraniteHybrid, kLfm2, kLfm2Moe, kMistral3, kOlmo2, kPhi3, kQwen2, kQwen2Moe,
-    kQwen3, kQwen35, kQwen35Moe, kQwen3Moe, kSmallThinker, kSmolLM3;
+    kGptOss, kGranite, kGraniteMoe, kGraniteHybrid, kLfm2, kLfm2Moe, kMistral3, kNemotronH, kNemotronHMoe, kOlmo2,
+    kPhi3, kQwen2, kQwen2Moe, kQwen3, kQwen35, kQwen35Moe, kQwen3Moe, kSmallThinker, kSmolLM3;
 
 // The architecture named `name`, or nullptr.
 const Arch *find_arch(std::string_view name);

@@ -639,8 +639,8 @@ namespace {
 
 const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma, &kGemma2, &kGemma3, &kGemma4,
                               &kGlm4, &kGlm4Moe, &kGptOss, &kGranite, &kGraniteMoe, &kGraniteHybrid, &kLfm2,
-                              &kLfm2Moe, &kMistral3, &kOlmo2, &kPhi3, &kQwen2, &kQwen2Moe, &kQwen3, &kQwen35,
-                              &kQwen35Moe, &kQwen3Moe, &kSmallThinker, &kSmolLM3};
+                              &kLfm2Moe, &kMistral3, &kNemotronH, &kNemotronHMoe, &kOlmo2, &kPhi3, &kQwen2,
+                              &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmallThinker, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
 // factor without a type is linear; YaRN blends interpolated and extrapolated
@@ -885,8 +885,9 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
     }
     if (!error->empty()) return nullptr;
     for (int l = 0; l < hp.n_layer; ++l) {
-        // A layer without heads computes nothing unless the family gives it a recurrent state.
-        if ((heads[l] == 0 || kv_heads[l] == 0) && !hp.recurrent(l)) {
+        // A layer without heads computes nothing unless the family gives it a recurrent
+        // state or makes it a feed-forward layer.
+        if ((heads[l] == 0 || kv_heads[l] == 0) && !hp.recurrent(l) && !b.mlp_layers) {
             *error = "layer " + std::to_string(l) + " has no attention heads, and the " + arch.name +
                      " architecture gives it no recurrent state";
             return nullptr;

@@ -443,7 +443,9 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
     // both, and its hidden rows wait in moe_shared until the routed experts are summed.
     const bool shared = L.up_shexp.data != nullptr;
     if (shared) ws.moe_shared.resize(n * shared_ff);
-    const MatJob shared_job = swiglu(L.gate_shexp, L.up_shexp, ws.moe_shared.data(), ws.moe_h2.data());
+    const MatJob shared_job = L.gate_shexp.data != nullptr
+                                  ? swiglu(L.gate_shexp, L.up_shexp, ws.moe_shared.data(), ws.moe_h2.data())
+                                  : project(L.up_shexp, ws.moe_shared.data());
     const MatJob router_job = project(L.router, ws.router.data(), L.router_b);
     if (route != nullptr) {
         matmuls(p, route, {router_job});
@@ -453,6 +455,7 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
     } else {
         matmuls(p, xb, {router_job});
     }
+    if (shared && L.gate_shexp.data == nullptr) relu_squared(ws.moe_shared.data(), n * shared_ff);
     // Per token: the experts' probabilities, the top k (ties to the lower index) by
     // probability plus bias, and their weights; chosen (n, n_expert) holds a token's
     // weight for each chosen expert. softmax_chosen: the top k by score, and the
@@ -521,13 +524,17 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
     };
     // An expert's row of a stack of biases (n_expert, width), or null.
     const auto bias_of = [](const float *stack, int e, size_t width) { return stack ? stack + e * width : nullptr; };
+    const bool gated = !L.gate_exps.empty();
     run_groups(ws.moe_in.data(), dim, [&](const Workspace::ExpertGroup &g) {
+        if (!gated)
+            return project(L.up_exps[g.expert], ws.moe_h.data() + g.row * ff, bias_of(L.b_up_exps, g.expert, ff));
         MatJob job = swiglu(L.gate_exps[g.expert], L.up_exps[g.expert], ws.moe_h.data() + g.row * ff,
                             ws.moe_h2.data() + g.row * ff, bias_of(L.b_gate_exps, g.expert, ff),
                             bias_of(L.b_up_exps, g.expert, ff));
         job.act = hp.expert_glu;
         return job;
     });
+    if (!gated) relu_squared(ws.moe_h.data(), rows * ff);
     run_groups(ws.moe_h.data(), hp.n_ff_exp, [&](const Workspace::ExpertGroup &g) {
         return project(L.down_exps[g.expert], ws.moe_out.data() + static_cast<size_t>(g.row) * dim,
                        bias_of(L.b_down_exps, g.expert, dim));
@@ -555,6 +562,10 @@ void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const 
         }
     }
     add_rows(p, x, ws.moe_acc.data());
+}
+
+void relu_squared(float *x, size_t n) {
+    for (size_t i = 0; i < n; ++i) x[i] = x[i] > 0.0f ? x[i] * x[i] : 0.0f;
 }
 
 void add_rows(const Pass &p, float *x, const float *y, float scale) {

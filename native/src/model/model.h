@@ -277,6 +277,7 @@ struct Binder {
     bool shexp_gated = true; // a shared expert has its gate (ffn_gate_inp_shexp); Ernie 4.5's has none
     bool expert_widths_per_layer = false; // expert_feed_forward_length may be given per layer (layers agreeing),
                                           // as llama.cpp reads it for some families
+    bool mlp_layers = false;   // a layer without heads or a recurrent state is a feed-forward layer (Nemotron-H)
     bool layer_shapes = false; // the family's layers may differ in key/value heads and FFN width
                                // (HParams::layer_kv_heads; its own binding reads each layer's)
     // Tensors accepted and not applied, as llama.cpp loads and leaves them (scales, see
@@ -531,10 +532,13 @@ void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight
 // n_expert_used by score (plus bias) are weighted by the softmax of their scores alone,
 // then renormalised and scaled alike. Plus the shared expert if L has one,
 // weighted by sigmoid(xb · shexp_gate) (by 1 without that gate). Experts are gated
-// units of hp.expert_glu, with their biases where L has them. Each expert runs once
+// units of hp.expert_glu (the shared one SwiGLU), with their biases where L has them;
+// without gate projections (Nemotron-H's), relu(xb · upᵀ)². Each expert runs once
 // over the tokens routed to it, so its weights are read once per batch; each token
 // sums its experts in expert order, then the shared one, whatever else is in the batch.
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const float *route = nullptr);
+// x[i] = max(x[i], 0)², Nemotron-H's activation.
+void relu_squared(float *x, size_t n);
 // x (n, dim) += scale · y (n, dim)
 void add_rows(const Pass &p, float *x, const float *y, float scale = 1.0f);
 // x (n, n_heads * hd): each head of each token RMS-normalised in place and scaled by
