@@ -52,8 +52,9 @@ from llmd.prompt import harmony
 from llmd.prompt import jinja
 from llmd.prompt import reasoning
 from llmd.prompt.tool_calls import (FORMAT_MARKERS, GEMMA4_LAYOUT, GEMMA_CALL, GLM_KEY, GLM_LAYOUT, HERMES_LAYOUT,
-                        LLAMA3_LAYOUT, MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT, OPEN_TAG,
-                        PHI4_LAYOUT, PHI4_TOOLS, QWEN3_CODER_LAYOUT, TAGGED_CALLS, CallLayout)
+                        LLAMA3_LAYOUT, MISTRAL_ARGS, MISTRAL_CALLS, MISTRAL_LAYOUT, MISTRAL_NEMO_LAYOUT,
+                        NEMOTRON_CALLS, NEMOTRON_LAYOUT, OPEN_TAG, PHI4_LAYOUT, PHI4_TOOLS, QWEN3_CODER_LAYOUT,
+                        TAGGED_CALLS, CallLayout)
 
 TEMPLATE_NAMES: tuple[str, ...] = ("chatml", "llama3")
 
@@ -262,6 +263,8 @@ _TOOL_FORMAT_SIGNS = (
     # Phi-4-mini declares its tools between <|tool|> and <|/tool|>; it closes each
     # <|tool_call|> block, which Granite (below) does not
     ("phi4", PHI4_TOOLS),
+    # Nemotron Nano v2 asks for <TOOLCALL> and a JSON list, closed by </TOOLCALL>
+    ("nemotron", NEMOTRON_CALLS),
     # Granite 3.3 asks for <|tool_call|> and a JSON list
     ("tagged_json", TAGGED_CALLS),
     # Qwen3-Coder, Qwen3.5 (and Nemotron 3, Step 3.5): Hermes blocks holding <function=NAME>
@@ -292,14 +295,16 @@ def call_layout(template: ChatTemplate | JinjaTemplate) -> CallLayout:
     reply, as their templates render a custom tool's call back into the prompt: Llama
     3.1's <|python_tag|> opens only built-in tools' `name.call(...)`; gpt-oss's messages
     to functions.NAME; Mistral's [TOOL_CALLS] as its template writes them; Phi-4's
-    <|tool_call|> blocks; Gemma 4's <|tool_call> blocks in its call syntax; Qwen3-Coder's
-    and GLM-4.5's XML), else Hermes blocks, which every format's parser also reads
-    (Granite's unclosed <|tool_call|> list cannot be followed by another call)."""
+    <|tool_call|> blocks and Nemotron Nano v2's <TOOLCALL> blocks; Gemma 4's <|tool_call>
+    blocks in its call syntax; Qwen3-Coder's and GLM-4.5's XML), else Hermes blocks,
+    which every format's parser also reads (Granite's unclosed <|tool_call|> list cannot
+    be followed by another call)."""
     fmt = tool_format(template)
     if fmt == "mistral":
         return MISTRAL_LAYOUT if any(MISTRAL_ARGS in s for s in template.template.literals()) else MISTRAL_NEMO_LAYOUT
     layouts = {"llama3_json": LLAMA3_LAYOUT, "harmony": harmony.CALL_LAYOUT, "phi4": PHI4_LAYOUT,
-               "gemma4": GEMMA4_LAYOUT, "qwen3_coder": QWEN3_CODER_LAYOUT, "glm": GLM_LAYOUT}
+               "gemma4": GEMMA4_LAYOUT, "qwen3_coder": QWEN3_CODER_LAYOUT, "glm": GLM_LAYOUT,
+               "nemotron": NEMOTRON_LAYOUT}
     return layouts.get(fmt, HERMES_LAYOUT)
 
 

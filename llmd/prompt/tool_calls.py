@@ -26,7 +26,8 @@ runs the same machine over the whole text, so streamed and non-streamed answers 
 
 Other families: Llama 3.x's JSON reply or <|python_tag|> (`JsonReplyCallStream`), and
 formats whose calls a marker opens (`MarkedCallStream`: Mistral's [TOOL_CALLS], Gemma
-4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>).
+4's <|tool_call>, Granite's <|tool_call|>, Phi-4's <|tool_call|> ... <|/tool_call|>,
+Nemotron Nano v2's <TOOLCALL> ... </TOOLCALL>).
 Both read Hermes blocks too (Granite's calls are constrained as those). Qwen3-Coder's
 and GLM-4.5's XML blocks are Hermes blocks with other bodies. gpt-oss's channels are
 llmd.prompt.harmony's.
@@ -639,14 +640,22 @@ TAGGED_CALLS, TAGGED_CALLS_END = "<|tool_call|>", "<|/tool_call|>"
 PHI4_TOOLS = "<|tool|>"  # where Phi-4's system turn declares its tools
 
 
-def tagged_json_calls(body: str, names: frozenset[str]) -> list[Call] | None:
-    """What follows <|tool_call|>: a JSON list of {"name", "arguments"} calls, or one
-    such object (closed by <|/tool_call|> where the model writes one: Phi-4 does)."""
-    body = body.strip()
-    if body.endswith(TAGGED_CALLS_END):
-        body = body[:-len(TAGGED_CALLS_END)]
-    found = _json_calls(body, names)
-    return None if found is None else [(name, arguments, None) for name, arguments in found]
+def json_list_calls(end: str) -> Callable[[str, frozenset[str]], list[Call] | None]:
+    """The reader of what follows a marker: a JSON list of {"name", "arguments"} calls,
+    or one such object, closed by `end` where the model writes one (Phi-4 and Nemotron
+    Nano v2 do, Granite does not)."""
+    def calls(body: str, names: frozenset[str]) -> list[Call] | None:
+        body = body.strip()
+        if body.endswith(end):
+            body = body[:-len(end)]
+        found = _json_calls(body, names)
+        return None if found is None else [(name, arguments, None) for name, arguments in found]
+    return calls
+
+
+tagged_json_calls = json_list_calls(TAGGED_CALLS_END)  # <|tool_call|> blocks
+# Nemotron Nano v2: <TOOLCALL>[{"name": ..., "arguments": {...}}, ...]</TOOLCALL>
+NEMOTRON_CALLS, NEMOTRON_CALLS_END = "<TOOLCALL>", "</TOOLCALL>"
 
 
 @dataclass(frozen=True)
@@ -683,6 +692,9 @@ MISTRAL_NEMO_LAYOUT = CallLayout(MISTRAL_CALLS, MISTRAL_CALLS + '[{"name": "', '
 # Phi-4: each call a closed <|tool_call|> block holding a JSON list.
 PHI4_LAYOUT = CallLayout(TAGGED_CALLS, TAGGED_CALLS + '[{"name": "', '", "arguments": ', "}]" + TAGGED_CALLS_END, "",
                          ends=(TAGGED_CALLS_END,))
+# Nemotron Nano v2: the same, between <TOOLCALL> and </TOOLCALL>.
+NEMOTRON_LAYOUT = CallLayout(NEMOTRON_CALLS, NEMOTRON_CALLS + '[{"name": "', '", "arguments": ',
+                             "}]" + NEMOTRON_CALLS_END, "", ends=(NEMOTRON_CALLS_END,))
 # Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, each call a block of its own.
 GEMMA4_LAYOUT = CallLayout(GEMMA_CALL, GEMMA_CALL + "call:", "", GEMMA_CALL_END, "", "gemma4",
                            ends=(GEMMA_QUOTE, GEMMA_CALL_END))
@@ -705,6 +717,7 @@ FORMAT_MARKERS: dict[str, tuple[str, ...]] = {
     "gemma4": (GEMMA_CALL, GEMMA_CALL_END, GEMMA_QUOTE),
     "tagged_json": (TAGGED_CALLS, TAGGED_CALLS_END),
     "phi4": (TAGGED_CALLS, TAGGED_CALLS_END),
+    "nemotron": (NEMOTRON_CALLS, NEMOTRON_CALLS_END),
     "qwen3_coder": (),
     "glm": (OPEN_TAG, CLOSE_TAG, GLM_KEY, GLM_KEY_END, GLM_VALUE, GLM_VALUE_END),  # control tokens in GLM-4.5
 }
@@ -727,6 +740,8 @@ def call_stream(tool_format: str, tools: Iterable[dict[str, Any]] | None, new_id
         return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, new_id=ids)
     if tool_format == "phi4":  # each block closed, so text and more blocks may follow
         return MarkedCallStream(tools, TAGGED_CALLS, tagged_json_calls, TAGGED_CALLS_END, ids)
+    if tool_format == "nemotron":
+        return MarkedCallStream(tools, NEMOTRON_CALLS, json_list_calls(NEMOTRON_CALLS_END), NEMOTRON_CALLS_END, ids)
     raise ValueError(f"unknown tool format {tool_format!r}")
 
 

@@ -770,6 +770,13 @@ GEMMA4_MARKERS = ("<|tool_call>", "<tool_call|>", '<|"|>')
 GLM_MARKERS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 
+def _question(template_name: str) -> list[dict]:
+    """The user's question; Nemotron Nano v2's template thinks unless asked not to (a
+    random model would think on past max_tokens before its call)."""
+    no_think = " /no_think" if template_name == "NVIDIA-Nemotron-Nano-v2.jinja" else ""
+    return [{"role": "user", "content": "Weather in Rome?" + no_think}]
+
+
 @pytest.mark.parametrize("template_name, written_as, controls", [
     ("meta-llama-Llama-3.2-3B-Instruct.jinja", '{"name": "get_weather", "parameters": {', ()),  # Llama's JSON reply
     # Llama 3.1 and 3.3: the same JSON, as the template renders a custom tool's call back
@@ -785,6 +792,7 @@ GLM_MARKERS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_v
     ("Qwen3-Coder.jinja", "<tool_call>\n<function=get_weather>\n<parameter=city>\n", ()),
     # GLM-4.5 and 4.6: their tags are control tokens of the vocabulary
     ("GLM-4.6.jinja", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>", GLM_MARKERS),
+    ("NVIDIA-Nemotron-Nano-v2.jinja", '<TOOLCALL>[{"name": "get_weather", "arguments": {', ()),
 ])
 def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template_name, written_as, controls):
     """A family's real template on a random-weight model: a required call is written in
@@ -795,7 +803,7 @@ def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
     with running_llmd("--model", str(path), "--ctx", "4096", "--max-sessions", "2") as url:
         client = Client(url + "/v1", model="family")
-        body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=160, tools=[tool],
+        body = client.chat_body(_question(template_name), max_tokens=160, tools=[tool],
                                 tool_choice="required", parallel_tool_calls=False, logprobs=True)
         answer = client.post_json("/chat/completions", body).json()
         assert "choices" in answer, answer
@@ -830,6 +838,7 @@ STRICT_TIME = {"type": "function", "function": {"name": "get_time", "strict": Tr
     ("google-gemma-4-31B-it.jinja", GEMMA4_MARKERS),
     ("Qwen3-Coder.jinja", ()),
     ("GLM-4.6.jinja", GLM_MARKERS),
+    ("NVIDIA-Nemotron-Nano-v2.jinja", ()),
     ("meta-llama-Llama-3.1-8B-Instruct.jinja", ("<|python_tag|>",)),
 ])
 def test_constrained_calls_in_a_familys_layout_parse_and_validate_for_any_sampling(tmp_path, template_name,
@@ -849,7 +858,7 @@ def test_constrained_calls_in_a_familys_layout_parse_and_validate_for_any_sampli
             named = seed % 3 == 2
             choice = {"type": "function", "function": {"name": "get_time"}} if named else "required"
             tools = [STRICT_WEATHER] if seed % 3 == 0 else [STRICT_WEATHER, STRICT_TIME]
-            body = client.chat_body([{"role": "user", "content": "Weather in Rome?"}], max_tokens=160,
+            body = client.chat_body(_question(template_name), max_tokens=160,
                                     temperature=1.0, seed=seed, tools=tools, tool_choice=choice,
                                     parallel_tool_calls=seed % 2 == 0, logit_bias={str(ord(c)): 4 for c in '<|/",'})
             if seed % 2:

@@ -437,6 +437,8 @@ def test_template_variables_are_the_names_it_reads_not_those_it_only_assigns():
     ("Qwen3-Coder.jinja", "qwen3_coder"),
     ("Qwen3.5-4B.jinja", "qwen3_coder"),
     ("GLM-4.6.jinja", "glm"),
+    ("NVIDIA-Nemotron-Nano-v2.jinja", "nemotron"),
+    ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "qwen3_coder"),
     ("Qwen-Qwen3-0.6B.jinja", "hermes"),
     ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
 ])

@@ -193,6 +193,7 @@ def test_gpt_oss_calls_are_constrained_as_harmony_messages_to_the_function():
     ("harmony", "llmd.prompt.harmony", ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "CITY"}'),
     ("phi4", "llmd.prompt.tool_calls", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "CITY"}}]<|/tool_call|>'),
     ("mistral", "llmd.prompt.tool_calls", '[TOOL_CALLS]get_weather[ARGS]{"city": "CITY"}'),
+    ("nemotron", "llmd.prompt.tool_calls", '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "CITY"}}]</TOOLCALL>'),
 ])
 def test_no_string_of_the_arguments_spells_the_marker_that_ends_them(fmt, module_name, call):
     """A parser that ends a call's arguments at a marker (harmony's <|end|>, Phi-4's
@@ -224,6 +225,7 @@ def test_no_string_of_the_arguments_spells_the_marker_that_ends_them(fmt, module
     ("PHI4_LAYOUT", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]<|/tool_call|>'),
     ("MISTRAL_LAYOUT", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'),
     ("MISTRAL_NEMO_LAYOUT", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
+    ("NEMOTRON_LAYOUT", '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</TOOLCALL>'),
 ])
 def test_family_layouts_write_their_markers_as_text_or_as_control_tokens(layout_name, call):
     """Where the markers are plain text in the model, the call is these bytes (and, in
@@ -238,11 +240,12 @@ def test_family_layouts_write_their_markers_as_text_or_as_control_tokens(layout_
     g = constrain.chat_grammar(req, layout)
     assert match(g, call) == MAY_END and match(g, call + call.replace("Oslo", "Rome")) == MAY_END
     assert match(g, block("get_weather", '{"city": "Oslo"}')) == NO
-    fmt = "phi4" if layout_name == "PHI4_LAYOUT" else "mistral"
+    fmt = {"PHI4_LAYOUT": "phi4", "NEMOTRON_LAYOUT": "nemotron"}.get(layout_name, "mistral")
     stream = call_stream(fmt, [WEATHER, TIME])
     events = stream.feed(call + call) + stream.finish()
     assert [c["function"]["arguments"] for c in merge_tool_calls(events)] == ['{"city": "Oslo"}'] * 2
-    markers = [m for m in ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>") if m in call]
+    markers = [m for m in ("[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", "<|/tool_call|>", "<TOOLCALL>", "</TOOLCALL>")
+               if m in call]
     controls = {m: 1000 + i for i, m in enumerate(markers)}
     assert match(constrain.chat_grammar(req, layout, controls), call) == NO
     auto = parse_chat_request(json.dumps({"model": "m", "messages": USER, "tools": [WEATHER]}).encode())
