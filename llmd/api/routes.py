@@ -537,9 +537,8 @@ class Api:
             raise errors.unsupported_parameter(req.reasoning_param, f"'{req.reasoning_param}' asks for reasoning, "
                                                "but the served model does not reason: its chat template has no "
                                                "reasoning block.")
-        grammar = await self.grammars.grammar(constrain.chat_spec(req, templates.call_layout(self.template),
-                                                                  self.controls), request.principal,
-                                              request.disconnected)
+        spec = constrain.chat_spec(req, templates.call_layout(self.template), self.controls, reasoning is True)
+        grammar = await self.grammars.grammar(spec, request.principal, request.disconnected)
         return await self._generate(request, prompt, rendered.text, req, sid, tools, grammar, fmt,
                                     reasoning=reasoning)
 

@@ -36,10 +36,11 @@ from collections import OrderedDict
 from typing import Any, Callable, Protocol, Sequence
 
 from llmd import errors
+from llmd.prompt import reasoning
 from llmd.prompt.tool_calls import GEMMA_QUOTE, HERMES_LAYOUT, CallLayout
 from llmd.structured.grammar import (
-    EMPTY, Expr, GrammarError, GrammarTooLarge, accepts_text, alt, compile_grammar, lit, opt, seq, star, text_without,
-    token,
+    EMPTY, Expr, GrammarError, GrammarTooLarge, accepts_text, alt, compile_grammar, lit, one_of, opt, repeat, seq,
+    star, text_without, token,
 )
 from llmd.structured.jsonschema import (
     GemmaSchemaCompiler, GlmParameterCompiler, MarkedJsonCompiler, SchemaCompiler, SchemaError, XmlParameterCompiler,
@@ -70,16 +71,19 @@ class ChatRequest(CompletionRequest, Protocol):
 
 
 CACHE_SIZE = 64
+_BLANKS_AFTER_THINKING = 4
 _cache: OrderedDict[str, str] = OrderedDict()  # spec -> grammar text, the least recently used first
 _cache_lock = threading.Lock()  # lookups on the event loop, compiles on the grammar thread
 
 
 def chat_spec(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
-              controls: dict[str, int] | None = None) -> str | None:
+              controls: dict[str, int] | None = None, thinking: bool = False) -> str | None:
     """The spec of a chat request's grammar, or None when its output is free; calls in
     `layout` (templates.call_layout of the model's template). `controls`: the strings of
     the layout that are control tokens of the model, with their ids (Mistral's
-    [TOOL_CALLS], Phi-4's <|tool_call|>); the grammar writes those as the token."""
+    [TOOL_CALLS], Phi-4's <|tool_call|>); the grammar writes those as the token. With
+    `thinking` (the prompt leaves a reasoning block open: templates.reasoning_start), the
+    model thinks freely first; what the request constrains follows the block's close."""
     tools = [[t.name, t.parameters] for t in req.tools] if req.tool_choice != "none" else []
     if req.tool_name is not None:
         tools = [t for t in tools if t[0] == req.tool_name]
@@ -89,7 +93,8 @@ def chat_spec(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
     indexes = {t.name: i for i, t in enumerate(req.tools)}
     key = {"format": fmt, "tools": tools, "indexes": [indexes[name] for name, _ in tools],
            "required": req.tool_choice == "required", "parallel": req.parallel_tool_calls,
-           "layout": dataclasses.astuple(layout), "controls": sorted((controls or {}).items())}
+           "layout": dataclasses.astuple(layout), "controls": sorted((controls or {}).items()),
+           "thinking": thinking}
     return json.dumps(key)
 
 
@@ -99,7 +104,7 @@ def completion_spec(req: CompletionRequest) -> str | None:
     if fmt is None:
         return None
     return json.dumps({"format": fmt, "tools": [], "indexes": [], "required": False, "parallel": False,
-                       "layout": dataclasses.astuple(HERMES_LAYOUT), "controls": []})
+                       "layout": dataclasses.astuple(HERMES_LAYOUT), "controls": [], "thinking": False})
 
 
 def cached(spec: str) -> str | None:
@@ -123,9 +128,9 @@ def compile_spec(spec: str) -> str:
 
 
 def chat_grammar(req: ChatRequest, layout: CallLayout = HERMES_LAYOUT,
-                 controls: dict[str, int] | None = None) -> str | None:
+                 controls: dict[str, int] | None = None, thinking: bool = False) -> str | None:
     """A chat request's grammar text (chat_spec, compiled here), None when its output is free."""
-    spec = chat_spec(req, layout, controls)
+    spec = chat_spec(req, layout, controls, thinking)
     return None if spec is None else compile_spec(spec)
 
 
@@ -206,6 +211,9 @@ def _compile(key: str) -> str:
     else:
         free = fmt if fmt is not None else text_without((layout.opens,))
         rules["root"] = seq(free, opt(calls)) if fmt is None and layout.after_text else alt(free, calls)
+    if spec["thinking"]:  # the reasoning, its close and the few blanks models put after it ("\n\n")
+        rules["root"] = seq(text_without((reasoning.CLOSE,)), _written(reasoning.CLOSE, controls),
+                            repeat(one_of(" \n"), 0, _BLANKS_AFTER_THINKING), rules["root"])
     param = "tools" if calls is not None else "response_format.json_schema.schema"
     try:
         return compile_grammar(rules, "root")

@@ -816,6 +816,38 @@ def test_a_required_call_is_written_in_the_familys_own_layout(tmp_path, template
     assert all(marker in written for marker in controls)  # each marker one token
 
 
+def test_a_thinking_model_s_constrained_reply_follows_its_reasoning(tmp_path):
+    """Qwen3.5's generation prompt opens a <think> block: a constrained reply thinks
+    first, and the JSON or the call follows </think> as content. (Here </think> is one
+    token of the vocabulary, as in Qwen's, and logit_bias has the model close the block
+    as soon as the grammar lets it.)"""
+    from tests.support.gguf_writer import ARRAY, I32, STRING, build_tiny_llama
+    from tests.reference_data import require
+    w = build_tiny_llama(chat_template=require("models/templates/Qwen3.5-4B.jinja").read_text("utf-8"), n_ctx=4096,
+                         reserved=1)
+    tokens, types = list(w.get("tokenizer.ggml.tokens").value[1]), list(w.get("tokenizer.ggml.token_type").value[1])
+    close = tokens.index("<|reserved_0|>")
+    tokens[close], types[close] = "</think>", 4  # a user-defined token, written as its text
+    w.set("tokenizer.ggml.tokens", ARRAY, (STRING, tokens))
+    w.set("tokenizer.ggml.token_type", ARRAY, (I32, types))
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"],
+              "additionalProperties": False}
+    with running_llmd("--model", str(w.write(tmp_path / "thinks.gguf")), "--ctx", "4096") as url:
+        client = Client(url + "/v1", model="thinks")
+        for extra in ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}},
+                      {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                       "tool_choice": "required"}):
+            body = client.chat_body([{"role": "user", "content": "JSON, please."}], max_tokens=200,
+                                    logit_bias={str(close): 100}, **extra)
+            message = client.post_json("/chat/completions", body).json()["choices"][0]["message"]
+            assert message.get("reasoning_content") in (None, ""), message
+            if "tools" in extra:
+                (call,) = message["tool_calls"]
+                assert isinstance(json.loads(call["function"]["arguments"])["a"], int)
+            else:
+                assert isinstance(json.loads(message["content"])["a"], int), message
+
+
 # Every kind of value the argument syntaxes spell differently: raw and quoted text
 # (bounded, unbounded, enum), bounded integers, numbers, booleans, nested objects,
 # arrays, optional members.

@@ -30,6 +30,24 @@ def block(name, arguments):
     return OPEN_TAG + CALL_HEAD + name + CALL_ARGUMENTS + arguments + CALL_TAIL + CLOSE_TAG
 
 
+def test_a_reply_that_starts_inside_a_reasoning_block_thinks_first():
+    """With the prompt's reasoning block open (Qwen3.5's, Nemotron's generation prompts
+    end with <think>), the model thinks freely, closes the block, and only then does the
+    constraint apply: the JSON or the call lands in the content, not in the reasoning."""
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    for fields, answer in [({"response_format": schema}, '{"a": 1}'),
+                           ({"tools": [WEATHER], "tool_choice": "required"}, block("get_weather", '{"city": "Oslo"}'))]:
+        req = parse_chat_request(json.dumps({"model": "m", "messages": USER, **fields}).encode())
+        g = constrain.chat_grammar(req, thinking=True)
+        assert match(g, "Rome is a <b>city</b>.\nSo:</think>\n\n" + answer) >= MAY_END
+        assert match(g, "</think>" + answer) >= MAY_END
+        assert match(g, answer) == PREFIX                              # still thinking: any text may follow
+        assert match(g, "a</think>b</think>" + answer) == NO           # the block closes once
+        assert match(g, "</think>\n\nSure: " + answer) == NO          # then the constraint holds
+        assert constrain.chat_grammar(req) != g
+
+
 def test_nothing_to_constrain_is_no_grammar():
     assert chat_grammar() is None
     assert chat_grammar(response_format={"type": "text"}) is None
