@@ -75,6 +75,10 @@ MODELS = {
     "granite-dense": ("granite", "llama-bpe"),
     "granitemoe-moe": ("granitemoe", "llama-bpe"),
     "granitehybrid-dense": ("granitehybrid", "llama-bpe"),  # the writer's only granitehybrid (no experts)
+    "glm4-dense": ("glm4", "llama-bpe"),
+    "glm4moe-moe": ("glm4moe", "llama-bpe"),
+    "nemotron_h-dense": ("nemotron_h", "llama-bpe"),
+    "nemotron_h_moe-dense": ("nemotron_h_moe", "llama-bpe"),  # the writer's only nemotron_h_moe (no experts)
 }
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. "
         "The hallway smelt of boiled cabbage and old rag mats. At one end of it a coloured poster, "

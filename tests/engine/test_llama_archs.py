@@ -40,6 +40,10 @@ GOLDEN = {
     "granite-dense": 254384.6514,
     "granitemoe-moe": 218401.1944,
     "granitehybrid-dense": 246570.1813,
+    "glm4-dense": 210087.0882,
+    "glm4moe-moe": 240099.3758,
+    "nemotron_h-dense": 265667.0843,
+    "nemotron_h_moe-dense": 265667.0843,
 }
 # F32 weights (the writer's), F16 embeddings: both engines sum the same products in
 # different orders. Measured within 0.02 % of llama.cpp on every model here; issue 29's
