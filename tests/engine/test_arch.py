@@ -273,9 +273,10 @@ def test_an_architecture_llmd_does_not_run_is_refused_with_the_ones_it_does(tmp_
     w = build_tiny_llama()
     w.set("general.architecture", STRING, "jamba")
     assert open_error(w.write(tmp_path / "m.gguf")) == (
-        "unsupported architecture 'jamba' (llmd runs llama, ernie4_5, ernie4_5-moe, exaone4, gemma, gemma2, "
-        "gemma3, gemma4, glm4, glm4moe, gpt-oss, granite, granitemoe, granitehybrid, lfm2, lfm2moe, mistral3, nemotron_h, "
-        "nemotron_h_moe, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen35, qwen35moe, qwen3moe, smallthinker, smollm3)")
+        "unsupported architecture 'jamba' (llmd runs llama, cohere2, ernie4_5, ernie4_5-moe, exaone4, gemma, gemma2, "
+        "gemma3, gemma4, glm4, glm4moe, gpt-oss, granite, granitemoe, granitehybrid, lfm2, lfm2moe, mistral3, "
+        "nemotron_h, nemotron_h_moe, olmo2, phi3, qwen2, qwen2moe, qwen3, qwen35, qwen35moe, qwen3moe, smallthinker, "
+        "smollm3)")
 
 
 # ---- per-tensor scales (<weight>.scale, as llama.cpp's writer stores them) ------------------

@@ -1067,6 +1067,47 @@ def build_tiny_gemma4(*, n_embd: int = 64, n_head: int = 2, local: tuple[bool, .
     return w
 
 
+# ---- a tiny Cohere 2 model ---------------------------------------------------------
+
+def build_tiny_cohere2(*, n_embd: int = 64, n_layer: int = 8, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 96,
+                       window: int = 16, logit_scale: float = 0.25, biases: bool = False, n_ctx: int = 128,
+                       weight_type: int = GGML_F32, seed: int = 1) -> GGUFWriter:
+    """A GGUFWriter holding a random-weight cohere2 model (Command R7B) laid out as
+    llama.cpp's converter writes one, with build_tiny_llama's tokenizer: LayerNorm
+    weights (attn_norm, output_norm), q/k/v (with biases when `biases`) and output, a
+    SwiGLU FFN, three layers of four over a sliding `window` (no pattern key: the
+    family's period), logit_scale; the output head is the embeddings'."""
+    arch = "cohere2"
+    w = build_llama_base(arch, n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_ctx=n_ctx,
+                         weight_type=weight_type, name="tiny-cohere2")
+    w.set(f"{arch}.attention.layer_norm_epsilon", F32, 1e-5)
+    w.set(f"{arch}.attention.sliding_window", U32, window)
+    w.set(f"{arch}.logit_scale", F32, logit_scale)
+    rng = random.Random(seed)
+    n_vocab = w.get(f"{arch}.vocab_size").value
+    w.tensors = []
+    matrix, norm = tensor_writers(w, rng, weight_type, None, n_embd)
+
+    def bias(name: str, n: int) -> None:
+        w.add_tensor(name, [n], GGML_F32, encode_f32([rng.gauss(0.0, 0.2) for _ in range(n)]))
+
+    matrix("token_embd.weight", n_embd, n_vocab, 4.0 / math.sqrt(n_embd))  # the head's too: logits of std ~1
+    norm("output_norm.weight")
+    head_dim = n_embd // n_head
+    for layer in range(n_layer):
+        blk = f"blk.{layer}."
+        norm(blk + "attn_norm.weight")
+        for part, rows in (("q", n_head * head_dim), ("k", n_head_kv * head_dim), ("v", n_head_kv * head_dim)):
+            matrix(blk + f"attn_{part}.weight", n_embd, rows, 1.0 / math.sqrt(n_embd))
+            if biases:
+                bias(blk + f"attn_{part}.bias", rows)
+        matrix(blk + "attn_output.weight", n_head * head_dim, n_embd, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_gate.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_up.weight", n_embd, n_ff, 1.0 / math.sqrt(n_embd))
+        matrix(blk + "ffn_down.weight", n_ff, n_embd, 1.0 / math.sqrt(n_ff))
+    return w
+
+
 # ---- tiny GLM-4 models ------------------------------------------------------------
 
 def build_tiny_glm4(*, arch: str = "glm4", n_embd: int = 64, n_layer: int = 3, n_head: int = 4, n_head_kv: int = 2,

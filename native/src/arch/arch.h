@@ -26,9 +26,9 @@ struct Arch {
     void (*layer)(const Pass &p, const LayerWeights &L, int l);
 };
 
-extern const Arch kLlama, kErnie45, kErnie45Moe, kExaone4, kGemma, kGemma2, kGemma3, kGemma4, kGlm4, kGlm4Moe,
-    kGptOss, kGranite, kGraniteMoe, kGraniteHybrid, kLfm2, kLfm2Moe, kMistral3, kNemotronH, kNemotronHMoe, kOlmo2,
-    kPhi3, kQwen2, kQwen2Moe, kQwen3, kQwen35, kQwen35Moe, kQwen3Moe, kSmallThinker, kSmolLM3;
+extern const Arch kLlama, kCohere2, kErnie45, kErnie45Moe, kExaone4, kGemma, kGemma2, kGemma3, kGemma4, kGlm4,
+    kGlm4Moe, kGptOss, kGranite, kGraniteMoe, kGraniteHybrid, kLfm2, kLfm2Moe, kMistral3, kNemotronH, kNemotronHMoe,
+    kOlmo2, kPhi3, kQwen2, kQwen2Moe, kQwen3, kQwen35, kQwen35Moe, kQwen3Moe, kSmallThinker, kSmolLM3;
 
 // The architecture named `name`, or nullptr.
 const Arch *find_arch(std::string_view name);

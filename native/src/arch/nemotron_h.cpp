@@ -29,10 +29,8 @@ void load_hparams(Binder &b, HParams &hp) {
         b.fail("model metadata lacks " + p + "attention.layer_norm_epsilon");
         return;
     }
-    if (b.file.find(p + "attention.layer_norm_rms_epsilon") == nullptr) {
+    if (b.file.find(p + "attention.layer_norm_rms_epsilon") == nullptr)
         hp.norm_eps = b.get_float(p + "attention.layer_norm_epsilon", 0.0f);
-        if (!(hp.norm_eps > 0.0f && hp.norm_eps <= 1.0f)) b.fail("model norm epsilon is invalid");
-    }
     if (b.get_int(p + "moe_latent_size", 0, false) > 0) {
         b.fail("Nemotron 3 Super's latent experts (" + p + "moe_latent_size) are not supported yet");
         return;

@@ -637,9 +637,9 @@ void Binder::nextn(const HParams &hp, int l, NextNWeights &N) {
 
 namespace {
 
-const Arch *const kArchs[] = {&kLlama, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma, &kGemma2, &kGemma3, &kGemma4,
-                              &kGlm4, &kGlm4Moe, &kGptOss, &kGranite, &kGraniteMoe, &kGraniteHybrid, &kLfm2,
-                              &kLfm2Moe, &kMistral3, &kNemotronH, &kNemotronHMoe, &kOlmo2, &kPhi3, &kQwen2,
+const Arch *const kArchs[] = {&kLlama, &kCohere2, &kErnie45, &kErnie45Moe, &kExaone4, &kGemma, &kGemma2, &kGemma3,
+                              &kGemma4, &kGlm4, &kGlm4Moe, &kGptOss, &kGranite, &kGraniteMoe, &kGraniteHybrid,
+                              &kLfm2, &kLfm2Moe, &kMistral3, &kNemotronH, &kNemotronHMoe, &kOlmo2, &kPhi3, &kQwen2,
                               &kQwen2Moe, &kQwen3, &kQwen35, &kQwen35Moe, &kQwen3Moe, &kSmallThinker, &kSmolLM3};
 
 // How a file scales RoPE beyond its training context, read as llama.cpp reads it: a
@@ -865,8 +865,8 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
                  std::to_string(hp.head_dim) + " dimensions is wider than " + std::to_string(kMaxWidth);
         return nullptr;
     }
-    if (!(hp.rope_base > 0.0f) || !std::isfinite(hp.rope_base) || !(hp.norm_eps > 0.0f && hp.norm_eps <= 1.0f)) {
-        *error = "model RoPE base or norm epsilon is invalid";
+    if (!(hp.rope_base > 0.0f) || !std::isfinite(hp.rope_base)) {
+        *error = "model RoPE base is invalid";
         return nullptr;
     }
     RopeScaling scaling;
@@ -884,6 +884,11 @@ std::unique_ptr<Model> Model::load(const GGUFFile &file, const Arch &arch, int n
         b.agree(p + "feed_forward_length", ffs);
     }
     if (!error->empty()) return nullptr;
+    // (after the family's metadata: a LayerNorm family reads its own epsilon)
+    if (!(hp.norm_eps > 0.0f && hp.norm_eps <= 1.0f)) {
+        *error = "model norm epsilon is invalid";
+        return nullptr;
+    }
     for (int l = 0; l < hp.n_layer; ++l) {
         // A layer without heads computes nothing unless the family gives it a recurrent
         // state or makes it a feed-forward layer.

@@ -426,6 +426,23 @@ void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight
     });
 }
 
+void layernorm(float *out, const float *x, const float *weight, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += x[i];
+    const float mean = static_cast<float>(sum / n);
+    double squares = 0.0;
+    for (int i = 0; i < n; ++i) squares += static_cast<double>(x[i] - mean) * (x[i] - mean);
+    const float scale = static_cast<float>(1.0 / std::sqrt(squares / n + eps));
+    for (int i = 0; i < n; ++i) out[i] = (x[i] - mean) * scale * weight[i];
+}
+
+void layernorm_rows(const Pass &p, float *out, const float *x, const float *weight) {
+    const int dim = p.hp.n_embd;
+    per_token(p, [&](int t0, int t1) {
+        for (int t = t0; t < t1; ++t) layernorm(out + t * dim, x + t * dim, weight, dim, p.hp.norm_eps);
+    });
+}
+
 void moe(const Pass &p, const LayerWeights &L, const float *xb, float *x, const float *route) {
     const HParams &hp = p.hp;
     const int n = p.n, dim = hp.n_embd, n_exp = hp.n_expert, k = hp.n_expert_used;
@@ -744,15 +761,19 @@ void finish(const Pass &p, const float *norm, const Matrix &head, const float *b
             float *states) {
     const HParams &hp = p.hp;
     const int dim = hp.n_embd;
+    const auto norm_row = [&](float *out, const float *x) {
+        if (hp.layer_norm) layernorm(out, x, norm, dim, hp.norm_eps);
+        else rmsnorm(out, x, norm, dim, hp.norm_eps);
+    };
     if (states != nullptr)
-        for (int t = 0; t < p.n; ++t) rmsnorm(states + t * dim, p.x + t * dim, norm, dim, hp.norm_eps);
+        for (int t = 0; t < p.n; ++t) norm_row(states + t * dim, p.x + t * dim);
     float *normed = hidden != nullptr ? hidden : p.ws.logits_in.data();
     int n_out = 0;
     for (int t = 0; t < p.n; ++t) {
         if (!p.batch[t].logits) continue;
         float *row = normed + static_cast<size_t>(n_out++) * dim;
         if (states != nullptr) std::copy_n(states + t * dim, dim, row);
-        else rmsnorm(row, p.x + t * dim, norm, dim, hp.norm_eps);
+        else norm_row(row, p.x + t * dim);
     }
     if (n_out == 0 || hidden != nullptr) return;
     const Pass out{p.model, hp, p.batch, n_out, p.ws, p.pool}; // only the rows that want logits

@@ -80,6 +80,7 @@ struct HParams {
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
     float logit_scale = 1.0f;   // final logits are multiplied by 1 / this (Granite's logits_scaling)
+    bool layer_norm = false;    // the final norm subtracts the mean first (a LayerNorm without bias: Cohere 2)
     float residual_scale = 1.0f; // multiplies a sublayer's output before it joins the residual (Granite)
     float attn_temp_scale = 0.0f; // queries at position p times 1 + this · ln(⌊p / attn_temp_floor⌋ + 1); 0: none
     int attn_temp_floor = 0;      // (Llama 4's attention temperature, Mistral 3's)
@@ -523,6 +524,10 @@ void rmsnorm(float *out, const float *x, const float *weight, int n, float eps,
              double (*sum_squares)(const float *x, int n) = kernels().sum_squares);
 // out (n, dim) = x / rms(x) * weight, each token's row.
 void rmsnorm_rows(const Pass &p, float *out, const float *x, const float *weight);
+// out (n) = (x - mean(x)) / √(var(x) + eps) * weight, a LayerNorm without bias; out may be x.
+void layernorm(float *out, const float *x, const float *weight, int n, float eps);
+// The same for each token's row of x (n, dim).
+void layernorm_rows(const Pass &p, float *out, const float *x, const float *weight);
 // x (n, dim) += the mixture of experts over xb (n, dim): the router scores each
 // token's row of `route` (xb unless given), plus L.router_b where L has it; hp.gating
 // turns the scores into probabilities (softmax, or a sigmoid or √softplus each), and
