@@ -79,7 +79,8 @@ struct HParams {
     float attn_softcap = 0.0f;  // attention scores become c·tanh(score / c); 0: none (ops/attention.h: AttnScale)
     float embd_scale = 1.0f;    // multiplies the token embeddings (Gemma: √n_embd)
     float logit_softcap = 0.0f; // final logits become c·tanh(logits / c); 0: none
-    float logit_scale = 1.0f;   // final logits are multiplied by 1 / this (Granite's logits_scaling)
+    float logit_scale = 1.0f;   // final logits are multiplied by 1 / this (Granite's logits_scaling; the
+                                // inverse of Cohere 2's logit_scale, which multiplies)
     bool layer_norm = false;    // the final norm subtracts the mean first (a LayerNorm without bias: Cohere 2)
     float residual_scale = 1.0f; // multiplies a sublayer's output before it joins the residual (Granite)
     float attn_temp_scale = 0.0f; // queries at position p times 1 + this · ln(⌊p / attn_temp_floor⌋ + 1); 0: none
