@@ -67,12 +67,7 @@ void bind(Binder &b, Model &m) {
 void layer(const Pass &p, const LayerWeights &L, int l) {
     if (L.q_norm != nullptr) qk_norm_attention(p, L, l);
     else rope_attention(p, L, l, Rope::neox);
-    if (L.router.data == nullptr) {
-        swiglu_ffn(p, L);
-        return;
-    }
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    moe(p, L, p.xb, p.x); // x += Σ weight · swiglu expert(xb) + the shared experts
+    ffn_sublayer(p, L); // dense, or x += Σ weight · swiglu expert(rmsnorm(x)) + the shared experts
 }
 
 } // namespace

@@ -57,8 +57,7 @@ void bind(Binder &b, Model &m) {
 void layer(const Pass &p, const LayerWeights &L, int l) {
     // x += softmax(q kᵀ / √hd, with the sinks) v woᵀ + bo, over the window
     rope_attention(p, L, l, Rope::neox, p.hp.window[l] > 0);
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    moe(p, L, p.xb, p.x); // x += Σ softmax(chosen scores) · swiglu_oai expert(xb)
+    ffn_sublayer(p, L); // x += Σ softmax(chosen scores) · swiglu_oai expert(rmsnorm(x))
 }
 
 } // namespace

@@ -38,12 +38,7 @@ void bind(Binder &b, Model &m) {
 void layer(const Pass &p, const LayerWeights &L, int l) {
     if (p.hp.recurrent(l)) short_conv(p, L, l);
     else qk_norm_attention(p, L, l);
-    if (L.router.data == nullptr) {
-        swiglu_ffn(p, L);
-        return;
-    }
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    moe(p, L, p.xb, p.x); // x += Σ weight · swiglu expert(xb)
+    ffn_sublayer(p, L); // dense, or x += Σ weight · swiglu expert(rmsnorm(x))
 }
 
 } // namespace

@@ -36,12 +36,7 @@ void bind(Binder &b, Model &m) {
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
     rope_attention(p, L, l, Rope::adjacent);
-    if (p.hp.n_expert == 0) {
-        swiglu_ffn(p, L);
-        return;
-    }
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    moe(p, L, p.xb, p.x); // x += Σ weight · swiglu expert(xb)
+    ffn_sublayer(p, L); // dense, or (Mixtral) x += Σ weight · swiglu expert(rmsnorm(x))
 }
 
 } // namespace

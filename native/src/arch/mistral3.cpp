@@ -47,12 +47,7 @@ void layer(const Pass &p, const LayerWeights &L, int l) {
     }
     attend(p, l);                                   // att = softmax(q kᵀ / √hd) v
     matmuls(p, p.att, {residual(L.wo, p.x, L.bo)}); // x += att woᵀ (+ bo)
-    if (hp.n_expert == 0) {
-        swiglu_ffn(p, L);
-        return;
-    }
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    moe(p, L, p.xb, p.x); // x += Σ weight · swiglu expert(xb)
+    ffn_sublayer(p, L); // dense, or x += Σ weight · swiglu expert(rmsnorm(x))
 }
 
 } // namespace

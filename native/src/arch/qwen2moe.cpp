@@ -23,8 +23,7 @@ void bind(Binder &b, Model &m) {
 
 void layer(const Pass &p, const LayerWeights &L, int l) {
     rope_attention(p, L, l, Rope::neox);
-    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
-    moe(p, L, p.xb, p.x); // x += Σ weight · swiglu expert(xb) + the shared expert
+    ffn_sublayer(p, L); // x += Σ weight · swiglu expert(rmsnorm(x)) + the shared expert
 }
 
 } // namespace

@@ -676,6 +676,15 @@ void swiglu_ffn(const Pass &p, const LayerWeights &L) {
     matmuls(p, p.hb, {down});
 }
 
+void ffn_sublayer(const Pass &p, const LayerWeights &L) {
+    if (L.router.data == nullptr) {
+        swiglu_ffn(p, L);
+        return;
+    }
+    rmsnorm_rows(p, p.xb, p.x, L.ffn_norm);
+    moe(p, L, p.xb, p.x);
+}
+
 void post_norm_rest(const Pass &p, int l, const LayerWeights &L) {
     attend(p, l);                              // att = softmax(q kᵀ / √hd) v over the window
     matmuls(p, p.att, {project(L.wo, p.xb)});  // xb = att woᵀ

@@ -584,6 +584,11 @@ void gated_attention(const Pass &p, const LayerWeights &L, int layer);
 // (inside the weights' per-tensor scales, as llama.cpp's FFN adds them).
 void swiglu_ffn(const Pass &p, const LayerWeights &L);
 
+// The pre-norm feed-forward sublayer, with experts or without: x += the mixture of
+// experts (moe) over xb = rmsnorm(x) by ffn_norm where L has a router, else swiglu_ffn
+// (a dense model, or the dense leading layers of a MoE family).
+void ffn_sublayer(const Pass &p, const LayerWeights &L);
+
 // The rest of a block of the OLMo 2 and EXAONE 4 families, which norm a sublayer's
 // output instead of its input, once q, k and v are in place: x += rmsnorm(att woᵀ) by
 // attn_post_norm, att the attention of layer l; then the SwiGLU feed-forward sublayer,
